@@ -1,0 +1,113 @@
+//! The erased, byte-level contract between operators and the runtime. The typed API in this crate
+//! compiles user closures down to these traits; the runtime only ever sees bytes, keys and times.
+//!
+//! Per batch the runtime (DESIGN.md §5): collects the distinct keys of the batch, fetches their
+//! state for every state id the operator declared, calls [`OperatorLogic::on_records`] with the
+//! records **in input order**, then writes back only the state the operator changed.
+
+use koala_types::{CodecError, Record, Timestamp};
+
+/// Identifies one of an operator's per-key states (e.g. 0 = value, 1 = list).
+pub type StateId = u8;
+
+/// An error an operator returns to the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum DataflowError {
+    /// A record or a state value could not be decoded or encoded.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The operator touched a key the runtime did not prefetch for this batch (a runtime bug).
+    #[error("state of key {key:?} (state id {state}) was not fetched for this batch")]
+    StateNotFetched {
+        /// The state id.
+        state: StateId,
+        /// The encoded key.
+        key: Vec<u8>,
+    },
+    /// Writing to a sink failed.
+    #[error("sink i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// Anything else, with a message naming what is wrong.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Byte-level access to the per-key state fetched for the current batch or timer.
+pub trait KeyedStateAccess {
+    /// The current value of `state` for `key`, or `None` if it has none.
+    fn get(&self, state: StateId, key: &[u8]) -> Result<Option<&[u8]>, DataflowError>;
+    /// Sets the value of `state` for `key`.
+    fn put(&mut self, state: StateId, key: &[u8], value: Vec<u8>) -> Result<(), DataflowError>;
+    /// Removes `state` for `key`.
+    fn delete(&mut self, state: StateId, key: &[u8]) -> Result<(), DataflowError>;
+}
+
+/// What an operator may do while processing.
+pub struct OperatorContext<'a> {
+    /// Per-key state of the keys in this batch (stateful operators only).
+    pub state: &'a mut dyn KeyedStateAccess,
+    /// Records to emit downstream, in order. Keep the input key on keyed outputs; the runtime
+    /// recomputes it where the downstream edge is key-partitioned.
+    pub output: &'a mut Vec<Record>,
+    /// Event-time timers to register: (key, time). The runtime calls
+    /// [`OperatorLogic::on_timer`] once the task's watermark reaches `time`; duplicates collapse.
+    pub timers: &'a mut Vec<(Vec<u8>, Timestamp)>,
+    /// The task's current watermark, if any input has sent one.
+    pub watermark: Option<Timestamp>,
+}
+
+/// A non-source, non-sink operator task.
+pub trait OperatorLogic: Send {
+    /// The state ids the runtime must fetch for each key of a batch (empty for stateless).
+    fn state_ids(&self) -> &[StateId];
+    /// Processes records of input `input` in order.
+    fn on_records(
+        &mut self,
+        input: usize,
+        records: &[Record],
+        ctx: &mut OperatorContext<'_>,
+    ) -> Result<(), DataflowError>;
+    /// A timer registered for `key` at `time` fired (the watermark reached `time`). The key's
+    /// state is fetched before the call.
+    fn on_timer(
+        &mut self,
+        key: &[u8],
+        time: Timestamp,
+        ctx: &mut OperatorContext<'_>,
+    ) -> Result<(), DataflowError> {
+        let _ = (key, time, ctx);
+        Ok(())
+    }
+}
+
+/// Whether a source has more to give.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourcePoll {
+    /// More records may follow.
+    More,
+    /// Exhausted: nothing will follow.
+    Finished,
+}
+
+/// A source task. The runtime paces it (rate schedule) and derives watermarks from the event
+/// times it returns.
+pub trait SourceLogic: Send {
+    /// Appends up to `max` records to `out`.
+    fn poll(&mut self, max: usize, out: &mut Vec<Record>) -> Result<SourcePoll, DataflowError>;
+}
+
+/// Where a sink writes. JSON-lines sinks write one file per task, `<dir>/<sink>-<task>.jsonl`,
+/// under the job's output directory.
+#[derive(Clone)]
+pub enum SinkFormat {
+    /// One JSON value per line into a file per task.
+    JsonLines(ValueToJson),
+    /// One JSON value per line on standard output.
+    Stdout(ValueToJson),
+    /// Counts and drops records.
+    Discard,
+}
+
+/// Renders an encoded value as one line of JSON (the typed `T: Serialize`, erased).
+pub type ValueToJson =
+    std::sync::Arc<dyn Fn(&[u8]) -> Result<String, DataflowError> + Send + Sync>;

@@ -1,0 +1,51 @@
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Event time in milliseconds since an arbitrary epoch chosen by the source.
+pub type Timestamp = u64;
+
+/// Reconfiguration number; every control message and marker of a reconfiguration carries it.
+pub type Epoch = u64;
+
+/// A node of the dataflow DAG, numbered in the order the builder created it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OperatorId(pub u32);
+
+/// One parallel instance of an operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TaskId {
+    /// The operator this task runs.
+    pub operator: OperatorId,
+    /// Index among the operator's tasks (0-based; indices of removed tasks are not reused).
+    pub index: u32,
+}
+
+/// A worker process, numbered by the coordinator in registration order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkerId(pub u32);
+
+impl TaskId {
+    /// The task `index` of `operator`.
+    pub fn new(operator: OperatorId, index: u32) -> Self {
+        Self { operator, index }
+    }
+}
+
+impl fmt::Display for OperatorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op{}", self.0)
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.operator, self.index)
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "worker{}", self.0)
+    }
+}

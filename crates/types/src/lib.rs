@@ -1,0 +1,13 @@
+//! Vocabulary shared by every koala-rs crate (DESIGN.md §2): ids, the record, the one binary codec,
+//! bucket hashing and the in-band channel messages. Nothing here does I/O.
+
+mod bucket;
+mod codec;
+mod ids;
+mod message;
+pub mod metric;
+
+pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of};
+pub use codec::{CodecError, decode, encode};
+pub use ids::{Epoch, OperatorId, TaskId, Timestamp, WorkerId};
+pub use message::{ChannelMessage, Record};

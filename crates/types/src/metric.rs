@@ -1,0 +1,43 @@
+//! Names of the per-second metrics tasks report (DESIGN.md §9). One place, so the runtime that
+//! samples them and `koala report` that plots them cannot drift apart.
+
+/// Records a task took from its inputs (sources: records generated or read).
+pub const RECORDS_IN: &str = "records_in";
+/// Records a task emitted downstream (sinks: records written).
+pub const RECORDS_OUT: &str = "records_out";
+/// Batches processed.
+pub const BATCHES: &str = "batches";
+/// Mean per-batch latency (state fetch + compute + write-back), microseconds.
+pub const BATCH_LATENCY_MEAN_US: &str = "batch_latency_mean_us";
+/// 99th percentile per-batch latency, microseconds.
+pub const BATCH_LATENCY_P99_US: &str = "batch_latency_p99_us";
+/// Mean source lag (now − the time the record was due or entered the topic), milliseconds; every record counts.
+pub const SOURCE_LAG_MEAN_MS: &str = "source_lag_mean_ms";
+/// 99th percentile source lag, milliseconds.
+pub const SOURCE_LAG_P99_MS: &str = "source_lag_p99_ms";
+/// State entries read from the store.
+pub const STATE_READS: &str = "state_reads";
+/// State entries written or deleted in the store.
+pub const STATE_WRITES: &str = "state_writes";
+/// Milliseconds this second the task spent blocked on a full downstream queue or socket.
+pub const BACKPRESSURE_MS: &str = "backpressure_ms";
+/// Records dropped because they were behind the watermark by more than the allowed lateness.
+pub const LATE_DROPPED: &str = "late_dropped";
+/// Bytes of state this task sent to another task during a reconfiguration.
+pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
+
+/// Every metric name above, for validation and reports.
+pub const ALL: &[&str] = &[
+    RECORDS_IN,
+    RECORDS_OUT,
+    BATCHES,
+    BATCH_LATENCY_MEAN_US,
+    BATCH_LATENCY_P99_US,
+    SOURCE_LAG_MEAN_MS,
+    SOURCE_LAG_P99_MS,
+    STATE_READS,
+    STATE_WRITES,
+    BACKPRESSURE_MS,
+    LATE_DROPPED,
+    STATE_BYTES_MOVED,
+];
