@@ -1,1 +1,11 @@
-//! placeholder
+//! Coordinator: job config, deployment, placement, partition policies, the job driver, metrics
+//! store and reports (DESIGN.md §3, §6, §9).
+
+pub mod config;
+pub mod metrics_store;
+pub mod partition;
+pub mod report;
+pub mod server;
+
+pub use config::{ConfigError, JobConfig};
+pub use server::{CoordinatorError, JobRun, JobSummary, Progress, resolve, run_job};

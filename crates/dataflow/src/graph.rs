@@ -142,3 +142,7 @@ impl JobGraph {
         out
     }
 }
+
+/// Builds the graph of a registered query from its name and its parameters (TOML text). Every
+/// process of a job calls the same resolver, so all build the same graph.
+pub type QueryResolver = Arc<dyn Fn(&str, &str) -> Result<JobGraph, String> + Send + Sync>;

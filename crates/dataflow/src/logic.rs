@@ -94,7 +94,35 @@ pub enum SourcePoll {
 pub trait SourceLogic: Send {
     /// Appends up to `max` records to `out`.
     fn poll(&mut self, max: usize, out: &mut Vec<Record>) -> Result<SourcePoll, DataflowError>;
+
+    /// Whether the runtime paces this source by its rate schedule (generators) or the source paces
+    /// itself, returning what is available (external systems such as Kafka). Self-paced sources
+    /// may return no records from `poll` while not finished; the runtime then waits briefly.
+    fn paced_by_runtime(&self) -> bool {
+        true
+    }
+
+    /// Self-paced sources: moves into `out` the lag in milliseconds (now − the time the record
+    /// entered the external system) of every record returned since the last call. Paced sources
+    /// leave it empty: the runtime measures their lag against the schedule.
+    fn drain_lag_samples(&mut self, out: &mut Vec<u64>) {
+        let _ = out;
+    }
 }
+
+/// A sink implemented outside the runtime (e.g. a Kafka producer). Built per task.
+pub trait SinkLogic: Send {
+    /// Writes records in order.
+    fn write(&mut self, records: &[Record]) -> Result<(), DataflowError>;
+    /// Makes everything written so far visible downstream; called at end of stream and before
+    /// the task releases.
+    fn flush(&mut self) -> Result<(), DataflowError>;
+}
+
+/// Builds the custom sink of one task.
+pub type SinkFactory = std::sync::Arc<
+    dyn Fn(crate::graph::TaskInstance) -> Result<Box<dyn SinkLogic>, DataflowError> + Send + Sync,
+>;
 
 /// Where a sink writes. JSON-lines sinks write one file per task, `<dir>/<sink>-<task>.jsonl`,
 /// under the job's output directory.
@@ -106,8 +134,9 @@ pub enum SinkFormat {
     Stdout(ValueToJson),
     /// Counts and drops records.
     Discard,
+    /// A sink implemented by a connector.
+    Custom(SinkFactory),
 }
 
 /// Renders an encoded value as one line of JSON (the typed `T: Serialize`, erased).
-pub type ValueToJson =
-    std::sync::Arc<dyn Fn(&[u8]) -> Result<String, DataflowError> + Send + Sync>;
+pub type ValueToJson = std::sync::Arc<dyn Fn(&[u8]) -> Result<String, DataflowError> + Send + Sync>;

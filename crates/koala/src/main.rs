@@ -1,1 +1,140 @@
-fn main() {}
+//! `koala`: run stateful dataflow jobs that can be reconfigured while they run.
+
+mod launch;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+/// koala-rs: a distributed stateful stream processor with non-disruptive reconfiguration.
+#[derive(Parser)]
+#[command(version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the demo job locally: a coordinator and 2 worker processes, a keyed running aggregate
+    /// over the built-in generator for about a minute with a rate surge in the middle. Prints one
+    /// progress line per second, then a summary; writes the metrics DB and PNG plots.
+    Demo {
+        /// Seconds to run (the surge is at 20–35 s).
+        #[arg(long, default_value_t = 60)]
+        duration_s: u64,
+        /// Where metrics, plots and worker state go.
+        #[arg(long, default_value = "koala-out")]
+        output_dir: PathBuf,
+    },
+    /// Run a job from a TOML config with local worker processes (see examples/*.toml).
+    #[command(after_help = launch::QUERIES_HELP)]
+    Run {
+        /// The job config.
+        config: PathBuf,
+    },
+    /// Run only the coordinator of a job; workers join with `koala worker --coordinator ADDR`.
+    Coordinator {
+        /// The job config.
+        #[arg(long)]
+        config: PathBuf,
+        /// Control address to listen on (port 0 = any free port).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Write the address actually bound to this file (for scripts that start workers).
+        #[arg(long)]
+        address_file: Option<PathBuf>,
+    },
+    /// Run a worker process that hosts tasks placed on it by a coordinator.
+    Worker {
+        /// The coordinator's control address, `host:port`.
+        #[arg(long)]
+        coordinator: String,
+        /// Where this worker keeps its state stores.
+        #[arg(long, default_value = "koala-out/state/worker")]
+        data_dir: PathBuf,
+        /// Host the data plane listens on (the port is chosen by the OS).
+        #[arg(long, default_value = "127.0.0.1")]
+        listen_host: String,
+    },
+    /// Measure steady-state records/s and per-batch latency of the keyed aggregation (2 workers,
+    /// parallelism 2, unlimited rate) and print a table.
+    Bench {
+        /// Records to push through (more = longer steady state).
+        #[arg(long, default_value_t = 3_000_000)]
+        records: u64,
+        /// Tasks of the source and of the aggregation.
+        #[arg(long, default_value_t = 2)]
+        parallelism: u32,
+        /// Where metrics and worker state go.
+        #[arg(long, default_value = "koala-out/bench")]
+        output_dir: PathBuf,
+    },
+    /// Print the per-second table of a run from a metrics DB and write PNG plots.
+    Report {
+        /// The metrics database (`<output_dir>/metrics.db`).
+        db: PathBuf,
+        /// Which run (default: the latest).
+        #[arg(long)]
+        run: Option<String>,
+        /// Where the plots go (default: beside the database).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Worker { .. } | Command::Coordinator { .. } => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KOALA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(cli.command) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Demo {
+            duration_s,
+            output_dir,
+        } => launch::demo(duration_s, &output_dir),
+        Command::Run { config } => launch::run_config(&config).map(|_| ()),
+        Command::Coordinator {
+            config,
+            listen,
+            address_file,
+        } => launch::coordinator(&config, &listen, address_file.as_deref()),
+        Command::Worker {
+            coordinator,
+            data_dir,
+            listen_host,
+        } => koala_runtime::run_worker(koala_runtime::WorkerOptions {
+            coordinator,
+            data_dir,
+            listen_host,
+            resolver: launch::resolver(),
+        })
+        .context("worker stopped"),
+        Command::Bench { records, parallelism, output_dir } => {
+            launch::bench(records, parallelism, &output_dir)
+        }
+        Command::Report { db, run, out } => {
+            let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());
+            let summary = koala_coordinator::report::report(&db, run.as_deref(), &out)
+                .with_context(|| format!("reporting on {}", db.display()))?;
+            println!("{}", summary.table);
+            println!("{summary}");
+            Ok(())
+        }
+    }
+}

@@ -1,1 +1,11 @@
-//! placeholder
+//! The control plane of koala-rs without I/O (DESIGN.md §3, §7): the typed messages coordinator
+//! and workers exchange, and the pure state machines both sides drive — the watermark aligner now,
+//! the reconfiguration protocol cores next. Nothing here opens a socket or spawns a thread, so the
+//! same code runs under the real runtime and under a deterministic simulator.
+
+pub mod control;
+pub mod koala;
+pub mod watermark;
+
+pub use control::{CoordinatorMessage, Deployment, RuntimeOptions, TaskSample, WorkerMessage};
+pub use watermark::WatermarkAligner;

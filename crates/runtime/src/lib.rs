@@ -1,1 +1,17 @@
-//! placeholder
+//! The koala-rs worker process (DESIGN.md §4): it hosts many tasks, each one loop on its own
+//! thread, connected by bounded in-memory queues (co-located tasks) or one TCP connection per
+//! logical channel (tasks on different workers). Bounded queues and blocking socket writes give
+//! backpressure end to end; nothing polls with sleeps.
+
+mod batch_state;
+mod channel;
+mod error;
+mod metrics;
+mod net;
+mod output;
+mod task;
+mod timers;
+mod worker;
+
+pub use error::RuntimeError;
+pub use worker::{WorkerOptions, run_worker};

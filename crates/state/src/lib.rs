@@ -1,1 +1,132 @@
-//! placeholder
+//! Keyed state stores of the tasks of stateful operators (DESIGN.md §5).
+//!
+//! In the Koala protocol the *location* of a key's state is a task: every task of a stateful
+//! operator has its own store, a [`StateBackend`]. All tasks of one worker process share one
+//! [`StateEnv`], e.g. one fjall database directory with one keyspace per task ([`FjallEnv`], the
+//! default) or an in-memory map per task for tests ([`MemoryEnv`]).
+//!
+//! Inside a store, keys are laid out as `bucket | state id | user key` (see [`encode_state_key`]),
+//! so a bucket is one contiguous key range that can be scanned in chunks (to migrate it) and
+//! deleted (once its new owner has it).
+//!
+//! ```
+//! use koala_state::{MemoryEnv, StateEnv, StateKey, StateWrite};
+//! use koala_types::{OperatorId, TaskId};
+//!
+//! # fn main() -> Result<(), koala_state::StateError> {
+//! let env = MemoryEnv::new();
+//! let store = env.open_task(TaskId::new(OperatorId(1), 0))?;
+//! let counter = StateKey::new(7, 0, b"user-42".to_vec());
+//! store.write_many(vec![StateWrite::Put(counter.clone(), b"3".to_vec())])?;
+//! assert_eq!(store.get_many(&[counter])?, vec![Some(b"3".to_vec())]);
+//!
+//! // Migrate bucket 7: stream it out in chunks, then drop it here.
+//! let mut moved = Vec::new();
+//! let bytes = store.scan_buckets(&[7], 64 * 1024, &mut |chunk| {
+//!     moved.extend(chunk);
+//!     Ok(())
+//! })?;
+//! store.delete_buckets(&[7])?;
+//! assert_eq!((moved.len(), bytes), (1, 3 + 7 + 1));
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod fjall_env;
+mod key;
+mod memory;
+mod scan;
+
+use koala_types::{BucketId, TaskId};
+
+pub use error::{BackendError, StateError};
+pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};
+pub use key::{
+    KEY_HEADER_LEN, LayoutError, MAX_USER_KEY_LEN, MAX_VALUE_LEN, StateId, StateKey, bucket_bounds,
+    decode_state_key, encode_state_key,
+};
+pub use memory::{MemoryBackend, MemoryEnv};
+
+/// One change of a write batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateWrite {
+    /// Sets the value of a key (inserting or overwriting).
+    Put(StateKey, Vec<u8>),
+    /// Removes a key; removing a missing key is not an error.
+    Delete(StateKey),
+}
+
+impl StateWrite {
+    /// The key this write changes.
+    pub fn key(&self) -> &StateKey {
+        match self {
+            Self::Put(key, _) | Self::Delete(key) => key,
+        }
+    }
+}
+
+/// The receiver of a bucket scan: called once per chunk; an error stops the scan.
+pub type ScanSink<'a> = &'a mut dyn FnMut(Vec<(StateKey, Vec<u8>)>) -> Result<(), StateError>;
+
+/// The keyed state store of one task.
+///
+/// Handles are `Sync` so a task may share its store with a background write-buffer flusher.
+pub trait StateBackend: Send + Sync {
+    /// The task this store belongs to.
+    fn task(&self) -> TaskId;
+
+    /// Reads `keys`; the result has one entry per key, in the same order (`None` = missing).
+    fn get_many(&self, keys: &[StateKey]) -> Result<Vec<Option<Vec<u8>>>, StateError>;
+
+    /// Applies `writes` as one atomic batch: all or none become visible. When a key appears more
+    /// than once, the last write wins. Not fsynced; durability comes from [`StateEnv::persist`].
+    fn write_many(&self, writes: Vec<StateWrite>) -> Result<(), StateError>;
+
+    /// Streams every entry of `buckets` to `sink` in key order (ascending bucket, then state id,
+    /// then user key), in chunks of at most `chunk_bytes` (an entry counts
+    /// `key.encoded_len() + value.len()` bytes; an entry larger than `chunk_bytes` is sent alone;
+    /// chunks may span buckets; empty chunks are not sent). Returns the total bytes streamed.
+    /// Repeated buckets are scanned once. Each bucket is read from a consistent snapshot.
+    fn scan_buckets(
+        &self,
+        buckets: &[BucketId],
+        chunk_bytes: usize,
+        sink: ScanSink<'_>,
+    ) -> Result<u64, StateError>;
+
+    /// Removes every entry of `buckets`. Idempotent, but not atomic: a failure may leave a bucket
+    /// partly deleted (recovery from a checkpoint discards the store anyway).
+    fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError>;
+
+    /// A cheap estimate of the number of entries, for metrics. Exact for [`MemoryEnv`]; for
+    /// [`FjallEnv`] it counts stored versions, so it over-counts overwritten and deleted keys
+    /// until compaction removes the old versions.
+    fn approximate_len(&self) -> Result<u64, StateError>;
+}
+
+/// The set of task stores of one worker process.
+pub trait StateEnv: Send + Sync {
+    /// Opens (creating if needed) the store of `task`. Opening a task twice yields two handles on
+    /// the same data.
+    fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError>;
+
+    /// Deletes the store of a released task. Handles still open on it fail with
+    /// [`StateError::Dropped`]; opening the task again yields an empty store. Dropping a task
+    /// that has no store is not an error.
+    fn drop_task(&self, task: TaskId) -> Result<(), StateError>;
+
+    /// Makes every write acknowledged so far durable on disk (fsync); checkpoints call this.
+    fn persist(&self) -> Result<(), StateError>;
+}
+
+/// Encodes a write, rejecting keys and values the layout cannot hold.
+pub(crate) fn encode_write(write: StateWrite) -> Result<(Vec<u8>, Option<Vec<u8>>), LayoutError> {
+    match write {
+        StateWrite::Put(key, value) => {
+            key::check_value(&value)?;
+            Ok((encode_state_key(&key)?, Some(value)))
+        }
+        StateWrite::Delete(key) => Ok((encode_state_key(&key)?, None)),
+    }
+}

@@ -3,6 +3,7 @@
 
 mod bucket;
 mod codec;
+pub mod frame;
 mod ids;
 mod message;
 pub mod metric;

@@ -1,0 +1,227 @@
+//! The job config (`koala run <config.toml>`): which query, how many tasks of each operator,
+//! buckets, batching, where output and metrics go. Every error names the field and the fix.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use koala_dataflow::{JobGraph, OperatorKind, Partitioning};
+use serde::{Deserialize, Serialize};
+
+/// A job, as written in a TOML config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// Registered query name (`koala run --help` lists them).
+    pub query: String,
+    /// The query's parameters (generator, windows, sink …); checked by the query itself.
+    #[serde(default)]
+    pub params: toml::Table,
+    /// Worker processes `koala run` starts (and the coordinator waits for).
+    #[serde(default = "defaults::workers")]
+    pub workers: u32,
+    /// Tasks per operator, by operator name; operators not listed get `default_parallelism`.
+    #[serde(default)]
+    pub parallelism: BTreeMap<String, u32>,
+    /// Tasks of operators not listed under `parallelism`.
+    #[serde(default = "defaults::one")]
+    pub default_parallelism: u32,
+    /// Key-space partitions of every stateful operator (fixed for the life of the job).
+    #[serde(default = "defaults::num_buckets")]
+    pub num_buckets: u16,
+    /// How buckets are assigned to tasks.
+    #[serde(default)]
+    pub partition_policy: PolicyName,
+    /// Stop unbounded sources after this many seconds (bounded sources end by themselves).
+    #[serde(default)]
+    pub duration_s: Option<u64>,
+    /// Where sink files, worker state and the metrics database go.
+    #[serde(default = "defaults::output_dir")]
+    pub output_dir: PathBuf,
+    /// The metrics database; defaults to `<output_dir>/metrics.db`.
+    #[serde(default)]
+    pub metrics_db: Option<PathBuf>,
+    /// Batching and queue sizes.
+    #[serde(default)]
+    pub runtime: RuntimeSection,
+}
+
+/// Batching and queue sizes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeSection {
+    /// Records per batch before it is sent.
+    pub batch_records: usize,
+    /// Milliseconds a partial batch may wait before it is sent.
+    pub linger_ms: u64,
+    /// Messages a task's input queue holds before senders block (backpressure).
+    pub channel_capacity: usize,
+}
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        Self {
+            batch_records: 256,
+            linger_ms: 5,
+            channel_capacity: 64,
+        }
+    }
+}
+
+/// Partition policy names as written in configs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// Rendezvous hashing: scale-out moves the fewest buckets, only from old to new tasks.
+    #[default]
+    Consistent,
+    /// Contiguous, even bucket ranges (Flink key groups).
+    Uniform,
+}
+
+mod defaults {
+    use std::path::PathBuf;
+
+    pub fn workers() -> u32 {
+        2
+    }
+    pub fn one() -> u32 {
+        1
+    }
+    pub fn num_buckets() -> u16 {
+        koala_types::DEFAULT_NUM_BUCKETS
+    }
+    pub fn output_dir() -> PathBuf {
+        PathBuf::from("koala-out")
+    }
+}
+
+/// A config that does not make sense, with the field at fault and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file is not valid TOML or has an unknown or mistyped field.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The config file.
+        path: String,
+        /// The parser's message (it names the field and line).
+        message: String,
+    },
+    /// A field has a value that cannot work.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// Dotted path of the field, e.g. `parallelism.aggregate`.
+        field: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl JobConfig {
+    /// Parses a config from TOML text; `origin` names the file in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The query parameters as TOML text (what workers rebuild the graph from).
+    pub fn params_text(&self) -> String {
+        toml::to_string(&self.params).unwrap_or_default()
+    }
+
+    /// The metrics database path.
+    pub fn metrics_path(&self) -> PathBuf {
+        self.metrics_db
+            .clone()
+            .unwrap_or_else(|| self.output_dir.join("metrics.db"))
+    }
+
+    /// Checks the config against the query's graph; returns tasks per operator (by position).
+    pub fn validate(&self, graph: &JobGraph) -> Result<Vec<u32>, ConfigError> {
+        if self.workers == 0 {
+            return Err(invalid(
+                "workers",
+                "0 workers cannot run a job; use 1 or more",
+            ));
+        }
+        if self.num_buckets == 0 {
+            return Err(invalid(
+                "num_buckets",
+                "must be at least 1 (the default is 128)",
+            ));
+        }
+        if self.default_parallelism == 0 {
+            return Err(invalid(
+                "default_parallelism",
+                "0 tasks cannot run an operator; use 1 or more",
+            ));
+        }
+        if self.runtime.batch_records == 0 || self.runtime.channel_capacity == 0 {
+            return Err(invalid(
+                "runtime",
+                "batch_records and channel_capacity must be at least 1",
+            ));
+        }
+        let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
+        for (name, p) in &self.parallelism {
+            let field = format!("parallelism.{name}");
+            if graph.by_name(name).is_none() {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "query {:?} has no operator {name:?}; its operators are {}",
+                        self.query,
+                        names.join(", ")
+                    ),
+                ));
+            }
+            if *p == 0 {
+                return Err(invalid(
+                    field,
+                    "0 tasks cannot run an operator; use 1 or more",
+                ));
+            }
+        }
+        let mut out = Vec::with_capacity(graph.operators.len());
+        for op in &graph.operators {
+            let p = self
+                .parallelism
+                .get(&op.name)
+                .copied()
+                .unwrap_or(self.default_parallelism);
+            if op.is_stateful() && p > u32::from(self.num_buckets) {
+                return Err(invalid(
+                    format!("parallelism.{}", op.name),
+                    format!(
+                        "{p} tasks exceed num_buckets = {}: a task would own no bucket; lower the parallelism or raise num_buckets",
+                        self.num_buckets
+                    ),
+                ));
+            }
+            if let OperatorKind::Transform { stateful: true, .. } = op.kind
+                && op
+                    .inputs
+                    .iter()
+                    .any(|i| !matches!(i.partitioning, Partitioning::Key(_)))
+            {
+                return Err(invalid(
+                    format!("query {}", self.query),
+                    format!(
+                        "stateful operator {:?} has an input that is not key-partitioned (a query bug)",
+                        op.name
+                    ),
+                ));
+            }
+            out.push(p);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,223 @@
+//! `koala report` on a synthetic run: steady input, one scale-out that dips throughput and spikes
+//! lag, then recovery. Checks the summary numbers and that the plots are real PNGs.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+use koala_coordinator::metrics_store::{
+    MetricSample, MetricsStore, ReconfigurationCompletion, ReconfigurationStart, RunInfo,
+};
+use koala_coordinator::report::{ReportError, report};
+use koala_types::metric;
+
+const RUN_START_S: u64 = 1_700_000_000;
+const SECONDS: u64 = 120;
+const RECONFIG_AT: u64 = 60;
+
+fn sample(time_s: u64, task: &str, metric: &str, value: f64) -> MetricSample {
+    MetricSample {
+        time_s,
+        task: task.into(),
+        metric: metric.into(),
+        value,
+    }
+}
+
+/// Total source throughput at second `t` since the start: 1000/s, 200/s during the 5 s pause,
+/// 1500/s while draining the backlog for 10 s, then 1000/s again.
+fn throughput(t: u64) -> f64 {
+    match t {
+        60..=64 => 200.0,
+        65..=74 => 1500.0,
+        _ => 1000.0,
+    }
+}
+
+/// Mean source lag: 20 ms steady; a spike; a 1 s relapse at 73 s; healthy again from 74 s.
+fn lag(t: u64) -> f64 {
+    match t {
+        60..=69 => 2000.0,
+        70 => 500.0,
+        73 => 100.0,
+        _ => 20.0,
+    }
+}
+
+fn write_run(db: &Path, run: &str, started_s: u64) {
+    let mut store = MetricsStore::open(db).unwrap();
+    store
+        .begin_run(&RunInfo {
+            run: run.into(),
+            started_ms: started_s * 1000 + 250,
+            query: "nexmark-q8".into(),
+            protocol: "koala".into(),
+            config: "{\"parallelism\": 2}".into(),
+        })
+        .unwrap();
+    for t in 0..SECONDS {
+        let at = |task: &str, metric: &str, value| sample(started_s + t, task, metric, value);
+        let mut samples = Vec::new();
+        for source in ["source.0", "source.1"] {
+            samples.push(at(source, metric::RECORDS_IN, throughput(t) / 2.0));
+            samples.push(at(source, metric::SOURCE_LAG_MEAN_MS, lag(t)));
+            samples.push(at(source, metric::SOURCE_LAG_P99_MS, lag(t) * 2.0));
+        }
+        for (i, task) in ["aggregate.0", "aggregate.1"].into_iter().enumerate() {
+            let base = 100.0 * (2 * i + 1) as f64; // 100 and 300 µs: mean 200
+            samples.push(at(task, metric::RECORDS_IN, throughput(t)));
+            samples.push(at(task, metric::BATCH_LATENCY_MEAN_US, base));
+            samples.push(at(task, metric::BATCH_LATENCY_P99_US, base * 3.0));
+            samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
+        }
+        if (RECONFIG_AT..RECONFIG_AT + 5).contains(&t) {
+            samples.push(at("aggregate.0", metric::STATE_BYTES_MOVED, 1_048_576.0));
+        }
+        store.insert_samples(run, &samples).unwrap();
+    }
+    let start_ms = (started_s + RECONFIG_AT) * 1000 + 400;
+    store
+        .reconfiguration_started(
+            run,
+            &ReconfigurationStart {
+                epoch: 1,
+                operator: "aggregate".into(),
+                kind: "scale_out".into(),
+                protocol: "koala".into(),
+                started_ms: start_ms,
+                buckets_moved: 64,
+                detail: "2 -> 4 tasks".into(),
+            },
+        )
+        .unwrap();
+    store
+        .reconfiguration_completed(
+            run,
+            &ReconfigurationCompletion {
+                epoch: 1,
+                operator: "aggregate".into(),
+                completed_ms: start_ms + 5_000,
+                bytes_moved: 5 * 1_048_576,
+                pause_ms: Some(1_500),
+            },
+        )
+        .unwrap();
+}
+
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap();
+    assert!(
+        bytes.len() > 1000,
+        "{} is only {} bytes",
+        path.display(),
+        bytes.len()
+    );
+    assert_eq!(
+        &bytes[..8],
+        b"\x89PNG\r\n\x1a\n",
+        "{} is not a PNG",
+        path.display()
+    );
+}
+
+#[test]
+fn scale_out_dip_and_backlog_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    write_run(&db, "older", RUN_START_S - 10_000);
+    write_run(&db, "scale-out", RUN_START_S);
+    let out = dir.path().join("report");
+
+    let summary = report(&db, None, &out).unwrap();
+    println!("{summary}\n{}", summary.table);
+
+    assert_eq!(summary.run.run, "scale-out", "latest run is the default");
+    assert_eq!(summary.table.rows.len(), SECONDS as usize);
+    assert_eq!(summary.table.rows[0].t_s, 0);
+    // 60 × 1000 + 5 × 200 + 10 × 1500 + 45 × 1000; the aggregate tasks' records_in do not count.
+    assert_eq!(summary.records_total, 121_000.0);
+    assert!((summary.mean_throughput - 121_000.0 / 120.0).abs() < 1e-9);
+    assert_eq!(summary.peak_lag_mean_ms, Some(2000.0));
+    assert_eq!(summary.peak_lag_p99_ms, Some(4000.0));
+    assert_eq!(summary.state_bytes_moved, 5.0 * 1_048_576.0);
+    assert_eq!(summary.pause_ms_total, 1_500);
+    let row = &summary.table.rows[10];
+    assert_eq!(
+        row.batch_latency_mean_us,
+        Some(200.0),
+        "mean over non-source tasks"
+    );
+    assert_eq!(
+        row.batch_latency_p99_us,
+        Some(900.0),
+        "max over non-source tasks"
+    );
+
+    let dip = summary.worst_dip.unwrap();
+    assert_eq!((dip.baseline, dip.min, dip.at_t_s), (1000.0, 200.0, 60));
+    assert!((dip.ratio() - 0.2).abs() < 1e-12);
+    // Lag exceeds max(1.5 × 20, 20 + 50) = 70 ms from 60 s; 71–72 s are healthy but 73 s is not,
+    // so recovery holds from 74 s on.
+    assert_eq!(summary.backlog_recovery_s, Some(14));
+    let reconfig = &summary.reconfigurations[0];
+    assert_eq!((reconfig.start_t_s, reconfig.end_t_s), (60, Some(65)));
+    assert_eq!(reconfig.reconfiguration.bytes_moved, 5 * 1_048_576);
+
+    for name in [
+        "throughput.png",
+        "lag.png",
+        "batch_latency.png",
+        "state_moved.png",
+    ] {
+        assert_png(&out.join(name));
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<img src=\"throughput.png\""));
+    assert!(html.contains("backlog recovery (longest): 14 s"));
+    assert_eq!(summary.files.len(), 5);
+
+    let older = report(&db, Some("older"), &out).unwrap();
+    assert_eq!(older.run.run, "older");
+    assert_eq!(older.backlog_recovery_s, Some(14));
+}
+
+#[test]
+fn run_without_reconfigurations_or_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    store
+        .begin_run(&RunInfo {
+            run: "empty".into(),
+            started_ms: RUN_START_S * 1000,
+            query: "q".into(),
+            protocol: "koala".into(),
+            config: String::new(),
+        })
+        .unwrap();
+    let summary = report(&db, Some("empty"), &dir.path().join("out")).unwrap();
+    assert!(summary.table.rows.is_empty());
+    assert_eq!(summary.records_total, 0.0);
+    assert_eq!(summary.worst_dip, None);
+    assert_eq!(summary.backlog_recovery_s, None);
+    assert_png(&dir.path().join("out").join("throughput.png"));
+}
+
+#[test]
+fn bad_requests_name_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let out = dir.path().join("out");
+    let missing = report(&db, None, &out).unwrap_err();
+    assert!(
+        matches!(missing, ReportError::MissingDatabase { .. }),
+        "{missing}"
+    );
+    assert!(!db.exists(), "a report never creates a database");
+
+    MetricsStore::open(&db).unwrap();
+    let none = report(&db, None, &out).unwrap_err();
+    assert!(matches!(none, ReportError::NoRuns { .. }), "{none}");
+    let unknown = report(&db, Some("nope"), &out).unwrap_err();
+    assert!(unknown.to_string().contains("metrics.db"), "{unknown}");
+    assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+}

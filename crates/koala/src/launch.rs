@@ -1,0 +1,230 @@
+//! Starting jobs locally: a coordinator in this process and worker processes beside it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, run_job};
+use koala_dataflow::graph::QueryResolver;
+
+/// The demo job's config, also shipped as `examples/demo.toml`.
+pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
+
+/// Listed under `koala run --help`.
+pub const QUERIES_HELP: &str = "Queries: keyed-aggregate, last-n, tumbling-window, sliding-window, \
+window-join, keyed-join. A config names one with `query = \"...\"` and sets tasks per operator \
+under [parallelism]; see examples/demo.toml.";
+
+/// Builds any registered query from its name and TOML parameters.
+pub fn resolver() -> QueryResolver {
+    Arc::new(|name: &str, params: &str| {
+        let params: koala_workloads::QueryParams =
+            toml::from_str(params).map_err(|e| format!("params: {e}"))?;
+        koala_workloads::build_query(name, &params).map_err(|e| e.to_string())
+    })
+}
+
+/// Reads and parses a config file.
+pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
+    Ok(JobConfig::parse(&text, &path.display().to_string())?)
+}
+
+/// `koala demo`.
+pub fn demo(duration_s: u64, output_dir: &Path) -> anyhow::Result<()> {
+    let mut config = JobConfig::parse(DEMO_CONFIG, "examples/demo.toml")?;
+    config.duration_s = Some(duration_s);
+    config.output_dir = output_dir.to_path_buf();
+    println!(
+        "koala demo: {} with {} workers for {duration_s} s (rate surge 20–35 s); output in {}",
+        config.query,
+        config.workers,
+        output_dir.display()
+    );
+    run_job_locally(config).map(|_| ())
+}
+
+/// `koala bench`: the keyed aggregation at full speed; steady state = every full second but the
+/// first and the last.
+pub fn bench(records: u64, parallelism: u32, output_dir: &Path) -> anyhow::Result<()> {
+    let text = format!(
+        "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = \"{}\"\n\
+         [parallelism]\nsource = {parallelism}\naggregate = {parallelism}\nsink = 1\n\
+         [params]\nsink = \"discard\"\n[params.generator]\nkey_space = 100000\nrecords = {records}\n",
+        output_dir.display()
+    );
+    let config = JobConfig::parse(&text, "koala bench")?;
+    let summary = run_job_locally(config)?;
+    let report = koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), output_dir)?;
+    let rows = &report.table.rows;
+    let steady: Vec<_> = rows.iter().skip(1).take(rows.len().saturating_sub(2)).collect();
+    anyhow::ensure!(!steady.is_empty(), "the run was too short for a steady state; raise --records");
+    let n = steady.len() as f64;
+    let mean = |f: &dyn Fn(&koala_coordinator::report::SecondRow) -> Option<f64>| {
+        let v: Vec<f64> = steady.iter().filter_map(|r| f(r)).collect();
+        if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }
+    };
+    println!();
+    println!("keyed aggregation, {parallelism} source + {parallelism} aggregate tasks on 2 workers, {} steady seconds", steady.len());
+    println!("{:<34} {:>12}", "metric", "value");
+    println!("{:<34} {:>12.0}", "records/s (mean of steady seconds)", steady.iter().map(|r| r.throughput).sum::<f64>() / n);
+    println!("{:<34} {:>12.0}", "per-batch latency mean (µs)", mean(&|r| r.batch_latency_mean_us));
+    println!("{:<34} {:>12.0}", "per-batch latency p99 (µs, worst)", mean(&|r| r.batch_latency_p99_us));
+    Ok(())
+}
+
+/// `koala run <config>`.
+pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
+    run_job_locally(load_config(path)?)
+}
+
+/// `koala coordinator`: only the coordinator; workers are started by someone else.
+pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> anyhow::Result<()> {
+    let config = load_config(config)?;
+    koala_coordinator::resolve(&config, &resolver())?;
+    let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?.to_string();
+    println!(
+        "coordinator listening on {addr}; waiting for {} workers",
+        config.workers
+    );
+    if let Some(f) = address_file {
+        std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
+    }
+    let summary = run_job(
+        listener,
+        JobRun {
+            config,
+            resolver: resolver(),
+            run: run_id(),
+            progress: None,
+        },
+    )?;
+    print_summary(&summary);
+    Ok(())
+}
+
+fn run_id() -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("run-{ms}")
+}
+
+/// Kills worker processes left behind when the job ends (normally they exit on `Shutdown`).
+struct WorkerProcesses(Vec<Child>);
+
+impl Drop for WorkerProcesses {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if matches!(child.try_wait(), Ok(None)) {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while std::time::Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs a job with a coordinator in this process and `config.workers` worker processes.
+pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
+    let resolver = resolver();
+    koala_coordinator::resolve(&config, &resolver)?;
+    let out = config.output_dir.clone();
+    std::fs::create_dir_all(&out)
+        .with_context(|| format!("creating output dir {}", out.display()))?;
+    clear_previous_output(&out)?;
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
+    let addr = listener.local_addr()?.to_string();
+    let exe = std::env::current_exe().context("locating the koala binary")?;
+    let mut workers = WorkerProcesses(Vec::new());
+    for i in 0..config.workers {
+        let data_dir = out.join("state").join(format!("worker-{i}"));
+        let child = Command::new(&exe)
+            .arg("worker")
+            .arg("--coordinator")
+            .arg(&addr)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .env(
+                "KOALA_LOG",
+                std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting worker {i}"))?;
+        workers.0.push(child);
+    }
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let run = run_id();
+    let job = JobRun {
+        config: config.clone(),
+        resolver,
+        run: run.clone(),
+        progress: Some(tx),
+    };
+    let handle = std::thread::spawn(move || run_job(listener, job));
+    for p in rx.iter() {
+        println!("{}", progress_line(&p));
+    }
+    let summary = handle
+        .join()
+        .map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
+    drop(workers);
+    print_summary(&summary);
+    match koala_coordinator::report::report(&summary.metrics_db, Some(&run), &out) {
+        Ok(report) => println!("{report}"),
+        Err(e) => eprintln!("warning: could not write the report: {e}"),
+    }
+    Ok(summary)
+}
+
+/// Removes sink files and worker state of an earlier run in the same output directory.
+fn clear_previous_output(out: &Path) -> anyhow::Result<()> {
+    let state = out.join("state");
+    if state.exists() {
+        std::fs::remove_dir_all(&state).with_context(|| format!("clearing {}", state.display()))?;
+    }
+    for entry in std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))? {
+        let path: PathBuf = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn progress_line(p: &Progress) -> String {
+    let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
+    format!(
+        "[{:>4}s] in {:>8.0} rec/s | out {:>8.0} rec/s | lag mean {:>7} p99 {:>7} | batch p99 {:>9} | backpressure {:>5.0} ms",
+        p.second,
+        p.input_per_s,
+        p.output_per_s,
+        opt(p.lag_mean_ms, "ms"),
+        opt(p.lag_p99_ms, "ms"),
+        opt(p.batch_p99_us, "µs"),
+        p.backpressure_ms
+    )
+}
+
+fn print_summary(s: &JobSummary) {
+    let secs = s.elapsed.as_secs_f64();
+    println!(
+        "done: run {} in {secs:.1} s — {} records in ({:.0}/s), {} records out, {} late dropped; metrics in {}",
+        s.run,
+        s.records_in,
+        s.records_in as f64 / secs.max(1e-9),
+        s.records_out,
+        s.late_dropped,
+        s.metrics_db.display()
+    );
+}

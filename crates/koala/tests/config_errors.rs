@@ -1,0 +1,66 @@
+//! Bad configs are rejected before anything starts, with a message naming the field.
+
+mod common;
+
+use common::koala;
+
+fn rejected(config: &str) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, config).expect("write config");
+    let out = koala().arg("run").arg(&path).output().expect("start koala");
+    assert!(!out.status.success(), "config was accepted:\n{config}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const BASE: &str = "query = \"keyed-aggregate\"\noutput_dir = \"unused\"\n";
+
+#[test]
+fn unknown_top_level_field_is_named() {
+    let err = rejected(&format!("{BASE}paralelism_typo = 3\n"));
+    assert!(err.contains("paralelism_typo"), "{err}");
+}
+
+#[test]
+fn unknown_query_lists_known_ones() {
+    let err = rejected("query = \"no-such-query\"\n");
+    assert!(
+        err.contains("no-such-query") && err.contains("keyed-aggregate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn zero_parallelism_is_named() {
+    let err = rejected(&format!("{BASE}[parallelism]\naggregate = 0\n"));
+    assert!(
+        err.contains("parallelism.aggregate") && err.contains("1 or more"),
+        "{err}"
+    );
+}
+
+#[test]
+fn more_tasks_than_buckets_is_named() {
+    let err = rejected(&format!(
+        "{BASE}num_buckets = 8\n[parallelism]\naggregate = 9\n"
+    ));
+    assert!(
+        err.contains("parallelism.aggregate") && err.contains("num_buckets"),
+        "{err}"
+    );
+}
+
+#[test]
+fn parallelism_of_unknown_operator_is_named() {
+    let err = rejected(&format!("{BASE}[parallelism]\naggregat = 2\n"));
+    assert!(
+        err.contains("parallelism.aggregat") && err.contains("aggregate"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_query_parameter_is_named() {
+    let err = rejected(&format!("{BASE}[params.generator]\nkey_spaec = 10\n"));
+    assert!(err.contains("key_spaec"), "{err}");
+}

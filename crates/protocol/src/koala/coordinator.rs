@@ -1,0 +1,394 @@
+//! The coordinator's side of Koala (paper §3.1, §3.3, §3.4, Appendix D.4): per operator, requests
+//! run one at a time in submission order — Init (deploy new tasks, `Start` every task of the old
+//! and new configuration) → collect `PeerReady` → `SwitchRouting` at every upstream → collect
+//! `Done` → complete. Operators are independent, so reconfigurations of two operators overlap.
+//! A cancelled task stays as a state server until every live task reported it `Drained`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use koala_types::{Epoch, OperatorId, TaskId};
+
+use super::error::ProtocolError;
+use super::messages::{Reconfiguration, TaskAck, moves_between};
+
+/// A keyed operator the coordinator reconfigures.
+#[derive(Clone, Debug)]
+pub struct OperatorSpec {
+    /// The operator.
+    pub operator: OperatorId,
+    /// Its current assignment (bucket → task).
+    pub assignment: Vec<TaskId>,
+    /// Its upstream tasks.
+    pub upstreams: BTreeSet<TaskId>,
+}
+
+/// A request to move an operator to a new assignment (from a partition policy, DESIGN.md §6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconfigurationRequest {
+    /// The operator.
+    pub operator: OperatorId,
+    /// The assignment after the reconfiguration (bucket → task).
+    pub assignment: Vec<TaskId>,
+    /// Progressive migration knob N for state left on cancelled tasks (0 = fetch on demand only).
+    pub extra_keys: usize,
+}
+
+/// Input of the [`KoalaCoordinator`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CoordinatorEvent {
+    /// Queue a reconfiguration.
+    Request(ReconfigurationRequest),
+    /// An ack from a target task.
+    Ack {
+        /// The task.
+        from: TaskId,
+        /// The ack.
+        ack: TaskAck,
+    },
+    /// A target task reported a protocol error.
+    Failed {
+        /// The task.
+        from: TaskId,
+        /// The error.
+        error: ProtocolError,
+    },
+}
+
+/// Output of the [`KoalaCoordinator`], executed in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CoordinatorAction {
+    /// Deploy a new task (no buckets, no upstream channels yet) before its `Start`.
+    DeployTask {
+        /// The task.
+        task: TaskId,
+    },
+    /// Send the reconfiguration to a target task.
+    Start {
+        /// The task.
+        to: TaskId,
+        /// The reconfiguration.
+        reconfiguration: Arc<Reconfiguration>,
+    },
+    /// Tell an upstream task to switch its routing table and inject markers.
+    SwitchRouting {
+        /// The upstream task.
+        to: TaskId,
+        /// The epoch.
+        epoch: Epoch,
+        /// The new routing table.
+        assignment: Vec<TaskId>,
+    },
+    /// The epoch completed (state may still move lazily).
+    Completed {
+        /// The operator.
+        operator: OperatorId,
+        /// The epoch.
+        epoch: Epoch,
+    },
+    /// A cancelled task holds no state any more: stop it.
+    ReleaseTask {
+        /// The task.
+        task: TaskId,
+    },
+    /// The running epoch failed; recover the operator from the last checkpoint.
+    Aborted {
+        /// The operator.
+        operator: OperatorId,
+        /// The epoch.
+        epoch: Epoch,
+        /// Why.
+        error: ProtocolError,
+    },
+    /// A request or ack was refused.
+    Error(ProtocolError),
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    Idle,
+    AwaitReady { reconf: Arc<Reconfiguration>, target: Vec<TaskId>, pending: BTreeSet<TaskId> },
+    AwaitDone { reconf: Arc<Reconfiguration>, target: Vec<TaskId>, pending: BTreeSet<TaskId> },
+}
+
+#[derive(Clone, Debug)]
+struct OperatorState {
+    assignment: Vec<TaskId>,
+    upstreams: BTreeSet<TaskId>,
+    ever: BTreeSet<TaskId>,
+    retired: BTreeSet<TaskId>,
+    drained: BTreeMap<TaskId, BTreeMap<TaskId, Epoch>>,
+    last_epoch: Epoch,
+    phase: Phase,
+    queue: VecDeque<ReconfigurationRequest>,
+}
+
+/// Drives Koala reconfigurations of every keyed operator of a job.
+#[derive(Clone, Debug, Default)]
+pub struct KoalaCoordinator {
+    next_epoch: Epoch,
+    operators: BTreeMap<OperatorId, OperatorState>,
+}
+
+impl KoalaCoordinator {
+    /// A coordinator with no operators.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers an operator with its deployed assignment.
+    pub fn register(&mut self, spec: OperatorSpec) -> Result<(), ProtocolError> {
+        if spec.assignment.is_empty() || spec.assignment.iter().any(|t| t.operator != spec.operator) {
+            return Err(ProtocolError::InvalidAssignment { reason: format!("bad assignment of {}", spec.operator) });
+        }
+        let ever = spec.assignment.iter().copied().collect();
+        self.operators.insert(
+            spec.operator,
+            OperatorState {
+                assignment: spec.assignment,
+                upstreams: spec.upstreams,
+                ever,
+                retired: BTreeSet::new(),
+                drained: BTreeMap::new(),
+                last_epoch: 0,
+                phase: Phase::Idle,
+                queue: VecDeque::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// The current assignment of `operator`.
+    pub fn assignment(&self, operator: OperatorId) -> Option<&[TaskId]> {
+        self.operators.get(&operator).map(|o| o.assignment.as_slice())
+    }
+
+    /// Whether `operator` has no reconfiguration running or queued.
+    pub fn is_idle(&self, operator: OperatorId) -> bool {
+        self.operators.get(&operator).is_none_or(|o| matches!(o.phase, Phase::Idle) && o.queue.is_empty())
+    }
+
+    /// Cancelled tasks of `operator` not yet released.
+    pub fn retired(&self, operator: OperatorId) -> BTreeSet<TaskId> {
+        self.operators.get(&operator).map(|o| o.retired.clone()).unwrap_or_default()
+    }
+
+    /// Feeds one event; returns the actions to execute, in order.
+    pub fn on(&mut self, event: CoordinatorEvent) -> Vec<CoordinatorAction> {
+        let mut out = Vec::new();
+        match event {
+            CoordinatorEvent::Request(request) => {
+                let Some(op) = self.operators.get_mut(&request.operator) else {
+                    let reason = format!("unknown operator {}", request.operator);
+                    return vec![CoordinatorAction::Error(ProtocolError::InvalidAssignment { reason })];
+                };
+                op.queue.push_back(request.clone());
+                self.start_next(request.operator, &mut out);
+            }
+            CoordinatorEvent::Ack { from, ack } => self.on_ack(from, ack, &mut out),
+            CoordinatorEvent::Failed { from, error } => {
+                if let Some(op) = self.operators.get_mut(&from.operator) {
+                    let phase = std::mem::replace(&mut op.phase, Phase::Idle);
+                    if let Phase::AwaitReady { reconf, .. } | Phase::AwaitDone { reconf, .. } = phase {
+                        out.push(CoordinatorAction::Aborted { operator: from.operator, epoch: reconf.epoch, error });
+                        self.start_next(from.operator, &mut out);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn on_ack(&mut self, from: TaskId, ack: TaskAck, out: &mut Vec<CoordinatorAction>) {
+        let operator = from.operator;
+        let Some(op) = self.operators.get_mut(&operator) else {
+            out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch: 0 }));
+            return;
+        };
+        match ack {
+            TaskAck::Drained { epoch, location } => {
+                // Kept even before `location` retires: the report may overtake the epoch's end.
+                op.drained.entry(location).or_default().insert(from, epoch);
+                Self::release(op, out);
+            }
+            TaskAck::PeerReady { epoch } => {
+                let Phase::AwaitReady { reconf, target, pending } = &mut op.phase else {
+                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    return;
+                };
+                if reconf.epoch != epoch || !pending.remove(&from) {
+                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    return;
+                }
+                if pending.is_empty() {
+                    for &to in &op.upstreams {
+                        out.push(CoordinatorAction::SwitchRouting { to, epoch, assignment: target.clone() });
+                    }
+                    let (reconf, target) = (reconf.clone(), target.clone());
+                    let pending = participants(&op.assignment, &target);
+                    op.phase = Phase::AwaitDone { reconf, target, pending };
+                }
+            }
+            TaskAck::Done { epoch } => {
+                let Phase::AwaitDone { reconf, target, pending } = &mut op.phase else {
+                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    return;
+                };
+                if reconf.epoch != epoch || !pending.remove(&from) {
+                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    return;
+                }
+                if pending.is_empty() {
+                    op.assignment = std::mem::take(target);
+                    op.retired.extend(reconf.cancelled.iter().copied());
+                    op.last_epoch = epoch;
+                    op.phase = Phase::Idle;
+                    out.push(CoordinatorAction::Completed { operator, epoch });
+                    Self::release(op, out);
+                    self.start_next(operator, out);
+                }
+            }
+        }
+    }
+
+    /// Releases every retired task no live task points at any more (only between epochs).
+    fn release(op: &mut OperatorState, out: &mut Vec<CoordinatorAction>) {
+        if !matches!(op.phase, Phase::Idle) {
+            return;
+        }
+        let live: BTreeSet<TaskId> = op.assignment.iter().copied().collect();
+        let released: Vec<TaskId> = op
+            .retired
+            .iter()
+            .copied()
+            .filter(|r| {
+                let reports = op.drained.get(r);
+                live.iter().all(|t| reports.and_then(|m| m.get(t)) == Some(&op.last_epoch))
+            })
+            .collect();
+        for task in released {
+            op.retired.remove(&task);
+            op.drained.remove(&task);
+            out.push(CoordinatorAction::ReleaseTask { task });
+        }
+    }
+
+    fn start_next(&mut self, operator: OperatorId, out: &mut Vec<CoordinatorAction>) {
+        let Some(op) = self.operators.get_mut(&operator) else { return };
+        while matches!(op.phase, Phase::Idle) {
+            let Some(request) = op.queue.pop_front() else { return };
+            match plan(op, &request, self.next_epoch + 1) {
+                Ok(reconf) => {
+                    self.next_epoch = reconf.epoch;
+                    let reconf = Arc::new(reconf);
+                    for &task in &reconf.new_tasks {
+                        op.ever.insert(task);
+                        out.push(CoordinatorAction::DeployTask { task });
+                    }
+                    let pending = participants(&op.assignment, &request.assignment);
+                    for &to in &pending {
+                        out.push(CoordinatorAction::Start { to, reconfiguration: reconf.clone() });
+                    }
+                    op.phase = Phase::AwaitReady { reconf, target: request.assignment, pending };
+                }
+                Err(e) => out.push(CoordinatorAction::Error(e)),
+            }
+        }
+    }
+}
+
+/// Tasks that own buckets before or after: every one gets `Start` and a marker from each upstream.
+fn participants(old: &[TaskId], new: &[TaskId]) -> BTreeSet<TaskId> {
+    old.iter().chain(new).copied().collect()
+}
+
+fn plan(op: &OperatorState, request: &ReconfigurationRequest, epoch: Epoch) -> Result<Reconfiguration, ProtocolError> {
+    let moves = moves_between(&op.assignment, &request.assignment)?;
+    let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
+    if moves.is_empty() {
+        return Err(bad("the request changes nothing".into()));
+    }
+    if let Some(t) = request.assignment.iter().find(|t| t.operator != request.operator || op.retired.contains(t)) {
+        return Err(bad(format!("{t} cannot own buckets of {}", request.operator)));
+    }
+    let old: BTreeSet<TaskId> = op.assignment.iter().copied().collect();
+    let new: BTreeSet<TaskId> = request.assignment.iter().copied().collect();
+    if let Some(t) = new.iter().find(|t| !old.contains(t) && op.ever.contains(t)) {
+        return Err(bad(format!("{t} was cancelled before; task indices are not reused")));
+    }
+    let cancelled: BTreeSet<TaskId> = old.difference(&new).copied().collect();
+    Ok(Reconfiguration {
+        operator: request.operator,
+        epoch,
+        moves,
+        upstreams: op.upstreams.clone(),
+        new_tasks: new.difference(&op.ever).copied().collect(),
+        retired: op.retired.union(&cancelled).copied().collect(),
+        cancelled,
+        extra_keys: request.extra_keys,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(op: u32, i: u32) -> TaskId {
+        TaskId::new(OperatorId(op), i)
+    }
+
+    fn starts(out: &[CoordinatorAction]) -> Vec<(TaskId, Epoch)> {
+        out.iter()
+            .filter_map(|a| match a {
+                CoordinatorAction::Start { to, reconfiguration } => Some((*to, reconfiguration.epoch)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_operators_overlap_and_requests_queue_in_order() {
+        let mut c = KoalaCoordinator::new();
+        let up = BTreeSet::from([t(0, 0)]);
+        for op in [1, 2] {
+            let spec = OperatorSpec { operator: OperatorId(op), assignment: vec![t(op, 0); 4], upstreams: up.clone() };
+            c.register(spec).expect("register");
+        }
+        let req = |op, a: Vec<TaskId>| CoordinatorEvent::Request(ReconfigurationRequest { operator: OperatorId(op), assignment: a, extra_keys: 0 });
+        let out1 = c.on(req(1, vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)]));
+        assert!(out1.contains(&CoordinatorAction::DeployTask { task: t(1, 1) }));
+        assert_eq!(starts(&out1), vec![(t(1, 0), 1), (t(1, 1), 1)]);
+        // A second request for operator 1 waits; operator 2 starts right away (overlap).
+        assert!(starts(&c.on(req(1, vec![t(1, 0), t(1, 2), t(1, 1), t(1, 1)]))).is_empty());
+        assert_eq!(starts(&c.on(req(2, vec![t(2, 1); 4]))), vec![(t(2, 0), 2), (t(2, 1), 2)]);
+        let ack = |from, ack| CoordinatorEvent::Ack { from, ack };
+        assert!(c.on(ack(t(1, 0), TaskAck::PeerReady { epoch: 1 })).is_empty());
+        let out = c.on(ack(t(1, 1), TaskAck::PeerReady { epoch: 1 }));
+        assert!(matches!(&out[..], [CoordinatorAction::SwitchRouting { epoch: 1, .. }]));
+        assert!(matches!(&c.on(ack(t(1, 1), TaskAck::Done { epoch: 2 }))[..], [CoordinatorAction::Error(_)]));
+        c.on(ack(t(1, 0), TaskAck::Done { epoch: 1 }));
+        let out = c.on(ack(t(1, 1), TaskAck::Done { epoch: 1 }));
+        assert_eq!(out[0], CoordinatorAction::Completed { operator: OperatorId(1), epoch: 1 });
+        assert_eq!(starts(&out), vec![(t(1, 0), 3), (t(1, 1), 3), (t(1, 2), 3)]);
+        // Operator 2 cancelled t(2,0): released once the live task drained it after epoch 2.
+        c.on(ack(t(2, 0), TaskAck::PeerReady { epoch: 2 }));
+        c.on(ack(t(2, 1), TaskAck::PeerReady { epoch: 2 }));
+        c.on(ack(t(2, 0), TaskAck::Done { epoch: 2 }));
+        c.on(ack(t(2, 1), TaskAck::Done { epoch: 2 }));
+        assert_eq!(c.retired(OperatorId(2)), BTreeSet::from([t(2, 0)]));
+        let out = c.on(ack(t(2, 1), TaskAck::Drained { epoch: 2, location: t(2, 0) }));
+        assert_eq!(out, vec![CoordinatorAction::ReleaseTask { task: t(2, 0) }]);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_not_panicked() {
+        let mut c = KoalaCoordinator::new();
+        let spec = OperatorSpec { operator: OperatorId(1), assignment: vec![t(1, 0); 4], upstreams: BTreeSet::new() };
+        c.register(spec).expect("register");
+        for a in [vec![t(1, 0); 3], vec![t(1, 0); 4], vec![t(2, 0); 4]] {
+            let out = c.on(CoordinatorEvent::Request(ReconfigurationRequest { operator: OperatorId(1), assignment: a, extra_keys: 0 }));
+            assert!(matches!(&out[..], [CoordinatorAction::Error(_)]), "{out:?}");
+        }
+        assert!(c.is_idle(OperatorId(1)));
+    }
+}

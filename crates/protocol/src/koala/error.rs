@@ -1,0 +1,139 @@
+//! Typed protocol surprises. A Koala core never panics on input it receives from the network or the
+//! coordinator: it rejects the offending event with one of these and leaves its own state as it was,
+//! so the coordinator can abort the epoch and recover from the last checkpoint (DESIGN.md §8).
+
+use std::fmt;
+
+use koala_types::{BucketId, Epoch, TaskId};
+
+use super::messages::InputChannel;
+
+/// Something a peer, an upstream or the coordinator sent that the Koala protocol does not allow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A record of a bucket this task neither owns nor forwards arrived on `channel`.
+    Misrouted {
+        /// The record's bucket.
+        bucket: BucketId,
+        /// Where it came from.
+        channel: InputChannel,
+    },
+    /// An upstream sent a record routed by its old table after its marker for `epoch`.
+    RecordAfterMarker {
+        /// The upstream.
+        upstream: TaskId,
+        /// The epoch whose marker it already sent.
+        epoch: Epoch,
+    },
+    /// Input from a task this task does not know as an upstream.
+    UnknownUpstream {
+        /// The sender.
+        upstream: TaskId,
+    },
+    /// A marker for an epoch that is not running here, or a second marker from one upstream.
+    UnexpectedMarker {
+        /// The upstream.
+        upstream: TaskId,
+        /// The marker's epoch.
+        epoch: Epoch,
+    },
+    /// A peer message from a task that is not a peer of this task in `epoch`, or out of order.
+    UnexpectedPeerMessage {
+        /// The peer.
+        peer: TaskId,
+        /// The message's epoch.
+        epoch: Epoch,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// A reconfiguration for an epoch that is not newer than the current one, or one that arrived
+    /// while another epoch is still running at this task.
+    StaleEpoch {
+        /// The epoch received.
+        got: Epoch,
+        /// The epoch this task is in (or last completed).
+        current: Epoch,
+    },
+    /// The reconfiguration itself is inconsistent (e.g. a bucket moved twice, or moved from a task
+    /// that does not own it).
+    InvalidReconfiguration {
+        /// The epoch.
+        epoch: Epoch,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A fetch response that answers no request of this task.
+    UnknownFetchResponse {
+        /// Who answered.
+        from: TaskId,
+        /// The request id it carried.
+        request: u64,
+    },
+    /// A fetch asked this task for state of a bucket it owns: the asker's key lookup table is wrong.
+    FetchOfOwnedBucket {
+        /// Who asked.
+        from: TaskId,
+        /// The bucket.
+        bucket: BucketId,
+    },
+    /// An acknowledgement the coordinator did not expect (wrong epoch, unknown task, duplicate).
+    UnexpectedAck {
+        /// Who sent it.
+        from: TaskId,
+        /// Its epoch.
+        epoch: Epoch,
+    },
+    /// A routing table or assignment whose length is not the number of buckets, or that names a
+    /// task that cannot own buckets.
+    InvalidAssignment {
+        /// What was wrong.
+        reason: String,
+    },
+    /// A watermark that goes back on a channel that must be monotone.
+    WatermarkRegressed {
+        /// The last watermark.
+        last: u64,
+        /// The one received.
+        got: u64,
+    },
+}
+
+impl fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Misrouted { bucket, channel } => {
+                write!(f, "record of bucket {bucket} arrived on {channel:?}, which may not carry it")
+            }
+            Self::RecordAfterMarker { upstream, epoch } => {
+                write!(f, "upstream {upstream} sent an old-table record after its marker of epoch {epoch}")
+            }
+            Self::UnknownUpstream { upstream } => write!(f, "input from unknown upstream {upstream}"),
+            Self::UnexpectedMarker { upstream, epoch } => {
+                write!(f, "unexpected marker of epoch {epoch} from {upstream}")
+            }
+            Self::UnexpectedPeerMessage { peer, epoch, reason } => {
+                write!(f, "unexpected peer message from {peer} in epoch {epoch}: {reason}")
+            }
+            Self::StaleEpoch { got, current } => {
+                write!(f, "reconfiguration epoch {got} is not startable in epoch {current}")
+            }
+            Self::InvalidReconfiguration { epoch, reason } => {
+                write!(f, "invalid reconfiguration of epoch {epoch}: {reason}")
+            }
+            Self::UnknownFetchResponse { from, request } => {
+                write!(f, "fetch response {request} from {from} answers no outstanding request")
+            }
+            Self::FetchOfOwnedBucket { from, bucket } => {
+                write!(f, "{from} fetched state of bucket {bucket} from its owner")
+            }
+            Self::UnexpectedAck { from, epoch } => write!(f, "unexpected ack from {from} for epoch {epoch}"),
+            Self::InvalidAssignment { reason } => write!(f, "invalid assignment: {reason}"),
+            Self::WatermarkRegressed { last, got } => {
+                write!(f, "watermark went back from {last} to {got}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ProtocolError {}

@@ -1,0 +1,107 @@
+//! Per-channel event time of a Koala task (paper §3.2 and Appendix A, Algorithm 1 lines 7–10): the
+//! minimum watermark over the live input channels, upstream and peer alike.
+//!
+//! Unlike [`crate::WatermarkAligner`], whose `current` never goes back, this reports the *true*
+//! minimum: a peer channel that joins below the task's event time must pull the minimum down, or
+//! the task would advance past records still coming over it. Monotone emission (lines 11–13) is
+//! the task's job; the protocol guarantees a channel never joins below what the task has emitted.
+
+use std::collections::BTreeMap;
+
+use koala_types::Timestamp;
+
+use super::error::ProtocolError;
+use super::messages::InputChannel;
+
+/// Watermark per live input channel; `None` until the channel sent one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ChannelWatermarks {
+    channels: BTreeMap<InputChannel, Option<Timestamp>>,
+    closed_any: bool,
+}
+
+impl ChannelWatermarks {
+    /// Expects `channel`; it holds the minimum until it sends a watermark.
+    pub(crate) fn add(&mut self, channel: InputChannel) {
+        self.channels.entry(channel).or_insert(None);
+    }
+
+    /// Records a watermark; a channel's watermarks may not go back.
+    pub(crate) fn set(&mut self, channel: InputChannel, time: Timestamp) -> Result<(), ProtocolError> {
+        if let Some(slot) = self.channels.get_mut(&channel) {
+            if let Some(last) = *slot {
+                if time < last {
+                    return Err(ProtocolError::WatermarkRegressed { last, got: time });
+                }
+            }
+            *slot = Some(time);
+        }
+        Ok(())
+    }
+
+    /// The channel closed (end of stream, peer channel closed).
+    pub(crate) fn close(&mut self, channel: InputChannel) {
+        if self.channels.remove(&channel).is_some() {
+            self.closed_any = true;
+        }
+    }
+
+    /// Minimum over live channels; `None` while one has not reported. Once every channel has closed
+    /// the event time is `Timestamp::MAX`; a task that never had a channel has none.
+    pub(crate) fn min(&self) -> Option<Timestamp> {
+        if self.channels.is_empty() {
+            return self.closed_any.then_some(Timestamp::MAX);
+        }
+        self.channels.values().try_fold(Timestamp::MAX, |acc, w| w.map(|w| acc.min(w)))
+    }
+}
+
+/// Multiset of event times of records a task holds but has not processed (inbox, parked, waiting
+/// for state): the task's event time must stay below all of them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HeldTimes(BTreeMap<Timestamp, usize>);
+
+impl HeldTimes {
+    pub(crate) fn add(&mut self, time: Timestamp) {
+        *self.0.entry(time).or_insert(0) += 1;
+    }
+
+    pub(crate) fn remove(&mut self, time: Timestamp) {
+        if let Some(n) = self.0.get_mut(&time) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(&time);
+            }
+        }
+    }
+
+    pub(crate) fn min(&self) -> Option<Timestamp> {
+        self.0.keys().next().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koala_types::{OperatorId, TaskId};
+
+    #[test]
+    fn joining_channel_pulls_the_minimum_down() {
+        let u = InputChannel::Upstream(TaskId::new(OperatorId(0), 0));
+        let p = InputChannel::Peer(TaskId::new(OperatorId(1), 0));
+        let mut w = ChannelWatermarks::default();
+        assert_eq!(w.min(), None);
+        w.add(u);
+        w.set(u, 10).expect("monotone");
+        assert_eq!(w.min(), Some(10));
+        w.add(p);
+        assert_eq!(w.min(), None);
+        w.set(p, 8).expect("monotone");
+        assert_eq!(w.min(), Some(8));
+        assert!(w.set(p, 7).is_err());
+        w.close(p);
+        assert_eq!(w.min(), Some(10));
+        w.close(u);
+        assert_eq!(w.min(), Some(Timestamp::MAX));
+    }
+}

@@ -1,0 +1,45 @@
+//! Koala, the lazy reconfiguration protocol (paper §3, Appendix A; DESIGN.md §7), as sans-IO state
+//! machines: [`KoalaTask`] for each target task, [`UpstreamRouter`] for each upstream task and
+//! [`KoalaCoordinator`] for the coordinator. Each consumes events and returns actions; the runtime
+//! (or the deterministic [`sim`]ulator) moves the messages.
+//!
+//! One epoch, as implemented (paper §3.1 steps, with this project's fixes marked *):
+//! 1. The coordinator computes the moves, deploys new tasks and sends [`TaskEvent::Start`] to every
+//!    task owning buckets before or after.
+//! 2. A receiver adds a peer channel per sender to its event-time inputs and sends `Open` with the
+//!    watermark it has emitted*. A sender, between two batches and once its event time has caught up
+//!    with that watermark*, hands over the KLT entries of the moved buckets (locations, not "me" —
+//!    this is what makes every later fetch one hop, §3.3), then forwards their records. Idle senders
+//!    do this without input*.
+//! 3. A receiver acks `PeerReady` after all hand-overs (every other task at `Start`).
+//! 4. The coordinator switches the routing tables of all upstreams; each injects a marker and its
+//!    watermark into every output channel.
+//! 5. Senders close their peer channels after markers from all upstreams; a receiver parks direct
+//!    records of a moved bucket until that bucket's peer channel closed* (per-key FIFO), holds its
+//!    event time until all markers arrived and recomputes it when a peer closes (Algorithm 1), and
+//!    acks `Done` after all markers and closes.
+//! 6. Afterwards state moves lazily: a key is fetched from its KLT location on first access, and the
+//!    location deletes it as it answers* (one live copy). Fetches to cancelled tasks piggyback up to
+//!    N extra keys, an idle owner keeps pulling (§3.4), and the coordinator releases a cancelled task
+//!    once no KLT points at it.
+
+mod coordinator;
+mod error;
+mod event_time;
+mod klt;
+mod messages;
+mod pipeline;
+pub mod sim;
+mod task;
+mod transition;
+mod upstream;
+
+pub use coordinator::{CoordinatorAction, CoordinatorEvent, KoalaCoordinator, OperatorSpec, ReconfigurationRequest};
+pub use error::ProtocolError;
+pub use klt::{KeyLookupTable, key_hash};
+pub use messages::{
+    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputChannel, Moves, PeerMessage, Reconfiguration,
+    Role, TaskAck, moves_between,
+};
+pub use task::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
+pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

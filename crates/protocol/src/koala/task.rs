@@ -1,0 +1,407 @@
+//! The protocol core of one target task (paper §3.1–§3.4, Appendix A): ownership, key lookup,
+//! the per-epoch transition, parking for per-key FIFO, event time, lazy fetches and progressive
+//! migration. Events in, actions out; the runtime executes the actions in order.
+//!
+//! ```
+//! use std::collections::BTreeSet;
+//! use koala_protocol::koala::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
+//! use koala_types::{OperatorId, Record, TaskId, bucket_of};
+//!
+//! let (up, me) = (TaskId::new(OperatorId(0), 0), TaskId::new(OperatorId(1), 0));
+//! let mut task = KoalaTask::new(TaskConfig {
+//!     id: me,
+//!     num_buckets: 4,
+//!     owned: (0..4).collect(),
+//!     upstreams: BTreeSet::from([up]),
+//! });
+//! let r = Record { key: b"k".to_vec(), value: vec![], time: 5 };
+//! let out = task.on(TaskEvent::Records { from: up, records: vec![r.clone()] });
+//! assert_eq!(out, vec![TaskAction::Process(vec![r])]);
+//! let out = task.on(TaskEvent::Watermark { from: up, time: 5 });
+//! assert_eq!(out, vec![TaskAction::EmitWatermark(5)]);
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use koala_types::{BucketId, Epoch, Record, TaskId, Timestamp, bucket_of};
+
+use super::error::ProtocolError;
+use super::event_time::{ChannelWatermarks, HeldTimes};
+use super::klt::KeyLookupTable;
+use super::messages::{FetchRequest, FetchResponse, InputChannel, PeerMessage, Reconfiguration, TaskAck};
+use super::pipeline::Pipeline;
+use super::transition::Transition;
+
+/// How a target task starts.
+#[derive(Clone, Debug)]
+pub struct TaskConfig {
+    /// The task.
+    pub id: TaskId,
+    /// Buckets of the operator's key space.
+    pub num_buckets: u16,
+    /// Buckets the task owns with their state local (initial deployment); empty for a new task.
+    pub owned: BTreeSet<BucketId>,
+    /// Upstream tasks with an open channel to this task; empty for a new task.
+    pub upstreams: BTreeSet<TaskId>,
+}
+
+/// Input of a [`KoalaTask`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskEvent {
+    /// A batch from an upstream channel.
+    Records {
+        /// The upstream.
+        from: TaskId,
+        /// The records in channel order.
+        records: Vec<Record>,
+    },
+    /// A watermark from an upstream channel.
+    Watermark {
+        /// The upstream.
+        from: TaskId,
+        /// Its event time.
+        time: Timestamp,
+    },
+    /// An upstream switched routing tables.
+    Marker {
+        /// The upstream.
+        from: TaskId,
+        /// The epoch.
+        epoch: Epoch,
+    },
+    /// An upstream channel ended.
+    EndOfStream {
+        /// The upstream.
+        from: TaskId,
+    },
+    /// The coordinator starts a reconfiguration (paper §3.1 "Init" and "Fast forward").
+    Start(Arc<Reconfiguration>),
+    /// A peer-channel message.
+    Peer {
+        /// The peer task.
+        from: TaskId,
+        /// The message.
+        message: PeerMessage,
+    },
+    /// Another task asks for key state this task holds.
+    FetchRequest {
+        /// The owner asking.
+        from: TaskId,
+        /// The request.
+        request: FetchRequest,
+    },
+    /// The answer to a fetch of this task.
+    FetchResponse {
+        /// The location that answered.
+        from: TaskId,
+        /// The answer.
+        response: FetchResponse,
+    },
+    /// The runtime has no input for this task right now (drives progressive migration).
+    Idle,
+}
+
+/// Output of a [`KoalaTask`], to be executed in order by the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskAction {
+    /// Run the operator on these records, in this order. Every key's state is local (or new).
+    Process(Vec<Record>),
+    /// Send `request` to task `from`, which holds the state; the answer comes back as
+    /// [`TaskEvent::FetchResponse`].
+    FetchState {
+        /// The location.
+        from: TaskId,
+        /// The request.
+        request: FetchRequest,
+    },
+    /// Write fetched state into the local store (before any later `Process`).
+    InstallState {
+        /// Keys with their state.
+        entries: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// Answer a fetch: read the requested keys, pick up to `extra.max` more keys of
+    /// `extra.buckets` (not among the requested), *delete all of them locally* (one live copy),
+    /// and send a [`FetchResponse`] to `to`, listing extra buckets now empty here as exhausted.
+    ServeFetch {
+        /// The requester.
+        to: TaskId,
+        /// The request.
+        request: FetchRequest,
+    },
+    /// Send on the peer channel to `to`. For [`PeerMessage::HandOver`], first move the operator
+    /// metadata (timers, open windows) of the handed-over buckets into `metadata`.
+    SendToPeer {
+        /// The peer.
+        to: TaskId,
+        /// The message.
+        message: PeerMessage,
+    },
+    /// Install operator metadata received with a hand-over.
+    InstallMetadata {
+        /// The sender.
+        from: TaskId,
+        /// Opaque operator metadata.
+        metadata: Vec<u8>,
+    },
+    /// Emit this watermark downstream (monotone).
+    EmitWatermark(Timestamp),
+    /// Send to the coordinator.
+    Ack(TaskAck),
+    /// The event was rejected; report it so the coordinator aborts the epoch.
+    Error(ProtocolError),
+}
+
+/// Where a record goes.
+pub(super) enum Route {
+    Local,
+    Park,
+    Forward(TaskId),
+    Reject(ProtocolError),
+}
+
+/// The Koala protocol core of one target task.
+#[derive(Debug)]
+pub struct KoalaTask {
+    pub(super) id: TaskId,
+    pub(super) num_buckets: u16,
+    pub(super) klt: KeyLookupTable,
+    pub(super) upstreams: BTreeSet<TaskId>,
+    pub(super) ended: BTreeSet<TaskId>,
+    pub(super) watermarks: ChannelWatermarks,
+    pub(super) held: HeldTimes,
+    pub(super) emitted: Option<Timestamp>,
+    pub(super) pipeline: Pipeline,
+    pub(super) epoch: Epoch,
+    pub(super) transition: Option<Transition>,
+    pub(super) early: Vec<(TaskId, PeerMessage)>,
+    pub(super) retired: BTreeSet<TaskId>,
+    pub(super) extra_keys: usize,
+    pub(super) drained: BTreeMap<TaskId, Epoch>,
+    pub(super) park_direct: bool,
+    pub(super) started: bool,
+}
+
+impl KoalaTask {
+    /// A task as deployed: an initial task owns its buckets, a new one waits for its first `Start`.
+    pub fn new(config: TaskConfig) -> Self {
+        let mut watermarks = ChannelWatermarks::default();
+        for &u in &config.upstreams {
+            watermarks.add(InputChannel::Upstream(u));
+        }
+        Self {
+            id: config.id,
+            num_buckets: config.num_buckets.max(1),
+            started: !config.upstreams.is_empty() || !config.owned.is_empty(),
+            klt: KeyLookupTable::new(config.id, config.owned),
+            upstreams: config.upstreams,
+            ended: BTreeSet::new(),
+            watermarks,
+            held: HeldTimes::default(),
+            emitted: None,
+            pipeline: Pipeline::default(),
+            epoch: 0,
+            transition: None,
+            early: Vec::new(),
+            retired: BTreeSet::new(),
+            extra_keys: 0,
+            drained: BTreeMap::new(),
+            park_direct: true,
+        }
+    }
+
+    /// The task id.
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// Whether the task owns `bucket` now (may read and write its keys).
+    pub fn owns(&self, bucket: BucketId) -> bool {
+        self.klt.owns(bucket)
+    }
+
+    /// The buckets the task owns now.
+    pub fn owned_buckets(&self) -> Vec<BucketId> {
+        self.klt.owned().collect()
+    }
+
+    /// The key lookup table (read-only: metrics, checkpoints).
+    pub fn klt(&self) -> &KeyLookupTable {
+        &self.klt
+    }
+
+    /// The last watermark the task emitted.
+    pub fn emitted_watermark(&self) -> Option<Timestamp> {
+        self.emitted
+    }
+
+    /// Whether a reconfiguration is running at this task.
+    pub fn in_transition(&self) -> bool {
+        self.transition.is_some()
+    }
+
+    /// Whether the task holds records it has not processed or has a fetch outstanding.
+    pub fn is_busy(&self) -> bool {
+        self.held.min().is_some() || !self.pipeline.is_quiet()
+    }
+
+    /// Fault injection for the simulator's negative tests: process records of a moved bucket that
+    /// arrive directly from upstreams without waiting for the peer channel (breaks per-key FIFO).
+    #[doc(hidden)]
+    pub fn inject_fault_no_parking(&mut self) {
+        self.park_direct = false;
+    }
+
+    /// Feeds one event; returns the actions to execute, in order.
+    pub fn on(&mut self, event: TaskEvent) -> Vec<TaskAction> {
+        let mut out = Vec::new();
+        let result = match event {
+            TaskEvent::Records { from, records } => self.on_records(from, records, &mut out),
+            TaskEvent::Watermark { from, time } => self.on_watermark(from, time),
+            TaskEvent::Marker { from, epoch } => self.on_marker(from, epoch),
+            TaskEvent::EndOfStream { from } => self.on_end_of_stream(from),
+            TaskEvent::Start(reconfiguration) => self.on_start(reconfiguration, &mut out),
+            TaskEvent::Peer { from, message } => self.on_peer(from, message, &mut out),
+            TaskEvent::FetchRequest { from, request } => self.on_fetch_request(from, request, &mut out),
+            TaskEvent::FetchResponse { from, response } => self.on_fetch_response(from, response, &mut out),
+            TaskEvent::Idle => {
+                self.pull(&mut out);
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            out.push(TaskAction::Error(e));
+        }
+        self.pump(&mut out);
+        out
+    }
+
+    fn on_records(&mut self, from: TaskId, records: Vec<Record>, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+        if !self.upstreams.contains(&from) {
+            return Err(ProtocolError::UnknownUpstream { upstream: from });
+        }
+        let mut forwards: BTreeMap<TaskId, Vec<Record>> = BTreeMap::new();
+        for r in records {
+            let bucket = bucket_of(&r.key, self.num_buckets);
+            match self.route_direct(from, bucket) {
+                Route::Local => self.admit(r),
+                Route::Park => {
+                    self.held.add(r.time);
+                    if let Some(t) = self.transition.as_mut() {
+                        t.parked.entry(bucket).or_default().push_back(r);
+                    }
+                }
+                Route::Forward(to) => forwards.entry(to).or_default().push(r),
+                Route::Reject(e) => out.push(TaskAction::Error(e)),
+            }
+        }
+        for (to, records) in forwards {
+            out.push(TaskAction::SendToPeer { to, message: PeerMessage::Records { epoch: self.epoch, records } });
+        }
+        Ok(())
+    }
+
+    /// Where a record of `bucket` that came directly from upstream `from` goes.
+    fn route_direct(&self, from: TaskId, bucket: BucketId) -> Route {
+        if let Some(t) = &self.transition {
+            if let Some(route) = t.route_direct(from, bucket, self.park_direct) {
+                return route;
+            }
+        }
+        if self.klt.owns(bucket) {
+            Route::Local
+        } else {
+            Route::Reject(ProtocolError::Misrouted { bucket, channel: InputChannel::Upstream(from) })
+        }
+    }
+
+    /// Queues an owned record for processing.
+    pub(super) fn admit(&mut self, r: Record) {
+        self.held.add(r.time);
+        self.pipeline.inbox.push_back(r);
+    }
+
+    fn on_watermark(&mut self, from: TaskId, time: Timestamp) -> Result<(), ProtocolError> {
+        if !self.upstreams.contains(&from) {
+            return Err(ProtocolError::UnknownUpstream { upstream: from });
+        }
+        self.watermarks.set(InputChannel::Upstream(from), time)
+    }
+
+    fn on_end_of_stream(&mut self, from: TaskId) -> Result<(), ProtocolError> {
+        if !self.upstreams.remove(&from) {
+            return Err(ProtocolError::UnknownUpstream { upstream: from });
+        }
+        self.ended.insert(from);
+        self.watermarks.close(InputChannel::Upstream(from));
+        if let Some(t) = self.transition.as_mut() {
+            // An ended upstream sends no marker; nothing it routed by the old table is in flight.
+            t.markers_pending.remove(&from);
+        }
+        Ok(())
+    }
+
+    /// Runs everything the last event may have unblocked, until nothing changes.
+    fn pump(&mut self, out: &mut Vec<TaskAction>) {
+        loop {
+            let mut changed = self.try_hand_over(out);
+            changed |= self.try_process(out);
+            self.advance_watermark(out);
+            changed |= self.check_ready_and_done(out);
+            if !changed {
+                break;
+            }
+        }
+        self.report_drained(out);
+    }
+
+    /// The event time the task may claim now: the minimum over its input channels, kept below
+    /// every record it holds (parked, queued, waiting for state).
+    pub(super) fn frontier(&self) -> Option<Timestamp> {
+        let channels = self.watermarks.min()?;
+        match self.held.min() {
+            None => Some(channels),
+            Some(0) => None,
+            Some(h) => Some(channels.min(h - 1)),
+        }
+    }
+
+    fn advance_watermark(&mut self, out: &mut Vec<TaskAction>) {
+        let Some(f) = self.frontier() else { return };
+        if let Some(t) = self.transition.as_mut() {
+            t.forward_watermark(f, out);
+        }
+        // Algorithm 1 line 4: no advance before every expected marker arrived.
+        let gate_open = self.started && self.transition.as_ref().is_none_or(|t| t.markers_pending.is_empty());
+        if gate_open && self.emitted.is_none_or(|e| f > e) {
+            self.emitted = Some(f);
+            out.push(TaskAction::EmitWatermark(f));
+        }
+    }
+
+    /// Reports retired locations this task's KLT no longer points at (outside transitions).
+    fn report_drained(&mut self, out: &mut Vec<TaskAction>) {
+        if self.transition.is_some() || !self.pipeline.is_quiet() {
+            return;
+        }
+        for &loc in &self.retired {
+            if self.drained.get(&loc) == Some(&self.epoch) || self.klt.references(loc) {
+                continue;
+            }
+            self.drained.insert(loc, self.epoch);
+            out.push(TaskAction::Ack(TaskAck::Drained { epoch: self.epoch, location: loc }));
+        }
+    }
+
+    /// Records of the inbox that belong to `buckets`, removed in order (for a hand-over).
+    pub(super) fn take_inbox(&mut self, buckets: &BTreeSet<BucketId>) -> Vec<Record> {
+        let (moved, kept): (VecDeque<Record>, VecDeque<Record>) = std::mem::take(&mut self.pipeline.inbox)
+            .into_iter()
+            .partition(|r| buckets.contains(&bucket_of(&r.key, self.num_buckets)));
+        self.pipeline.inbox = kept;
+        for r in &moved {
+            self.held.remove(r.time);
+        }
+        moved.into()
+    }
+}

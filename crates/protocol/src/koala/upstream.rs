@@ -1,0 +1,157 @@
+//! The routing core of an upstream task (paper §3.1 step 4): it routes records by bucket with its
+//! routing table (RT), broadcasts watermarks, and on `SwitchRouting` atomically installs the new
+//! table and injects a marker — followed by its current watermark — into every output channel of
+//! the old and the new configuration, so each target task learns that nothing routed by the old
+//! table follows.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use koala_types::{ChannelMessage, Epoch, Record, TaskId, Timestamp, bucket_of};
+
+use super::error::ProtocolError;
+
+/// Input of an [`UpstreamRouter`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouterEvent {
+    /// Records the upstream task produced, in order.
+    Records(Vec<Record>),
+    /// The upstream task's event time advanced.
+    Watermark(Timestamp),
+    /// The coordinator saw every `PeerReady`: switch to `assignment` (bucket → task).
+    SwitchRouting {
+        /// The epoch.
+        epoch: Epoch,
+        /// The new routing table.
+        assignment: Vec<TaskId>,
+    },
+    /// The upstream task ended.
+    EndOfStream,
+}
+
+/// Output of an [`UpstreamRouter`]: one message on the channel to `to`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouterAction {
+    /// Send `message` on the data channel to `to` (opening it first if it is new).
+    Send {
+        /// The target task.
+        to: TaskId,
+        /// The message.
+        message: ChannelMessage,
+    },
+    /// The event was rejected.
+    Error(ProtocolError),
+}
+
+/// Routing table and marker injection of one upstream task towards one keyed operator.
+#[derive(Clone, Debug)]
+pub struct UpstreamRouter {
+    table: Vec<TaskId>,
+    outputs: BTreeSet<TaskId>,
+    watermark: Option<Timestamp>,
+    epoch: Epoch,
+    ended: bool,
+}
+
+impl UpstreamRouter {
+    /// A router with the initial routing table `assignment` (bucket → task).
+    pub fn new(assignment: Vec<TaskId>) -> Result<Self, ProtocolError> {
+        check_table(&assignment)?;
+        let outputs = assignment.iter().copied().collect();
+        Ok(Self { table: assignment, outputs, watermark: None, epoch: 0, ended: false })
+    }
+
+    /// The current routing table.
+    pub fn table(&self) -> &[TaskId] {
+        &self.table
+    }
+
+    /// Feeds one event; returns the messages to send, in order.
+    pub fn on(&mut self, event: RouterEvent) -> Vec<RouterAction> {
+        match self.handle(event) {
+            Ok(out) => out,
+            Err(e) => vec![RouterAction::Error(e)],
+        }
+    }
+
+    fn handle(&mut self, event: RouterEvent) -> Result<Vec<RouterAction>, ProtocolError> {
+        let mut out = Vec::new();
+        match event {
+            RouterEvent::Records(records) => {
+                let n = self.table.len() as u16;
+                let mut per: BTreeMap<TaskId, Vec<Record>> = BTreeMap::new();
+                for r in records {
+                    let to = self.table[usize::from(bucket_of(&r.key, n))];
+                    per.entry(to).or_default().push(r);
+                }
+                out.extend(per.into_iter().map(|(to, rs)| RouterAction::Send { to, message: ChannelMessage::Batch(rs) }));
+            }
+            RouterEvent::Watermark(time) => {
+                if let Some(last) = self.watermark.filter(|&l| time < l) {
+                    return Err(ProtocolError::WatermarkRegressed { last, got: time });
+                }
+                self.watermark = Some(time);
+                out.extend(self.outputs.iter().map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(time) }));
+            }
+            RouterEvent::SwitchRouting { epoch, assignment } => {
+                if epoch <= self.epoch {
+                    return Err(ProtocolError::StaleEpoch { got: epoch, current: self.epoch });
+                }
+                if assignment.len() != self.table.len() {
+                    return Err(ProtocolError::InvalidAssignment {
+                        reason: format!("{} buckets instead of {}", assignment.len(), self.table.len()),
+                    });
+                }
+                let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
+                for &to in self.outputs.union(&new_outputs) {
+                    out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
+                }
+                if let Some(w) = self.watermark {
+                    // The first thing a new channel carries after its marker (paper §3.2).
+                    out.extend(new_outputs.iter().map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(w) }));
+                }
+                self.epoch = epoch;
+                self.table = assignment;
+                self.outputs = new_outputs;
+            }
+            RouterEvent::EndOfStream => {
+                if !self.ended {
+                    self.ended = true;
+                    out.extend(self.outputs.iter().map(|&to| RouterAction::Send { to, message: ChannelMessage::EndOfStream }));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn check_table(table: &[TaskId]) -> Result<(), ProtocolError> {
+    if table.is_empty() || table.len() > usize::from(u16::MAX) {
+        return Err(ProtocolError::InvalidAssignment { reason: format!("{} buckets", table.len()) });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koala_types::OperatorId;
+
+    #[test]
+    fn switch_injects_marker_then_watermark_and_reroutes() {
+        let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
+        let mut r = UpstreamRouter::new(vec![a, a]).expect("table");
+        r.on(RouterEvent::Watermark(7));
+        let out = r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![a, b] });
+        assert_eq!(
+            out,
+            vec![
+                RouterAction::Send { to: a, message: ChannelMessage::Marker(1) },
+                RouterAction::Send { to: b, message: ChannelMessage::Marker(1) },
+                RouterAction::Send { to: a, message: ChannelMessage::Watermark(7) },
+                RouterAction::Send { to: b, message: ChannelMessage::Watermark(7) },
+            ]
+        );
+        assert!(matches!(r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![a, b] })[..], [RouterAction::Error(_)]));
+        assert!(matches!(r.on(RouterEvent::Watermark(3))[..], [RouterAction::Error(_)]));
+    }
+}

@@ -1,0 +1,104 @@
+//! Deterministic simulation of the Koala protocol cores (DESIGN.md §10): every scenario over many
+//! seeds with all invariants checked on every step, plus broken variants that the checks must catch.
+//!
+//! A failure prints a one-line replay command, e.g.
+//! `KOALA_SIM_SEED=123 KOALA_SIM_SCENARIO=scale_out cargo test -p koala-protocol --test koala_sim replay -- --nocapture`.
+
+use koala_protocol::koala::sim::{Fault, Scenario, SimConfig, SimStats, run};
+
+const SEEDS: u64 = 1_000;
+
+fn sweep(scenario: Scenario) -> SimStats {
+    let mut total = SimStats::default();
+    for seed in 0..SEEDS {
+        match run(&SimConfig::new(scenario, seed)) {
+            Ok(s) => {
+                total.steps += s.steps;
+                total.epochs += s.epochs;
+                total.fetches += s.fetches;
+                total.fetched_keys += s.fetched_keys;
+                total.extra_keys += s.extra_keys;
+                total.moved_keys += s.moved_keys;
+                total.released += s.released;
+            }
+            Err(f) => panic!("{f}"),
+        }
+    }
+    println!("{scenario}: {SEEDS} seeds, {total:?}");
+    total
+}
+
+#[test]
+fn scale_out_2_to_4() {
+    let s = sweep(Scenario::ScaleOut);
+    assert_eq!(s.epochs, SEEDS);
+    assert!(s.moved_keys > 0, "some state must move lazily");
+}
+
+#[test]
+fn scale_in_4_to_2_fetch_on_demand() {
+    let s = sweep(Scenario::ScaleIn { extra_keys: 0 });
+    assert_eq!(s.extra_keys, 0);
+}
+
+#[test]
+fn scale_in_4_to_2_progressive() {
+    let s = sweep(Scenario::ScaleIn { extra_keys: 4 });
+    assert!(s.extra_keys > 0, "progressive migration must move cold keys");
+    assert_eq!(s.released, 2 * SEEDS, "both cancelled tasks are released in every run");
+}
+
+#[test]
+fn rebalance_between_existing_tasks() {
+    sweep(Scenario::Rebalance);
+}
+
+#[test]
+fn task_migration_to_a_new_task() {
+    let s = sweep(Scenario::Migration);
+    assert_eq!(s.released, SEEDS, "the migrated task is released once drained");
+}
+
+#[test]
+fn chain_2_4_6_3_2_one_hop() {
+    let s = sweep(Scenario::Chain);
+    assert_eq!(s.epochs, 4 * SEEDS);
+}
+
+fn caught(fault: Fault) -> String {
+    for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
+        for seed in 0..300 {
+            let config = SimConfig { fault: Some(fault), ..SimConfig::new(scenario, seed) };
+            if let Err(f) = run(&config) {
+                return f.to_string();
+            }
+        }
+    }
+    panic!("the checks never caught {fault:?} in 300 seeds per scenario");
+}
+
+#[test]
+fn broken_switch_before_peer_ready_is_caught() {
+    println!("{}", caught(Fault::SwitchBeforePeerReady));
+}
+
+#[test]
+fn broken_no_parking_is_caught() {
+    let failure = caught(Fault::NoParking);
+    println!("{failure}");
+    assert!(failure.contains("per-key order") || failure.contains("watermark"), "{failure}");
+}
+
+/// Replays one seed from the environment (see the module docs); passes trivially without it.
+#[test]
+fn replay() {
+    let Ok(seed) = std::env::var("KOALA_SIM_SEED") else { return };
+    let seed: u64 = seed.parse().expect("KOALA_SIM_SEED is a number");
+    let name = std::env::var("KOALA_SIM_SCENARIO").unwrap_or_else(|_| "scale_out".into());
+    let scenario = Scenario::parse(&name).expect("KOALA_SIM_SCENARIO names a scenario");
+    let fault = std::env::var("KOALA_SIM_FAULT").ok().map(|f| Fault::parse(&f).expect("KOALA_SIM_FAULT names a fault"));
+    match run(&SimConfig { fault, ..SimConfig::new(scenario, seed) }) {
+        Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
+        Err(f) => panic!("{f}"),
+    }
+}

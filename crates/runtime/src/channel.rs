@@ -1,0 +1,113 @@
+//! What flows into a task's input queue, and the sending half of a channel to another task.
+
+use std::io::{BufWriter, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Sender, TrySendError};
+use koala_types::frame::write_frame;
+use koala_types::{ChannelMessage, TaskId};
+use serde::{Deserialize, Serialize};
+
+use crate::RuntimeError;
+
+/// Identifies one logical input channel of a task: which input, from which upstream task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct InputChannel {
+    /// Input index at the receiving operator (0, or 1 for the right side of a join).
+    pub input: usize,
+    /// The sending task.
+    pub from: TaskId,
+}
+
+/// First frame on every data connection: which channel this connection carries.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChannelHello {
+    /// Receiving task.
+    pub to: TaskId,
+    /// The channel at the receiver.
+    pub channel: InputChannel,
+}
+
+/// One item in a task's input queue. All input channels of a task share one bounded queue, so a
+/// task blocks on exactly one thing and per-channel FIFO order is kept.
+#[derive(Debug)]
+pub struct TaskInput {
+    /// The channel the message arrived on.
+    pub channel: InputChannel,
+    /// The message.
+    pub message: ChannelMessage,
+}
+
+/// The sending half of one channel.
+pub enum ChannelSender {
+    /// To a task of the same worker: its input queue.
+    Local {
+        /// The receiver.
+        to: TaskId,
+        /// Its input queue.
+        inbox: Sender<TaskInput>,
+        /// How the receiver names this channel.
+        channel: InputChannel,
+    },
+    /// To a task of another worker: a dedicated TCP connection.
+    Remote {
+        /// The receiver.
+        to: TaskId,
+        /// The connection.
+        stream: BufWriter<TcpStream>,
+    },
+}
+
+impl ChannelSender {
+    /// Opens a channel to a task of another worker.
+    pub fn connect(addr: &str, to: TaskId, channel: InputChannel) -> Result<Self, RuntimeError> {
+        let stream = TcpStream::connect(addr)
+            .map_err(|e| RuntimeError::io(format!("connecting to {to} at {addr}"), e))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
+        let mut stream = BufWriter::with_capacity(64 * 1024, stream);
+        write_frame(&mut stream, &ChannelHello { to, channel })
+            .map_err(|e| RuntimeError::io(format!("greeting {to}"), e))?;
+        Ok(Self::Remote { to, stream })
+    }
+
+    /// Sends one message, blocking while the receiver is full. Returns how long it blocked
+    /// (backpressure).
+    pub fn send(&mut self, message: ChannelMessage) -> Result<Duration, RuntimeError> {
+        match self {
+            Self::Local { to, inbox, channel } => {
+                let item = TaskInput {
+                    channel: *channel,
+                    message,
+                };
+                match inbox.try_send(item) {
+                    Ok(()) => Ok(Duration::ZERO),
+                    Err(TrySendError::Full(item)) => {
+                        let started = Instant::now();
+                        inbox
+                            .send(item)
+                            .map_err(|_| RuntimeError::ChannelClosed(*to))?;
+                        Ok(started.elapsed())
+                    }
+                    Err(TrySendError::Disconnected(_)) => Err(RuntimeError::ChannelClosed(*to)),
+                }
+            }
+            Self::Remote { to, stream } => {
+                let started = Instant::now();
+                write_frame(stream, &message)
+                    .and_then(|_| stream.flush())
+                    .map_err(|e| RuntimeError::io(format!("sending to {to}"), e))?;
+                // A socket write returns once the kernel buffer takes the bytes; anything
+                // noticeably longer was the receiver pushing back.
+                let blocked = started.elapsed();
+                Ok(if blocked > Duration::from_micros(200) {
+                    blocked
+                } else {
+                    Duration::ZERO
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Per-task counters, turned into one set of samples per second (DESIGN.md §9).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hdrhistogram::Histogram;
+use koala_protocol::TaskSample;
+use koala_types::{TaskId, metric};
+
+/// Counters of one task for the current second.
+pub struct TaskMetrics {
+    task: TaskId,
+    /// Records taken from inputs (sources: produced).
+    pub records_in: u64,
+    /// Records emitted (sinks: written).
+    pub records_out: u64,
+    /// Batches processed.
+    pub batches: u64,
+    /// State entries read.
+    pub state_reads: u64,
+    /// State entries written.
+    pub state_writes: u64,
+    /// Records dropped as too late.
+    pub late_dropped: u64,
+    /// Time blocked on full downstream channels.
+    pub backpressure: Duration,
+    batch_latency_us: Histogram<u64>,
+    lag_ms: Histogram<u64>,
+    reports_lag: bool,
+    next_tick: std::time::Instant,
+}
+
+fn histogram() -> Histogram<u64> {
+    // Three significant digits up to one hour; cannot fail for these bounds.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
+        Histogram::new(3).unwrap_or_else(|_| unreachable!("3 significant figures is valid"))
+    })
+}
+
+impl TaskMetrics {
+    /// Counters for `task`; `reports_lag` for sources.
+    pub fn new(task: TaskId, reports_lag: bool) -> Self {
+        Self {
+            task,
+            records_in: 0,
+            records_out: 0,
+            batches: 0,
+            state_reads: 0,
+            state_writes: 0,
+            late_dropped: 0,
+            backpressure: Duration::ZERO,
+            batch_latency_us: histogram(),
+            lag_ms: histogram(),
+            reports_lag,
+            next_tick: std::time::Instant::now() + Duration::from_secs(1),
+        }
+    }
+
+    /// Records one batch's processing latency.
+    pub fn record_batch(&mut self, latency: Duration) {
+        self.batches += 1;
+        let _ = self
+            .batch_latency_us
+            .record((latency.as_micros() as u64).max(1));
+    }
+
+    /// Records one record's source lag.
+    pub fn record_lag(&mut self, lag_ms: u64) {
+        let _ = self.lag_ms.record(lag_ms);
+    }
+
+    /// When the next sample set is due.
+    pub fn next_tick(&self) -> std::time::Instant {
+        self.next_tick
+    }
+
+    /// The samples of the second that ended, if one did; resets the counters.
+    pub fn take_if_due(&mut self, now: std::time::Instant) -> Option<Vec<TaskSample>> {
+        if now < self.next_tick {
+            return None;
+        }
+        self.next_tick = now + Duration::from_secs(1);
+        Some(self.take())
+    }
+
+    /// The samples accumulated so far; resets the counters.
+    pub fn take(&mut self) -> Vec<TaskSample> {
+        let time_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let task = self.task;
+        let mut out = Vec::with_capacity(12);
+        let mut push = |metric: &str, value: f64| {
+            out.push(TaskSample {
+                time_s,
+                task,
+                metric: metric.to_string(),
+                value,
+            });
+        };
+        push(metric::RECORDS_IN, self.records_in as f64);
+        push(metric::RECORDS_OUT, self.records_out as f64);
+        push(metric::BATCHES, self.batches as f64);
+        push(metric::STATE_READS, self.state_reads as f64);
+        push(metric::STATE_WRITES, self.state_writes as f64);
+        push(metric::LATE_DROPPED, self.late_dropped as f64);
+        push(
+            metric::BACKPRESSURE_MS,
+            self.backpressure.as_secs_f64() * 1000.0,
+        );
+        if !self.batch_latency_us.is_empty() {
+            push(metric::BATCH_LATENCY_MEAN_US, self.batch_latency_us.mean());
+            push(
+                metric::BATCH_LATENCY_P99_US,
+                self.batch_latency_us.value_at_quantile(0.99) as f64,
+            );
+        }
+        if self.reports_lag && !self.lag_ms.is_empty() {
+            push(metric::SOURCE_LAG_MEAN_MS, self.lag_ms.mean());
+            push(
+                metric::SOURCE_LAG_P99_MS,
+                self.lag_ms.value_at_quantile(0.99) as f64,
+            );
+        }
+        self.records_in = 0;
+        self.records_out = 0;
+        self.batches = 0;
+        self.state_reads = 0;
+        self.state_writes = 0;
+        self.late_dropped = 0;
+        self.backpressure = Duration::ZERO;
+        self.batch_latency_us.reset();
+        self.lag_ms.reset();
+        out
+    }
+}

@@ -1,0 +1,86 @@
+//! The worker's data-plane listener: one reader thread per incoming channel connection, feeding
+//! the receiving task's input queue. A malformed frame drops that connection with a logged error;
+//! the worker keeps running.
+
+use std::collections::HashMap;
+use std::io::BufReader;
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, RwLock};
+
+use crossbeam_channel::Sender;
+use koala_types::frame::read_frame;
+use koala_types::{ChannelMessage, TaskId};
+
+use crate::channel::{ChannelHello, TaskInput};
+
+/// Input queues of the tasks of this worker, by task.
+pub type Inboxes = Arc<RwLock<HashMap<TaskId, Sender<TaskInput>>>>;
+
+/// Accepts data connections forever (until the process exits).
+pub fn serve(listener: TcpListener, inboxes: Inboxes) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(stream) => {
+                let inboxes = inboxes.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("koala-data-in".into())
+                    .spawn(move || read_channel(stream, &inboxes));
+                if let Err(e) = spawned {
+                    tracing::error!(error = %e, "cannot spawn a reader thread; connection dropped");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "accepting a data connection failed"),
+        }
+    }
+}
+
+fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let _ = stream.set_nodelay(true);
+    let mut reader = BufReader::with_capacity(64 * 1024, stream);
+    let hello: ChannelHello = match read_frame(&mut reader) {
+        Ok(Some(h)) => h,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::error!(%peer, error = %e, "malformed channel greeting; dropping connection");
+            return;
+        }
+    };
+    let inbox = match inboxes.read() {
+        Ok(map) => map.get(&hello.to).cloned(),
+        Err(_) => None,
+    };
+    let Some(inbox) = inbox else {
+        tracing::error!(%peer, to = %hello.to, "channel to a task this worker does not host; dropping connection");
+        return;
+    };
+    loop {
+        match read_frame::<_, ChannelMessage>(&mut reader) {
+            Ok(Some(message)) => {
+                let end = message == ChannelMessage::EndOfStream;
+                if inbox
+                    .send(TaskInput {
+                        channel: hello.channel,
+                        message,
+                    })
+                    .is_err()
+                    || end
+                {
+                    return;
+                }
+            }
+            Ok(None) => {
+                tracing::warn!(%peer, to = %hello.to, from = %hello.channel.from, "channel closed before end of stream");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(%peer, to = %hello.to, from = %hello.channel.from, error = %e,
+                    "malformed frame on data channel; dropping connection");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! A task's outputs: per downstream edge, route each record (forward, round-robin, or by bucket
+//! through the routing table), batch per channel, flush when a batch is full or has lingered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use koala_dataflow::graph::KeyFn;
+use koala_types::{ChannelMessage, Record, bucket_of};
+
+use crate::RuntimeError;
+use crate::channel::ChannelSender;
+
+/// How one edge picks the downstream task of a record.
+pub enum Route {
+    /// Always the task with this index.
+    Forward(usize),
+    /// Round-robin.
+    Rebalance,
+    /// By bucket of the recomputed key, through the routing table (bucket → task index).
+    Key {
+        /// Computes the key from the value.
+        key_fn: KeyFn,
+        /// The routing table.
+        table: Arc<Vec<u32>>,
+        /// Buckets of the downstream operator.
+        num_buckets: u16,
+    },
+}
+
+/// One downstream edge: its route and one channel per downstream task.
+pub struct OutputEdge {
+    route: Route,
+    targets: Vec<ChannelSender>,
+    buffers: Vec<Vec<Record>>,
+    since: Vec<Option<Instant>>,
+    next: usize,
+}
+
+impl OutputEdge {
+    /// An edge over `targets`, indexed by downstream task index.
+    pub fn new(route: Route, targets: Vec<ChannelSender>) -> Self {
+        let n = targets.len();
+        Self {
+            route,
+            targets,
+            buffers: vec![Vec::new(); n],
+            since: vec![None; n],
+            next: 0,
+        }
+    }
+}
+
+/// All outputs of a task.
+pub struct Outputs {
+    edges: Vec<OutputEdge>,
+    batch_records: usize,
+    linger: Duration,
+    /// Time spent blocked on full channels since last taken.
+    pub backpressure: Duration,
+}
+
+impl Outputs {
+    /// Outputs over `edges`.
+    pub fn new(edges: Vec<OutputEdge>, batch_records: usize, linger: Duration) -> Self {
+        Self {
+            edges,
+            batch_records: batch_records.max(1),
+            linger,
+            backpressure: Duration::ZERO,
+        }
+    }
+
+    /// Routes records to every edge; full batches go out at once.
+    pub fn emit(&mut self, records: Vec<Record>) -> Result<(), RuntimeError> {
+        if records.is_empty() || self.edges.is_empty() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let last = self.edges.len() - 1;
+        let mut records = Some(records);
+        for e in 0..self.edges.len() {
+            let batch = if e == last {
+                records.take().unwrap_or_default()
+            } else {
+                records.as_ref().cloned().unwrap_or_default()
+            };
+            for mut record in batch {
+                let edge = &mut self.edges[e];
+                let target = match &edge.route {
+                    Route::Forward(i) => *i,
+                    Route::Rebalance => {
+                        edge.next = (edge.next + 1) % edge.targets.len();
+                        edge.next
+                    }
+                    Route::Key {
+                        key_fn,
+                        table,
+                        num_buckets,
+                    } => {
+                        record.key =
+                            key_fn(&record.value).map_err(koala_dataflow::DataflowError::from)?;
+                        table[usize::from(bucket_of(&record.key, *num_buckets))] as usize
+                    }
+                };
+                let buf = &mut edge.buffers[target];
+                if buf.is_empty() {
+                    edge.since[target] = Some(now);
+                }
+                buf.push(record);
+                if buf.len() >= self.batch_records {
+                    self.flush_one(e, target)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_one(&mut self, edge: usize, target: usize) -> Result<(), RuntimeError> {
+        let e = &mut self.edges[edge];
+        if e.buffers[target].is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut e.buffers[target]);
+        e.since[target] = None;
+        self.backpressure += e.targets[target].send(ChannelMessage::Batch(batch))?;
+        Ok(())
+    }
+
+    /// Flushes every batch that has waited `linger` or longer.
+    pub fn flush_due(&mut self, now: Instant) -> Result<(), RuntimeError> {
+        for e in 0..self.edges.len() {
+            for t in 0..self.edges[e].targets.len() {
+                if self.edges[e].since[t].is_some_and(|s| now.duration_since(s) >= self.linger) {
+                    self.flush_one(e, t)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When the oldest buffered batch must go out.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.edges
+            .iter()
+            .flat_map(|e| e.since.iter().flatten())
+            .min()
+            .map(|s| *s + self.linger)
+    }
+
+    /// Flushes every buffered batch.
+    pub fn flush_all(&mut self) -> Result<(), RuntimeError> {
+        for e in 0..self.edges.len() {
+            for t in 0..self.edges[e].targets.len() {
+                self.flush_one(e, t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes, then sends `message` on every channel (watermarks, end of stream). Records
+    /// buffered before it are therefore ahead of it, as FIFO requires.
+    pub fn broadcast(&mut self, message: &ChannelMessage) -> Result<(), RuntimeError> {
+        self.flush_all()?;
+        for e in &mut self.edges {
+            for t in &mut e.targets {
+                self.backpressure += t.send(message.clone())?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! The loop of a source task: pace the source by its rate schedule, measure every record's lag
+//! against the time it was due, emit periodic watermarks (maximum event time − bounded disorder).
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::RecvTimeoutError;
+use koala_dataflow::{OperatorKind, SourcePoll, TaskInstance};
+use koala_types::{ChannelMessage, Timestamp};
+
+use super::{TaskCommand, TaskSetup};
+use crate::RuntimeError;
+use crate::metrics::TaskMetrics;
+use crate::output::Outputs;
+
+/// How long a self-paced source that returned nothing waits before asking again.
+const IDLE_WAIT: Duration = Duration::from_millis(5);
+
+/// Runs a source task until it is exhausted or told to stop.
+pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
+    let OperatorKind::Source { factory, options } = setup.spec.kind.clone() else {
+        return Err(RuntimeError::Deployment(format!(
+            "{} is not a source",
+            setup.spec.name
+        )));
+    };
+    let mut logic = factory(TaskInstance {
+        index: setup.task.index,
+        parallelism: setup.parallelism,
+    });
+    let paced = logic.paced_by_runtime();
+    let mut outputs = std::mem::replace(
+        &mut setup.outputs,
+        Outputs::new(Vec::new(), 1, Duration::ZERO),
+    );
+    let mut metrics = TaskMetrics::new(setup.task, true);
+    let batch = setup.options.batch_records.max(1);
+    let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
+    let started = Instant::now();
+    // Wall-clock start in unix ms, to turn schedule offsets into lag.
+    let mut emitted: u64 = 0;
+    let mut max_time: Option<Timestamp> = None;
+    let mut last_wm: Option<Timestamp> = None;
+    let mut next_wm = started + wm_interval;
+    let mut buf = Vec::with_capacity(batch);
+    let mut lag_samples = Vec::new();
+    loop {
+        // Commands first: a stop request ends the source between two batches.
+        match setup.commands.try_recv() {
+            Ok(TaskCommand::StopSource) => break,
+            Err(_) => {}
+        }
+        let now = Instant::now();
+        let elapsed_ms = now.duration_since(started).as_secs_f64() * 1000.0;
+        // How many records are due by now (paced sources), capped at one batch.
+        let mut allowed = batch;
+        if paced {
+            let mut n = 0;
+            while n < batch {
+                match options.rate.due_ms(emitted + n as u64, setup.parallelism) {
+                    Some(due) if due > elapsed_ms => break,
+                    _ => n += 1,
+                }
+            }
+            allowed = n;
+        }
+        if allowed == 0 {
+            let due_ms = options
+                .rate
+                .due_ms(emitted, setup.parallelism)
+                .unwrap_or(elapsed_ms);
+            let due_at = started + Duration::from_secs_f64(due_ms / 1000.0);
+            let wake = due_at.min(next_wm).min(metrics.next_tick());
+            outputs.flush_all()?;
+            match setup
+                .commands
+                .recv_timeout(wake.saturating_duration_since(Instant::now()))
+            {
+                Ok(TaskCommand::StopSource) => break,
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
+            }
+        } else {
+            buf.clear();
+            let poll = logic.poll(allowed, &mut buf)?;
+            if paced {
+                let now_ms = Instant::now().duration_since(started).as_secs_f64() * 1000.0;
+                for i in 0..buf.len() {
+                    // An unlimited schedule makes every record due the moment it is generated.
+                    let due = options.rate.due_ms(emitted + i as u64, setup.parallelism).unwrap_or(now_ms);
+                    metrics.record_lag((now_ms - due).max(0.0) as u64);
+                }
+            } else {
+                logic.drain_lag_samples(&mut lag_samples);
+                for lag in lag_samples.drain(..) {
+                    metrics.record_lag(lag);
+                }
+            }
+            emitted += buf.len() as u64;
+            metrics.records_in += buf.len() as u64;
+            metrics.records_out += buf.len() as u64;
+            if let Some(t) = buf.iter().map(|r| r.time).max() {
+                max_time = Some(max_time.map_or(t, |m| m.max(t)));
+            }
+            let was_empty = buf.is_empty();
+            outputs.emit(std::mem::take(&mut buf))?;
+            if poll == SourcePoll::Finished {
+                break;
+            }
+            if was_empty && !paced {
+                outputs.flush_all()?;
+                if let Ok(TaskCommand::StopSource) = setup.commands.recv_timeout(IDLE_WAIT) {
+                    break;
+                }
+            }
+        }
+        let now = Instant::now();
+        if now >= next_wm {
+            next_wm = now + wm_interval;
+            if let Some(m) = max_time {
+                let wm = m.saturating_sub(options.max_disorder_ms);
+                if last_wm.is_none_or(|l| wm > l) {
+                    last_wm = Some(wm);
+                    outputs.broadcast(&ChannelMessage::Watermark(wm))?;
+                }
+            }
+        }
+        outputs.flush_due(now)?;
+        setup.report(&mut metrics, &mut outputs, now);
+    }
+    outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
+    outputs.broadcast(&ChannelMessage::EndOfStream)?;
+    setup.report(
+        &mut metrics,
+        &mut outputs,
+        Instant::now() + Duration::from_secs(1),
+    );
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! Event-time timers of one task, kept in memory in fire order. They are operator metadata: a
+//! reconfiguration moves the timers of moved buckets together with the keys' state.
+
+use std::collections::BTreeSet;
+
+use koala_types::Timestamp;
+
+/// Pending (time, key) timers; duplicates collapse.
+#[derive(Debug, Default)]
+pub struct TimerService {
+    pending: BTreeSet<(Timestamp, Vec<u8>)>,
+}
+
+impl TimerService {
+    /// Registers timers.
+    pub fn register(&mut self, timers: impl IntoIterator<Item = (Vec<u8>, Timestamp)>) {
+        for (key, time) in timers {
+            self.pending.insert((time, key));
+        }
+    }
+
+    /// Removes and returns, in time order, every timer due at watermark `watermark`.
+    pub fn pop_due(&mut self, watermark: Timestamp) -> Vec<(Timestamp, Vec<u8>)> {
+        let mut due = Vec::new();
+        while let Some(first) = self.pending.first() {
+            if first.0 > watermark {
+                break;
+            }
+            if let Some(t) = self.pending.pop_first() {
+                due.push(t);
+            }
+        }
+        due
+    }
+
+    /// Number of pending timers.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fires_in_time_order_and_collapses_duplicates() {
+        let mut t = TimerService::default();
+        t.register([
+            (b"b".to_vec(), 20),
+            (b"a".to_vec(), 10),
+            (b"a".to_vec(), 10),
+            (b"c".to_vec(), 30),
+        ]);
+        assert_eq!(t.len(), 3);
+        assert_eq!(
+            t.pop_due(20),
+            vec![(10, b"a".to_vec()), (20, b"b".to_vec())]
+        );
+        assert_eq!(t.pop_due(25), vec![]);
+        assert_eq!(t.len(), 1);
+    }
+}

@@ -1,0 +1,307 @@
+//! One conformance suite run against every backend: both must give the same answers.
+
+use std::error::Error;
+
+use koala_state::{
+    FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, StateBackend, StateEnv, StateError, StateKey, StateWrite,
+};
+use koala_types::{BucketId, OperatorId, TaskId};
+
+type TestResult = Result<(), Box<dyn Error>>;
+
+fn task(op: u32, index: u32) -> TaskId {
+    TaskId::new(OperatorId(op), index)
+}
+
+fn key(bucket: BucketId, state: u8, user: &str) -> StateKey {
+    StateKey::new(bucket, state, user.as_bytes().to_vec())
+}
+
+fn put(k: &StateKey, value: &str) -> StateWrite {
+    StateWrite::Put(k.clone(), value.as_bytes().to_vec())
+}
+
+fn val(value: &str) -> Option<Vec<u8>> {
+    Some(value.as_bytes().to_vec())
+}
+
+/// Entries, chunk sizes as the sink saw them, and the total bytes a scan reported.
+type Scanned = (Vec<(StateKey, Vec<u8>)>, Vec<usize>, u64);
+
+/// Every entry of `buckets`, with the chunk sizes the sink saw.
+fn scan_all(
+    store: &dyn StateBackend,
+    buckets: &[BucketId],
+    chunk_bytes: usize,
+) -> Result<Scanned, StateError> {
+    let mut entries = Vec::new();
+    let mut chunk_sizes = Vec::new();
+    let total = store.scan_buckets(buckets, chunk_bytes, &mut |chunk| {
+        chunk_sizes.push(chunk.iter().map(|(k, v)| k.encoded_len() + v.len()).sum());
+        entries.extend(chunk);
+        Ok(())
+    })?;
+    Ok((entries, chunk_sizes, total))
+}
+
+fn get_put_delete_and_missing_keys(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(1, 0))?;
+    let (a, b, c) = (key(3, 0, "a"), key(3, 1, "a"), key(4, 0, "c"));
+    assert_eq!(store.get_many(&[a.clone(), b.clone()])?, vec![None, None]);
+    store.write_many(vec![put(&a, "1"), put(&b, "2")])?;
+    assert_eq!(
+        store.get_many(&[c.clone(), b.clone(), a.clone(), b.clone()])?,
+        vec![None, val("2"), val("1"), val("2")]
+    );
+    store.write_many(vec![
+        put(&a, "10"),
+        StateWrite::Delete(b.clone()),
+        StateWrite::Delete(c.clone()),
+    ])?;
+    assert_eq!(store.get_many(&[a, b, c])?, vec![val("10"), None, None]);
+    assert_eq!(store.get_many(&[])?, Vec::<Option<Vec<u8>>>::new());
+    store.write_many(Vec::new())?;
+    let empty_key = StateKey::new(0, 0, Vec::new());
+    store.write_many(vec![StateWrite::Put(empty_key.clone(), Vec::new())])?;
+    assert_eq!(store.get_many(&[empty_key])?, vec![Some(Vec::new())]);
+    Ok(())
+}
+
+fn last_write_wins_within_a_batch(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(1, 0))?;
+    let (a, b, c) = (key(1, 0, "a"), key(1, 0, "b"), key(1, 0, "c"));
+    store.write_many(vec![put(&c, "old")])?;
+    store.write_many(vec![
+        put(&a, "1"),
+        put(&a, "2"),
+        put(&b, "1"),
+        StateWrite::Delete(b.clone()),
+        StateWrite::Delete(c.clone()),
+        put(&c, "new"),
+    ])?;
+    assert_eq!(
+        store.get_many(&[a, b, c])?,
+        vec![val("2"), None, val("new")]
+    );
+    Ok(())
+}
+
+fn rejected_batch_writes_nothing(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(1, 0))?;
+    let good = key(1, 0, "good");
+    let too_long = StateKey::new(1, 0, vec![7; MAX_USER_KEY_LEN + 1]);
+    let result = store.write_many(vec![
+        put(&good, "x"),
+        StateWrite::Put(too_long.clone(), vec![]),
+    ]);
+    assert!(
+        matches!(result, Err(StateError::Layout { .. })),
+        "{result:?}"
+    );
+    assert_eq!(store.get_many(&[good])?, vec![None]);
+    assert!(matches!(
+        store.get_many(&[too_long]),
+        Err(StateError::Layout { .. })
+    ));
+    let longest = StateKey::new(1, 0, vec![7; MAX_USER_KEY_LEN]);
+    store.write_many(vec![StateWrite::Put(longest.clone(), b"v".to_vec())])?;
+    assert_eq!(store.get_many(&[longest])?, vec![val("v")]);
+    Ok(())
+}
+
+fn scan_returns_requested_buckets_in_key_order(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(2, 1))?;
+    let mut expected = Vec::new();
+    let mut writes = Vec::new();
+    for bucket in [u16::MAX, 300, 5, 1, 0] {
+        for state in [2u8, 0] {
+            for user in ["zz", "b", "a", ""] {
+                let k = key(bucket, state, user);
+                let v = format!("{bucket}/{state}/{user}");
+                writes.push(put(&k, &v));
+                if [0, 5, 300, u16::MAX].contains(&bucket) {
+                    expected.push((k, v.into_bytes()));
+                }
+            }
+        }
+    }
+    store.write_many(writes)?;
+    expected.sort();
+    let (entries, chunks, total) = scan_all(store.as_ref(), &[u16::MAX, 5, 300, 0, 5, 9], 64)?;
+    assert_eq!(entries, expected);
+    let expected_bytes: usize = expected
+        .iter()
+        .map(|(k, v)| k.encoded_len() + v.len())
+        .sum();
+    assert_eq!(total, expected_bytes as u64);
+    assert_eq!(chunks.iter().sum::<usize>(), expected_bytes);
+    assert!(chunks.iter().all(|&c| c <= 64), "{chunks:?}");
+    assert!(chunks.len() > 1);
+    let (entries, chunks, total) = scan_all(store.as_ref(), &[42], 64)?;
+    assert_eq!((entries.len(), chunks.len(), total), (0, 0, 0));
+    Ok(())
+}
+
+fn chunking_packs_greedily_and_sends_oversized_entries_alone(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(2, 2))?;
+    // Entries of 3 + 1 + 6 = 10 bytes, and one of 3 + 1 + 96 = 100 bytes.
+    store.write_many(vec![
+        put(&key(7, 0, "a"), "aaaaaa"),
+        put(&key(7, 0, "b"), "bbbbbb"),
+        put(&key(7, 0, "c"), &"c".repeat(96)),
+        put(&key(7, 0, "d"), "dddddd"),
+        put(&key(7, 0, "e"), "eeeeee"),
+        put(&key(7, 0, "f"), "ffffff"),
+    ])?;
+    let (_, chunks, total) = scan_all(store.as_ref(), &[7], 20)?;
+    assert_eq!(chunks, vec![20, 100, 20, 10]);
+    assert_eq!(total, 150);
+    let (_, chunks, _) = scan_all(store.as_ref(), &[7], 0)?;
+    assert_eq!(chunks, vec![10, 10, 100, 10, 10, 10]);
+    Ok(())
+}
+
+fn scan_stops_at_a_failing_sink(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(2, 3))?;
+    let writes = (0..10)
+        .map(|i| put(&key(1, 0, &i.to_string()), "v"))
+        .collect();
+    store.write_many(writes)?;
+    let mut calls = 0;
+    let result = store.scan_buckets(&[1], 0, &mut |_| {
+        calls += 1;
+        if calls == 3 {
+            Err(StateError::sink("receiver closed"))
+        } else {
+            Ok(())
+        }
+    });
+    assert!(matches!(result, Err(StateError::Sink(_))), "{result:?}");
+    assert_eq!(calls, 3);
+    Ok(())
+}
+
+fn delete_buckets_removes_only_those_buckets(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(3, 0))?;
+    // More keys in bucket 5 than one fjall delete batch holds.
+    let writes = (0..20_000u32)
+        .map(|i| {
+            StateWrite::Put(
+                StateKey::new(5, (i % 3) as u8, i.to_be_bytes().to_vec()),
+                vec![1],
+            )
+        })
+        .chain([
+            put(&key(4, 0, "keep"), "4"),
+            put(&key(6, 0, "keep"), "6"),
+            put(&key(1, 0, "x"), "1"),
+        ])
+        .collect();
+    store.write_many(writes)?;
+    store.delete_buckets(&[5, 1, 5, 99])?;
+    store.delete_buckets(&[5])?;
+    let (entries, _, _) = scan_all(store.as_ref(), &[0, 1, 4, 5, 6], 1 << 20)?;
+    let keys: Vec<StateKey> = entries.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, vec![key(4, 0, "keep"), key(6, 0, "keep")]);
+    let probe = StateKey::new(5, 1, 1u32.to_be_bytes().to_vec());
+    assert_eq!(store.get_many(std::slice::from_ref(&probe))?, vec![None]);
+    store.write_many(vec![StateWrite::Put(probe.clone(), b"back".to_vec())])?;
+    assert_eq!(store.get_many(&[probe])?, vec![val("back")]);
+    Ok(())
+}
+
+fn tasks_are_isolated(env: &dyn StateEnv) -> TestResult {
+    let (t1, t2, t3) = (task(1, 0), task(1, 1), task(2, 0));
+    let stores = [env.open_task(t1)?, env.open_task(t2)?, env.open_task(t3)?];
+    let k = key(9, 0, "shared-name");
+    for (i, store) in stores.iter().enumerate() {
+        store.write_many(vec![put(&k, &i.to_string())])?;
+    }
+    stores[0].delete_buckets(&[9])?;
+    assert_eq!(stores[0].get_many(std::slice::from_ref(&k))?, vec![None]);
+    assert_eq!(
+        stores[1].get_many(std::slice::from_ref(&k))?,
+        vec![val("1")]
+    );
+    assert_eq!(
+        stores[2].get_many(std::slice::from_ref(&k))?,
+        vec![val("2")]
+    );
+    let (entries, _, _) = scan_all(stores[2].as_ref(), &[9], 1024)?;
+    assert_eq!(entries, vec![(k, b"2".to_vec())]);
+    assert_eq!(stores[1].task(), t2);
+    Ok(())
+}
+
+fn opening_a_task_twice_shares_its_data(env: &dyn StateEnv) -> TestResult {
+    let first = env.open_task(task(4, 0))?;
+    let second = env.open_task(task(4, 0))?;
+    first.write_many(vec![put(&key(1, 0, "k"), "v")])?;
+    assert_eq!(second.get_many(&[key(1, 0, "k")])?, vec![val("v")]);
+    Ok(())
+}
+
+fn drop_task_deletes_the_store_and_invalidates_handles(env: &dyn StateEnv) -> TestResult {
+    let (gone, kept) = (task(5, 0), task(5, 1));
+    let store = env.open_task(gone)?;
+    let other = env.open_task(kept)?;
+    store.write_many(vec![put(&key(1, 0, "k"), "v")])?;
+    other.write_many(vec![put(&key(1, 0, "k"), "w")])?;
+    env.drop_task(gone)?;
+    assert!(matches!(
+        store.get_many(&[key(1, 0, "k")]),
+        Err(StateError::Dropped { .. })
+    ));
+    let write = store.write_many(vec![put(&key(1, 0, "k"), "v")]);
+    assert!(matches!(write, Err(StateError::Dropped { .. })));
+    let scan = store.scan_buckets(&[1], 1, &mut |_| Ok(()));
+    assert!(matches!(scan, Err(StateError::Dropped { .. })));
+    drop(store);
+    let reopened = env.open_task(gone)?;
+    assert_eq!(reopened.get_many(&[key(1, 0, "k")])?, vec![None]);
+    assert_eq!(reopened.approximate_len()?, 0);
+    assert_eq!(other.get_many(&[key(1, 0, "k")])?, vec![val("w")]);
+    env.drop_task(task(99, 99))?;
+    env.persist()?;
+    Ok(())
+}
+
+fn approximate_len_counts_written_keys(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(6, 0))?;
+    assert_eq!(store.approximate_len()?, 0);
+    store.write_many((0..100).map(|i| put(&key(i, 0, "k"), "v")).collect())?;
+    assert_eq!(store.approximate_len()?, 100);
+    Ok(())
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                super::$case(&super::MemoryEnv::new())
+            })*
+        }
+        mod fjall {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let dir = tempfile::tempdir()?;
+                super::$case(&super::FjallEnv::open(dir.path())?)
+            })*
+        }
+    };
+}
+
+conformance!(
+    get_put_delete_and_missing_keys,
+    last_write_wins_within_a_batch,
+    rejected_batch_writes_nothing,
+    scan_returns_requested_buckets_in_key_order,
+    chunking_packs_greedily_and_sends_oversized_entries_alone,
+    scan_stops_at_a_failing_sink,
+    delete_buckets_removes_only_those_buckets,
+    tasks_are_isolated,
+    opening_a_task_twice_shares_its_data,
+    drop_task_deletes_the_store_and_invalidates_handles,
+    approximate_len_counts_written_keys,
+);

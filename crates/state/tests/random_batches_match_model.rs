@@ -1,0 +1,123 @@
+//! Random sequences of write batches and bucket deletes leave both backends equal to a simple
+//! ordered-map model (gets, scans in key order, chunk limits).
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use koala_state::{FjallEnv, MemoryEnv, StateBackend, StateEnv, StateKey, StateWrite};
+use koala_types::{OperatorId, TaskId};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write(Vec<StateWrite>),
+    DeleteBuckets(Vec<u16>),
+}
+
+fn state_key() -> impl Strategy<Value = StateKey> {
+    (0u16..6, 0u8..2, proptest::collection::vec(0u8..4, 0..3))
+        .prop_map(|(bucket, state, key)| StateKey { bucket, state, key })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let write = prop_oneof![
+        3 => (state_key(), proptest::collection::vec(any::<u8>(), 0..24))
+            .prop_map(|(k, v)| StateWrite::Put(k, v)),
+        1 => state_key().prop_map(StateWrite::Delete),
+    ];
+    prop_oneof![
+        4 => proptest::collection::vec(write, 0..12).prop_map(Op::Write),
+        1 => proptest::collection::vec(0u16..7, 0..3).prop_map(Op::DeleteBuckets),
+    ]
+}
+
+fn apply(model: &mut BTreeMap<StateKey, Vec<u8>>, op: &Op) {
+    match op {
+        Op::Write(writes) => {
+            for write in writes {
+                match write {
+                    StateWrite::Put(k, v) => model.insert(k.clone(), v.clone()),
+                    StateWrite::Delete(k) => model.remove(k),
+                };
+            }
+        }
+        Op::DeleteBuckets(buckets) => model.retain(|k, _| !buckets.contains(&k.bucket)),
+    }
+}
+
+fn check(
+    store: &dyn StateBackend,
+    ops: &[Op],
+    chunk_bytes: usize,
+    exact_len: bool,
+) -> Result<(), TestCaseError> {
+    let fail = |e: koala_state::StateError| TestCaseError::fail(e.to_string());
+    let mut model = BTreeMap::new();
+    for op in ops {
+        apply(&mut model, op);
+        match op {
+            Op::Write(writes) => store.write_many(writes.clone()).map_err(fail)?,
+            Op::DeleteBuckets(buckets) => store.delete_buckets(buckets).map_err(fail)?,
+        }
+    }
+    let probes: Vec<StateKey> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Write(writes) => Some(writes.iter().map(|w| w.key().clone())),
+            Op::DeleteBuckets(_) => None,
+        })
+        .flatten()
+        .collect();
+    let expected: Vec<Option<Vec<u8>>> = probes.iter().map(|k| model.get(k).cloned()).collect();
+    prop_assert_eq!(store.get_many(&probes).map_err(fail)?, expected);
+
+    let mut scanned = Vec::new();
+    let mut oversized = false;
+    let total = store
+        .scan_buckets(&[5, 0, 1, 2, 3, 4, 6], chunk_bytes, &mut |chunk| {
+            let size: usize = chunk.iter().map(|(k, v)| k.encoded_len() + v.len()).sum();
+            oversized |= chunk.is_empty() || (size > chunk_bytes && chunk.len() > 1);
+            scanned.extend(chunk);
+            Ok(())
+        })
+        .map_err(fail)?;
+    prop_assert!(!oversized, "a chunk broke the size limit");
+    let expected: Vec<(StateKey, Vec<u8>)> = model.into_iter().collect();
+    let expected_bytes: usize = expected
+        .iter()
+        .map(|(k, v)| k.encoded_len() + v.len())
+        .sum();
+    prop_assert_eq!(total, expected_bytes as u64);
+    if exact_len {
+        prop_assert_eq!(
+            store.approximate_len().map_err(fail)?,
+            expected.len() as u64
+        );
+    }
+    prop_assert_eq!(scanned, expected);
+    Ok(())
+}
+
+#[test]
+fn random_batches_match_model() -> Result<(), Box<dyn Error>> {
+    let dir = tempfile::tempdir()?;
+    let fjall = FjallEnv::open(dir.path())?;
+    let memory = MemoryEnv::new();
+    let case = AtomicU32::new(0);
+    let mut runner = TestRunner::new(Config::with_cases(64));
+    let strategy = (proptest::collection::vec(op(), 0..16), 0usize..80);
+    runner.run(&strategy, |(ops, chunk_bytes)| {
+        // A fresh task per case: cheap on fjall (a keyspace), and exercises many stores in one dir.
+        let task = TaskId::new(OperatorId(case.fetch_add(1, Ordering::Relaxed)), 0);
+        let open = |env: &dyn StateEnv| {
+            env.open_task(task)
+                .map_err(|e| TestCaseError::fail(e.to_string()))
+        };
+        check(open(&memory)?.as_ref(), &ops, chunk_bytes, true)?;
+        check(open(&fjall)?.as_ref(), &ops, chunk_bytes, false)?;
+        Ok(())
+    })?;
+    Ok(())
+}

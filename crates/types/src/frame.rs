@@ -1,0 +1,85 @@
+//! Length-delimited frames of the binary codec over any byte stream: a little-endian `u32` length,
+//! then the encoded message. Used by the control plane and the data plane alike.
+
+use std::io::{self, Read, Write};
+
+use serde::{Serialize, de::DeserializeOwned};
+
+/// Frames larger than this are rejected as malformed rather than allocated.
+pub const MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
+
+/// Writes one frame. The caller decides when to flush a buffered writer.
+pub fn write_frame<W: Write, T: Serialize + ?Sized>(w: &mut W, msg: &T) -> io::Result<usize> {
+    let bytes =
+        postcard::to_allocvec(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let len = u32::try_from(bytes.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame exceeds 4 GiB"))?;
+    w.write_all(&len.to_le_bytes())?;
+    w.write_all(&bytes)?;
+    Ok(bytes.len() + 4)
+}
+
+/// Reads one frame. `Ok(None)` on a clean end of stream at a frame boundary; `InvalidData` for a
+/// frame that does not decode or is larger than [`MAX_FRAME_BYTES`].
+pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"),
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf)?;
+    postcard::from_bytes(&buf).map(Some).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("undecodable frame: {e}"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ChannelMessage, Record};
+
+    #[test]
+    fn round_trip_and_clean_eof() {
+        let msg = ChannelMessage::Batch(vec![Record {
+            key: vec![1],
+            value: vec![2, 3],
+            time: 9,
+        }]);
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &msg).expect("write");
+        write_frame(&mut buf, &ChannelMessage::EndOfStream).expect("write");
+        let mut r = buf.as_slice();
+        assert_eq!(
+            read_frame::<_, ChannelMessage>(&mut r).expect("read"),
+            Some(msg)
+        );
+        assert_eq!(
+            read_frame::<_, ChannelMessage>(&mut r).expect("read"),
+            Some(ChannelMessage::EndOfStream)
+        );
+        assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), None);
+    }
+
+    #[test]
+    fn garbage_is_invalid_data_not_a_panic() {
+        let mut buf = 3u32.to_le_bytes().to_vec();
+        buf.extend_from_slice(&[0xff, 0xff, 0xff]);
+        let err = read_frame::<_, ChannelMessage>(&mut buf.as_slice()).expect_err("garbage");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let huge = u32::MAX.to_le_bytes();
+        let err = read_frame::<_, ChannelMessage>(&mut huge.as_slice()).expect_err("huge");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+}

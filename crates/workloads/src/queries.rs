@@ -1,0 +1,183 @@
+//! The query builders behind [`crate::build_query`]. Operator names are part of the contract:
+//! job configs and reconfiguration requests refer to them.
+
+use koala_dataflow::{
+    Data, Dataflow, DataflowError, JobGraph, KeyedEvent, KeyedEvents, KeyedStream, ListState,
+    Stream, ValueState, Window, WindowSpec,
+};
+
+use crate::outputs::{JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
+use crate::params::{QueryParams, SinkKind};
+
+#[cfg(test)]
+mod tests;
+
+/// Builds one query's graph from (validated) parameters.
+type QueryBuilder = fn(&QueryParams) -> Result<JobGraph, DataflowError>;
+
+/// Every query, by name.
+const QUERIES: &[(&str, QueryBuilder)] = &[
+    ("keyed-aggregate", keyed_aggregate),
+    ("last-n", last_n),
+    ("tumbling-window", tumbling_window),
+    ("sliding-window", sliding_window),
+    ("window-join", window_join),
+    ("keyed-join", keyed_join),
+];
+
+/// Every query name, in registry order.
+pub(crate) const NAMES: &[&str] = &[
+    "keyed-aggregate",
+    "last-n",
+    "tumbling-window",
+    "sliding-window",
+    "window-join",
+    "keyed-join",
+];
+
+/// The builder of `name`.
+pub(crate) fn lookup(name: &str) -> Option<QueryBuilder> {
+    QUERIES.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+}
+
+/// A keyed-event source `name` with `seed`, keyed by event key.
+fn keyed_events(
+    df: &Dataflow,
+    name: &str,
+    params: &QueryParams,
+    seed: u64,
+) -> KeyedStream<u64, KeyedEvent> {
+    let config = koala_dataflow::KeyedEventsConfig {
+        seed,
+        ..params.generator.clone()
+    };
+    KeyedEvents::source(df, name, params.source.clone(), config).key_by(|e: &KeyedEvent| e.key)
+}
+
+/// The sink "sink" of the configured kind.
+fn sink<T: Data>(stream: &Stream<T>, kind: SinkKind) {
+    match kind {
+        SinkKind::Jsonl => stream.sink_json_lines("sink"),
+        SinkKind::Stdout => stream.sink_stdout("sink"),
+        SinkKind::Discard => stream.sink_discard("sink"),
+    }
+}
+
+/// source → key_by key → "aggregate" (running count and sum per key) → sink.
+fn keyed_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let totals = keyed_events(&df, "source", params, params.generator.seed).stateful_map(
+        "aggregate",
+        |key: &u64, e: KeyedEvent, total: &mut ValueState<(u64, i64)>| {
+            let (count, sum) = total.update(|(count, sum)| {
+                *count += 1;
+                *sum = sum.wrapping_add(e.value);
+                (*count, *sum)
+            });
+            KeyedTotal {
+                key: *key,
+                count,
+                sum,
+            }
+        },
+    );
+    sink(&totals, params.sink);
+    df.build()
+}
+
+/// source → key_by key → "last_n" (the newest `last_n` values per key) → sink.
+fn last_n(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let n = params.last_n;
+    let last = keyed_events(&df, "source", params, params.generator.seed).stateful_flat_map_list(
+        "last_n",
+        move |key: &u64, e: KeyedEvent, values: &mut ListState<i64>, out: &mut Vec<LastN>| {
+            values.push(e.value);
+            values.truncate_front(n);
+            out.push(LastN {
+                key: *key,
+                values: values.items().to_vec(),
+            });
+        },
+    );
+    sink(&last, params.sink);
+    df.build()
+}
+
+/// Count and sum per key and window, operator "window".
+fn window_totals(params: &QueryParams, spec: WindowSpec) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let totals = keyed_events(&df, "source", params, params.generator.seed)
+        .window(spec)
+        .allowed_lateness(params.allowed_lateness_ms)
+        .aggregate(
+            "window",
+            || (0u64, 0i64),
+            |(count, sum): &mut (u64, i64), e: &KeyedEvent| {
+                *count += 1;
+                *sum = sum.wrapping_add(e.value);
+            },
+            |key: &u64, w: Window, (count, sum): (u64, i64)| WindowTotal {
+                key: *key,
+                start: w.start,
+                end: w.end,
+                count,
+                sum,
+            },
+        );
+    sink(&totals, params.sink);
+    df.build()
+}
+
+/// source → key_by → tumbling `window_ms` "window" → sink.
+fn tumbling_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    window_totals(params, WindowSpec::tumbling(params.window_ms))
+}
+
+/// source → key_by → sliding (`window_ms`, `slide_ms`) "window" → sink.
+fn sliding_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    window_totals(
+        params,
+        WindowSpec::sliding(params.window_ms, params.slide_ms),
+    )
+}
+
+/// Sources "left" (seed) and "right" (seed + 1), keyed, joined per tumbling window → sink.
+fn window_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let seed = params.generator.seed;
+    let left = keyed_events(&df, "left", params, seed);
+    let right = keyed_events(&df, "right", params, seed.wrapping_add(1));
+    let pairs = left.window_join(
+        "join",
+        &right,
+        WindowSpec::tumbling(params.window_ms),
+        |key: &u64, w: Window, l: &KeyedEvent, r: &KeyedEvent| JoinPair {
+            key: *key,
+            start: w.start,
+            left_seq: l.seq,
+            right_seq: r.seq,
+        },
+    );
+    sink(&pairs, params.sink);
+    df.build()
+}
+
+/// Sources "left" (seed) and "right" (seed + 1), keyed, joined without windows → sink.
+fn keyed_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let seed = params.generator.seed;
+    let left = keyed_events(&df, "left", params, seed);
+    let right = keyed_events(&df, "right", params, seed.wrapping_add(1));
+    let pairs = left.join(
+        "join",
+        &right,
+        |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
+            key: *key,
+            left_seq: l.seq,
+            right_seq: r.seq,
+        },
+    );
+    sink(&pairs, params.sink);
+    df.build()
+}

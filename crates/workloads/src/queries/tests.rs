@@ -1,0 +1,235 @@
+//! Each query run through the local reference executor on a small input, checked against an
+//! expectation computed independently with plain loops over the generated events.
+
+use std::collections::BTreeMap;
+
+use koala_dataflow::{KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions, local};
+use serde::de::DeserializeOwned;
+
+use super::NAMES;
+use crate::{
+    JoinPair, KeyedJoinPair, KeyedTotal, LastN, QueryError, QueryParams, SinkKind, WindowTotal,
+    build_query,
+};
+
+fn params() -> QueryParams {
+    QueryParams {
+        generator: KeyedEventsConfig {
+            key_space: 8,
+            records: Some(300),
+            time_step_ms: 5,
+            max_disorder_ms: 7,
+            seed: 3,
+            min_value: -10,
+            max_value: 10,
+            ..Default::default()
+        },
+        source: SourceOptions {
+            max_disorder_ms: 7,
+            ..Default::default()
+        },
+        window_ms: 50,
+        slide_ms: 20,
+        last_n: 3,
+        ..Default::default()
+    }
+}
+
+fn events(params: &QueryParams, seed: u64) -> Vec<(KeyedEvent, u64)> {
+    let config = KeyedEventsConfig {
+        seed,
+        ..params.generator.clone()
+    };
+    KeyedEvents::all_records(&config, 1)
+}
+
+fn run<T: DeserializeOwned>(query: &str, params: &QueryParams) -> Result<Vec<T>, QueryError> {
+    let outputs = local::run(&build_query(query, params)?)?;
+    let values = outputs.get("sink").cloned().unwrap_or_default();
+    let parsed: Result<Vec<T>, _> = values.into_iter().map(serde_json::from_value).collect();
+    parsed.map_err(|e| QueryError::InvalidParams {
+        query: query.to_string(),
+        reason: format!("unexpected sink output: {e}"),
+    })
+}
+
+/// Groups values by key, keeping their order.
+fn per_key<T: Clone>(values: &[T], key: impl Fn(&T) -> u64) -> BTreeMap<u64, Vec<T>> {
+    let mut out: BTreeMap<u64, Vec<T>> = BTreeMap::new();
+    for v in values {
+        out.entry(key(v)).or_default().push(v.clone());
+    }
+    out
+}
+
+#[test]
+fn registry_names_match_builders() {
+    let registered: Vec<&str> = super::QUERIES.iter().map(|(n, _)| *n).collect();
+    assert_eq!(registered, NAMES);
+}
+
+#[test]
+fn keyed_aggregate_matches_running_totals() -> Result<(), QueryError> {
+    let p = params();
+    let got: Vec<KeyedTotal> = run("keyed-aggregate", &p)?;
+    let mut totals: BTreeMap<u64, (u64, i64)> = BTreeMap::new();
+    let mut expected = Vec::new();
+    for (e, _) in events(&p, p.generator.seed) {
+        let t = totals.entry(e.key).or_default();
+        t.0 += 1;
+        t.1 += e.value;
+        expected.push(KeyedTotal {
+            key: e.key,
+            count: t.0,
+            sum: t.1,
+        });
+    }
+    assert_eq!(got.len(), 300);
+    assert_eq!(per_key(&got, |t| t.key), per_key(&expected, |t| t.key));
+    Ok(())
+}
+
+#[test]
+fn last_n_keeps_the_newest_values() -> Result<(), QueryError> {
+    let p = params();
+    let got: Vec<LastN> = run("last-n", &p)?;
+    let mut lists: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    let mut expected = Vec::new();
+    for (e, _) in events(&p, p.generator.seed) {
+        let list = lists.entry(e.key).or_default();
+        list.push(e.value);
+        if list.len() > p.last_n {
+            list.remove(0);
+        }
+        expected.push(LastN {
+            key: e.key,
+            values: list.clone(),
+        });
+    }
+    assert_eq!(per_key(&got, |l| l.key), per_key(&expected, |l| l.key));
+    Ok(())
+}
+
+/// Count and sum per (key, window start) of windows of `size` starting every `slide`.
+fn expected_windows(p: &QueryParams, size: u64, slide: u64) -> Vec<WindowTotal> {
+    let mut totals: BTreeMap<(u64, u64), (u64, i64)> = BTreeMap::new();
+    for (e, t) in events(p, p.generator.seed) {
+        let mut start = 0;
+        while start <= t {
+            if start + size > t {
+                let w = totals.entry((e.key, start)).or_default();
+                w.0 += 1;
+                w.1 += e.value;
+            }
+            start += slide;
+        }
+    }
+    totals
+        .into_iter()
+        .map(|((key, start), (count, sum))| WindowTotal {
+            key,
+            start,
+            end: start + size,
+            count,
+            sum,
+        })
+        .collect()
+}
+
+#[test]
+fn tumbling_window_matches_grouped_totals() -> Result<(), QueryError> {
+    let p = params();
+    let mut got: Vec<WindowTotal> = run("tumbling-window", &p)?;
+    got.sort();
+    assert_eq!(got, expected_windows(&p, 50, 50));
+    Ok(())
+}
+
+#[test]
+fn sliding_window_matches_grouped_totals() -> Result<(), QueryError> {
+    let p = params();
+    let mut got: Vec<WindowTotal> = run("sliding-window", &p)?;
+    got.sort();
+    let expected = expected_windows(&p, 50, 20);
+    assert!(expected.len() > 100);
+    assert_eq!(got, expected);
+    Ok(())
+}
+
+#[test]
+fn window_join_emits_every_pair_in_arrival_order() -> Result<(), QueryError> {
+    let p = params();
+    let got: Vec<JoinPair> = run("window-join", &p)?;
+    let window_of = |t: u64| t - t % p.window_ms;
+    let mut expected: BTreeMap<(u64, u64), Vec<JoinPair>> = BTreeMap::new();
+    let right = events(&p, p.generator.seed + 1);
+    for (l, lt) in events(&p, p.generator.seed) {
+        for (r, rt) in &right {
+            if l.key == r.key && window_of(lt) == window_of(*rt) {
+                expected
+                    .entry((l.key, window_of(lt)))
+                    .or_default()
+                    .push(JoinPair {
+                        key: l.key,
+                        start: window_of(lt),
+                        left_seq: l.seq,
+                        right_seq: r.seq,
+                    });
+            }
+        }
+    }
+    let mut grouped: BTreeMap<(u64, u64), Vec<JoinPair>> = BTreeMap::new();
+    for pair in got {
+        grouped
+            .entry((pair.key, pair.start))
+            .or_default()
+            .push(pair);
+    }
+    assert!(!expected.is_empty());
+    assert_eq!(grouped, expected);
+    Ok(())
+}
+
+#[test]
+fn keyed_join_emits_every_pair_once() -> Result<(), QueryError> {
+    let p = params();
+    let mut got: Vec<KeyedJoinPair> = run("keyed-join", &p)?;
+    got.sort();
+    let right = events(&p, p.generator.seed + 1);
+    let mut expected = Vec::new();
+    for (l, _) in events(&p, p.generator.seed) {
+        for (r, _) in &right {
+            if l.key == r.key {
+                expected.push(KeyedJoinPair {
+                    key: l.key,
+                    left_seq: l.seq,
+                    right_seq: r.seq,
+                });
+            }
+        }
+    }
+    expected.sort();
+    assert_eq!(got, expected);
+    Ok(())
+}
+
+#[test]
+fn discard_sink_writes_nothing() -> Result<(), QueryError> {
+    let p = QueryParams {
+        sink: SinkKind::Discard,
+        ..params()
+    };
+    assert!(run::<KeyedTotal>("keyed-aggregate", &p)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn disorder_beyond_the_watermark_bound_is_rejected() {
+    let mut p = params();
+    p.source.max_disorder_ms = 1;
+    let err = build_query("tumbling-window", &p)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("max_disorder_ms"), "{err}");
+}
