@@ -43,6 +43,62 @@ pub struct JobConfig {
     /// Batching and queue sizes.
     #[serde(default)]
     pub runtime: RuntimeSection,
+    /// Reconfigurations to run while the job runs, in order.
+    #[serde(default)]
+    pub reconfigurations: Vec<ScheduledReconfiguration>,
+}
+
+/// One entry of the reconfiguration schedule. Give exactly one of: `parallelism` (rescale),
+/// `moves` (rebalance), or `task` + `worker` (migrate).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduledReconfiguration {
+    /// Seconds after the job starts.
+    pub at_s: f64,
+    /// Operator name.
+    pub operator: String,
+    /// Rescale to this many tasks.
+    #[serde(default)]
+    pub parallelism: Option<u32>,
+    /// Rebalance: buckets and their new owner task index.
+    #[serde(default)]
+    pub moves: Option<Vec<BucketMoveSpec>>,
+    /// Migrate this task index ...
+    #[serde(default)]
+    pub task: Option<u32>,
+    /// ... to this worker.
+    #[serde(default)]
+    pub worker: Option<u32>,
+}
+
+/// Buckets that go to one task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketMoveSpec {
+    /// The buckets.
+    pub buckets: Vec<u16>,
+    /// The new owner's task index.
+    pub to: u32,
+}
+
+impl ScheduledReconfiguration {
+    /// The request this entry describes; `field` names the entry in errors.
+    pub fn request(&self, field: &str) -> Result<koala_protocol::ReconfigRequest, ConfigError> {
+        use koala_protocol::ReconfigRequest as R;
+        let operator = self.operator.clone();
+        match (self.parallelism, &self.moves, self.task, self.worker) {
+            (Some(parallelism), None, None, None) => Ok(R::Rescale { operator, parallelism }),
+            (None, Some(moves), None, None) => Ok(R::Rebalance {
+                operator,
+                moves: moves.iter().map(|m| (m.buckets.clone(), m.to)).collect(),
+            }),
+            (None, None, Some(task), Some(worker)) => Ok(R::Migrate { operator, task, worker }),
+            _ => Err(invalid(
+                field,
+                "give exactly one of `parallelism` (rescale), `moves` (rebalance) or `task` and `worker` (migrate)",
+            )),
+        }
+    }
 }
 
 /// Batching and queue sizes.
@@ -59,11 +115,7 @@ pub struct RuntimeSection {
 
 impl Default for RuntimeSection {
     fn default() -> Self {
-        Self {
-            batch_records: 256,
-            linger_ms: 5,
-            channel_capacity: 64,
-        }
+        Self { batch_records: 256, linger_ms: 5, channel_capacity: 64 }
     }
 }
 
@@ -117,19 +169,14 @@ pub enum ConfigError {
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.into(),
-        message: message.into(),
-    }
+    ConfigError::Invalid { field: field.into(), message: message.into() }
 }
 
 impl JobConfig {
     /// Parses a config from TOML text; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })
+        toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })
     }
 
     /// The query parameters as TOML text (what workers rebuild the graph from).
@@ -139,36 +186,22 @@ impl JobConfig {
 
     /// The metrics database path.
     pub fn metrics_path(&self) -> PathBuf {
-        self.metrics_db
-            .clone()
-            .unwrap_or_else(|| self.output_dir.join("metrics.db"))
+        self.metrics_db.clone().unwrap_or_else(|| self.output_dir.join("metrics.db"))
     }
 
     /// Checks the config against the query's graph; returns tasks per operator (by position).
     pub fn validate(&self, graph: &JobGraph) -> Result<Vec<u32>, ConfigError> {
         if self.workers == 0 {
-            return Err(invalid(
-                "workers",
-                "0 workers cannot run a job; use 1 or more",
-            ));
+            return Err(invalid("workers", "0 workers cannot run a job; use 1 or more"));
         }
         if self.num_buckets == 0 {
-            return Err(invalid(
-                "num_buckets",
-                "must be at least 1 (the default is 128)",
-            ));
+            return Err(invalid("num_buckets", "must be at least 1 (the default is 128)"));
         }
         if self.default_parallelism == 0 {
-            return Err(invalid(
-                "default_parallelism",
-                "0 tasks cannot run an operator; use 1 or more",
-            ));
+            return Err(invalid("default_parallelism", "0 tasks cannot run an operator; use 1 or more"));
         }
         if self.runtime.batch_records == 0 || self.runtime.channel_capacity == 0 {
-            return Err(invalid(
-                "runtime",
-                "batch_records and channel_capacity must be at least 1",
-            ));
+            return Err(invalid("runtime", "batch_records and channel_capacity must be at least 1"));
         }
         let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
         for (name, p) in &self.parallelism {
@@ -184,19 +217,25 @@ impl JobConfig {
                 ));
             }
             if *p == 0 {
+                return Err(invalid(field, "0 tasks cannot run an operator; use 1 or more"));
+            }
+        }
+        for (i, r) in self.reconfigurations.iter().enumerate() {
+            let field = format!("reconfigurations[{i}]");
+            r.request(&field)?;
+            if !(r.at_s >= 0.0 && r.at_s.is_finite()) {
+                return Err(invalid(format!("{field}.at_s"), "must be a number of seconds, 0 or more"));
+            }
+            if graph.by_name(&r.operator).is_none() {
                 return Err(invalid(
-                    field,
-                    "0 tasks cannot run an operator; use 1 or more",
+                    format!("{field}.operator"),
+                    format!("no operator {:?}; the operators are {}", r.operator, names.join(", ")),
                 ));
             }
         }
         let mut out = Vec::with_capacity(graph.operators.len());
         for op in &graph.operators {
-            let p = self
-                .parallelism
-                .get(&op.name)
-                .copied()
-                .unwrap_or(self.default_parallelism);
+            let p = self.parallelism.get(&op.name).copied().unwrap_or(self.default_parallelism);
             if op.is_stateful() && p > u32::from(self.num_buckets) {
                 return Err(invalid(
                     format!("parallelism.{}", op.name),
@@ -207,10 +246,7 @@ impl JobConfig {
                 ));
             }
             if let OperatorKind::Transform { stateful: true, .. } = op.kind
-                && op
-                    .inputs
-                    .iter()
-                    .any(|i| !matches!(i.partitioning, Partitioning::Key(_)))
+                && op.inputs.iter().any(|i| !matches!(i.partitioning, Partitioning::Key(_)))
             {
                 return Err(invalid(
                     format!("query {}", self.query),

@@ -2,10 +2,14 @@
 //! store and reports (DESIGN.md §3, §6, §9).
 
 pub mod config;
+pub mod control;
 pub mod metrics_store;
 pub mod partition;
+pub mod progress;
+pub mod reconfig;
 pub mod report;
 pub mod server;
 
 pub use config::{ConfigError, JobConfig};
-pub use server::{CoordinatorError, JobRun, JobSummary, Progress, resolve, run_job};
+pub use progress::{Progress, ProgressEvent};
+pub use server::{CoordinatorError, JobRun, JobSummary, resolve, run_job};

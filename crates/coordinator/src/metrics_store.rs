@@ -224,19 +224,12 @@ impl MetricsStore {
             source,
         };
         let conn = Connection::open(path).map_err(|e| fail("open", e))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|e| fail("set busy timeout", e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| fail("set busy timeout", e))?;
         // `PRAGMA journal_mode` answers with a row, so it is a query, not an execute.
-        conn.query_row("PRAGMA journal_mode = WAL", [], |row| {
-            row.get::<_, String>(0)
-        })
-        .map_err(|e| fail("enable WAL", e))?;
-        conn.execute_batch(SCHEMA)
-            .map_err(|e| fail("create schema", e))?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            conn,
-        })
+        conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get::<_, String>(0))
+            .map_err(|e| fail("enable WAL", e))?;
+        conn.execute_batch(SCHEMA).map_err(|e| fail("create schema", e))?;
+        Ok(Self { path: path.to_path_buf(), conn })
     }
 
     /// The database file.
@@ -248,25 +241,13 @@ impl MetricsStore {
     pub fn begin_run(&mut self, info: &RunInfo) -> Result<(), MetricsStoreError> {
         let sql = "INSERT INTO runs (run, started_ms, query, protocol, config) \
                    VALUES (?1, ?2, ?3, ?4, ?5)";
-        let args = params![
-            info.run,
-            info.started_ms,
-            info.query,
-            info.protocol,
-            info.config
-        ];
-        self.conn
-            .execute(sql, args)
-            .map_err(|e| self.fail(format!("begin run {:?}", info.run), e))?;
+        let args = params![info.run, info.started_ms, info.query, info.protocol, info.config];
+        self.conn.execute(sql, args).map_err(|e| self.fail(format!("begin run {:?}", info.run), e))?;
         Ok(())
     }
 
     /// Appends samples of `run`, all in one transaction (all or none are stored).
-    pub fn insert_samples(
-        &mut self,
-        run: &str,
-        samples: &[MetricSample],
-    ) -> Result<(), MetricsStoreError> {
+    pub fn insert_samples(&mut self, run: &str, samples: &[MetricSample]) -> Result<(), MetricsStoreError> {
         let result = (|| {
             let tx = self.conn.transaction()?;
             {
@@ -279,12 +260,7 @@ impl MetricsStore {
             }
             tx.commit()
         })();
-        result.map_err(|e| {
-            self.fail(
-                format!("insert {} samples of run {run:?}", samples.len()),
-                e,
-            )
-        })
+        result.map_err(|e| self.fail(format!("insert {} samples of run {run:?}", samples.len()), e))
     }
 
     /// Records that a reconfiguration of `run` started.
@@ -297,22 +273,11 @@ impl MetricsStore {
                    completed_ms, buckets_moved, bytes_moved, pause_ms, detail) \
                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, ?7, 0, NULL, ?8)";
         let s = start;
-        let args = params![
-            run,
-            s.epoch,
-            s.operator,
-            s.kind,
-            s.protocol,
-            s.started_ms,
-            s.buckets_moved,
-            s.detail
-        ];
-        self.conn.execute(sql, args).map_err(|e| {
-            self.fail(
-                format!("record start of epoch {} in run {run:?}", s.epoch),
-                e,
-            )
-        })?;
+        let args =
+            params![run, s.epoch, s.operator, s.kind, s.protocol, s.started_ms, s.buckets_moved, s.detail];
+        self.conn
+            .execute(sql, args)
+            .map_err(|e| self.fail(format!("record start of epoch {} in run {run:?}", s.epoch), e))?;
         Ok(())
     }
 
@@ -325,20 +290,11 @@ impl MetricsStore {
         let sql = "UPDATE reconfigurations SET completed_ms = ?4, bytes_moved = ?5, pause_ms = ?6 \
                    WHERE run = ?1 AND epoch = ?2 AND operator = ?3";
         let d = done;
-        let args = params![
-            run,
-            d.epoch,
-            d.operator,
-            d.completed_ms,
-            d.bytes_moved,
-            d.pause_ms
-        ];
-        let updated = self.conn.execute(sql, args).map_err(|e| {
-            self.fail(
-                format!("record completion of epoch {} in run {run:?}", d.epoch),
-                e,
-            )
-        })?;
+        let args = params![run, d.epoch, d.operator, d.completed_ms, d.bytes_moved, d.pause_ms];
+        let updated = self
+            .conn
+            .execute(sql, args)
+            .map_err(|e| self.fail(format!("record completion of epoch {} in run {run:?}", d.epoch), e))?;
         if updated == 0 {
             return Err(MetricsStoreError::UnknownReconfiguration {
                 path: self.path.clone(),
@@ -364,9 +320,7 @@ impl MetricsStore {
     /// The run named `run`, if recorded.
     pub fn run(&self, run: &str) -> Result<Option<RunInfo>, MetricsStoreError> {
         let operation = format!("look up run {run:?}");
-        Ok(self
-            .query("WHERE run = ?1", [run], run_info, &operation)?
-            .pop())
+        Ok(self.query("WHERE run = ?1", [run], run_info, &operation)?.pop())
     }
 
     /// Per second (ascending), `metric` combined over the tasks in `scope` with `agg`; seconds
@@ -380,14 +334,12 @@ impl MetricsStore {
     ) -> Result<Vec<(u64, f64)>, MetricsStoreError> {
         let (filter, mut args): (_, Vec<&dyn ToSql>) = match &scope {
             TaskScope::All => ("", vec![]),
-            TaskScope::Reporting(m) => (
-                "AND task IN (SELECT task FROM metrics WHERE run = ?1 AND metric = ?3)",
-                vec![m],
-            ),
-            TaskScope::NotReporting(m) => (
-                "AND task NOT IN (SELECT task FROM metrics WHERE run = ?1 AND metric = ?3)",
-                vec![m],
-            ),
+            TaskScope::Reporting(m) => {
+                ("AND task IN (SELECT task FROM metrics WHERE run = ?1 AND metric = ?3)", vec![m])
+            }
+            TaskScope::NotReporting(m) => {
+                ("AND task NOT IN (SELECT task FROM metrics WHERE run = ?1 AND metric = ?3)", vec![m])
+            }
         };
         args.splice(0..0, [&run as &dyn ToSql, &metric]);
         let sql = format!(
@@ -403,10 +355,7 @@ impl MetricsStore {
             rows.collect::<Result<Vec<_>, _>>()
         })()
         .map_err(|e| self.fail(format!("read per-second {metric} of run {run:?}"), e))?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(t, v)| Some((t, v?)))
-            .collect())
+        Ok(rows.into_iter().filter_map(|(t, v)| Some((t, v?))).collect())
     }
 
     /// The reconfigurations of `run`, by start time.
@@ -454,11 +403,7 @@ impl MetricsStore {
     }
 
     fn fail(&self, operation: String, source: rusqlite::Error) -> MetricsStoreError {
-        MetricsStoreError::Sqlite {
-            path: self.path.clone(),
-            operation,
-            source,
-        }
+        MetricsStoreError::Sqlite { path: self.path.clone(), operation, source }
     }
 }
 
@@ -496,12 +441,7 @@ mod tests {
     }
 
     fn sample(time_s: u64, task: &str, metric: &str, value: f64) -> MetricSample {
-        MetricSample {
-            time_s,
-            task: task.into(),
-            metric: metric.into(),
-            value,
-        }
+        MetricSample { time_s, task: task.into(), metric: metric.into(), value }
     }
 
     #[test]
@@ -573,10 +513,7 @@ mod tests {
         assert_eq!(stored[0].buckets_moved, 64);
         done.epoch = 2;
         let err = s.reconfiguration_completed("r", &done).unwrap_err();
-        assert!(matches!(
-            err,
-            MetricsStoreError::UnknownReconfiguration { epoch: 2, .. }
-        ));
+        assert!(matches!(err, MetricsStoreError::UnknownReconfiguration { epoch: 2, .. }));
     }
 
     #[test]

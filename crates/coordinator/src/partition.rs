@@ -22,9 +22,7 @@ pub fn assign(policy: PolicyName, num_buckets: u16, tasks: &[u32]) -> Vec<u32> {
     match policy {
         PolicyName::Uniform => {
             let n = tasks.len() as u64;
-            (0..u64::from(num_buckets))
-                .map(|b| tasks[(b * n / u64::from(num_buckets)) as usize])
-                .collect()
+            (0..u64::from(num_buckets)).map(|b| tasks[(b * n / u64::from(num_buckets)) as usize]).collect()
         }
         PolicyName::Consistent => (0..num_buckets)
             .map(|b| {
@@ -34,11 +32,7 @@ pub fn assign(policy: PolicyName, num_buckets: u16, tasks: &[u32]) -> Vec<u32> {
                     bytes[2..].copy_from_slice(&t.to_be_bytes());
                     xxh3_64(&bytes)
                 };
-                tasks
-                    .iter()
-                    .copied()
-                    .max_by_key(|t| (score(*t), *t))
-                    .unwrap_or(0)
+                tasks.iter().copied().max_by_key(|t| (score(*t), *t)).unwrap_or(0)
             })
             .collect(),
     }

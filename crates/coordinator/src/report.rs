@@ -26,9 +26,7 @@ use std::path::{Path, PathBuf};
 use koala_types::metric;
 use thiserror::Error;
 
-use crate::metrics_store::{
-    Aggregate, MetricsStore, MetricsStoreError, Reconfiguration, RunInfo, TaskScope,
-};
+use crate::metrics_store::{Aggregate, MetricsStore, MetricsStoreError, Reconfiguration, RunInfo, TaskScope};
 
 mod render;
 
@@ -183,19 +181,14 @@ pub struct ReportSummary {
 /// `lag.png`, `batch_latency.png`, `state_moved.png` and `report.html` into `out_dir`.
 pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSummary, ReportError> {
     if !db.exists() {
-        return Err(ReportError::MissingDatabase {
-            path: db.to_path_buf(),
-        });
+        return Err(ReportError::MissingDatabase { path: db.to_path_buf() });
     }
     let store = MetricsStore::open(db)?;
     let info = match run {
-        Some(name) => store.run(name)?.ok_or_else(|| ReportError::UnknownRun {
-            path: db.to_path_buf(),
-            run: name.to_string(),
-        })?,
-        None => store.latest_run()?.ok_or_else(|| ReportError::NoRuns {
-            path: db.to_path_buf(),
-        })?,
+        Some(name) => store
+            .run(name)?
+            .ok_or_else(|| ReportError::UnknownRun { path: db.to_path_buf(), run: name.to_string() })?,
+        None => store.latest_run()?.ok_or_else(|| ReportError::NoRuns { path: db.to_path_buf() })?,
     };
     let table = read_table(&store, &info)?;
     let run_start_s = secs_of_ms(info.started_ms);
@@ -217,26 +210,15 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         .collect();
 
     let records_total: f64 = throughput.iter().map(|(_, v)| v).sum();
-    let max_of =
-        |f: fn(&SecondRow) -> Option<f64>| table.rows.iter().filter_map(f).reduce(f64::max);
-    let recoveries: Option<Vec<u64>> = reconfigurations
-        .iter()
-        .map(|r| r.backlog_recovery_s)
-        .collect();
+    let max_of = |f: fn(&SecondRow) -> Option<f64>| table.rows.iter().filter_map(f).reduce(f64::max);
+    let recoveries: Option<Vec<u64>> = reconfigurations.iter().map(|r| r.backlog_recovery_s).collect();
     let mut summary = ReportSummary {
         records_total,
-        mean_throughput: if table.rows.is_empty() {
-            0.0
-        } else {
-            records_total / table.rows.len() as f64
-        },
+        mean_throughput: if table.rows.is_empty() { 0.0 } else { records_total / table.rows.len() as f64 },
         peak_lag_mean_ms: max_of(|r| r.lag_mean_ms),
         peak_lag_p99_ms: max_of(|r| r.lag_p99_ms),
         state_bytes_moved: table.rows.iter().map(|r| r.state_bytes_moved).sum(),
-        pause_ms_total: reconfigurations
-            .iter()
-            .filter_map(|r| r.reconfiguration.pause_ms)
-            .sum(),
+        pause_ms_total: reconfigurations.iter().filter_map(|r| r.reconfiguration.pause_ms).sum(),
         worst_dip: reconfigurations
             .iter()
             .filter_map(|r| r.dip)
@@ -248,16 +230,12 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         files: Vec::new(),
         run: info,
     };
-    std::fs::create_dir_all(out_dir).map_err(|source| ReportError::Write {
-        path: out_dir.to_path_buf(),
-        source,
-    })?;
+    std::fs::create_dir_all(out_dir)
+        .map_err(|source| ReportError::Write { path: out_dir.to_path_buf(), source })?;
     summary.files = render::write_plots(&summary, out_dir)?;
     let html = out_dir.join("report.html");
-    std::fs::write(&html, render::render_html(&summary)).map_err(|source| ReportError::Write {
-        path: html.clone(),
-        source,
-    })?;
+    std::fs::write(&html, render::render_html(&summary))
+        .map_err(|source| ReportError::Write { path: html.clone(), source })?;
     summary.files.push(html);
     Ok(summary)
 }
@@ -285,11 +263,7 @@ pub fn throughput_dip(throughput: &[(i64, f64)], start_t_s: i64) -> Option<Throu
         .iter()
         .filter(|(t, _)| (start_t_s..start_t_s + DISRUPTION_WINDOW_S).contains(t))
         .min_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|&(at_t_s, min)| ThroughputDip {
-            baseline,
-            min,
-            at_t_s,
-        })
+        .map(|&(at_t_s, min)| ThroughputDip { baseline, min, at_t_s })
 }
 
 /// Backlog recovery time (paper §5.1.3) of a reconfiguration starting at second `start_t_s`, in
@@ -303,10 +277,7 @@ pub fn throughput_dip(throughput: &[(i64, f64)], start_t_s: i64) -> Option<Throu
 /// `None` if there is no lag before the start, or lag never recovers within the series.
 pub fn backlog_recovery_s(lag: &[(i64, Option<f64>)], start_t_s: i64) -> Option<u64> {
     let by_second: BTreeMap<i64, f64> = lag.iter().filter_map(|&(t, v)| Some((t, v?))).collect();
-    let before: Vec<f64> = by_second
-        .range(start_t_s - BASELINE_S..start_t_s)
-        .map(|(_, v)| *v)
-        .collect();
+    let before: Vec<f64> = by_second.range(start_t_s - BASELINE_S..start_t_s).map(|(_, v)| *v).collect();
     if before.is_empty() {
         return None;
     }
@@ -324,10 +295,7 @@ pub fn backlog_recovery_s(lag: &[(i64, Option<f64>)], start_t_s: i64) -> Option<
 }
 
 fn values_in(series: &[(i64, f64)], from: i64, to: i64) -> impl Iterator<Item = f64> + '_ {
-    series
-        .iter()
-        .filter(move |(t, _)| (from..to).contains(t))
-        .map(|(_, v)| *v)
+    series.iter().filter(move |(t, _)| (from..to).contains(t)).map(|(_, v)| *v)
 }
 
 /// Whole unix seconds of a unix-milliseconds instant (the store caps values at `i64::MAX`).
@@ -359,11 +327,7 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         );
     }
     let first = series.iter().filter_map(|s| s.keys().next()).min().copied();
-    let last = series
-        .iter()
-        .filter_map(|s| s.keys().next_back())
-        .max()
-        .copied();
+    let last = series.iter().filter_map(|s| s.keys().next_back()).max().copied();
     let (Some(first), Some(last)) = (first, last) else {
         return Ok(PerSecondTable::default());
     };
@@ -385,16 +349,8 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
 
 impl fmt::Display for PerSecondTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header = [
-            "t_s",
-            "rec/s",
-            "lag_ms",
-            "lag_p99_ms",
-            "batch_us",
-            "batch_p99_us",
-            "moved_B/s",
-            "bp_ms",
-        ];
+        let header =
+            ["t_s", "rec/s", "lag_ms", "lag_p99_ms", "batch_us", "batch_p99_us", "moved_B/s", "bp_ms"];
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
         let cells: Vec<[String; 8]> = self
             .rows
@@ -420,11 +376,7 @@ impl fmt::Display for PerSecondTable {
         }
         let header = header.map(str::to_string);
         for row in std::iter::once(&header).chain(&cells) {
-            let line: Vec<String> = row
-                .iter()
-                .zip(widths)
-                .map(|(cell, w)| format!("{cell:>w$}"))
-                .collect();
+            let line: Vec<String> = row.iter().zip(widths).map(|(cell, w)| format!("{cell:>w$}")).collect();
             writeln!(f, "{}", line.join("  "))?;
         }
         Ok(())
@@ -484,17 +436,9 @@ impl fmt::Display for ReportSummary {
             self.pause_ms_total
         )?;
         writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
-        writeln!(
-            f,
-            "backlog recovery (longest): {}",
-            fmt_recovery(self.backlog_recovery_s)
-        )?;
+        writeln!(f, "backlog recovery (longest): {}", fmt_recovery(self.backlog_recovery_s))?;
         if !self.plots_have_text {
-            writeln!(
-                f,
-                "plots drawn without text: no font in {:?}",
-                render::FONT_CANDIDATES
-            )?;
+            writeln!(f, "plots drawn without text: no font in {:?}", render::FONT_CANDIDATES)?;
         }
         for r in &self.reconfigurations {
             let c = &r.reconfiguration;
@@ -509,8 +453,7 @@ impl fmt::Display for ReportSummary {
                 r.end_t_s.map_or_else(|| "?".to_string(), |t| t.to_string()),
                 c.buckets_moved,
                 c.bytes_moved as f64 / MIB,
-                c.pause_ms
-                    .map_or_else(|| "-".to_string(), |p| format!("{p} ms")),
+                c.pause_ms.map_or_else(|| "-".to_string(), |p| format!("{p} ms")),
                 fmt_dip(r.dip),
                 fmt_recovery(r.backlog_recovery_s)
             )?;
@@ -541,9 +484,7 @@ mod tests {
     #[test]
     fn dip_only_counts_the_window() {
         // A dip 60 s after the start is outside the window.
-        let series: Vec<(i64, f64)> = (0..100)
-            .map(|t| (t, if t == 70 { 1.0 } else { 50.0 }))
-            .collect();
+        let series: Vec<(i64, f64)> = (0..100).map(|t| (t, if t == 70 { 1.0 } else { 50.0 })).collect();
         assert_eq!(throughput_dip(&series, 10).map(|d| d.min), Some(50.0));
         assert_eq!(throughput_dip(&series, 11).map(|d| d.at_t_s), Some(70));
     }
@@ -566,16 +507,7 @@ mod tests {
     #[test]
     fn missing_lag_is_not_recovered() {
         let mut v = vec![Some(20.0); 10];
-        v.extend([
-            None,
-            None,
-            Some(20.0),
-            Some(20.0),
-            None,
-            Some(20.0),
-            Some(20.0),
-            Some(20.0),
-        ]);
+        v.extend([None, None, Some(20.0), Some(20.0), None, Some(20.0), Some(20.0), Some(20.0)]);
         assert_eq!(backlog_recovery_s(&lag(&v), 10), Some(5));
     }
 
@@ -583,11 +515,7 @@ mod tests {
     fn recovery_none_when_lag_never_recovers_or_no_baseline() {
         let mut v = vec![Some(20.0); 10];
         v.extend([Some(900.0), Some(20.0), Some(20.0)]);
-        assert_eq!(
-            backlog_recovery_s(&lag(&v), 10),
-            None,
-            "only 2 healthy seconds"
-        );
+        assert_eq!(backlog_recovery_s(&lag(&v), 10), None, "only 2 healthy seconds");
         let mut growing = vec![Some(5.0); 10];
         growing.extend((1..40).map(|i| Some(f64::from(i) * 100.0)));
         assert_eq!(backlog_recovery_s(&lag(&growing), 10), None);
@@ -606,10 +534,7 @@ mod tests {
             state_bytes_moved: 0.0,
             backpressure_ms: None,
         };
-        let text = PerSecondTable {
-            rows: vec![row(0, 5.0), row(1, 123_456.0)],
-        }
-        .to_string();
+        let text = PerSecondTable { rows: vec![row(0, 5.0), row(1, 123_456.0)] }.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines.iter().all(|l| l.len() == lines[0].len()), "{text}");

@@ -2,24 +2,29 @@
 //! metrics into SQLite, notices a worker that disappears, and ends the job when every task has
 //! finished.
 
-use std::collections::{BTreeMap, HashSet};
-use std::io::{BufReader, BufWriter, Write};
-use std::net::{TcpListener, TcpStream};
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::net::TcpListener;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
 use koala_dataflow::JobGraph;
 use koala_dataflow::graph::QueryResolver;
-use koala_protocol::{CoordinatorMessage, Deployment, RuntimeOptions, TaskSample, WorkerMessage};
-use koala_types::frame::{read_frame, write_frame};
-use koala_types::{OperatorId, TaskId, WorkerId, metric};
+use koala_protocol::{
+    ClientReply, CoordinatorMessage, Deployment, ReconfigRequest, RuntimeOptions, WorkerMessage,
+};
+use koala_types::{OperatorId, TaskId, WorkerId};
 
 use crate::config::{ConfigError, JobConfig};
-use crate::metrics_store::{MetricSample, MetricsStore, MetricsStoreError, RunInfo};
+use crate::control::{Event, Workers, accept};
+use crate::metrics_store::{
+    MetricSample, MetricsStore, MetricsStoreError, ReconfigurationCompletion, ReconfigurationStart, RunInfo,
+};
 use crate::partition::assign;
+use crate::progress::{ProgressEvent, SecondAggregator, Totals};
+use crate::reconfig::{Phase, StopAndRestart, kind_name, plan as plan_reconfiguration};
 
 /// How long the coordinator waits for workers to register and to acknowledge a deployment.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a job failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +41,7 @@ pub enum CoordinatorError {
         source: std::io::Error,
     },
     /// A worker's control connection closed while the job ran.
-    #[error(
-        "{0} disappeared (its control connection closed); the job cannot continue without recovery"
-    )]
+    #[error("{0} disappeared (its control connection closed); the job cannot continue without recovery")]
     WorkerLost(WorkerId),
     /// A task stopped on an error.
     #[error("task {task} failed: {error}")]
@@ -69,25 +72,6 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> CoordinatorE
     move |source| CoordinatorError::Io { context, source }
 }
 
-/// One second of a running job, for progress lines.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Progress {
-    /// Seconds since the job started.
-    pub second: u64,
-    /// Records the sources produced in that second.
-    pub input_per_s: f64,
-    /// Records the sinks wrote in that second.
-    pub output_per_s: f64,
-    /// Mean source lag (ms), mean over source tasks.
-    pub lag_mean_ms: Option<f64>,
-    /// Worst task's p99 source lag (ms).
-    pub lag_p99_ms: Option<f64>,
-    /// Worst task's p99 per-batch latency (µs) over non-source tasks.
-    pub batch_p99_us: Option<f64>,
-    /// Milliseconds tasks spent blocked on full channels, summed.
-    pub backpressure_ms: f64,
-}
-
 /// What a finished job reports.
 #[derive(Clone, Debug)]
 pub struct JobSummary {
@@ -103,6 +87,8 @@ pub struct JobSummary {
     pub late_dropped: u64,
     /// Where the metrics went.
     pub metrics_db: std::path::PathBuf,
+    /// Reconfigurations completed.
+    pub reconfigurations: u64,
 }
 
 /// A job to run.
@@ -113,71 +99,234 @@ pub struct JobRun {
     pub resolver: QueryResolver,
     /// Run id (unique in the metrics database).
     pub run: String,
-    /// Receives one [`Progress`] per second while the job runs.
-    pub progress: Option<Sender<Progress>>,
-}
-
-struct Workers {
-    writers: Vec<BufWriter<TcpStream>>,
-    addrs: BTreeMap<WorkerId, String>,
-}
-
-impl Workers {
-    fn send(&mut self, worker: usize, msg: &CoordinatorMessage) -> Result<(), CoordinatorError> {
-        let w = &mut self.writers[worker];
-        write_frame(w, msg)
-            .and_then(|_| w.flush())
-            .map_err(io(format!("sending to worker{worker}")))?;
-        Ok(())
-    }
-
-    fn broadcast(&mut self, msg: &CoordinatorMessage) -> Result<(), CoordinatorError> {
-        for i in 0..self.writers.len() {
-            self.send(i, msg)?;
-        }
-        Ok(())
-    }
+    /// Receives one [`ProgressEvent::Second`] per second and reconfiguration events.
+    pub progress: Option<Sender<ProgressEvent>>,
 }
 
 /// Builds the graph and checks the config against it; returns tasks per operator.
-pub fn resolve(
-    config: &JobConfig,
-    resolver: &QueryResolver,
-) -> Result<(JobGraph, Vec<u32>), ConfigError> {
-    let graph =
-        resolver(&config.query, &config.params_text()).map_err(|message| ConfigError::Invalid {
-            field: "query / params".into(),
-            message,
-        })?;
+pub fn resolve(config: &JobConfig, resolver: &QueryResolver) -> Result<(JobGraph, Vec<u32>), ConfigError> {
+    let graph = resolver(&config.query, &config.params_text())
+        .map_err(|message| ConfigError::Invalid { field: "query / params".into(), message })?;
     let parallelism = config.validate(&graph)?;
     Ok((graph, parallelism))
+}
+
+/// A reconfiguration waiting to run, and who to tell.
+struct Queued {
+    request: ReconfigRequest,
+    reply: Option<Sender<ClientReply>>,
+}
+
+/// The running job as the coordinator tracks it.
+struct JobState<'a> {
+    config: &'a JobConfig,
+    graph: &'a JobGraph,
+    run: &'a str,
+    workers: Workers,
+    deployment: Deployment,
+    next_index: BTreeMap<OperatorId, u32>,
+    remaining: HashSet<TaskId>,
+    store: MetricsStore,
+    progress: Option<Sender<ProgressEvent>>,
+    queue: VecDeque<Queued>,
+    active: Option<(StopAndRestart, Instant, u64, Option<Instant>)>,
+    epoch: u64,
+    completed: u64,
+}
+
+impl JobState<'_> {
+    fn say(&self, event: ProgressEvent) {
+        if let Some(tx) = &self.progress {
+            let _ = tx.send(event);
+        }
+    }
+
+    fn name(&self, t: TaskId) -> String {
+        let op = self.graph.operator(t.operator).map_or("?", |o| o.name.as_str());
+        format!("{op}.{}", t.index)
+    }
+
+    /// Checks a request against the current deployment without changing anything.
+    fn check(&self, request: &ReconfigRequest) -> Result<(), String> {
+        plan_reconfiguration(
+            request,
+            &self.deployment,
+            self.graph,
+            self.config.partition_policy,
+            self.epoch + 1,
+            &self.next_index,
+        )
+        .map(|_| ())
+    }
+
+    /// A client request: rejected at once if it cannot apply now, else queued.
+    fn submit(
+        &mut self,
+        request: ReconfigRequest,
+        reply: Sender<ClientReply>,
+    ) -> Result<(), CoordinatorError> {
+        match self.check(&request) {
+            Ok(()) => {
+                self.queue.push_back(Queued { request, reply: Some(reply) });
+                self.start_next()
+            }
+            Err(error) => {
+                let _ = reply.send(ClientReply::Rejected { error });
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts the next queued reconfiguration if none is running.
+    fn start_next(&mut self) -> Result<(), CoordinatorError> {
+        while self.active.is_none() {
+            let Some(q) = self.queue.pop_front() else { return Ok(()) };
+            let epoch = self.epoch + 1;
+            let plan = match plan_reconfiguration(
+                &q.request,
+                &self.deployment,
+                self.graph,
+                self.config.partition_policy,
+                epoch,
+                &self.next_index,
+            ) {
+                Ok(p) => p,
+                Err(error) => {
+                    tracing::error!(%error, "reconfiguration rejected");
+                    if let Some(r) = q.reply {
+                        let _ = r.send(ClientReply::Rejected { error: error.clone() });
+                    }
+                    self.say(ProgressEvent::ReconfigurationRejected { error });
+                    continue;
+                }
+            };
+            let (driver, msg) = StopAndRestart::start(plan, &self.deployment, self.graph);
+            if let Some(gone) = driver.upstream().iter().find(|t| !self.remaining.contains(t)) {
+                let error = format!(
+                    "skipped: upstream task {} has already finished (the input ended before the reconfiguration)",
+                    self.name(*gone)
+                );
+                if let Some(r) = q.reply {
+                    let _ = r.send(ClientReply::Rejected { error: error.clone() });
+                }
+                self.say(ProgressEvent::ReconfigurationRejected { error });
+                continue;
+            }
+            self.epoch = epoch;
+            let op = driver.plan.operator;
+            let old = self.deployment.tasks.get(&op).map_or(0, Vec::len);
+            let new = driver.plan.deployment.tasks.get(&op).map_or(0, Vec::len);
+            let kind = kind_name(old, new, &q.request);
+            let buckets: usize = driver.plan.moves.iter().map(|m| m.buckets.len()).sum();
+            let description =
+                format!("{kind} {} {old}→{new} tasks, {buckets} buckets move", q.request.operator());
+            let started_ms = unix_ms();
+            self.store.reconfiguration_started(
+                self.run,
+                &ReconfigurationStart {
+                    epoch,
+                    operator: q.request.operator().to_string(),
+                    kind: kind.to_string(),
+                    protocol: "stop-and-restart".into(),
+                    started_ms,
+                    buckets_moved: buckets as u64,
+                    detail: format!("{:?}", q.request),
+                },
+            )?;
+            if let Some(r) = q.reply {
+                let _ = r.send(ClientReply::Accepted { epoch });
+            }
+            self.say(ProgressEvent::ReconfigurationStarted { epoch, description });
+            for i in &driver.plan.created {
+                self.remaining.insert(TaskId::new(op, *i));
+            }
+            if let Some(max) = driver.plan.created.iter().max() {
+                self.next_index.insert(op, max + 1);
+            }
+            self.workers.broadcast(&msg)?;
+            self.active = Some((driver, Instant::now(), started_ms, None));
+        }
+        Ok(())
+    }
+
+    fn on_ack(
+        &mut self,
+        task: TaskId,
+        epoch: u64,
+        ack: &koala_protocol::TaskAck,
+    ) -> Result<(), CoordinatorError> {
+        let Some((driver, started, _, drain_at)) = self.active.as_mut() else {
+            tracing::warn!(%task, epoch, ?ack, "ack with no reconfiguration running; ignored");
+            return Ok(());
+        };
+        if driver.plan.epoch != epoch {
+            tracing::warn!(%task, epoch, "ack of another epoch; ignored");
+            return Ok(());
+        }
+        if let Some(msg) = driver.on_ack(task, ack) {
+            if matches!(msg, CoordinatorMessage::Drain { .. }) {
+                *drain_at = Some(Instant::now());
+            }
+            self.workers.broadcast(&msg)?;
+        }
+        if driver.phase() == Phase::Complete {
+            let pause_ms = drain_at.map_or(0, |d| d.elapsed().as_millis() as u64);
+            let duration_ms = started.elapsed().as_millis() as u64;
+            let bytes_moved = driver.bytes_moved;
+            if let Some((driver, ..)) = self.active.take() {
+                let operator =
+                    self.graph.operator(driver.plan.operator).map_or(String::new(), |o| o.name.clone());
+                self.store.reconfiguration_completed(
+                    self.run,
+                    &ReconfigurationCompletion {
+                        epoch,
+                        operator,
+                        completed_ms: unix_ms(),
+                        bytes_moved,
+                        pause_ms: Some(pause_ms),
+                    },
+                )?;
+                self.deployment = driver.plan.deployment;
+            }
+            self.completed += 1;
+            self.say(ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms });
+            self.start_next()?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs a job to completion on workers that connect to `listener`.
 pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, CoordinatorError> {
     let config = &job.config;
     let (graph, parallelism) = resolve(config, &job.resolver)?;
+    let mut schedule: Vec<(f64, ReconfigRequest)> = Vec::new();
+    for (i, r) in config.reconfigurations.iter().enumerate() {
+        schedule.push((r.at_s, r.request(&format!("reconfigurations[{i}]"))?));
+    }
+    schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut schedule: VecDeque<_> = schedule.into();
     let (events_tx, events) = unbounded();
-    let mut workers = accept_workers(&listener, config.workers, &events_tx)?;
+    let mut workers = accept(&listener, config.workers, &events_tx)?;
 
     let deployment = plan(config, &graph, &parallelism, &workers.addrs, &job.run);
-    let tasks: Vec<TaskId> = deployment.placement.keys().copied().collect();
-    workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment)))?;
+    workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone())))?;
     let mut deployed = 0;
+    // Requests that arrive while the job starts are answered once it runs.
+    let mut early_clients = Vec::new();
     let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while deployed < workers.writers.len() {
+    while deployed < workers.len() {
         match events.recv_deadline(deadline) {
-            Ok((_, Some(WorkerMessage::Deployed))) => deployed += 1,
-            Ok((worker, Some(WorkerMessage::DeployFailed { error }))) => {
+            Ok(Event::Worker(_, Some(WorkerMessage::Deployed))) => deployed += 1,
+            Ok(Event::Worker(worker, Some(WorkerMessage::DeployFailed { error }))) => {
                 let _ = workers.broadcast(&CoordinatorMessage::Shutdown);
                 return Err(CoordinatorError::Deploy { worker, error });
             }
-            Ok((worker, None)) => return Err(CoordinatorError::WorkerLost(worker)),
+            Ok(Event::Worker(worker, None)) => return Err(CoordinatorError::WorkerLost(worker)),
+            Ok(Event::Client(request, reply)) => early_clients.push((request, reply)),
             Ok(_) => {}
             Err(_) => {
-                return Err(CoordinatorError::Timeout(
-                    "workers did not acknowledge the deployment".into(),
-                ));
+                return Err(CoordinatorError::Timeout("workers did not acknowledge the deployment".into()));
             }
         }
     }
@@ -191,25 +340,38 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         run: job.run.clone(),
         started_ms,
         query: config.query.clone(),
-        protocol: "none".into(),
+        protocol: "stop-and-restart".into(),
         config: toml::to_string(config).unwrap_or_default(),
     })?;
     workers.broadcast(&CoordinatorMessage::Start)?;
     let started = Instant::now();
-    tracing::info!(run = %job.run, tasks = tasks.len(), "job started");
-
-    let names = |t: TaskId| {
-        format!(
-            "{}.{}",
-            graph.operators[t.operator.0 as usize].name, t.index
-        )
+    let remaining: HashSet<TaskId> = deployment.placement.keys().copied().collect();
+    tracing::info!(run = %job.run, tasks = remaining.len(), "job started");
+    let next_index =
+        deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
+    let mut state = JobState {
+        config,
+        graph: &graph,
+        run: &job.run,
+        workers,
+        deployment,
+        next_index,
+        remaining,
+        store,
+        progress: job.progress.clone(),
+        queue: VecDeque::new(),
+        active: None,
+        epoch: 0,
+        completed: 0,
     };
-    let mut remaining: HashSet<TaskId> = tasks.iter().copied().collect();
+    for (request, reply) in early_clients {
+        state.submit(request, reply)?;
+    }
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
     let mut totals = Totals::default();
     let result = loop {
-        if remaining.is_empty() {
+        if state.remaining.is_empty() {
             break Ok(());
         }
         if let Some(d) = config.duration_s
@@ -217,34 +379,41 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             && started.elapsed() >= Duration::from_secs(d)
         {
             stop_sent = true;
-            workers.broadcast(&CoordinatorMessage::StopSources)?;
+            state.workers.broadcast(&CoordinatorMessage::StopSources)?;
         }
-        match events.recv_timeout(Duration::from_millis(250)) {
-            Ok((_, Some(WorkerMessage::Metrics(samples)))) => {
+        while schedule.front().is_some_and(|(at, _)| started.elapsed().as_secs_f64() >= *at) {
+            if let Some((_, request)) = schedule.pop_front() {
+                state.queue.push_back(Queued { request, reply: None });
+            }
+            state.start_next()?;
+        }
+        match events.recv_timeout(Duration::from_millis(20)) {
+            Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
                 totals.add(&graph, &samples);
                 seconds.add(&samples);
                 let rows: Vec<MetricSample> = samples
                     .iter()
                     .map(|s| MetricSample {
                         time_s: s.time_s,
-                        task: names(s.task),
+                        task: state.name(s.task),
                         metric: s.metric.clone(),
                         value: s.value,
                     })
                     .collect();
-                store.insert_samples(&job.run, &rows)?;
+                state.store.insert_samples(&job.run, &rows)?;
             }
-            Ok((_, Some(WorkerMessage::TaskFinished { task }))) => {
-                remaining.remove(&task);
+            Ok(Event::Worker(_, Some(WorkerMessage::TaskFinished { task }))) => {
+                state.remaining.remove(&task);
             }
-            Ok((_, Some(WorkerMessage::TaskFailed { task, error }))) => {
-                break Err(CoordinatorError::TaskFailed {
-                    task: names(task),
-                    error,
-                });
+            Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
+                break Err(CoordinatorError::TaskFailed { task: state.name(task), error });
             }
-            Ok((worker, None)) => break Err(CoordinatorError::WorkerLost(worker)),
-            Ok(_) => {}
+            Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => {
+                state.on_ack(task, epoch, &ack)?;
+            }
+            Ok(Event::Worker(worker, None)) => break Err(CoordinatorError::WorkerLost(worker)),
+            Ok(Event::Worker(_, Some(_))) => {}
+            Ok(Event::Client(request, reply)) => state.submit(request, reply)?,
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 break Err(CoordinatorError::Timeout("event channel closed".into()));
@@ -252,17 +421,27 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         }
         if let Some(tx) = &job.progress {
             for p in seconds.complete(unix_ms() / 1000) {
-                let _ = tx.send(p);
+                let _ = tx.send(ProgressEvent::Second(p));
             }
         }
     };
-    let _ = workers.broadcast(&CoordinatorMessage::Shutdown);
+    let _ = state.workers.broadcast(&CoordinatorMessage::Shutdown);
     result?;
-    if let Some(tx) = &job.progress {
-        for p in seconds.complete(u64::MAX) {
-            let _ = tx.send(p);
+    if let Some((driver, ..)) = &state.active {
+        tracing::warn!(waiting = ?driver.waiting_for(), "the job ended during a reconfiguration");
+    }
+    for q in state.queue.drain(..) {
+        if let Some(r) = q.reply {
+            let _ = r.send(ClientReply::Rejected { error: "the job ended first".into() });
         }
     }
+    if let Some(tx) = &job.progress {
+        for p in seconds.complete(u64::MAX) {
+            let _ = tx.send(ProgressEvent::Second(p));
+        }
+    }
+    let completed = state.completed;
+    drop(state);
     Ok(JobSummary {
         run: job.run,
         elapsed: started.elapsed(),
@@ -270,88 +449,8 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         records_out: totals.records_out,
         late_dropped: totals.late_dropped,
         metrics_db: config.metrics_path(),
+        reconfigurations: completed,
     })
-}
-
-fn accept_workers(
-    listener: &TcpListener,
-    expected: u32,
-    events: &Sender<(WorkerId, Option<WorkerMessage>)>,
-) -> Result<Workers, CoordinatorError> {
-    let (conn_tx, conn_rx) = unbounded();
-    let accept_listener = listener
-        .try_clone()
-        .map_err(io("cloning the control listener"))?;
-    std::thread::Builder::new()
-        .name("koala-accept".into())
-        .spawn(move || {
-            for conn in accept_listener.incoming() {
-                if conn_tx.send(conn).is_err() {
-                    return;
-                }
-            }
-        })
-        .map_err(io("spawning the accept thread"))?;
-    let mut workers = Workers {
-        writers: Vec::new(),
-        addrs: BTreeMap::new(),
-    };
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while (workers.writers.len() as u32) < expected {
-        let conn = conn_rx.recv_deadline(deadline).map_err(|_| {
-            CoordinatorError::Timeout(format!(
-                "only {} of {expected} workers registered",
-                workers.writers.len()
-            ))
-        })?;
-        let stream = conn.map_err(io("accepting a worker"))?;
-        let _ = stream.set_nodelay(true);
-        let mut reader = BufReader::new(stream.try_clone().map_err(io("cloning a worker socket"))?);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let data_addr = match read_frame::<_, WorkerMessage>(&mut reader) {
-            Ok(Some(WorkerMessage::Register { data_addr, pid })) => {
-                tracing::info!(%data_addr, pid, "worker registered");
-                data_addr
-            }
-            other => {
-                tracing::error!(?other, "a connection did not register as a worker; dropped");
-                continue;
-            }
-        };
-        let _ = stream.set_read_timeout(None);
-        let id = WorkerId(workers.writers.len() as u32);
-        workers.addrs.insert(id, data_addr);
-        workers.writers.push(BufWriter::new(stream));
-        workers.send(id.0 as usize, &CoordinatorMessage::Welcome { worker: id })?;
-        let events = events.clone();
-        std::thread::Builder::new()
-            .name(format!("koala-from-{id}"))
-            .spawn(move || read_worker(id, reader, &events))
-            .map_err(io("spawning a worker reader"))?;
-    }
-    Ok(workers)
-}
-
-fn read_worker(
-    id: WorkerId,
-    mut reader: BufReader<TcpStream>,
-    events: &Sender<(WorkerId, Option<WorkerMessage>)>,
-) {
-    loop {
-        match read_frame::<_, WorkerMessage>(&mut reader) {
-            Ok(Some(m)) => {
-                if events.send((id, Some(m))).is_err() {
-                    return;
-                }
-            }
-            Ok(None) => break,
-            Err(e) => {
-                tracing::error!(worker = %id, error = %e, "bad frame from worker; dropping its connection");
-                break;
-            }
-        }
-    }
-    let _ = events.send((id, None));
 }
 
 /// Places tasks round-robin over workers and assigns buckets of stateful operators.
@@ -364,22 +463,16 @@ fn plan(
 ) -> Deployment {
     let worker_ids: Vec<WorkerId> = workers.keys().copied().collect();
     let mut placement = BTreeMap::new();
-    let mut par = BTreeMap::new();
+    let mut tasks = BTreeMap::new();
     let mut routing = BTreeMap::new();
     for (op, p) in graph.operators.iter().zip(parallelism) {
-        par.insert(op.id, *p);
+        tasks.insert(op.id, (0..*p).collect::<Vec<u32>>());
         for i in 0..*p {
-            placement.insert(
-                TaskId::new(op.id, i),
-                worker_ids[i as usize % worker_ids.len()],
-            );
+            placement.insert(TaskId::new(op.id, i), worker_ids[i as usize % worker_ids.len()]);
         }
         if op.is_stateful() {
-            let tasks: Vec<u32> = (0..*p).collect();
-            routing.insert(
-                op.id,
-                assign(config.partition_policy, config.num_buckets, &tasks),
-            );
+            let live: Vec<u32> = (0..*p).collect();
+            routing.insert(op.id, assign(config.partition_policy, config.num_buckets, &live));
         }
     }
     Deployment {
@@ -388,7 +481,8 @@ fn plan(
         query_params: config.params_text(),
         workers: workers.clone(),
         placement,
-        parallelism: par,
+        tasks,
+        epoch: 0,
         routing,
         num_buckets: config.num_buckets,
         options: RuntimeOptions {
@@ -401,116 +495,5 @@ fn plan(
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-#[derive(Default)]
-struct Totals {
-    records_in: u64,
-    records_out: u64,
-    late_dropped: u64,
-}
-
-impl Totals {
-    fn add(&mut self, graph: &JobGraph, samples: &[TaskSample]) {
-        for s in samples {
-            let Some(op) = graph.operator(s.task.operator) else {
-                continue;
-            };
-            match s.metric.as_str() {
-                metric::RECORDS_OUT if op.is_source() => self.records_in += s.value as u64,
-                metric::RECORDS_IN
-                    if matches!(op.kind, koala_dataflow::OperatorKind::Sink { .. }) =>
-                {
-                    self.records_out += s.value as u64;
-                }
-                metric::LATE_DROPPED => self.late_dropped += s.value as u64,
-                _ => {}
-            }
-        }
-    }
-}
-
-/// Folds per-task samples into per-second progress.
-struct SecondAggregator {
-    sources: HashSet<OperatorId>,
-    sinks: HashSet<OperatorId>,
-    start_s: u64,
-    seconds: BTreeMap<u64, (Progress, u32, f64)>,
-}
-
-impl SecondAggregator {
-    fn new(graph: &JobGraph, start_s: u64) -> Self {
-        let sources = graph
-            .operators
-            .iter()
-            .filter(|o| o.is_source())
-            .map(|o| o.id)
-            .collect();
-        let sinks = graph
-            .operators
-            .iter()
-            .filter(|o| matches!(o.kind, koala_dataflow::OperatorKind::Sink { .. }))
-            .map(|o| o.id)
-            .collect();
-        Self {
-            sources,
-            sinks,
-            start_s,
-            seconds: BTreeMap::new(),
-        }
-    }
-
-    fn add(&mut self, samples: &[TaskSample]) {
-        for s in samples {
-            let entry = self.seconds.entry(s.time_s).or_insert_with(|| {
-                (
-                    Progress {
-                        second: s.time_s.saturating_sub(self.start_s),
-                        ..Progress::default()
-                    },
-                    0,
-                    0.0,
-                )
-            });
-            let (p, lag_n, lag_sum) = entry;
-            let source = self.sources.contains(&s.task.operator);
-            match s.metric.as_str() {
-                metric::RECORDS_OUT if source => p.input_per_s += s.value,
-                metric::RECORDS_IN if self.sinks.contains(&s.task.operator) => {
-                    p.output_per_s += s.value
-                }
-                metric::SOURCE_LAG_MEAN_MS => {
-                    *lag_n += 1;
-                    *lag_sum += s.value;
-                    p.lag_mean_ms = Some(*lag_sum / f64::from(*lag_n));
-                }
-                metric::SOURCE_LAG_P99_MS => {
-                    p.lag_p99_ms = Some(p.lag_p99_ms.map_or(s.value, |v| v.max(s.value)))
-                }
-                metric::BATCH_LATENCY_P99_US if !source => {
-                    p.batch_p99_us = Some(p.batch_p99_us.map_or(s.value, |v| v.max(s.value)));
-                }
-                metric::BACKPRESSURE_MS => p.backpressure_ms += s.value,
-                _ => {}
-            }
-        }
-    }
-
-    /// Seconds old enough that every task has reported them.
-    fn complete(&mut self, now_s: u64) -> Vec<Progress> {
-        let mut out = Vec::new();
-        while let Some((&t, _)) = self.seconds.first_key_value() {
-            if now_s != u64::MAX && t + 2 > now_s {
-                break;
-            }
-            if let Some((_, (p, _, _))) = self.seconds.pop_first() {
-                out.push(p);
-            }
-        }
-        out
-    }
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

@@ -15,12 +15,7 @@ const SECONDS: u64 = 120;
 const RECONFIG_AT: u64 = 60;
 
 fn sample(time_s: u64, task: &str, metric: &str, value: f64) -> MetricSample {
-    MetricSample {
-        time_s,
-        task: task.into(),
-        metric: metric.into(),
-        value,
-    }
+    MetricSample { time_s, task: task.into(), metric: metric.into(), value }
 }
 
 /// Total source throughput at second `t` since the start: 1000/s, 200/s during the 5 s pause,
@@ -105,18 +100,8 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
 
 fn assert_png(path: &Path) {
     let bytes = std::fs::read(path).unwrap();
-    assert!(
-        bytes.len() > 1000,
-        "{} is only {} bytes",
-        path.display(),
-        bytes.len()
-    );
-    assert_eq!(
-        &bytes[..8],
-        b"\x89PNG\r\n\x1a\n",
-        "{} is not a PNG",
-        path.display()
-    );
+    assert!(bytes.len() > 1000, "{} is only {} bytes", path.display(), bytes.len());
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{} is not a PNG", path.display());
 }
 
 #[test]
@@ -141,16 +126,8 @@ fn scale_out_dip_and_backlog_recovery() {
     assert_eq!(summary.state_bytes_moved, 5.0 * 1_048_576.0);
     assert_eq!(summary.pause_ms_total, 1_500);
     let row = &summary.table.rows[10];
-    assert_eq!(
-        row.batch_latency_mean_us,
-        Some(200.0),
-        "mean over non-source tasks"
-    );
-    assert_eq!(
-        row.batch_latency_p99_us,
-        Some(900.0),
-        "max over non-source tasks"
-    );
+    assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");
+    assert_eq!(row.batch_latency_p99_us, Some(900.0), "max over non-source tasks");
 
     let dip = summary.worst_dip.unwrap();
     assert_eq!((dip.baseline, dip.min, dip.at_t_s), (1000.0, 200.0, 60));
@@ -162,12 +139,7 @@ fn scale_out_dip_and_backlog_recovery() {
     assert_eq!((reconfig.start_t_s, reconfig.end_t_s), (60, Some(65)));
     assert_eq!(reconfig.reconfiguration.bytes_moved, 5 * 1_048_576);
 
-    for name in [
-        "throughput.png",
-        "lag.png",
-        "batch_latency.png",
-        "state_moved.png",
-    ] {
+    for name in ["throughput.png", "lag.png", "batch_latency.png", "state_moved.png"] {
         assert_png(&out.join(name));
     }
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
@@ -208,10 +180,7 @@ fn bad_requests_name_the_database() {
     let db = dir.path().join("metrics.db");
     let out = dir.path().join("out");
     let missing = report(&db, None, &out).unwrap_err();
-    assert!(
-        matches!(missing, ReportError::MissingDatabase { .. }),
-        "{missing}"
-    );
+    assert!(matches!(missing, ReportError::MissingDatabase { .. }), "{missing}");
     assert!(!db.exists(), "a report never creates a database");
 
     MetricsStore::open(&db).unwrap();

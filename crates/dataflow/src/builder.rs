@@ -46,9 +46,7 @@ impl std::fmt::Debug for Dataflow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.inner.borrow();
         let names: Vec<&str> = state.operators.iter().map(|o| o.name.as_str()).collect();
-        f.debug_struct("Dataflow")
-            .field("operators", &names)
-            .finish()
+        f.debug_struct("Dataflow").field("operators", &names).finish()
     }
 }
 
@@ -88,24 +86,16 @@ impl Dataflow {
             if op.name.trim().is_empty() {
                 errors.push(format!("operator {} has an empty name", op.id));
             } else if !seen.insert(op.name.as_str()) {
-                errors.push(format!(
-                    "operator name {:?} is used more than once",
-                    op.name
-                ));
+                errors.push(format!("operator name {:?} is used more than once", op.name));
             }
         }
         if state.operators.is_empty() {
             errors.push("the dataflow has no operators".to_string());
         }
         if errors.is_empty() {
-            Ok(JobGraph {
-                operators: state.operators.clone(),
-            })
+            Ok(JobGraph { operators: state.operators.clone() })
         } else {
-            Err(DataflowError::Other(format!(
-                "invalid dataflow: {}",
-                errors.join("; ")
-            )))
+            Err(DataflowError::Other(format!("invalid dataflow: {}", errors.join("; "))))
         }
     }
 
@@ -114,12 +104,7 @@ impl Dataflow {
         let mut state = self.inner.borrow_mut();
         // More than u32::MAX operators cannot be built in memory anyway; saturate rather than wrap.
         let id = OperatorId(u32::try_from(state.operators.len()).unwrap_or(u32::MAX));
-        state.operators.push(OperatorSpec {
-            id,
-            name: name.to_string(),
-            inputs,
-            kind,
-        });
+        state.operators.push(OperatorSpec { id, name: name.to_string(), inputs, kind });
         id
     }
 
@@ -144,9 +129,7 @@ mod tests {
     #[test]
     fn duplicate_names_are_rejected_naming_the_operator() {
         let df = Dataflow::new();
-        let s = df.source("src", SourceOptions::default(), |_| {
-            std::iter::empty::<(u64, u64)>()
-        });
+        let s = df.source("src", SourceOptions::default(), |_| std::iter::empty::<(u64, u64)>());
         s.map("m", |x: u64| x).sink_discard("m");
         let err = df.build().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("\"m\" is used more than once"), "{err}");
@@ -160,20 +143,15 @@ mod tests {
     #[test]
     fn operators_are_in_topological_order() -> Result<(), DataflowError> {
         let df = Dataflow::new();
-        df.source("src", SourceOptions::default(), |_| {
-            std::iter::empty::<(u64, u64)>()
-        })
-        .key_by(|x: &u64| *x % 2)
-        .stateful_map(
-            "count",
-            |_k: &u64, _x: u64, n: &mut crate::ValueState<u64>| {
+        df.source("src", SourceOptions::default(), |_| std::iter::empty::<(u64, u64)>())
+            .key_by(|x: &u64| *x % 2)
+            .stateful_map("count", |_k: &u64, _x: u64, n: &mut crate::ValueState<u64>| {
                 n.update(|n| {
                     *n += 1;
                     *n
                 })
-            },
-        )
-        .sink_discard("sink");
+            })
+            .sink_discard("sink");
         let graph = df.build()?;
         for op in &graph.operators {
             assert!(op.inputs.iter().all(|i| i.from < op.id));

@@ -51,11 +51,7 @@ pub struct GeneratorSource<T, G> {
 impl<T, G> GeneratorSource<T, G> {
     /// Wraps `generator`.
     pub fn new(generator: G) -> Self {
-        Self {
-            generator,
-            finished: false,
-            _type: PhantomData,
-        }
+        Self { generator, finished: false, _type: PhantomData }
     }
 }
 
@@ -71,11 +67,7 @@ impl<T: Data, G: Generator<T>> SourceLogic for GeneratorSource<T, G> {
                 self.finished = true;
                 return Ok(SourcePoll::Finished);
             };
-            out.push(Record {
-                key: Vec::new(),
-                value: encode(&value)?,
-                time,
-            });
+            out.push(Record { key: Vec::new(), value: encode(&value)?, time });
         }
         Ok(SourcePoll::More)
     }

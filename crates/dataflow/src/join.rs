@@ -15,9 +15,7 @@ impl<K: Data, L: Data> KeyedStream<K, L> {
     /// Records the problem if `right` belongs to another dataflow.
     fn check_same_dataflow<R>(&self, name: &str, right: &KeyedStream<K, R>) {
         if !self.df.same_as(&right.df) {
-            self.df.error(format!(
-                "operator {name:?} joins streams of two different dataflows"
-            ));
+            self.df.error(format!("operator {name:?} joins streams of two different dataflows"));
         }
     }
 
@@ -102,22 +100,12 @@ mod tests {
     fn joining_streams_of_two_dataflows_is_rejected() {
         let a = Dataflow::new();
         let b = Dataflow::new();
-        let left = a
-            .source("l", SourceOptions::default(), |_| {
-                std::iter::empty::<(u8, u64)>()
-            })
-            .key_by(|x: &u8| *x);
-        let right = b
-            .source("r", SourceOptions::default(), |_| {
-                std::iter::empty::<(u8, u64)>()
-            })
-            .key_by(|x: &u8| *x);
-        left.join("j", &right, |_: &u8, l: &u8, r: &u8| (*l, *r))
-            .sink_discard("out");
+        let left =
+            a.source("l", SourceOptions::default(), |_| std::iter::empty::<(u8, u64)>()).key_by(|x: &u8| *x);
+        let right =
+            b.source("r", SourceOptions::default(), |_| std::iter::empty::<(u8, u64)>()).key_by(|x: &u8| *x);
+        left.join("j", &right, |_: &u8, l: &u8, r: &u8| (*l, *r)).sink_discard("out");
         let err = a.build().err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            err.contains("\"j\" joins streams of two different dataflows"),
-            "{err}"
-        );
+        assert!(err.contains("\"j\" joins streams of two different dataflows"), "{err}");
     }
 }

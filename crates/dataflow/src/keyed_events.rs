@@ -88,29 +88,17 @@ impl KeyedEventsConfig {
         let problem = if self.key_space == 0 {
             Some("key_space must be positive".to_string())
         } else if !(0.0..=1.0).contains(&self.hot_key_ratio) {
-            Some(format!(
-                "hot_key_ratio must be within 0..=1, got {}",
-                self.hot_key_ratio
-            ))
+            Some(format!("hot_key_ratio must be within 0..=1, got {}", self.hot_key_ratio))
         } else if self.hot_key_ratio > 0.0 && self.hot_keys == 0 {
             Some("hot_key_ratio > 0 needs hot_keys > 0".to_string())
         } else if self.hot_keys > self.key_space {
-            Some(format!(
-                "hot_keys ({}) exceeds key_space ({})",
-                self.hot_keys, self.key_space
-            ))
+            Some(format!("hot_keys ({}) exceeds key_space ({})", self.hot_keys, self.key_space))
         } else if self.active_keys > self.key_space {
-            Some(format!(
-                "active_keys ({}) exceeds key_space ({})",
-                self.active_keys, self.key_space
-            ))
+            Some(format!("active_keys ({}) exceeds key_space ({})", self.active_keys, self.key_space))
         } else if self.active_keys > 0 && self.active_shift_records == 0 {
             Some("active_shift_records must be positive when active_keys > 0".to_string())
         } else if self.min_value > self.max_value {
-            Some(format!(
-                "min_value ({}) exceeds max_value ({})",
-                self.min_value, self.max_value
-            ))
+            Some(format!("min_value ({}) exceeds max_value ({})", self.min_value, self.max_value))
         } else {
             None
         };
@@ -183,11 +171,7 @@ pub struct KeyedEvents {
 impl KeyedEvents {
     /// The generator of `task`.
     pub fn new(config: KeyedEventsConfig, task: TaskInstance) -> Self {
-        Self {
-            config,
-            parallelism: u64::from(task.parallelism.max(1)),
-            next_seq: u64::from(task.index),
-        }
+        Self { config, parallelism: u64::from(task.parallelism.max(1)), next_seq: u64::from(task.index) }
     }
 
     /// Adds a source named `name` whose tasks generate these events.
@@ -206,17 +190,11 @@ impl KeyedEvents {
         options: SourceOptions,
         config: KeyedEventsConfig,
     ) -> Stream<KeyedEvent> {
-        df.source(name, options, move |task| {
-            KeyedEvents::new(config.clone(), task)
-        })
+        df.source(name, options, move |task| KeyedEvents::new(config.clone(), task))
     }
 
     /// The event with global sequence number `seq` when the source has `parallelism` tasks.
-    pub fn event_at(
-        config: &KeyedEventsConfig,
-        parallelism: u32,
-        seq: u64,
-    ) -> (KeyedEvent, Timestamp) {
+    pub fn event_at(config: &KeyedEventsConfig, parallelism: u32, seq: u64) -> (KeyedEvent, Timestamp) {
         let n = u64::from(parallelism.max(1));
         let key_space = config.key_space.max(1);
         let seed = config.seed;
@@ -231,10 +209,7 @@ impl KeyedEvents {
             r_key % key_space
         };
         let key = project(logical, seq % n, n, key_space);
-        let (lo, hi) = (
-            i128::from(config.min_value),
-            i128::from(config.max_value.max(config.min_value)),
-        );
+        let (lo, hi) = (i128::from(config.min_value), i128::from(config.max_value.max(config.min_value)));
         let span = (hi - lo + 1).unsigned_abs();
         let offset = (u128::from(random(seed, Lane::Value, seq)) % span) as i128;
         let value = i64::try_from(lo + offset).unwrap_or(config.min_value);
@@ -250,14 +225,9 @@ impl KeyedEvents {
     }
 
     /// Every event of a bounded config in global sequence order (empty if `records` is `None`).
-    pub fn all_records(
-        config: &KeyedEventsConfig,
-        parallelism: u32,
-    ) -> Vec<(KeyedEvent, Timestamp)> {
+    pub fn all_records(config: &KeyedEventsConfig, parallelism: u32) -> Vec<(KeyedEvent, Timestamp)> {
         let count = config.records.unwrap_or(0);
-        (0..count)
-            .map(|seq| Self::event_at(config, parallelism, seq))
-            .collect()
+        (0..count).map(|seq| Self::event_at(config, parallelism, seq)).collect()
     }
 }
 
@@ -296,13 +266,7 @@ mod tests {
         for n in 1..=4u32 {
             let mut seqs = Vec::new();
             for i in 0..n {
-                let mut g = KeyedEvents::new(
-                    c.clone(),
-                    TaskInstance {
-                        index: i,
-                        parallelism: n,
-                    },
-                );
+                let mut g = KeyedEvents::new(c.clone(), TaskInstance { index: i, parallelism: n });
                 while let Some((e, t)) = g.next() {
                     assert_eq!(e.key % u64::from(n), u64::from(i));
                     assert!(e.key < c.key_space);
@@ -322,10 +286,7 @@ mod tests {
         let all = KeyedEvents::all_records(&c, 1);
         let mut max_seen = 0;
         for (_, t) in all {
-            assert!(
-                t + c.max_disorder_ms > max_seen,
-                "watermark would pass a record"
-            );
+            assert!(t + c.max_disorder_ms > max_seen, "watermark would pass a record");
             max_seen = max_seen.max(t);
         }
     }
@@ -339,10 +300,7 @@ mod tests {
             records: Some(10_000),
             ..Default::default()
         };
-        let hot = KeyedEvents::all_records(&c, 1)
-            .iter()
-            .filter(|(e, _)| e.key == 0)
-            .count();
+        let hot = KeyedEvents::all_records(&c, 1).iter().filter(|(e, _)| e.key == 0).count();
         assert!((4500..5500).contains(&hot), "{hot}");
     }
 
@@ -363,15 +321,8 @@ mod tests {
 
     #[test]
     fn invalid_configs_name_the_field() {
-        let c = KeyedEventsConfig {
-            hot_key_ratio: 2.0,
-            ..Default::default()
-        };
-        let err = c
-            .validate()
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let c = KeyedEventsConfig { hot_key_ratio: 2.0, ..Default::default() };
+        let err = c.validate().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("hot_key_ratio"), "{err}");
         assert!(KeyedEventsConfig::default().validate().is_ok());
         let parsed: Result<KeyedEventsConfig, _> = serde_json::from_str(r#"{"keyspace": 3}"#);

@@ -14,8 +14,8 @@ use koala_types::{Record, Timestamp};
 
 use crate::graph::{JobGraph, OperatorKind, Partitioning, TaskInstance};
 use crate::logic::{
-    DataflowError, KeyedStateAccess, OperatorContext, OperatorLogic, SinkFormat, SinkLogic,
-    SourceLogic, SourcePoll, StateId,
+    DataflowError, KeyedStateAccess, OperatorContext, OperatorLogic, SinkFormat, SinkLogic, SourceLogic,
+    SourcePoll, StateId,
 };
 
 /// What each sink received, by sink name, as JSON values in arrival order (discard and custom
@@ -33,10 +33,7 @@ pub struct LocalOptions {
 
 impl Default for LocalOptions {
     fn default() -> Self {
-        Self {
-            batch_size: 64,
-            max_source_records: 10_000_000,
-        }
+        Self { batch_size: 64, max_source_records: 10_000_000 }
     }
 }
 
@@ -115,10 +112,7 @@ struct Executor<'g> {
 
 impl<'g> Executor<'g> {
     fn new(graph: &'g JobGraph) -> Result<Self, DataflowError> {
-        let one = TaskInstance {
-            index: 0,
-            parallelism: 1,
-        };
+        let one = TaskInstance { index: 0, parallelism: 1 };
         let mut nodes = Vec::new();
         let mut consumers = Vec::new();
         let mut outputs = SinkOutputs::new();
@@ -137,24 +131,19 @@ impl<'g> Executor<'g> {
                     emitted: 0,
                     finished: false,
                 }),
-                OperatorKind::Transform {
-                    factory,
-                    event_time,
-                    allowed_lateness,
-                    ..
-                } => Task::Transform(TransformTask {
-                    logic: factory(one),
-                    event_time: *event_time,
-                    allowed_lateness: *allowed_lateness,
-                    state: BTreeMap::new(),
-                    timers: BTreeSet::new(),
-                }),
+                OperatorKind::Transform { factory, event_time, allowed_lateness, .. } => {
+                    Task::Transform(TransformTask {
+                        logic: factory(one),
+                        event_time: *event_time,
+                        allowed_lateness: *allowed_lateness,
+                        state: BTreeMap::new(),
+                        timers: BTreeSet::new(),
+                    })
+                }
                 OperatorKind::Sink { format } => {
                     outputs.insert(op.name.clone(), Vec::new());
                     Task::Sink(match format {
-                        SinkFormat::JsonLines(f) | SinkFormat::Stdout(f) => {
-                            SinkTask::Json(f.clone())
-                        }
+                        SinkFormat::JsonLines(f) | SinkFormat::Stdout(f) => SinkTask::Json(f.clone()),
                         SinkFormat::Discard => SinkTask::Discard,
                         SinkFormat::Custom(factory) => SinkTask::Custom(factory(one)?),
                     })
@@ -167,26 +156,14 @@ impl<'g> Executor<'g> {
                 watermark: None,
                 queue: VecDeque::new(),
             });
-            consumers.push(
-                graph
-                    .consumers(op.id)
-                    .into_iter()
-                    .map(|(c, i)| (c.0 as usize, i))
-                    .collect(),
-            );
+            consumers.push(graph.consumers(op.id).into_iter().map(|(c, i)| (c.0 as usize, i)).collect());
         }
-        Ok(Self {
-            graph,
-            nodes,
-            consumers,
-            outputs,
-        })
+        Ok(Self { graph, nodes, consumers, outputs })
     }
 
     fn run(mut self, options: &LocalOptions) -> Result<SinkOutputs, DataflowError> {
-        let sources: Vec<usize> = (0..self.nodes.len())
-            .filter(|i| matches!(self.nodes[*i].task, Task::Source(_)))
-            .collect();
+        let sources: Vec<usize> =
+            (0..self.nodes.len()).filter(|i| matches!(self.nodes[*i].task, Task::Source(_))).collect();
         loop {
             let mut active = false;
             for &s in &sources {
@@ -210,11 +187,7 @@ impl<'g> Executor<'g> {
     }
 
     /// Polls one batch of source `s`; returns the records and watermark to send downstream.
-    fn poll_source(
-        &mut self,
-        s: usize,
-        options: &LocalOptions,
-    ) -> Result<Vec<Message>, DataflowError> {
+    fn poll_source(&mut self, s: usize, options: &LocalOptions) -> Result<Vec<Message>, DataflowError> {
         let node = &mut self.nodes[s];
         let Task::Source(source) = &mut node.task else {
             return Ok(Vec::new());
@@ -238,9 +211,7 @@ impl<'g> Executor<'g> {
             source.finished = true;
             Some(Timestamp::MAX)
         } else {
-            source
-                .max_seen
-                .map(|m| m.saturating_sub(source.max_disorder))
+            source.max_seen.map(|m| m.saturating_sub(source.max_disorder))
         };
         let mut messages = vec![Message::Records(records)];
         messages.extend(watermark.map(Message::Watermark));
@@ -255,13 +226,7 @@ impl<'g> Executor<'g> {
                 (Message::Records(records), Partitioning::Key(key_fn)) => Message::Records(
                     records
                         .iter()
-                        .map(|r| {
-                            Ok(Record {
-                                key: key_fn(&r.value)?,
-                                value: r.value.clone(),
-                                time: r.time,
-                            })
-                        })
+                        .map(|r| Ok(Record { key: key_fn(&r.value)?, value: r.value.clone(), time: r.time }))
                         .collect::<Result<_, DataflowError>>()?,
                 ),
                 _ => message.clone(),
@@ -353,21 +318,11 @@ impl TransformTask {
         f: impl FnOnce(&mut dyn OperatorLogic, &mut OperatorContext<'_>) -> Result<(), DataflowError>,
     ) -> Result<(), DataflowError> {
         let declared: Vec<StateId> = self.logic.state_ids().to_vec();
-        let mut state = LocalState {
-            state: &mut self.state,
-            declared: &declared,
-            fetched,
-        };
+        let mut state = LocalState { state: &mut self.state, declared: &declared, fetched };
         let mut timers = Vec::new();
-        let mut ctx = OperatorContext {
-            state: &mut state,
-            output,
-            timers: &mut timers,
-            watermark,
-        };
+        let mut ctx = OperatorContext { state: &mut state, output, timers: &mut timers, watermark };
         f(self.logic.as_mut(), &mut ctx)?;
-        self.timers
-            .extend(timers.into_iter().map(|(key, time)| (time, key)));
+        self.timers.extend(timers.into_iter().map(|(key, time)| (time, key)));
         Ok(())
     }
 }
@@ -387,9 +342,7 @@ fn fire_timers(
         }
         task.timers.pop_first();
         let fetched = HashSet::from([key.clone()]);
-        task.call(&fetched, watermark, &mut output, |logic, ctx| {
-            logic.on_timer(&key, time, ctx)
-        })?;
+        task.call(&fetched, watermark, &mut output, |logic, ctx| logic.on_timer(&key, time, ctx))?;
     }
     Ok(vec![Message::Records(output)])
 }
@@ -403,9 +356,8 @@ fn write_sink(
         SinkTask::Json(render) => {
             for r in records {
                 let line = render(&r.value)?;
-                let value = serde_json::from_str(&line).map_err(|e| {
-                    DataflowError::Other(format!("sink rendered invalid JSON {line:?}: {e}"))
-                })?;
+                let value = serde_json::from_str(&line)
+                    .map_err(|e| DataflowError::Other(format!("sink rendered invalid JSON {line:?}: {e}")))?;
                 out.push(value);
             }
             Ok(())
@@ -427,10 +379,7 @@ impl LocalState<'_> {
         if self.declared.contains(&state) && self.fetched.contains(key) {
             Ok(())
         } else {
-            Err(DataflowError::StateNotFetched {
-                state,
-                key: key.to_vec(),
-            })
+            Err(DataflowError::StateNotFetched { state, key: key.to_vec() })
         }
     }
 }
@@ -438,19 +387,12 @@ impl LocalState<'_> {
 impl KeyedStateAccess for LocalState<'_> {
     fn get(&self, state: StateId, key: &[u8]) -> Result<Option<&[u8]>, DataflowError> {
         self.check(state, key)?;
-        Ok(self
-            .state
-            .get(&state)
-            .and_then(|m| m.get(key))
-            .map(Vec::as_slice))
+        Ok(self.state.get(&state).and_then(|m| m.get(key)).map(Vec::as_slice))
     }
 
     fn put(&mut self, state: StateId, key: &[u8], value: Vec<u8>) -> Result<(), DataflowError> {
         self.check(state, key)?;
-        self.state
-            .entry(state)
-            .or_default()
-            .insert(key.to_vec(), value);
+        self.state.entry(state).or_default().insert(key.to_vec(), value);
         Ok(())
     }
 
@@ -470,25 +412,13 @@ mod tests {
 
     /// (value, time) events, out of order within a disorder bound of 5.
     fn disordered() -> Vec<(u32, u64)> {
-        vec![
-            (1, 3),
-            (2, 1),
-            (3, 9),
-            (4, 12),
-            (5, 8),
-            (6, 21),
-            (7, 17),
-            (8, 30),
-        ]
+        vec![(1, 3), (2, 1), (3, 9), (4, 12), (5, 8), (6, 21), (7, 17), (8, 30)]
     }
 
     #[test]
     fn tumbling_window_counts_match_a_plain_loop() -> Result<(), DataflowError> {
         let df = Dataflow::new();
-        let options = SourceOptions {
-            max_disorder_ms: 5,
-            ..Default::default()
-        };
+        let options = SourceOptions { max_disorder_ms: 5, ..Default::default() };
         df.source("src", options, |_| disordered().into_iter())
             .key_by(|v: &u32| v % 2)
             .window(WindowSpec::tumbling(10))
@@ -515,44 +445,37 @@ mod tests {
         // Disorder 0: the watermark follows the max time, so (5, 8) arrives after window
         // [0, 10) fired; with lateness 10 it is accepted and the window is re-emitted.
         let df = Dataflow::new();
-        df.source("src", SourceOptions::default(), |_| {
-            disordered().into_iter()
-        })
-        .key_by(|_: &u32| ())
-        .window(WindowSpec::tumbling(10))
-        .allowed_lateness(10)
-        .aggregate(
-            "sum",
-            || 0u32,
-            |s: &mut u32, v: &u32| *s += v,
-            |_: &(), w: Window, s: u32| (w.start, s),
-        )
-        .sink_json_lines("out");
+        df.source("src", SourceOptions::default(), |_| disordered().into_iter())
+            .key_by(|_: &u32| ())
+            .window(WindowSpec::tumbling(10))
+            .allowed_lateness(10)
+            .aggregate(
+                "sum",
+                || 0u32,
+                |s: &mut u32, v: &u32| *s += v,
+                |_: &(), w: Window, s: u32| (w.start, s),
+            )
+            .sink_json_lines("out");
         let got: Vec<(u64, u32)> = local_values(&df, "out")?;
         // [0,10): 1+2+3 fires at 12, then +5 late; [10,20) fires at 21 (4), then +7 late; [20,30): 6;
         // [30,40): 8 at the end.
-        assert_eq!(
-            got,
-            vec![(0, 6), (0, 11), (10, 4), (10, 11), (20, 6), (30, 8)]
-        );
+        assert_eq!(got, vec![(0, 6), (0, 11), (10, 4), (10, 11), (20, 6), (30, 8)]);
         Ok(())
     }
 
     #[test]
     fn late_records_are_dropped_without_lateness() -> Result<(), DataflowError> {
         let df = Dataflow::new();
-        df.source("src", SourceOptions::default(), |_| {
-            disordered().into_iter()
-        })
-        .key_by(|_: &u32| ())
-        .window(WindowSpec::tumbling(10))
-        .aggregate(
-            "sum",
-            || 0u32,
-            |s: &mut u32, v: &u32| *s += v,
-            |_: &(), w: Window, s: u32| (w.start, s),
-        )
-        .sink_json_lines("out");
+        df.source("src", SourceOptions::default(), |_| disordered().into_iter())
+            .key_by(|_: &u32| ())
+            .window(WindowSpec::tumbling(10))
+            .aggregate(
+                "sum",
+                || 0u32,
+                |s: &mut u32, v: &u32| *s += v,
+                |_: &(), w: Window, s: u32| (w.start, s),
+            )
+            .sink_json_lines("out");
         let got: Vec<(u64, u32)> = local_values(&df, "out")?;
         // (2, 1) is late (watermark 3), (5, 8) too (12), (7, 17) too (21).
         assert_eq!(got, vec![(0, 4), (10, 4), (20, 6), (30, 8)]);
@@ -563,20 +486,12 @@ mod tests {
         df: &Dataflow,
         sink: &str,
     ) -> Result<Vec<T>, DataflowError> {
-        let outputs = run_with(
-            &df.build()?,
-            &LocalOptions {
-                batch_size: 1,
-                ..Default::default()
-            },
-        )?;
+        let outputs = run_with(&df.build()?, &LocalOptions { batch_size: 1, ..Default::default() })?;
         outputs
             .get(sink)
             .into_iter()
             .flatten()
-            .map(|v| {
-                serde_json::from_value(v.clone()).map_err(|e| DataflowError::Other(e.to_string()))
-            })
+            .map(|v| serde_json::from_value(v.clone()).map_err(|e| DataflowError::Other(e.to_string())))
             .collect()
     }
 }

@@ -26,10 +26,7 @@ impl RateSchedule {
 
     /// One constant rate from the start.
     pub fn constant(records_per_sec: f64) -> Self {
-        Self(vec![RateStep {
-            at_ms: 0,
-            records_per_sec,
-        }])
+        Self(vec![RateStep { at_ms: 0, records_per_sec }])
     }
 
     /// The milliseconds after start at which the `n`-th record (0-based) of a task that owns
@@ -68,11 +65,7 @@ pub struct SourceOptions {
 
 impl Default for SourceOptions {
     fn default() -> Self {
-        Self {
-            rate: RateSchedule::unlimited(),
-            max_disorder_ms: 0,
-            watermark_interval_ms: 100,
-        }
+        Self { rate: RateSchedule::unlimited(), max_disorder_ms: 0, watermark_interval_ms: 100 }
     }
 }
 
@@ -83,14 +76,8 @@ mod tests {
     #[test]
     fn due_times_follow_the_steps() {
         let s = RateSchedule(vec![
-            RateStep {
-                at_ms: 0,
-                records_per_sec: 1000.0,
-            },
-            RateStep {
-                at_ms: 1000,
-                records_per_sec: 2000.0,
-            },
+            RateStep { at_ms: 0, records_per_sec: 1000.0 },
+            RateStep { at_ms: 1000, records_per_sec: 2000.0 },
         ]);
         // One task: record 500 due at 500 ms; record 1000 starts step 2; record 2000 at 1500 ms.
         assert_eq!(s.due_ms(500, 1), Some(500.0));

@@ -38,10 +38,7 @@ pub struct ValueState<S> {
 impl<S> ValueState<S> {
     /// A state holding `value`, unchanged so far (for testing operator closures directly).
     pub fn new(value: Option<S>) -> Self {
-        Self {
-            value,
-            dirty: false,
-        }
+        Self { value, dirty: false }
     }
 
     /// The current value, if any.
@@ -97,11 +94,7 @@ impl<S> ValueState<S> {
 
 impl<S: Serialize + DeserializeOwned> ValueState<S> {
     /// Loads the state `id` of `key`.
-    pub(crate) fn load(
-        state: &dyn KeyedStateAccess,
-        id: StateId,
-        key: &[u8],
-    ) -> Result<Self, DataflowError> {
+    pub(crate) fn load(state: &dyn KeyedStateAccess, id: StateId, key: &[u8]) -> Result<Self, DataflowError> {
         let value = state.get(id, key)?.map(decode).transpose()?;
         Ok(Self::new(value))
     }
@@ -146,10 +139,7 @@ pub struct ListState<L> {
 impl<L> ListState<L> {
     /// A list holding `items`, unchanged so far (for testing operator closures directly).
     pub fn new(items: Vec<L>) -> Self {
-        Self {
-            items,
-            dirty: false,
-        }
+        Self { items, dirty: false }
     }
 
     /// The items, oldest first.
@@ -198,11 +188,7 @@ impl<L> ListState<L> {
 
 impl<L: Serialize + DeserializeOwned> ListState<L> {
     /// Loads the list `id` of `key` (empty if it has none).
-    pub(crate) fn load(
-        state: &dyn KeyedStateAccess,
-        id: StateId,
-        key: &[u8],
-    ) -> Result<Self, DataflowError> {
+    pub(crate) fn load(state: &dyn KeyedStateAccess, id: StateId, key: &[u8]) -> Result<Self, DataflowError> {
         let items = state.get(id, key)?.map(decode).transpose()?;
         Ok(Self::new(items.unwrap_or_default()))
     }
@@ -231,9 +217,7 @@ pub(crate) struct BatchStates<E> {
 
 impl<E> BatchStates<E> {
     pub(crate) fn new() -> Self {
-        Self {
-            entries: HashMap::new(),
-        }
+        Self { entries: HashMap::new() }
     }
 
     /// The entry of `key`, loaded with `load` the first time the batch touches the key.

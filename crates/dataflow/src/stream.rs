@@ -45,12 +45,7 @@ impl<T> std::fmt::Debug for Stream<T> {
 
 impl<T: Data> Stream<T> {
     pub(crate) fn new(df: Dataflow, op: OperatorId) -> Self {
-        Self {
-            df,
-            op,
-            partitioning: Partitioning::Forward,
-            _type: TypeTag::default(),
-        }
+        Self { df, op, partitioning: Partitioning::Forward, _type: TypeTag::default() }
     }
 
     /// The operator producing this stream.
@@ -59,21 +54,13 @@ impl<T: Data> Stream<T> {
     }
 
     fn input(&self) -> InputSpec {
-        InputSpec {
-            from: self.op,
-            partitioning: self.partitioning.clone(),
-        }
+        InputSpec { from: self.op, partitioning: self.partitioning.clone() }
     }
 
     fn stateless<O: Data>(&self, name: &str, logic: StatelessLogic) -> Stream<O> {
-        let factory: OperatorFactory =
-            Arc::new(move |_| Box::new(logic.clone()) as Box<dyn OperatorLogic>);
-        let kind = OperatorKind::Transform {
-            factory,
-            stateful: false,
-            event_time: false,
-            allowed_lateness: 0,
-        };
+        let factory: OperatorFactory = Arc::new(move |_| Box::new(logic.clone()) as Box<dyn OperatorLogic>);
+        let kind =
+            OperatorKind::Transform { factory, stateful: false, event_time: false, allowed_lateness: 0 };
         let id = self.df.add(name, vec![self.input()], kind);
         Stream::new(self.df.clone(), id)
     }
@@ -89,11 +76,7 @@ impl<T: Data> Stream<T> {
     /// assert_eq!(local::run(&df.build()?)?["out"], vec![serde_json::json!(-1), serde_json::json!(-2)]);
     /// # Ok::<(), koala_dataflow::DataflowError>(())
     /// ```
-    pub fn map<O: Data>(
-        &self,
-        name: &str,
-        f: impl Fn(T) -> O + Send + Sync + 'static,
-    ) -> Stream<O> {
+    pub fn map<O: Data>(&self, name: &str, f: impl Fn(T) -> O + Send + Sync + 'static) -> Stream<O> {
         self.stateless(name, map_fn(f))
     }
 
@@ -149,20 +132,12 @@ impl<T: Data> Stream<T> {
     /// assert_eq!(out.last(), Some(&serde_json::json!(["x", 2])));
     /// # Ok::<(), koala_dataflow::DataflowError>(())
     /// ```
-    pub fn key_by<K: Data>(
-        &self,
-        f: impl Fn(&T) -> K + Send + Sync + 'static,
-    ) -> KeyedStream<K, T> {
+    pub fn key_by<K: Data>(&self, f: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<K, T> {
         let key_fn: KeyFn = Arc::new(move |bytes: &[u8]| {
             let value: T = decode(bytes)?;
             encode(&f(&value))
         });
-        KeyedStream {
-            df: self.df.clone(),
-            op: self.op,
-            key_fn,
-            _type: TypeTag::default(),
-        }
+        KeyedStream { df: self.df.clone(), op: self.op, key_fn, _type: TypeTag::default() }
     }
 
     /// Distributes the values round-robin over the next operator's tasks.
@@ -177,15 +152,11 @@ impl<T: Data> Stream<T> {
     /// # Ok::<(), koala_dataflow::DataflowError>(())
     /// ```
     pub fn rebalance(&self) -> Stream<T> {
-        Self {
-            partitioning: Partitioning::Rebalance,
-            ..self.clone()
-        }
+        Self { partitioning: Partitioning::Rebalance, ..self.clone() }
     }
 
     fn sink(&self, name: &str, format: SinkFormat) {
-        self.df
-            .add(name, vec![self.input()], OperatorKind::Sink { format });
+        self.df.add(name, vec![self.input()], OperatorKind::Sink { format });
     }
 
     /// Writes every value as one JSON line, into a file per task under the job's output
@@ -251,12 +222,7 @@ pub struct KeyedStream<K, T> {
 
 impl<K, T> Clone for KeyedStream<K, T> {
     fn clone(&self) -> Self {
-        Self {
-            df: self.df.clone(),
-            op: self.op,
-            key_fn: self.key_fn.clone(),
-            _type: TypeTag::default(),
-        }
+        Self { df: self.df.clone(), op: self.op, key_fn: self.key_fn.clone(), _type: TypeTag::default() }
     }
 }
 
@@ -269,10 +235,7 @@ impl<K, T> std::fmt::Debug for KeyedStream<K, T> {
 impl<K: Data, T: Data> KeyedStream<K, T> {
     /// The key-partitioned edge into a consumer.
     pub(crate) fn input(&self) -> InputSpec {
-        InputSpec {
-            from: self.op,
-            partitioning: Partitioning::Key(self.key_fn.clone()),
-        }
+        InputSpec { from: self.op, partitioning: Partitioning::Key(self.key_fn.clone()) }
     }
 
     /// Adds a keyed operator reading this stream (and `more` inputs) and returns its output.
@@ -286,12 +249,7 @@ impl<K: Data, T: Data> KeyedStream<K, T> {
     ) -> Stream<O> {
         let mut inputs = vec![self.input()];
         inputs.extend(more);
-        let kind = OperatorKind::Transform {
-            factory,
-            stateful: true,
-            event_time,
-            allowed_lateness,
-        };
+        let kind = OperatorKind::Transform { factory, stateful: true, event_time, allowed_lateness };
         let id = self.df.add(name, inputs, kind);
         Stream::new(self.df.clone(), id)
     }

@@ -44,10 +44,7 @@ pub struct WindowSpec {
 impl WindowSpec {
     /// Back-to-back windows of `size_ms`.
     pub fn tumbling(size_ms: u64) -> Self {
-        Self {
-            size_ms,
-            slide_ms: size_ms,
-        }
+        Self { size_ms, slide_ms: size_ms }
     }
 
     /// Windows of `size_ms` starting every `slide_ms` (overlapping when `slide_ms < size_ms`).
@@ -67,10 +64,7 @@ impl WindowSpec {
 
     /// The window starting at `start`.
     pub fn window_at(&self, start: u64) -> Window {
-        Window {
-            start,
-            end: start.saturating_add(self.size_ms),
-        }
+        Window { start, end: start.saturating_add(self.size_ms) }
     }
 
     /// The windows a record at `time` belongs to, by ascending start.
@@ -122,11 +116,7 @@ impl<K, T> std::fmt::Debug for WindowedStream<K, T> {
 impl<K: Data, T: Data> KeyedStream<K, T> {
     /// Groups the values of each key into event-time windows.
     pub fn window(&self, spec: WindowSpec) -> WindowedStream<K, T> {
-        WindowedStream {
-            keyed: self.clone(),
-            spec,
-            allowed_lateness: 0,
-        }
+        WindowedStream { keyed: self.clone(), spec, allowed_lateness: 0 }
     }
 }
 
@@ -195,18 +185,13 @@ impl<K: Data, T: Data> WindowedStream<K, T> {
         if let Some(problem) = self.spec.problem() {
             self.keyed.df.error(format!("operator {name:?}: {problem}"));
         }
-        let fns = Arc::new(AggregateFns {
-            init: Box::new(init),
-            add: Box::new(add),
-            finish: Box::new(finish),
-        });
+        let fns =
+            Arc::new(AggregateFns { init: Box::new(init), add: Box::new(add), finish: Box::new(finish) });
         let (spec, lateness) = (self.spec, self.allowed_lateness);
         let factory: OperatorFactory = Arc::new(move |_task: TaskInstance| {
-            Box::new(WindowAggregateLogic::new(fns.clone(), spec, lateness))
-                as Box<dyn OperatorLogic>
+            Box::new(WindowAggregateLogic::new(fns.clone(), spec, lateness)) as Box<dyn OperatorLogic>
         });
-        self.keyed
-            .keyed_operator(name, Vec::new(), factory, true, lateness)
+        self.keyed.keyed_operator(name, Vec::new(), factory, true, lateness)
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, run_job};
+use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, ProgressEvent, run_job};
 use koala_dataflow::graph::QueryResolver;
 
 /// The demo job's config, also shipped as `examples/demo.toml`.
@@ -29,8 +29,7 @@ pub fn resolver() -> QueryResolver {
 
 /// Reads and parses a config file.
 pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading config {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
     Ok(JobConfig::parse(&text, &path.display().to_string())?)
 }
 
@@ -69,9 +68,16 @@ pub fn bench(records: u64, parallelism: u32, output_dir: &Path) -> anyhow::Resul
         if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }
     };
     println!();
-    println!("keyed aggregation, {parallelism} source + {parallelism} aggregate tasks on 2 workers, {} steady seconds", steady.len());
+    println!(
+        "keyed aggregation, {parallelism} source + {parallelism} aggregate tasks on 2 workers, {} steady seconds",
+        steady.len()
+    );
     println!("{:<34} {:>12}", "metric", "value");
-    println!("{:<34} {:>12.0}", "records/s (mean of steady seconds)", steady.iter().map(|r| r.throughput).sum::<f64>() / n);
+    println!(
+        "{:<34} {:>12.0}",
+        "records/s (mean of steady seconds)",
+        steady.iter().map(|r| r.throughput).sum::<f64>() / n
+    );
     println!("{:<34} {:>12.0}", "per-batch latency mean (µs)", mean(&|r| r.batch_latency_mean_us));
     println!("{:<34} {:>12.0}", "per-batch latency p99 (µs, worst)", mean(&|r| r.batch_latency_p99_us));
     Ok(())
@@ -88,31 +94,17 @@ pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> 
     koala_coordinator::resolve(&config, &resolver())?;
     let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?.to_string();
-    println!(
-        "coordinator listening on {addr}; waiting for {} workers",
-        config.workers
-    );
+    println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
     if let Some(f) = address_file {
         std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
     }
-    let summary = run_job(
-        listener,
-        JobRun {
-            config,
-            resolver: resolver(),
-            run: run_id(),
-            progress: None,
-        },
-    )?;
+    let summary = run_job(listener, JobRun { config, resolver: resolver(), run: run_id(), progress: None })?;
     print_summary(&summary);
     Ok(())
 }
 
 fn run_id() -> String {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
     format!("run-{ms}")
 }
 
@@ -139,11 +131,11 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
     let resolver = resolver();
     koala_coordinator::resolve(&config, &resolver)?;
     let out = config.output_dir.clone();
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("creating output dir {}", out.display()))?;
+    std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;
     clear_previous_output(&out)?;
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
     let addr = listener.local_addr()?.to_string();
+    println!("coordinator at {addr} (koala rescale|rebalance|migrate --coordinator {addr} ...)");
     let exe = std::env::current_exe().context("locating the koala binary")?;
     let mut workers = WorkerProcesses(Vec::new());
     for i in 0..config.workers {
@@ -154,10 +146,7 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
             .arg(&addr)
             .arg("--data-dir")
             .arg(&data_dir)
-            .env(
-                "KOALA_LOG",
-                std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting worker {i}"))?;
@@ -165,19 +154,26 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
     }
     let (tx, rx) = crossbeam_channel::unbounded();
     let run = run_id();
-    let job = JobRun {
-        config: config.clone(),
-        resolver,
-        run: run.clone(),
-        progress: Some(tx),
-    };
+    let job = JobRun { config: config.clone(), resolver, run: run.clone(), progress: Some(tx) };
     let handle = std::thread::spawn(move || run_job(listener, job));
-    for p in rx.iter() {
-        println!("{}", progress_line(&p));
+    for event in rx.iter() {
+        match event {
+            ProgressEvent::Second(p) => println!("{}", progress_line(&p)),
+            ProgressEvent::ReconfigurationStarted { epoch, description } => {
+                println!("[reconfiguration {epoch}] started: {description} (stop-and-restart)");
+            }
+            ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms } => {
+                println!(
+                    "[reconfiguration {epoch}] completed in {duration_ms} ms: {} moved, upstream paused {pause_ms} ms",
+                    human_bytes(bytes_moved)
+                )
+            }
+            ProgressEvent::ReconfigurationRejected { error } => {
+                println!("[reconfiguration] rejected: {error}")
+            }
+        }
     }
-    let summary = handle
-        .join()
-        .map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
+    let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
     drop(workers);
     print_summary(&summary);
     match koala_coordinator::report::report(&summary.metrics_db, Some(&run), &out) {
@@ -216,15 +212,61 @@ fn progress_line(p: &Progress) -> String {
     )
 }
 
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30)),
+        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / f64::from(1u32 << 20)),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
 fn print_summary(s: &JobSummary) {
     let secs = s.elapsed.as_secs_f64();
     println!(
-        "done: run {} in {secs:.1} s — {} records in ({:.0}/s), {} records out, {} late dropped; metrics in {}",
+        "done: run {} in {secs:.1} s — {} records in ({:.0}/s), {} records out, {} late dropped, {} reconfigurations; metrics in {}",
         s.run,
         s.records_in,
         s.records_in as f64 / secs.max(1e-9),
         s.records_out,
         s.late_dropped,
+        s.reconfigurations,
         s.metrics_db.display()
     );
+}
+
+/// `koala rescale|rebalance|migrate`: submits a request to a running coordinator.
+pub fn submit(coordinator: &str, request: koala_protocol::ReconfigRequest) -> anyhow::Result<()> {
+    let reply = koala_coordinator::control::submit(coordinator, request)
+        .with_context(|| format!("talking to the coordinator at {coordinator}"))?;
+    match reply {
+        koala_protocol::ClientReply::Accepted { epoch } => {
+            println!("accepted as reconfiguration {epoch}");
+            Ok(())
+        }
+        koala_protocol::ClientReply::Rejected { error } => anyhow::bail!("rejected: {error}"),
+    }
+}
+
+/// Parses `BUCKETS:TASK` (`3,4,10-12:1`).
+pub fn parse_move(text: &str) -> anyhow::Result<(Vec<u16>, u32)> {
+    let (buckets, task) = text
+        .split_once(':')
+        .with_context(|| format!("--move {text:?}: expected BUCKETS:TASK, e.g. 3,4,10-12:1"))?;
+    let task: u32 =
+        task.trim().parse().with_context(|| format!("--move {text:?}: task {task:?} is not a number"))?;
+    let mut out = Vec::new();
+    for part in buckets.split(',') {
+        let part = part.trim();
+        let bad = || format!("--move {text:?}: {part:?} is not a bucket or a range like 10-12");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u16, u16) = (a.parse().with_context(bad)?, b.parse().with_context(bad)?);
+                anyhow::ensure!(a <= b, "--move {text:?}: range {part:?} is empty");
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().with_context(bad)?),
+        }
+    }
+    Ok((out, task))
 }

@@ -71,6 +71,45 @@ enum Command {
         #[arg(long, default_value = "koala-out/bench")]
         output_dir: PathBuf,
     },
+    /// Change the number of tasks of an operator of a running job (scale-out or scale-in).
+    Rescale {
+        /// The coordinator's control address (printed by `koala run`).
+        #[arg(long)]
+        coordinator: String,
+        /// Operator name.
+        #[arg(long)]
+        operator: String,
+        /// New number of tasks.
+        #[arg(long)]
+        parallelism: u32,
+    },
+    /// Move buckets of a stateful operator between its tasks in a running job.
+    Rebalance {
+        /// The coordinator's control address.
+        #[arg(long)]
+        coordinator: String,
+        /// Operator name.
+        #[arg(long)]
+        operator: String,
+        /// `BUCKETS:TASK`, e.g. `3,4,10-12:1` (buckets 3, 4, 10, 11, 12 go to task 1); repeatable.
+        #[arg(long = "move", required = true)]
+        moves: Vec<String>,
+    },
+    /// Move one task of a running job to another worker.
+    Migrate {
+        /// The coordinator's control address.
+        #[arg(long)]
+        coordinator: String,
+        /// Operator name.
+        #[arg(long)]
+        operator: String,
+        /// Task index.
+        #[arg(long)]
+        task: u32,
+        /// Destination worker id.
+        #[arg(long)]
+        worker: u32,
+    },
     /// Print the per-second table of a run from a metrics DB and write PNG plots.
     Report {
         /// The metrics database (`<output_dir>/metrics.db`).
@@ -88,14 +127,12 @@ fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Worker { .. } | Command::Coordinator { .. } => "info",
+        Command::Rescale { .. } | Command::Rebalance { .. } | Command::Migrate { .. } => "error",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("KOALA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     if let Err(e) = run(cli.command) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -104,29 +141,32 @@ fn main() {
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Demo {
-            duration_s,
-            output_dir,
-        } => launch::demo(duration_s, &output_dir),
+        Command::Demo { duration_s, output_dir } => launch::demo(duration_s, &output_dir),
         Command::Run { config } => launch::run_config(&config).map(|_| ()),
-        Command::Coordinator {
-            config,
-            listen,
-            address_file,
-        } => launch::coordinator(&config, &listen, address_file.as_deref()),
-        Command::Worker {
-            coordinator,
-            data_dir,
-            listen_host,
-        } => koala_runtime::run_worker(koala_runtime::WorkerOptions {
-            coordinator,
-            data_dir,
-            listen_host,
-            resolver: launch::resolver(),
-        })
-        .context("worker stopped"),
+        Command::Coordinator { config, listen, address_file } => {
+            launch::coordinator(&config, &listen, address_file.as_deref())
+        }
+        Command::Worker { coordinator, data_dir, listen_host } => {
+            koala_runtime::run_worker(koala_runtime::WorkerOptions {
+                coordinator,
+                data_dir,
+                listen_host,
+                resolver: launch::resolver(),
+            })
+            .context("worker stopped")
+        }
         Command::Bench { records, parallelism, output_dir } => {
             launch::bench(records, parallelism, &output_dir)
+        }
+        Command::Rescale { coordinator, operator, parallelism } => {
+            launch::submit(&coordinator, koala_protocol::ReconfigRequest::Rescale { operator, parallelism })
+        }
+        Command::Rebalance { coordinator, operator, moves } => {
+            let moves = moves.iter().map(|m| launch::parse_move(m)).collect::<anyhow::Result<Vec<_>>>()?;
+            launch::submit(&coordinator, koala_protocol::ReconfigRequest::Rebalance { operator, moves })
+        }
+        Command::Migrate { coordinator, operator, task, worker } => {
+            launch::submit(&coordinator, koala_protocol::ReconfigRequest::Migrate { operator, task, worker })
         }
         Command::Report { db, run, out } => {
             let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());

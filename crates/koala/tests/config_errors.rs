@@ -24,39 +24,25 @@ fn unknown_top_level_field_is_named() {
 #[test]
 fn unknown_query_lists_known_ones() {
     let err = rejected("query = \"no-such-query\"\n");
-    assert!(
-        err.contains("no-such-query") && err.contains("keyed-aggregate"),
-        "{err}"
-    );
+    assert!(err.contains("no-such-query") && err.contains("keyed-aggregate"), "{err}");
 }
 
 #[test]
 fn zero_parallelism_is_named() {
     let err = rejected(&format!("{BASE}[parallelism]\naggregate = 0\n"));
-    assert!(
-        err.contains("parallelism.aggregate") && err.contains("1 or more"),
-        "{err}"
-    );
+    assert!(err.contains("parallelism.aggregate") && err.contains("1 or more"), "{err}");
 }
 
 #[test]
 fn more_tasks_than_buckets_is_named() {
-    let err = rejected(&format!(
-        "{BASE}num_buckets = 8\n[parallelism]\naggregate = 9\n"
-    ));
-    assert!(
-        err.contains("parallelism.aggregate") && err.contains("num_buckets"),
-        "{err}"
-    );
+    let err = rejected(&format!("{BASE}num_buckets = 8\n[parallelism]\naggregate = 9\n"));
+    assert!(err.contains("parallelism.aggregate") && err.contains("num_buckets"), "{err}");
 }
 
 #[test]
 fn parallelism_of_unknown_operator_is_named() {
     let err = rejected(&format!("{BASE}[parallelism]\naggregat = 2\n"));
-    assert!(
-        err.contains("parallelism.aggregat") && err.contains("aggregate"),
-        "{err}"
-    );
+    assert!(err.contains("parallelism.aggregat") && err.contains("aggregate"), "{err}");
 }
 
 #[test]

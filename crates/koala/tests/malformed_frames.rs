@@ -6,7 +6,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use koala_protocol::{CoordinatorMessage, WorkerMessage};
+use koala_protocol::{ControlHello, CoordinatorMessage};
 use koala_types::WorkerId;
 use koala_types::frame::{read_frame, write_frame};
 
@@ -25,28 +25,18 @@ fn worker_survives_garbage_on_its_data_port() {
     let (control, _) = coordinator.accept().expect("worker connects");
     let mut reader = BufReader::new(control.try_clone().expect("clone"));
     let mut writer = control;
-    let data_addr = match read_frame::<_, WorkerMessage>(&mut reader).expect("read") {
-        Some(WorkerMessage::Register { data_addr, .. }) => data_addr,
+    let data_addr = match read_frame::<_, ControlHello>(&mut reader).expect("read") {
+        Some(ControlHello::Worker { data_addr, .. }) => data_addr,
         other => panic!("expected Register, got {other:?}"),
     };
-    write_frame(
-        &mut writer,
-        &CoordinatorMessage::Welcome {
-            worker: WorkerId(0),
-        },
-    )
-    .expect("welcome");
+    write_frame(&mut writer, &CoordinatorMessage::Welcome { worker: WorkerId(0) }).expect("welcome");
 
     // 1: a frame that claims 4 GiB; 2: bytes that do not decode; 3: a greeting for a task this
     // worker does not host. Each connection must be dropped by the worker.
-    for garbage in [
-        u32::MAX.to_le_bytes().to_vec(),
-        vec![3, 0, 0, 0, 0xff, 0xff, 0xff],
-    ] {
+    for garbage in [u32::MAX.to_le_bytes().to_vec(), vec![3, 0, 0, 0, 0xff, 0xff, 0xff]] {
         let mut s = TcpStream::connect(&data_addr).expect("connect data port");
         s.write_all(&garbage).expect("write garbage");
-        s.set_read_timeout(Some(Duration::from_secs(20)))
-            .expect("timeout");
+        s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
         let mut buf = [0u8; 1];
         // The worker closes the connection: read returns 0 (EOF) or a reset, never data.
         let n = s.read(&mut buf).unwrap_or(0);
@@ -59,12 +49,7 @@ fn worker_survives_garbage_on_its_data_port() {
     let status = worker.wait().expect("worker exits");
     assert!(status.success(), "worker exit status {status}");
     let mut log = String::new();
-    BufReader::new(worker.stderr.take().expect("stderr"))
-        .read_to_string(&mut log)
-        .expect("read log");
+    BufReader::new(worker.stderr.take().expect("stderr")).read_to_string(&mut log).expect("read log");
     let errors = log.lines().filter(|l| l.contains("malformed")).count();
-    assert!(
-        errors >= 2,
-        "expected two logged malformed-frame errors, log:\n{log}"
-    );
+    assert!(errors >= 2, "expected two logged malformed-frame errors, log:\n{log}");
 }

@@ -31,11 +31,7 @@ fn keyed_running_aggregate() {
         let t = totals.entry(e.key).or_default();
         t.0 += 1;
         t.1 += e.value;
-        expected.entry(e.key).or_default().push(KeyedTotal {
-            key: e.key,
-            count: t.0,
-            sum: t.1,
-        });
+        expected.entry(e.key).or_default().push(KeyedTotal { key: e.key, count: t.0, sum: t.1 });
     }
     assert_same("keyed-aggregate", &actual, &expected);
 }
@@ -61,20 +57,13 @@ fn last_n_list_state_keeps_per_key_order() {
         if l.len() > 4 {
             l.remove(0);
         }
-        expected.entry(e.key).or_default().push(LastN {
-            key: e.key,
-            values: l.clone(),
-        });
+        expected.entry(e.key).or_default().push(LastN { key: e.key, values: l.clone() });
     }
     assert_same("last-n", &actual, &expected);
 }
 
 /// Window totals per key, sorted by window start.
-fn window_totals(
-    events: &[(KeyedEvent, u64)],
-    size: u64,
-    slide: u64,
-) -> BTreeMap<u64, Vec<WindowTotal>> {
+fn window_totals(events: &[(KeyedEvent, u64)], size: u64, slide: u64) -> BTreeMap<u64, Vec<WindowTotal>> {
     let mut acc: BTreeMap<(u64, u64), (u64, i64)> = BTreeMap::new();
     for (e, t) in events {
         let mut k = t / slide;
@@ -94,13 +83,7 @@ fn window_totals(
     }
     let mut out: BTreeMap<u64, Vec<WindowTotal>> = BTreeMap::new();
     for ((key, start), (count, sum)) in acc {
-        out.entry(key).or_default().push(WindowTotal {
-            key,
-            start,
-            end: start + size,
-            count,
-            sum,
-        });
+        out.entry(key).or_default().push(WindowTotal { key, start, end: start + size, count, sum });
     }
     out
 }
@@ -126,11 +109,7 @@ fn tumbling_window() {
     );
     let out = run_job(dir.path(), &cfg);
     let actual = sorted_windows(sink_output(&out, "sink"));
-    assert_same(
-        "tumbling-window",
-        &actual,
-        &window_totals(&input(&generator, SOURCES), 500, 500),
-    );
+    assert_same("tumbling-window", &actual, &window_totals(&input(&generator, SOURCES), 500, 500));
 }
 
 #[test]
@@ -146,11 +125,7 @@ fn sliding_window() {
     );
     let out = run_job(dir.path(), &cfg);
     let actual = sorted_windows(sink_output(&out, "sink"));
-    assert_same(
-        "sliding-window",
-        &actual,
-        &window_totals(&input(&generator, SOURCES), 600, 200),
-    );
+    assert_same("sliding-window", &actual, &window_totals(&input(&generator, SOURCES), 600, 200));
 }
 
 #[test]
@@ -161,12 +136,7 @@ fn window_join() {
     let cfg = config(
         dir.path(),
         "window-join",
-        &[
-            ("left", SOURCES),
-            ("right", SOURCES),
-            ("join", 3),
-            ("sink", 2),
-        ],
+        &[("left", SOURCES), ("right", SOURCES), ("join", 3), ("sink", 2)],
         &generator,
         "window_ms = 250\n",
     );
@@ -181,29 +151,16 @@ fn window_join() {
     let right = input(&right_gen, SOURCES);
     let mut by_window: BTreeMap<(u64, u64), (Vec<u64>, Vec<u64>)> = BTreeMap::new();
     for (e, t) in &left {
-        by_window
-            .entry((e.key, t - t % 250))
-            .or_default()
-            .0
-            .push(e.seq);
+        by_window.entry((e.key, t - t % 250)).or_default().0.push(e.seq);
     }
     for (e, t) in &right {
-        by_window
-            .entry((e.key, t - t % 250))
-            .or_default()
-            .1
-            .push(e.seq);
+        by_window.entry((e.key, t - t % 250)).or_default().1.push(e.seq);
     }
     let mut expected: BTreeMap<u64, Vec<JoinPair>> = BTreeMap::new();
     for ((key, start), (ls, rs)) in by_window {
         for l in &ls {
             for r in &rs {
-                expected.entry(key).or_default().push(JoinPair {
-                    key,
-                    start,
-                    left_seq: *l,
-                    right_seq: *r,
-                });
+                expected.entry(key).or_default().push(JoinPair { key, start, left_seq: *l, right_seq: *r });
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use koala_types::{OperatorId, TaskId, WorkerId};
+use koala_types::{BucketId, Epoch, OperatorId, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
 /// Runtime knobs every worker applies to every task of a job.
@@ -32,8 +32,10 @@ pub struct Deployment {
     pub workers: BTreeMap<WorkerId, String>,
     /// Where every task of the job runs.
     pub placement: BTreeMap<TaskId, WorkerId>,
-    /// Tasks per operator.
-    pub parallelism: BTreeMap<OperatorId, u32>,
+    /// Live task indices per operator (indices of removed tasks are not reused).
+    pub tasks: BTreeMap<OperatorId, Vec<u32>>,
+    /// The reconfiguration that produced this deployment (0 = the initial one).
+    pub epoch: Epoch,
     /// For each stateful operator, its assignment: bucket → task index.
     pub routing: BTreeMap<OperatorId, Vec<u32>>,
     /// Buckets per stateful operator.
@@ -56,8 +58,154 @@ pub enum CoordinatorMessage {
     Start,
     /// End unbounded sources now, as if exhausted (the job then drains and finishes).
     StopSources,
+    /// Reconfiguration, phase 1: create and start the new tasks, tell the target operator's
+    /// tasks what moves and its consumers which channels to expect. Tasks answer `Prepared`.
+    Prepare(Box<ReconfigPlan>),
+    /// Phase 2 (stop-and-restart): the target's upstream tasks send a marker and pause; target
+    /// tasks that saw all markers send moved state to its new owners. Answers: `Paused`,
+    /// `Drained`, `StateReceived`.
+    Drain {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Phase 3: upstream tasks switch to the new routing and resume. Answer: `Resumed`.
+    Resume {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
     /// Exit.
     Shutdown,
+}
+
+/// Buckets that change owner from task `from` to task `to` (indices of the target operator).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketMove {
+    /// Old owner.
+    pub from: u32,
+    /// New owner.
+    pub to: u32,
+    /// The buckets.
+    pub buckets: Vec<BucketId>,
+}
+
+/// One reconfiguration of one operator, as every worker receives it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReconfigPlan {
+    /// The reconfiguration number.
+    pub epoch: Epoch,
+    /// The operator being reconfigured.
+    pub operator: OperatorId,
+    /// The deployment after the reconfiguration.
+    pub deployment: Deployment,
+    /// The partition policy's `moves`: every protocol consumes this same value.
+    pub moves: Vec<BucketMove>,
+    /// Task indices of the operator that are created.
+    pub created: Vec<u32>,
+    /// Task indices of the operator that are cancelled once their state has moved.
+    pub cancelled: Vec<u32>,
+}
+
+impl ReconfigPlan {
+    /// Moves leaving task `index`.
+    pub fn outgoing(&self, index: u32) -> impl Iterator<Item = &BucketMove> {
+        self.moves.iter().filter(move |m| m.from == index)
+    }
+
+    /// Tasks sending state to task `index`.
+    pub fn senders_to(&self, index: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = self.moves.iter().filter(|m| m.to == index).map(|m| m.from).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// A task's typed acknowledgement of one reconfiguration phase.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskAck {
+    /// The task applied `Prepare` (new tasks: they are running).
+    Prepared,
+    /// An upstream task sent its markers and paused.
+    Paused,
+    /// A target task saw every marker and sent all state it moves.
+    Drained {
+        /// Bytes of state sent.
+        bytes: u64,
+        /// Entries sent.
+        entries: u64,
+    },
+    /// A receiving task has all state sent to it.
+    StateReceived,
+    /// An upstream task switched routing and resumed.
+    Resumed,
+}
+
+/// A reconfiguration request, from a config schedule or `koala rescale|rebalance|migrate`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReconfigRequest {
+    /// Change the operator's number of tasks (scale-out or scale-in).
+    Rescale {
+        /// Operator name.
+        operator: String,
+        /// New number of tasks.
+        parallelism: u32,
+    },
+    /// Move buckets between existing tasks.
+    Rebalance {
+        /// Operator name.
+        operator: String,
+        /// (buckets, new owner task index).
+        moves: Vec<(Vec<BucketId>, u32)>,
+    },
+    /// Move one task to another worker.
+    Migrate {
+        /// Operator name.
+        operator: String,
+        /// Task index.
+        task: u32,
+        /// Destination worker.
+        worker: u32,
+    },
+}
+
+impl ReconfigRequest {
+    /// The operator the request targets.
+    pub fn operator(&self) -> &str {
+        match self {
+            Self::Rescale { operator, .. }
+            | Self::Rebalance { operator, .. }
+            | Self::Migrate { operator, .. } => operator,
+        }
+    }
+}
+
+/// First frame on a connection to the coordinator's control port.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ControlHello {
+    /// A worker registering.
+    Worker {
+        /// Address the worker's data plane listens on.
+        data_addr: String,
+        /// OS process id, for logs.
+        pid: u32,
+    },
+    /// A client (`koala rescale` …) submitting a request; answered by one [`ClientReply`].
+    Client(ReconfigRequest),
+}
+
+/// The coordinator's answer to a client request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientReply {
+    /// Accepted and queued as this epoch.
+    Accepted {
+        /// The reconfiguration's epoch.
+        epoch: Epoch,
+    },
+    /// Rejected; the job keeps running.
+    Rejected {
+        /// What is wrong and how to fix it.
+        error: String,
+    },
 }
 
 /// One per-second metric sample of a task.
@@ -76,13 +224,6 @@ pub struct TaskSample {
 /// Worker → coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum WorkerMessage {
-    /// First message on the control connection.
-    Register {
-        /// Address the worker's data plane listens on.
-        data_addr: String,
-        /// OS process id, for logs.
-        pid: u32,
-    },
     /// All queues of the deployment exist.
     Deployed,
     /// Deployment failed (e.g. the query could not be built); the job cannot start.
@@ -104,4 +245,13 @@ pub enum WorkerMessage {
     },
     /// Per-second metric samples.
     Metrics(Vec<TaskSample>),
+    /// A task acknowledges a reconfiguration phase.
+    TaskAck {
+        /// The task.
+        task: TaskId,
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// What it acknowledges.
+        ack: TaskAck,
+    },
 }

@@ -7,5 +7,8 @@ pub mod control;
 pub mod koala;
 pub mod watermark;
 
-pub use control::{CoordinatorMessage, Deployment, RuntimeOptions, TaskSample, WorkerMessage};
+pub use control::{
+    BucketMove, ClientReply, ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, ReconfigRequest,
+    RuntimeOptions, TaskAck, TaskSample, WorkerMessage,
+};
 pub use watermark::WatermarkAligner;

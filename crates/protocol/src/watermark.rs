@@ -40,6 +40,11 @@ impl<C: Ord + Clone> WatermarkAligner<C> {
         self.channels.insert(channel, Some(watermark));
     }
 
+    /// The channels still open.
+    pub fn channels(&self) -> impl Iterator<Item = C> + '_ {
+        self.channels.keys().cloned()
+    }
+
     /// Number of channels still open.
     pub fn live_channels(&self) -> usize {
         self.channels.len()

@@ -92,13 +92,40 @@ fn broken_no_parking_is_caught() {
 /// Replays one seed from the environment (see the module docs); passes trivially without it.
 #[test]
 fn replay() {
-    let Ok(seed) = std::env::var("KOALA_SIM_SEED") else { return };
+    let Ok(seed) = std::env::var("KOALA_SIM_SEED") else {
+        return;
+    };
     let seed: u64 = seed.parse().expect("KOALA_SIM_SEED is a number");
     let name = std::env::var("KOALA_SIM_SCENARIO").unwrap_or_else(|_| "scale_out".into());
     let scenario = Scenario::parse(&name).expect("KOALA_SIM_SCENARIO names a scenario");
-    let fault = std::env::var("KOALA_SIM_FAULT").ok().map(|f| Fault::parse(&f).expect("KOALA_SIM_FAULT names a fault"));
+    let fault = std::env::var("KOALA_SIM_FAULT")
+        .ok()
+        .map(|f| Fault::parse(&f).expect("KOALA_SIM_FAULT names a fault"));
     match run(&SimConfig { fault, ..SimConfig::new(scenario, seed) }) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
     }
+}
+
+/// A longer sweep for soak runs:
+/// `KOALA_SIM_SEEDS=100000 cargo test --release -p koala-protocol --test koala_sim deep_sweep -- --ignored`.
+#[test]
+#[ignore = "soak test; run explicitly"]
+fn deep_sweep() {
+    let seeds: u64 = env_or("KOALA_SIM_SEEDS", 20_000);
+    for scenario in Scenario::ALL {
+        for seed in SEEDS..SEEDS + seeds {
+            let mut config = SimConfig::new(scenario, seed);
+            config.upstreams = env_or("KOALA_SIM_UPSTREAMS", config.upstreams);
+            config.keys = env_or("KOALA_SIM_KEYS", config.keys);
+            config.records_per_upstream = env_or("KOALA_SIM_RECORDS", config.records_per_upstream);
+            if let Err(f) = run(&config) {
+                panic!("{f}");
+            }
+        }
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }

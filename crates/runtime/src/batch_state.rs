@@ -46,25 +46,11 @@ impl BatchState {
                 if slots.contains_key(&(state, key.to_vec())) {
                     continue;
                 }
-                slots.insert(
-                    (state, key.to_vec()),
-                    Slot {
-                        value: None,
-                        dirty: false,
-                    },
-                );
-                wanted.push(StateKey {
-                    bucket: bucket_of(key, num_buckets),
-                    state,
-                    key: key.to_vec(),
-                });
+                slots.insert((state, key.to_vec()), Slot { value: None, dirty: false });
+                wanted.push(StateKey { bucket: bucket_of(key, num_buckets), state, key: key.to_vec() });
             }
         }
-        let values = if wanted.is_empty() {
-            Vec::new()
-        } else {
-            store.get_many(&wanted)?
-        };
+        let values = if wanted.is_empty() { Vec::new() } else { store.get_many(&wanted)? };
         let reads = wanted.len() as u64;
         for (k, v) in wanted.into_iter().zip(values) {
             if let Some(slot) = slots.get_mut(&(k.state, k.key)) {
@@ -75,21 +61,13 @@ impl BatchState {
     }
 
     /// Writes back the entries the operator changed.
-    pub fn write_back(
-        self,
-        store: &dyn StateBackend,
-        num_buckets: u16,
-    ) -> Result<StateIo, RuntimeError> {
+    pub fn write_back(self, store: &dyn StateBackend, num_buckets: u16) -> Result<StateIo, RuntimeError> {
         let writes: Vec<StateWrite> = self
             .slots
             .into_iter()
             .filter(|(_, slot)| slot.dirty)
             .map(|((state, key), slot)| {
-                let sk = StateKey {
-                    bucket: bucket_of(&key, num_buckets),
-                    state,
-                    key,
-                };
+                let sk = StateKey { bucket: bucket_of(&key, num_buckets), state, key };
                 match slot.value {
                     Some(v) => StateWrite::Put(sk, v),
                     None => StateWrite::Delete(sk),
@@ -100,20 +78,14 @@ impl BatchState {
         if n > 0 {
             store.write_many(writes)?;
         }
-        Ok(StateIo {
-            reads: 0,
-            writes: n,
-        })
+        Ok(StateIo { reads: 0, writes: n })
     }
 
     fn slot(&mut self, state: StateId, key: &[u8]) -> Result<&mut Slot, DataflowError> {
         // Lookup by borrowed key avoids an allocation per access on the hot path.
         self.slots
             .get_mut(&(state, key.to_vec()))
-            .ok_or_else(|| DataflowError::StateNotFetched {
-                state,
-                key: key.to_vec(),
-            })
+            .ok_or_else(|| DataflowError::StateNotFetched { state, key: key.to_vec() })
     }
 }
 
@@ -122,10 +94,7 @@ impl KeyedStateAccess for BatchState {
         self.slots
             .get(&(state, key.to_vec()))
             .map(|s| s.value.as_deref())
-            .ok_or_else(|| DataflowError::StateNotFetched {
-                state,
-                key: key.to_vec(),
-            })
+            .ok_or_else(|| DataflowError::StateNotFetched { state, key: key.to_vec() })
     }
 
     fn put(&mut self, state: StateId, key: &[u8], value: Vec<u8>) -> Result<(), DataflowError> {
@@ -148,21 +117,12 @@ pub struct NoState;
 
 impl KeyedStateAccess for NoState {
     fn get(&self, state: StateId, key: &[u8]) -> Result<Option<&[u8]>, DataflowError> {
-        Err(DataflowError::StateNotFetched {
-            state,
-            key: key.to_vec(),
-        })
+        Err(DataflowError::StateNotFetched { state, key: key.to_vec() })
     }
     fn put(&mut self, state: StateId, key: &[u8], _: Vec<u8>) -> Result<(), DataflowError> {
-        Err(DataflowError::StateNotFetched {
-            state,
-            key: key.to_vec(),
-        })
+        Err(DataflowError::StateNotFetched { state, key: key.to_vec() })
     }
     fn delete(&mut self, state: StateId, key: &[u8]) -> Result<(), DataflowError> {
-        Err(DataflowError::StateNotFetched {
-            state,
-            key: key.to_vec(),
-        })
+        Err(DataflowError::StateNotFetched { state, key: key.to_vec() })
     }
 }

@@ -64,13 +64,18 @@ impl ChannelSender {
     pub fn connect(addr: &str, to: TaskId, channel: InputChannel) -> Result<Self, RuntimeError> {
         let stream = TcpStream::connect(addr)
             .map_err(|e| RuntimeError::io(format!("connecting to {to} at {addr}"), e))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
+        stream.set_nodelay(true).map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
         let mut stream = BufWriter::with_capacity(64 * 1024, stream);
         write_frame(&mut stream, &ChannelHello { to, channel })
             .map_err(|e| RuntimeError::io(format!("greeting {to}"), e))?;
         Ok(Self::Remote { to, stream })
+    }
+
+    /// The receiving task.
+    pub fn to(&self) -> TaskId {
+        match self {
+            Self::Local { to, .. } | Self::Remote { to, .. } => *to,
+        }
     }
 
     /// Sends one message, blocking while the receiver is full. Returns how long it blocked
@@ -78,17 +83,12 @@ impl ChannelSender {
     pub fn send(&mut self, message: ChannelMessage) -> Result<Duration, RuntimeError> {
         match self {
             Self::Local { to, inbox, channel } => {
-                let item = TaskInput {
-                    channel: *channel,
-                    message,
-                };
+                let item = TaskInput { channel: *channel, message };
                 match inbox.try_send(item) {
                     Ok(()) => Ok(Duration::ZERO),
                     Err(TrySendError::Full(item)) => {
                         let started = Instant::now();
-                        inbox
-                            .send(item)
-                            .map_err(|_| RuntimeError::ChannelClosed(*to))?;
+                        inbox.send(item).map_err(|_| RuntimeError::ChannelClosed(*to))?;
                         Ok(started.elapsed())
                     }
                     Err(TrySendError::Disconnected(_)) => Err(RuntimeError::ChannelClosed(*to)),
@@ -102,11 +102,7 @@ impl ChannelSender {
                 // A socket write returns once the kernel buffer takes the bytes; anything
                 // noticeably longer was the receiver pushing back.
                 let blocked = started.elapsed();
-                Ok(if blocked > Duration::from_micros(200) {
-                    blocked
-                } else {
-                    Duration::ZERO
-                })
+                Ok(if blocked > Duration::from_micros(200) { blocked } else { Duration::ZERO })
             }
         }
     }

@@ -29,9 +29,6 @@ pub enum RuntimeError {
 
 impl RuntimeError {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io {
-            context: context.into(),
-            source,
-        }
+        Self::Io { context: context.into(), source }
     }
 }

@@ -6,6 +6,7 @@
 mod batch_state;
 mod channel;
 mod error;
+mod links;
 mod metrics;
 mod net;
 mod output;

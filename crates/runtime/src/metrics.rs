@@ -23,6 +23,8 @@ pub struct TaskMetrics {
     pub late_dropped: u64,
     /// Time blocked on full downstream channels.
     pub backpressure: Duration,
+    /// Bytes of state sent to other tasks by a reconfiguration.
+    pub state_bytes_moved: u64,
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
@@ -48,6 +50,7 @@ impl TaskMetrics {
             state_writes: 0,
             late_dropped: 0,
             backpressure: Duration::ZERO,
+            state_bytes_moved: 0,
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
@@ -58,9 +61,7 @@ impl TaskMetrics {
     /// Records one batch's processing latency.
     pub fn record_batch(&mut self, latency: Duration) {
         self.batches += 1;
-        let _ = self
-            .batch_latency_us
-            .record((latency.as_micros() as u64).max(1));
+        let _ = self.batch_latency_us.record((latency.as_micros() as u64).max(1));
     }
 
     /// Records one record's source lag.
@@ -84,19 +85,11 @@ impl TaskMetrics {
 
     /// The samples accumulated so far; resets the counters.
     pub fn take(&mut self) -> Vec<TaskSample> {
-        let time_s = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let time_s = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let task = self.task;
         let mut out = Vec::with_capacity(12);
         let mut push = |metric: &str, value: f64| {
-            out.push(TaskSample {
-                time_s,
-                task,
-                metric: metric.to_string(),
-                value,
-            });
+            out.push(TaskSample { time_s, task, metric: metric.to_string(), value });
         };
         push(metric::RECORDS_IN, self.records_in as f64);
         push(metric::RECORDS_OUT, self.records_out as f64);
@@ -104,23 +97,14 @@ impl TaskMetrics {
         push(metric::STATE_READS, self.state_reads as f64);
         push(metric::STATE_WRITES, self.state_writes as f64);
         push(metric::LATE_DROPPED, self.late_dropped as f64);
-        push(
-            metric::BACKPRESSURE_MS,
-            self.backpressure.as_secs_f64() * 1000.0,
-        );
+        push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         if !self.batch_latency_us.is_empty() {
             push(metric::BATCH_LATENCY_MEAN_US, self.batch_latency_us.mean());
-            push(
-                metric::BATCH_LATENCY_P99_US,
-                self.batch_latency_us.value_at_quantile(0.99) as f64,
-            );
+            push(metric::BATCH_LATENCY_P99_US, self.batch_latency_us.value_at_quantile(0.99) as f64);
         }
         if self.reports_lag && !self.lag_ms.is_empty() {
             push(metric::SOURCE_LAG_MEAN_MS, self.lag_ms.mean());
-            push(
-                metric::SOURCE_LAG_P99_MS,
-                self.lag_ms.value_at_quantile(0.99) as f64,
-            );
+            push(metric::SOURCE_LAG_P99_MS, self.lag_ms.value_at_quantile(0.99) as f64);
         }
         self.records_in = 0;
         self.records_out = 0;
@@ -129,6 +113,7 @@ impl TaskMetrics {
         self.state_writes = 0;
         self.late_dropped = 0;
         self.backpressure = Duration::ZERO;
+        self.state_bytes_moved = 0;
         self.batch_latency_us.reset();
         self.lag_ms.reset();
         out

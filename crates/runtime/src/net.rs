@@ -35,10 +35,7 @@ pub fn serve(listener: TcpListener, inboxes: Inboxes) {
 }
 
 fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".into());
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let hello: ChannelHello = match read_frame(&mut reader) {
@@ -61,19 +58,14 @@ fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
         match read_frame::<_, ChannelMessage>(&mut reader) {
             Ok(Some(message)) => {
                 let end = message == ChannelMessage::EndOfStream;
-                if inbox
-                    .send(TaskInput {
-                        channel: hello.channel,
-                        message,
-                    })
-                    .is_err()
-                    || end
-                {
+                if inbox.send(TaskInput { channel: hello.channel, message }).is_err() || end {
                     return;
                 }
             }
             Ok(None) => {
-                tracing::warn!(%peer, to = %hello.to, from = %hello.channel.from, "channel closed before end of stream");
+                // Expected when a reconfiguration replaces a drained channel; a lost worker is
+                // noticed by the coordinator through its control connection.
+                tracing::debug!(%peer, to = %hello.to, from = %hello.channel.from, "channel closed before end of stream");
                 return;
             }
             Err(e) => {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use koala_dataflow::graph::KeyFn;
-use koala_types::{ChannelMessage, Record, bucket_of};
+use koala_types::{ChannelMessage, OperatorId, Record, Timestamp, bucket_of};
 
 use crate::RuntimeError;
 use crate::channel::ChannelSender;
@@ -29,6 +29,7 @@ pub enum Route {
 
 /// One downstream edge: its route and one channel per downstream task.
 pub struct OutputEdge {
+    consumer: OperatorId,
     route: Route,
     targets: Vec<ChannelSender>,
     buffers: Vec<Vec<Record>>,
@@ -37,16 +38,10 @@ pub struct OutputEdge {
 }
 
 impl OutputEdge {
-    /// An edge over `targets`, indexed by downstream task index.
-    pub fn new(route: Route, targets: Vec<ChannelSender>) -> Self {
+    /// An edge to `consumer` over `targets`; routes name positions in `targets`.
+    pub fn new(consumer: OperatorId, route: Route, targets: Vec<ChannelSender>) -> Self {
         let n = targets.len();
-        Self {
-            route,
-            targets,
-            buffers: vec![Vec::new(); n],
-            since: vec![None; n],
-            next: 0,
-        }
+        Self { consumer, route, targets, buffers: vec![Vec::new(); n], since: vec![None; n], next: 0 }
     }
 }
 
@@ -57,6 +52,8 @@ pub struct Outputs {
     linger: Duration,
     /// Time spent blocked on full channels since last taken.
     pub backpressure: Duration,
+    /// The last watermark broadcast, re-sent on channels opened by a reconfiguration.
+    last_watermark: Option<Timestamp>,
 }
 
 impl Outputs {
@@ -67,6 +64,7 @@ impl Outputs {
             batch_records: batch_records.max(1),
             linger,
             backpressure: Duration::ZERO,
+            last_watermark: None,
         }
     }
 
@@ -92,13 +90,8 @@ impl Outputs {
                         edge.next = (edge.next + 1) % edge.targets.len();
                         edge.next
                     }
-                    Route::Key {
-                        key_fn,
-                        table,
-                        num_buckets,
-                    } => {
-                        record.key =
-                            key_fn(&record.value).map_err(koala_dataflow::DataflowError::from)?;
+                    Route::Key { key_fn, table, num_buckets } => {
+                        record.key = key_fn(&record.value).map_err(koala_dataflow::DataflowError::from)?;
                         table[usize::from(bucket_of(&record.key, *num_buckets))] as usize
                     }
                 };
@@ -140,11 +133,7 @@ impl Outputs {
 
     /// When the oldest buffered batch must go out.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.edges
-            .iter()
-            .flat_map(|e| e.since.iter().flatten())
-            .min()
-            .map(|s| *s + self.linger)
+        self.edges.iter().flat_map(|e| e.since.iter().flatten()).min().map(|s| *s + self.linger)
     }
 
     /// Flushes every buffered batch.
@@ -161,9 +150,44 @@ impl Outputs {
     /// buffered before it are therefore ahead of it, as FIFO requires.
     pub fn broadcast(&mut self, message: &ChannelMessage) -> Result<(), RuntimeError> {
         self.flush_all()?;
+        if let ChannelMessage::Watermark(w) = message {
+            self.last_watermark = Some(*w);
+        }
         for e in &mut self.edges {
             for t in &mut e.targets {
                 self.backpressure += t.send(message.clone())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the edges to `consumer` (a reconfiguration switched its routing). Channels to
+    /// tasks that are no longer targets get end of stream; every channel of the new edges gets
+    /// the last watermark, so new tasks learn the event time at once. Callers guarantee the old
+    /// channels are drained (stop-and-restart: the consumer saw this task's marker).
+    pub fn replace_edges(&mut self, consumer: OperatorId, new: Vec<OutputEdge>) -> Result<(), RuntimeError> {
+        self.flush_all()?;
+        let keep: std::collections::HashSet<koala_types::TaskId> =
+            new.iter().flat_map(|e| e.targets.iter().map(ChannelSender::to)).collect();
+        let mut rest = Vec::with_capacity(self.edges.len());
+        for mut edge in std::mem::take(&mut self.edges) {
+            if edge.consumer != consumer {
+                rest.push(edge);
+                continue;
+            }
+            for t in &mut edge.targets {
+                if !keep.contains(&t.to()) {
+                    self.backpressure += t.send(ChannelMessage::EndOfStream)?;
+                }
+            }
+        }
+        rest.extend(new);
+        self.edges = rest;
+        if let Some(w) = self.last_watermark {
+            for e in self.edges.iter_mut().filter(|e| e.consumer == consumer) {
+                for t in &mut e.targets {
+                    self.backpressure += t.send(ChannelMessage::Watermark(w))?;
+                }
             }
         }
         Ok(())

@@ -33,6 +33,14 @@ impl TimerService {
         due
     }
 
+    /// Removes and returns every timer whose key matches (the timers of moved buckets).
+    pub fn take_where(&mut self, mut moved: impl FnMut(&[u8]) -> bool) -> Vec<(Timestamp, Vec<u8>)> {
+        let (out, keep): (BTreeSet<_>, BTreeSet<_>) =
+            std::mem::take(&mut self.pending).into_iter().partition(|(_, k)| moved(k));
+        self.pending = keep;
+        out.into_iter().collect()
+    }
+
     /// Number of pending timers.
     #[cfg(test)]
     pub fn len(&self) -> usize {
@@ -47,17 +55,9 @@ mod tests {
     #[test]
     fn fires_in_time_order_and_collapses_duplicates() {
         let mut t = TimerService::default();
-        t.register([
-            (b"b".to_vec(), 20),
-            (b"a".to_vec(), 10),
-            (b"a".to_vec(), 10),
-            (b"c".to_vec(), 30),
-        ]);
+        t.register([(b"b".to_vec(), 20), (b"a".to_vec(), 10), (b"a".to_vec(), 10), (b"c".to_vec(), 30)]);
         assert_eq!(t.len(), 3);
-        assert_eq!(
-            t.pop_due(20),
-            vec![(10, b"a".to_vec()), (20, b"b".to_vec())]
-        );
+        assert_eq!(t.pop_due(20), vec![(10, b"a".to_vec()), (20, b"b".to_vec())]);
         assert_eq!(t.pop_due(25), vec![]);
         assert_eq!(t.len(), 1);
     }

@@ -1,10 +1,7 @@
 //! Batched state I/O of one task on the fjall backend: 1000 keys × 100-byte values per batch,
 //! the shape of a task's state access at a batch boundary. Print-only, not part of the tests.
 
-#![expect(
-    missing_docs,
-    reason = "criterion_group! generates an undocumented pub fn"
-)]
+#![expect(missing_docs, reason = "criterion_group! generates an undocumented pub fn")]
 
 use std::hint::black_box;
 
@@ -30,14 +27,10 @@ fn writes(offset: u64) -> Vec<StateWrite> {
 fn bench_fjall(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("creating a temporary state directory");
     let env = FjallEnv::open(dir.path()).expect("opening the fjall state directory");
-    let store = env
-        .open_task(TaskId::new(OperatorId(1), 0))
-        .expect("opening the task store");
+    let store = env.open_task(TaskId::new(OperatorId(1), 0)).expect("opening the task store");
     // 100 000 resident keys; the measured batches hit the first 1000 of them.
     for batch in 0..100 {
-        store
-            .write_many(writes(batch * KEYS))
-            .expect("populating the store");
+        store.write_many(writes(batch * KEYS)).expect("populating the store");
     }
     let hits: Vec<StateKey> = (0..KEYS).map(state_key).collect();
     let misses: Vec<StateKey> = (1_000_000..1_000_000 + KEYS).map(state_key).collect();

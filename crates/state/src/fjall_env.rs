@@ -16,8 +16,8 @@ use koala_types::{BucketId, TaskId};
 
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{
-    ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds,
-    decode_state_key, encode_state_key, encode_write,
+    ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds, decode_state_key,
+    encode_state_key, encode_write,
 };
 
 /// How many tombstones `delete_buckets` commits per batch, bounding its memory on huge buckets.
@@ -37,11 +37,7 @@ pub struct FjallConfig {
 
 impl Default for FjallConfig {
     fn default() -> Self {
-        Self {
-            cache_bytes: 256 * 1024 * 1024,
-            memtable_bytes: 16 * 1024 * 1024,
-            flush_batches_to_os: false,
-        }
+        Self { cache_bytes: 256 * 1024 * 1024, memtable_bytes: 16 * 1024 * 1024, flush_batches_to_os: false }
     }
 }
 
@@ -74,16 +70,8 @@ impl FjallEnv {
             .cache_size(config.cache_bytes)
             .manual_journal_persist(!config.flush_batches_to_os)
             .open()
-            .map_err(|e| StateError::Open {
-                path: path.clone(),
-                source: Box::new(e),
-            })?;
-        Ok(Self {
-            db,
-            path,
-            config,
-            tasks: Mutex::default(),
-        })
+            .map_err(|e| StateError::Open { path: path.clone(), source: Box::new(e) })?;
+        Ok(Self { db, path, config, tasks: Mutex::default() })
     }
 
     /// The state directory.
@@ -109,11 +97,7 @@ impl FjallEnv {
                     .db
                     .keyspace(&Self::keyspace_name(task), || self.keyspace_options())
                     .map_err(store_error(task, "open_task"))?;
-                let store = Arc::new(FjallStore {
-                    task,
-                    keyspace,
-                    dropped: AtomicBool::new(false),
-                });
+                let store = Arc::new(FjallStore { task, keyspace, dropped: AtomicBool::new(false) });
                 tasks.insert(task, Arc::clone(&store));
                 store
             }
@@ -121,10 +105,7 @@ impl FjallEnv {
         Ok(FjallBackend {
             store,
             db: self.db.clone(),
-            durability: self
-                .config
-                .flush_batches_to_os
-                .then_some(PersistMode::Buffer),
+            durability: self.config.flush_batches_to_os.then_some(PersistMode::Buffer),
         })
     }
 
@@ -168,25 +149,19 @@ impl StateEnv for FjallEnv {
         let name = Self::keyspace_name(task);
         if self.db.keyspace_exists(&name) {
             // fjall deletes the keyspace's files once the last handle on it is gone.
-            let keyspace = self
-                .db
-                .keyspace(&name, || self.keyspace_options())
-                .map_err(store_error(task, OP))?;
-            self.db
-                .delete_keyspace(keyspace)
-                .map_err(store_error(task, OP))?;
+            let keyspace =
+                self.db.keyspace(&name, || self.keyspace_options()).map_err(store_error(task, OP))?;
+            self.db.delete_keyspace(keyspace).map_err(store_error(task, OP))?;
         }
         Ok(())
     }
 
     fn persist(&self) -> Result<(), StateError> {
-        self.db
-            .persist(PersistMode::SyncAll)
-            .map_err(|e| StateError::Env {
-                path: self.path.clone(),
-                op: "persist",
-                source: Box::new(e),
-            })
+        self.db.persist(PersistMode::SyncAll).map_err(|e| StateError::Env {
+            path: self.path.clone(),
+            op: "persist",
+            source: Box::new(e),
+        })
     }
 }
 
@@ -208,10 +183,7 @@ impl FjallBackend {
     /// The task's keyspace, unless the task was dropped.
     fn keyspace(&self, op: &'static str) -> Result<&Keyspace, StateError> {
         if self.store.dropped.load(Ordering::Acquire) {
-            return Err(StateError::Dropped {
-                task: self.store.task,
-                op,
-            });
+            return Err(StateError::Dropped { task: self.store.task, op });
         }
         Ok(&self.store.keyspace)
     }
@@ -223,9 +195,7 @@ impl FjallBackend {
 
 impl std::fmt::Debug for FjallBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FjallBackend")
-            .field("task", &self.store.task)
-            .finish_non_exhaustive()
+        f.debug_struct("FjallBackend").field("task", &self.store.task).finish_non_exhaustive()
     }
 }
 
@@ -240,11 +210,8 @@ impl StateBackend for FjallBackend {
         let keyspace = self.keyspace(OP)?;
         keys.iter()
             .map(|key| {
-                let key = encode_state_key(key).map_err(|source| StateError::Layout {
-                    task,
-                    op: OP,
-                    source,
-                })?;
+                let key =
+                    encode_state_key(key).map_err(|source| StateError::Layout { task, op: OP, source })?;
                 let value = keyspace.get(&key).map_err(store_error(task, OP))?;
                 Ok(value.map(|v| v.to_vec()))
             })
@@ -258,11 +225,8 @@ impl StateBackend for FjallBackend {
         let mut batch = self.batch(writes.len());
         for write in writes {
             // A rejected entry returns before commit, so nothing of the batch is written.
-            let (key, value) = encode_write(write).map_err(|source| StateError::Layout {
-                task,
-                op: OP,
-                source,
-            })?;
+            let (key, value) =
+                encode_write(write).map_err(|source| StateError::Layout { task, op: OP, source })?;
             match value {
                 Some(value) => batch.insert(keyspace, key, value),
                 None => batch.remove(keyspace, key),
@@ -286,11 +250,8 @@ impl StateBackend for FjallBackend {
         for bucket in sorted_buckets(buckets) {
             for guard in keyspace.range(bucket_bounds(bucket)) {
                 let (key, value) = guard.into_inner().map_err(store_error(task, OP))?;
-                let key = decode_state_key(&key).map_err(|source| StateError::Layout {
-                    task,
-                    op: OP,
-                    source,
-                })?;
+                let key =
+                    decode_state_key(&key).map_err(|source| StateError::Layout { task, op: OP, source })?;
                 chunker.push(key, value.to_vec())?;
             }
         }
@@ -324,9 +285,5 @@ impl StateBackend for FjallBackend {
 
 /// Wraps a fjall error of `op` on `task`'s store.
 fn store_error(task: TaskId, op: &'static str) -> impl FnOnce(fjall::Error) -> StateError {
-    move |e| StateError::Store {
-        task,
-        op,
-        source: Box::new(e),
-    }
+    move |e| StateError::Store { task, op, source: Box::new(e) }
 }

@@ -42,11 +42,7 @@ pub struct StateKey {
 impl StateKey {
     /// The key `key` of state `state` in `bucket`.
     pub fn new(bucket: BucketId, state: StateId, key: impl Into<Vec<u8>>) -> Self {
-        Self {
-            bucket,
-            state,
-            key: key.into(),
-        }
+        Self { bucket, state, key: key.into() }
     }
 
     /// Length of the stored (encoded) key in bytes.
@@ -100,11 +96,9 @@ pub fn encode_state_key(key: &StateKey) -> Result<Vec<u8>, LayoutError> {
 /// [`LayoutError::Truncated`] if `bytes` is shorter than the header.
 pub fn decode_state_key(bytes: &[u8]) -> Result<StateKey, LayoutError> {
     match bytes {
-        [b0, b1, state, key @ ..] => Ok(StateKey {
-            bucket: BucketId::from_be_bytes([*b0, *b1]),
-            state: *state,
-            key: key.to_vec(),
-        }),
+        [b0, b1, state, key @ ..] => {
+            Ok(StateKey { bucket: BucketId::from_be_bytes([*b0, *b1]), state: *state, key: key.to_vec() })
+        }
         _ => Err(LayoutError::Truncated { len: bytes.len() }),
     }
 }
@@ -137,13 +131,7 @@ mod tests {
 
     fn state_key() -> impl Strategy<Value = StateKey> {
         (
-            prop_oneof![
-                Just(0u16),
-                Just(u16::MAX),
-                Just(255),
-                Just(256),
-                any::<u16>()
-            ],
+            prop_oneof![Just(0u16), Just(u16::MAX), Just(255), Just(256), any::<u16>()],
             any::<u8>(),
             proptest::collection::vec(any::<u8>(), 0..12),
         )
@@ -197,16 +185,8 @@ mod tests {
     #[test]
     fn rejects_oversized_and_truncated_keys() {
         let long = StateKey::new(1, 0, vec![0; MAX_USER_KEY_LEN + 1]);
-        assert_eq!(
-            encode_state_key(&long),
-            Err(LayoutError::KeyTooLong {
-                len: MAX_USER_KEY_LEN + 1
-            })
-        );
+        assert_eq!(encode_state_key(&long), Err(LayoutError::KeyTooLong { len: MAX_USER_KEY_LEN + 1 }));
         assert!(encode_state_key(&StateKey::new(1, 0, vec![0; MAX_USER_KEY_LEN])).is_ok());
-        assert_eq!(
-            decode_state_key(&[0, 1]),
-            Err(LayoutError::Truncated { len: 2 })
-        );
+        assert_eq!(decode_state_key(&[0, 1]), Err(LayoutError::Truncated { len: 2 }));
     }
 }

@@ -9,8 +9,8 @@ use koala_types::{BucketId, TaskId};
 
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{
-    ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds,
-    decode_state_key, encode_state_key, encode_write,
+    ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds, decode_state_key,
+    encode_state_key, encode_write,
 };
 
 /// A worker's stores kept in memory; data lives as long as the env (tests only).
@@ -29,10 +29,9 @@ impl MemoryEnv {
         &self,
         op: &'static str,
     ) -> Result<MutexGuard<'_, HashMap<TaskId, Arc<MemoryStore>>>, StateError> {
-        self.tasks.lock().map_err(|_| StateError::Poisoned {
-            store: "memory state env task registry".to_owned(),
-            op,
-        })
+        self.tasks
+            .lock()
+            .map_err(|_| StateError::Poisoned { store: "memory state env task registry".to_owned(), op })
     }
 }
 
@@ -42,11 +41,7 @@ impl StateEnv for MemoryEnv {
             .tasks("open_task")?
             .entry(task)
             .or_insert_with(|| {
-                Arc::new(MemoryStore {
-                    task,
-                    entries: Mutex::default(),
-                    dropped: AtomicBool::new(false),
-                })
+                Arc::new(MemoryStore { task, entries: Mutex::default(), dropped: AtomicBool::new(false) })
             })
             .clone();
         Ok(Box::new(MemoryBackend { store }))
@@ -87,10 +82,10 @@ impl MemoryBackend {
         if self.store.dropped.load(Ordering::Acquire) {
             return Err(StateError::Dropped { task, op });
         }
-        self.store.entries.lock().map_err(|_| StateError::Poisoned {
-            store: format!("memory state store of task {task}"),
-            op,
-        })
+        self.store
+            .entries
+            .lock()
+            .map_err(|_| StateError::Poisoned { store: format!("memory state store of task {task}"), op })
     }
 }
 
@@ -106,16 +101,9 @@ impl StateBackend for MemoryBackend {
             .iter()
             .map(encode_state_key)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| StateError::Layout {
-                task,
-                op: OP,
-                source,
-            })?;
+            .map_err(|source| StateError::Layout { task, op: OP, source })?;
         let entries = self.entries(OP)?;
-        Ok(encoded
-            .iter()
-            .map(|key| entries.get(key).cloned())
-            .collect())
+        Ok(encoded.iter().map(|key| entries.get(key).cloned()).collect())
     }
 
     fn write_many(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
@@ -126,11 +114,7 @@ impl StateBackend for MemoryBackend {
             .into_iter()
             .map(encode_write)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| StateError::Layout {
-                task,
-                op: OP,
-                source,
-            })?;
+            .map_err(|source| StateError::Layout { task, op: OP, source })?;
         let mut entries = self.entries(OP)?;
         for (key, value) in encoded {
             match value {
@@ -152,17 +136,11 @@ impl StateBackend for MemoryBackend {
         let mut chunker = Chunker::new(chunk_bytes, sink);
         for bucket in sorted_buckets(buckets) {
             // Copy the bucket out so the sink runs without the lock (it may use the store).
-            let snapshot: Vec<(Vec<u8>, Vec<u8>)> = self
-                .entries(OP)?
-                .range(bucket_bounds(bucket))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            let snapshot: Vec<(Vec<u8>, Vec<u8>)> =
+                self.entries(OP)?.range(bucket_bounds(bucket)).map(|(k, v)| (k.clone(), v.clone())).collect();
             for (key, value) in snapshot {
-                let key = decode_state_key(&key).map_err(|source| StateError::Layout {
-                    task,
-                    op: OP,
-                    source,
-                })?;
+                let key =
+                    decode_state_key(&key).map_err(|source| StateError::Layout { task, op: OP, source })?;
                 chunker.push(key, value)?;
             }
         }
@@ -172,10 +150,7 @@ impl StateBackend for MemoryBackend {
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
         let mut entries = self.entries("delete_buckets")?;
         for bucket in sorted_buckets(buckets) {
-            let doomed: Vec<Vec<u8>> = entries
-                .range(bucket_bounds(bucket))
-                .map(|(k, _)| k.clone())
-                .collect();
+            let doomed: Vec<Vec<u8>> = entries.range(bucket_bounds(bucket)).map(|(k, _)| k.clone()).collect();
             for key in doomed {
                 entries.remove(&key);
             }

@@ -18,13 +18,7 @@ pub(crate) struct Chunker<'s> {
 
 impl<'s> Chunker<'s> {
     pub(crate) fn new(chunk_bytes: usize, sink: ScanSink<'s>) -> Self {
-        Self {
-            sink,
-            chunk_bytes,
-            chunk: Vec::new(),
-            chunk_len: 0,
-            total: 0,
-        }
+        Self { sink, chunk_bytes, chunk: Vec::new(), chunk_len: 0, total: 0 }
     }
 
     pub(crate) fn push(&mut self, key: StateKey, value: Vec<u8>) -> Result<(), StateError> {

@@ -53,11 +53,7 @@ fn get_put_delete_and_missing_keys(env: &dyn StateEnv) -> TestResult {
         store.get_many(&[c.clone(), b.clone(), a.clone(), b.clone()])?,
         vec![None, val("2"), val("1"), val("2")]
     );
-    store.write_many(vec![
-        put(&a, "10"),
-        StateWrite::Delete(b.clone()),
-        StateWrite::Delete(c.clone()),
-    ])?;
+    store.write_many(vec![put(&a, "10"), StateWrite::Delete(b.clone()), StateWrite::Delete(c.clone())])?;
     assert_eq!(store.get_many(&[a, b, c])?, vec![val("10"), None, None]);
     assert_eq!(store.get_many(&[])?, Vec::<Option<Vec<u8>>>::new());
     store.write_many(Vec::new())?;
@@ -79,10 +75,7 @@ fn last_write_wins_within_a_batch(env: &dyn StateEnv) -> TestResult {
         StateWrite::Delete(c.clone()),
         put(&c, "new"),
     ])?;
-    assert_eq!(
-        store.get_many(&[a, b, c])?,
-        vec![val("2"), None, val("new")]
-    );
+    assert_eq!(store.get_many(&[a, b, c])?, vec![val("2"), None, val("new")]);
     Ok(())
 }
 
@@ -90,19 +83,10 @@ fn rejected_batch_writes_nothing(env: &dyn StateEnv) -> TestResult {
     let store = env.open_task(task(1, 0))?;
     let good = key(1, 0, "good");
     let too_long = StateKey::new(1, 0, vec![7; MAX_USER_KEY_LEN + 1]);
-    let result = store.write_many(vec![
-        put(&good, "x"),
-        StateWrite::Put(too_long.clone(), vec![]),
-    ]);
-    assert!(
-        matches!(result, Err(StateError::Layout { .. })),
-        "{result:?}"
-    );
+    let result = store.write_many(vec![put(&good, "x"), StateWrite::Put(too_long.clone(), vec![])]);
+    assert!(matches!(result, Err(StateError::Layout { .. })), "{result:?}");
     assert_eq!(store.get_many(&[good])?, vec![None]);
-    assert!(matches!(
-        store.get_many(&[too_long]),
-        Err(StateError::Layout { .. })
-    ));
+    assert!(matches!(store.get_many(&[too_long]), Err(StateError::Layout { .. })));
     let longest = StateKey::new(1, 0, vec![7; MAX_USER_KEY_LEN]);
     store.write_many(vec![StateWrite::Put(longest.clone(), b"v".to_vec())])?;
     assert_eq!(store.get_many(&[longest])?, vec![val("v")]);
@@ -129,10 +113,7 @@ fn scan_returns_requested_buckets_in_key_order(env: &dyn StateEnv) -> TestResult
     expected.sort();
     let (entries, chunks, total) = scan_all(store.as_ref(), &[u16::MAX, 5, 300, 0, 5, 9], 64)?;
     assert_eq!(entries, expected);
-    let expected_bytes: usize = expected
-        .iter()
-        .map(|(k, v)| k.encoded_len() + v.len())
-        .sum();
+    let expected_bytes: usize = expected.iter().map(|(k, v)| k.encoded_len() + v.len()).sum();
     assert_eq!(total, expected_bytes as u64);
     assert_eq!(chunks.iter().sum::<usize>(), expected_bytes);
     assert!(chunks.iter().all(|&c| c <= 64), "{chunks:?}");
@@ -163,18 +144,12 @@ fn chunking_packs_greedily_and_sends_oversized_entries_alone(env: &dyn StateEnv)
 
 fn scan_stops_at_a_failing_sink(env: &dyn StateEnv) -> TestResult {
     let store = env.open_task(task(2, 3))?;
-    let writes = (0..10)
-        .map(|i| put(&key(1, 0, &i.to_string()), "v"))
-        .collect();
+    let writes = (0..10).map(|i| put(&key(1, 0, &i.to_string()), "v")).collect();
     store.write_many(writes)?;
     let mut calls = 0;
     let result = store.scan_buckets(&[1], 0, &mut |_| {
         calls += 1;
-        if calls == 3 {
-            Err(StateError::sink("receiver closed"))
-        } else {
-            Ok(())
-        }
+        if calls == 3 { Err(StateError::sink("receiver closed")) } else { Ok(()) }
     });
     assert!(matches!(result, Err(StateError::Sink(_))), "{result:?}");
     assert_eq!(calls, 3);
@@ -185,17 +160,8 @@ fn delete_buckets_removes_only_those_buckets(env: &dyn StateEnv) -> TestResult {
     let store = env.open_task(task(3, 0))?;
     // More keys in bucket 5 than one fjall delete batch holds.
     let writes = (0..20_000u32)
-        .map(|i| {
-            StateWrite::Put(
-                StateKey::new(5, (i % 3) as u8, i.to_be_bytes().to_vec()),
-                vec![1],
-            )
-        })
-        .chain([
-            put(&key(4, 0, "keep"), "4"),
-            put(&key(6, 0, "keep"), "6"),
-            put(&key(1, 0, "x"), "1"),
-        ])
+        .map(|i| StateWrite::Put(StateKey::new(5, (i % 3) as u8, i.to_be_bytes().to_vec()), vec![1]))
+        .chain([put(&key(4, 0, "keep"), "4"), put(&key(6, 0, "keep"), "6"), put(&key(1, 0, "x"), "1")])
         .collect();
     store.write_many(writes)?;
     store.delete_buckets(&[5, 1, 5, 99])?;
@@ -219,14 +185,8 @@ fn tasks_are_isolated(env: &dyn StateEnv) -> TestResult {
     }
     stores[0].delete_buckets(&[9])?;
     assert_eq!(stores[0].get_many(std::slice::from_ref(&k))?, vec![None]);
-    assert_eq!(
-        stores[1].get_many(std::slice::from_ref(&k))?,
-        vec![val("1")]
-    );
-    assert_eq!(
-        stores[2].get_many(std::slice::from_ref(&k))?,
-        vec![val("2")]
-    );
+    assert_eq!(stores[1].get_many(std::slice::from_ref(&k))?, vec![val("1")]);
+    assert_eq!(stores[2].get_many(std::slice::from_ref(&k))?, vec![val("2")]);
     let (entries, _, _) = scan_all(stores[2].as_ref(), &[9], 1024)?;
     assert_eq!(entries, vec![(k, b"2".to_vec())]);
     assert_eq!(stores[1].task(), t2);
@@ -248,10 +208,7 @@ fn drop_task_deletes_the_store_and_invalidates_handles(env: &dyn StateEnv) -> Te
     store.write_many(vec![put(&key(1, 0, "k"), "v")])?;
     other.write_many(vec![put(&key(1, 0, "k"), "w")])?;
     env.drop_task(gone)?;
-    assert!(matches!(
-        store.get_many(&[key(1, 0, "k")]),
-        Err(StateError::Dropped { .. })
-    ));
+    assert!(matches!(store.get_many(&[key(1, 0, "k")]), Err(StateError::Dropped { .. })));
     let write = store.write_many(vec![put(&key(1, 0, "k"), "v")]);
     assert!(matches!(write, Err(StateError::Dropped { .. })));
     let scan = store.scan_buckets(&[1], 1, &mut |_| Ok(()));

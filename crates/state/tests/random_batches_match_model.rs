@@ -17,8 +17,11 @@ enum Op {
 }
 
 fn state_key() -> impl Strategy<Value = StateKey> {
-    (0u16..6, 0u8..2, proptest::collection::vec(0u8..4, 0..3))
-        .prop_map(|(bucket, state, key)| StateKey { bucket, state, key })
+    (0u16..6, 0u8..2, proptest::collection::vec(0u8..4, 0..3)).prop_map(|(bucket, state, key)| StateKey {
+        bucket,
+        state,
+        key,
+    })
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -85,16 +88,10 @@ fn check(
         .map_err(fail)?;
     prop_assert!(!oversized, "a chunk broke the size limit");
     let expected: Vec<(StateKey, Vec<u8>)> = model.into_iter().collect();
-    let expected_bytes: usize = expected
-        .iter()
-        .map(|(k, v)| k.encoded_len() + v.len())
-        .sum();
+    let expected_bytes: usize = expected.iter().map(|(k, v)| k.encoded_len() + v.len()).sum();
     prop_assert_eq!(total, expected_bytes as u64);
     if exact_len {
-        prop_assert_eq!(
-            store.approximate_len().map_err(fail)?,
-            expected.len() as u64
-        );
+        prop_assert_eq!(store.approximate_len().map_err(fail)?, expected.len() as u64);
     }
     prop_assert_eq!(scanned, expected);
     Ok(())
@@ -111,10 +108,7 @@ fn random_batches_match_model() -> Result<(), Box<dyn Error>> {
     runner.run(&strategy, |(ops, chunk_bytes)| {
         // A fresh task per case: cheap on fjall (a keyspace), and exercises many stores in one dir.
         let task = TaskId::new(OperatorId(case.fetch_add(1, Ordering::Relaxed)), 0);
-        let open = |env: &dyn StateEnv| {
-            env.open_task(task)
-                .map_err(|e| TestCaseError::fail(e.to_string()))
-        };
+        let open = |env: &dyn StateEnv| env.open_task(task).map_err(|e| TestCaseError::fail(e.to_string()));
         check(open(&memory)?.as_ref(), &ops, chunk_bytes, true)?;
         check(open(&fjall)?.as_ref(), &ops, chunk_bytes, false)?;
         Ok(())

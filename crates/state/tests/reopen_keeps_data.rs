@@ -31,15 +31,8 @@ fn scan(env: &FjallEnv, task: TaskId) -> Result<Vec<(StateKey, Vec<u8>)>, StateE
 fn reopen_keeps_every_task_store_and_forgets_dropped_ones() -> TestResult {
     let dir = tempfile::tempdir()?;
     // Small memtables so part of the data reaches disk tables, the rest only the journal.
-    let config = FjallConfig {
-        memtable_bytes: 256 * 1024,
-        ..FjallConfig::default()
-    };
-    let tasks = [
-        TaskId::new(OperatorId(1), 0),
-        TaskId::new(OperatorId(1), 1),
-        TaskId::new(OperatorId(2), 0),
-    ];
+    let config = FjallConfig { memtable_bytes: 256 * 1024, ..FjallConfig::default() };
+    let tasks = [TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1), TaskId::new(OperatorId(2), 0)];
     let mut expected = Vec::new();
     {
         let env = FjallEnv::open_with(dir.path(), config.clone())?;
@@ -47,11 +40,8 @@ fn reopen_keeps_every_task_store_and_forgets_dropped_ones() -> TestResult {
             let store = env.open_task(*task)?;
             let mut data = entries(i as u32, 5_000);
             for part in data.chunks(1_000) {
-                store.write_many(
-                    part.iter()
-                        .map(|(k, v)| StateWrite::Put(k.clone(), v.clone()))
-                        .collect(),
-                )?;
+                store
+                    .write_many(part.iter().map(|(k, v)| StateWrite::Put(k.clone(), v.clone())).collect())?;
             }
             data.sort();
             expected.push(data);

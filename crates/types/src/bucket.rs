@@ -31,9 +31,8 @@ mod tests {
     fn hash_is_stable_across_releases() {
         // Pinned values: if this fails, the on-disk layout of every existing store breaks.
         assert_eq!(bucket_of(b"koala", 128), PINNED_KOALA_BUCKET);
-        let spread: std::collections::HashSet<u16> = (0u32..10_000)
-            .map(|k| bucket_of(&k.to_be_bytes(), 128))
-            .collect();
+        let spread: std::collections::HashSet<u16> =
+            (0u32..10_000).map(|k| bucket_of(&k.to_be_bytes(), 128)).collect();
         assert_eq!(spread.len(), 128, "10k keys must touch every bucket");
     }
 }

@@ -10,8 +10,7 @@ pub const MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
 
 /// Writes one frame. The caller decides when to flush a buffered writer.
 pub fn write_frame<W: Write, T: Serialize + ?Sized>(w: &mut W, msg: &T) -> io::Result<usize> {
-    let bytes =
-        postcard::to_allocvec(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let bytes = postcard::to_allocvec(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let len = u32::try_from(bytes.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame exceeds 4 GiB"))?;
     w.write_all(&len.to_le_bytes())?;
@@ -37,12 +36,9 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf)?;
-    postcard::from_bytes(&buf).map(Some).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("undecodable frame: {e}"),
-        )
-    })
+    postcard::from_bytes(&buf)
+        .map(Some)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable frame: {e}")))
 }
 
 #[cfg(test)]
@@ -52,23 +48,13 @@ mod tests {
 
     #[test]
     fn round_trip_and_clean_eof() {
-        let msg = ChannelMessage::Batch(vec![Record {
-            key: vec![1],
-            value: vec![2, 3],
-            time: 9,
-        }]);
+        let msg = ChannelMessage::Batch(vec![Record { key: vec![1], value: vec![2, 3], time: 9 }]);
         let mut buf = Vec::new();
         write_frame(&mut buf, &msg).expect("write");
         write_frame(&mut buf, &ChannelMessage::EndOfStream).expect("write");
         let mut r = buf.as_slice();
-        assert_eq!(
-            read_frame::<_, ChannelMessage>(&mut r).expect("read"),
-            Some(msg)
-        );
-        assert_eq!(
-            read_frame::<_, ChannelMessage>(&mut r).expect("read"),
-            Some(ChannelMessage::EndOfStream)
-        );
+        assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), Some(msg));
+        assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), Some(ChannelMessage::EndOfStream));
         assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), None);
     }
 

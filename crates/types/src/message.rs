@@ -24,4 +24,36 @@ pub enum ChannelMessage {
     Marker(Epoch),
     /// The sender will send nothing more on this channel.
     EndOfStream,
+    /// Reconfiguration state transfer (peer channel): entries of moved buckets.
+    State {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// Entries, in bucket order.
+        entries: Vec<StateEntry>,
+    },
+    /// Reconfiguration state transfer (peer channel): event-time timers of moved keys.
+    Timers {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// (time, key) pairs.
+        timers: Vec<(Timestamp, Vec<u8>)>,
+    },
+    /// Reconfiguration state transfer (peer channel): the sender has sent everything it moves.
+    StateEnd {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+}
+
+/// One moved state entry: where it lives in the key layout, and its value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateEntry {
+    /// The key's bucket.
+    pub bucket: crate::BucketId,
+    /// The operator's state id.
+    pub state: u8,
+    /// The encoded user key.
+    pub key: Vec<u8>,
+    /// The encoded value.
+    pub value: Vec<u8>,
 }

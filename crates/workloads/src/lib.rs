@@ -59,12 +59,7 @@ pub fn build_query(name: &str, params: &QueryParams) -> Result<JobGraph, QueryEr
             valid: query_names().iter().map(|n| n.to_string()).collect(),
         });
     };
-    params
-        .validate(name)
-        .map_err(|reason| QueryError::InvalidParams {
-            query: name.to_string(),
-            reason,
-        })?;
+    params.validate(name).map_err(|reason| QueryError::InvalidParams { query: name.to_string(), reason })?;
     Ok(build(params)?)
 }
 
@@ -74,10 +69,8 @@ mod tests {
 
     #[test]
     fn unknown_query_lists_valid_names() {
-        let err = build_query("nope", &QueryParams::default())
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err =
+            build_query("nope", &QueryParams::default()).err().map(|e| e.to_string()).unwrap_or_default();
         for name in query_names() {
             assert!(err.contains(name), "{err}");
         }

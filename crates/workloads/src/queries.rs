@@ -2,8 +2,8 @@
 //! job configs and reconfiguration requests refer to them.
 
 use koala_dataflow::{
-    Data, Dataflow, DataflowError, JobGraph, KeyedEvent, KeyedEvents, KeyedStream, ListState,
-    Stream, ValueState, Window, WindowSpec,
+    Data, Dataflow, DataflowError, JobGraph, KeyedEvent, KeyedEvents, KeyedStream, ListState, Stream,
+    ValueState, Window, WindowSpec,
 };
 
 use crate::outputs::{JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
@@ -26,14 +26,8 @@ const QUERIES: &[(&str, QueryBuilder)] = &[
 ];
 
 /// Every query name, in registry order.
-pub(crate) const NAMES: &[&str] = &[
-    "keyed-aggregate",
-    "last-n",
-    "tumbling-window",
-    "sliding-window",
-    "window-join",
-    "keyed-join",
-];
+pub(crate) const NAMES: &[&str] =
+    &["keyed-aggregate", "last-n", "tumbling-window", "sliding-window", "window-join", "keyed-join"];
 
 /// The builder of `name`.
 pub(crate) fn lookup(name: &str) -> Option<QueryBuilder> {
@@ -41,16 +35,8 @@ pub(crate) fn lookup(name: &str) -> Option<QueryBuilder> {
 }
 
 /// A keyed-event source `name` with `seed`, keyed by event key.
-fn keyed_events(
-    df: &Dataflow,
-    name: &str,
-    params: &QueryParams,
-    seed: u64,
-) -> KeyedStream<u64, KeyedEvent> {
-    let config = koala_dataflow::KeyedEventsConfig {
-        seed,
-        ..params.generator.clone()
-    };
+fn keyed_events(df: &Dataflow, name: &str, params: &QueryParams, seed: u64) -> KeyedStream<u64, KeyedEvent> {
+    let config = koala_dataflow::KeyedEventsConfig { seed, ..params.generator.clone() };
     KeyedEvents::source(df, name, params.source.clone(), config).key_by(|e: &KeyedEvent| e.key)
 }
 
@@ -74,11 +60,7 @@ fn keyed_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
                 *sum = sum.wrapping_add(e.value);
                 (*count, *sum)
             });
-            KeyedTotal {
-                key: *key,
-                count,
-                sum,
-            }
+            KeyedTotal { key: *key, count, sum }
         },
     );
     sink(&totals, params.sink);
@@ -94,10 +76,7 @@ fn last_n(params: &QueryParams) -> Result<JobGraph, DataflowError> {
         move |key: &u64, e: KeyedEvent, values: &mut ListState<i64>, out: &mut Vec<LastN>| {
             values.push(e.value);
             values.truncate_front(n);
-            out.push(LastN {
-                key: *key,
-                values: values.items().to_vec(),
-            });
+            out.push(LastN { key: *key, values: values.items().to_vec() });
         },
     );
     sink(&last, params.sink);
@@ -136,10 +115,7 @@ fn tumbling_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
 
 /// source → key_by → sliding (`window_ms`, `slide_ms`) "window" → sink.
 fn sliding_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
-    window_totals(
-        params,
-        WindowSpec::sliding(params.window_ms, params.slide_ms),
-    )
+    window_totals(params, WindowSpec::sliding(params.window_ms, params.slide_ms))
 }
 
 /// Sources "left" (seed) and "right" (seed + 1), keyed, joined per tumbling window → sink.
@@ -169,15 +145,11 @@ fn keyed_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let seed = params.generator.seed;
     let left = keyed_events(&df, "left", params, seed);
     let right = keyed_events(&df, "right", params, seed.wrapping_add(1));
-    let pairs = left.join(
-        "join",
-        &right,
-        |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
-            key: *key,
-            left_seq: l.seq,
-            right_seq: r.seq,
-        },
-    );
+    let pairs = left.join("join", &right, |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
+        key: *key,
+        left_seq: l.seq,
+        right_seq: r.seq,
+    });
     sink(&pairs, params.sink);
     df.build()
 }

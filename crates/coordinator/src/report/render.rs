@@ -24,33 +24,26 @@ const PLOT_SIZE: (u32, u32) = (1000, 450);
 pub(super) fn plot_font_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
-        FONT_CANDIDATES
-            .iter()
-            .any(|path| match std::fs::read(path) {
-                // plotters keeps fonts for the whole process, so the bytes must live as long.
-                Ok(bytes) => plotters::style::register_font(
-                    "sans-serif",
-                    FontStyle::Normal,
-                    Box::leak(bytes.into_boxed_slice()),
-                )
-                .is_ok(),
-                Err(_) => false,
-            })
+        FONT_CANDIDATES.iter().any(|path| match std::fs::read(path) {
+            // plotters keeps fonts for the whole process, so the bytes must live as long.
+            Ok(bytes) => plotters::style::register_font(
+                "sans-serif",
+                FontStyle::Normal,
+                Box::leak(bytes.into_boxed_slice()),
+            )
+            .is_ok(),
+            Err(_) => false,
+        })
     })
 }
 
 /// One line of a plot: name, colour, points.
 type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
 
-pub(super) fn write_plots(
-    summary: &ReportSummary,
-    out_dir: &Path,
-) -> Result<Vec<PathBuf>, ReportError> {
+pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let rows = &summary.table.rows;
     let line = |f: &dyn Fn(&SecondRow) -> Option<f64>| -> Vec<(f64, f64)> {
-        rows.iter()
-            .filter_map(|r| Some((r.t_s as f64, f(r)?)))
-            .collect()
+        rows.iter().filter_map(|r| Some((r.t_s as f64, f(r)?))).collect()
     };
     let mut marks = Vec::new();
     for r in &summary.reconfigurations {
@@ -79,11 +72,7 @@ pub(super) fn write_plots(
             "µs",
             vec![
                 ("mean", BLUE, line(&|r| r.batch_latency_mean_us)),
-                (
-                    "p99 (worst task)",
-                    MAGENTA,
-                    line(&|r| r.batch_latency_p99_us),
-                ),
+                ("p99 (worst task)", MAGENTA, line(&|r| r.batch_latency_p99_us)),
             ],
         ),
         (
@@ -101,19 +90,8 @@ pub(super) fn write_plots(
     let mut files = Vec::with_capacity(plots.len());
     for (file, title, unit, lines) in plots {
         let path = out_dir.join(file);
-        draw_plot(
-            &path,
-            title,
-            unit,
-            &lines,
-            &marks,
-            x_range.clone(),
-            summary.plots_have_text,
-        )
-        .map_err(|message| ReportError::Plot {
-            path: path.clone(),
-            message,
-        })?;
+        draw_plot(&path, title, unit, &lines, &marks, x_range.clone(), summary.plots_have_text)
+            .map_err(|message| ReportError::Plot { path: path.clone(), message })?;
         files.push(path);
     }
     Ok(files)
@@ -131,22 +109,14 @@ fn draw_plot(
     let err = |e: &dyn fmt::Display| e.to_string();
     let root = BitMapBackend::new(path, PLOT_SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let y_max = lines
-        .iter()
-        .flat_map(|(_, _, points)| points.iter().map(|p| p.1))
-        .fold(0.0_f64, f64::max);
+    let y_max = lines.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).fold(0.0_f64, f64::max);
     let y_top = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
     let mut builder = ChartBuilder::on(&root);
     builder.margin(15);
     if text {
-        builder
-            .caption(title, ("sans-serif", 22))
-            .x_label_area_size(45)
-            .y_label_area_size(80);
+        builder.caption(title, ("sans-serif", 22)).x_label_area_size(45).y_label_area_size(80);
     }
-    let mut chart = builder
-        .build_cartesian_2d(x_range, 0.0..y_top)
-        .map_err(|e| err(&e))?;
+    let mut chart = builder.build_cartesian_2d(x_range, 0.0..y_top).map_err(|e| err(&e))?;
     let mut mesh = chart.configure_mesh();
     if text {
         mesh.x_desc("time since run start (s)").y_desc(unit);
@@ -164,15 +134,10 @@ fn draw_plot(
     }
     for (name, colour, points) in lines {
         let series = chart
-            .draw_series(LineSeries::new(
-                points.iter().copied(),
-                colour.stroke_width(2),
-            ))
+            .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))
             .map_err(|e| err(&e))?;
         let colour = *colour;
-        series
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+        series.label(*name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
     }
     if text {
         chart
@@ -186,10 +151,7 @@ fn draw_plot(
 }
 
 fn escape_html(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 pub(super) fn render_html(summary: &ReportSummary) -> String {

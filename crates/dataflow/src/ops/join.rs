@@ -31,10 +31,7 @@ pub(crate) struct KeyedJoinLogic<K, L, R, O, F> {
 
 impl<K, L, R, O, F> KeyedJoinLogic<K, L, R, O, F> {
     pub(crate) fn new(f: Arc<F>) -> Self {
-        Self {
-            f,
-            _types: TypeTag::default(),
-        }
+        Self { f, _types: TypeTag::default() }
     }
 }
 
@@ -75,16 +72,14 @@ where
                 let l: L = decode(&record.value)?;
                 for r in sides.right.items() {
                     let out = (self.f)(&sides.key, &l, r);
-                    ctx.output
-                        .push(keyed_output(&record.key, &out, record.time)?);
+                    ctx.output.push(keyed_output(&record.key, &out, record.time)?);
                 }
                 sides.left.push(l);
             } else {
                 let r: R = decode(&record.value)?;
                 for l in sides.left.items() {
                     let out = (self.f)(&sides.key, l, &r);
-                    ctx.output
-                        .push(keyed_output(&record.key, &out, record.time)?);
+                    ctx.output.push(keyed_output(&record.key, &out, record.time)?);
                 }
                 sides.right.push(r);
             }

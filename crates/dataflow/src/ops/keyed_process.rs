@@ -62,18 +62,11 @@ pub(crate) struct KeyedProcessLogic<K, T, S, L, O> {
 
 impl<K, T, S, L, O> KeyedProcessLogic<K, T, S, L, O> {
     pub(crate) fn new(f: Arc<ProcessFn<K, T, S, L, O>>, shape: StateShape) -> Self {
-        Self {
-            f,
-            shape,
-            out: Vec::new(),
-            _input: PhantomData,
-        }
+        Self { f, shape, out: Vec::new(), _input: PhantomData }
     }
 }
 
-impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic
-    for KeyedProcessLogic<K, T, S, L, O>
-{
+impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic for KeyedProcessLogic<K, T, S, L, O> {
     fn state_ids(&self) -> &[StateId] {
         self.shape.ids()
     }
@@ -104,13 +97,7 @@ impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic
                     },
                 })
             })?;
-            (self.f)(
-                &entry.key,
-                value,
-                &mut entry.value,
-                &mut entry.list,
-                &mut self.out,
-            );
+            (self.f)(&entry.key, value, &mut entry.value, &mut entry.list, &mut self.out);
             for o in self.out.drain(..) {
                 ctx.output.push(keyed_output(&record.key, &o, record.time)?);
             }

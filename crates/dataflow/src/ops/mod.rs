@@ -14,14 +14,6 @@ use serde::Serialize;
 use crate::logic::DataflowError;
 
 /// Encodes `value` into a record that keeps the input's key (keyed outputs keep their key).
-pub(crate) fn keyed_output<O: Serialize>(
-    key: &[u8],
-    value: &O,
-    time: u64,
-) -> Result<Record, DataflowError> {
-    Ok(Record {
-        key: key.to_vec(),
-        value: encode(value)?,
-        time,
-    })
+pub(crate) fn keyed_output<O: Serialize>(key: &[u8], value: &O, time: u64) -> Result<Record, DataflowError> {
+    Ok(Record { key: key.to_vec(), value: encode(value)?, time })
 }

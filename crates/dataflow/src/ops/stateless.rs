@@ -36,9 +36,7 @@ impl OperatorLogic for StatelessLogic {
 }
 
 /// `map`: one output per input, same key and time.
-pub(crate) fn map_fn<T: Data, O: Data>(
-    f: impl Fn(T) -> O + Send + Sync + 'static,
-) -> StatelessLogic {
+pub(crate) fn map_fn<T: Data, O: Data>(f: impl Fn(T) -> O + Send + Sync + 'static) -> StatelessLogic {
     StatelessLogic {
         f: Arc::new(move |r: &Record, out: &mut Vec<Record>| {
             let value: T = decode(&r.value)?;

@@ -50,12 +50,7 @@ pub(crate) struct WindowAggregateLogic<K, T, A, O> {
 
 impl<K, T, A, O> WindowAggregateLogic<K, T, A, O> {
     pub(crate) fn new(fns: Arc<AggregateFns<K, T, A, O>>, spec: WindowSpec, lateness: u64) -> Self {
-        Self {
-            fns,
-            spec,
-            lateness,
-            _types: TypeTag::default(),
-        }
+        Self { fns, spec, lateness, _types: TypeTag::default() }
     }
 }
 
@@ -64,9 +59,7 @@ pub(crate) fn result_time(window: Window) -> Timestamp {
     window.end.saturating_sub(1)
 }
 
-impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic
-    for WindowAggregateLogic<K, T, A, O>
-{
+impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic for WindowAggregateLogic<K, T, A, O> {
     fn state_ids(&self) -> &[StateId] {
         &[VALUE_STATE]
     }
@@ -95,18 +88,15 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic
                 }
                 let open = windows.get_or_insert_default();
                 let is_new = !open.contains_key(&window.start);
-                let slot = open.entry(window.start).or_insert_with(|| Slot {
-                    acc: (self.fns.init)(),
-                    fired: false,
-                });
+                let slot =
+                    open.entry(window.start).or_insert_with(|| Slot { acc: (self.fns.init)(), fired: false });
                 (self.fns.add)(&mut slot.acc, &value);
                 if passed(window.end) {
                     // Late but allowed: the window's end timer has fired (or fires with this
                     // watermark); emit the updated result now.
                     slot.fired = true;
                     let result = (self.fns.finish)(key, window, slot.acc.clone());
-                    ctx.output
-                        .push(keyed_output(&record.key, &result, result_time(window))?);
+                    ctx.output.push(keyed_output(&record.key, &result, result_time(window))?);
                 } else if is_new {
                     ctx.timers.push((record.key.clone(), window.end));
                 }
@@ -132,10 +122,7 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic
             let end = self.spec.window_at(*start).end;
             end <= time && (!slot.fired || end.saturating_add(self.lateness) <= time)
         };
-        if !state
-            .get()
-            .is_some_and(|open| open.iter().any(fires_or_expires))
-        {
+        if !state.get().is_some_and(|open| open.iter().any(fires_or_expires)) {
             return Ok(()); // e.g. a duplicate timer: leave the state untouched
         }
         let Some(mut open) = state.take() else {
@@ -165,8 +152,7 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic
                 }
             };
             if let Some(result) = result {
-                ctx.output
-                    .push(keyed_output(key_bytes, &result, result_time(window))?);
+                ctx.output.push(keyed_output(key_bytes, &result, result_time(window))?);
             }
         }
         if !open.is_empty() {

@@ -27,10 +27,7 @@ struct Buffers<L, R> {
 
 impl<L, R> Default for Buffers<L, R> {
     fn default() -> Self {
-        Self {
-            left: Vec::new(),
-            right: Vec::new(),
-        }
+        Self { left: Vec::new(), right: Vec::new() }
     }
 }
 
@@ -46,11 +43,7 @@ pub(crate) struct WindowJoinLogic<K, L, R, O> {
 
 impl<K, L, R, O> WindowJoinLogic<K, L, R, O> {
     pub(crate) fn new(f: Arc<WindowJoinFn<K, L, R, O>>, spec: WindowSpec) -> Self {
-        Self {
-            f,
-            spec,
-            _types: TypeTag::default(),
-        }
+        Self { f, spec, _types: TypeTag::default() }
     }
 }
 
@@ -125,8 +118,7 @@ impl<K: Data, L: Data, R: Data, O: Data> OperatorLogic for WindowJoinLogic<K, L,
             for l in &buffers.left {
                 for r in &buffers.right {
                     let pair = (self.f)(&key, window, l, r);
-                    ctx.output
-                        .push(keyed_output(key_bytes, &pair, result_time(window))?);
+                    ctx.output.push(keyed_output(key_bytes, &pair, result_time(window))?);
                 }
             }
         }

@@ -47,13 +47,14 @@ pub fn config(
 
 /// Runs `koala run` on a config; panics with its output if it fails.
 pub fn run_job(dir: &Path, config_text: &str) -> PathBuf {
+    run_job_logged(dir, config_text).0
+}
+
+/// Like [`run_job`], also returning what `koala run` printed.
+pub fn run_job_logged(dir: &Path, config_text: &str) -> (PathBuf, String) {
     let path = dir.join("job.toml");
     std::fs::write(&path, config_text).expect("write config");
-    let out = koala()
-        .arg("run")
-        .arg(&path)
-        .output()
-        .expect("start koala run");
+    let out = koala().arg("run").arg(&path).output().expect("start koala run");
     assert!(
         out.status.success(),
         "koala run failed ({})\nstdout:\n{}\nstderr:\n{}",
@@ -61,7 +62,7 @@ pub fn run_job(dir: &Path, config_text: &str) -> PathBuf {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    dir.join("out")
+    (dir.join("out"), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Every line every task of sink `sink` wrote, parsed.
@@ -70,17 +71,12 @@ pub fn sink_output<T: DeserializeOwned>(out_dir: &Path, sink: &str) -> Vec<T> {
     let prefix = format!("{sink}-");
     for entry in std::fs::read_dir(out_dir).expect("list output dir") {
         let path = entry.expect("entry").path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         if name.starts_with(&prefix) && name.ends_with(".jsonl") {
             let text = std::fs::read_to_string(&path).expect("read sink file");
             for line in text.lines() {
                 rows.push(
-                    serde_json::from_str(line)
-                        .unwrap_or_else(|e| panic!("bad line {line:?} in {name}: {e}")),
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("bad line {line:?} in {name}: {e}")),
                 );
             }
         }
@@ -125,18 +121,11 @@ pub fn assert_same<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
     actual: &BTreeMap<K, Vec<V>>,
     expected: &BTreeMap<K, Vec<V>>,
 ) {
-    assert!(
-        !expected.is_empty(),
-        "{what}: the expected output is empty; the test proves nothing"
-    );
+    assert!(!expected.is_empty(), "{what}: the expected output is empty; the test proves nothing");
     for (k, exp) in expected {
         let got = actual.get(k).map(Vec::as_slice).unwrap_or_default();
         if got != exp.as_slice() {
-            let at = got
-                .iter()
-                .zip(exp)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(exp.len()));
+            let at = got.iter().zip(exp).position(|(a, b)| a != b).unwrap_or(got.len().min(exp.len()));
             panic!(
                 "{what}: output of key {k:?} differs at position {at} (got {} rows, expected {}): got {:?}, expected {:?}",
                 got.len(),
@@ -146,12 +135,8 @@ pub fn assert_same<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
             );
         }
     }
-    let extra: Vec<&K> = actual
-        .keys()
-        .filter(|k| !expected.contains_key(k))
-        .collect();
-    assert!(
-        extra.is_empty(),
-        "{what}: unexpected keys in output: {extra:?}"
-    );
+    let extra: Vec<&K> = actual.keys().filter(|k| !expected.contains_key(k)).collect();
+    assert!(extra.is_empty(), "{what}: unexpected keys in output: {extra:?}");
 }
+
+pub mod oracle;

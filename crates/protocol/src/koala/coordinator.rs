@@ -139,7 +139,9 @@ impl KoalaCoordinator {
     /// Registers an operator with its deployed assignment.
     pub fn register(&mut self, spec: OperatorSpec) -> Result<(), ProtocolError> {
         if spec.assignment.is_empty() || spec.assignment.iter().any(|t| t.operator != spec.operator) {
-            return Err(ProtocolError::InvalidAssignment { reason: format!("bad assignment of {}", spec.operator) });
+            return Err(ProtocolError::InvalidAssignment {
+                reason: format!("bad assignment of {}", spec.operator),
+            });
         }
         let ever = spec.assignment.iter().copied().collect();
         self.operators.insert(
@@ -190,7 +192,11 @@ impl KoalaCoordinator {
                 if let Some(op) = self.operators.get_mut(&from.operator) {
                     let phase = std::mem::replace(&mut op.phase, Phase::Idle);
                     if let Phase::AwaitReady { reconf, .. } | Phase::AwaitDone { reconf, .. } = phase {
-                        out.push(CoordinatorAction::Aborted { operator: from.operator, epoch: reconf.epoch, error });
+                        out.push(CoordinatorAction::Aborted {
+                            operator: from.operator,
+                            epoch: reconf.epoch,
+                            error,
+                        });
                         self.start_next(from.operator, &mut out);
                     }
                 }
@@ -274,9 +280,13 @@ impl KoalaCoordinator {
     }
 
     fn start_next(&mut self, operator: OperatorId, out: &mut Vec<CoordinatorAction>) {
-        let Some(op) = self.operators.get_mut(&operator) else { return };
+        let Some(op) = self.operators.get_mut(&operator) else {
+            return;
+        };
         while matches!(op.phase, Phase::Idle) {
-            let Some(request) = op.queue.pop_front() else { return };
+            let Some(request) = op.queue.pop_front() else {
+                return;
+            };
             match plan(op, &request, self.next_epoch + 1) {
                 Ok(reconf) => {
                     self.next_epoch = reconf.epoch;
@@ -302,13 +312,19 @@ fn participants(old: &[TaskId], new: &[TaskId]) -> BTreeSet<TaskId> {
     old.iter().chain(new).copied().collect()
 }
 
-fn plan(op: &OperatorState, request: &ReconfigurationRequest, epoch: Epoch) -> Result<Reconfiguration, ProtocolError> {
+fn plan(
+    op: &OperatorState,
+    request: &ReconfigurationRequest,
+    epoch: Epoch,
+) -> Result<Reconfiguration, ProtocolError> {
     let moves = moves_between(&op.assignment, &request.assignment)?;
     let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
     if moves.is_empty() {
         return Err(bad("the request changes nothing".into()));
     }
-    if let Some(t) = request.assignment.iter().find(|t| t.operator != request.operator || op.retired.contains(t)) {
+    if let Some(t) =
+        request.assignment.iter().find(|t| t.operator != request.operator || op.retired.contains(t))
+    {
         return Err(bad(format!("{t} cannot own buckets of {}", request.operator)));
     }
     let old: BTreeSet<TaskId> = op.assignment.iter().copied().collect();
@@ -351,10 +367,20 @@ mod tests {
         let mut c = KoalaCoordinator::new();
         let up = BTreeSet::from([t(0, 0)]);
         for op in [1, 2] {
-            let spec = OperatorSpec { operator: OperatorId(op), assignment: vec![t(op, 0); 4], upstreams: up.clone() };
+            let spec = OperatorSpec {
+                operator: OperatorId(op),
+                assignment: vec![t(op, 0); 4],
+                upstreams: up.clone(),
+            };
             c.register(spec).expect("register");
         }
-        let req = |op, a: Vec<TaskId>| CoordinatorEvent::Request(ReconfigurationRequest { operator: OperatorId(op), assignment: a, extra_keys: 0 });
+        let req = |op, a: Vec<TaskId>| {
+            CoordinatorEvent::Request(ReconfigurationRequest {
+                operator: OperatorId(op),
+                assignment: a,
+                extra_keys: 0,
+            })
+        };
         let out1 = c.on(req(1, vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)]));
         assert!(out1.contains(&CoordinatorAction::DeployTask { task: t(1, 1) }));
         assert_eq!(starts(&out1), vec![(t(1, 0), 1), (t(1, 1), 1)]);
@@ -383,10 +409,18 @@ mod tests {
     #[test]
     fn bad_requests_are_refused_not_panicked() {
         let mut c = KoalaCoordinator::new();
-        let spec = OperatorSpec { operator: OperatorId(1), assignment: vec![t(1, 0); 4], upstreams: BTreeSet::new() };
+        let spec = OperatorSpec {
+            operator: OperatorId(1),
+            assignment: vec![t(1, 0); 4],
+            upstreams: BTreeSet::new(),
+        };
         c.register(spec).expect("register");
         for a in [vec![t(1, 0); 3], vec![t(1, 0); 4], vec![t(2, 0); 4]] {
-            let out = c.on(CoordinatorEvent::Request(ReconfigurationRequest { operator: OperatorId(1), assignment: a, extra_keys: 0 }));
+            let out = c.on(CoordinatorEvent::Request(ReconfigurationRequest {
+                operator: OperatorId(1),
+                assignment: a,
+                extra_keys: 0,
+            }));
             assert!(matches!(&out[..], [CoordinatorAction::Error(_)]), "{out:?}");
         }
         assert!(c.is_idle(OperatorId(1)));

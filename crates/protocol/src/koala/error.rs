@@ -108,7 +108,9 @@ impl fmt::Display for ProtocolError {
             Self::RecordAfterMarker { upstream, epoch } => {
                 write!(f, "upstream {upstream} sent an old-table record after its marker of epoch {epoch}")
             }
-            Self::UnknownUpstream { upstream } => write!(f, "input from unknown upstream {upstream}"),
+            Self::UnknownUpstream { upstream } => {
+                write!(f, "input from unknown upstream {upstream}")
+            }
             Self::UnexpectedMarker { upstream, epoch } => {
                 write!(f, "unexpected marker of epoch {epoch} from {upstream}")
             }
@@ -127,7 +129,9 @@ impl fmt::Display for ProtocolError {
             Self::FetchOfOwnedBucket { from, bucket } => {
                 write!(f, "{from} fetched state of bucket {bucket} from its owner")
             }
-            Self::UnexpectedAck { from, epoch } => write!(f, "unexpected ack from {from} for epoch {epoch}"),
+            Self::UnexpectedAck { from, epoch } => {
+                write!(f, "unexpected ack from {from} for epoch {epoch}")
+            }
             Self::InvalidAssignment { reason } => write!(f, "invalid assignment: {reason}"),
             Self::WatermarkRegressed { last, got } => {
                 write!(f, "watermark went back from {last} to {got}")

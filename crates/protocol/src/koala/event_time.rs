@@ -29,10 +29,10 @@ impl ChannelWatermarks {
     /// Records a watermark; a channel's watermarks may not go back.
     pub(crate) fn set(&mut self, channel: InputChannel, time: Timestamp) -> Result<(), ProtocolError> {
         if let Some(slot) = self.channels.get_mut(&channel) {
-            if let Some(last) = *slot {
-                if time < last {
-                    return Err(ProtocolError::WatermarkRegressed { last, got: time });
-                }
+            if let Some(last) = *slot
+                && time < last
+            {
+                return Err(ProtocolError::WatermarkRegressed { last, got: time });
             }
             *slot = Some(time);
         }
@@ -49,10 +49,20 @@ impl ChannelWatermarks {
     /// Minimum over live channels; `None` while one has not reported. Once every channel has closed
     /// the event time is `Timestamp::MAX`; a task that never had a channel has none.
     pub(crate) fn min(&self) -> Option<Timestamp> {
-        if self.channels.is_empty() {
+        self.min_over(|_| true)
+    }
+
+    /// Minimum over the upstream channels only: what bounds the records a sender still forwards.
+    pub(crate) fn min_upstream(&self) -> Option<Timestamp> {
+        self.min_over(|c| matches!(c, InputChannel::Upstream(_)))
+    }
+
+    fn min_over(&self, include: impl Fn(&InputChannel) -> bool) -> Option<Timestamp> {
+        let mut live = self.channels.iter().filter(|(c, _)| include(c)).peekable();
+        if live.peek().is_none() {
             return self.closed_any.then_some(Timestamp::MAX);
         }
-        self.channels.values().try_fold(Timestamp::MAX, |acc, w| w.map(|w| acc.min(w)))
+        live.try_fold(Timestamp::MAX, |acc, (_, w)| w.map(|w| acc.min(w)))
     }
 }
 

@@ -31,15 +31,19 @@ mod messages;
 mod pipeline;
 pub mod sim;
 mod task;
+#[cfg(test)]
+mod tests;
 mod transition;
 mod upstream;
 
-pub use coordinator::{CoordinatorAction, CoordinatorEvent, KoalaCoordinator, OperatorSpec, ReconfigurationRequest};
+pub use coordinator::{
+    CoordinatorAction, CoordinatorEvent, KoalaCoordinator, OperatorSpec, ReconfigurationRequest,
+};
 pub use error::ProtocolError;
 pub use klt::{KeyLookupTable, key_hash};
 pub use messages::{
-    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputChannel, Moves, PeerMessage, Reconfiguration,
-    Role, TaskAck, moves_between,
+    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputChannel, Moves, PeerMessage,
+    Reconfiguration, Role, TaskAck, moves_between,
 };
 pub use task::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
 pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

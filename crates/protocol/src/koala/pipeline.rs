@@ -46,7 +46,12 @@ impl Pipeline {
         self.waiting.is_none() && self.outstanding.is_empty()
     }
 
-    fn request(&mut self, location: TaskId, keys: BTreeSet<Vec<u8>>, extra: Option<ExtraKeys>) -> (u64, FetchRequest) {
+    fn request(
+        &mut self,
+        location: TaskId,
+        keys: BTreeSet<Vec<u8>>,
+        extra: Option<ExtraKeys>,
+    ) -> (u64, FetchRequest) {
         self.next_id += 1;
         let id = self.next_id;
         let extra_buckets = extra.as_ref().map(|e| e.buckets.iter().copied().collect()).unwrap_or_default();
@@ -131,7 +136,12 @@ impl KoalaTask {
         }
     }
 
-    pub(super) fn on_fetch_request(&mut self, from: TaskId, request: FetchRequest, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+    pub(super) fn on_fetch_request(
+        &mut self,
+        from: TaskId,
+        request: FetchRequest,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
         let extra_buckets = request.extra.iter().flat_map(|e| e.buckets.iter().copied());
         let key_buckets = request.keys.iter().map(|k| bucket_of(k, self.num_buckets));
         for bucket in key_buckets.chain(extra_buckets) {
@@ -143,9 +153,16 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_fetch_response(&mut self, from: TaskId, response: FetchResponse, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+    pub(super) fn on_fetch_response(
+        &mut self,
+        from: TaskId,
+        response: FetchResponse,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
         let unknown = ProtocolError::UnknownFetchResponse { from, request: response.id };
-        let Some(o) = self.pipeline.outstanding.get(&response.id) else { return Err(unknown) };
+        let Some(o) = self.pipeline.outstanding.get(&response.id) else {
+            return Err(unknown);
+        };
         let answers_request = o.location == from
             && response.values.iter().all(|(k, _)| o.keys.contains(k))
             && response.extra.iter().all(|(k, _)| o.extra_buckets.contains(&bucket_of(k, self.num_buckets)))
@@ -153,7 +170,9 @@ impl KoalaTask {
         if !answers_request {
             return Err(unknown);
         }
-        let Some(o) = self.pipeline.outstanding.remove(&response.id) else { return Err(unknown) };
+        let Some(o) = self.pipeline.outstanding.remove(&response.id) else {
+            return Err(unknown);
+        };
         let mut entries = Vec::new();
         // Requested keys the location did not have are new: local from now on, too.
         for key in o.keys {
@@ -181,10 +200,8 @@ impl KoalaTask {
             }
             None => false,
         };
-        if ready {
-            if let Some(w) = self.pipeline.waiting.take() {
-                self.finish_batch(w.batch, out);
-            }
+        if ready && let Some(w) = self.pipeline.waiting.take() {
+            self.finish_batch(w.batch, out);
         }
         Ok(())
     }

@@ -276,7 +276,12 @@ impl KoalaTask {
         out
     }
 
-    fn on_records(&mut self, from: TaskId, records: Vec<Record>, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+    fn on_records(
+        &mut self,
+        from: TaskId,
+        records: Vec<Record>,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
         if !self.upstreams.contains(&from) {
             return Err(ProtocolError::UnknownUpstream { upstream: from });
         }
@@ -296,17 +301,20 @@ impl KoalaTask {
             }
         }
         for (to, records) in forwards {
-            out.push(TaskAction::SendToPeer { to, message: PeerMessage::Records { epoch: self.epoch, records } });
+            out.push(TaskAction::SendToPeer {
+                to,
+                message: PeerMessage::Records { epoch: self.epoch, records },
+            });
         }
         Ok(())
     }
 
     /// Where a record of `bucket` that came directly from upstream `from` goes.
     fn route_direct(&self, from: TaskId, bucket: BucketId) -> Route {
-        if let Some(t) = &self.transition {
-            if let Some(route) = t.route_direct(from, bucket, self.park_direct) {
-                return route;
-            }
+        if let Some(t) = &self.transition
+            && let Some(route) = t.route_direct(from, bucket, self.park_direct)
+        {
+            return route;
         }
         if self.klt.owns(bucket) {
             Route::Local
@@ -358,7 +366,17 @@ impl KoalaTask {
     /// The event time the task may claim now: the minimum over its input channels, kept below
     /// every record it holds (parked, queued, waiting for state).
     pub(super) fn frontier(&self) -> Option<Timestamp> {
-        let channels = self.watermarks.min()?;
+        self.below_held(self.watermarks.min()?)
+    }
+
+    /// The event time a sender promises on its peer channels: records it forwards come from its
+    /// upstreams, so its own inbound peer channels do not bound them (and must not: two tasks that
+    /// send to each other would wait on each other's hand-over).
+    pub(super) fn sender_frontier(&self) -> Option<Timestamp> {
+        self.below_held(self.watermarks.min_upstream()?)
+    }
+
+    fn below_held(&self, channels: Timestamp) -> Option<Timestamp> {
         match self.held.min() {
             None => Some(channels),
             Some(0) => None,
@@ -367,10 +385,12 @@ impl KoalaTask {
     }
 
     fn advance_watermark(&mut self, out: &mut Vec<TaskAction>) {
-        let Some(f) = self.frontier() else { return };
-        if let Some(t) = self.transition.as_mut() {
+        if let Some(f) = self.sender_frontier()
+            && let Some(t) = self.transition.as_mut()
+        {
             t.forward_watermark(f, out);
         }
+        let Some(f) = self.frontier() else { return };
         // Algorithm 1 line 4: no advance before every expected marker arrived.
         let gate_open = self.started && self.transition.as_ref().is_none_or(|t| t.markers_pending.is_empty());
         if gate_open && self.emitted.is_none_or(|e| f > e) {
@@ -385,7 +405,7 @@ impl KoalaTask {
             return;
         }
         for &loc in &self.retired {
-            if self.drained.get(&loc) == Some(&self.epoch) || self.klt.references(loc) {
+            if loc == self.id || self.drained.get(&loc) == Some(&self.epoch) || self.klt.references(loc) {
                 continue;
             }
             self.drained.insert(loc, self.epoch);

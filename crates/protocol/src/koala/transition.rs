@@ -69,16 +69,25 @@ impl Transition {
                 Some(Inbound::Closed) => None,
                 Some(Inbound::HandedOver) if park => Some(Route::Park),
                 Some(Inbound::HandedOver) => None,
-                _ => Some(Route::Reject(ProtocolError::Misrouted { bucket, channel: InputChannel::Upstream(from) })),
+                _ => Some(Route::Reject(ProtocolError::Misrouted {
+                    bucket,
+                    channel: InputChannel::Upstream(from),
+                })),
             };
         }
         let to = *self.forward.get(&bucket)?;
         if self.markers_seen.contains(&from) {
-            return Some(Route::Reject(ProtocolError::RecordAfterMarker { upstream: from, epoch: self.epoch() }));
+            return Some(Route::Reject(ProtocolError::RecordAfterMarker {
+                upstream: from,
+                epoch: self.epoch(),
+            }));
         }
         match self.outbound.get(&to).map(|(_, s)| s) {
             Some(Outbound::HandedOver(_)) => Some(Route::Forward(to)),
-            _ => Some(Route::Reject(ProtocolError::Misrouted { bucket, channel: InputChannel::Upstream(from) })),
+            _ => Some(Route::Reject(ProtocolError::Misrouted {
+                bucket,
+                channel: InputChannel::Upstream(from),
+            })),
         }
     }
 
@@ -86,11 +95,14 @@ impl Transition {
     pub(crate) fn forward_watermark(&mut self, frontier: Timestamp, out: &mut Vec<TaskAction>) {
         let epoch = self.epoch();
         for (&to, (_, state)) in self.outbound.iter_mut() {
-            if let Outbound::HandedOver(last) = state {
-                if last.is_none_or(|l| frontier > l) {
-                    *last = Some(frontier);
-                    out.push(TaskAction::SendToPeer { to, message: PeerMessage::Watermark { epoch, time: frontier } });
-                }
+            if let Outbound::HandedOver(last) = state
+                && last.is_none_or(|l| frontier > l)
+            {
+                *last = Some(frontier);
+                out.push(TaskAction::SendToPeer {
+                    to,
+                    message: PeerMessage::Watermark { epoch, time: frontier },
+                });
             }
         }
     }
@@ -102,7 +114,11 @@ impl Transition {
 }
 
 impl KoalaTask {
-    pub(super) fn on_start(&mut self, reconf: Arc<Reconfiguration>, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+    pub(super) fn on_start(
+        &mut self,
+        reconf: Arc<Reconfiguration>,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
         if reconf.epoch <= self.epoch || self.transition.is_some() {
             return Err(ProtocolError::StaleEpoch { got: reconf.epoch, current: self.epoch });
         }
@@ -142,7 +158,8 @@ impl KoalaTask {
             .outbound
             .into_iter()
             .map(|(to, buckets)| {
-                let state = if reconf.new_tasks.contains(&to) { Outbound::Open(None) } else { Outbound::AwaitOpen };
+                let state =
+                    if reconf.new_tasks.contains(&to) { Outbound::Open(None) } else { Outbound::AwaitOpen };
                 (to, (buckets, state))
             })
             .collect();
@@ -170,7 +187,9 @@ impl KoalaTask {
 
     pub(super) fn on_marker(&mut self, from: TaskId, epoch: Epoch) -> Result<(), ProtocolError> {
         let unexpected = ProtocolError::UnexpectedMarker { upstream: from, epoch };
-        let Some(t) = self.transition.as_mut() else { return Err(unexpected) };
+        let Some(t) = self.transition.as_mut() else {
+            return Err(unexpected);
+        };
         if t.epoch() != epoch || !t.markers_pending.remove(&from) {
             return Err(unexpected);
         }
@@ -178,7 +197,12 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_peer(&mut self, from: TaskId, message: PeerMessage, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+    pub(super) fn on_peer(
+        &mut self,
+        from: TaskId,
+        message: PeerMessage,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
         let epoch = message.epoch();
         let unexpected = |reason| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason };
         if epoch > self.epoch {
@@ -198,7 +222,8 @@ impl KoalaTask {
                 let Some((_, state @ Inbound::Awaiting)) = t.inbound.get_mut(&from) else {
                     return Err(unexpected("hand-over from a task that is not a pending sender"));
                 };
-                let expected: BTreeSet<BucketId> = t.incoming.iter().filter(|(_, s)| **s == from).map(|(b, _)| *b).collect();
+                let expected: BTreeSet<BucketId> =
+                    t.incoming.iter().filter(|(_, s)| **s == from).map(|(b, _)| *b).collect();
                 let got: BTreeSet<BucketId> = hand_over.buckets.iter().map(|b| b.bucket).collect();
                 if expected != got {
                     return Err(unexpected("hand-over of other buckets than the moves say"));
@@ -222,7 +247,10 @@ impl KoalaTask {
                         self.held.add(r.time);
                         self.pipeline.inbox.push_back(r);
                     } else {
-                        out.push(TaskAction::Error(ProtocolError::Misrouted { bucket, channel: InputChannel::Peer(from) }));
+                        out.push(TaskAction::Error(ProtocolError::Misrouted {
+                            bucket,
+                            channel: InputChannel::Peer(from),
+                        }));
                     }
                 }
             }
@@ -251,9 +279,11 @@ impl KoalaTask {
 
     /// Hands over to every receiver that is ready; true if any hand-over happened.
     pub(super) fn try_hand_over(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let frontier = self.frontier();
+        let frontier = self.sender_frontier();
         let quiet = self.pipeline.is_quiet();
-        let Some(t) = self.transition.as_mut() else { return false };
+        let Some(t) = self.transition.as_mut() else {
+            return false;
+        };
         if !quiet {
             return false;
         }
@@ -272,17 +302,27 @@ impl KoalaTask {
         }
         let epoch = t.epoch();
         for to in ready {
-            let Some(t) = self.transition.as_mut() else { break };
-            let Some((buckets, state)) = t.outbound.get_mut(&to) else { continue };
+            let Some(t) = self.transition.as_mut() else {
+                break;
+            };
+            let Some((buckets, state)) = t.outbound.get_mut(&to) else {
+                continue;
+            };
             let buckets = buckets.clone();
             *state = Outbound::HandedOver(frontier);
             t.forward.extend(buckets.iter().map(|&b| (b, to)));
             let mut hand_over = self.klt.take(&buckets);
             hand_over.watermark = frontier;
-            out.push(TaskAction::SendToPeer { to, message: PeerMessage::HandOver { epoch, hand_over: Box::new(hand_over) } });
+            out.push(TaskAction::SendToPeer {
+                to,
+                message: PeerMessage::HandOver { epoch, hand_over: Box::new(hand_over) },
+            });
             let moved = self.take_inbox(&buckets.iter().copied().collect());
             if !moved.is_empty() {
-                out.push(TaskAction::SendToPeer { to, message: PeerMessage::Records { epoch, records: moved } });
+                out.push(TaskAction::SendToPeer {
+                    to,
+                    message: PeerMessage::Records { epoch, records: moved },
+                });
             }
         }
         true
@@ -290,7 +330,9 @@ impl KoalaTask {
 
     /// Acks `PeerReady`, closes peer channels after all markers, and acks `Done`.
     pub(super) fn check_ready_and_done(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let Some(t) = self.transition.as_mut() else { return false };
+        let Some(t) = self.transition.as_mut() else {
+            return false;
+        };
         let epoch = t.epoch();
         let mut changed = false;
         if !t.ready_sent && t.inbound.values().all(|(_, s)| *s != Inbound::Awaiting) {
@@ -312,7 +354,10 @@ impl KoalaTask {
             && t.outbound.values().all(|(_, s)| *s == Outbound::Closed)
             && t.inbound.values().all(|(_, s)| *s == Inbound::Closed);
         if done {
-            debug_assert!(t.parked.values().all(VecDeque::is_empty), "parked records outlive their peer channel");
+            debug_assert!(
+                t.parked.values().all(VecDeque::is_empty),
+                "parked records outlive their peer channel"
+            );
             let leftover: Vec<Record> = std::mem::take(&mut t.parked).into_values().flatten().collect();
             self.pipeline.inbox.extend(leftover);
             self.transition = None;

@@ -83,14 +83,21 @@ impl UpstreamRouter {
                     let to = self.table[usize::from(bucket_of(&r.key, n))];
                     per.entry(to).or_default().push(r);
                 }
-                out.extend(per.into_iter().map(|(to, rs)| RouterAction::Send { to, message: ChannelMessage::Batch(rs) }));
+                out.extend(
+                    per.into_iter()
+                        .map(|(to, rs)| RouterAction::Send { to, message: ChannelMessage::Batch(rs) }),
+                );
             }
             RouterEvent::Watermark(time) => {
                 if let Some(last) = self.watermark.filter(|&l| time < l) {
                     return Err(ProtocolError::WatermarkRegressed { last, got: time });
                 }
                 self.watermark = Some(time);
-                out.extend(self.outputs.iter().map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(time) }));
+                out.extend(
+                    self.outputs
+                        .iter()
+                        .map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(time) }),
+                );
             }
             RouterEvent::SwitchRouting { epoch, assignment } => {
                 if epoch <= self.epoch {
@@ -107,7 +114,11 @@ impl UpstreamRouter {
                 }
                 if let Some(w) = self.watermark {
                     // The first thing a new channel carries after its marker (paper §3.2).
-                    out.extend(new_outputs.iter().map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(w) }));
+                    out.extend(
+                        new_outputs
+                            .iter()
+                            .map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(w) }),
+                    );
                 }
                 self.epoch = epoch;
                 self.table = assignment;
@@ -116,7 +127,11 @@ impl UpstreamRouter {
             RouterEvent::EndOfStream => {
                 if !self.ended {
                     self.ended = true;
-                    out.extend(self.outputs.iter().map(|&to| RouterAction::Send { to, message: ChannelMessage::EndOfStream }));
+                    out.extend(
+                        self.outputs
+                            .iter()
+                            .map(|&to| RouterAction::Send { to, message: ChannelMessage::EndOfStream }),
+                    );
                 }
             }
         }
@@ -151,7 +166,10 @@ mod tests {
                 RouterAction::Send { to: b, message: ChannelMessage::Watermark(7) },
             ]
         );
-        assert!(matches!(r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![a, b] })[..], [RouterAction::Error(_)]));
+        assert!(matches!(
+            r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![a, b] })[..],
+            [RouterAction::Error(_)]
+        ));
         assert!(matches!(r.on(RouterEvent::Watermark(3))[..], [RouterAction::Error(_)]));
     }
 }

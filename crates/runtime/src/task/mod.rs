@@ -3,21 +3,24 @@
 mod operator;
 mod sink;
 mod source;
+mod transfer;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use koala_dataflow::OperatorSpec;
-use koala_protocol::{RuntimeOptions, WorkerMessage};
+use koala_protocol::{ReconfigPlan, RuntimeOptions, TaskAck, WorkerMessage};
 use koala_state::StateBackend;
-use koala_types::TaskId;
+use koala_types::{ChannelMessage, Epoch, TaskId};
 
 pub use self::operator::run_operator;
 pub use self::sink::run_sink;
 pub use self::source::run_source;
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
+use crate::links::{Links, build_edge};
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
 
@@ -26,6 +29,22 @@ use crate::output::Outputs;
 pub enum TaskCommand {
     /// A source ends now, as if exhausted.
     StopSource,
+    /// The task belongs to the reconfigured operator: learn what it sends and receives.
+    Prepare(Arc<ReconfigPlan>),
+    /// The task consumes the reconfigured operator: expect these new input channels.
+    AddInputs {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// Channels from the operator's new tasks.
+        channels: Vec<InputChannel>,
+    },
+    /// The task feeds the reconfigured operator: send a marker on every output and pause.
+    Drain {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Switch to the plan's routing and resume (after `Drain`).
+    Resume(Arc<ReconfigPlan>),
 }
 
 /// Everything a task loop runs with.
@@ -36,6 +55,8 @@ pub struct TaskSetup {
     pub spec: OperatorSpec,
     /// Tasks of its operator.
     pub parallelism: u32,
+    /// What it needs to open channels later (reconfiguration).
+    pub links: Links,
     /// Its input queue.
     pub inbox: Receiver<TaskInput>,
     /// Commands from the worker.
@@ -55,6 +76,59 @@ pub struct TaskSetup {
 }
 
 impl TaskSetup {
+    /// Acknowledges a reconfiguration phase to the coordinator.
+    pub(crate) fn ack(&self, epoch: Epoch, ack: TaskAck) {
+        let _ = self.events.send(WorkerMessage::TaskAck { task: self.task, epoch, ack });
+    }
+
+    /// The upstream side of stop-and-restart: a marker on every output, pause until `Resume`,
+    /// then switch the edges to the reconfigured operator. Returns true if a `StopSource`
+    /// arrived while paused.
+    pub(crate) fn drain_and_pause(
+        &self,
+        epoch: Epoch,
+        outputs: &mut Outputs,
+        metrics: &mut TaskMetrics,
+    ) -> Result<bool, RuntimeError> {
+        outputs.broadcast(&ChannelMessage::Marker(epoch))?;
+        self.ack(epoch, TaskAck::Paused);
+        let mut stop = false;
+        loop {
+            let wait = metrics.next_tick().saturating_duration_since(Instant::now());
+            match self.commands.recv_timeout(wait) {
+                Ok(TaskCommand::Resume(plan)) if plan.epoch == epoch => {
+                    let mut edges = Vec::new();
+                    for (consumer, input) in self.links.graph.consumers(self.task.operator) {
+                        if consumer == plan.operator {
+                            edges.push(build_edge(
+                                &self.links,
+                                &plan.deployment,
+                                self.task,
+                                consumer,
+                                input,
+                            )?);
+                        }
+                    }
+                    outputs.replace_edges(plan.operator, edges)?;
+                    self.ack(epoch, TaskAck::Resumed);
+                    return Ok(stop);
+                }
+                Ok(TaskCommand::StopSource) => stop = true,
+                Ok(other) => {
+                    tracing::error!(task = %self.task, epoch, command = ?other, "unexpected command while paused; ignored");
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(RuntimeError::Deployment(format!(
+                        "{} lost its worker while paused",
+                        self.task
+                    )));
+                }
+            }
+            self.report(metrics, outputs, Instant::now());
+        }
+    }
+
     /// Sends the second's samples if one ended.
     pub(crate) fn report(&self, metrics: &mut TaskMetrics, outputs: &mut Outputs, now: Instant) {
         metrics.backpressure += std::mem::take(&mut outputs.backpressure);
@@ -74,10 +148,7 @@ pub fn run_task(setup: TaskSetup, body: fn(TaskSetup) -> Result<(), RuntimeError
         }
         Err(e) => {
             tracing::error!(%task, error = %e, "task failed");
-            let _ = events.send(WorkerMessage::TaskFailed {
-                task,
-                error: e.to_string(),
-            });
+            let _ = events.send(WorkerMessage::TaskFailed { task, error: e.to_string() });
         }
     }
 }

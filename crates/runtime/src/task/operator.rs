@@ -9,10 +9,12 @@ use koala_dataflow::{OperatorContext, OperatorKind, TaskInstance};
 use koala_protocol::WatermarkAligner;
 use koala_types::{ChannelMessage, Record, Timestamp};
 
+use super::transfer::Transfer;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::batch_state::{BatchState, NoState};
 use crate::channel::InputChannel;
+use crate::links::PEER_INPUT;
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
 use crate::timers::TimerService;
@@ -27,26 +29,17 @@ struct OperatorTask {
     aligner: WatermarkAligner<InputChannel>,
     timers: TimerService,
     metrics: TaskMetrics,
+    /// This task's part in the running reconfiguration of its own operator, if any.
+    transfer: Option<Transfer>,
 }
 
 /// Runs a transform task until every input channel has ended.
 pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
-    let OperatorKind::Transform {
-        factory,
-        event_time,
-        allowed_lateness,
-        ..
-    } = setup.spec.kind.clone()
+    let OperatorKind::Transform { factory, event_time, allowed_lateness, .. } = setup.spec.kind.clone()
     else {
-        return Err(RuntimeError::Deployment(format!(
-            "{} is not a transform",
-            setup.spec.name
-        )));
+        return Err(RuntimeError::Deployment(format!("{} is not a transform", setup.spec.name)));
     };
-    let logic = factory(TaskInstance {
-        index: setup.task.index,
-        parallelism: setup.parallelism,
-    });
+    let logic = factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism });
     let mut task = OperatorTask {
         logic,
         event_time,
@@ -54,28 +47,21 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
         timers: TimerService::default(),
         metrics: TaskMetrics::new(setup.task, false),
+        transfer: None,
     };
-    let mut outputs = std::mem::replace(
-        &mut setup.outputs,
-        Outputs::new(Vec::new(), 1, Duration::ZERO),
-    );
+    let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     if setup.inputs.is_empty() {
-        return Err(RuntimeError::Deployment(format!(
-            "{} has no inputs",
-            setup.task
-        )));
+        return Err(RuntimeError::Deployment(format!("{} has no inputs", setup.task)));
     }
     loop {
         let now = Instant::now();
-        let deadline = outputs
-            .next_deadline()
-            .map_or(task.metrics.next_tick(), |d| {
-                d.min(task.metrics.next_tick())
-            });
+        let deadline =
+            outputs.next_deadline().map_or(task.metrics.next_tick(), |d| d.min(task.metrics.next_tick()));
         let timeout = deadline.saturating_duration_since(now);
         select! {
             recv(setup.commands) -> cmd => match cmd {
-                Ok(TaskCommand::StopSource) | Err(_) => {}
+                Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
+                Err(_) => return Err(RuntimeError::Deployment(format!("{} lost its worker", setup.task))),
             },
             recv(setup.inbox) -> item => {
                 let Ok(item) = item else {
@@ -97,6 +83,37 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl OperatorTask {
+    fn on_command(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        cmd: TaskCommand,
+    ) -> Result<(), RuntimeError> {
+        match cmd {
+            TaskCommand::Prepare(plan) => {
+                let mut transfer = Transfer::new(setup, plan, self.aligner.channels());
+                // A task whose inputs have all ended has nothing to wait for.
+                transfer.send_if_drained(setup, outputs, &mut self.timers, &mut self.metrics)?;
+                self.transfer = if transfer.finished() { None } else { Some(transfer) };
+            }
+            TaskCommand::AddInputs { epoch, channels } => {
+                for c in channels {
+                    self.aligner.add_channel(c);
+                }
+                setup.ack(epoch, koala_protocol::TaskAck::Prepared);
+            }
+            TaskCommand::Drain { epoch } => {
+                outputs.flush_all()?;
+                setup.drain_and_pause(epoch, outputs, &mut self.metrics)?;
+            }
+            TaskCommand::StopSource => {}
+            TaskCommand::Resume(plan) => {
+                tracing::error!(task = %setup.task, epoch = plan.epoch, "resume without drain; ignored");
+            }
+        }
+        Ok(())
+    }
+
     /// Handles one input message; returns true once every input has ended.
     fn on_message(
         &mut self,
@@ -105,26 +122,63 @@ impl OperatorTask {
         channel: InputChannel,
         message: ChannelMessage,
     ) -> Result<bool, RuntimeError> {
-        match message {
-            ChannelMessage::Batch(records) => {
-                self.on_batch(setup, outputs, channel.input, records)?
+        if channel.input == PEER_INPUT {
+            let Some(transfer) = self.transfer.as_mut() else {
+                tracing::error!(task = %setup.task, from = %channel.from, "state from a peer outside a reconfiguration; ignored");
+                return Ok(false);
+            };
+            transfer.on_peer(setup, channel.from, message, &mut self.timers)?;
+            if transfer.finished() {
+                self.transfer = None;
             }
+            return Ok(self.aligner.live_channels() == 0 && self.transfer.is_none());
+        }
+        match message {
+            ChannelMessage::Batch(records) => self.on_batch(setup, outputs, channel.input, records)?,
             ChannelMessage::Watermark(w) => {
                 if let Some(w) = self.aligner.update(&channel, w) {
                     self.advance(setup, outputs, w)?;
                 }
             }
-            ChannelMessage::Marker(epoch) => {
-                tracing::debug!(task = %setup.task, epoch, ?channel, "marker");
-            }
+            ChannelMessage::Marker(epoch) => self.on_marker(setup, outputs, &channel, epoch)?,
             ChannelMessage::EndOfStream => {
                 if let Some(w) = self.aligner.close(&channel) {
                     self.advance(setup, outputs, w)?;
                 }
-                return Ok(self.aligner.live_channels() == 0);
+                if let Some(epoch) = self.transfer.as_ref().map(Transfer::epoch) {
+                    self.on_marker(setup, outputs, &channel, epoch)?;
+                }
+                // With every input ended but state still arriving, keep running until it has.
+                return Ok(self.aligner.live_channels() == 0 && self.transfer.is_none());
+            }
+            ChannelMessage::State { .. }
+            | ChannelMessage::Timers { .. }
+            | ChannelMessage::StateEnd { .. } => {
+                tracing::error!(task = %setup.task, ?channel, "state transfer message on a data channel; ignored");
             }
         }
         Ok(false)
+    }
+
+    fn on_marker(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        channel: &InputChannel,
+        epoch: u64,
+    ) -> Result<(), RuntimeError> {
+        match self.transfer.as_mut() {
+            Some(t) if t.epoch() == epoch => {
+                t.on_marker(setup, channel, outputs, &mut self.timers, &mut self.metrics)?;
+                if t.finished() {
+                    self.transfer = None;
+                }
+            }
+            _ => {
+                tracing::trace!(task = %setup.task, epoch, ?channel, "marker of another operator's reconfiguration")
+            }
+        }
+        Ok(())
     }
 
     fn on_batch(

@@ -5,12 +5,13 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::select;
 use koala_dataflow::logic::{SinkFormat, SinkLogic, ValueToJson};
 use koala_dataflow::{OperatorKind, TaskInstance};
+use koala_protocol::TaskAck;
 use koala_types::{ChannelMessage, Record};
 
-use super::TaskSetup;
+use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::metrics::TaskMetrics;
 
@@ -39,9 +40,7 @@ impl Writer {
 
     fn flush(&mut self) -> Result<(), RuntimeError> {
         match self {
-            Self::Lines(out, _) => out
-                .flush()
-                .map_err(|e| RuntimeError::io("flushing sink output", e)),
+            Self::Lines(out, _) => out.flush().map_err(|e| RuntimeError::io("flushing sink output", e)),
             Self::Discard => Ok(()),
             Self::Custom(sink) => Ok(sink.flush()?),
         }
@@ -56,63 +55,58 @@ pub fn sink_file(dir: &str, sink: &str, index: u32) -> PathBuf {
 /// Runs a sink task until every input channel has ended.
 pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
     let OperatorKind::Sink { format } = setup.spec.kind.clone() else {
-        return Err(RuntimeError::Deployment(format!(
-            "{} is not a sink",
-            setup.spec.name
-        )));
+        return Err(RuntimeError::Deployment(format!("{} is not a sink", setup.spec.name)));
     };
     let mut writer = match format {
         SinkFormat::JsonLines(to_json) => {
             let path = sink_file(&setup.options.sink_dir, &setup.spec.name, setup.task.index);
-            let file = File::create(&path).map_err(|e| {
-                RuntimeError::io(format!("creating sink file {}", path.display()), e)
-            })?;
+            let file = File::create(&path)
+                .map_err(|e| RuntimeError::io(format!("creating sink file {}", path.display()), e))?;
             Writer::Lines(Box::new(BufWriter::new(file)), to_json)
         }
         SinkFormat::Stdout(to_json) => Writer::Lines(Box::new(std::io::stdout()), to_json),
         SinkFormat::Discard => Writer::Discard,
-        SinkFormat::Custom(factory) => Writer::Custom(factory(TaskInstance {
-            index: setup.task.index,
-            parallelism: setup.parallelism,
-        })?),
+        SinkFormat::Custom(factory) => {
+            Writer::Custom(factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism })?)
+        }
     };
     let mut open = setup.inputs.clone();
     let mut metrics = TaskMetrics::new(setup.task, false);
     let mut outputs = crate::output::Outputs::new(Vec::new(), 1, Duration::ZERO);
     while !open.is_empty() {
-        match setup.inbox.recv_timeout(
-            metrics
-                .next_tick()
-                .saturating_duration_since(Instant::now()),
-        ) {
-            Ok(item) => match item.message {
-                ChannelMessage::Batch(records) => {
-                    let started = Instant::now();
-                    writer.write(&records)?;
-                    metrics.records_in += records.len() as u64;
-                    metrics.records_out += records.len() as u64;
-                    metrics.record_batch(started.elapsed());
+        let timeout = metrics.next_tick().saturating_duration_since(Instant::now());
+        select! {
+            recv(setup.commands) -> cmd => match cmd {
+                Ok(TaskCommand::AddInputs { epoch, channels }) => {
+                    open.extend(channels);
+                    setup.ack(epoch, TaskAck::Prepared);
                 }
-                ChannelMessage::EndOfStream => {
-                    open.remove(&item.channel);
-                }
-                ChannelMessage::Watermark(_) | ChannelMessage::Marker(_) => {}
+                Ok(other) => tracing::error!(task = %setup.task, command = ?other, "command a sink cannot apply; ignored"),
+                Err(_) => return Err(RuntimeError::Deployment(format!("{} lost its worker", setup.task))),
             },
-            Err(RecvTimeoutError::Timeout) => writer.flush()?,
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(RuntimeError::Deployment(format!(
-                    "input queue of {} closed",
-                    setup.task
-                )));
-            }
+            recv(setup.inbox) -> item => {
+                let Ok(item) = item else {
+                    return Err(RuntimeError::Deployment(format!("input queue of {} closed", setup.task)));
+                };
+                match item.message {
+                    ChannelMessage::Batch(records) => {
+                        let started = Instant::now();
+                        writer.write(&records)?;
+                        metrics.records_in += records.len() as u64;
+                        metrics.records_out += records.len() as u64;
+                        metrics.record_batch(started.elapsed());
+                    }
+                    ChannelMessage::EndOfStream => {
+                        open.remove(&item.channel);
+                    }
+                    _ => {}
+                }
+            },
+            default(timeout) => writer.flush()?,
         }
         setup.report(&mut metrics, &mut outputs, Instant::now());
     }
     writer.flush()?;
-    setup.report(
-        &mut metrics,
-        &mut outputs,
-        Instant::now() + Duration::from_secs(1),
-    );
+    setup.report(&mut metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
     Ok(())
 }

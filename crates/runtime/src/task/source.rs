@@ -18,20 +18,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(5);
 /// Runs a source task until it is exhausted or told to stop.
 pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let OperatorKind::Source { factory, options } = setup.spec.kind.clone() else {
-        return Err(RuntimeError::Deployment(format!(
-            "{} is not a source",
-            setup.spec.name
-        )));
+        return Err(RuntimeError::Deployment(format!("{} is not a source", setup.spec.name)));
     };
-    let mut logic = factory(TaskInstance {
-        index: setup.task.index,
-        parallelism: setup.parallelism,
-    });
+    let mut logic = factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism });
     let paced = logic.paced_by_runtime();
-    let mut outputs = std::mem::replace(
-        &mut setup.outputs,
-        Outputs::new(Vec::new(), 1, Duration::ZERO),
-    );
+    let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let mut metrics = TaskMetrics::new(setup.task, true);
     let batch = setup.options.batch_records.max(1);
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
@@ -45,9 +36,10 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut lag_samples = Vec::new();
     loop {
         // Commands first: a stop request ends the source between two batches.
-        match setup.commands.try_recv() {
-            Ok(TaskCommand::StopSource) => break,
-            Err(_) => {}
+        if let Ok(cmd) = setup.commands.try_recv()
+            && on_command(&setup, cmd, &mut outputs, &mut metrics)?
+        {
+            break;
         }
         let now = Instant::now();
         let elapsed_ms = now.duration_since(started).as_secs_f64() * 1000.0;
@@ -64,18 +56,16 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             allowed = n;
         }
         if allowed == 0 {
-            let due_ms = options
-                .rate
-                .due_ms(emitted, setup.parallelism)
-                .unwrap_or(elapsed_ms);
+            let due_ms = options.rate.due_ms(emitted, setup.parallelism).unwrap_or(elapsed_ms);
             let due_at = started + Duration::from_secs_f64(due_ms / 1000.0);
             let wake = due_at.min(next_wm).min(metrics.next_tick());
             outputs.flush_all()?;
-            match setup
-                .commands
-                .recv_timeout(wake.saturating_duration_since(Instant::now()))
-            {
-                Ok(TaskCommand::StopSource) => break,
+            match setup.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+                Ok(cmd) => {
+                    if on_command(&setup, cmd, &mut outputs, &mut metrics)? {
+                        break;
+                    }
+                }
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
             }
         } else {
@@ -107,7 +97,9 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             }
             if was_empty && !paced {
                 outputs.flush_all()?;
-                if let Ok(TaskCommand::StopSource) = setup.commands.recv_timeout(IDLE_WAIT) {
+                if let Ok(cmd) = setup.commands.recv_timeout(IDLE_WAIT)
+                    && on_command(&setup, cmd, &mut outputs, &mut metrics)?
+                {
                     break;
                 }
             }
@@ -128,10 +120,26 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     }
     outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
     outputs.broadcast(&ChannelMessage::EndOfStream)?;
-    setup.report(
-        &mut metrics,
-        &mut outputs,
-        Instant::now() + Duration::from_secs(1),
-    );
+    setup.report(&mut metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
     Ok(())
+}
+
+/// Handles a command between two batches; returns true if the source must end now.
+fn on_command(
+    setup: &TaskSetup,
+    cmd: TaskCommand,
+    outputs: &mut Outputs,
+    metrics: &mut TaskMetrics,
+) -> Result<bool, RuntimeError> {
+    match cmd {
+        TaskCommand::StopSource => Ok(true),
+        TaskCommand::Drain { epoch } => {
+            outputs.flush_all()?;
+            setup.drain_and_pause(epoch, outputs, metrics)
+        }
+        other => {
+            tracing::error!(task = %setup.task, command = ?other, "command a source cannot apply; ignored");
+            Ok(false)
+        }
+    }
 }

@@ -82,10 +82,7 @@ impl NexmarkConfig {
     pub fn validate(&self) -> Result<(), NexmarkConfigError> {
         let bad = |msg: String| Err(NexmarkConfigError(msg));
         if !(0.0..=1.0).contains(&self.hot_ratio) {
-            return bad(format!(
-                "hot_ratio must be within [0, 1], got {}",
-                self.hot_ratio
-            ));
+            return bad(format!("hot_ratio must be within [0, 1], got {}", self.hot_ratio));
         }
         for (name, value) in [
             ("hot_range", self.hot_range),
@@ -109,9 +106,7 @@ impl NexmarkConfig {
         }
         for (i, step) in self.rate.0.iter().enumerate() {
             if !(step.records_per_sec >= 0.0 && step.records_per_sec.is_finite()) {
-                return bad(format!(
-                    "rate step {i}: records_per_sec must be a finite number ≥ 0"
-                ));
+                return bad(format!("rate step {i}: records_per_sec must be a finite number ≥ 0"));
             }
             if i > 0 && step.at_ms <= self.rate.0[i - 1].at_ms {
                 return bad(format!("rate step {i}: at_ms must increase"));
@@ -122,10 +117,6 @@ impl NexmarkConfig {
 
     /// The same configuration for producer `index` of `producers`.
     pub fn for_producer(&self, index: u32, producers: u32) -> Self {
-        Self {
-            producer_index: index,
-            producers,
-            ..self.clone()
-        }
+        Self { producer_index: index, producers, ..self.clone() }
     }
 }

@@ -24,12 +24,8 @@ pub const FIRST_AUCTION_ID: u64 = 1000;
 /// Id of the first category.
 pub const FIRST_CATEGORY_ID: u64 = 10;
 
-const FIRST_NAMES: [&str; 8] = [
-    "Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie",
-];
-const LAST_NAMES: [&str; 8] = [
-    "Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones",
-];
+const FIRST_NAMES: [&str; 8] = ["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie"];
+const LAST_NAMES: [&str; 8] = ["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones"];
 const CITIES: [&str; 10] = [
     "Phoenix",
     "Los Angeles",
@@ -44,9 +40,7 @@ const CITIES: [&str; 10] = [
 ];
 const STATES: [&str; 6] = ["AZ", "CA", "ID", "OR", "WA", "WY"];
 const CHANNELS: [&str; 4] = ["Google", "Facebook", "Baidu", "Apple"];
-const ITEMS: [&str; 8] = [
-    "lamp", "chair", "bike", "clock", "vase", "radio", "camera", "guitar",
-];
+const ITEMS: [&str; 8] = ["lamp", "chair", "bike", "clock", "vase", "radio", "camera", "guitar"];
 
 /// Generates the events of one producer (or one embedded source task).
 ///
@@ -69,9 +63,7 @@ impl NexmarkGenerator {
     /// Validates the config and builds the generator.
     pub fn new(config: NexmarkConfig) -> Result<Self, NexmarkConfigError> {
         config.validate()?;
-        let extra = (0..config.extra_payload_bytes)
-            .map(|i| char::from(b'a' + (i % 26) as u8))
-            .collect();
+        let extra = (0..config.extra_payload_bytes).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
         Ok(Self { config, extra })
     }
 
@@ -84,9 +76,7 @@ impl NexmarkGenerator {
     /// configured number of events is exhausted.
     pub fn event_number(&self, seq: u64) -> Option<u64> {
         let c = &self.config;
-        let offset = seq
-            .checked_mul(u64::from(c.producers))?
-            .checked_add(u64::from(c.producer_index))?;
+        let offset = seq.checked_mul(u64::from(c.producers))?.checked_add(u64::from(c.producer_index))?;
         if c.events.is_some_and(|limit| offset >= limit) {
             return None;
         }
@@ -97,11 +87,7 @@ impl NexmarkGenerator {
     pub fn events_of_producer(&self) -> Option<u64> {
         let c = &self.config;
         let k = u64::from(c.producers);
-        c.events.map(|limit| {
-            limit
-                .saturating_sub(u64::from(c.producer_index))
-                .div_ceil(k)
-        })
+        c.events.map(|limit| limit.saturating_sub(u64::from(c.producer_index)).div_ceil(k))
     }
 
     /// This producer's `seq`-th event, or `None` past the end.
@@ -140,9 +126,7 @@ impl NexmarkGenerator {
     fn person(&self, id: u64, date_time: u64, rng: &mut SplitMix64) -> Person {
         let first = FIRST_NAMES[rng.below(FIRST_NAMES.len() as u64) as usize];
         let last = LAST_NAMES[rng.below(LAST_NAMES.len() as u64) as usize];
-        let card: Vec<String> = (0..4)
-            .map(|_| format!("{:04}", rng.below(10_000)))
-            .collect();
+        let card: Vec<String> = (0..4).map(|_| format!("{:04}", rng.below(10_000))).collect();
         Person {
             id,
             name: format!("{first} {last}"),
@@ -184,12 +168,8 @@ impl NexmarkGenerator {
         let (auction, bidder) = if c.warmup {
             (FIRST_AUCTION_ID + n, FIRST_PERSON_ID + n)
         } else {
-            let auction =
-                self.reference(rng, newest_auction(n), FIRST_AUCTION_ID, c.active_auctions);
-            (
-                auction,
-                self.reference(rng, newest_person(n), FIRST_PERSON_ID, c.active_people),
-            )
+            let auction = self.reference(rng, newest_auction(n), FIRST_AUCTION_ID, c.active_auctions);
+            (auction, self.reference(rng, newest_person(n), FIRST_PERSON_ID, c.active_people))
         };
         let channel = CHANNELS[rng.below(CHANNELS.len() as u64) as usize];
         Bid {
@@ -197,10 +177,7 @@ impl NexmarkGenerator {
             bidder,
             price: next_price(rng),
             channel: channel.to_string(),
-            url: format!(
-                "https://www.nexmark.com/{}/item.htm?query=1",
-                channel.to_lowercase()
-            ),
+            url: format!("https://www.nexmark.com/{}/item.htm?query=1", channel.to_lowercase()),
             date_time,
             extra: self.extra.clone(),
         }
@@ -226,9 +203,7 @@ fn newest_person(n: u64) -> u64 {
 /// The newest auction id that exists at event `n` (or the first id before any exists).
 fn newest_auction(n: u64) -> u64 {
     let rem = n % TOTAL_PROPORTION;
-    let in_block = rem
-        .saturating_sub(PERSON_PROPORTION)
-        .min(AUCTION_PROPORTION);
+    let in_block = rem.saturating_sub(PERSON_PROPORTION).min(AUCTION_PROPORTION);
     let created = n / TOTAL_PROPORTION * AUCTION_PROPORTION + in_block;
     FIRST_AUCTION_ID + created.saturating_sub(1)
 }

@@ -25,10 +25,7 @@ mod tests {
 
     #[test]
     fn proportions_are_1_3_46() {
-        let g = generator(NexmarkConfig {
-            events: Some(5_000),
-            ..Default::default()
-        });
+        let g = generator(NexmarkConfig { events: Some(5_000), ..Default::default() });
         let mut counts = BTreeMap::new();
         for e in g.events() {
             *counts.entry(e.kind()).or_insert(0u64) += 1;
@@ -40,11 +37,7 @@ mod tests {
 
     #[test]
     fn producers_split_the_sequence_disjointly() {
-        let base = NexmarkConfig {
-            events: Some(1_003),
-            hot_ratio: 0.3,
-            ..Default::default()
-        };
+        let base = NexmarkConfig { events: Some(1_003), hot_ratio: 0.3, ..Default::default() };
         let single: Vec<Event> = generator(base.clone()).events().collect();
         let mut merged = BTreeMap::new();
         let mut total = 0;
@@ -54,10 +47,7 @@ mod tests {
             let mut seq = 0;
             while let Some(n) = g.event_number(seq) {
                 assert_eq!(n % 4, u64::from(i));
-                assert!(
-                    merged.insert(n, g.event_at(n)).is_none(),
-                    "event {n} generated twice"
-                );
+                assert!(merged.insert(n, g.event_at(n)).is_none(), "event {n} generated twice");
                 seq += 1;
             }
             assert_eq!(seq, expected);
@@ -69,11 +59,7 @@ mod tests {
 
     #[test]
     fn ids_are_dense_and_references_point_into_the_active_window() {
-        let config = NexmarkConfig {
-            events: Some(20_000),
-            active_people: 10,
-            ..Default::default()
-        };
+        let config = NexmarkConfig { events: Some(20_000), active_people: 10, ..Default::default() };
         let g = generator(config);
         let (mut next_person, mut next_auction) = (FIRST_PERSON_ID, FIRST_AUCTION_ID);
         for e in g.events() {
@@ -99,12 +85,8 @@ mod tests {
 
     #[test]
     fn hot_ratio_one_makes_every_seller_the_hot_key_of_its_block() {
-        let config = NexmarkConfig {
-            events: Some(10_000),
-            hot_ratio: 1.0,
-            hot_range: 50,
-            ..Default::default()
-        };
+        let config =
+            NexmarkConfig { events: Some(10_000), hot_ratio: 1.0, hot_range: 50, ..Default::default() };
         for e in generator(config).events() {
             if let Event::Auction(a) = e {
                 assert_eq!((a.seller - FIRST_PERSON_ID) % 50, 0);
@@ -114,11 +96,7 @@ mod tests {
 
     #[test]
     fn warmup_emits_a_new_key_per_event() {
-        let config = NexmarkConfig {
-            events: Some(2_000),
-            warmup: true,
-            ..Default::default()
-        };
+        let config = NexmarkConfig { events: Some(2_000), warmup: true, ..Default::default() };
         let mut sellers = HashSet::new();
         let mut bidders = HashSet::new();
         for e in generator(config).events() {
@@ -143,43 +121,24 @@ mod tests {
         let g = generator(config);
         let e = g.event_at(10);
         assert_eq!(e.date_time(), 5_025);
-        let Event::Bid(b) = e else {
-            panic!("event 10 is a bid")
-        };
+        let Event::Bid(b) = e else { panic!("event 10 is a bid") };
         assert_eq!(b.extra.len(), 64);
     }
 
     #[test]
     fn bad_configs_are_rejected_with_the_field_named() {
         let err = |c: NexmarkConfig| NexmarkGenerator::new(c).expect_err("must be rejected").0;
+        assert!(err(NexmarkConfig { hot_ratio: 1.5, ..Default::default() }).contains("hot_ratio"));
         assert!(
-            err(NexmarkConfig {
-                hot_ratio: 1.5,
-                ..Default::default()
-            })
-            .contains("hot_ratio")
+            err(NexmarkConfig { producers: 2, producer_index: 2, ..Default::default() })
+                .contains("producer_index")
         );
-        assert!(
-            err(NexmarkConfig {
-                producers: 2,
-                producer_index: 2,
-                ..Default::default()
-            })
-            .contains("producer_index")
-        );
-        assert!(
-            err(NexmarkConfig {
-                active_people: 0,
-                ..Default::default()
-            })
-            .contains("active_people")
-        );
+        assert!(err(NexmarkConfig { active_people: 0, ..Default::default() }).contains("active_people"));
         let unknown = serde_json::from_str::<NexmarkConfig>(r#"{"hot_ration": 0.5}"#);
         assert!(unknown.is_err_and(|e| e.to_string().contains("hot_ration")));
-        let ok: NexmarkConfig = serde_json::from_str(
-            r#"{"hot_ratio": 0.5, "rate": [{"at_ms": 0, "records_per_sec": 10}]}"#,
-        )
-        .expect("valid json config");
+        let ok: NexmarkConfig =
+            serde_json::from_str(r#"{"hot_ratio": 0.5, "rate": [{"at_ms": 0, "records_per_sec": 10}]}"#)
+                .expect("valid json config");
         assert_eq!(ok.hot_ratio, 0.5);
         assert_eq!(ok.active_people, 100);
     }

@@ -8,8 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::NAMES;
 use crate::{
-    JoinPair, KeyedJoinPair, KeyedTotal, LastN, QueryError, QueryParams, SinkKind, WindowTotal,
-    build_query,
+    JoinPair, KeyedJoinPair, KeyedTotal, LastN, QueryError, QueryParams, SinkKind, WindowTotal, build_query,
 };
 
 fn params() -> QueryParams {
@@ -24,10 +23,7 @@ fn params() -> QueryParams {
             max_value: 10,
             ..Default::default()
         },
-        source: SourceOptions {
-            max_disorder_ms: 7,
-            ..Default::default()
-        },
+        source: SourceOptions { max_disorder_ms: 7, ..Default::default() },
         window_ms: 50,
         slide_ms: 20,
         last_n: 3,
@@ -36,10 +32,7 @@ fn params() -> QueryParams {
 }
 
 fn events(params: &QueryParams, seed: u64) -> Vec<(KeyedEvent, u64)> {
-    let config = KeyedEventsConfig {
-        seed,
-        ..params.generator.clone()
-    };
+    let config = KeyedEventsConfig { seed, ..params.generator.clone() };
     KeyedEvents::all_records(&config, 1)
 }
 
@@ -78,11 +71,7 @@ fn keyed_aggregate_matches_running_totals() -> Result<(), QueryError> {
         let t = totals.entry(e.key).or_default();
         t.0 += 1;
         t.1 += e.value;
-        expected.push(KeyedTotal {
-            key: e.key,
-            count: t.0,
-            sum: t.1,
-        });
+        expected.push(KeyedTotal { key: e.key, count: t.0, sum: t.1 });
     }
     assert_eq!(got.len(), 300);
     assert_eq!(per_key(&got, |t| t.key), per_key(&expected, |t| t.key));
@@ -101,10 +90,7 @@ fn last_n_keeps_the_newest_values() -> Result<(), QueryError> {
         if list.len() > p.last_n {
             list.remove(0);
         }
-        expected.push(LastN {
-            key: e.key,
-            values: list.clone(),
-        });
+        expected.push(LastN { key: e.key, values: list.clone() });
     }
     assert_eq!(per_key(&got, |l| l.key), per_key(&expected, |l| l.key));
     Ok(())
@@ -126,13 +112,7 @@ fn expected_windows(p: &QueryParams, size: u64, slide: u64) -> Vec<WindowTotal> 
     }
     totals
         .into_iter()
-        .map(|((key, start), (count, sum))| WindowTotal {
-            key,
-            start,
-            end: start + size,
-            count,
-            sum,
-        })
+        .map(|((key, start), (count, sum))| WindowTotal { key, start, end: start + size, count, sum })
         .collect()
 }
 
@@ -166,24 +146,18 @@ fn window_join_emits_every_pair_in_arrival_order() -> Result<(), QueryError> {
     for (l, lt) in events(&p, p.generator.seed) {
         for (r, rt) in &right {
             if l.key == r.key && window_of(lt) == window_of(*rt) {
-                expected
-                    .entry((l.key, window_of(lt)))
-                    .or_default()
-                    .push(JoinPair {
-                        key: l.key,
-                        start: window_of(lt),
-                        left_seq: l.seq,
-                        right_seq: r.seq,
-                    });
+                expected.entry((l.key, window_of(lt))).or_default().push(JoinPair {
+                    key: l.key,
+                    start: window_of(lt),
+                    left_seq: l.seq,
+                    right_seq: r.seq,
+                });
             }
         }
     }
     let mut grouped: BTreeMap<(u64, u64), Vec<JoinPair>> = BTreeMap::new();
     for pair in got {
-        grouped
-            .entry((pair.key, pair.start))
-            .or_default()
-            .push(pair);
+        grouped.entry((pair.key, pair.start)).or_default().push(pair);
     }
     assert!(!expected.is_empty());
     assert_eq!(grouped, expected);
@@ -200,11 +174,7 @@ fn keyed_join_emits_every_pair_once() -> Result<(), QueryError> {
     for (l, _) in events(&p, p.generator.seed) {
         for (r, _) in &right {
             if l.key == r.key {
-                expected.push(KeyedJoinPair {
-                    key: l.key,
-                    left_seq: l.seq,
-                    right_seq: r.seq,
-                });
+                expected.push(KeyedJoinPair { key: l.key, left_seq: l.seq, right_seq: r.seq });
             }
         }
     }
@@ -215,10 +185,7 @@ fn keyed_join_emits_every_pair_once() -> Result<(), QueryError> {
 
 #[test]
 fn discard_sink_writes_nothing() -> Result<(), QueryError> {
-    let p = QueryParams {
-        sink: SinkKind::Discard,
-        ..params()
-    };
+    let p = QueryParams { sink: SinkKind::Discard, ..params() };
     assert!(run::<KeyedTotal>("keyed-aggregate", &p)?.is_empty());
     Ok(())
 }
@@ -227,9 +194,6 @@ fn discard_sink_writes_nothing() -> Result<(), QueryError> {
 fn disorder_beyond_the_watermark_bound_is_rejected() {
     let mut p = params();
     p.source.max_disorder_ms = 1;
-    let err = build_query("tumbling-window", &p)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+    let err = build_query("tumbling-window", &p).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("max_disorder_ms"), "{err}");
 }

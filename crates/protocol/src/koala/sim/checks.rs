@@ -10,7 +10,8 @@
 //! - watermarks: each task's emitted watermarks strictly increase and no record at or below an
 //!   emitted watermark is processed by that task afterwards;
 //! - at the end: every record processed, every epoch done, every key's count at its location, and
-//!   with progressive migration every cancelled task released empty.
+//!   with progressive migration every cancelled task released empty, and every owner's event time
+//!   at the end of time (no watermark stuck behind a channel that never closed).
 
 use std::collections::BTreeSet;
 
@@ -30,12 +31,16 @@ impl World {
             TaskAction::FetchState { from, request } => {
                 for key in &request.keys {
                     if let Some(&at) = self.holder.get(key).filter(|&&at| at != from) {
-                        return Err(format!("one hop: {me} fetches {} from {from} but it lives at {at}", show(key)));
+                        return Err(format!(
+                            "one hop: {me} fetches {} from {from} but it lives at {at}",
+                            show(key)
+                        ));
                     }
                 }
                 self.stats.fetches += 1;
                 self.stats.fetched_keys += request.keys.len() as u64;
-                self.channels.push((Node::Task(me), Node::Task(from), Kind::State), Msg::FetchRequest(request));
+                self.channels
+                    .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FetchRequest(request));
             }
             TaskAction::ServeFetch { to, request } => {
                 let n = self.cfg.num_buckets;
@@ -65,19 +70,31 @@ impl World {
                             extra.push((key, v.to_le_bytes().to_vec()));
                         }
                     }
-                    exhausted = wanted.into_iter().filter(|&b| !task.store.keys().any(|k| bucket_of(k, n) == b)).collect();
+                    exhausted = wanted
+                        .into_iter()
+                        .filter(|&b| !task.store.keys().any(|k| bucket_of(k, n) == b))
+                        .collect();
                 }
                 let response = FetchResponse { id: request.id, values, extra, exhausted };
-                self.channels.push((Node::Task(me), Node::Task(to), Kind::State), Msg::FetchResponse(response));
+                self.channels
+                    .push((Node::Task(me), Node::Task(to), Kind::State), Msg::FetchResponse(response));
             }
             TaskAction::InstallState { entries } => {
                 for (key, value) in entries {
                     if let Some(at) = self.holder.get(&key) {
-                        return Err(format!("one live copy: {me} installs {} still held by {at}", show(&key)));
+                        return Err(format!(
+                            "one live copy: {me} installs {} still held by {at}",
+                            show(&key)
+                        ));
                     }
-                    let bytes: [u8; 8] = value.as_slice().try_into().map_err(|_| "state is not a u64 counter")?;
+                    let bytes: [u8; 8] =
+                        value.as_slice().try_into().map_err(|_| "state is not a u64 counter")?;
                     self.holder.insert(key.clone(), me);
-                    self.tasks.get_mut(&me).ok_or("install at unknown task")?.store.insert(key, u64::from_le_bytes(bytes));
+                    self.tasks
+                        .get_mut(&me)
+                        .ok_or("install at unknown task")?
+                        .store
+                        .insert(key, u64::from_le_bytes(bytes));
                     self.stats.moved_keys += 1;
                 }
             }
@@ -86,7 +103,10 @@ impl World {
                     for b in &hand_over.buckets {
                         let slot = self.claims.get_mut(usize::from(b.bucket)).ok_or("bucket out of range")?;
                         if *slot != Some(me) {
-                            return Err(format!("single owner: {me} hands over bucket {} claimed by {slot:?}", b.bucket));
+                            return Err(format!(
+                                "single owner: {me} hands over bucket {} claimed by {slot:?}",
+                                b.bucket
+                            ));
                         }
                         *slot = None;
                     }
@@ -97,11 +117,16 @@ impl World {
             TaskAction::EmitWatermark(t) => {
                 let task = self.tasks.get_mut(&me).ok_or("watermark of unknown task")?;
                 if task.last_watermark.is_some_and(|w| t <= w) {
-                    return Err(format!("watermark of {me} not monotone: {:?} then {t}", task.last_watermark));
+                    return Err(format!(
+                        "watermark of {me} not monotone: {:?} then {t}",
+                        task.last_watermark
+                    ));
                 }
                 task.last_watermark = Some(t);
             }
-            TaskAction::Ack(ack) => self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(ack)),
+            TaskAction::Ack(ack) => {
+                self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(ack))
+            }
             TaskAction::Error(e) => return Err(format!("protocol error at {me}: {e}")),
         }
         Ok(())
@@ -111,14 +136,20 @@ impl World {
         let bucket = bucket_of(key, self.cfg.num_buckets);
         let claim = self.claims.get(usize::from(bucket)).copied().flatten();
         if claim != Some(me) {
-            return Err(format!("single owner: {me} processes {} of bucket {bucket} claimed by {claim:?}", show(key)));
+            return Err(format!(
+                "single owner: {me} processes {} of bucket {bucket} claimed by {claim:?}",
+                show(key)
+            ));
         }
         if let Some(&at) = self.holder.get(key).filter(|&&at| at != me) {
             return Err(format!("one live copy: {me} processes {} whose state lives at {at}", show(key)));
         }
         let task = self.tasks.get_mut(&me).ok_or("process at unknown task")?;
         if let Some(w) = task.last_watermark.filter(|&w| time <= w) {
-            return Err(format!("watermark: {me} processes {}@{time} after emitting watermark {w}", show(key)));
+            return Err(format!(
+                "watermark: {me} processes {}@{time} after emitting watermark {w}",
+                show(key)
+            ));
         }
         let seq = u64::from_le_bytes(value.try_into().map_err(|_| "record value is not a sequence number")?);
         let count = task.store.get(key).copied().unwrap_or(0);
@@ -148,16 +179,33 @@ impl World {
 
     pub(crate) fn check_end(&mut self) -> Result<(), String> {
         if self.processed_total != self.emitted_total {
-            return Err(format!("exactly once: {} of {} records processed", self.processed_total, self.emitted_total));
+            return Err(format!(
+                "exactly once: {} of {} records processed",
+                self.processed_total, self.emitted_total
+            ));
         }
         if !self.coordinator.is_idle(super::scenario::TARGET) || self.stats.epochs == 0 {
-            let stuck: Vec<String> =
-                self.tasks.values().filter(|t| t.core.in_transition()).map(|t| format!("{:?}", t.core)).collect();
-            return Err(format!("reconfiguration did not complete ({} epochs done); {stuck:#?}", self.stats.epochs));
+            let stuck: Vec<String> = self
+                .tasks
+                .values()
+                .filter(|t| t.core.in_transition())
+                .map(|t| format!("{:?}", t.core))
+                .collect();
+            return Err(format!(
+                "reconfiguration did not complete ({} epochs done); {stuck:#?}",
+                self.stats.epochs
+            ));
         }
         for (id, t) in &self.tasks {
             if t.core.in_transition() || t.core.is_busy() {
                 return Err(format!("{id} still in transition or holding records at the end"));
+            }
+            // Every upstream ended, so event time must have reached the end of time at each owner.
+            if !t.core.owned_buckets().is_empty() && t.last_watermark != Some(u64::MAX) {
+                return Err(format!(
+                    "event time of {id} stuck at {:?} after end of stream",
+                    t.last_watermark
+                ));
             }
         }
         for (key, &n) in &self.emitted {

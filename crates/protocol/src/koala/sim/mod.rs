@@ -67,7 +67,16 @@ pub struct SimConfig {
 impl SimConfig {
     /// The suite's default small workload.
     pub fn new(scenario: Scenario, seed: u64) -> Self {
-        Self { scenario, seed, fault: None, upstreams: 2, keys: 20, records_per_upstream: 30, num_buckets: 16, max_steps: 20_000 }
+        Self {
+            scenario,
+            seed,
+            fault: None,
+            upstreams: 2,
+            keys: 24,
+            records_per_upstream: 40,
+            num_buckets: 16,
+            max_steps: 20_000,
+        }
     }
 }
 
@@ -125,7 +134,13 @@ impl fmt::Display for SimFailure {
 
 /// Runs one simulation.
 pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
-    let fail = |step, message| SimFailure { scenario: config.scenario, seed: config.seed, fault: config.fault, step, message };
+    let fail = |step, message| SimFailure {
+        scenario: config.scenario,
+        seed: config.seed,
+        fault: config.fault,
+        step,
+        message,
+    };
     let mut world = world::World::new(config.clone()).map_err(|m| fail(0, m))?;
     match world.run() {
         Ok(()) => {

@@ -64,9 +64,9 @@ impl Scenario {
                 let a0 = even(3);
                 let mut a1 = a0.clone();
                 while a1 == a0 {
-                    for b in 0..n {
+                    for x in a1.iter_mut() {
                         if rng.chance(1, 3) {
-                            a1[b] = t(rng.below(3) as u32);
+                            *x = t(rng.below(3) as u32);
                         }
                     }
                     for i in 0..3 {
@@ -126,10 +126,10 @@ fn spread(a: &[TaskId], new: &[TaskId], one_in: u64, rng: &mut SplitMix64) -> Ve
     }
     for &old in a {
         // A scale-out keeps every old task alive.
-        if !out.contains(&old) {
-            if let Some(b) = a.iter().position(|&x| x == old) {
-                out[b] = old;
-            }
+        if !out.contains(&old)
+            && let Some(b) = a.iter().position(|&x| x == old)
+        {
+            out[b] = old;
         }
     }
     out

@@ -12,9 +12,9 @@ use super::rng::SplitMix64;
 use super::scenario::TARGET;
 use super::{Fault, SimConfig, SimStats};
 use crate::koala::{
-    CoordinatorAction, CoordinatorEvent, FetchRequest, FetchResponse, KoalaCoordinator, KoalaTask, OperatorSpec,
-    PeerMessage, Reconfiguration, ReconfigurationRequest, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent,
-    UpstreamRouter,
+    CoordinatorAction, CoordinatorEvent, FetchRequest, FetchResponse, KoalaCoordinator, KoalaTask,
+    OperatorSpec, PeerMessage, Reconfiguration, ReconfigurationRequest, RouterAction, RouterEvent, TaskAck,
+    TaskConfig, TaskEvent, UpstreamRouter,
 };
 
 /// An endpoint of a channel.
@@ -137,6 +137,9 @@ pub(crate) struct World {
 
 impl World {
     pub(crate) fn new(cfg: SimConfig) -> Result<Self, String> {
+        if cfg.upstreams == 0 || cfg.keys < cfg.upstreams || cfg.num_buckets < 8 {
+            return Err("the simulator needs an upstream, a key per upstream and 8 buckets".into());
+        }
         let mut rng = SplitMix64::new(cfg.seed);
         let (initial, targets, extra_keys) = cfg.scenario.plan(cfg.num_buckets, &mut rng);
         let up_ids: Vec<TaskId> = (0..cfg.upstreams as u32).map(|i| TaskId::new(OperatorId(0), i)).collect();
@@ -144,18 +147,33 @@ impl World {
         let mut triggers: Vec<u64> = targets.iter().map(|_| rng.next_u64() % total.max(1)).collect();
         triggers.sort_unstable();
         let mut coordinator = KoalaCoordinator::new();
-        let spec = OperatorSpec { operator: TARGET, assignment: initial.clone(), upstreams: up_ids.iter().copied().collect() };
+        let spec = OperatorSpec {
+            operator: TARGET,
+            assignment: initial.clone(),
+            upstreams: up_ids.iter().copied().collect(),
+        };
         coordinator.register(spec).map_err(|e| e.to_string())?;
         let mut tasks = BTreeMap::new();
         for &id in initial.iter().collect::<BTreeSet<_>>() {
             let owned = (0..cfg.num_buckets).filter(|&b| initial[usize::from(b)] == id).collect();
-            let config = TaskConfig { id, num_buckets: cfg.num_buckets, owned, upstreams: up_ids.iter().copied().collect() };
+            let config = TaskConfig {
+                id,
+                num_buckets: cfg.num_buckets,
+                owned,
+                upstreams: up_ids.iter().copied().collect(),
+            };
             tasks.insert(id, Self::sim_task(KoalaTask::new(config), cfg.fault));
         }
         let mut upstreams = Vec::new();
         for &id in &up_ids {
             let router = UpstreamRouter::new(initial.clone()).map_err(|e| e.to_string())?;
-            upstreams.push(SimUpstream { id, router, clock: 0, remaining: cfg.records_per_upstream, ended: false });
+            upstreams.push(SimUpstream {
+                id,
+                router,
+                clock: 0,
+                remaining: cfg.records_per_upstream,
+                ended: false,
+            });
         }
         Ok(Self {
             claims: initial.iter().map(|&t| Some(t)).collect(),
@@ -191,7 +209,10 @@ impl World {
         loop {
             self.step += 1;
             if self.step > self.cfg.max_steps {
-                return Err(format!("no quiescence after {} steps (livelock or stuck epoch)", self.cfg.max_steps));
+                return Err(format!(
+                    "no quiescence after {} steps (livelock or stuck epoch)",
+                    self.cfg.max_steps
+                ));
             }
             let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
             let channels = self.channels.nonempty();
@@ -210,7 +231,8 @@ impl World {
             } else if pick < channels + sources.len() {
                 self.emit(sources[pick - channels])?;
             } else {
-                let ids: Vec<TaskId> = self.tasks.iter().filter(|(_, t)| !t.released).map(|(&id, _)| id).collect();
+                let ids: Vec<TaskId> =
+                    self.tasks.iter().filter(|(_, t)| !t.released).map(|(&id, _)| id).collect();
                 let id = ids[self.rng.below(ids.len())];
                 self.feed(id, TaskEvent::Idle)?;
             }
@@ -220,7 +242,8 @@ impl World {
     fn can_emit(&self, u: usize) -> bool {
         let up = &self.upstreams[u];
         // Sources end only once every reconfiguration ran (a marker needs a live upstream).
-        up.remaining > 0 || (!up.ended && self.next_request == self.targets.len() && self.coordinator.is_idle(TARGET))
+        up.remaining > 0
+            || (!up.ended && self.next_request == self.targets.len() && self.coordinator.is_idle(TARGET))
     }
 
     /// With nothing in flight, gives every task an idle turn; true if that produced messages.
@@ -261,7 +284,8 @@ impl World {
             let actions = self.upstreams[u].router.on(RouterEvent::Watermark(clock));
             self.route(u, actions)?;
         }
-        while self.next_request < self.targets.len() && self.triggers[self.next_request] < self.emitted_total {
+        while self.next_request < self.targets.len() && self.triggers[self.next_request] < self.emitted_total
+        {
             let request = ReconfigurationRequest {
                 operator: TARGET,
                 assignment: self.targets[self.next_request].clone(),
@@ -278,8 +302,12 @@ impl World {
         let from = self.upstreams[u].id;
         for a in actions {
             match a {
-                RouterAction::Send { to, message } => self.channels.push((Node::Upstream(from), Node::Task(to), Kind::Data), Msg::Data(message)),
-                RouterAction::Error(e) => return Err(format!("upstream {from} refused an event: {e}")),
+                RouterAction::Send { to, message } => {
+                    self.channels.push((Node::Upstream(from), Node::Task(to), Kind::Data), Msg::Data(message))
+                }
+                RouterAction::Error(e) => {
+                    return Err(format!("upstream {from} refused an event: {e}"));
+                }
             }
         }
         Ok(())
@@ -288,7 +316,9 @@ impl World {
     fn deliver(&mut self, from: Node, to: Node, msg: Msg) -> Result<(), String> {
         match (to, msg) {
             (Node::Coordinator, Msg::Ack(ack)) => {
-                let Node::Task(from) = from else { return Err("ack from a non-task".into()) };
+                let Node::Task(from) = from else {
+                    return Err("ack from a non-task".into());
+                };
                 let actions = self.coordinator.on(CoordinatorEvent::Ack { from, ack });
                 self.exec_coordinator(actions)
             }
@@ -303,9 +333,15 @@ impl World {
                     Node::Coordinator => None,
                 };
                 let event = match (msg, src) {
-                    (Msg::Data(ChannelMessage::Batch(records)), Some(from)) => TaskEvent::Records { from, records },
-                    (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => TaskEvent::Watermark { from, time },
-                    (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => TaskEvent::Marker { from, epoch },
+                    (Msg::Data(ChannelMessage::Batch(records)), Some(from)) => {
+                        TaskEvent::Records { from, records }
+                    }
+                    (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => {
+                        TaskEvent::Watermark { from, time }
+                    }
+                    (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => {
+                        TaskEvent::Marker { from, epoch }
+                    }
                     (Msg::Data(ChannelMessage::EndOfStream), Some(from)) => TaskEvent::EndOfStream { from },
                     (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
                     (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
@@ -324,14 +360,18 @@ impl World {
 
     /// Feeds an event to a task core and executes its actions.
     pub(crate) fn feed(&mut self, id: TaskId, event: TaskEvent) -> Result<(), String> {
-        let Some(task) = self.tasks.get_mut(&id) else { return Err(format!("no task {id}")) };
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return Err(format!("no task {id}"));
+        };
         let actions = task.core.on(event);
         // Buckets the core took over in this event came with a hand-over the sender let go of.
         for b in task.core.owned_buckets() {
             match self.claims.get_mut(usize::from(b)) {
                 Some(slot @ None) => *slot = Some(id),
                 Some(Some(owner)) if *owner == id => {}
-                other => return Err(format!("single owner: {id} takes bucket {b} claimed by {other:?}")),
+                other => {
+                    return Err(format!("single owner: {id} takes bucket {b} claimed by {other:?}"));
+                }
             }
         }
         for a in actions {
@@ -344,7 +384,12 @@ impl World {
         for a in actions {
             match a {
                 CoordinatorAction::DeployTask { task } => {
-                    let config = TaskConfig { id: task, num_buckets: self.cfg.num_buckets, owned: BTreeSet::new(), upstreams: BTreeSet::new() };
+                    let config = TaskConfig {
+                        id: task,
+                        num_buckets: self.cfg.num_buckets,
+                        owned: BTreeSet::new(),
+                        upstreams: BTreeSet::new(),
+                    };
                     let t = Self::sim_task(KoalaTask::new(config), self.cfg.fault);
                     if self.tasks.insert(task, t).is_some() {
                         return Err(format!("task {task} deployed twice"));
@@ -352,9 +397,15 @@ impl World {
                 }
                 CoordinatorAction::Start { to, reconfiguration } => {
                     let epoch = reconfiguration.epoch;
-                    self.channels.push((Node::Coordinator, Node::Task(to), Kind::Control), Msg::Start(reconfiguration));
-                    if self.cfg.fault == Some(Fault::SwitchBeforePeerReady) && self.early_switched.insert(epoch) {
-                        let assignment = self.targets[usize::try_from(epoch).unwrap_or(1).saturating_sub(1)].clone();
+                    self.channels.push(
+                        (Node::Coordinator, Node::Task(to), Kind::Control),
+                        Msg::Start(reconfiguration),
+                    );
+                    if self.cfg.fault == Some(Fault::SwitchBeforePeerReady)
+                        && self.early_switched.insert(epoch)
+                    {
+                        let assignment =
+                            self.targets[usize::try_from(epoch).unwrap_or(1).saturating_sub(1)].clone();
                         for up in self.upstreams.iter().map(|u| u.id).collect::<Vec<_>>() {
                             let msg = Msg::Switch { epoch, assignment: assignment.clone() };
                             self.channels.push((Node::Coordinator, Node::Upstream(up), Kind::Control), msg);
@@ -363,7 +414,10 @@ impl World {
                 }
                 CoordinatorAction::SwitchRouting { to, epoch, assignment } => {
                     if !self.early_switched.contains(&epoch) {
-                        self.channels.push((Node::Coordinator, Node::Upstream(to), Kind::Control), Msg::Switch { epoch, assignment });
+                        self.channels.push(
+                            (Node::Coordinator, Node::Upstream(to), Kind::Control),
+                            Msg::Switch { epoch, assignment },
+                        );
                     }
                 }
                 CoordinatorAction::Completed { .. } => self.stats.epochs += 1,
@@ -375,7 +429,9 @@ impl World {
                     t.released = true;
                     self.stats.released += 1;
                 }
-                CoordinatorAction::Aborted { epoch, error, .. } => return Err(format!("epoch {epoch} aborted: {error}")),
+                CoordinatorAction::Aborted { epoch, error, .. } => {
+                    return Err(format!("epoch {epoch} aborted: {error}"));
+                }
                 CoordinatorAction::Error(e) => return Err(format!("coordinator error: {e}")),
             }
         }

@@ -1,0 +1,174 @@
+//! The coordinator's control port: workers register on it (then stay connected), and clients
+//! (`koala rescale|rebalance|migrate`) submit one request each and get one reply.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use koala_protocol::{ClientReply, ControlHello, CoordinatorMessage, ReconfigRequest, WorkerMessage};
+use koala_types::WorkerId;
+use koala_types::frame::{read_frame, write_frame};
+
+use crate::server::CoordinatorError;
+
+/// Something that happened on the control plane.
+pub enum Event {
+    /// A worker sent a message; `None` when its connection closed.
+    Worker(WorkerId, Option<WorkerMessage>),
+    /// A client submitted a request; answer on the sender.
+    Client(ReconfigRequest, Sender<ClientReply>),
+}
+
+/// The registered workers' control connections.
+pub struct Workers {
+    writers: Vec<BufWriter<TcpStream>>,
+    /// Data-plane address of every worker.
+    pub addrs: BTreeMap<WorkerId, String>,
+}
+
+impl Workers {
+    /// Sends one message to one worker.
+    pub fn send(&mut self, worker: usize, msg: &CoordinatorMessage) -> Result<(), CoordinatorError> {
+        let w = &mut self.writers[worker];
+        write_frame(w, msg).and_then(|_| w.flush()).map_err(|source| CoordinatorError::Io {
+            context: format!("sending to worker{worker}"),
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// Sends one message to every worker.
+    pub fn broadcast(&mut self, msg: &CoordinatorMessage) -> Result<(), CoordinatorError> {
+        for i in 0..self.writers.len() {
+            self.send(i, msg)?;
+        }
+        Ok(())
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.writers.len()
+    }
+}
+
+/// Accepts connections for the life of the job: the first `expected` workers are returned once
+/// registered; clients are turned into [`Event::Client`]s.
+pub fn accept(
+    listener: &TcpListener,
+    expected: u32,
+    events: &Sender<Event>,
+) -> Result<Workers, CoordinatorError> {
+    let (worker_tx, worker_rx) = unbounded::<(TcpStream, String)>();
+    let accept_listener = listener
+        .try_clone()
+        .map_err(|source| CoordinatorError::Io { context: "cloning the control listener".into(), source })?;
+    let client_events = events.clone();
+    std::thread::Builder::new()
+        .name("koala-accept".into())
+        .spawn(move || accept_loop(&accept_listener, &worker_tx, &client_events))
+        .map_err(|source| CoordinatorError::Io { context: "spawning the accept thread".into(), source })?;
+    collect_workers(&worker_rx, expected, events)
+}
+
+fn accept_loop(listener: &TcpListener, workers: &Sender<(TcpStream, String)>, events: &Sender<Event>) {
+    for conn in listener.incoming() {
+        let Ok(stream) = conn else { continue };
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let Ok(read_half) = stream.try_clone() else { continue };
+        match read_frame::<_, ControlHello>(&mut BufReader::new(read_half)) {
+            Ok(Some(ControlHello::Worker { data_addr, pid })) => {
+                tracing::info!(%data_addr, pid, "worker registered");
+                let _ = stream.set_read_timeout(None);
+                if workers.send((stream, data_addr)).is_err() {
+                    tracing::error!("a worker registered after the job started; ignored");
+                }
+            }
+            Ok(Some(ControlHello::Client(request))) => {
+                let events = events.clone();
+                let _ = std::thread::Builder::new()
+                    .name("koala-client".into())
+                    .spawn(move || answer_client(stream, request, &events));
+            }
+            other => tracing::error!(?other, "a connection sent no valid greeting; dropped"),
+        }
+    }
+}
+
+fn answer_client(stream: TcpStream, request: ReconfigRequest, events: &Sender<Event>) {
+    let (tx, rx) = bounded(1);
+    let reply = if events.send(Event::Client(request, tx)).is_err() {
+        ClientReply::Rejected { error: "the job has ended".into() }
+    } else {
+        rx.recv_timeout(Duration::from_secs(30))
+            .unwrap_or(ClientReply::Rejected { error: "the coordinator did not answer in time".into() })
+    };
+    let mut w = BufWriter::new(stream);
+    if write_frame(&mut w, &reply).and_then(|_| w.flush()).is_err() {
+        tracing::warn!("a client left before its reply");
+    }
+}
+
+fn collect_workers(
+    incoming: &Receiver<(TcpStream, String)>,
+    expected: u32,
+    events: &Sender<Event>,
+) -> Result<Workers, CoordinatorError> {
+    let mut workers = Workers { writers: Vec::new(), addrs: BTreeMap::new() };
+    let deadline = Instant::now() + crate::server::STARTUP_TIMEOUT;
+    while (workers.writers.len() as u32) < expected {
+        let (stream, data_addr) = incoming.recv_deadline(deadline).map_err(|_| {
+            CoordinatorError::Timeout(format!(
+                "only {} of {expected} workers registered",
+                workers.writers.len()
+            ))
+        })?;
+        let reader =
+            BufReader::new(stream.try_clone().map_err(|source| CoordinatorError::Io {
+                context: "cloning a worker socket".into(),
+                source,
+            })?);
+        let id = WorkerId(workers.writers.len() as u32);
+        workers.addrs.insert(id, data_addr);
+        workers.writers.push(BufWriter::new(stream));
+        workers.send(id.0 as usize, &CoordinatorMessage::Welcome { worker: id })?;
+        let events = events.clone();
+        std::thread::Builder::new()
+            .name(format!("koala-from-{id}"))
+            .spawn(move || read_worker(id, reader, &events))
+            .map_err(|source| CoordinatorError::Io { context: "spawning a worker reader".into(), source })?;
+    }
+    Ok(workers)
+}
+
+fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<Event>) {
+    loop {
+        match read_frame::<_, WorkerMessage>(&mut reader) {
+            Ok(Some(m)) => {
+                if events.send(Event::Worker(id, Some(m))).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::error!(worker = %id, error = %e, "bad frame from worker; dropping its connection");
+                break;
+            }
+        }
+    }
+    let _ = events.send(Event::Worker(id, None));
+}
+
+/// Sends one request to a running coordinator and waits for its reply (`koala rescale` …).
+pub fn submit(coordinator: &str, request: ReconfigRequest) -> std::io::Result<ClientReply> {
+    let stream = TcpStream::connect(coordinator)?;
+    let mut w = BufWriter::new(stream.try_clone()?);
+    write_frame(&mut w, &ControlHello::Client(request))?;
+    w.flush()?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    read_frame(&mut BufReader::new(stream))?.ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the coordinator closed the connection")
+    })
+}

@@ -1,0 +1,318 @@
+//! Turning a reconfiguration request into a plan (new deployment + the policy's `moves`), and
+//! driving stop-and-restart through its phases by typed acks (DESIGN.md §7).
+//!
+//! Phases: **Prepare** (new tasks start, target tasks learn what they send and receive,
+//! consumers learn their new input channels) → **Drain** (upstream tasks send a marker and
+//! pause; target tasks that saw every marker send moved buckets and their timers over peer
+//! channels and delete them) → **Resume** (upstream tasks switch routing and resume; cancelled
+//! tasks get end of stream and finish).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use koala_dataflow::JobGraph;
+use koala_protocol::{BucketMove, CoordinatorMessage, Deployment, ReconfigPlan, ReconfigRequest, TaskAck};
+use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
+
+use crate::config::PolicyName;
+use crate::partition::{assign, moves};
+
+/// What kind of change a plan makes, for metrics and progress lines.
+pub fn kind_name(old: usize, new: usize, req: &ReconfigRequest) -> &'static str {
+    match req {
+        ReconfigRequest::Rescale { .. } if new > old => "scale_out",
+        ReconfigRequest::Rescale { .. } => "scale_in",
+        ReconfigRequest::Rebalance { .. } => "rebalance",
+        ReconfigRequest::Migrate { .. } => "migrate",
+    }
+}
+
+fn live(d: &Deployment, op: OperatorId) -> Vec<u32> {
+    d.tasks.get(&op).cloned().unwrap_or_default()
+}
+
+/// Validates a request against the current deployment and computes its plan. Errors name what
+/// is wrong and how to fix it; nothing changes on error.
+pub fn plan(
+    req: &ReconfigRequest,
+    current: &Deployment,
+    graph: &JobGraph,
+    policy: PolicyName,
+    epoch: Epoch,
+    next_index: &BTreeMap<OperatorId, u32>,
+) -> Result<ReconfigPlan, String> {
+    let name = req.operator();
+    let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
+    let spec = graph.by_name(name).ok_or_else(|| {
+        format!("operator: no operator {name:?}; this job's operators are {}", names.join(", "))
+    })?;
+    if spec.is_source() {
+        return Err(format!("operator: {name:?} is a source; sources cannot be reconfigured yet"));
+    }
+    if matches!(spec.kind, koala_dataflow::OperatorKind::Sink { .. }) {
+        return Err(format!("operator: {name:?} is a sink; sinks cannot be reconfigured yet"));
+    }
+    let op = spec.id;
+    if !spec.is_stateful() {
+        let one_to_one = |consumer: OperatorId, input: usize, from: OperatorId| {
+            let c = graph.operator(consumer);
+            let u = graph.operator(from);
+            matches!(
+                c.and_then(|c| c.inputs.get(input)).map(|i| &i.partitioning),
+                Some(koala_dataflow::Partitioning::Forward)
+            ) && !c.is_some_and(|c| c.is_stateful())
+                && !u.is_some_and(|u| u.is_stateful())
+                && live(current, from) == live(current, consumer)
+        };
+        let touches = spec.inputs.iter().enumerate().any(|(i, input)| one_to_one(op, i, input.from))
+            || graph.consumers(op).into_iter().any(|(c, i)| one_to_one(c, i, op));
+        if touches {
+            return Err(format!(
+                "operator: {name:?} is connected one-to-one (forward edge, equal parallelism) to a neighbour; \
+                 reconfigure that neighbour together or give the two operators different parallelism"
+            ));
+        }
+    }
+    let old_live = live(current, op);
+    let nb = current.num_buckets;
+    let mut d = current.clone();
+    d.epoch = epoch;
+    let mut created = Vec::new();
+    let mut cancelled = Vec::new();
+    let worker_ids: Vec<WorkerId> = current.workers.keys().copied().collect();
+    let mut next = next_index.get(&op).copied().unwrap_or(0);
+    match req {
+        ReconfigRequest::Rescale { parallelism, .. } => {
+            let p = *parallelism;
+            if p == 0 {
+                return Err("parallelism: 0 tasks cannot run an operator; use 1 or more".into());
+            }
+            if spec.is_stateful() && p > u32::from(nb) {
+                return Err(format!(
+                    "parallelism: {p} tasks exceed num_buckets = {nb}; a task would own no bucket"
+                ));
+            }
+            let now = old_live.len() as u32;
+            if p == now {
+                return Err(format!("parallelism: {name:?} already has {p} tasks"));
+            }
+            let mut new_live = old_live.clone();
+            if p > now {
+                for _ in now..p {
+                    let worker = least_loaded(&d, &worker_ids);
+                    let task = TaskId::new(op, next);
+                    d.placement.insert(task, worker);
+                    created.push(next);
+                    new_live.push(next);
+                    next += 1;
+                }
+            } else {
+                new_live.sort_unstable();
+                cancelled = new_live.split_off(p as usize);
+            }
+            d.tasks.insert(op, new_live);
+        }
+        ReconfigRequest::Rebalance { moves: wanted, .. } => {
+            if !spec.is_stateful() {
+                return Err(format!(
+                    "operator: {name:?} holds no keyed state; rebalance moves buckets of stateful operators"
+                ));
+            }
+            if wanted.is_empty() {
+                return Err("moves: give at least one `buckets:task` move".into());
+            }
+            let table = d.routing.get_mut(&op).ok_or("operator has no routing table")?;
+            for (buckets, to) in wanted {
+                if !old_live.contains(to) {
+                    return Err(format!(
+                        "moves: task {to} of {name:?} does not exist; live tasks are {old_live:?}"
+                    ));
+                }
+                for b in buckets {
+                    let slot = table
+                        .get_mut(usize::from(*b))
+                        .ok_or_else(|| format!("moves: bucket {b} is out of range; buckets are 0..{nb}"))?;
+                    *slot = *to;
+                }
+            }
+        }
+        ReconfigRequest::Migrate { task, worker, .. } => {
+            if !old_live.contains(task) {
+                return Err(format!("task: {name:?} has no task {task}; live tasks are {old_live:?}"));
+            }
+            let to = WorkerId(*worker);
+            if !current.workers.contains_key(&to) {
+                return Err(format!(
+                    "worker: no worker {worker}; workers are {}",
+                    worker_ids.iter().map(|w| w.0.to_string()).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            if current.placement.get(&TaskId::new(op, *task)) == Some(&to) {
+                return Err(format!("worker: task {task} of {name:?} already runs on worker {worker}"));
+            }
+            d.placement.insert(TaskId::new(op, next), to);
+            created.push(next);
+            cancelled.push(*task);
+            let new_live: Vec<u32> = old_live.iter().map(|t| if t == task { next } else { *t }).collect();
+            d.tasks.insert(op, new_live);
+            if let Some(table) = d.routing.get_mut(&op) {
+                for t in table.iter_mut().filter(|t| **t == *task) {
+                    *t = next;
+                }
+            }
+        }
+    }
+    if spec.is_stateful() && matches!(req, ReconfigRequest::Rescale { .. }) {
+        d.routing.insert(op, assign(policy, nb, &live(&d, op)));
+    }
+    let bucket_moves = match (current.routing.get(&op), d.routing.get(&op)) {
+        (Some(old), Some(new)) => moves(old, new)
+            .into_iter()
+            .map(|((from, to), buckets)| BucketMove { from, to, buckets })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if matches!(req, ReconfigRequest::Rebalance { .. }) && bucket_moves.is_empty() {
+        return Err("moves: every bucket already belongs to the task given; nothing would move".into());
+    }
+    for c in &cancelled {
+        d.placement.remove(&TaskId::new(op, *c));
+    }
+    Ok(ReconfigPlan { epoch, operator: op, deployment: d, moves: bucket_moves, created, cancelled })
+}
+
+fn least_loaded(d: &Deployment, workers: &[WorkerId]) -> WorkerId {
+    let mut load: BTreeMap<WorkerId, usize> = workers.iter().map(|w| (*w, 0)).collect();
+    for w in d.placement.values() {
+        *load.entry(*w).or_default() += 1;
+    }
+    load.into_iter().min_by_key(|(w, n)| (*n, *w)).map(|(w, _)| w).unwrap_or(WorkerId(0))
+}
+
+/// The acks a phase waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Expect {
+    Prepared,
+    Paused,
+    Drained,
+    StateReceived,
+    Resumed,
+}
+
+impl Expect {
+    fn of(ack: &TaskAck) -> Self {
+        match ack {
+            TaskAck::Prepared => Self::Prepared,
+            TaskAck::Paused => Self::Paused,
+            TaskAck::Drained { .. } => Self::Drained,
+            TaskAck::StateReceived => Self::StateReceived,
+            TaskAck::Resumed => Self::Resumed,
+        }
+    }
+}
+
+/// Where a running stop-and-restart reconfiguration is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for `Prepared`.
+    Preparing,
+    /// Waiting for `Paused`, `Drained`, `StateReceived`.
+    Draining,
+    /// Waiting for `Resumed`.
+    Resuming,
+    /// Finished.
+    Complete,
+}
+
+/// Drives one stop-and-restart reconfiguration from acks (no I/O: it returns what to send).
+pub struct StopAndRestart {
+    /// The plan.
+    pub plan: ReconfigPlan,
+    phase: Phase,
+    waiting: HashSet<(TaskId, Expect)>,
+    /// State bytes the target tasks reported sending.
+    pub bytes_moved: u64,
+    upstream: Vec<TaskId>,
+    old_targets: Vec<TaskId>,
+    receivers: Vec<TaskId>,
+}
+
+impl StopAndRestart {
+    /// Starts: returns the driver and the message to broadcast (`Prepare`).
+    pub fn start(plan: ReconfigPlan, current: &Deployment, graph: &JobGraph) -> (Self, CoordinatorMessage) {
+        let op = plan.operator;
+        let d = &plan.deployment;
+        let mut upstream = Vec::new();
+        if let Some(spec) = graph.operator(op) {
+            let froms: BTreeSet<OperatorId> = spec.inputs.iter().map(|i| i.from).collect();
+            for from in froms {
+                upstream.extend(live(current, from).into_iter().map(|i| TaskId::new(from, i)));
+            }
+        }
+        let old_targets: Vec<TaskId> = live(current, op).into_iter().map(|i| TaskId::new(op, i)).collect();
+        let mut receivers: Vec<TaskId> = plan.moves.iter().map(|m| TaskId::new(op, m.to)).collect();
+        receivers.sort_unstable();
+        receivers.dedup();
+        let mut waiting = HashSet::new();
+        for i in live(d, op).into_iter().chain(plan.cancelled.iter().copied()) {
+            waiting.insert((TaskId::new(op, i), Expect::Prepared));
+        }
+        for (consumer, _) in graph.consumers(op) {
+            for i in live(d, consumer) {
+                waiting.insert((TaskId::new(consumer, i), Expect::Prepared));
+            }
+        }
+        let msg = CoordinatorMessage::Prepare(Box::new(plan.clone()));
+        let me =
+            Self { plan, phase: Phase::Preparing, waiting, bytes_moved: 0, upstream, old_targets, receivers };
+        (me, msg)
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Applies an ack; returns the message to broadcast when a phase completes.
+    pub fn on_ack(&mut self, task: TaskId, ack: &TaskAck) -> Option<CoordinatorMessage> {
+        if let TaskAck::Drained { bytes, .. } = ack {
+            self.bytes_moved += bytes;
+        }
+        if !self.waiting.remove(&(task, Expect::of(ack))) {
+            tracing::warn!(%task, ?ack, phase = ?self.phase, "unexpected ack; ignored");
+        }
+        if !self.waiting.is_empty() {
+            return None;
+        }
+        let epoch = self.plan.epoch;
+        match self.phase {
+            Phase::Preparing => {
+                self.phase = Phase::Draining;
+                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Paused)));
+                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::Drained)));
+                self.waiting.extend(self.receivers.iter().map(|t| (*t, Expect::StateReceived)));
+                Some(CoordinatorMessage::Drain { epoch })
+            }
+            Phase::Draining => {
+                self.phase = Phase::Resuming;
+                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Resumed)));
+                Some(CoordinatorMessage::Resume { epoch })
+            }
+            Phase::Resuming | Phase::Complete => {
+                self.phase = Phase::Complete;
+                None
+            }
+        }
+    }
+
+    /// Tasks whose acks are still awaited (for timeouts and error messages).
+    pub fn waiting_for(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.waiting.iter().map(|(t, e)| format!("{t}:{e:?}")).collect();
+        v.sort();
+        v
+    }
+
+    /// Upstream tasks of the reconfigured operator (they must still be running to start).
+    pub fn upstream(&self) -> &[TaskId] {
+        &self.upstream
+    }
+}

@@ -1,0 +1,77 @@
+//! `koala rescale|rebalance|migrate` against a running coordinator: bad requests get a clear
+//! error and the job keeps running; a good request is carried out.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::koala;
+
+fn request(args: &[&str]) -> (bool, String) {
+    let out = koala().args(args).output().expect("start koala");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn bad_requests_are_rejected_and_the_job_keeps_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = format!(
+        "query = \"keyed-aggregate\"\nworkers = 2\nduration_s = 6\nnum_buckets = 16\noutput_dir = \"{}\"\n\
+         [parallelism]\nsource = 2\naggregate = 2\nsink = 1\n\
+         [params]\nsink = \"discard\"\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = 4000.0 }}]\n",
+        dir.path().join("out").display()
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut job = koala().arg("run").arg(&path).stdout(Stdio::piped()).spawn().expect("start job");
+    let (tx, rx) = mpsc::channel();
+    let stdout = job.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let addr = loop {
+        let line =
+            rx.recv_timeout(Duration::from_secs(60)).expect("koala run prints its coordinator address");
+        if let Some(rest) = line.strip_prefix("coordinator at ") {
+            break rest.split_whitespace().next().expect("address").to_string();
+        }
+    };
+    let base = ["--coordinator", addr.as_str()];
+    let cases: &[(&[&str], &str)] = &[
+        (&["rescale", "--operator", "nope", "--parallelism", "2"], "no operator \"nope\""),
+        (&["rescale", "--operator", "aggregate", "--parallelism", "0"], "parallelism"),
+        (&["rescale", "--operator", "aggregate", "--parallelism", "17"], "num_buckets"),
+        (&["rescale", "--operator", "source", "--parallelism", "3"], "source"),
+        (&["migrate", "--operator", "aggregate", "--task", "0", "--worker", "9"], "no worker 9"),
+        (&["migrate", "--operator", "aggregate", "--task", "7", "--worker", "1"], "no task 7"),
+        (&["rebalance", "--operator", "aggregate", "--move", "99:1"], "out of range"),
+        (&["rebalance", "--operator", "aggregate", "--move", "x:1"], "not a bucket"),
+    ];
+    for (args, needle) in cases {
+        let mut full: Vec<&str> = vec![args[0]];
+        full.extend_from_slice(&base);
+        full.extend_from_slice(&args[1..]);
+        let (ok, text) = request(&full);
+        assert!(!ok, "{full:?} was accepted: {text}");
+        assert!(text.contains(needle), "{full:?}: expected {needle:?} in: {text}");
+    }
+    let (ok, text) =
+        request(&["rescale", "--coordinator", &addr, "--operator", "aggregate", "--parallelism", "3"]);
+    assert!(ok && text.contains("accepted"), "valid rescale: {text}");
+
+    let status = job.wait().expect("job exits");
+    let log = reader.join().expect("reader");
+    assert!(status.success(), "the job failed after bad requests:\n{log}");
+    assert!(log.contains("[reconfiguration 1] completed"), "the good request did not complete:\n{log}");
+    assert!(log.lines().filter(|l| l.contains("in ") && l.contains("rec/s")).count() >= 3, "{log}");
+}

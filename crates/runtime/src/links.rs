@@ -1,0 +1,145 @@
+//! How a task's channels follow from a deployment: which channels it receives on, and the
+//! output edges (route + one channel per downstream task) it sends on. Used when a task starts
+//! and again when a reconfiguration changes the routing of an edge.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use koala_dataflow::{JobGraph, Partitioning};
+use koala_protocol::Deployment;
+use koala_types::{OperatorId, TaskId, WorkerId};
+
+use crate::RuntimeError;
+use crate::channel::{ChannelSender, InputChannel};
+use crate::net::Inboxes;
+use crate::output::{OutputEdge, Outputs, Route};
+
+/// Input index of peer channels (state transfer between tasks of one operator).
+pub const PEER_INPUT: usize = usize::MAX;
+
+/// What a task needs to open channels: where it runs, the graph, and the local input queues.
+#[derive(Clone)]
+pub struct Links {
+    /// This worker.
+    pub me: WorkerId,
+    /// The job graph.
+    pub graph: Arc<JobGraph>,
+    /// Input queues of this worker's tasks.
+    pub inboxes: Inboxes,
+}
+
+/// Live task indices of an operator.
+pub fn live(d: &Deployment, op: OperatorId) -> &[u32] {
+    d.tasks.get(&op).map(Vec::as_slice).unwrap_or(&[])
+}
+
+/// Whether input `input` of `consumer` connects task i to task i only: a forward edge between
+/// two stateless operators with the same task indices. Edges touching a stateful operator are
+/// never one-to-one, so stateful operators can always be reconfigured.
+pub fn is_one_to_one(d: &Deployment, graph: &JobGraph, consumer: OperatorId, input: usize) -> bool {
+    let Some(c) = graph.operator(consumer) else { return false };
+    let Some(i) = c.inputs.get(input) else { return false };
+    let Some(u) = graph.operator(i.from) else { return false };
+    matches!(i.partitioning, Partitioning::Forward)
+        && !c.is_stateful()
+        && !u.is_stateful()
+        && live(d, i.from) == live(d, consumer)
+}
+
+/// The channels a task receives on (peer channels excluded).
+pub fn input_channels(d: &Deployment, graph: &JobGraph, task: TaskId) -> BTreeSet<InputChannel> {
+    let mut out = BTreeSet::new();
+    let Some(spec) = graph.operator(task.operator) else { return out };
+    for (i, input) in spec.inputs.iter().enumerate() {
+        if is_one_to_one(d, graph, task.operator, i) {
+            out.insert(InputChannel { input: i, from: TaskId::new(input.from, task.index) });
+        } else {
+            for &u in live(d, input.from) {
+                out.insert(InputChannel { input: i, from: TaskId::new(input.from, u) });
+            }
+        }
+    }
+    out
+}
+
+/// Opens a channel from `from` to `to` as `d` places them.
+pub fn open_channel(
+    links: &Links,
+    d: &Deployment,
+    to: TaskId,
+    channel: InputChannel,
+) -> Result<ChannelSender, RuntimeError> {
+    let worker =
+        d.placement.get(&to).ok_or_else(|| RuntimeError::Deployment(format!("{to} is not placed")))?;
+    if *worker == links.me {
+        let inbox = links
+            .inboxes
+            .read()
+            .ok()
+            .and_then(|m| m.get(&to).cloned())
+            .ok_or_else(|| RuntimeError::Deployment(format!("no input queue for {to}")))?;
+        Ok(ChannelSender::Local { to, inbox, channel })
+    } else {
+        let addr = d
+            .workers
+            .get(worker)
+            .ok_or_else(|| RuntimeError::Deployment(format!("no address for {worker}")))?;
+        ChannelSender::connect(addr, to, channel)
+    }
+}
+
+/// The edge from `task` to input `input` of `consumer`.
+pub fn build_edge(
+    links: &Links,
+    d: &Deployment,
+    task: TaskId,
+    consumer: OperatorId,
+    input: usize,
+) -> Result<OutputEdge, RuntimeError> {
+    let spec = links
+        .graph
+        .operator(consumer)
+        .ok_or_else(|| RuntimeError::Deployment(format!("no operator {consumer}")))?;
+    let channel = InputChannel { input, from: task };
+    if is_one_to_one(d, &links.graph, consumer, input) {
+        let to = TaskId::new(consumer, task.index);
+        return Ok(OutputEdge::new(consumer, Route::Forward(0), vec![open_channel(links, d, to, channel)?]));
+    }
+    let indices = live(d, consumer);
+    let mut targets = Vec::with_capacity(indices.len());
+    for &j in indices {
+        targets.push(open_channel(links, d, TaskId::new(consumer, j), channel)?);
+    }
+    let route = match &spec.inputs[input].partitioning {
+        Partitioning::Forward | Partitioning::Rebalance => Route::Rebalance,
+        Partitioning::Key(key_fn) => {
+            let table = d.routing.get(&consumer).ok_or_else(|| {
+                RuntimeError::Deployment(format!("no routing table for keyed operator {}", spec.name))
+            })?;
+            // The table names task indices; the edge addresses channels by position.
+            let positions = table
+                .iter()
+                .map(|t| {
+                    indices.iter().position(|i| i == t).map(|p| p as u32).ok_or_else(|| {
+                        RuntimeError::Deployment(format!(
+                            "routing of {} names task {t}, which is not live",
+                            spec.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<u32>, _>>()?;
+            Route::Key { key_fn: key_fn.clone(), table: Arc::new(positions), num_buckets: d.num_buckets }
+        }
+    };
+    Ok(OutputEdge::new(consumer, route, targets))
+}
+
+/// All output edges of `task`.
+pub fn build_outputs(links: &Links, d: &Deployment, task: TaskId) -> Result<Outputs, RuntimeError> {
+    let mut edges = Vec::new();
+    for (consumer, input) in links.graph.consumers(task.operator) {
+        edges.push(build_edge(links, d, task, consumer, input)?);
+    }
+    Ok(Outputs::new(edges, d.options.batch_records, Duration::from_millis(d.options.linger_ms)))
+}
