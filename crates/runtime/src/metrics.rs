@@ -98,6 +98,7 @@ impl TaskMetrics {
         push(metric::STATE_WRITES, self.state_writes as f64);
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
+        push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
         if !self.batch_latency_us.is_empty() {
             push(metric::BATCH_LATENCY_MEAN_US, self.batch_latency_us.mean());
             push(metric::BATCH_LATENCY_P99_US, self.batch_latency_us.value_at_quantile(0.99) as f64);
