@@ -43,6 +43,13 @@ pub struct JobConfig {
     /// Batching and queue sizes.
     #[serde(default)]
     pub runtime: RuntimeSection,
+    /// The reconfiguration protocol: `koala` (lazy, the default) or `stop-and-restart`.
+    #[serde(default)]
+    pub protocol: koala_protocol::Protocol,
+    /// Koala's progressive migration: extra keys each fetch from a cancelled task carries, and
+    /// the batch size of the background pull when idle (0 = fetch on demand only).
+    #[serde(default = "defaults::extra_keys")]
+    pub extra_keys: usize,
     /// Reconfigurations to run while the job runs, in order.
     #[serde(default)]
     pub reconfigurations: Vec<ScheduledReconfiguration>,
@@ -138,6 +145,9 @@ mod defaults {
     }
     pub fn one() -> u32 {
         1
+    }
+    pub fn extra_keys() -> usize {
+        8
     }
     pub fn num_buckets() -> u16 {
         koala_types::DEFAULT_NUM_BUCKETS

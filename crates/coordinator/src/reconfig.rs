@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use koala_dataflow::JobGraph;
-use koala_protocol::{BucketMove, CoordinatorMessage, Deployment, ReconfigPlan, ReconfigRequest, TaskAck};
+use koala_protocol::{
+    BucketMove, CoordinatorMessage, Deployment, Protocol, ReconfigPlan, ReconfigRequest, TaskAck,
+};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::config::PolicyName;
@@ -39,6 +41,7 @@ pub fn plan(
     policy: PolicyName,
     epoch: Epoch,
     next_index: &BTreeMap<OperatorId, u32>,
+    retired: &BTreeMap<OperatorId, BTreeSet<u32>>,
 ) -> Result<ReconfigPlan, String> {
     let name = req.operator();
     let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
@@ -174,10 +177,20 @@ pub fn plan(
     if matches!(req, ReconfigRequest::Rebalance { .. }) && bucket_moves.is_empty() {
         return Err("moves: every bucket already belongs to the task given; nothing would move".into());
     }
-    for c in &cancelled {
-        d.placement.remove(&TaskId::new(op, *c));
-    }
-    Ok(ReconfigPlan { epoch, operator: op, deployment: d, moves: bucket_moves, created, cancelled })
+    // Cancelled tasks keep their placement: under Koala they serve state until released.
+    let mut retired_now: Vec<u32> =
+        retired.get(&op).into_iter().flatten().copied().chain(cancelled.iter().copied()).collect();
+    retired_now.sort_unstable();
+    retired_now.dedup();
+    Ok(ReconfigPlan {
+        epoch,
+        operator: op,
+        deployment: d,
+        moves: bucket_moves,
+        created,
+        cancelled,
+        retired: retired_now,
+    })
 }
 
 fn least_loaded(d: &Deployment, workers: &[WorkerId]) -> WorkerId {
@@ -196,17 +209,26 @@ enum Expect {
     Drained,
     StateReceived,
     Resumed,
+    PeerReady,
+    Switched,
+    Done,
 }
 
 impl Expect {
-    fn of(ack: &TaskAck) -> Self {
-        match ack {
+    fn of(ack: &TaskAck) -> Option<Self> {
+        Some(match ack {
             TaskAck::Prepared => Self::Prepared,
             TaskAck::Paused => Self::Paused,
             TaskAck::Drained { .. } => Self::Drained,
             TaskAck::StateReceived => Self::StateReceived,
             TaskAck::Resumed => Self::Resumed,
-        }
+            TaskAck::PeerReady => Self::PeerReady,
+            TaskAck::Switched => Self::Switched,
+            TaskAck::Done => Self::Done,
+            TaskAck::LocationDrained { .. } | TaskAck::InputsEnded | TaskAck::ProtocolError { .. } => {
+                return None;
+            }
+        })
     }
 }
 
@@ -219,12 +241,19 @@ pub enum Phase {
     Draining,
     /// Waiting for `Resumed`.
     Resuming,
+    /// Koala: waiting for `PeerReady` (KLT hand-overs arrived).
+    Beginning,
+    /// Koala: waiting for `Switched` from upstreams and `Done` from the operator's tasks.
+    Switching,
     /// Finished.
     Complete,
 }
 
-/// Drives one stop-and-restart reconfiguration from acks (no I/O: it returns what to send).
-pub struct StopAndRestart {
+/// Drives one reconfiguration from acks (no I/O: it returns what to send). Stop-and-restart:
+/// Prepare → Drain → Resume. Koala: Prepare (tasks hand KLT entries over and answer `PeerReady`)
+/// → Switch (upstreams switch routing with markers; tasks answer `Done`); state then moves lazily.
+pub struct Reconfiguring {
+    protocol: Protocol,
     /// The plan.
     pub plan: ReconfigPlan,
     phase: Phase,
@@ -236,9 +265,10 @@ pub struct StopAndRestart {
     receivers: Vec<TaskId>,
 }
 
-impl StopAndRestart {
+impl Reconfiguring {
     /// Starts: returns the driver and the message to broadcast (`Prepare`).
     pub fn start(plan: ReconfigPlan, current: &Deployment, graph: &JobGraph) -> (Self, CoordinatorMessage) {
+        let protocol = plan.deployment.protocol;
         let op = plan.operator;
         let d = &plan.deployment;
         let mut upstream = Vec::new();
@@ -255,6 +285,7 @@ impl StopAndRestart {
         let mut waiting = HashSet::new();
         for i in live(d, op).into_iter().chain(plan.cancelled.iter().copied()) {
             waiting.insert((TaskId::new(op, i), Expect::Prepared));
+            let _ = protocol;
         }
         for (consumer, _) in graph.consumers(op) {
             for i in live(d, consumer) {
@@ -262,8 +293,16 @@ impl StopAndRestart {
             }
         }
         let msg = CoordinatorMessage::Prepare(Box::new(plan.clone()));
-        let me =
-            Self { plan, phase: Phase::Preparing, waiting, bytes_moved: 0, upstream, old_targets, receivers };
+        let me = Self {
+            protocol,
+            plan,
+            phase: Phase::Preparing,
+            waiting,
+            bytes_moved: 0,
+            upstream,
+            old_targets,
+            receivers,
+        };
         (me, msg)
     }
 
@@ -277,7 +316,8 @@ impl StopAndRestart {
         if let TaskAck::Drained { bytes, .. } = ack {
             self.bytes_moved += bytes;
         }
-        if !self.waiting.remove(&(task, Expect::of(ack))) {
+        let Some(expect) = Expect::of(ack) else { return None };
+        if !self.waiting.remove(&(task, expect)) {
             tracing::warn!(%task, ?ack, phase = ?self.phase, "unexpected ack; ignored");
         }
         if !self.waiting.is_empty() {
@@ -285,6 +325,23 @@ impl StopAndRestart {
         }
         let epoch = self.plan.epoch;
         match self.phase {
+            Phase::Preparing if self.protocol == Protocol::Koala => {
+                self.phase = Phase::Beginning;
+                let op = self.plan.operator;
+                let tasks =
+                    live(&self.plan.deployment, op).into_iter().chain(self.plan.cancelled.iter().copied());
+                self.waiting.extend(tasks.map(|i| (TaskId::new(op, i), Expect::PeerReady)));
+                Some(CoordinatorMessage::Begin { epoch })
+            }
+            Phase::Beginning => {
+                self.phase = Phase::Switching;
+                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Switched)));
+                let op = self.plan.operator;
+                let tasks =
+                    live(&self.plan.deployment, op).into_iter().chain(self.plan.cancelled.iter().copied());
+                self.waiting.extend(tasks.map(|i| (TaskId::new(op, i), Expect::Done)));
+                Some(CoordinatorMessage::Switch { epoch })
+            }
             Phase::Preparing => {
                 self.phase = Phase::Draining;
                 self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Paused)));
@@ -297,7 +354,7 @@ impl StopAndRestart {
                 self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Resumed)));
                 Some(CoordinatorMessage::Resume { epoch })
             }
-            Phase::Resuming | Phase::Complete => {
+            Phase::Resuming | Phase::Switching | Phase::Complete => {
                 self.phase = Phase::Complete;
                 None
             }

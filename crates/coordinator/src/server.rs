@@ -2,7 +2,7 @@
 //! metrics into SQLite, notices a worker that disappears, and ends the job when every task has
 //! finished.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::net::TcpListener;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -10,7 +10,8 @@ use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
 use koala_dataflow::JobGraph;
 use koala_dataflow::graph::QueryResolver;
 use koala_protocol::{
-    ClientReply, CoordinatorMessage, Deployment, ReconfigRequest, RuntimeOptions, WorkerMessage,
+    ClientReply, CoordinatorMessage, Deployment, Protocol, ReconfigRequest, RuntimeOptions, TaskAck,
+    WorkerMessage,
 };
 use koala_types::{OperatorId, TaskId, WorkerId};
 
@@ -21,7 +22,7 @@ use crate::metrics_store::{
 };
 use crate::partition::assign;
 use crate::progress::{ProgressEvent, SecondAggregator, Totals};
-use crate::reconfig::{Phase, StopAndRestart, kind_name, plan as plan_reconfiguration};
+use crate::reconfig::{Phase, Reconfiguring, kind_name, plan as plan_reconfiguration};
 
 /// How long the coordinator waits for workers to register and to acknowledge a deployment.
 pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -129,7 +130,13 @@ struct JobState<'a> {
     store: MetricsStore,
     progress: Option<Sender<ProgressEvent>>,
     queue: VecDeque<Queued>,
-    active: Option<(StopAndRestart, Instant, u64, Option<Instant>)>,
+    active: Option<(Reconfiguring, Instant, u64, Option<Instant>)>,
+    /// Koala: cancelled tasks still serving state, per operator.
+    retired: BTreeMap<OperatorId, BTreeSet<u32>>,
+    /// Koala: which live tasks no longer point at a retired task, per (operator, retired task).
+    drained: BTreeMap<(OperatorId, u32), BTreeSet<u32>>,
+    /// Koala: tasks whose inputs ended, per operator.
+    inputs_ended: BTreeMap<OperatorId, BTreeSet<u32>>,
     epoch: u64,
     completed: u64,
 }
@@ -155,6 +162,7 @@ impl JobState<'_> {
             self.config.partition_policy,
             self.epoch + 1,
             &self.next_index,
+            &self.retired,
         )
         .map(|_| ())
     }
@@ -189,6 +197,7 @@ impl JobState<'_> {
                 self.config.partition_policy,
                 epoch,
                 &self.next_index,
+                &self.retired,
             ) {
                 Ok(p) => p,
                 Err(error) => {
@@ -200,7 +209,7 @@ impl JobState<'_> {
                     continue;
                 }
             };
-            let (driver, msg) = StopAndRestart::start(plan, &self.deployment, self.graph);
+            let (driver, msg) = Reconfiguring::start(plan, &self.deployment, self.graph);
             if let Some(gone) = driver.upstream().iter().find(|t| !self.remaining.contains(t)) {
                 let error = format!(
                     "skipped: upstream task {} has already finished (the input ended before the reconfiguration)",
@@ -218,8 +227,11 @@ impl JobState<'_> {
             let new = driver.plan.deployment.tasks.get(&op).map_or(0, Vec::len);
             let kind = kind_name(old, new, &q.request);
             let buckets: usize = driver.plan.moves.iter().map(|m| m.buckets.len()).sum();
-            let description =
-                format!("{kind} {} {old}→{new} tasks, {buckets} buckets move", q.request.operator());
+            let description = format!(
+                "{kind} {} {old}→{new} tasks, {buckets} buckets change owner ({})",
+                q.request.operator(),
+                self.config.protocol.name()
+            );
             let started_ms = unix_ms();
             self.store.reconfiguration_started(
                 self.run,
@@ -227,7 +239,7 @@ impl JobState<'_> {
                     epoch,
                     operator: q.request.operator().to_string(),
                     kind: kind.to_string(),
-                    protocol: "stop-and-restart".into(),
+                    protocol: self.config.protocol.name().into(),
                     started_ms,
                     buckets_moved: buckets as u64,
                     detail: format!("{:?}", q.request),
@@ -247,6 +259,59 @@ impl JobState<'_> {
             self.active = Some((driver, Instant::now(), started_ms, None));
         }
         Ok(())
+    }
+
+    /// Koala: `task` holds no more keys at `location`; once no live task does, `location` may go.
+    fn on_location_drained(&mut self, task: TaskId, location: TaskId) -> Result<(), CoordinatorError> {
+        let op = task.operator;
+        self.drained.entry((op, location.index)).or_default().insert(task.index);
+        self.release_drained(op)
+    }
+
+    fn release_drained(&mut self, op: OperatorId) -> Result<(), CoordinatorError> {
+        if self.active.is_some() {
+            return Ok(());
+        }
+        let live: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
+        let ready: Vec<u32> = self
+            .retired
+            .get(&op)
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|r| self.drained.get(&(op, *r)).is_some_and(|d| d.is_superset(&live)))
+            .collect();
+        for r in ready {
+            if let Some(set) = self.retired.get_mut(&op) {
+                set.remove(&r);
+            }
+            self.release(TaskId::new(op, r))?;
+        }
+        Ok(())
+    }
+
+    /// Koala: once every task of the operator (live and retired) has no input left, none will
+    /// fetch again: release them all.
+    fn on_inputs_ended(&mut self, task: TaskId) -> Result<(), CoordinatorError> {
+        let op = task.operator;
+        self.inputs_ended.entry(op).or_default().insert(task.index);
+        let mut all: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
+        all.extend(self.retired.get(&op).into_iter().flatten().copied());
+        if self.active.is_none() && self.inputs_ended.get(&op).is_some_and(|e| e.is_superset(&all)) {
+            self.retired.remove(&op);
+            for i in all {
+                self.release(TaskId::new(op, i))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, task: TaskId) -> Result<(), CoordinatorError> {
+        tracing::debug!(task = %self.name(task), "released");
+        match self.deployment.placement.get(&task) {
+            Some(w) => self.workers.send(w.0 as usize, &CoordinatorMessage::Release { task }),
+            None => Ok(()),
+        }
     }
 
     fn on_ack(
@@ -286,6 +351,10 @@ impl JobState<'_> {
                         pause_ms: Some(pause_ms),
                     },
                 )?;
+                if driver.plan.deployment.protocol == Protocol::Koala {
+                    let op = driver.plan.operator;
+                    self.retired.entry(op).or_default().extend(driver.plan.cancelled.iter().copied());
+                }
                 self.deployment = driver.plan.deployment;
             }
             self.completed += 1;
@@ -340,7 +409,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         run: job.run.clone(),
         started_ms,
         query: config.query.clone(),
-        protocol: "stop-and-restart".into(),
+        protocol: config.protocol.name().into(),
         config: toml::to_string(config).unwrap_or_default(),
     })?;
     workers.broadcast(&CoordinatorMessage::Start)?;
@@ -361,6 +430,9 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         progress: job.progress.clone(),
         queue: VecDeque::new(),
         active: None,
+        retired: BTreeMap::new(),
+        drained: BTreeMap::new(),
+        inputs_ended: BTreeMap::new(),
         epoch: 0,
         completed: 0,
     };
@@ -408,9 +480,17 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
                 break Err(CoordinatorError::TaskFailed { task: state.name(task), error });
             }
-            Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => {
-                state.on_ack(task, epoch, &ack)?;
-            }
+            Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => match ack {
+                TaskAck::LocationDrained { location } => state.on_location_drained(task, location)?,
+                TaskAck::InputsEnded => state.on_inputs_ended(task)?,
+                TaskAck::ProtocolError { message } => {
+                    tracing::error!(task = %state.name(task), epoch, %message, "protocol error reported");
+                    state.say(ProgressEvent::ReconfigurationRejected {
+                        error: format!("{}: {message}", state.name(task)),
+                    });
+                }
+                ack => state.on_ack(task, epoch, &ack)?,
+            },
             Ok(Event::Worker(worker, None)) => break Err(CoordinatorError::WorkerLost(worker)),
             Ok(Event::Worker(_, Some(_))) => {}
             Ok(Event::Client(request, reply)) => state.submit(request, reply)?,
@@ -485,6 +565,8 @@ fn plan(
         epoch: 0,
         routing,
         num_buckets: config.num_buckets,
+        protocol: config.protocol,
+        extra_keys: config.extra_keys,
         options: RuntimeOptions {
             batch_records: config.runtime.batch_records,
             linger_ms: config.runtime.linger_ms,

@@ -160,7 +160,7 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
         match event {
             ProgressEvent::Second(p) => println!("{}", progress_line(&p)),
             ProgressEvent::ReconfigurationStarted { epoch, description } => {
-                println!("[reconfiguration {epoch}] started: {description} (stop-and-restart)");
+                println!("[reconfiguration {epoch}] started: {description}");
             }
             ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms } => {
                 println!(

@@ -42,6 +42,32 @@ pub struct Deployment {
     pub num_buckets: u16,
     /// Batching and queue sizes.
     pub options: RuntimeOptions,
+    /// The reconfiguration protocol stateful tasks run.
+    pub protocol: Protocol,
+    /// Koala's progressive migration: extra keys piggybacked per fetch from a cancelled task
+    /// (0 = fetch on demand only).
+    pub extra_keys: usize,
+}
+
+/// A reconfiguration protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Protocol {
+    /// Lazy ownership transfer, one-hop fetch on first access, progressive migration (paper §3).
+    #[default]
+    Koala,
+    /// Pause upstreams, drain, move whole buckets, switch, resume.
+    StopAndRestart,
+}
+
+impl Protocol {
+    /// The name used in configs, metrics and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Koala => "koala",
+            Self::StopAndRestart => "stop-and-restart",
+        }
+    }
 }
 
 /// Coordinator → worker.
@@ -73,6 +99,24 @@ pub enum CoordinatorMessage {
         /// The reconfiguration.
         epoch: Epoch,
     },
+    /// Koala, after every `Prepared` (so every task's queues exist): the operator's tasks start
+    /// the hand-over. Answers: `PeerReady`.
+    Begin {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Koala, after every `PeerReady`: upstream tasks switch routing, injecting a marker into
+    /// every channel to the operator. Answer: `Switched`.
+    Switch {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Koala: a task that kept serving state (a cancelled task, or any task of an operator whose
+    /// input ended) may exit.
+    Release {
+        /// The task.
+        task: TaskId,
+    },
     /// Exit.
     Shutdown,
 }
@@ -103,6 +147,8 @@ pub struct ReconfigPlan {
     pub created: Vec<u32>,
     /// Task indices of the operator that are cancelled once their state has moved.
     pub cancelled: Vec<u32>,
+    /// Koala: every cancelled task (of this or earlier epochs) that still holds state.
+    pub retired: Vec<u32>,
 }
 
 impl ReconfigPlan {
@@ -138,6 +184,25 @@ pub enum TaskAck {
     StateReceived,
     /// An upstream task switched routing and resumed.
     Resumed,
+    /// Koala: every hand-over this task expects has arrived.
+    PeerReady,
+    /// Koala: all markers arrived and all inbound peer channels closed.
+    Done,
+    /// Koala: this task's KLT no longer points at `location` (progressive migration).
+    LocationDrained {
+        /// The retired task that holds none of this task's keys any more.
+        location: TaskId,
+    },
+    /// Koala: an upstream task switched its routing.
+    Switched,
+    /// Koala: every input of the task ended and it has nothing left to process; it keeps
+    /// serving state until released.
+    InputsEnded,
+    /// A protocol surprise the task refused (typed error, printed); the task keeps running.
+    ProtocolError {
+        /// The error.
+        message: String,
+    },
 }
 
 /// A reconfiguration request, from a config schedule or `koala rescale|rebalance|migrate`.

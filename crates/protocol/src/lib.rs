@@ -8,7 +8,7 @@ pub mod koala;
 pub mod watermark;
 
 pub use control::{
-    BucketMove, ClientReply, ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, ReconfigRequest,
-    RuntimeOptions, TaskAck, TaskSample, WorkerMessage,
+    BucketMove, ClientReply, ControlHello, CoordinatorMessage, Deployment, Protocol, ReconfigPlan,
+    ReconfigRequest, RuntimeOptions, TaskAck, TaskSample, WorkerMessage,
 };
 pub use watermark::WatermarkAligner;

@@ -77,7 +77,9 @@ pub fn open_channel(
             .inboxes
             .read()
             .ok()
-            .and_then(|m| m.get(&to).cloned())
+            .and_then(|m| {
+                m.get(&to).map(|i| if channel.input == PEER_INPUT { i.peer.clone() } else { i.data.clone() })
+            })
             .ok_or_else(|| RuntimeError::Deployment(format!("no input queue for {to}")))?;
         Ok(ChannelSender::Local { to, inbox, channel })
     } else {
@@ -89,13 +91,15 @@ pub fn open_channel(
     }
 }
 
-/// The edge from `task` to input `input` of `consumer`.
+/// The edge from `task` to input `input` of `consumer`. Channels in `reuse` (by receiving task)
+/// are taken over instead of opening new ones, so a routing switch keeps per-channel FIFO.
 pub fn build_edge(
     links: &Links,
     d: &Deployment,
     task: TaskId,
     consumer: OperatorId,
     input: usize,
+    reuse: &mut std::collections::HashMap<TaskId, ChannelSender>,
 ) -> Result<OutputEdge, RuntimeError> {
     let spec = links
         .graph
@@ -104,12 +108,20 @@ pub fn build_edge(
     let channel = InputChannel { input, from: task };
     if is_one_to_one(d, &links.graph, consumer, input) {
         let to = TaskId::new(consumer, task.index);
-        return Ok(OutputEdge::new(consumer, Route::Forward(0), vec![open_channel(links, d, to, channel)?]));
+        let sender = match reuse.remove(&to) {
+            Some(s) => s,
+            None => open_channel(links, d, to, channel)?,
+        };
+        return Ok(OutputEdge::new(consumer, input, Route::Forward(0), vec![sender]));
     }
     let indices = live(d, consumer);
     let mut targets = Vec::with_capacity(indices.len());
     for &j in indices {
-        targets.push(open_channel(links, d, TaskId::new(consumer, j), channel)?);
+        let to = TaskId::new(consumer, j);
+        targets.push(match reuse.remove(&to) {
+            Some(s) => s,
+            None => open_channel(links, d, to, channel)?,
+        });
     }
     let route = match &spec.inputs[input].partitioning {
         Partitioning::Forward | Partitioning::Rebalance => Route::Rebalance,
@@ -132,14 +144,14 @@ pub fn build_edge(
             Route::Key { key_fn: key_fn.clone(), table: Arc::new(positions), num_buckets: d.num_buckets }
         }
     };
-    Ok(OutputEdge::new(consumer, route, targets))
+    Ok(OutputEdge::new(consumer, input, route, targets))
 }
 
 /// All output edges of `task`.
 pub fn build_outputs(links: &Links, d: &Deployment, task: TaskId) -> Result<Outputs, RuntimeError> {
     let mut edges = Vec::new();
     for (consumer, input) in links.graph.consumers(task.operator) {
-        edges.push(build_edge(links, d, task, consumer, input)?);
+        edges.push(build_edge(links, d, task, consumer, input, &mut std::collections::HashMap::new())?);
     }
     Ok(Outputs::new(edges, d.options.batch_records, Duration::from_millis(d.options.linger_ms)))
 }

@@ -12,9 +12,21 @@ use koala_types::frame::read_frame;
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::channel::{ChannelHello, TaskInput};
+use crate::links::PEER_INPUT;
+
+/// The two input queues of a task: data channels (bounded: backpressure) and peer channels
+/// (unbounded: state transfer and fetches must never wait behind data, or two tasks fetching
+/// from each other could block each other).
+#[derive(Clone)]
+pub struct TaskInboxes {
+    /// Data channels from upstream tasks.
+    pub data: Sender<TaskInput>,
+    /// Peer channels from tasks of the same operator.
+    pub peer: Sender<TaskInput>,
+}
 
 /// Input queues of the tasks of this worker, by task.
-pub type Inboxes = Arc<RwLock<HashMap<TaskId, Sender<TaskInput>>>>;
+pub type Inboxes = Arc<RwLock<HashMap<TaskId, TaskInboxes>>>;
 
 /// Accepts data connections forever (until the process exits).
 pub fn serve(listener: TcpListener, inboxes: Inboxes) {
@@ -47,7 +59,9 @@ fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
         }
     };
     let inbox = match inboxes.read() {
-        Ok(map) => map.get(&hello.to).cloned(),
+        Ok(map) => map
+            .get(&hello.to)
+            .map(|i| if hello.channel.input == PEER_INPUT { i.peer.clone() } else { i.data.clone() }),
         Err(_) => None,
     };
     let Some(inbox) = inbox else {

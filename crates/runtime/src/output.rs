@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use koala_dataflow::graph::KeyFn;
-use koala_types::{ChannelMessage, OperatorId, Record, Timestamp, bucket_of};
+use std::collections::HashMap;
+
+use koala_types::{ChannelMessage, OperatorId, Record, TaskId, Timestamp, bucket_of};
 
 use crate::RuntimeError;
 use crate::channel::ChannelSender;
@@ -30,6 +32,7 @@ pub enum Route {
 /// One downstream edge: its route and one channel per downstream task.
 pub struct OutputEdge {
     consumer: OperatorId,
+    input: usize,
     route: Route,
     targets: Vec<ChannelSender>,
     buffers: Vec<Vec<Record>>,
@@ -38,10 +41,10 @@ pub struct OutputEdge {
 }
 
 impl OutputEdge {
-    /// An edge to `consumer` over `targets`; routes name positions in `targets`.
-    pub fn new(consumer: OperatorId, route: Route, targets: Vec<ChannelSender>) -> Self {
+    /// An edge to input `input` of `consumer` over `targets`; routes name positions in `targets`.
+    pub fn new(consumer: OperatorId, input: usize, route: Route, targets: Vec<ChannelSender>) -> Self {
         let n = targets.len();
-        Self { consumer, route, targets, buffers: vec![Vec::new(); n], since: vec![None; n], next: 0 }
+        Self { consumer, input, route, targets, buffers: vec![Vec::new(); n], since: vec![None; n], next: 0 }
     }
 }
 
@@ -161,35 +164,40 @@ impl Outputs {
         Ok(())
     }
 
-    /// Replaces the edges to `consumer` (a reconfiguration switched its routing). Channels to
-    /// tasks that are no longer targets get end of stream; every channel of the new edges gets
-    /// the last watermark, so new tasks learn the event time at once. Callers guarantee the old
-    /// channels are drained (stop-and-restart: the consumer saw this task's marker).
-    pub fn replace_edges(&mut self, consumer: OperatorId, new: Vec<OutputEdge>) -> Result<(), RuntimeError> {
+    /// Switches the edges to `consumer` to a new routing (a reconfiguration). `build` makes the
+    /// new edge for an input, taking over the channels it keeps from the map it is given (same
+    /// connection, so per-channel FIFO holds across the switch). Every channel of the new edge and
+    /// every dropped channel gets `Marker(epoch)` (nothing after it was routed by the old table);
+    /// dropped channels then get end of stream; new edges get the last watermark, so new tasks
+    /// learn the event time at once.
+    pub fn switch_edges(
+        &mut self,
+        consumer: OperatorId,
+        epoch: koala_types::Epoch,
+        mut build: impl FnMut(usize, &mut HashMap<TaskId, ChannelSender>) -> Result<OutputEdge, RuntimeError>,
+    ) -> Result<(), RuntimeError> {
         self.flush_all()?;
-        let keep: std::collections::HashSet<koala_types::TaskId> =
-            new.iter().flat_map(|e| e.targets.iter().map(ChannelSender::to)).collect();
-        let mut rest = Vec::with_capacity(self.edges.len());
-        for mut edge in std::mem::take(&mut self.edges) {
-            if edge.consumer != consumer {
-                rest.push(edge);
-                continue;
+        let (mine, mut rest): (Vec<OutputEdge>, Vec<OutputEdge>) =
+            std::mem::take(&mut self.edges).into_iter().partition(|e| e.consumer == consumer);
+        for old in mine {
+            let mut reuse: HashMap<TaskId, ChannelSender> =
+                old.targets.into_iter().map(|t| (t.to(), t)).collect();
+            let mut new = build(old.input, &mut reuse)?;
+            for t in &mut new.targets {
+                self.backpressure += t.send(ChannelMessage::Marker(epoch))?;
             }
-            for t in &mut edge.targets {
-                if !keep.contains(&t.to()) {
-                    self.backpressure += t.send(ChannelMessage::EndOfStream)?;
-                }
+            for (_, mut dropped) in reuse {
+                self.backpressure += dropped.send(ChannelMessage::Marker(epoch))?;
+                self.backpressure += dropped.send(ChannelMessage::EndOfStream)?;
             }
-        }
-        rest.extend(new);
-        self.edges = rest;
-        if let Some(w) = self.last_watermark {
-            for e in self.edges.iter_mut().filter(|e| e.consumer == consumer) {
-                for t in &mut e.targets {
+            if let Some(w) = self.last_watermark {
+                for t in &mut new.targets {
                     self.backpressure += t.send(ChannelMessage::Watermark(w))?;
                 }
             }
+            rest.push(new);
         }
+        self.edges = rest;
         Ok(())
     }
 }

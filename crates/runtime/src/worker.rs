@@ -21,7 +21,7 @@ use koala_types::{Epoch, TaskId, WorkerId};
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
 use crate::links::{Links, build_outputs, input_channels, live};
-use crate::net::{Inboxes, serve};
+use crate::net::{Inboxes, TaskInboxes, serve};
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
 
 /// How to start a worker.
@@ -40,7 +40,7 @@ struct Job {
     deployment: Arc<Deployment>,
     links: Links,
     /// Tasks created but not started yet (between `Deploy` and `Start`).
-    pending: Vec<(TaskId, Receiver<TaskInput>, Receiver<TaskCommand>)>,
+    pending: Vec<(TaskId, TaskQueues)>,
     commands: HashMap<TaskId, Sender<TaskCommand>>,
     plans: HashMap<Epoch, Arc<ReconfigPlan>>,
 }
@@ -113,8 +113,8 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     return Err(RuntimeError::Deployment("Start before Deploy".into()));
                 };
                 let deployment = j.deployment.clone();
-                for (task, inbox, commands) in std::mem::take(&mut j.pending) {
-                    spawn_task(task, &deployment, &j.links, env, inbox, commands, &out_tx)?;
+                for (task, queues) in std::mem::take(&mut j.pending) {
+                    spawn_task(task, &deployment, &j.links, env, queues, &out_tx, false)?;
                 }
             }
             CoordinatorMessage::StopSources => {
@@ -145,6 +145,32 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     for_upstream_tasks(j, epoch, |tx| tx.send(TaskCommand::Resume(plan.clone())));
                     j.plans.remove(&epoch);
                     j.deployment = Arc::new(plan.deployment.clone());
+                }
+            }
+            CoordinatorMessage::Switch { epoch } => {
+                if let Some(j) = job.as_mut() {
+                    let Some(plan) = j.plans.get(&epoch).cloned() else {
+                        return Err(RuntimeError::Deployment(format!("Switch of unknown epoch {epoch}")));
+                    };
+                    for_upstream_tasks(j, epoch, |tx| tx.send(TaskCommand::Switch(plan.clone())));
+                    j.plans.remove(&epoch);
+                    j.deployment = Arc::new(plan.deployment.clone());
+                }
+            }
+            CoordinatorMessage::Begin { epoch } => {
+                if let Some(j) = &job
+                    && let Some(plan) = j.plans.get(&epoch)
+                {
+                    for (task, tx) in &j.commands {
+                        if task.operator == plan.operator {
+                            let _ = tx.send(TaskCommand::Begin(epoch));
+                        }
+                    }
+                }
+            }
+            CoordinatorMessage::Release { task } => {
+                if let Some(tx) = job.as_ref().and_then(|j| j.commands.get(&task)) {
+                    let _ = tx.send(TaskCommand::Release);
                 }
             }
             CoordinatorMessage::Shutdown => {
@@ -182,23 +208,36 @@ fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inbo
     let mut pending = Vec::new();
     let mut commands = HashMap::new();
     for (task, worker) in &d.placement {
-        if *worker == me {
-            let (rx, crx, ctx) = create_inbox(*task, d.options.channel_capacity, inboxes)?;
+        if *worker == me && live(&d, task.operator).contains(&task.index) {
+            let (queues, ctx) = create_inbox(*task, d.options.channel_capacity, inboxes)?;
             commands.insert(*task, ctx);
-            pending.push((*task, rx, crx));
+            pending.push((*task, queues));
         }
     }
     let links = Links { me, graph: Arc::new(graph), inboxes: inboxes.clone() };
     Ok(Job { deployment: Arc::new(d), links, pending, commands, plans: HashMap::new() })
 }
 
-type NewInbox = (Receiver<TaskInput>, Receiver<TaskCommand>, Sender<TaskCommand>);
+/// The receiving ends of a task's queues.
+struct TaskQueues {
+    data: Receiver<TaskInput>,
+    peer: Receiver<TaskInput>,
+    commands: Receiver<TaskCommand>,
+}
 
-fn create_inbox(task: TaskId, capacity: usize, inboxes: &Inboxes) -> Result<NewInbox, String> {
-    let (tx, rx) = bounded(capacity.max(1));
-    let (ctx, crx) = unbounded();
-    inboxes.write().map_err(|_| "inbox registry poisoned".to_string())?.insert(task, tx);
-    Ok((rx, crx, ctx))
+fn create_inbox(
+    task: TaskId,
+    capacity: usize,
+    inboxes: &Inboxes,
+) -> Result<(TaskQueues, Sender<TaskCommand>), String> {
+    let (data_tx, data) = bounded(capacity.max(1));
+    let (peer_tx, peer) = unbounded();
+    let (ctx, commands) = unbounded();
+    inboxes
+        .write()
+        .map_err(|_| "inbox registry poisoned".to_string())?
+        .insert(task, TaskInboxes { data: data_tx, peer: peer_tx });
+    Ok((TaskQueues { data, peer, commands }, ctx))
 }
 
 /// Reconfiguration phase 1 on this worker: start the operator's new tasks placed here, tell its
@@ -217,10 +256,10 @@ fn prepare_reconfiguration(
         if d.placement.get(&task) != Some(&me) {
             continue;
         }
-        let (rx, crx, ctx) = create_inbox(task, d.options.channel_capacity, &job.links.inboxes)
+        let (queues, ctx) = create_inbox(task, d.options.channel_capacity, &job.links.inboxes)
             .map_err(RuntimeError::Deployment)?;
         job.commands.insert(task, ctx);
-        spawn_task(task, &Arc::new(d.clone()), &job.links, env, rx, crx, events)?;
+        spawn_task(task, &Arc::new(d.clone()), &job.links, env, queues, events, true)?;
     }
     for (task, tx) in &job.commands {
         if task.operator == op && (live(d, op).contains(&task.index) || plan.cancelled.contains(&task.index))
@@ -269,9 +308,9 @@ fn spawn_task(
     deployment: &Arc<Deployment>,
     links: &Links,
     env: &Arc<dyn StateEnv>,
-    inbox: Receiver<TaskInput>,
-    commands: Receiver<TaskCommand>,
+    queues: TaskQueues,
     events: &Sender<WorkerMessage>,
+    created_by_reconfiguration: bool,
 ) -> Result<(), RuntimeError> {
     let d = deployment.clone();
     let links = links.clone();
@@ -280,14 +319,15 @@ fn spawn_task(
     std::thread::Builder::new()
         .name(format!("koala-task-{task}"))
         .spawn(move || {
-            let setup = match build_setup(task, d, links, &env, inbox, commands, events.clone()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(%task, error = %e, "task could not start");
-                    let _ = events.send(WorkerMessage::TaskFailed { task, error: e.to_string() });
-                    return;
-                }
-            };
+            let setup =
+                match build_setup(task, d, links, &env, queues, events.clone(), created_by_reconfiguration) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!(%task, error = %e, "task could not start");
+                        let _ = events.send(WorkerMessage::TaskFailed { task, error: e.to_string() });
+                        return;
+                    }
+                };
             let body = match setup.spec.kind {
                 OperatorKind::Source { .. } => run_source,
                 OperatorKind::Transform { .. } => run_operator,
@@ -304,9 +344,9 @@ fn build_setup(
     d: Arc<Deployment>,
     links: Links,
     env: &Arc<dyn StateEnv>,
-    inbox: Receiver<TaskInput>,
-    commands: Receiver<TaskCommand>,
+    queues: TaskQueues,
     events: Sender<WorkerMessage>,
+    created_by_reconfiguration: bool,
 ) -> Result<TaskSetup, RuntimeError> {
     let graph: &JobGraph = &links.graph;
     let spec = graph
@@ -320,13 +360,16 @@ fn build_setup(
         parallelism: live(&d, task.operator).len() as u32,
         inputs: input_channels(&d, graph, task),
         spec,
-        inbox,
-        commands,
+        inbox: queues.data,
+        peer_inbox: queues.peer,
+        commands: queues.commands,
         events,
         outputs,
         options: d.options.clone(),
         num_buckets: d.num_buckets,
         store,
+        deployment: d,
+        created_by_reconfiguration,
         links,
     })
 }

@@ -43,6 +43,9 @@ pub enum ChannelMessage {
         /// The reconfiguration.
         epoch: Epoch,
     },
+    /// A message of a reconfiguration protocol between two tasks (peer channel), encoded by the
+    /// protocol (hand-overs, forwarded records, state fetches).
+    Protocol(Vec<u8>),
 }
 
 /// One moved state entry: where it lives in the key layout, and its value.

@@ -13,6 +13,10 @@ use super::{config, run_job_logged, sink_output};
 
 /// One oracle case.
 pub struct Case<'a> {
+    /// `koala` or `stop-and-restart`.
+    pub protocol: &'a str,
+    /// More top-level config lines (e.g. `extra_keys = 0`).
+    pub top: &'a str,
     /// Query name.
     pub query: &'a str,
     /// Tasks per operator at start.
@@ -91,8 +95,9 @@ pub fn check(case: &Case<'_>) -> String {
         if got != expected.as_slice() {
             let (missing, extra) = multiset_diff(expected, got);
             panic!(
-                "{}: key {key}: {} rows under reconfiguration vs {} from the start; missing {missing:?}; extra {extra:?}\nlog:\n{log}",
+                "{} ({}): key {key}: {} rows under reconfiguration vs {} from the start; missing {missing:?}; extra {extra:?}\nlog:\n{log}",
                 case.query,
+                case.protocol,
                 got.len(),
                 expected.len()
             );
@@ -101,4 +106,94 @@ pub fn check(case: &Case<'_>) -> String {
     let extra: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).take(5).collect();
     assert!(extra.is_empty(), "{}: keys only in the reconfigured run: {extra:?}", case.query);
     log
+}
+
+/// Query, its stateful operator, its sources, extra params.
+const QUERIES: &[(&str, &str, &[&str], &str)] = &[
+    ("keyed-aggregate", "aggregate", &["source"], ""),
+    ("last-n", "last_n", &["source"], "last_n = 3\n"),
+    ("tumbling-window", "window", &["source"], "window_ms = 300\n"),
+    ("sliding-window", "window", &["source"], "window_ms = 400\nslide_ms = 100\n"),
+    ("window-join", "join", &["left", "right"], "window_ms = 300\n"),
+];
+
+fn parallelism<'a>(sources: &[&'a str], op: &'a str, n: u32) -> Vec<(&'a str, u32)> {
+    let mut v: Vec<(&str, u32)> = sources.iter().map(|s| (*s, 2)).collect();
+    v.push((op, n));
+    v.push(("sink", 1));
+    v
+}
+
+/// One protocol × scenario × query oracle test.
+pub fn scenario(protocol: &str, query: &str, scenario: &str) {
+    let (q, op, sources, params) =
+        QUERIES.iter().find(|(q, ..)| *q == query).copied().unwrap_or_else(|| panic!("no query {query}"));
+    let (start, end, schedule) = match scenario {
+        "scale-out" => {
+            (2, 4, format!("[[reconfigurations]]\nat_s = 0.6\noperator = \"{op}\"\nparallelism = 4\n"))
+        }
+        "scale-in" => {
+            (4, 2, format!("[[reconfigurations]]\nat_s = 0.6\noperator = \"{op}\"\nparallelism = 2\n"))
+        }
+        "rebalance" => (
+            2,
+            2,
+            format!(
+                "[[reconfigurations]]\nat_s = 0.6\noperator = \"{op}\"\nmoves = [{{ buckets = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n"
+            ),
+        ),
+        "migrate" => {
+            (2, 2, format!("[[reconfigurations]]\nat_s = 0.6\noperator = \"{op}\"\ntask = 0\nworker = 1\n"))
+        }
+        other => panic!("no scenario {other}"),
+    };
+    check(&Case {
+        protocol,
+        top: "",
+        query: q,
+        start: &parallelism(sources, op, start),
+        end: &parallelism(sources, op, end),
+        schedule: &schedule,
+        params,
+        records: 16_000,
+        seed: 21,
+        expect_reconfigurations: 1,
+    });
+}
+
+/// The 20 tests of one protocol: 4 scenarios × 5 operator families.
+#[macro_export]
+macro_rules! oracle_matrix {
+    ($protocol:literal) => {
+        $crate::oracle_matrix!(@tests $protocol;
+            scale_out_keyed_aggregate: "keyed-aggregate", "scale-out";
+            scale_in_keyed_aggregate: "keyed-aggregate", "scale-in";
+            rebalance_keyed_aggregate: "keyed-aggregate", "rebalance";
+            migrate_keyed_aggregate: "keyed-aggregate", "migrate";
+            scale_out_last_n: "last-n", "scale-out";
+            scale_in_last_n: "last-n", "scale-in";
+            rebalance_last_n: "last-n", "rebalance";
+            migrate_last_n: "last-n", "migrate";
+            scale_out_tumbling_window: "tumbling-window", "scale-out";
+            scale_in_tumbling_window: "tumbling-window", "scale-in";
+            rebalance_tumbling_window: "tumbling-window", "rebalance";
+            migrate_tumbling_window: "tumbling-window", "migrate";
+            scale_out_sliding_window: "sliding-window", "scale-out";
+            scale_in_sliding_window: "sliding-window", "scale-in";
+            rebalance_sliding_window: "sliding-window", "rebalance";
+            migrate_sliding_window: "sliding-window", "migrate";
+            scale_out_window_join: "window-join", "scale-out";
+            scale_in_window_join: "window-join", "scale-in";
+            rebalance_window_join: "window-join", "rebalance";
+            migrate_window_join: "window-join", "migrate";
+        );
+    };
+    (@tests $protocol:literal; $($name:ident: $query:literal, $scenario:literal;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                common::oracle::scenario($protocol, $query, $scenario);
+            }
+        )*
+    };
 }

@@ -1,5 +1,6 @@
 //! Task loops: one thread per task, one loop per kind of operator.
 
+mod koala;
 mod operator;
 mod sink;
 mod source;
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use koala_dataflow::OperatorSpec;
-use koala_protocol::{ReconfigPlan, RuntimeOptions, TaskAck, WorkerMessage};
+use koala_protocol::{Deployment, ReconfigPlan, RuntimeOptions, TaskAck, WorkerMessage};
 use koala_state::StateBackend;
 use koala_types::{ChannelMessage, Epoch, TaskId};
 
@@ -45,6 +46,12 @@ pub enum TaskCommand {
     },
     /// Switch to the plan's routing and resume (after `Drain`).
     Resume(Arc<ReconfigPlan>),
+    /// Koala: every task of the reconfiguration is prepared; start the hand-over.
+    Begin(Epoch),
+    /// Koala: switch to the plan's routing without pausing.
+    Switch(Arc<ReconfigPlan>),
+    /// Koala: stop serving state and exit.
+    Release,
 }
 
 /// Everything a task loop runs with.
@@ -55,10 +62,17 @@ pub struct TaskSetup {
     pub spec: OperatorSpec,
     /// Tasks of its operator.
     pub parallelism: u32,
+    /// The deployment the task started with (protocol, routing, placement).
+    pub deployment: Arc<Deployment>,
+    /// Whether a reconfiguration created the task (it then owns buckets only once they are handed
+    /// over to it).
+    pub created_by_reconfiguration: bool,
     /// What it needs to open channels later (reconfiguration).
     pub links: Links,
-    /// Its input queue.
+    /// Its input queue (data channels).
     pub inbox: Receiver<TaskInput>,
+    /// Its peer queue (state transfer, fetches).
+    pub peer_inbox: Receiver<TaskInput>,
     /// Commands from the worker.
     pub commands: Receiver<TaskCommand>,
     /// Events to the worker.
@@ -81,6 +95,17 @@ impl TaskSetup {
         let _ = self.events.send(WorkerMessage::TaskAck { task: self.task, epoch, ack });
     }
 
+    /// Switches this task's edges to the reconfigured operator to the plan's routing.
+    pub(crate) fn switch_routing(
+        &self,
+        plan: &ReconfigPlan,
+        outputs: &mut Outputs,
+    ) -> Result<(), RuntimeError> {
+        outputs.switch_edges(plan.operator, plan.epoch, |input, reuse| {
+            build_edge(&self.links, &plan.deployment, self.task, plan.operator, input, reuse)
+        })
+    }
+
     /// The upstream side of stop-and-restart: a marker on every output, pause until `Resume`,
     /// then switch the edges to the reconfigured operator. Returns true if a `StopSource`
     /// arrived while paused.
@@ -97,19 +122,7 @@ impl TaskSetup {
             let wait = metrics.next_tick().saturating_duration_since(Instant::now());
             match self.commands.recv_timeout(wait) {
                 Ok(TaskCommand::Resume(plan)) if plan.epoch == epoch => {
-                    let mut edges = Vec::new();
-                    for (consumer, input) in self.links.graph.consumers(self.task.operator) {
-                        if consumer == plan.operator {
-                            edges.push(build_edge(
-                                &self.links,
-                                &plan.deployment,
-                                self.task,
-                                consumer,
-                                input,
-                            )?);
-                        }
-                    }
-                    outputs.replace_edges(plan.operator, edges)?;
+                    self.switch_routing(&plan, outputs)?;
                     self.ack(epoch, TaskAck::Resumed);
                     return Ok(stop);
                 }

@@ -22,33 +22,25 @@ use crate::timers::TimerService;
 /// Keys fetched per round of timer firing.
 const TIMER_BATCH: usize = 1024;
 
-struct OperatorTask {
-    logic: Box<dyn OperatorLogic>,
+/// A transform task's operator, timers and counters; shared by the stop-and-restart loop here and
+/// the Koala loop (`koala.rs`), which differ in who decides what runs when.
+pub(super) struct OperatorTask {
+    pub(super) logic: Box<dyn OperatorLogic>,
     event_time: bool,
     allowed_lateness: u64,
     aligner: WatermarkAligner<InputChannel>,
-    timers: TimerService,
-    metrics: TaskMetrics,
+    pub(super) timers: TimerService,
+    pub(super) metrics: TaskMetrics,
     /// This task's part in the running reconfiguration of its own operator, if any.
     transfer: Option<Transfer>,
 }
 
 /// Runs a transform task until every input channel has ended.
 pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
-    let OperatorKind::Transform { factory, event_time, allowed_lateness, .. } = setup.spec.kind.clone()
-    else {
-        return Err(RuntimeError::Deployment(format!("{} is not a transform", setup.spec.name)));
-    };
-    let logic = factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism });
-    let mut task = OperatorTask {
-        logic,
-        event_time,
-        allowed_lateness,
-        aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
-        timers: TimerService::default(),
-        metrics: TaskMetrics::new(setup.task, false),
-        transfer: None,
-    };
+    if setup.spec.is_stateful() && setup.deployment.protocol == koala_protocol::Protocol::Koala {
+        return super::koala::run_koala_operator(setup);
+    }
+    let mut task = OperatorTask::new(&setup)?;
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     if setup.inputs.is_empty() {
         return Err(RuntimeError::Deployment(format!("{} has no inputs", setup.task)));
@@ -59,23 +51,33 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             outputs.next_deadline().map_or(task.metrics.next_tick(), |d| d.min(task.metrics.next_tick()));
         let timeout = deadline.saturating_duration_since(now);
         select! {
-            recv(setup.commands) -> cmd => match cmd {
-                Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
-                Err(_) => return Err(RuntimeError::Deployment(format!("{} lost its worker", setup.task))),
-            },
-            recv(setup.inbox) -> item => {
-                let Ok(item) = item else {
-                    return Err(RuntimeError::Deployment(format!("input queue of {} closed", setup.task)));
-                };
-                if task.on_message(&setup, &mut outputs, item.channel, item.message)? {
-                    outputs.flush_all()?;
-                    outputs.broadcast(&ChannelMessage::EndOfStream)?;
-                    setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
-                    return Ok(());
+                    recv(setup.commands) -> cmd => match cmd {
+                        Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
+                        Err(_) => return Err(RuntimeError::Deployment(format!("{} lost its worker", setup.task))),
+                    },
+        recv(setup.peer_inbox) -> item => {
+                        if let Ok(item) = item
+                            && task.on_message(&setup, &mut outputs, item.channel, item.message)?
+                        {
+                            outputs.flush_all()?;
+                            outputs.broadcast(&ChannelMessage::EndOfStream)?;
+                            setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+                            return Ok(());
+                        }
+                    },
+                    recv(setup.inbox) -> item => {
+                        let Ok(item) = item else {
+                            return Err(RuntimeError::Deployment(format!("input queue of {} closed", setup.task)));
+                        };
+                        if task.on_message(&setup, &mut outputs, item.channel, item.message)? {
+                            outputs.flush_all()?;
+                            outputs.broadcast(&ChannelMessage::EndOfStream)?;
+                            setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+                            return Ok(());
+                        }
+                    },
+                    default(timeout) => {}
                 }
-            },
-            default(timeout) => {}
-        }
         let now = Instant::now();
         outputs.flush_due(now)?;
         setup.report(&mut task.metrics, &mut outputs, now);
@@ -83,6 +85,22 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl OperatorTask {
+    pub(super) fn new(setup: &TaskSetup) -> Result<Self, RuntimeError> {
+        let OperatorKind::Transform { factory, event_time, allowed_lateness, .. } = setup.spec.kind.clone()
+        else {
+            return Err(RuntimeError::Deployment(format!("{} is not a transform", setup.spec.name)));
+        };
+        Ok(Self {
+            logic: factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism }),
+            event_time,
+            allowed_lateness,
+            aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
+            timers: TimerService::default(),
+            metrics: TaskMetrics::new(setup.task, false),
+            transfer: None,
+        })
+    }
+
     fn on_command(
         &mut self,
         setup: &TaskSetup,
@@ -106,7 +124,11 @@ impl OperatorTask {
                 outputs.flush_all()?;
                 setup.drain_and_pause(epoch, outputs, &mut self.metrics)?;
             }
-            TaskCommand::StopSource => {}
+            TaskCommand::Switch(plan) => {
+                setup.switch_routing(&plan, outputs)?;
+                setup.ack(plan.epoch, koala_protocol::TaskAck::Switched);
+            }
+            TaskCommand::StopSource | TaskCommand::Release | TaskCommand::Begin(_) => {}
             TaskCommand::Resume(plan) => {
                 tracing::error!(task = %setup.task, epoch = plan.epoch, "resume without drain; ignored");
             }
@@ -134,7 +156,10 @@ impl OperatorTask {
             return Ok(self.aligner.live_channels() == 0 && self.transfer.is_none());
         }
         match message {
-            ChannelMessage::Batch(records) => self.on_batch(setup, outputs, channel.input, records)?,
+            ChannelMessage::Batch(records) => {
+                let w = self.aligner.current();
+                self.on_batch(setup, outputs, channel.input, records, w)?;
+            }
             ChannelMessage::Watermark(w) => {
                 if let Some(w) = self.aligner.update(&channel, w) {
                     self.advance(setup, outputs, w)?;
@@ -153,7 +178,8 @@ impl OperatorTask {
             }
             ChannelMessage::State { .. }
             | ChannelMessage::Timers { .. }
-            | ChannelMessage::StateEnd { .. } => {
+            | ChannelMessage::StateEnd { .. }
+            | ChannelMessage::Protocol(_) => {
                 tracing::error!(task = %setup.task, ?channel, "state transfer message on a data channel; ignored");
             }
         }
@@ -181,16 +207,18 @@ impl OperatorTask {
         Ok(())
     }
 
-    fn on_batch(
+    /// Runs the operator on a batch of one input, in order: drop late records, fetch the keys'
+    /// state, process, write back what changed, register timers, emit.
+    pub(super) fn on_batch(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
         input: usize,
         mut records: Vec<Record>,
+        watermark: Option<Timestamp>,
     ) -> Result<(), RuntimeError> {
         let started = Instant::now();
         self.metrics.records_in += records.len() as u64;
-        let watermark = self.aligner.current();
         if self.event_time
             && let Some(w) = watermark
         {
@@ -237,7 +265,7 @@ impl OperatorTask {
     }
 
     /// Event time reached `watermark`: fire due timers, then forward the watermark.
-    fn advance(
+    pub(super) fn advance(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,

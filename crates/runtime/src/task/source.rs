@@ -137,6 +137,11 @@ fn on_command(
             outputs.flush_all()?;
             setup.drain_and_pause(epoch, outputs, metrics)
         }
+        TaskCommand::Switch(plan) => {
+            setup.switch_routing(&plan, outputs)?;
+            setup.ack(plan.epoch, koala_protocol::TaskAck::Switched);
+            Ok(false)
+        }
         other => {
             tracing::error!(task = %setup.task, command = ?other, "command a source cannot apply; ignored");
             Ok(false)
