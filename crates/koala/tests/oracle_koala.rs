@@ -69,3 +69,23 @@ fn cleared_state_does_not_come_back_when_the_bucket_returns() {
         expect_reconfigurations: 2,
     });
 }
+
+/// Two operators reconfigured together: both requests run back to back (epochs 1 and 2), the
+/// second starting while the first one's state still moves lazily; the second operator's
+/// upstream is the first one, so it also learns new input channels.
+#[test]
+fn two_operators_reconfigured_together() {
+    check(&Case {
+        protocol: "koala",
+        top: "",
+        query: "two-stage-aggregate",
+        start: &[("source", 2), ("aggregate", 2), ("rollup", 2), ("sink", 1)],
+        end: &[("source", 2), ("aggregate", 4), ("rollup", 3), ("sink", 1)],
+        schedule: "[[reconfigurations]]\nat_s = 0.6\noperator = \"aggregate\"\nparallelism = 4\n\
+                   [[reconfigurations]]\nat_s = 0.6\noperator = \"rollup\"\nparallelism = 3\n",
+        params: "",
+        records: 16_000,
+        seed: 3,
+        expect_reconfigurations: 2,
+    });
+}

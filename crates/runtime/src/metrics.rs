@@ -25,6 +25,10 @@ pub struct TaskMetrics {
     pub backpressure: Duration,
     /// Bytes of state sent to other tasks by a reconfiguration.
     pub state_bytes_moved: u64,
+    /// Koala: (KLT bytes, KLT entries) at the end of the second.
+    pub klt_size: Option<(u64, u64)>,
+    /// Koala: time the protocol core spent on input batches this second, and how many.
+    pub klt_lookup: (Duration, u64),
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
@@ -51,6 +55,8 @@ impl TaskMetrics {
             late_dropped: 0,
             backpressure: Duration::ZERO,
             state_bytes_moved: 0,
+            klt_size: None,
+            klt_lookup: (Duration::ZERO, 0),
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
@@ -99,6 +105,17 @@ impl TaskMetrics {
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
+        if let Some((bytes, entries)) = self.klt_size {
+            push(metric::KLT_BYTES, bytes as f64);
+            push(metric::KLT_ENTRIES, entries as f64);
+        }
+        if self.klt_lookup.1 > 0 {
+            push(
+                metric::KLT_LOOKUP_MEAN_US,
+                self.klt_lookup.0.as_secs_f64() * 1e6 / self.klt_lookup.1 as f64,
+            );
+        }
+        self.klt_lookup = (Duration::ZERO, 0);
         if !self.batch_latency_us.is_empty() {
             push(metric::BATCH_LATENCY_MEAN_US, self.batch_latency_us.mean());
             push(metric::BATCH_LATENCY_P99_US, self.batch_latency_us.value_at_quantile(0.99) as f64);

@@ -26,6 +26,13 @@ pub const LATE_DROPPED: &str = "late_dropped";
 /// Bytes of state this task sent to another task during a reconfiguration.
 pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
 
+/// Koala: memory of the task's key lookup table, bytes.
+pub const KLT_BYTES: &str = "klt_bytes";
+/// Koala: keys the task's key lookup table lists explicitly.
+pub const KLT_ENTRIES: &str = "klt_entries";
+/// Koala: mean time per input batch the protocol core spent routing it (KLT lookups), µs.
+pub const KLT_LOOKUP_MEAN_US: &str = "klt_lookup_mean_us";
+
 /// Every metric name above, for validation and reports.
 pub const ALL: &[&str] = &[
     RECORDS_IN,
@@ -40,4 +47,7 @@ pub const ALL: &[&str] = &[
     BACKPRESSURE_MS,
     LATE_DROPPED,
     STATE_BYTES_MOVED,
+    KLT_BYTES,
+    KLT_ENTRIES,
+    KLT_LOOKUP_MEAN_US,
 ];

@@ -19,7 +19,7 @@ mod queries;
 
 use koala_dataflow::{DataflowError, JobGraph};
 
-pub use outputs::{JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
+pub use outputs::{GroupCount, JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
 pub use params::{QueryParams, SinkKind};
 
 /// Why a query could not be built.

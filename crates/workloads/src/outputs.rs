@@ -60,3 +60,12 @@ pub struct KeyedJoinPair {
     /// Sequence number of the right event.
     pub right_seq: u64,
 }
+
+/// `two-stage-aggregate`: records so far of one group of keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GroupCount {
+    /// The group (key mod 16).
+    pub key: u64,
+    /// Records of the group so far.
+    pub count: u64,
+}

@@ -6,7 +6,7 @@ use koala_dataflow::{
     ValueState, Window, WindowSpec,
 };
 
-use crate::outputs::{JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
+use crate::outputs::{GroupCount, JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
 use crate::params::{QueryParams, SinkKind};
 
 #[cfg(test)]
@@ -23,11 +23,19 @@ const QUERIES: &[(&str, QueryBuilder)] = &[
     ("sliding-window", sliding_window),
     ("window-join", window_join),
     ("keyed-join", keyed_join),
+    ("two-stage-aggregate", two_stage_aggregate),
 ];
 
 /// Every query name, in registry order.
-pub(crate) const NAMES: &[&str] =
-    &["keyed-aggregate", "last-n", "tumbling-window", "sliding-window", "window-join", "keyed-join"];
+pub(crate) const NAMES: &[&str] = &[
+    "keyed-aggregate",
+    "last-n",
+    "tumbling-window",
+    "sliding-window",
+    "window-join",
+    "keyed-join",
+    "two-stage-aggregate",
+];
 
 /// The builder of `name`.
 pub(crate) fn lookup(name: &str) -> Option<QueryBuilder> {
@@ -64,6 +72,40 @@ fn keyed_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
         },
     );
     sink(&totals, params.sink);
+    df.build()
+}
+
+/// Groups of `two-stage-aggregate`'s second stage.
+pub const ROLLUP_GROUPS: u64 = 16;
+
+/// source → key_by key → "aggregate" (running count and sum per key) → key_by key mod 16 →
+/// "rollup" (records per group) → sink. Two stateful operators, for multi-operator
+/// reconfiguration. The rollup emits a running count per group, whose multiset does not depend on
+/// the order in which the aggregate's tasks feed it.
+fn two_stage_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let totals = keyed_events(&df, "source", params, params.generator.seed).stateful_map(
+        "aggregate",
+        |key: &u64, e: KeyedEvent, total: &mut ValueState<(u64, i64)>| {
+            let (count, sum) = total.update(|(count, sum)| {
+                *count += 1;
+                *sum = sum.wrapping_add(e.value);
+                (*count, *sum)
+            });
+            KeyedTotal { key: *key, count, sum }
+        },
+    );
+    let groups = totals.key_by(|t: &KeyedTotal| t.key % ROLLUP_GROUPS).stateful_map(
+        "rollup",
+        |group: &u64, _t: KeyedTotal, count: &mut ValueState<u64>| {
+            let n = count.update(|c| {
+                *c += 1;
+                *c
+            });
+            GroupCount { key: *group, count: n }
+        },
+    );
+    sink(&groups, params.sink);
     df.build()
 }
 

@@ -210,6 +210,14 @@ impl KoalaTask {
         }
     }
 
+    /// Expects records from one more upstream task (an upstream operator was scaled out). Its
+    /// channel holds this task's event time until it sends a watermark.
+    pub fn add_upstream(&mut self, upstream: TaskId) {
+        if self.upstreams.insert(upstream) {
+            self.watermarks.add(InputChannel::Upstream(upstream));
+        }
+    }
+
     /// The task id.
     pub fn id(&self) -> TaskId {
         self.id

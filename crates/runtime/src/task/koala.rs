@@ -134,6 +134,8 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             task.execute(&setup, &mut outputs, actions)?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
+        let klt = task.core.klt();
+        task.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
         outputs.flush_due(now)?;
         setup.report(&mut task.op.metrics, &mut outputs, now);
     }
@@ -165,8 +167,21 @@ impl KoalaOperator {
             TaskCommand::Release => {
                 tracing::debug!(task = %setup.task, "release before the inputs ended; kept running");
             }
+            TaskCommand::Switch(plan) => {
+                // This operator feeds the reconfigured one.
+                setup.switch_routing(&plan, outputs)?;
+                setup.ack(plan.epoch, TaskAck::Switched);
+            }
+            TaskCommand::AddInputs { epoch, channels } => {
+                for c in channels {
+                    self.upstreams.insert(c.from);
+                    self.core.add_upstream(c.from);
+                }
+                setup.ack(epoch, TaskAck::Prepared);
+            }
             other => {
-                tracing::error!(task = %setup.task, command = ?other, "command a Koala task does not take; ignored");
+                let name = format!("{other:?}").chars().take(40).collect::<String>();
+                tracing::error!(task = %setup.task, command = %name, "command a Koala task does not take; ignored");
             }
         }
         Ok(())
@@ -189,7 +204,11 @@ impl KoalaOperator {
                         r.value.insert(0, tag);
                     }
                 }
-                TaskEvent::Records { from, records }
+                let started = Instant::now();
+                let actions = self.core.on(TaskEvent::Records { from, records });
+                self.op.metrics.klt_lookup.0 += started.elapsed();
+                self.op.metrics.klt_lookup.1 += 1;
+                return self.execute(setup, outputs, actions);
             }
             ChannelMessage::Watermark(time) => TaskEvent::Watermark { from, time },
             ChannelMessage::Marker(epoch) => TaskEvent::Marker { from, epoch },
