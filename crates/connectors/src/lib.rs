@@ -13,6 +13,7 @@ pub mod broker;
 pub mod kafka_sink;
 pub mod kafka_source;
 pub mod produce;
+pub mod queries;
 
 use std::{fmt, str::FromStr, time::Duration};
 

@@ -74,6 +74,18 @@ impl Dataflow {
         Stream::new(self.clone(), id)
     }
 
+    /// Adds a source implemented by a connector (e.g. Kafka): `factory` builds each task's
+    /// [`SourceLogic`], which must emit values encoded as `T`. The caller vouches for the type.
+    pub fn source_from<T: Data>(
+        &self,
+        name: &str,
+        options: SourceOptions,
+        factory: crate::graph::SourceFactory,
+    ) -> Stream<T> {
+        let id = self.add(name, Vec::new(), OperatorKind::Source { factory, options });
+        Stream::new(self.clone(), id)
+    }
+
     /// Validates the job and returns its erased graph.
     ///
     /// Fails, naming the operator, on an empty or duplicate operator name or on any problem

@@ -188,6 +188,11 @@ impl<T: Data> Stream<T> {
         self.sink(name, SinkFormat::Stdout(json_renderer::<T>()));
     }
 
+    /// Writes every value through a connector's sink (e.g. Kafka), built per task by `factory`.
+    pub fn sink_with(&self, name: &str, factory: crate::logic::SinkFactory) {
+        self.sink(name, SinkFormat::Custom(factory));
+    }
+
     /// Counts and drops every value (throughput experiments).
     ///
     /// ```

@@ -15,12 +15,24 @@ pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
 
 /// Listed under `koala run --help`.
 pub const QUERIES_HELP: &str = "Queries: keyed-aggregate, last-n, tumbling-window, sliding-window, \
-window-join, keyed-join. A config names one with `query = \"...\"` and sets tasks per operator \
-under [parallelism]; see examples/demo.toml.";
+window-join, keyed-join, two-stage-aggregate, bid-aggregate (Nexmark bids from the generator or \
+Kafka). A config names one with `query = \"...\"` and sets tasks per operator under \
+[parallelism]; see examples/demo.toml and examples/kafka-bids.toml.";
 
 /// Builds any registered query from its name and TOML parameters.
 pub fn resolver() -> QueryResolver {
     Arc::new(|name: &str, params: &str| {
+        if let Some(graph) = koala_connectors::queries::build_query(name, params) {
+            return graph;
+        }
+        if !koala_workloads::query_names().contains(&name) {
+            let known: Vec<&str> = koala_workloads::query_names()
+                .iter()
+                .chain(koala_connectors::queries::NAMES)
+                .copied()
+                .collect();
+            return Err(format!("unknown query {name:?}; the queries are {}", known.join(", ")));
+        }
         let params: koala_workloads::QueryParams =
             toml::from_str(params).map_err(|e| format!("params: {e}"))?;
         koala_workloads::build_query(name, &params).map_err(|e| e.to_string())

@@ -1,5 +1,6 @@
 //! `koala`: run stateful dataflow jobs that can be reconfigured while they run.
 
+mod kafka;
 mod launch;
 
 use std::path::PathBuf;
@@ -110,6 +111,13 @@ enum Command {
         #[arg(long)]
         worker: u32,
     },
+    /// Run the tansu Kafka-protocol broker on 127.0.0.1 (installed with cargo on first use).
+    Broker {
+        #[command(subcommand)]
+        action: kafka::BrokerAction,
+    },
+    /// Write Nexmark person / auction / bid topics to a Kafka broker at a scheduled rate.
+    Produce(kafka::ProduceArgs),
     /// Print the per-second table of a run from a metrics DB and write PNG plots.
     Report {
         /// The metrics database (`<output_dir>/metrics.db`).
@@ -168,6 +176,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Migrate { coordinator, operator, task, worker } => {
             launch::submit(&coordinator, koala_protocol::ReconfigRequest::Migrate { operator, task, worker })
         }
+        Command::Broker { action } => kafka::broker(action),
+        Command::Produce(args) => kafka::produce(args),
         Command::Report { db, run, out } => {
             let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());
             let summary = koala_coordinator::report::report(&db, run.as_deref(), &out)
