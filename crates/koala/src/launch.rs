@@ -46,17 +46,26 @@ pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
 }
 
 /// `koala demo`.
-pub fn demo(duration_s: u64, output_dir: &Path) -> anyhow::Result<()> {
+pub fn demo(duration_s: u64, output_dir: &Path, protocol: &str) -> anyhow::Result<crate::compare::Outcome> {
     let mut config = JobConfig::parse(DEMO_CONFIG, "examples/demo.toml")?;
     config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
+    config.protocol = match protocol {
+        "koala" => koala_protocol::Protocol::Koala,
+        "stop-and-restart" => koala_protocol::Protocol::StopAndRestart,
+        other => anyhow::bail!("--protocol {other:?}: use koala or stop-and-restart"),
+    };
     println!(
-        "koala demo: {} with {} workers for {duration_s} s (rate surge 20–35 s); output in {}",
+        "koala demo: {} with {} workers for {duration_s} s (rate surge 20–45 s, scale-out at 25 s, {}); output in {}",
         config.query,
         config.workers,
+        config.protocol.name(),
         output_dir.display()
     );
-    run_job_locally(config).map(|_| ())
+    let summary = run_job_locally(config.clone())?;
+    let (outcome, _) = crate::compare::outcome(&config, &summary, output_dir)?;
+    crate::compare::print_outcome(&outcome);
+    Ok(outcome)
 }
 
 /// `koala bench`: the keyed aggregation at full speed; steady state = every full second but the

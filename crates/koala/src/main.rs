@@ -1,5 +1,6 @@
 //! `koala`: run stateful dataflow jobs that can be reconfigured while they run.
 
+mod compare;
 mod kafka;
 mod launch;
 
@@ -27,6 +28,19 @@ enum Command {
         duration_s: u64,
         /// Where metrics, plots and worker state go.
         #[arg(long, default_value = "koala-out")]
+        output_dir: PathBuf,
+        /// Reconfiguration protocol: koala or stop-and-restart.
+        #[arg(long, default_value = "koala")]
+        protocol: String,
+    },
+    /// Run the demo workload once per protocol (Koala, stop-and-restart) and print a table: state
+    /// moved, backlog recovery time, worst throughput dip, per-batch latency before and after.
+    Compare {
+        /// Seconds each run lasts.
+        #[arg(long, default_value_t = 60)]
+        duration_s: u64,
+        /// Where each run's metrics and plots go (`<dir>/<protocol>`).
+        #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
     },
     /// Run a job from a TOML config with local worker processes (see examples/*.toml).
@@ -149,7 +163,17 @@ fn main() {
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Demo { duration_s, output_dir } => launch::demo(duration_s, &output_dir),
+        Command::Demo { duration_s, output_dir, protocol } => {
+            launch::demo(duration_s, &output_dir, &protocol).map(|_| ())
+        }
+        Command::Compare { duration_s, output_dir } => {
+            let mut outcomes = Vec::new();
+            for protocol in ["koala", "stop-and-restart"] {
+                outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol)?);
+            }
+            compare::print_table(&outcomes);
+            Ok(())
+        }
         Command::Run { config } => launch::run_config(&config).map(|_| ()),
         Command::Coordinator { config, listen, address_file } => {
             launch::coordinator(&config, &listen, address_file.as_deref())
