@@ -428,6 +428,10 @@ async fn fetch_from(
 }
 
 impl SourceLogic for KafkaSource {
+    fn offset_lag(&self) -> Option<u64> {
+        Some(KafkaSource::offset_lag(self))
+    }
+
     fn poll(&mut self, max: usize, out: &mut Vec<Record>) -> Result<SourcePoll, DataflowError> {
         if !self.ensure_connected()? {
             return Ok(SourcePoll::More);

@@ -47,6 +47,11 @@ impl Workers {
         Ok(())
     }
 
+    /// Whether no worker registered.
+    pub fn is_empty(&self) -> bool {
+        self.writers.is_empty()
+    }
+
     /// Number of workers.
     pub fn len(&self) -> usize {
         self.writers.len()

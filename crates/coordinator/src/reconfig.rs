@@ -254,6 +254,8 @@ pub enum Phase {
 /// → Switch (upstreams switch routing with markers; tasks answer `Done`); state then moves lazily.
 pub struct Reconfiguring {
     protocol: Protocol,
+    /// Whether the operator holds keyed state (a stateless one only switches routing).
+    stateful: bool,
     /// The plan.
     pub plan: ReconfigPlan,
     phase: Phase,
@@ -270,6 +272,7 @@ impl Reconfiguring {
     pub fn start(plan: ReconfigPlan, current: &Deployment, graph: &JobGraph) -> (Self, CoordinatorMessage) {
         let protocol = plan.deployment.protocol;
         let op = plan.operator;
+        let stateful = graph.operator(op).is_some_and(|o| o.is_stateful());
         let d = &plan.deployment;
         let mut upstream = Vec::new();
         if let Some(spec) = graph.operator(op) {
@@ -295,6 +298,7 @@ impl Reconfiguring {
         let msg = CoordinatorMessage::Prepare(Box::new(plan.clone()));
         let me = Self {
             protocol,
+            stateful,
             plan,
             phase: Phase::Preparing,
             waiting,
@@ -316,7 +320,7 @@ impl Reconfiguring {
         if let TaskAck::Drained { bytes, .. } = ack {
             self.bytes_moved += bytes;
         }
-        let Some(expect) = Expect::of(ack) else { return None };
+        let expect = Expect::of(ack)?;
         if !self.waiting.remove(&(task, expect)) {
             tracing::warn!(%task, ?ack, phase = ?self.phase, "unexpected ack; ignored");
         }
@@ -325,6 +329,14 @@ impl Reconfiguring {
         }
         let epoch = self.plan.epoch;
         match self.phase {
+            Phase::Preparing if self.protocol == Protocol::Koala && !self.stateful => {
+                // A stateless operator under Koala: nothing to hand over; upstreams switch with
+                // markers, and the old tasks are done once they passed every marker.
+                self.phase = Phase::Switching;
+                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Switched)));
+                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::Drained)));
+                Some(CoordinatorMessage::Switch { epoch })
+            }
             Phase::Preparing if self.protocol == Protocol::Koala => {
                 self.phase = Phase::Beginning;
                 let op = self.plan.operator;

@@ -108,6 +108,12 @@ pub trait SourceLogic: Send {
     fn drain_lag_samples(&mut self, out: &mut Vec<u64>) {
         let _ = out;
     }
+
+    /// External sources: records between the source's position and the end of its input
+    /// (Kafka: the Fetch high watermark minus the next offset, over its partitions).
+    fn offset_lag(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A sink implemented outside the runtime (e.g. a Kafka producer). Built per task.

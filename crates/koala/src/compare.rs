@@ -61,10 +61,8 @@ pub fn outcome(
                 .and_then(|steps| {
                     steps
                         .iter()
-                        .filter(|s| {
-                            s.get("at_ms").and_then(|a| a.as_integer()).is_some_and(|a| a as u64 <= ms)
-                        })
-                        .last()
+                        .rev()
+                        .find(|s| s.get("at_ms").and_then(|a| a.as_integer()).is_some_and(|a| a as u64 <= ms))
                         .and_then(|s| s.get("records_per_sec").and_then(|r| r.as_float()))
                 })
                 .unwrap_or(0.0)

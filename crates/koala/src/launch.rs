@@ -115,10 +115,10 @@ pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> 
     koala_coordinator::resolve(&config, &resolver())?;
     let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?.to_string();
-    println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
     if let Some(f) = address_file {
         std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
     }
+    println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
     let summary = run_job(listener, JobRun { config, resolver: resolver(), run: run_id(), progress: None })?;
     print_summary(&summary);
     Ok(())

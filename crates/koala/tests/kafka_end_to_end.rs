@@ -97,5 +97,9 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
     let lag =
         store.per_second(&run, metric::SOURCE_LAG_MEAN_MS, Aggregate::Mean, TaskScope::All).expect("lag");
     assert!(!lag.is_empty(), "no Kafka lag samples in the metrics DB");
+    let offsets = store
+        .per_second(&run, metric::SOURCE_OFFSET_LAG, Aggregate::Sum, TaskScope::All)
+        .expect("offset lag");
+    assert!(!offsets.is_empty(), "no offset-lag samples (Fetch high watermark) in the metrics DB");
     drop(broker);
 }

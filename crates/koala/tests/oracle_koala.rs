@@ -89,3 +89,22 @@ fn two_operators_reconfigured_together() {
         expect_reconfigurations: 2,
     });
 }
+
+/// A stateless operator rescaled (3 → 5 tasks, then 5 → 2): no state moves, only routing; the
+/// windowed output downstream is unchanged.
+#[test]
+fn stateless_operator_rescaled() {
+    check(&Case {
+        protocol: "koala",
+        top: "",
+        query: "filtered-window",
+        start: &[("source", 2), ("sample", 3), ("window", 2), ("sink", 1)],
+        end: &[("source", 2), ("sample", 2), ("window", 2), ("sink", 1)],
+        schedule: "[[reconfigurations]]\nat_s = 0.4\noperator = \"sample\"\nparallelism = 5\n\
+                   [[reconfigurations]]\nat_s = 1.0\noperator = \"sample\"\nparallelism = 2\n",
+        params: "window_ms = 300\n",
+        records: 16_000,
+        seed: 4,
+        expect_reconfigurations: 2,
+    });
+}

@@ -25,6 +25,8 @@ pub struct TaskMetrics {
     pub backpressure: Duration,
     /// Bytes of state sent to other tasks by a reconfiguration.
     pub state_bytes_moved: u64,
+    /// External sources: records behind the end of the input.
+    pub offset_lag: Option<u64>,
     /// Koala: (KLT bytes, KLT entries) at the end of the second.
     pub klt_size: Option<(u64, u64)>,
     /// Koala: time the protocol core spent on input batches this second, and how many.
@@ -56,6 +58,7 @@ impl TaskMetrics {
             backpressure: Duration::ZERO,
             state_bytes_moved: 0,
             klt_size: None,
+            offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
             batch_latency_us: histogram(),
             lag_ms: histogram(),
@@ -105,6 +108,9 @@ impl TaskMetrics {
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
+        if let Some(lag) = self.offset_lag {
+            push(metric::SOURCE_OFFSET_LAG, lag as f64);
+        }
         if let Some((bytes, entries)) = self.klt_size {
             push(metric::KLT_BYTES, bytes as f64);
             push(metric::KLT_ENTRIES, entries as f64);

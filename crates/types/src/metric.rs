@@ -26,6 +26,8 @@ pub const LATE_DROPPED: &str = "late_dropped";
 /// Bytes of state this task sent to another task during a reconfiguration.
 pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
 
+/// External sources: records not yet read (Kafka: high watermark − next offset, summed).
+pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
 /// Koala: memory of the task's key lookup table, bytes.
 pub const KLT_BYTES: &str = "klt_bytes";
 /// Koala: keys the task's key lookup table lists explicitly.
@@ -47,6 +49,7 @@ pub const ALL: &[&str] = &[
     BACKPRESSURE_MS,
     LATE_DROPPED,
     STATE_BYTES_MOVED,
+    SOURCE_OFFSET_LAG,
     KLT_BYTES,
     KLT_ENTRIES,
     KLT_LOOKUP_MEAN_US,

@@ -24,6 +24,7 @@ const QUERIES: &[(&str, QueryBuilder)] = &[
     ("window-join", window_join),
     ("keyed-join", keyed_join),
     ("two-stage-aggregate", two_stage_aggregate),
+    ("filtered-window", filtered_window),
 ];
 
 /// Every query name, in registry order.
@@ -35,6 +36,7 @@ pub(crate) const NAMES: &[&str] = &[
     "window-join",
     "keyed-join",
     "two-stage-aggregate",
+    "filtered-window",
 ];
 
 /// The builder of `name`.
@@ -131,6 +133,36 @@ fn window_totals(params: &QueryParams, spec: WindowSpec) -> Result<JobGraph, Dat
     let totals = keyed_events(&df, "source", params, params.generator.seed)
         .window(spec)
         .allowed_lateness(params.allowed_lateness_ms)
+        .aggregate(
+            "window",
+            || (0u64, 0i64),
+            |(count, sum): &mut (u64, i64), e: &KeyedEvent| {
+                *count += 1;
+                *sum = sum.wrapping_add(e.value);
+            },
+            |key: &u64, w: Window, (count, sum): (u64, i64)| WindowTotal {
+                key: *key,
+                start: w.start,
+                end: w.end,
+                count,
+                sum,
+            },
+        );
+    sink(&totals, params.sink);
+    df.build()
+}
+
+/// source → "sample" (stateless: drops events whose value is a multiple of 3) → key_by →
+/// tumbling `window_ms` "window" → sink. The stateless operator can be reconfigured; windows make
+/// the output independent of the order in which its tasks forward a key's events.
+fn filtered_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let config =
+        koala_dataflow::KeyedEventsConfig { seed: params.generator.seed, ..params.generator.clone() };
+    let totals = KeyedEvents::source(&df, "source", params.source.clone(), config)
+        .filter("sample", |e: &KeyedEvent| e.value % 3 != 0)
+        .key_by(|e: &KeyedEvent| e.key)
+        .window(WindowSpec::tumbling(params.window_ms))
         .aggregate(
             "window",
             || (0u64, 0i64),

@@ -42,6 +42,9 @@ enum Wire {
 /// A key's state over all the operator's state ids, as one value for the core.
 type Bundle = Vec<(u8, Vec<u8>)>;
 
+/// A key and its state, if it had any here.
+type Taken = (Vec<u8>, Option<Bundle>);
+
 /// The runtime's part of a hand-over: timers of the moved buckets and the state of their keys.
 #[derive(Serialize, Deserialize, Default)]
 struct Metadata {
@@ -365,11 +368,7 @@ impl KoalaOperator {
     }
 
     /// Reads every state id of `keys` and deletes them here (one live copy).
-    fn take_keys(
-        &mut self,
-        setup: &TaskSetup,
-        keys: &[Vec<u8>],
-    ) -> Result<Vec<(Vec<u8>, Option<Bundle>)>, RuntimeError> {
+    fn take_keys(&mut self, setup: &TaskSetup, keys: &[Vec<u8>]) -> Result<Vec<Taken>, RuntimeError> {
         let store = store(setup)?;
         let ids = self.state_ids();
         let wanted: Vec<StateKey> = keys

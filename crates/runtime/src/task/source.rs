@@ -116,6 +116,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             }
         }
         outputs.flush_due(now)?;
+        metrics.offset_lag = logic.offset_lag();
         setup.report(&mut metrics, &mut outputs, now);
     }
     outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
