@@ -23,6 +23,8 @@ pub struct Outcome {
     pub dip: Option<(f64, f64)>,
     /// Mean per-batch latency (µs) in the 5 s before the reconfiguration and 1–11 s after.
     pub latency: (Option<f64>, Option<f64>),
+    /// Worst per-second p99 source lag (ms) in the 10 s after the reconfiguration started.
+    pub peak_lag_p99_ms: Option<f64>,
     /// How long upstreams were paused, ms.
     pub pause_ms: u64,
 }
@@ -44,7 +46,7 @@ pub fn outcome(
     let start = rep.reconfigurations.first().map(|r| r.start_t_s);
     let state_moved = rows.iter().map(|r| r.state_bytes_moved).sum();
     let pause_ms = rep.pause_ms_total;
-    let (mut recovery_s, mut dip, mut latency) = (None, None, (None, None));
+    let (mut recovery_s, mut dip, mut latency, mut peak_lag_p99_ms) = (None, None, (None, None), None);
     if let Some(start) = start {
         let pre = mean(&in_range(5, SURGE_START_S), |r| r.lag_mean_ms).unwrap_or(0.0);
         let threshold = (2.0 * pre).max(pre + 20.0);
@@ -71,13 +73,14 @@ pub fn outcome(
             .into_iter()
             .map(|r| (r.throughput, rate_at(r.t_s)))
             .min_by(|a, b| (a.0 / a.1.max(1.0)).total_cmp(&(b.0 / b.1.max(1.0))));
+        peak_lag_p99_ms = in_range(start, start + 10).iter().filter_map(|r| r.lag_p99_ms).reduce(f64::max);
         latency = (
             mean(&in_range(start - 5, start), |r| r.batch_latency_mean_us),
             mean(&in_range(start + 1, start + 11), |r| r.batch_latency_mean_us),
         );
     }
     let protocol = rep.run.protocol.clone();
-    Ok((Outcome { protocol, state_moved, recovery_s, dip, latency, pause_ms }, rep))
+    Ok((Outcome { protocol, state_moved, recovery_s, dip, latency, peak_lag_p99_ms, pause_ms }, rep))
 }
 
 fn mib(b: f64) -> String {
@@ -113,8 +116,8 @@ pub fn print_outcome(o: &Outcome) {
 pub fn print_table(outcomes: &[Outcome]) {
     println!();
     println!(
-        "{:<18} {:>12} {:>10} {:>24} {:>22} {:>8}",
-        "protocol", "state moved", "recovery", "worst dip (rec/s)", "batch latency", "pause"
+        "{:<18} {:>12} {:>10} {:>14} {:>24} {:>22} {:>8}",
+        "protocol", "state moved", "recovery", "peak lag p99", "worst dip (rec/s)", "batch latency", "pause"
     );
     for o in outcomes {
         let dip =
@@ -122,10 +125,11 @@ pub fn print_table(outcomes: &[Outcome]) {
         let rec = o.recovery_s.map_or("never".into(), |s| format!("{s} s"));
         let lat = format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1));
         println!(
-            "{:<18} {:>12} {:>10} {:>24} {:>22} {:>6} ms",
+            "{:<18} {:>12} {:>10} {:>14} {:>24} {:>22} {:>6} ms",
             o.protocol,
             mib(o.state_moved),
             rec,
+            o.peak_lag_p99_ms.map_or("-".into(), |l| format!("{l:.0} ms")),
             dip,
             lat,
             o.pause_ms

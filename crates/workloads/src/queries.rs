@@ -130,26 +130,32 @@ fn last_n(params: &QueryParams) -> Result<JobGraph, DataflowError> {
 /// Count and sum per key and window, operator "window".
 fn window_totals(params: &QueryParams, spec: WindowSpec) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = keyed_events(&df, "source", params, params.generator.seed)
-        .window(spec)
-        .allowed_lateness(params.allowed_lateness_ms)
-        .aggregate(
-            "window",
-            || (0u64, 0i64),
-            |(count, sum): &mut (u64, i64), e: &KeyedEvent| {
-                *count += 1;
-                *sum = sum.wrapping_add(e.value);
-            },
-            |key: &u64, w: Window, (count, sum): (u64, i64)| WindowTotal {
-                key: *key,
-                start: w.start,
-                end: w.end,
-                count,
-                sum,
-            },
-        );
-    sink(&totals, params.sink);
+    let events = keyed_events(&df, "source", params, params.generator.seed);
+    sink(&window_aggregate(&events, spec, params.allowed_lateness_ms), params.sink);
     df.build()
+}
+
+/// The "window" operator: count and sum per key and window.
+fn window_aggregate(
+    events: &KeyedStream<u64, KeyedEvent>,
+    spec: WindowSpec,
+    lateness: u64,
+) -> Stream<WindowTotal> {
+    events.window(spec).allowed_lateness(lateness).aggregate(
+        "window",
+        || (0u64, 0i64),
+        |(count, sum): &mut (u64, i64), e: &KeyedEvent| {
+            *count += 1;
+            *sum = sum.wrapping_add(e.value);
+        },
+        |key: &u64, w: Window, (count, sum): (u64, i64)| WindowTotal {
+            key: *key,
+            start: w.start,
+            end: w.end,
+            count,
+            sum,
+        },
+    )
 }
 
 /// source → "sample" (stateless: drops events whose value is a multiple of 3) → key_by →
@@ -159,26 +165,11 @@ fn filtered_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let config =
         koala_dataflow::KeyedEventsConfig { seed: params.generator.seed, ..params.generator.clone() };
-    let totals = KeyedEvents::source(&df, "source", params.source.clone(), config)
+    let events = KeyedEvents::source(&df, "source", params.source.clone(), config)
         .filter("sample", |e: &KeyedEvent| e.value % 3 != 0)
-        .key_by(|e: &KeyedEvent| e.key)
-        .window(WindowSpec::tumbling(params.window_ms))
-        .aggregate(
-            "window",
-            || (0u64, 0i64),
-            |(count, sum): &mut (u64, i64), e: &KeyedEvent| {
-                *count += 1;
-                *sum = sum.wrapping_add(e.value);
-            },
-            |key: &u64, w: Window, (count, sum): (u64, i64)| WindowTotal {
-                key: *key,
-                start: w.start,
-                end: w.end,
-                count,
-                sum,
-            },
-        );
-    sink(&totals, params.sink);
+        .key_by(|e: &KeyedEvent| e.key);
+    let spec = WindowSpec::tumbling(params.window_ms);
+    sink(&window_aggregate(&events, spec, params.allowed_lateness_ms), params.sink);
     df.build()
 }
 

@@ -171,9 +171,7 @@ impl KoalaOperator {
                 tracing::debug!(task = %setup.task, "release before the inputs ended; kept running");
             }
             TaskCommand::Switch(plan) => {
-                // This operator feeds the reconfigured one.
-                setup.switch_routing(&plan, outputs)?;
-                setup.ack(plan.epoch, TaskAck::Switched);
+                setup.switch_and_ack(&plan, outputs)?;
             }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {

@@ -106,6 +106,17 @@ impl TaskSetup {
         })
     }
 
+    /// Koala's `Switch` for a task feeding the reconfigured operator: switch without pausing.
+    pub(crate) fn switch_and_ack(
+        &self,
+        plan: &ReconfigPlan,
+        outputs: &mut Outputs,
+    ) -> Result<(), RuntimeError> {
+        self.switch_routing(plan, outputs)?;
+        self.ack(plan.epoch, TaskAck::Switched);
+        Ok(())
+    }
+
     /// The upstream side of stop-and-restart: a marker on every output, pause until `Resume`,
     /// then switch the edges to the reconfigured operator. Returns true if a `StopSource`
     /// arrived while paused.

@@ -125,8 +125,7 @@ impl OperatorTask {
                 setup.drain_and_pause(epoch, outputs, &mut self.metrics)?;
             }
             TaskCommand::Switch(plan) => {
-                setup.switch_routing(&plan, outputs)?;
-                setup.ack(plan.epoch, koala_protocol::TaskAck::Switched);
+                setup.switch_and_ack(&plan, outputs)?;
             }
             TaskCommand::StopSource | TaskCommand::Release | TaskCommand::Begin(_) => {}
             TaskCommand::Resume(plan) => {

@@ -139,8 +139,7 @@ fn on_command(
             setup.drain_and_pause(epoch, outputs, metrics)
         }
         TaskCommand::Switch(plan) => {
-            setup.switch_routing(&plan, outputs)?;
-            setup.ack(plan.epoch, koala_protocol::TaskAck::Switched);
+            setup.switch_and_ack(&plan, outputs)?;
             Ok(false)
         }
         other => {
