@@ -59,20 +59,22 @@ fn sink<T: Data>(stream: &Stream<T>, kind: SinkKind) {
     }
 }
 
+/// The "aggregate" operator: running count and sum per key.
+fn running_totals(events: &KeyedStream<u64, KeyedEvent>) -> Stream<KeyedTotal> {
+    events.stateful_map("aggregate", |key: &u64, e: KeyedEvent, total: &mut ValueState<(u64, i64)>| {
+        let (count, sum) = total.update(|(count, sum)| {
+            *count += 1;
+            *sum = sum.wrapping_add(e.value);
+            (*count, *sum)
+        });
+        KeyedTotal { key: *key, count, sum }
+    })
+}
+
 /// source → key_by key → "aggregate" (running count and sum per key) → sink.
 fn keyed_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = keyed_events(&df, "source", params, params.generator.seed).stateful_map(
-        "aggregate",
-        |key: &u64, e: KeyedEvent, total: &mut ValueState<(u64, i64)>| {
-            let (count, sum) = total.update(|(count, sum)| {
-                *count += 1;
-                *sum = sum.wrapping_add(e.value);
-                (*count, *sum)
-            });
-            KeyedTotal { key: *key, count, sum }
-        },
-    );
+    let totals = running_totals(&keyed_events(&df, "source", params, params.generator.seed));
     sink(&totals, params.sink);
     df.build()
 }
@@ -86,17 +88,7 @@ pub const ROLLUP_GROUPS: u64 = 16;
 /// the order in which the aggregate's tasks feed it.
 fn two_stage_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = keyed_events(&df, "source", params, params.generator.seed).stateful_map(
-        "aggregate",
-        |key: &u64, e: KeyedEvent, total: &mut ValueState<(u64, i64)>| {
-            let (count, sum) = total.update(|(count, sum)| {
-                *count += 1;
-                *sum = sum.wrapping_add(e.value);
-                (*count, *sum)
-            });
-            KeyedTotal { key: *key, count, sum }
-        },
-    );
+    let totals = running_totals(&keyed_events(&df, "source", params, params.generator.seed));
     let groups = totals.key_by(|t: &KeyedTotal| t.key % ROLLUP_GROUPS).stateful_map(
         "rollup",
         |group: &u64, _t: KeyedTotal, count: &mut ValueState<u64>| {
