@@ -19,7 +19,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-/// Run the demo job locally: a coordinator and 2 worker processes, a keyed running aggregate
+    /// Run the demo job locally: a coordinator and 2 worker processes, a keyed running aggregate
     /// over the built-in generator for about a minute with a rate surge in the middle, scaled out
     /// from 2 to 4 tasks during the surge. Prints one progress line per second, then a summary;
     /// writes the metrics DB and PNG plots.
