@@ -29,6 +29,8 @@ pub enum ProgressEvent {
         pause_ms: u64,
         /// From start to completion, ms.
         duration_ms: u64,
+        /// Whether state keeps moving after completion (Koala: on first access).
+        lazy: bool,
     },
     /// A reconfiguration request was rejected or skipped.
     ReconfigurationRejected {

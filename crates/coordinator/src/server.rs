@@ -358,7 +358,14 @@ impl JobState<'_> {
                 self.deployment = driver.plan.deployment;
             }
             self.completed += 1;
-            self.say(ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms });
+            let lazy = self.config.protocol == Protocol::Koala;
+            self.say(ProgressEvent::ReconfigurationCompleted {
+                epoch,
+                bytes_moved,
+                pause_ms,
+                duration_ms,
+                lazy,
+            });
             self.start_next()?;
         }
         Ok(())

@@ -84,7 +84,7 @@ pub fn outcome(
 }
 
 fn mib(b: f64) -> String {
-    format!("{:.2} MiB", b / (1024.0 * 1024.0))
+    crate::launch::human_bytes(b as u64)
 }
 
 fn opt_us(v: Option<f64>) -> String {

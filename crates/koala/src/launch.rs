@@ -106,7 +106,15 @@ pub fn bench(records: u64, parallelism: u32, output_dir: &Path) -> anyhow::Resul
 
 /// `koala run <config>`.
 pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
-    run_job_locally(load_config(path)?)
+    let config = load_config(path)?;
+    let out = config.output_dir.clone();
+    let summary = run_job_locally(config)?;
+    // The plots and the summary of the run (demo and bench compute their own).
+    match koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), &out) {
+        Ok(report) => println!("{report}"),
+        Err(e) => eprintln!("warning: could not write the report: {e}"),
+    }
+    Ok(summary)
 }
 
 /// `koala coordinator`: only the coordinator; workers are started by someone else.
@@ -174,8 +182,7 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
         workers.0.push(child);
     }
     let (tx, rx) = crossbeam_channel::unbounded();
-    let run = run_id();
-    let job = JobRun { config: config.clone(), resolver, run: run.clone(), progress: Some(tx) };
+    let job = JobRun { config: config.clone(), resolver, run: run_id(), progress: Some(tx) };
     let handle = std::thread::spawn(move || run_job(listener, job));
     for event in rx.iter() {
         match event {
@@ -183,12 +190,21 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
             ProgressEvent::ReconfigurationStarted { epoch, description } => {
                 println!("[reconfiguration {epoch}] started: {description}");
             }
-            ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms } => {
+            ProgressEvent::ReconfigurationCompleted { epoch, pause_ms, duration_ms, lazy: true, .. } => {
                 println!(
-                    "[reconfiguration {epoch}] completed in {duration_ms} ms: {} moved, upstream paused {pause_ms} ms",
-                    human_bytes(bytes_moved)
+                    "[reconfiguration {epoch}] completed in {duration_ms} ms (ownership moved, upstreams paused {pause_ms} ms); state follows on first access"
                 )
             }
+            ProgressEvent::ReconfigurationCompleted {
+                epoch,
+                bytes_moved,
+                pause_ms,
+                duration_ms,
+                lazy: false,
+            } => println!(
+                "[reconfiguration {epoch}] completed in {duration_ms} ms: {} moved, upstreams paused {pause_ms} ms",
+                human_bytes(bytes_moved)
+            ),
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
@@ -197,10 +213,6 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
     let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
     drop(workers);
     print_summary(&summary);
-    match koala_coordinator::report::report(&summary.metrics_db, Some(&run), &out) {
-        Ok(report) => println!("{report}"),
-        Err(e) => eprintln!("warning: could not write the report: {e}"),
-    }
     Ok(summary)
 }
 
@@ -233,7 +245,8 @@ fn progress_line(p: &Progress) -> String {
     )
 }
 
-fn human_bytes(b: u64) -> String {
+/// Bytes for people: B, KiB, MiB, GiB.
+pub fn human_bytes(b: u64) -> String {
     match b {
         b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30)),
         b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / f64::from(1u32 << 20)),
