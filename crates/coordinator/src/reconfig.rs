@@ -288,7 +288,6 @@ impl Reconfiguring {
         let mut waiting = HashSet::new();
         for i in live(d, op).into_iter().chain(plan.cancelled.iter().copied()) {
             waiting.insert((TaskId::new(op, i), Expect::Prepared));
-            let _ = protocol;
         }
         for (consumer, _) in graph.consumers(op) {
             for i in live(d, consumer) {

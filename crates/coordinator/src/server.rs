@@ -130,7 +130,8 @@ struct JobState<'a> {
     store: MetricsStore,
     progress: Option<Sender<ProgressEvent>>,
     queue: VecDeque<Queued>,
-    active: Option<(Reconfiguring, Instant, u64, Option<Instant>)>,
+    /// The running reconfiguration: its driver, when it started, when upstreams were paused.
+    active: Option<(Reconfiguring, Instant, Option<Instant>)>,
     /// Koala: cancelled tasks still serving state, per operator.
     retired: BTreeMap<OperatorId, BTreeSet<u32>>,
     /// Koala: which live tasks no longer point at a retired task, per (operator, retired task).
@@ -256,7 +257,7 @@ impl JobState<'_> {
                 self.next_index.insert(op, max + 1);
             }
             self.workers.broadcast(&msg)?;
-            self.active = Some((driver, Instant::now(), started_ms, None));
+            self.active = Some((driver, Instant::now(), None));
         }
         Ok(())
     }
@@ -320,7 +321,7 @@ impl JobState<'_> {
         epoch: u64,
         ack: &koala_protocol::TaskAck,
     ) -> Result<(), CoordinatorError> {
-        let Some((driver, started, _, drain_at)) = self.active.as_mut() else {
+        let Some((driver, started, drain_at)) = self.active.as_mut() else {
             tracing::warn!(%task, epoch, ?ack, "ack with no reconfiguration running; ignored");
             return Ok(());
         };

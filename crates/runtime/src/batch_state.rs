@@ -82,7 +82,6 @@ impl BatchState {
     }
 
     fn slot(&mut self, state: StateId, key: &[u8]) -> Result<&mut Slot, DataflowError> {
-        // Lookup by borrowed key avoids an allocation per access on the hot path.
         self.slots
             .get_mut(&(state, key.to_vec()))
             .ok_or_else(|| DataflowError::StateNotFetched { state, key: key.to_vec() })

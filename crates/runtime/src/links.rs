@@ -77,9 +77,7 @@ pub fn open_channel(
             .inboxes
             .read()
             .ok()
-            .and_then(|m| {
-                m.get(&to).map(|i| if channel.input == PEER_INPUT { i.peer.clone() } else { i.data.clone() })
-            })
+            .and_then(|m| m.get(&to).map(|i| i.for_input(channel.input).clone()))
             .ok_or_else(|| RuntimeError::Deployment(format!("no input queue for {to}")))?;
         Ok(ChannelSender::Local { to, inbox, channel })
     } else {

@@ -25,6 +25,13 @@ pub struct TaskInboxes {
     pub peer: Sender<TaskInput>,
 }
 
+impl TaskInboxes {
+    /// The queue a channel with input index `input` feeds.
+    pub fn for_input(&self, input: usize) -> &Sender<TaskInput> {
+        if input == PEER_INPUT { &self.peer } else { &self.data }
+    }
+}
+
 /// Input queues of the tasks of this worker, by task.
 pub type Inboxes = Arc<RwLock<HashMap<TaskId, TaskInboxes>>>;
 
@@ -59,9 +66,7 @@ fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
         }
     };
     let inbox = match inboxes.read() {
-        Ok(map) => map
-            .get(&hello.to)
-            .map(|i| if hello.channel.input == PEER_INPUT { i.peer.clone() } else { i.data.clone() }),
+        Ok(map) => map.get(&hello.to).map(|i| i.for_input(hello.channel.input).clone()),
         Err(_) => None,
     };
     let Some(inbox) = inbox else {

@@ -37,7 +37,8 @@ pub struct WorkerOptions {
 }
 
 struct Job {
-    deployment: Arc<Deployment>,
+    /// The deployment the job's first tasks start with (later tasks start with their plan's).
+    initial: Arc<Deployment>,
     links: Links,
     /// Tasks created but not started yet (between `Deploy` and `Start`).
     pending: Vec<(TaskId, TaskQueues)>,
@@ -112,7 +113,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 let (Some(j), Some(env)) = (job.as_mut(), env.as_ref()) else {
                     return Err(RuntimeError::Deployment("Start before Deploy".into()));
                 };
-                let deployment = j.deployment.clone();
+                let deployment = j.initial.clone();
                 for (task, queues) in std::mem::take(&mut j.pending) {
                     spawn_task(task, &deployment, &j.links, env, queues, &out_tx, false)?;
                 }
@@ -134,27 +135,29 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             }
             CoordinatorMessage::Drain { epoch } => {
                 if let Some(j) = &job {
-                    for_upstream_tasks(j, epoch, |tx| tx.send(TaskCommand::Drain { epoch }));
+                    match j.plans.get(&epoch) {
+                        Some(plan) => for_upstream_tasks(j, plan, |tx| tx.send(TaskCommand::Drain { epoch })),
+                        None => tracing::error!(epoch, "drain of an unknown reconfiguration; ignored"),
+                    }
                 }
             }
-            CoordinatorMessage::Resume { epoch } => {
+            msg @ (CoordinatorMessage::Resume { epoch } | CoordinatorMessage::Switch { epoch }) => {
+                // The last phase for upstream tasks: stop-and-restart resumes them, Koala switches
+                // them without a pause; either way they take the plan's routing.
                 if let Some(j) = job.as_mut() {
-                    let Some(plan) = j.plans.get(&epoch).cloned() else {
-                        return Err(RuntimeError::Deployment(format!("Resume of unknown epoch {epoch}")));
+                    let Some(plan) = j.plans.remove(&epoch) else {
+                        return Err(RuntimeError::Deployment(format!(
+                            "routing switch of unknown epoch {epoch}"
+                        )));
                     };
-                    for_upstream_tasks(j, epoch, |tx| tx.send(TaskCommand::Resume(plan.clone())));
-                    j.plans.remove(&epoch);
-                    j.deployment = Arc::new(plan.deployment.clone());
-                }
-            }
-            CoordinatorMessage::Switch { epoch } => {
-                if let Some(j) = job.as_mut() {
-                    let Some(plan) = j.plans.get(&epoch).cloned() else {
-                        return Err(RuntimeError::Deployment(format!("Switch of unknown epoch {epoch}")));
-                    };
-                    for_upstream_tasks(j, epoch, |tx| tx.send(TaskCommand::Switch(plan.clone())));
-                    j.plans.remove(&epoch);
-                    j.deployment = Arc::new(plan.deployment.clone());
+                    let resume = matches!(msg, CoordinatorMessage::Resume { .. });
+                    for_upstream_tasks(j, &plan, |tx| {
+                        tx.send(if resume {
+                            TaskCommand::Resume(plan.clone())
+                        } else {
+                            TaskCommand::Switch(plan.clone())
+                        })
+                    });
                 }
             }
             CoordinatorMessage::Begin { epoch } => {
@@ -215,7 +218,7 @@ fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inbo
         }
     }
     let links = Links { me, graph: Arc::new(graph), inboxes: inboxes.clone() };
-    Ok(Job { deployment: Arc::new(d), links, pending, commands, plans: HashMap::new() })
+    Ok(Job { initial: Arc::new(d), links, pending, commands, plans: HashMap::new() })
 }
 
 /// The receiving ends of a task's queues.
@@ -285,20 +288,16 @@ fn prepare_reconfiguration(
     Ok(())
 }
 
-/// Sends a command to every local task that feeds the operator reconfigured in `epoch`.
+/// Sends a command to every local task that feeds the operator `plan` reconfigures.
 fn for_upstream_tasks(
     job: &Job,
-    epoch: Epoch,
+    plan: &ReconfigPlan,
     send: impl Fn(&Sender<TaskCommand>) -> Result<(), crossbeam_channel::SendError<TaskCommand>>,
 ) {
-    let Some(plan) = job.plans.get(&epoch) else {
-        tracing::error!(epoch, "phase of an unknown reconfiguration; ignored");
-        return;
-    };
     let Some(spec) = job.links.graph.operator(plan.operator) else { return };
     for (task, tx) in &job.commands {
         if spec.inputs.iter().any(|i| i.from == task.operator) && send(tx).is_err() {
-            tracing::warn!(%task, epoch, "upstream task already finished");
+            tracing::warn!(%task, epoch = plan.epoch, "upstream task already finished");
         }
     }
 }

@@ -137,8 +137,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             task.execute(&setup, &mut outputs, actions)?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
-        let klt = task.core.klt();
-        task.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+        if now >= task.op.metrics.next_tick() {
+            let klt = task.core.klt();
+            task.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+        }
         outputs.flush_due(now)?;
         setup.report(&mut task.op.metrics, &mut outputs, now);
     }

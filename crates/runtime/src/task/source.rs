@@ -116,7 +116,9 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             }
         }
         outputs.flush_due(now)?;
-        metrics.offset_lag = logic.offset_lag();
+        if now >= metrics.next_tick() {
+            metrics.offset_lag = logic.offset_lag();
+        }
         setup.report(&mut metrics, &mut outputs, now);
     }
     outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
