@@ -111,6 +111,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         select! {
             recv(setup.commands) -> cmd => match cmd {
                 Ok(TaskCommand::Release) if task.inputs_ended => {
+                    task.sample_klt();
                     setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
                     return Ok(());
                 }
@@ -138,8 +139,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
         if now >= task.op.metrics.next_tick() {
-            let klt = task.core.klt();
-            task.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+            task.sample_klt();
         }
         outputs.flush_due(now)?;
         setup.report(&mut task.op.metrics, &mut outputs, now);
@@ -147,6 +147,12 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl KoalaOperator {
+    /// Records the KLT's size for the next metrics sample.
+    fn sample_klt(&mut self) {
+        let klt = self.core.klt();
+        self.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+    }
+
     fn on_command(
         &mut self,
         setup: &TaskSetup,

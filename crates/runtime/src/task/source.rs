@@ -123,6 +123,8 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     }
     outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
     outputs.broadcast(&ChannelMessage::EndOfStream)?;
+    // The last sample carries the final offset lag (a short run may never have reached a tick).
+    metrics.offset_lag = logic.offset_lag();
     setup.report(&mut metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
     Ok(())
 }
