@@ -1,6 +1,7 @@
-//! The tansu Kafka broker's lifecycle (DESIGN.md §12): install it once, start it on 127.0.0.1 in a
-//! data directory, wait until it answers a metadata request, stop it — also from another process,
-//! through the state file `broker.json` that [`start`] writes into the data directory.
+//! The tansu Kafka broker's lifecycle (docs/architecture.md §11): install it once, start it on
+//! 127.0.0.1 in a data directory, wait until it answers a metadata request, stop it — also from
+//! another process, through the state file `broker.json` that [`start`] writes into the data
+//! directory.
 //!
 //! Known traps this module works around:
 //! - tansu resolves a `sqlite://` path relative to its working directory (even `sqlite:///abs`

@@ -5,7 +5,7 @@
 //!   into buckets) and its partition is `bucket_of(key, partitions)`: the same key always lands in
 //!   the same partition, whichever sink task writes it. Unkeyed records go round-robin.
 //! - **Timestamps.** The Kafka timestamp is the wall-clock time of the write, so a downstream
-//!   consumer's lag measures the time spent in the topic (DESIGN.md §9).
+//!   consumer's lag measures the time spent in the topic (docs/architecture.md §9).
 //! - **Batching.** Records are buffered per partition and produced when a partition's batch is full
 //!   and on [`SinkLogic::flush`]; a flush returns once the broker acknowledged everything.
 

@@ -1,4 +1,4 @@
-//! A self-paced Kafka source task (DESIGN.md §8, §9, §12): reads its share of a topic's
+//! A self-paced Kafka source task (docs/architecture.md §9, §10, §11): reads its share of a topic's
 //! partitions, decodes each record into the user type and re-encodes it with the project codec.
 //!
 //! - **Assignment.** Task `i` of `n` reads the partitions `p` with `p % n == i`

@@ -1,4 +1,4 @@
-//! `koala produce`: writes the Nexmark person / auction / bid topics (artifact notes §9.1) at a
+//! `koala produce`: writes the Nexmark person / auction / bid topics (docs/architecture.md §12) at a
 //! scheduled rate, from one or several producers that each own one partition per topic and a
 //! disjoint part of the event sequence, printing a progress line with records/s every second.
 //!

@@ -118,11 +118,23 @@ pub struct RuntimeSection {
     pub linger_ms: u64,
     /// Messages a task's input queue holds before senders block (backpressure).
     pub channel_capacity: usize,
+    /// Seconds without a heartbeat (sent every second) after which a worker counts as lost and
+    /// the job fails: a stopped or hung worker ends the job instead of stalling it.
+    pub heartbeat_timeout_s: f64,
+    /// Seconds a running reconfiguration may go without any task acknowledging a step before the
+    /// job fails, naming the tasks it waits for. Generous, so a multi-GB transfer is not cut off.
+    pub reconfiguration_timeout_s: f64,
 }
 
 impl Default for RuntimeSection {
     fn default() -> Self {
-        Self { batch_records: 256, linger_ms: 5, channel_capacity: 64 }
+        Self {
+            batch_records: 256,
+            linger_ms: 5,
+            channel_capacity: 64,
+            heartbeat_timeout_s: 10.0,
+            reconfiguration_timeout_s: 60.0,
+        }
     }
 }
 
@@ -212,6 +224,17 @@ impl JobConfig {
         }
         if self.runtime.batch_records == 0 || self.runtime.channel_capacity == 0 {
             return Err(invalid("runtime", "batch_records and channel_capacity must be at least 1"));
+        }
+        for (name, v, min) in [
+            ("runtime.heartbeat_timeout_s", self.runtime.heartbeat_timeout_s, 1.0),
+            ("runtime.reconfiguration_timeout_s", self.runtime.reconfiguration_timeout_s, 1.0),
+        ] {
+            if !(v.is_finite() && v >= min) {
+                return Err(invalid(
+                    name,
+                    format!("{v} is not a number of seconds ≥ {min}; the default is fine"),
+                ));
+            }
         }
         let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
         for (name, p) in &self.parallelism {

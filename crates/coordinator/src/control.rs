@@ -107,8 +107,11 @@ fn answer_client(stream: TcpStream, request: ReconfigRequest, events: &Sender<Ev
     let reply = if events.send(Event::Client(request, tx)).is_err() {
         ClientReply::Rejected { error: "the job has ended".into() }
     } else {
-        rx.recv_timeout(Duration::from_secs(30))
-            .unwrap_or(ClientReply::Rejected { error: "the coordinator did not answer in time".into() })
+        rx.recv_timeout(Duration::from_secs(30)).unwrap_or(ClientReply::Rejected {
+            error: "the coordinator did not answer within 30 s; it may still take the request \
+                        later: watch the job's output for its start before resubmitting"
+                .into(),
+        })
     };
     let mut w = BufWriter::new(stream);
     if write_frame(&mut w, &reply).and_then(|_| w.flush()).is_err() {

@@ -1,5 +1,5 @@
 //! Coordinator: job config, deployment, placement, partition policies, the job driver, metrics
-//! store and reports (DESIGN.md §3, §6, §9).
+//! store and reports (docs/architecture.md §3, §6, §7, §9).
 
 pub mod config;
 pub mod control;

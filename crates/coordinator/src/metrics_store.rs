@@ -1,5 +1,5 @@
 //! The metrics store: per-second task samples and reconfiguration events of every run, in one
-//! SQLite file (DESIGN.md §9; the metrics are those of paper §5.1.3).
+//! SQLite file (docs/architecture.md §9; the metrics are those of paper §5.1.3).
 //!
 //! Tasks sample their counters each second ([`koala_types::metric`] names them); the coordinator
 //! appends them here with [`MetricsStore::insert_samples`] and records each reconfiguration's start

@@ -1,5 +1,5 @@
-//! Partition policies (DESIGN.md §6): bucket → owning task index, and the `moves` between two
-//! assignments that every reconfiguration protocol consumes.
+//! Partition policies (docs/architecture.md §6): bucket → owning task index, and the `moves`
+//! between two assignments that every reconfiguration protocol consumes.
 
 use std::collections::BTreeMap;
 

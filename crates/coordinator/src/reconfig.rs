@@ -1,11 +1,12 @@
 //! Turning a reconfiguration request into a plan (new deployment + the policy's `moves`), and
-//! driving stop-and-restart through its phases by typed acks (DESIGN.md §7).
+//! driving stop-and-restart through its phases by typed acks (docs/protocols.md §2, §7).
 //!
-//! Phases: **Prepare** (new tasks start, target tasks learn what they send and receive,
-//! consumers learn their new input channels) → **Drain** (upstream tasks send a marker and
-//! pause; target tasks that saw every marker send moved buckets and their timers over peer
+//! Stop-and-restart phases: **Prepare** (new tasks start, target tasks learn what they send and
+//! receive, consumers learn their new input channels) → **Drain** (upstream tasks send a marker
+//! and pause; target tasks that saw every marker send moved buckets and their timers over peer
 //! channels and delete them) → **Resume** (upstream tasks switch routing and resume; cancelled
-//! tasks get end of stream and finish).
+//! tasks get end of stream and finish). Koala shares Prepare, then hands a keyed operator's
+//! epoch to the protocol's coordinator core.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -209,9 +210,7 @@ enum Expect {
     Drained,
     StateReceived,
     Resumed,
-    PeerReady,
     Switched,
-    Done,
 }
 
 impl Expect {
@@ -222,36 +221,41 @@ impl Expect {
             TaskAck::Drained { .. } => Self::Drained,
             TaskAck::StateReceived => Self::StateReceived,
             TaskAck::Resumed => Self::Resumed,
-            TaskAck::PeerReady => Self::PeerReady,
             TaskAck::Switched => Self::Switched,
-            TaskAck::Done => Self::Done,
-            TaskAck::LocationDrained { .. } | TaskAck::InputsEnded | TaskAck::ProtocolError { .. } => {
-                return None;
-            }
+            TaskAck::PeerReady
+            | TaskAck::Done
+            | TaskAck::LocationDrained { .. }
+            | TaskAck::InputsEnded
+            | TaskAck::ProtocolError { .. } => return None,
         })
     }
 }
 
-/// Where a running stop-and-restart reconfiguration is.
+/// Where a running reconfiguration is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// Waiting for `Prepared`.
     Preparing,
-    /// Waiting for `Paused`, `Drained`, `StateReceived`.
+    /// Stop-and-restart: waiting for `Paused`, `Drained`, `StateReceived`.
     Draining,
-    /// Waiting for `Resumed`.
+    /// Stop-and-restart: waiting for `Resumed`.
     Resuming,
-    /// Koala: waiting for `PeerReady` (KLT hand-overs arrived).
-    Beginning,
-    /// Koala: waiting for `Switched` from upstreams and `Done` from the operator's tasks.
+    /// Koala, stateless operator: waiting for `Switched` from upstreams and `Drained` from the
+    /// old tasks (they passed every marker).
     Switching,
+    /// Koala, keyed operator: every task is prepared; the Koala coordinator core
+    /// (`koala_protocol::koala::KoalaCoordinator`, the one the simulator checks) drives the
+    /// epoch from here to its completion.
+    Delegated,
     /// Finished.
     Complete,
 }
 
-/// Drives one reconfiguration from acks (no I/O: it returns what to send). Stop-and-restart:
-/// Prepare → Drain → Resume. Koala: Prepare (tasks hand KLT entries over and answer `PeerReady`)
-/// → Switch (upstreams switch routing with markers; tasks answer `Done`); state then moves lazily.
+/// Drives one reconfiguration from acks (no I/O: it returns what to send). Every protocol
+/// starts with Prepare (new tasks start, every task that may be asked for state learns the new
+/// placement, consumers open channels to new tasks). Stop-and-restart then runs Drain → Resume;
+/// Koala hands a keyed operator's epoch to its coordinator core ([`Phase::Delegated`]) and
+/// switches a stateless operator's upstreams with markers.
 pub struct Reconfiguring {
     protocol: Protocol,
     /// Whether the operator holds keyed state (a stateless one only switches routing).
@@ -274,19 +278,15 @@ impl Reconfiguring {
         let op = plan.operator;
         let stateful = graph.operator(op).is_some_and(|o| o.is_stateful());
         let d = &plan.deployment;
-        let mut upstream = Vec::new();
-        if let Some(spec) = graph.operator(op) {
-            let froms: BTreeSet<OperatorId> = spec.inputs.iter().map(|i| i.from).collect();
-            for from in froms {
-                upstream.extend(live(current, from).into_iter().map(|i| TaskId::new(from, i)));
-            }
-        }
+        let upstream = upstream_tasks(current, graph, op);
         let old_targets: Vec<TaskId> = live(current, op).into_iter().map(|i| TaskId::new(op, i)).collect();
         let mut receivers: Vec<TaskId> = plan.moves.iter().map(|m| TaskId::new(op, m.to)).collect();
         receivers.sort_unstable();
         receivers.dedup();
         let mut waiting = HashSet::new();
-        for i in live(d, op).into_iter().chain(plan.cancelled.iter().copied()) {
+        let targets =
+            live(d, op).into_iter().chain(plan.cancelled.iter().copied()).chain(plan.retired.iter().copied());
+        for i in targets {
             waiting.insert((TaskId::new(op, i), Expect::Prepared));
         }
         for (consumer, _) in graph.consumers(op) {
@@ -314,20 +314,21 @@ impl Reconfiguring {
         self.phase
     }
 
-    /// Applies an ack; returns the message to broadcast when a phase completes.
-    pub fn on_ack(&mut self, task: TaskId, ack: &TaskAck) -> Option<CoordinatorMessage> {
+    /// Applies an ack; returns the message to broadcast when a phase completes. An ack this
+    /// reconfiguration does not wait for is an error (a protocol bug, never ignored).
+    pub fn on_ack(&mut self, task: TaskId, ack: &TaskAck) -> Result<Option<CoordinatorMessage>, String> {
         if let TaskAck::Drained { bytes, .. } = ack {
             self.bytes_moved += bytes;
         }
-        let expect = Expect::of(ack)?;
-        if !self.waiting.remove(&(task, expect)) {
-            tracing::warn!(%task, ?ack, phase = ?self.phase, "unexpected ack; ignored");
+        let expected = Expect::of(ack).is_some_and(|e| self.waiting.remove(&(task, e)));
+        if !expected {
+            return Err(format!("unexpected ack {ack:?} from {task} in phase {:?}", self.phase));
         }
         if !self.waiting.is_empty() {
-            return None;
+            return Ok(None);
         }
         let epoch = self.plan.epoch;
-        match self.phase {
+        Ok(match self.phase {
             Phase::Preparing if self.protocol == Protocol::Koala && !self.stateful => {
                 // A stateless operator under Koala: nothing to hand over; upstreams switch with
                 // markers, and the old tasks are done once they passed every marker.
@@ -337,21 +338,8 @@ impl Reconfiguring {
                 Some(CoordinatorMessage::Switch { epoch })
             }
             Phase::Preparing if self.protocol == Protocol::Koala => {
-                self.phase = Phase::Beginning;
-                let op = self.plan.operator;
-                let tasks =
-                    live(&self.plan.deployment, op).into_iter().chain(self.plan.cancelled.iter().copied());
-                self.waiting.extend(tasks.map(|i| (TaskId::new(op, i), Expect::PeerReady)));
-                Some(CoordinatorMessage::Begin { epoch })
-            }
-            Phase::Beginning => {
-                self.phase = Phase::Switching;
-                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Switched)));
-                let op = self.plan.operator;
-                let tasks =
-                    live(&self.plan.deployment, op).into_iter().chain(self.plan.cancelled.iter().copied());
-                self.waiting.extend(tasks.map(|i| (TaskId::new(op, i), Expect::Done)));
-                Some(CoordinatorMessage::Switch { epoch })
+                self.phase = Phase::Delegated;
+                None
             }
             Phase::Preparing => {
                 self.phase = Phase::Draining;
@@ -365,11 +353,17 @@ impl Reconfiguring {
                 self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Resumed)));
                 Some(CoordinatorMessage::Resume { epoch })
             }
-            Phase::Resuming | Phase::Switching | Phase::Complete => {
+            Phase::Resuming | Phase::Switching | Phase::Delegated | Phase::Complete => {
                 self.phase = Phase::Complete;
                 None
             }
-        }
+        })
+    }
+
+    /// Whether this driver waits for `ack` from `task` (acks it does not wait for belong to the
+    /// Koala core or are not an error in this phase).
+    pub fn waits_for(&self, task: TaskId, ack: &TaskAck) -> bool {
+        Expect::of(ack).is_some_and(|e| self.waiting.contains(&(task, e)))
     }
 
     /// Tasks whose acks are still awaited (for timeouts and error messages).
@@ -383,4 +377,11 @@ impl Reconfiguring {
     pub fn upstream(&self) -> &[TaskId] {
         &self.upstream
     }
+}
+
+/// The live tasks of every operator feeding `op` (a self-join's upstream counted once).
+pub fn upstream_tasks(d: &Deployment, graph: &JobGraph, op: OperatorId) -> Vec<TaskId> {
+    let Some(spec) = graph.operator(op) else { return Vec::new() };
+    let froms: BTreeSet<OperatorId> = spec.inputs.iter().map(|i| i.from).collect();
+    froms.into_iter().flat_map(|from| live(d, from).into_iter().map(move |i| TaskId::new(from, i))).collect()
 }

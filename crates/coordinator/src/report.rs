@@ -1,6 +1,6 @@
 //! `koala report`: turns one run of the [metrics store](crate::metrics_store) into a per-second
 //! table, PNG plots with reconfigurations marked, an HTML page, and the summary numbers of paper
-//! §5.1.3 (DESIGN.md §9).
+//! §5.1.3 (docs/architecture.md §9).
 //!
 //! Definitions (the store does not know operator kinds, so roles are read off the metrics):
 //! - **source tasks** are the tasks that reported `source_lag_mean_ms` at least once in the run;

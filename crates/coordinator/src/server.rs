@@ -9,6 +9,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
 use koala_dataflow::JobGraph;
 use koala_dataflow::graph::QueryResolver;
+use koala_protocol::koala::{
+    CoordinatorAction, CoordinatorEvent, KoalaCoordinator, OperatorSpec, ReconfigurationRequest,
+    TaskAck as KoalaAck,
+};
 use koala_protocol::{
     ClientReply, CoordinatorMessage, Deployment, Protocol, ReconfigRequest, RuntimeOptions, TaskAck,
     WorkerMessage,
@@ -22,7 +26,7 @@ use crate::metrics_store::{
 };
 use crate::partition::assign;
 use crate::progress::{ProgressEvent, SecondAggregator, Totals};
-use crate::reconfig::{Phase, Reconfiguring, kind_name, plan as plan_reconfiguration};
+use crate::reconfig::{Phase, Reconfiguring, kind_name, plan as plan_reconfiguration, upstream_tasks};
 
 /// How long the coordinator waits for workers to register and to acknowledge a deployment.
 pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -63,6 +67,26 @@ pub enum CoordinatorError {
     /// Something did not happen in time.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// A worker stopped sending heartbeats (stopped, hung or partitioned away).
+    #[error(
+        "{worker} sent no heartbeat for {seconds:.1} s (stopped or hung); the job cannot continue without recovery"
+    )]
+    WorkerSilent {
+        /// The worker.
+        worker: WorkerId,
+        /// Seconds since its last message.
+        seconds: f64,
+    },
+    /// A reconfiguration broke the protocol: the epoch is aborted and the job fails.
+    #[error("reconfiguration epoch {epoch} aborted: {source_task}: {error}")]
+    Protocol {
+        /// The epoch.
+        epoch: u64,
+        /// Who reported or caused it (`operator.index`, or `coordinator`).
+        source_task: String,
+        /// What went wrong.
+        error: String,
+    },
     /// The metrics database failed.
     #[error(transparent)]
     Metrics(#[from] MetricsStoreError),
@@ -132,10 +156,11 @@ struct JobState<'a> {
     queue: VecDeque<Queued>,
     /// The running reconfiguration: its driver, when it started, when upstreams were paused.
     active: Option<(Reconfiguring, Instant, Option<Instant>)>,
-    /// Koala: cancelled tasks still serving state, per operator.
-    retired: BTreeMap<OperatorId, BTreeSet<u32>>,
-    /// Koala: which live tasks no longer point at a retired task, per (operator, retired task).
-    drained: BTreeMap<(OperatorId, u32), BTreeSet<u32>>,
+    /// When the running reconfiguration last made progress (an ack it waited for).
+    last_progress: Instant,
+    /// Koala's coordinator core (the one the simulator checks): drives every keyed operator's
+    /// epochs after Prepare, tracks retired tasks and releases them per epoch.
+    koala: KoalaCoordinator,
     /// Koala: tasks whose inputs ended, per operator.
     inputs_ended: BTreeMap<OperatorId, BTreeSet<u32>>,
     epoch: u64,
@@ -154,6 +179,15 @@ impl JobState<'_> {
         format!("{op}.{}", t.index)
     }
 
+    /// Koala: cancelled tasks not yet released, per operator (they keep serving state).
+    fn retired(&self) -> BTreeMap<OperatorId, BTreeSet<u32>> {
+        self.graph
+            .operators
+            .iter()
+            .map(|o| (o.id, self.koala.retired(o.id).into_iter().map(|t| t.index).collect()))
+            .collect()
+    }
+
     /// Checks a request against the current deployment without changing anything.
     fn check(&self, request: &ReconfigRequest) -> Result<(), String> {
         plan_reconfiguration(
@@ -163,7 +197,7 @@ impl JobState<'_> {
             self.config.partition_policy,
             self.epoch + 1,
             &self.next_index,
-            &self.retired,
+            &self.retired(),
         )
         .map(|_| ())
     }
@@ -175,6 +209,14 @@ impl JobState<'_> {
         reply: Sender<ClientReply>,
     ) -> Result<(), CoordinatorError> {
         match self.check(&request) {
+            Ok(()) if self.active.is_some() || !self.queue.is_empty() => {
+                // Answered now, not when it starts: a client never waits out a long transfer
+                // and never mistakes a queued request for a failed one.
+                let ahead = self.queue.len() + usize::from(self.active.is_some());
+                let _ = reply.send(ClientReply::Queued { ahead });
+                self.queue.push_back(Queued { request, reply: None });
+                Ok(())
+            }
             Ok(()) => {
                 self.queue.push_back(Queued { request, reply: Some(reply) });
                 self.start_next()
@@ -198,7 +240,7 @@ impl JobState<'_> {
                 self.config.partition_policy,
                 epoch,
                 &self.next_index,
-                &self.retired,
+                &self.retired(),
             ) {
                 Ok(p) => p,
                 Err(error) => {
@@ -258,35 +300,7 @@ impl JobState<'_> {
             }
             self.workers.broadcast(&msg)?;
             self.active = Some((driver, Instant::now(), None));
-        }
-        Ok(())
-    }
-
-    /// Koala: `task` holds no more keys at `location`; once no live task does, `location` may go.
-    fn on_location_drained(&mut self, task: TaskId, location: TaskId) -> Result<(), CoordinatorError> {
-        let op = task.operator;
-        self.drained.entry((op, location.index)).or_default().insert(task.index);
-        self.release_drained(op)
-    }
-
-    fn release_drained(&mut self, op: OperatorId) -> Result<(), CoordinatorError> {
-        if self.active.is_some() {
-            return Ok(());
-        }
-        let live: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
-        let ready: Vec<u32> = self
-            .retired
-            .get(&op)
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(|r| self.drained.get(&(op, *r)).is_some_and(|d| d.is_superset(&live)))
-            .collect();
-        for r in ready {
-            if let Some(set) = self.retired.get_mut(&op) {
-                set.remove(&r);
-            }
-            self.release(TaskId::new(op, r))?;
+            self.last_progress = Instant::now();
         }
         Ok(())
     }
@@ -297,9 +311,8 @@ impl JobState<'_> {
         let op = task.operator;
         self.inputs_ended.entry(op).or_default().insert(task.index);
         let mut all: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
-        all.extend(self.retired.get(&op).into_iter().flatten().copied());
+        all.extend(self.koala.retired(op).into_iter().map(|t| t.index));
         if self.active.is_none() && self.inputs_ended.get(&op).is_some_and(|e| e.is_superset(&all)) {
-            self.retired.remove(&op);
             for i in all {
                 self.release(TaskId::new(op, i))?;
             }
@@ -315,61 +328,197 @@ impl JobState<'_> {
         }
     }
 
-    fn on_ack(
-        &mut self,
-        task: TaskId,
-        epoch: u64,
-        ack: &koala_protocol::TaskAck,
-    ) -> Result<(), CoordinatorError> {
-        let Some((driver, started, drain_at)) = self.active.as_mut() else {
-            tracing::warn!(%task, epoch, ?ack, "ack with no reconfiguration running; ignored");
-            return Ok(());
+    fn on_ack(&mut self, task: TaskId, epoch: u64, ack: TaskAck) -> Result<(), CoordinatorError> {
+        // Acks of Koala's keyed-operator epochs and its release bookkeeping go to the core.
+        let core_ack = match ack {
+            TaskAck::LocationDrained { location } => Some(KoalaAck::Drained { epoch, location }),
+            TaskAck::PeerReady => Some(KoalaAck::PeerReady { epoch }),
+            TaskAck::Done => Some(KoalaAck::Done { epoch }),
+            _ => None,
         };
-        if driver.plan.epoch != epoch {
-            tracing::warn!(%task, epoch, "ack of another epoch; ignored");
+        if let Some(ack) = core_ack {
+            if !matches!(ack, KoalaAck::Drained { .. }) {
+                self.last_progress = Instant::now();
+            }
+            return self.koala_event(CoordinatorEvent::Ack { from: task, ack });
+        }
+        match ack {
+            TaskAck::InputsEnded => return self.on_inputs_ended(task),
+            TaskAck::ProtocolError { error } => {
+                self.koala_event(CoordinatorEvent::Failed { from: task, error: error.clone() })?;
+                return Err(CoordinatorError::Protocol {
+                    epoch,
+                    source_task: self.name(task),
+                    error: error.to_string(),
+                });
+            }
+            _ => {}
+        }
+        let awaited =
+            self.active.as_ref().is_some_and(|(d, ..)| d.plan.epoch == epoch && d.waits_for(task, &ack));
+        if ack == TaskAck::Switched && !awaited && epoch <= self.epoch {
+            // Koala upstreams confirm their switch, possibly after the epoch completed; the core
+            // completes on the tasks' `Done`, which implies every marker arrived.
             return Ok(());
         }
-        if let Some(msg) = driver.on_ack(task, ack) {
+        let Some((driver, _, drain_at)) = self.active.as_mut() else {
+            return Err(
+                self.protocol_bug(epoch, format!("{ack:?} from {task} with no reconfiguration running"))
+            );
+        };
+        if driver.plan.epoch != epoch {
+            let running = driver.plan.epoch;
+            return Err(self.protocol_bug(epoch, format!("{ack:?} from {task} while epoch {running} runs")));
+        }
+        let msg = match driver.on_ack(task, &ack) {
+            Ok(msg) => msg,
+            Err(e) => return Err(self.protocol_bug(epoch, e)),
+        };
+        self.last_progress = Instant::now();
+        if let Some(msg) = msg {
             if matches!(msg, CoordinatorMessage::Drain { .. }) {
                 *drain_at = Some(Instant::now());
             }
             self.workers.broadcast(&msg)?;
         }
-        if driver.phase() == Phase::Complete {
-            let pause_ms = drain_at.map_or(0, |d| d.elapsed().as_millis() as u64);
-            let duration_ms = started.elapsed().as_millis() as u64;
-            let bytes_moved = driver.bytes_moved;
-            if let Some((driver, ..)) = self.active.take() {
-                let operator =
-                    self.graph.operator(driver.plan.operator).map_or(String::new(), |o| o.name.clone());
-                self.store.reconfiguration_completed(
-                    self.run,
-                    &ReconfigurationCompletion {
-                        epoch,
-                        operator,
-                        completed_ms: unix_ms(),
-                        bytes_moved,
-                        pause_ms: Some(pause_ms),
-                    },
-                )?;
-                if driver.plan.deployment.protocol == Protocol::Koala {
-                    let op = driver.plan.operator;
-                    self.retired.entry(op).or_default().extend(driver.plan.cancelled.iter().copied());
-                }
-                self.deployment = driver.plan.deployment;
+        match driver.phase() {
+            Phase::Delegated => {
+                let op = driver.plan.operator;
+                let assignment: Vec<TaskId> = driver
+                    .plan
+                    .deployment
+                    .routing
+                    .get(&op)
+                    .map(|r| r.iter().map(|i| TaskId::new(op, *i)).collect())
+                    .unwrap_or_default();
+                let request = ReconfigurationRequest {
+                    operator: op,
+                    assignment,
+                    extra_keys: driver.plan.deployment.extra_keys,
+                    epoch,
+                };
+                self.koala_event(CoordinatorEvent::Request(request))
             }
-            self.completed += 1;
-            let lazy = self.config.protocol == Protocol::Koala;
-            self.say(ProgressEvent::ReconfigurationCompleted {
-                epoch,
-                bytes_moved,
-                pause_ms,
-                duration_ms,
-                lazy,
-            });
-            self.start_next()?;
+            Phase::Complete => self.complete(),
+            _ => Ok(()),
+        }
+    }
+
+    fn protocol_bug(&self, epoch: u64, error: String) -> CoordinatorError {
+        CoordinatorError::Protocol { epoch, source_task: "coordinator".into(), error }
+    }
+
+    /// Feeds Koala's coordinator core and executes its actions.
+    fn koala_event(&mut self, event: CoordinatorEvent) -> Result<(), CoordinatorError> {
+        let mut begin: Option<(koala_protocol::koala::Reconfiguration, Vec<TaskId>)> = None;
+        let mut switch = None;
+        let mut completed = None;
+        for action in self.koala.on(event) {
+            match action {
+                CoordinatorAction::DeployTask { task } => {
+                    // Prepare already started the plan's new tasks; the core must agree.
+                    let planned = self.active.as_ref().is_some_and(|(d, ..)| {
+                        d.plan.operator == task.operator && d.plan.created.contains(&task.index)
+                    });
+                    if !planned {
+                        return Err(self.protocol_bug(
+                            0,
+                            format!("the Koala core deploys {task}, which the plan did not create"),
+                        ));
+                    }
+                }
+                CoordinatorAction::Start { to, reconfiguration } => {
+                    begin.get_or_insert_with(|| ((*reconfiguration).clone(), Vec::new())).1.push(to);
+                }
+                CoordinatorAction::SwitchRouting { epoch, .. } => switch = Some(epoch),
+                CoordinatorAction::Completed { epoch, .. } => completed = Some(epoch),
+                CoordinatorAction::ReleaseTask { task } => self.release(task)?,
+                CoordinatorAction::Aborted { operator, epoch, error } => {
+                    let op = self.graph.operator(operator).map_or("?", |o| o.name.as_str());
+                    return Err(CoordinatorError::Protocol {
+                        epoch,
+                        source_task: format!("operator {op}"),
+                        error: error.to_string(),
+                    });
+                }
+                CoordinatorAction::Error(error) => return Err(self.protocol_bug(0, error.to_string())),
+            }
+        }
+        if let Some((reconfiguration, tasks)) = begin {
+            self.workers.broadcast(&CoordinatorMessage::Begin {
+                reconfiguration: Box::new(reconfiguration),
+                tasks,
+            })?;
+        }
+        if let Some(epoch) = switch {
+            self.workers.broadcast(&CoordinatorMessage::Switch { epoch })?;
+        }
+        if let Some(epoch) = completed {
+            if self.active.as_ref().map(|(d, ..)| d.plan.epoch) != Some(epoch) {
+                return Err(
+                    self.protocol_bug(epoch, "the Koala core completed an epoch that is not running".into())
+                );
+            }
+            self.complete()?;
         }
         Ok(())
+    }
+
+    /// The running reconfiguration completed: record it, adopt its deployment, start the next.
+    fn complete(&mut self) -> Result<(), CoordinatorError> {
+        let Some((driver, started, drain_at)) = self.active.take() else { return Ok(()) };
+        let epoch = driver.plan.epoch;
+        let pause_ms = drain_at.map_or(0, |d| d.elapsed().as_millis() as u64);
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let bytes_moved = driver.bytes_moved;
+        let op = driver.plan.operator;
+        let operator = self.graph.operator(op).map_or(String::new(), |o| o.name.clone());
+        self.store.reconfiguration_completed(
+            self.run,
+            &ReconfigurationCompletion {
+                epoch,
+                operator,
+                completed_ms: unix_ms(),
+                bytes_moved,
+                pause_ms: Some(pause_ms),
+            },
+        )?;
+        self.deployment = driver.plan.deployment;
+        // Keyed consumers of the operator now have other upstream tasks: their next epoch
+        // expects markers from these.
+        for (consumer, _) in self.graph.consumers(op) {
+            let upstreams = upstream_tasks(&self.deployment, self.graph, consumer).into_iter().collect();
+            self.koala.set_upstreams(consumer, upstreams);
+        }
+        self.completed += 1;
+        let lazy = self.config.protocol == Protocol::Koala;
+        self.say(ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms, lazy });
+        self.start_next()
+    }
+
+    /// Fails the job if the running reconfiguration made no progress for too long.
+    fn check_stalled(&self) -> Result<(), CoordinatorError> {
+        let limit = Duration::from_secs_f64(self.config.runtime.reconfiguration_timeout_s);
+        let Some((driver, ..)) = &self.active else { return Ok(()) };
+        if self.last_progress.elapsed() < limit {
+            return Ok(());
+        }
+        let waiting: Vec<String> = match driver.phase() {
+            Phase::Delegated => self
+                .koala
+                .waiting_for(driver.plan.operator)
+                .into_iter()
+                .map(|(t, what)| format!("{}:{what}", self.name(t)))
+                .collect(),
+            _ => driver.waiting_for(),
+        };
+        Err(CoordinatorError::Timeout(format!(
+            "reconfiguration epoch {} made no progress for {:.0} s ([runtime] reconfiguration_timeout_s); \
+             still waiting for {}",
+            driver.plan.epoch,
+            limit.as_secs_f64(),
+            waiting.join(", ")
+        )))
     }
 }
 
@@ -438,81 +587,104 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         progress: job.progress.clone(),
         queue: VecDeque::new(),
         active: None,
-        retired: BTreeMap::new(),
-        drained: BTreeMap::new(),
+        last_progress: Instant::now(),
+        koala: KoalaCoordinator::new(),
         inputs_ended: BTreeMap::new(),
         epoch: 0,
         completed: 0,
     };
-    for (request, reply) in early_clients {
-        state.submit(request, reply)?;
+    if config.protocol == Protocol::Koala {
+        register_keyed_operators(&mut state)?;
     }
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
     let mut totals = Totals::default();
-    let result = loop {
-        if state.remaining.is_empty() {
-            break Ok(());
+    let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
+    let mut last_seen: BTreeMap<WorkerId, Instant> =
+        state.deployment.workers.keys().map(|w| (*w, Instant::now())).collect();
+    // Every error ends the loop, so the workers are always told to shut down.
+    let event_loop = || -> Result<(), CoordinatorError> {
+        for (request, reply) in early_clients {
+            state.submit(request, reply)?;
         }
-        if let Some(d) = config.duration_s
-            && !stop_sent
-            && started.elapsed() >= Duration::from_secs(d)
-        {
-            stop_sent = true;
-            state.workers.broadcast(&CoordinatorMessage::StopSources)?;
-        }
-        while schedule.front().is_some_and(|(at, _)| started.elapsed().as_secs_f64() >= *at) {
-            if let Some((_, request)) = schedule.pop_front() {
-                state.queue.push_back(Queued { request, reply: None });
+        loop {
+            if state.remaining.is_empty() {
+                return Ok(());
             }
-            state.start_next()?;
-        }
-        match events.recv_timeout(Duration::from_millis(20)) {
-            Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
-                totals.add(&graph, &samples);
-                seconds.add(&samples);
-                let rows: Vec<MetricSample> = samples
-                    .iter()
-                    .map(|s| MetricSample {
-                        time_s: s.time_s,
-                        task: state.name(s.task),
-                        metric: s.metric.clone(),
-                        value: s.value,
-                    })
-                    .collect();
-                state.store.insert_samples(&job.run, &rows)?;
+            if let Some((worker, seen)) = last_seen.iter().min_by_key(|(_, t)| **t)
+                && seen.elapsed() > heartbeat_timeout
+            {
+                return Err(CoordinatorError::WorkerSilent {
+                    worker: *worker,
+                    seconds: seen.elapsed().as_secs_f64(),
+                });
             }
-            Ok(Event::Worker(_, Some(WorkerMessage::TaskFinished { task }))) => {
-                state.remaining.remove(&task);
+            state.check_stalled()?;
+            if let Some(d) = config.duration_s
+                && !stop_sent
+                && started.elapsed() >= Duration::from_secs(d)
+            {
+                stop_sent = true;
+                state.workers.broadcast(&CoordinatorMessage::StopSources)?;
             }
-            Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
-                break Err(CoordinatorError::TaskFailed { task: state.name(task), error });
+            while schedule.front().is_some_and(|(at, _)| started.elapsed().as_secs_f64() >= *at) {
+                if let Some((_, request)) = schedule.pop_front() {
+                    state.queue.push_back(Queued { request, reply: None });
+                }
+                state.start_next()?;
             }
-            Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => match ack {
-                TaskAck::LocationDrained { location } => state.on_location_drained(task, location)?,
-                TaskAck::InputsEnded => state.on_inputs_ended(task)?,
-                TaskAck::ProtocolError { message } => {
-                    tracing::error!(task = %state.name(task), epoch, %message, "protocol error reported");
-                    state.say(ProgressEvent::ReconfigurationRejected {
-                        error: format!("{}: {message}", state.name(task)),
+            let event = events.recv_timeout(Duration::from_millis(20));
+            if let Ok(Event::Worker(worker, Some(_))) = &event {
+                last_seen.insert(*worker, Instant::now());
+            }
+            match event {
+                Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
+                    totals.add(&graph, &samples);
+                    seconds.add(&samples);
+                    let rows: Vec<MetricSample> = samples
+                        .iter()
+                        .map(|s| MetricSample {
+                            time_s: s.time_s,
+                            task: state.name(s.task),
+                            metric: s.metric.clone(),
+                            value: s.value,
+                        })
+                        .collect();
+                    state.store.insert_samples(&job.run, &rows)?;
+                }
+                Ok(Event::Worker(_, Some(WorkerMessage::TaskFinished { task }))) => {
+                    state.remaining.remove(&task);
+                }
+                Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
+                    return Err(CoordinatorError::TaskFailed { task: state.name(task), error });
+                }
+                Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => {
+                    state.on_ack(task, epoch, ack)?;
+                }
+                Ok(Event::Worker(worker, None)) => return Err(CoordinatorError::WorkerLost(worker)),
+                Ok(Event::Worker(_, Some(WorkerMessage::Heartbeat))) => {}
+                Ok(Event::Worker(worker, Some(other))) => {
+                    let what = format!("{other:?}").chars().take(60).collect::<String>();
+                    return Err(CoordinatorError::Protocol {
+                        epoch: state.epoch,
+                        source_task: worker.to_string(),
+                        error: format!("unexpected message while the job runs: {what}"),
                     });
                 }
-                ack => state.on_ack(task, epoch, &ack)?,
-            },
-            Ok(Event::Worker(worker, None)) => break Err(CoordinatorError::WorkerLost(worker)),
-            Ok(Event::Worker(_, Some(_))) => {}
-            Ok(Event::Client(request, reply)) => state.submit(request, reply)?,
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                break Err(CoordinatorError::Timeout("event channel closed".into()));
+                Ok(Event::Client(request, reply)) => state.submit(request, reply)?,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(CoordinatorError::Timeout("event channel closed".into()));
+                }
             }
-        }
-        if let Some(tx) = &job.progress {
-            for p in seconds.complete(unix_ms() / 1000) {
-                let _ = tx.send(ProgressEvent::Second(p));
+            if let Some(tx) = &job.progress {
+                for p in seconds.complete(unix_ms() / 1000) {
+                    let _ = tx.send(ProgressEvent::Second(p));
+                }
             }
         }
     };
+    let result = event_loop();
     let _ = state.workers.broadcast(&CoordinatorMessage::Shutdown);
     result?;
     if let Some((driver, ..)) = &state.active {
@@ -539,6 +711,24 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         metrics_db: config.metrics_path(),
         reconfigurations: completed,
     })
+}
+
+/// Koala: registers every keyed operator with the coordinator core.
+fn register_keyed_operators(state: &mut JobState<'_>) -> Result<(), CoordinatorError> {
+    for spec in state.graph.operators.iter().filter(|o| o.is_stateful()) {
+        let op = spec.id;
+        let assignment: Vec<TaskId> = state
+            .deployment
+            .routing
+            .get(&op)
+            .map(|r| r.iter().map(|i| TaskId::new(op, *i)).collect())
+            .unwrap_or_default();
+        let upstreams = upstream_tasks(&state.deployment, state.graph, op).into_iter().collect();
+        state.koala.register(OperatorSpec { operator: op, assignment, upstreams }).map_err(|e| {
+            CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
+        })?;
+    }
+    Ok(())
 }
 
 /// Places tasks round-robin over workers and assigns buckets of stateful operators.

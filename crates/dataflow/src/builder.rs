@@ -1,6 +1,6 @@
 //! The [`Dataflow`] builder: collects operators while user code chains typed streams, then
-//! validates and emits the erased [`JobGraph`] (DESIGN.md §3). Building happens on one thread,
-//! so the shared builder state is an `Rc<RefCell<..>>` every stream holds a handle to.
+//! validates and emits the erased [`JobGraph`] (docs/architecture.md §2). Building happens on one
+//! thread, so the shared builder state is an `Rc<RefCell<..>>` every stream holds a handle to.
 
 use std::cell::RefCell;
 use std::collections::HashSet;

@@ -1,6 +1,6 @@
 //! The built-in keyed-event generator: a deterministic stream of `(key, seq, value)` events with
 //! configurable key skew (hot keys), temporal locality (a sliding set of active keys) and bounded
-//! event-time disorder. Used by the workloads and by the oracle tests (DESIGN.md §10), which
+//! event-time disorder. Used by the workloads and by the oracle tests (docs/testing.md §1), which
 //! recompute the expected output from [`KeyedEvents::all_records`].
 //!
 //! Determinism: with source parallelism `n`, the event with global sequence number `s` is a pure

@@ -1,5 +1,5 @@
-//! The typed dataflow API of koala-rs (DESIGN.md §3): a [`Dataflow`] builder, typed streams and
-//! operators, compiled down to an erased [`graph::JobGraph`] that the runtime executes.
+//! The typed dataflow API of koala-rs (docs/architecture.md §2): a [`Dataflow`] builder, typed
+//! streams and operators, compiled down to an erased [`graph::JobGraph`] that the runtime executes.
 //!
 //! ```
 //! use koala_dataflow::{Dataflow, KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions};

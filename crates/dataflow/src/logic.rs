@@ -1,9 +1,10 @@
 //! The erased, byte-level contract between operators and the runtime. The typed API in this crate
 //! compiles user closures down to these traits; the runtime only ever sees bytes, keys and times.
 //!
-//! Per batch the runtime (DESIGN.md §5): collects the distinct keys of the batch, fetches their
-//! state for every state id the operator declared, calls [`OperatorLogic::on_records`] with the
-//! records **in input order**, then writes back only the state the operator changed.
+//! Per batch the runtime (docs/architecture.md §5): collects the distinct keys of the batch,
+//! fetches their state for every state id the operator declared, calls
+//! [`OperatorLogic::on_records`] with the records **in input order**, then writes back only the
+//! state the operator changed.
 
 use koala_types::{CodecError, Record, Timestamp};
 

@@ -1,7 +1,7 @@
 //! Typed per-key state handed to keyed operators: [`ValueState`] (one value) and [`ListState`]
-//! (an ordered list). Both wrap the byte-level [`KeyedStateAccess`] of the runtime (DESIGN.md
-//! §5): they are decoded once per key and batch, and written back at the end of the batch only
-//! if the operator changed them.
+//! (an ordered list). Both wrap the byte-level [`KeyedStateAccess`] of the runtime
+//! (docs/architecture.md §5): they are decoded once per key and batch, and written back at the
+//! end of the batch only if the operator changed them.
 
 use std::collections::HashMap;
 

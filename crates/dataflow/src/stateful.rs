@@ -1,6 +1,7 @@
 //! Keyed stateful operators: a closure per record with typed per-key state ([`ValueState`],
 //! [`ListState`]). The runtime fetches the state of every key of a batch before the batch and
-//! writes back what changed after it (DESIGN.md §5); outputs keep the input key and event time.
+//! writes back what changed after it (docs/architecture.md §5); outputs keep the input key and
+//! event time.
 
 use std::sync::Arc;
 

@@ -85,6 +85,7 @@ pub fn broker(action: BrokerAction) -> anyhow::Result<()> {
             let mut options = BrokerOptions::new(&data_dir);
             options.memory = memory;
             options.port = port;
+            println!("starting tansu in {} and waiting for it to answer …", data_dir.display());
             let state = broker::start(options).context("starting the broker")?.detach();
             println!(
                 "broker running at {} (pid {}, {}); log: {}",

@@ -278,6 +278,10 @@ pub fn submit(coordinator: &str, request: koala_protocol::ReconfigRequest) -> an
             println!("accepted as reconfiguration {epoch}");
             Ok(())
         }
+        koala_protocol::ClientReply::Queued { ahead } => {
+            println!("queued behind {ahead} reconfiguration(s); it starts when they complete");
+            Ok(())
+        }
         koala_protocol::ClientReply::Rejected { error } => anyhow::bail!("rejected: {error}"),
     }
 }

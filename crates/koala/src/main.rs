@@ -153,8 +153,10 @@ fn main() {
         Command::Rescale { .. } | Command::Rebalance { .. } | Command::Migrate { .. } => "error",
         _ => "warn",
     };
+    // rskafka warns on every refused connection while a broker starts; our own errors already say
+    // what failed, so its chatter is kept to errors unless KOALA_LOG asks for more.
     let filter = tracing_subscriber::EnvFilter::try_from_env("KOALA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},rskafka=error")));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     if let Err(e) = run(cli.command) {
         eprintln!("error: {e:#}");

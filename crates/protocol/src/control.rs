@@ -1,5 +1,5 @@
 //! Typed control messages between the coordinator and workers. Acks are enum variants, never
-//! strings (the Go artifact's string ACKs are a known weak point, DESIGN.md §11).
+//! strings (the Go artifact's string ACKs are a known weak point, docs/protocols.md §9).
 
 use std::collections::BTreeMap;
 
@@ -99,11 +99,14 @@ pub enum CoordinatorMessage {
         /// The reconfiguration.
         epoch: Epoch,
     },
-    /// Koala, after every `Prepared` (so every task's queues exist): the operator's tasks start
-    /// the hand-over. Answers: `PeerReady`.
+    /// Koala, after every `Prepared` (so every task's queues exist): the tasks the Koala
+    /// coordinator core starts (every owner before or after) begin the hand-over. Answers:
+    /// `PeerReady`.
     Begin {
-        /// The reconfiguration.
-        epoch: Epoch,
+        /// The reconfiguration as the core planned it (moves, retired locations, knobs).
+        reconfiguration: Box<crate::koala::Reconfiguration>,
+        /// The tasks to start.
+        tasks: Vec<TaskId>,
     },
     /// Koala, after every `PeerReady`: upstream tasks switch routing, injecting a marker into
     /// every channel to the operator. Answer: `Switched`.
@@ -147,7 +150,8 @@ pub struct ReconfigPlan {
     pub created: Vec<u32>,
     /// Task indices of the operator that are cancelled once their state has moved.
     pub cancelled: Vec<u32>,
-    /// Koala: every cancelled task (of this or earlier epochs) that still holds state.
+    /// Koala: every cancelled task (of this or earlier epochs) not yet released. They keep
+    /// serving state, so they take `Prepare` too and learn where the new tasks run.
     pub retired: Vec<u32>,
 }
 
@@ -198,10 +202,10 @@ pub enum TaskAck {
     /// Koala: every input of the task ended and it has nothing left to process; it keeps
     /// serving state until released.
     InputsEnded,
-    /// A protocol surprise the task refused (typed error, printed); the task keeps running.
+    /// A protocol surprise the task refused; the coordinator aborts the epoch and fails the job.
     ProtocolError {
         /// The error.
-        message: String,
+        error: crate::koala::ProtocolError,
     },
 }
 
@@ -266,6 +270,12 @@ pub enum ClientReply {
         /// The reconfiguration's epoch.
         epoch: Epoch,
     },
+    /// Valid, and queued behind `ahead` reconfigurations; it runs when they complete (its
+    /// start and completion appear in the job's output and metrics).
+    Queued {
+        /// Reconfigurations running or queued before it.
+        ahead: usize,
+    },
     /// Rejected; the job keeps running.
     Rejected {
         /// What is wrong and how to fix it.
@@ -310,6 +320,9 @@ pub enum WorkerMessage {
     },
     /// Per-second metric samples.
     Metrics(Vec<TaskSample>),
+    /// The worker is alive (sent every second; the coordinator fails the job when a worker falls
+    /// silent for `[runtime] heartbeat_timeout_s`).
+    Heartbeat,
     /// A task acknowledges a reconfiguration phase.
     TaskAck {
         /// The task.

@@ -1,6 +1,6 @@
-//! The control plane of koala-rs without I/O (DESIGN.md §3, §7): the typed messages coordinator
-//! and workers exchange, and the pure state machines both sides drive — the watermark aligner now,
-//! the reconfiguration protocol cores next. Nothing here opens a socket or spawns a thread, so the
+//! The control plane of koala-rs without I/O (docs/architecture.md §8): the typed messages
+//! coordinator and workers exchange, and the pure state machines both sides drive — the watermark
+//! aligner and the Koala protocol cores. Nothing here opens a socket or spawns a thread, so the
 //! same code runs under the real runtime and under a deterministic simulator.
 
 pub mod control;

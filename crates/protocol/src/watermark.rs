@@ -1,4 +1,5 @@
-//! Event-time alignment over a task's input channels (DESIGN.md §4; paper Appendix A, Alg. 1):
+//! Event-time alignment over a task's input channels (docs/architecture.md §4; paper Appendix A,
+//! Alg. 1):
 //! a task's event time is the minimum watermark over its live input channels, it never goes back,
 //! and it does not advance while an expected channel has not sent a watermark yet.
 

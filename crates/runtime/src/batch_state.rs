@@ -1,5 +1,5 @@
-//! Per-batch state access (DESIGN.md §5): fetch each distinct key once, let the operator read and
-//! write in input order, write back only what changed.
+//! Per-batch state access (docs/architecture.md §5): fetch each distinct key once, let the
+//! operator read and write in input order, write back only what changed.
 
 use std::collections::HashMap;
 

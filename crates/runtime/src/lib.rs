@@ -1,4 +1,4 @@
-//! The koala-rs worker process (DESIGN.md §4): it hosts many tasks, each one loop on its own
+//! The koala-rs worker process (docs/architecture.md §3, §4): it hosts many tasks, each one loop on its own
 //! thread, connected by bounded in-memory queues (co-located tasks) or one TCP connection per
 //! logical channel (tasks on different workers). Bounded queues and blocking socket writes give
 //! backpressure end to end; nothing polls with sleeps.

@@ -1,4 +1,4 @@
-//! Per-task counters, turned into one set of samples per second (DESIGN.md §9).
+//! Per-task counters, turned into one set of samples per second (docs/architecture.md §9).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

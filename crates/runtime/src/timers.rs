@@ -33,6 +33,25 @@ impl TimerService {
         due
     }
 
+    /// Removes and returns, in time order, every timer due at `watermark` whose key matches.
+    pub fn pop_due_where(
+        &mut self,
+        watermark: Timestamp,
+        mut matches: impl FnMut(&[u8]) -> bool,
+    ) -> Vec<(Timestamp, Vec<u8>)> {
+        let due: Vec<(Timestamp, Vec<u8>)> = self
+            .pending
+            .iter()
+            .take_while(|(t, _)| *t <= watermark)
+            .filter(|(_, k)| matches(k))
+            .cloned()
+            .collect();
+        for t in &due {
+            self.pending.remove(t);
+        }
+        due
+    }
+
     /// Removes and returns every timer whose key matches (the timers of moved buckets).
     pub fn take_where(&mut self, mut moved: impl FnMut(&[u8]) -> bool) -> Vec<(Timestamp, Vec<u8>)> {
         let (out, keep): (BTreeSet<_>, BTreeSet<_>) =

@@ -36,6 +36,9 @@ pub struct WorkerOptions {
     pub resolver: QueryResolver,
 }
 
+/// How often a worker tells the coordinator it is alive.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
 struct Job {
     /// The deployment the job's first tasks start with (later tasks start with their plan's).
     initial: Arc<Deployment>,
@@ -76,6 +79,17 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
         .name("koala-control-out".into())
         .spawn(move || forward_to_coordinator(write_half, &out_rx))
         .map_err(|e| RuntimeError::io("spawning the control writer", e))?;
+    {
+        let out = out_tx.clone();
+        std::thread::Builder::new()
+            .name("koala-heartbeat".into())
+            .spawn(move || {
+                while out.send(WorkerMessage::Heartbeat).is_ok() {
+                    std::thread::sleep(HEARTBEAT_EVERY);
+                }
+            })
+            .map_err(|e| RuntimeError::io("spawning the heartbeat thread", e))?;
+    }
     let send = |m: WorkerMessage| {
         out_tx.send(m).map_err(|_| RuntimeError::Deployment("control connection closed".into()))
     };
@@ -160,13 +174,12 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     });
                 }
             }
-            CoordinatorMessage::Begin { epoch } => {
-                if let Some(j) = &job
-                    && let Some(plan) = j.plans.get(&epoch)
-                {
-                    for (task, tx) in &j.commands {
-                        if task.operator == plan.operator {
-                            let _ = tx.send(TaskCommand::Begin(epoch));
+            CoordinatorMessage::Begin { reconfiguration, tasks } => {
+                if let Some(j) = &job {
+                    let reconfiguration = Arc::new(*reconfiguration);
+                    for task in &tasks {
+                        if let Some(tx) = j.commands.get(task) {
+                            let _ = tx.send(TaskCommand::Begin(reconfiguration.clone()));
                         }
                     }
                 }
@@ -265,7 +278,10 @@ fn prepare_reconfiguration(
         spawn_task(task, &Arc::new(d.clone()), &job.links, env, queues, events, true)?;
     }
     for (task, tx) in &job.commands {
-        if task.operator == op && (live(d, op).contains(&task.index) || plan.cancelled.contains(&task.index))
+        if task.operator == op
+            && (live(d, op).contains(&task.index)
+                || plan.cancelled.contains(&task.index)
+                || plan.retired.contains(&task.index))
         {
             let _ = tx.send(TaskCommand::Prepare(plan.clone()));
         }

@@ -1,4 +1,4 @@
-//! The physical key layout of a task's state store (DESIGN.md §5).
+//! The physical key layout of a task's state store (docs/architecture.md §5).
 //!
 //! A stored key is `bucket (u16 big-endian) | state id (u8) | user key bytes`. Because the bucket
 //! comes first and is big-endian, byte order of stored keys equals the order of

@@ -1,4 +1,4 @@
-//! Keyed state stores of the tasks of stateful operators (DESIGN.md §5).
+//! Keyed state stores of the tasks of stateful operators (docs/architecture.md §5).
 //!
 //! In the Koala protocol the *location* of a key's state is a task: every task of a stateful
 //! operator has its own store, a [`StateBackend`]. All tasks of one worker process share one

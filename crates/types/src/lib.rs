@@ -1,5 +1,5 @@
-//! Vocabulary shared by every koala-rs crate (DESIGN.md §2): ids, the record, the one binary codec,
-//! bucket hashing and the in-band channel messages. Nothing here does I/O.
+//! Vocabulary shared by every koala-rs crate (docs/architecture.md §1): ids, the record, the one
+//! binary codec, bucket hashing and the in-band channel messages. Nothing here does I/O.
 
 mod bucket;
 mod codec;

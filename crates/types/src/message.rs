@@ -13,7 +13,7 @@ pub struct Record {
     pub time: Timestamp,
 }
 
-/// What a channel between two tasks carries, in FIFO order (DESIGN.md §4).
+/// What a channel between two tasks carries, in FIFO order (docs/architecture.md §4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ChannelMessage {
     /// A batch of records.

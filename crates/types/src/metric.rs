@@ -1,5 +1,5 @@
-//! Names of the per-second metrics tasks report (DESIGN.md §9). One place, so the runtime that
-//! samples them and `koala report` that plots them cannot drift apart.
+//! Names of the per-second metrics tasks report (docs/architecture.md §9 defines each). One
+//! place, so the runtime that samples them and `koala report` that plots them cannot drift apart.
 
 /// Records a task took from its inputs (sources: records generated or read).
 pub const RECORDS_IN: &str = "records_in";

@@ -1,4 +1,4 @@
-//! Registered queries of koala-rs (DESIGN.md §3): every process of a job builds the same
+//! Registered queries of koala-rs (docs/architecture.md §12): every process of a job builds the same
 //! [`JobGraph`] by calling [`build_query`] with the query's name and [`QueryParams`]. The output
 //! types of the queries are public so tests can deserialize sink output into them.
 //!

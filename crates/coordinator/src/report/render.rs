@@ -1,5 +1,5 @@
 //! Rendering of a [`ReportSummary`](super::ReportSummary): PNG plots (plotters, bitmap backend)
-//! with reconfigurations marked, and the HTML page that embeds them (DESIGN.md §9).
+//! with reconfigurations marked, and the HTML page that embeds them (docs/architecture.md §9).
 //!
 //! Plot text needs a font; plotters' `ab_glyph` feature renders a TrueType file registered at
 //! run time (pure Rust, no fontconfig/freetype). Without a font the plots are drawn without text.

@@ -23,7 +23,7 @@ pub struct OperatorSpec {
     pub upstreams: BTreeSet<TaskId>,
 }
 
-/// A request to move an operator to a new assignment (from a partition policy, DESIGN.md §6).
+/// A request to move an operator to a new assignment (from a partition policy, docs/architecture.md §6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReconfigurationRequest {
     /// The operator.
@@ -32,6 +32,9 @@ pub struct ReconfigurationRequest {
     pub assignment: Vec<TaskId>,
     /// Progressive migration knob N for state left on cancelled tasks (0 = fetch on demand only).
     pub extra_keys: usize,
+    /// The epoch the caller numbers this reconfiguration with (the job's coordinator numbers
+    /// every reconfiguration of every protocol); above every epoch this operator started before.
+    pub epoch: Epoch,
 }
 
 /// Input of the [`KoalaCoordinator`].
@@ -118,7 +121,10 @@ struct OperatorState {
     ever: BTreeSet<TaskId>,
     retired: BTreeSet<TaskId>,
     drained: BTreeMap<TaskId, BTreeMap<TaskId, Epoch>>,
+    /// The last completed epoch (drain reports count only if they are of it).
     last_epoch: Epoch,
+    /// The last started epoch (requests must number above it).
+    started_epoch: Epoch,
     phase: Phase,
     queue: VecDeque<ReconfigurationRequest>,
 }
@@ -126,7 +132,6 @@ struct OperatorState {
 /// Drives Koala reconfigurations of every keyed operator of a job.
 #[derive(Clone, Debug, Default)]
 pub struct KoalaCoordinator {
-    next_epoch: Epoch,
     operators: BTreeMap<OperatorId, OperatorState>,
 }
 
@@ -153,6 +158,7 @@ impl KoalaCoordinator {
                 retired: BTreeSet::new(),
                 drained: BTreeMap::new(),
                 last_epoch: 0,
+                started_epoch: 0,
                 phase: Phase::Idle,
                 queue: VecDeque::new(),
             },
@@ -173,6 +179,23 @@ impl KoalaCoordinator {
     /// Cancelled tasks of `operator` not yet released.
     pub fn retired(&self, operator: OperatorId) -> BTreeSet<TaskId> {
         self.operators.get(&operator).map(|o| o.retired.clone()).unwrap_or_default()
+    }
+
+    /// The upstream tasks of `operator` changed (an upstream operator was reconfigured); they
+    /// switch routing in the next epoch.
+    pub fn set_upstreams(&mut self, operator: OperatorId, upstreams: BTreeSet<TaskId>) {
+        if let Some(op) = self.operators.get_mut(&operator) {
+            op.upstreams = upstreams;
+        }
+    }
+
+    /// Tasks whose ack the running epoch of `operator` still waits for, with what it waits for.
+    pub fn waiting_for(&self, operator: OperatorId) -> Vec<(TaskId, &'static str)> {
+        match self.operators.get(&operator).map(|o| &o.phase) {
+            Some(Phase::AwaitReady { pending, .. }) => pending.iter().map(|t| (*t, "PeerReady")).collect(),
+            Some(Phase::AwaitDone { pending, .. }) => pending.iter().map(|t| (*t, "Done")).collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Feeds one event; returns the actions to execute, in order.
@@ -287,9 +310,9 @@ impl KoalaCoordinator {
             let Some(request) = op.queue.pop_front() else {
                 return;
             };
-            match plan(op, &request, self.next_epoch + 1) {
+            match plan(op, &request) {
                 Ok(reconf) => {
-                    self.next_epoch = reconf.epoch;
+                    op.started_epoch = reconf.epoch;
                     let reconf = Arc::new(reconf);
                     for &task in &reconf.new_tasks {
                         op.ever.insert(task);
@@ -312,13 +335,13 @@ fn participants(old: &[TaskId], new: &[TaskId]) -> BTreeSet<TaskId> {
     old.iter().chain(new).copied().collect()
 }
 
-fn plan(
-    op: &OperatorState,
-    request: &ReconfigurationRequest,
-    epoch: Epoch,
-) -> Result<Reconfiguration, ProtocolError> {
+fn plan(op: &OperatorState, request: &ReconfigurationRequest) -> Result<Reconfiguration, ProtocolError> {
+    let epoch = request.epoch;
     let moves = moves_between(&op.assignment, &request.assignment)?;
     let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
+    if epoch <= op.started_epoch {
+        return Err(bad(format!("epoch {epoch} is not above {}, the last one started", op.started_epoch)));
+    }
     if moves.is_empty() {
         return Err(bad("the request changes nothing".into()));
     }
@@ -374,19 +397,20 @@ mod tests {
             };
             c.register(spec).expect("register");
         }
-        let req = |op, a: Vec<TaskId>| {
+        let req = |op, a: Vec<TaskId>, epoch| {
             CoordinatorEvent::Request(ReconfigurationRequest {
                 operator: OperatorId(op),
                 assignment: a,
                 extra_keys: 0,
+                epoch,
             })
         };
-        let out1 = c.on(req(1, vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)]));
+        let out1 = c.on(req(1, vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)], 1));
         assert!(out1.contains(&CoordinatorAction::DeployTask { task: t(1, 1) }));
         assert_eq!(starts(&out1), vec![(t(1, 0), 1), (t(1, 1), 1)]);
         // A second request for operator 1 waits; operator 2 starts right away (overlap).
-        assert!(starts(&c.on(req(1, vec![t(1, 0), t(1, 2), t(1, 1), t(1, 1)]))).is_empty());
-        assert_eq!(starts(&c.on(req(2, vec![t(2, 1); 4]))), vec![(t(2, 0), 2), (t(2, 1), 2)]);
+        assert!(starts(&c.on(req(1, vec![t(1, 0), t(1, 2), t(1, 1), t(1, 1)], 3))).is_empty());
+        assert_eq!(starts(&c.on(req(2, vec![t(2, 1); 4], 2))), vec![(t(2, 0), 2), (t(2, 1), 2)]);
         let ack = |from, ack| CoordinatorEvent::Ack { from, ack };
         assert!(c.on(ack(t(1, 0), TaskAck::PeerReady { epoch: 1 })).is_empty());
         let out = c.on(ack(t(1, 1), TaskAck::PeerReady { epoch: 1 }));
@@ -420,6 +444,7 @@ mod tests {
                 operator: OperatorId(1),
                 assignment: a,
                 extra_keys: 0,
+                epoch: 1,
             }));
             assert!(matches!(&out[..], [CoordinatorAction::Error(_)]), "{out:?}");
         }

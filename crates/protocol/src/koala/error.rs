@@ -1,15 +1,17 @@
 //! Typed protocol surprises. A Koala core never panics on input it receives from the network or the
 //! coordinator: it rejects the offending event with one of these and leaves its own state as it was,
-//! so the coordinator can abort the epoch and recover from the last checkpoint (DESIGN.md §8).
+//! so the coordinator can abort the epoch (and, once checkpoints exist, recover from the last one:
+//! docs/architecture.md §10).
 
 use std::fmt;
 
 use koala_types::{BucketId, Epoch, TaskId};
+use serde::{Deserialize, Serialize};
 
 use super::messages::InputChannel;
 
 /// Something a peer, an upstream or the coordinator sent that the Koala protocol does not allow.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum ProtocolError {
     /// A record of a bucket this task neither owns nor forwards arrived on `channel`.
@@ -45,7 +47,7 @@ pub enum ProtocolError {
         /// The message's epoch.
         epoch: Epoch,
         /// What was wrong.
-        reason: &'static str,
+        reason: String,
     },
     /// A reconfiguration for an epoch that is not newer than the current one, or one that arrived
     /// while another epoch is still running at this task.

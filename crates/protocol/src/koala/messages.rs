@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ProtocolError;
 
-/// Buckets moved per (old owner, new owner) pair; the one value every protocol consumes (DESIGN.md §6).
+/// Buckets moved per (old owner, new owner) pair; the one value every protocol consumes
+/// (docs/architecture.md §6).
 pub type Moves = BTreeMap<(TaskId, TaskId), Vec<BucketId>>;
 
 /// An input of a target task: a channel from an upstream task or a peer channel from a sender.

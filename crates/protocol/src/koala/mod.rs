@@ -1,6 +1,6 @@
-//! Koala, the lazy reconfiguration protocol (paper §3, Appendix A; DESIGN.md §7), as sans-IO state
-//! machines: [`KoalaTask`] for each target task, [`UpstreamRouter`] for each upstream task and
-//! [`KoalaCoordinator`] for the coordinator. Each consumes events and returns actions; the runtime
+//! Koala, the lazy reconfiguration protocol (paper §3, Appendix A; docs/protocols.md §3), as
+//! sans-IO state machines: [`KoalaTask`] for each target task, [`UpstreamRouter`] for each upstream
+//! task and [`KoalaCoordinator`] for the coordinator. Each consumes events and returns actions; the runtime
 //! (or the deterministic [`sim`]ulator) moves the messages.
 //!
 //! One epoch, as implemented (paper §3.1 steps, with this project's fixes marked *):

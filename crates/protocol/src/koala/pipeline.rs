@@ -1,4 +1,4 @@
-//! The batch pipeline of a Koala task (DESIGN.md §5, paper §3.1 Fig. 3c, §3.4): records queue in
+//! The batch pipeline of a Koala task (docs/protocols.md §6, paper §3.1 Fig. 3c, §3.4): records queue in
 //! arrival order; a batch whose keys are all local is processed at once; otherwise the task fetches
 //! the remote keys from their KLT locations in one hop (one request per location, in parallel),
 //! installs the answers, marks the keys local and then processes the batch in input order. Fetches

@@ -137,6 +137,16 @@ pub enum TaskAction {
         /// The message.
         message: PeerMessage,
     },
+    /// Fire the operator's timers of keys in `buckets` that are due at event time `up_to`
+    /// (without emitting a watermark). Comes right before the hand-over of those buckets: the
+    /// sender's inputs reached `up_to`, so these timers are due, and the receiver may already
+    /// have emitted a watermark past them.
+    FireTimers {
+        /// The buckets about to be handed over.
+        buckets: Vec<BucketId>,
+        /// The sender's event time at the hand-over.
+        up_to: Timestamp,
+    },
     /// Install operator metadata received with a hand-over.
     InstallMetadata {
         /// The sender.
@@ -400,7 +410,10 @@ impl KoalaTask {
         }
         let Some(f) = self.frontier() else { return };
         // Algorithm 1 line 4: no advance before every expected marker arrived.
-        let gate_open = self.started && self.transition.as_ref().is_none_or(|t| t.markers_pending.is_empty());
+        // Only a receiver gates: a task that only sends (or neither sends nor receives) keeps its
+        // event time, since nothing of the moved buckets comes back to it.
+        let gate_open = self.started
+            && self.transition.as_ref().is_none_or(|t| t.markers_pending.is_empty() || !t.is_receiver());
         if gate_open && self.emitted.is_none_or(|e| f > e) {
             self.emitted = Some(f);
             out.push(TaskAction::EmitWatermark(f));

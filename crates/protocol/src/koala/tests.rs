@@ -133,3 +133,32 @@ fn protocol_surprises_are_typed_errors() {
     // After all that the task still works.
     assert_eq!(processed(&a.on(TaskEvent::Records { from: up(), records: vec![rec(0, 9)] })), vec![9]);
 }
+
+/// A window of a moved bucket whose timer is due at the sender's event time fires at the sender,
+/// right before the hand-over, so it never reaches a receiver whose watermark is already past it;
+/// the sender keeps emitting watermarks during the transition (only receivers gate).
+#[test]
+fn timers_due_at_hand_over_fire_at_the_sender_before_it() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[0]));
+    // The receiver t1 (an existing task: it owns nothing here but is not new) emitted 10 already;
+    // the sender's upstream is at 20 but a transition starts before it emitted anything past 10.
+    let out = s.on(TaskEvent::Watermark { from: up(), time: 10 });
+    assert_eq!(out, vec![TaskAction::EmitWatermark(10)]);
+    r.on(TaskEvent::Watermark { from: up(), time: 10 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    assert!(matches!(open[..], [PeerMessage::Open { watermark: Some(10), .. }]), "{open:?}");
+    s.on(TaskEvent::Start(reconf()));
+    let out = s.on(TaskEvent::Watermark { from: up(), time: 20 });
+    // A sender only: it keeps its event time.
+    assert!(out.contains(&TaskAction::EmitWatermark(20)), "{out:?}");
+    let out = deliver(&mut s, t(1), open);
+    let fire = out.iter().position(|a| matches!(a, TaskAction::FireTimers { up_to: 20, .. }));
+    let hand_over = out
+        .iter()
+        .position(|a| matches!(a, TaskAction::SendToPeer { message: PeerMessage::HandOver { .. }, .. }));
+    assert!(matches!((fire, hand_over), (Some(f), Some(h)) if f < h), "{out:?}");
+    assert!(out.contains(&TaskAction::FireTimers { buckets: vec![3], up_to: 20 }), "{out:?}");
+    // The receiver holds its event time until every marker arrived.
+    let out = deliver(&mut r, t(0), peer_messages(&out));
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::EmitWatermark(_))), "{out:?}");
+}

@@ -1,4 +1,4 @@
-//! One reconfiguration epoch at a target task (paper §3.1 steps 2–6, §3.2; DESIGN.md §7 fixes).
+//! One reconfiguration epoch at a target task (paper §3.1 steps 2–6, §3.2; docs/protocols.md §5 fixes).
 //!
 //! Sender: once the receiver's `Open` arrived and the sender's event time has caught up with the
 //! watermark the receiver already emitted, and between two batches, it hands the KLT entries of the
@@ -107,6 +107,11 @@ impl Transition {
         }
     }
 
+    /// Whether the task takes buckets over in this epoch.
+    pub(crate) fn is_receiver(&self) -> bool {
+        !self.inbound.is_empty()
+    }
+
     /// Whether some hand-over of this task has not happened yet.
     pub(crate) fn hand_over_pending(&self) -> bool {
         self.outbound.values().any(|(_, s)| matches!(s, Outbound::AwaitOpen | Outbound::Open(_)))
@@ -204,7 +209,8 @@ impl KoalaTask {
         out: &mut Vec<TaskAction>,
     ) -> Result<(), ProtocolError> {
         let epoch = message.epoch();
-        let unexpected = |reason| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason };
+        let unexpected =
+            |reason: &str| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason: reason.into() };
         if epoch > self.epoch {
             // The sender or receiver started before this task did; replay at our Start.
             self.early.push((from, message));
@@ -311,6 +317,9 @@ impl KoalaTask {
             let buckets = buckets.clone();
             *state = Outbound::HandedOver(frontier);
             t.forward.extend(buckets.iter().map(|&b| (b, to)));
+            if let Some(up_to) = frontier {
+                out.push(TaskAction::FireTimers { buckets: buckets.clone(), up_to });
+            }
             let mut hand_over = self.klt.take(&buckets);
             hand_over.watermark = frontier;
             out.push(TaskAction::SendToPeer {

@@ -1,4 +1,4 @@
-//! The loop of a stateful task under the Koala protocol (paper §3; DESIGN.md §7). Every input —
+//! The loop of a stateful task under the Koala protocol (paper §3; docs/protocols.md §3). Every input —
 //! records, watermarks, markers, peer messages, fetches — goes through the protocol's sans-IO core
 //! ([`KoalaTask`]), which decides; this loop only executes the core's actions: process a batch
 //! whose keys are local, fetch remote keys from their KLT location in one hop, serve (and delete:
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::select;
 use koala_protocol::koala::{
-    FetchRequest, FetchResponse, KoalaTask, PeerMessage, Reconfiguration, TaskAction, TaskConfig, TaskEvent,
+    FetchRequest, FetchResponse, KoalaTask, PeerMessage, TaskAction, TaskConfig, TaskEvent,
 };
-use koala_protocol::{Deployment, ReconfigPlan, TaskAck};
+use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
 use koala_types::{BucketId, ChannelMessage, Record, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
@@ -64,8 +64,8 @@ struct KoalaOperator {
     upstreams: BTreeSet<TaskId>,
     epoch: u64,
     inputs_ended: bool,
-    /// The prepared reconfiguration, until `Begin`.
-    prepared: Option<Arc<ReconfigPlan>>,
+    /// The coordinator released the task; it exits once its inputs ended too.
+    released: bool,
 }
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
@@ -98,7 +98,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         upstreams,
         epoch: 0,
         inputs_ended: false,
-        prepared: None,
+        released: false,
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let mut last_idle = Instant::now();
@@ -110,11 +110,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .min(last_idle + IDLE_PULL);
         select! {
             recv(setup.commands) -> cmd => match cmd {
-                Ok(TaskCommand::Release) if task.inputs_ended => {
-                    task.sample_klt();
-                    setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
-                    return Ok(());
-                }
+                Ok(TaskCommand::Release) => task.released = true,
                 Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
                 Err(_) => return Err(RuntimeError::Deployment(format!("{me} lost its worker"))),
             },
@@ -138,6 +134,12 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             task.execute(&setup, &mut outputs, actions)?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
+        if task.released && task.inputs_ended {
+            // Released (no live task points here any more) and nothing left to process.
+            task.sample_klt();
+            setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+            return Ok(());
+        }
         if now >= task.op.metrics.next_tick() {
             task.sample_klt();
         }
@@ -161,23 +163,18 @@ impl KoalaOperator {
     ) -> Result<(), RuntimeError> {
         match cmd {
             TaskCommand::Prepare(plan) => {
+                // Every task of the operator that may still be asked for state (live, cancelled,
+                // retired) learns the new placement before any new task can ask it.
                 self.epoch = plan.epoch;
                 self.deployment = Arc::new(plan.deployment.clone());
                 setup.ack(plan.epoch, TaskAck::Prepared);
-                self.prepared = Some(plan);
             }
-            TaskCommand::Begin(epoch) => {
-                let Some(plan) = self.prepared.take().filter(|p| p.epoch == epoch) else {
-                    tracing::error!(task = %setup.task, epoch, "begin of a reconfiguration this task was not prepared for");
-                    return Ok(());
-                };
-                let reconfiguration = Arc::new(reconfiguration_of(&plan, &self.upstreams));
+            TaskCommand::Begin(reconfiguration) => {
+                self.epoch = reconfiguration.epoch;
                 let actions = self.core.on(TaskEvent::Start(reconfiguration));
                 self.execute(setup, outputs, actions)?;
             }
-            TaskCommand::Release => {
-                tracing::debug!(task = %setup.task, "release before the inputs ended; kept running");
-            }
+            TaskCommand::Release => self.released = true,
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }
@@ -241,17 +238,23 @@ impl KoalaOperator {
         from: TaskId,
         message: ChannelMessage,
     ) -> Result<(), RuntimeError> {
+        // Peer messages come from our own tasks: one that is not understood means lost protocol
+        // state, so the task fails (and with it the job) instead of dropping it.
         let ChannelMessage::Protocol(bytes) = message else {
-            tracing::error!(task = %setup.task, %from, "non-protocol message on a peer channel; ignored");
-            return Ok(());
+            return Err(RuntimeError::Deployment(format!(
+                "{} got a non-protocol message on the peer channel from {from}",
+                setup.task
+            )));
         };
         let event = match decode::<Wire>(&bytes) {
             Ok(Wire::Peer(message)) => TaskEvent::Peer { from, message },
             Ok(Wire::Fetch(request)) => TaskEvent::FetchRequest { from, request },
             Ok(Wire::Answer(response)) => TaskEvent::FetchResponse { from, response },
             Err(e) => {
-                tracing::error!(task = %setup.task, %from, error = %e, "undecodable peer message; ignored");
-                return Ok(());
+                return Err(RuntimeError::Deployment(format!(
+                    "{} could not decode a peer message from {from}: {e}",
+                    setup.task
+                )));
             }
         };
         let actions = self.core.on(event);
@@ -299,6 +302,12 @@ impl KoalaOperator {
                     }
                     self.send(setup, to, &Wire::Peer(message))?;
                 }
+                TaskAction::FireTimers { buckets, up_to } => {
+                    let buckets: BTreeSet<BucketId> = buckets.into_iter().collect();
+                    let nb = setup.num_buckets;
+                    self.op
+                        .fire_due_where(setup, outputs, up_to, |key| buckets.contains(&bucket_of(key, nb)))?;
+                }
                 TaskAction::InstallMetadata { metadata, .. } => self.install_metadata(setup, &metadata)?,
                 TaskAction::EmitWatermark(t) => {
                     self.watermark = Some(t);
@@ -313,9 +322,9 @@ impl KoalaOperator {
                     };
                     setup.ack(epoch, ack);
                 }
-                TaskAction::Error(e) => {
-                    tracing::error!(task = %setup.task, error = %e, "protocol surprise refused");
-                    setup.ack(self.epoch, TaskAck::ProtocolError { message: e.to_string() });
+                TaskAction::Error(error) => {
+                    tracing::error!(task = %setup.task, %error, "protocol surprise refused");
+                    setup.ack(self.epoch, TaskAck::ProtocolError { error });
                 }
             }
         }
@@ -503,20 +512,4 @@ fn store(setup: &TaskSetup) -> Result<&dyn koala_state::StateBackend, RuntimeErr
 
 fn codec(e: koala_types::CodecError) -> RuntimeError {
     RuntimeError::Deployment(format!("state bundle: {e}"))
-}
-
-/// The core's view of a plan.
-fn reconfiguration_of(plan: &ReconfigPlan, upstreams: &BTreeSet<TaskId>) -> Reconfiguration {
-    let op = plan.operator;
-    let t = |i: u32| TaskId::new(op, i);
-    Reconfiguration {
-        operator: op,
-        epoch: plan.epoch,
-        moves: plan.moves.iter().map(|m| ((t(m.from), t(m.to)), m.buckets.clone())).collect(),
-        upstreams: upstreams.clone(),
-        new_tasks: plan.created.iter().map(|i| t(*i)).collect(),
-        cancelled: plan.cancelled.iter().map(|i| t(*i)).collect(),
-        retired: plan.retired.iter().map(|i| t(*i)).collect(),
-        extra_keys: plan.deployment.extra_keys,
-    }
 }

@@ -46,8 +46,9 @@ pub enum TaskCommand {
     },
     /// Switch to the plan's routing and resume (after `Drain`).
     Resume(Arc<ReconfigPlan>),
-    /// Koala: every task of the reconfiguration is prepared; start the hand-over.
-    Begin(Epoch),
+    /// Koala: every task of the reconfiguration is prepared; start the hand-over of the
+    /// reconfiguration the coordinator's Koala core planned.
+    Begin(Arc<koala_protocol::koala::Reconfiguration>),
     /// Koala: switch to the plan's routing without pausing.
     Switch(Arc<ReconfigPlan>),
     /// Koala: stop serving state and exit.
@@ -162,17 +163,52 @@ impl TaskSetup {
     }
 }
 
-/// Runs a task to completion and reports how it ended.
+/// Runs a task to completion and reports how it ended: finished, failed with an error, or
+/// panicked (reported with the panic message, so the job fails instead of hanging).
 pub fn run_task(setup: TaskSetup, body: fn(TaskSetup) -> Result<(), RuntimeError>) {
     let task = setup.task;
     let events = setup.events.clone();
-    match body(setup) {
-        Ok(()) => {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(setup)));
+    match failure(outcome) {
+        None => {
             let _ = events.send(WorkerMessage::TaskFinished { task });
         }
-        Err(e) => {
-            tracing::error!(%task, error = %e, "task failed");
-            let _ = events.send(WorkerMessage::TaskFailed { task, error: e.to_string() });
+        Some(error) => {
+            tracing::error!(%task, %error, "task failed");
+            let _ = events.send(WorkerMessage::TaskFailed { task, error });
         }
+    }
+}
+
+/// Why a task body did not finish cleanly, if it did not.
+fn failure(outcome: std::thread::Result<Result<(), RuntimeError>>) -> Option<String> {
+    match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            Some(format!("panicked: {message}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_task_reports_its_panic_message() {
+        let quiet = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let outcome = std::panic::catch_unwind(|| -> Result<(), RuntimeError> { panic!("boom {}", 7) });
+        std::panic::set_hook(quiet);
+        assert_eq!(failure(outcome).as_deref(), Some("panicked: boom 7"));
+        let err = Err(RuntimeError::Deployment("bad".into()));
+        assert!(failure(Ok(err)).is_some_and(|m| m.contains("bad")));
+        assert_eq!(failure(Ok(Ok(()))), None);
     }
 }

@@ -282,6 +282,27 @@ impl OperatorTask {
         outputs.broadcast(&ChannelMessage::Watermark(watermark))
     }
 
+    /// Fires the timers due at `up_to` whose key matches, without emitting a watermark (a
+    /// sender does this for the buckets it hands over, so no timer due at its event time moves to
+    /// a receiver that may already have emitted a later watermark).
+    pub(super) fn fire_due_where(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        up_to: Timestamp,
+        mut matches: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), RuntimeError> {
+        loop {
+            let due = self.timers.pop_due_where(up_to, &mut matches);
+            if due.is_empty() {
+                return Ok(());
+            }
+            for chunk in due.chunks(TIMER_BATCH) {
+                self.fire(setup, outputs, up_to, chunk)?;
+            }
+        }
+    }
+
     fn fire(
         &mut self,
         setup: &TaskSetup,

@@ -1,4 +1,4 @@
-//! The target side of stop-and-restart (DESIGN.md §7): once a task of the reconfigured operator
+//! The target side of stop-and-restart (docs/protocols.md §7): once a task of the reconfigured operator
 //! has seen the marker of every upstream task, nothing routed by the old routing table is still
 //! on its way, so it streams the buckets it gives away (state by range scan, then their timers)
 //! to their new owners over peer channels and deletes them locally. Receivers store what arrives

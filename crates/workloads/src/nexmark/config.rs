@@ -1,4 +1,4 @@
-//! Knobs of the Nexmark generator (artifact notes §9.1), loadable from TOML/JSON with
+//! Knobs of the Nexmark generator (docs/architecture.md §12), loadable from TOML/JSON with
 //! `deny_unknown_fields` so a misspelt knob is an error, not a silent default.
 
 use koala_dataflow::RateSchedule;

@@ -2,9 +2,10 @@
 //! event, so any producer or source task can regenerate any part of the stream, and a replay after
 //! recovery sees the same events.
 //!
-//! Proportions are 1 person : 3 auctions : 46 bids per block of 50 event numbers (artifact notes
-//! §9.1). Ids are dense: the `b`-th block creates person `1000 + b` and auctions `1000 + 3b ..
-//! 1000 + 3b + 2`, so "the newest person/auction at event `n`" is a formula, not state.
+//! Proportions are 1 person : 3 auctions : 46 bids per block of 50 event numbers
+//! (docs/architecture.md §12). Ids are dense: the `b`-th block creates person `1000 + b` and
+//! auctions `1000 + 3b .. 1000 + 3b + 2`, so "the newest person/auction at event `n`" is a
+//! formula, not state.
 
 use super::config::{NexmarkConfig, NexmarkConfigError};
 use super::model::{Auction, Bid, Event, Person};

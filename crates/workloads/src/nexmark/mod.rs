@@ -1,4 +1,4 @@
-//! The Nexmark auction workload (artifact notes §9.1): event types, the generator configuration and
+//! The Nexmark auction workload (docs/architecture.md §12): event types, the generator configuration and
 //! a deterministic generator shared by `koala produce` (which writes the person / auction / bid
 //! topics) and by embedded generator sources.
 

@@ -1,5 +1,5 @@
 //! How the simulated runtime executes task actions, and the invariants it checks on every step
-//! (paper Appendix A.1; DESIGN.md §10):
+//! (paper Appendix A.1; docs/testing.md §2):
 //! - single owner: a bucket is claimed by at most one task, ownership moves only by a hand-over
 //!   that reached its receiver, a task's own view of its buckets equals its claims, and a task only
 //!   processes keys of buckets it claims;
@@ -9,6 +9,8 @@
 //!   number when the record is processed (a loss, duplicate, reordering or stale read breaks it);
 //! - watermarks: each task's emitted watermarks strictly increase and no record at or below an
 //!   emitted watermark is processed by that task afterwards;
+//! - timers: a timer that travels with a hand-over is later than every watermark its receiver
+//!   emitted (else it would fire behind it), and no timer is left unfired at the end;
 //! - at the end: every record processed, every epoch done, every key's count at its location, and
 //!   with progressive migration every cancelled task released empty, and every owner's event time
 //!   at the end of time (no watermark stuck behind a channel that never closed).
@@ -98,8 +100,16 @@ impl World {
                     self.stats.moved_keys += 1;
                 }
             }
+            TaskAction::FireTimers { buckets, up_to } => {
+                if self.cfg.fault != Some(super::Fault::NoTimerFiringAtHandOver) {
+                    let nb = self.cfg.num_buckets;
+                    let task = self.tasks.get_mut(&me).ok_or("timers of unknown task")?;
+                    task.timers.retain(|(t, k)| *t > up_to || !buckets.contains(&bucket_of(k, nb)));
+                }
+            }
             TaskAction::SendToPeer { to, message } => {
                 if let crate::koala::PeerMessage::HandOver { hand_over, .. } = &message {
+                    self.move_timers(me, to, hand_over.buckets.iter().map(|b| b.bucket).collect())?;
                     for b in &hand_over.buckets {
                         let slot = self.claims.get_mut(usize::from(b.bucket)).ok_or("bucket out of range")?;
                         if *slot != Some(me) {
@@ -123,6 +133,7 @@ impl World {
                     ));
                 }
                 task.last_watermark = Some(t);
+                task.timers.retain(|(time, _)| *time > t);
             }
             TaskAction::Ack(ack) => {
                 self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(ack))
@@ -160,8 +171,31 @@ impl World {
             ));
         }
         task.store.insert(key.to_vec(), seq);
+        task.timers.insert((time, key.to_vec()));
         self.holder.insert(key.to_vec(), me);
         self.processed_total += 1;
+        Ok(())
+    }
+
+    /// A hand-over moves the timers of its buckets; none may be due at a watermark the receiver
+    /// already emitted.
+    fn move_timers(&mut self, from: TaskId, to: TaskId, buckets: BTreeSet<u16>) -> Result<(), String> {
+        let nb = self.cfg.num_buckets;
+        let sender = self.tasks.get_mut(&from).ok_or("hand-over from unknown task")?;
+        let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut sender.timers)
+            .into_iter()
+            .partition(|(_, k)| buckets.contains(&bucket_of(k, nb)));
+        sender.timers = kept;
+        let receiver = self.tasks.get_mut(&to).ok_or("hand-over to unknown task")?;
+        if let (Some((t, k)), Some(w)) = (moved.first(), receiver.last_watermark)
+            && *t <= w
+        {
+            return Err(format!(
+                "timers: {from} hands {}@{t} to {to}, which already emitted watermark {w}: it would fire late",
+                show(k)
+            ));
+        }
+        receiver.timers.extend(moved);
         Ok(())
     }
 
@@ -207,6 +241,9 @@ impl World {
                     t.last_watermark
                 ));
             }
+        }
+        if let Some((id, t)) = self.tasks.iter().find(|(_, t)| !t.timers.is_empty()) {
+            return Err(format!("timers: {id} ends with {} unfired timers", t.timers.len()));
         }
         for (key, &n) in &self.emitted {
             let at = self.holder.get(key).ok_or_else(|| format!("state of {} lost", show(key)))?;

@@ -1,4 +1,4 @@
-//! A deterministic simulator for the Koala cores (DESIGN.md §10 "Simulation").
+//! A deterministic simulator for the Koala cores (docs/testing.md §2).
 //!
 //! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
@@ -30,6 +30,8 @@ pub enum Fault {
     SwitchBeforePeerReady,
     /// Receivers process direct records of moved buckets without parking them.
     NoParking,
+    /// Senders hand timers over without firing those due at their event time first.
+    NoTimerFiringAtHandOver,
 }
 
 impl Fault {
@@ -38,6 +40,7 @@ impl Fault {
         match name {
             "switch_before_peer_ready" => Some(Self::SwitchBeforePeerReady),
             "no_parking" => Some(Self::NoParking),
+            "no_timer_firing_at_hand_over" => Some(Self::NoTimerFiringAtHandOver),
             _ => None,
         }
     }
@@ -122,11 +125,12 @@ impl fmt::Display for SimFailure {
         let fault = match self.fault {
             Some(Fault::SwitchBeforePeerReady) => " KOALA_SIM_FAULT=switch_before_peer_ready",
             Some(Fault::NoParking) => " KOALA_SIM_FAULT=no_parking",
+            Some(Fault::NoTimerFiringAtHandOver) => " KOALA_SIM_FAULT=no_timer_firing_at_hand_over",
             None => "",
         };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={}{fault} cargo test -p koala-protocol --test koala_sim replay -- --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={}{fault} cargo test -p koala-protocol --test koala_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }

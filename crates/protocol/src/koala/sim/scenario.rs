@@ -27,17 +27,25 @@ pub enum Scenario {
     Migration,
     /// 2 → 4 → 6 → 3 → 2, queued back to back.
     Chain,
+    /// 3–6 random steps from 2 tasks: rescale to 1–5 tasks (so scale-in followed by scale-out,
+    /// with cold state left on retired tasks), rebalance, migrate a task to a new one.
+    Mixed {
+        /// Extra keys per fetch from a cancelled task.
+        extra_keys: usize,
+    },
 }
 
 impl Scenario {
     /// Every scenario, as the test suite runs them.
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::ScaleOut,
         Scenario::ScaleIn { extra_keys: 0 },
         Scenario::ScaleIn { extra_keys: 4 },
         Scenario::Rebalance,
         Scenario::Migration,
         Scenario::Chain,
+        Scenario::Mixed { extra_keys: 0 },
+        Scenario::Mixed { extra_keys: 8 },
     ];
 
     /// Parses the name printed by `Display` (for replay commands).
@@ -90,6 +98,65 @@ impl Scenario {
                 let a4 = shrink(&a3, 2, rng);
                 (a0, vec![a1, a2, a3, a4], 2 * rng.below(2))
             }
+            Scenario::Mixed { extra_keys } => {
+                let a0 = even(2);
+                let mut next = 2u32;
+                let mut fresh = |k: usize| -> Vec<TaskId> {
+                    let v = (0..k).map(|i| t(next + i as u32)).collect();
+                    next += k as u32;
+                    v
+                };
+                let mut steps: Vec<Vec<TaskId>> = Vec::new();
+                let mut cur = a0.clone();
+                for _ in 0..3 + rng.below(4) {
+                    let live: BTreeSet<TaskId> = cur.iter().copied().collect();
+                    let a = match rng.below(4) {
+                        0 | 1 => {
+                            let target = 1 + rng.below(5);
+                            if target > live.len() {
+                                spread(&cur, &fresh(target - live.len()), 2, rng)
+                            } else if target < live.len() {
+                                shrink(&cur, target, rng)
+                            } else {
+                                continue;
+                            }
+                        }
+                        2 if live.len() > 1 => {
+                            let live: Vec<TaskId> = live.into_iter().collect();
+                            let mut a = cur.clone();
+                            let to = live[rng.below(live.len())];
+                            for x in a.iter_mut().filter(|x| **x != to) {
+                                if rng.chance(1, 3) {
+                                    *x = to;
+                                }
+                            }
+                            // Every live task keeps at least one bucket.
+                            for &l in &live {
+                                if !a.contains(&l)
+                                    && let Some(b) = cur.iter().position(|x| *x == l)
+                                {
+                                    a[b] = l;
+                                }
+                            }
+                            a
+                        }
+                        _ => {
+                            let live: Vec<TaskId> = live.into_iter().collect();
+                            let from = live[rng.below(live.len())];
+                            let to = fresh(1)[0];
+                            cur.iter().map(|&x| if x == from { to } else { x }).collect()
+                        }
+                    };
+                    if a != cur {
+                        steps.push(a.clone());
+                        cur = a;
+                    }
+                }
+                if steps.is_empty() {
+                    steps.push(spread(&cur, &fresh(1), 2, rng));
+                }
+                (a0, steps, extra_keys)
+            }
         }
     }
 }
@@ -102,6 +169,7 @@ impl fmt::Display for Scenario {
             Scenario::Rebalance => write!(f, "rebalance"),
             Scenario::Migration => write!(f, "migration"),
             Scenario::Chain => write!(f, "chain"),
+            Scenario::Mixed { extra_keys } => write!(f, "mixed_n{extra_keys}"),
         }
     }
 }

@@ -102,6 +102,10 @@ pub(crate) struct SimTask {
     pub(crate) store: BTreeMap<Vec<u8>, u64>,
     pub(crate) last_watermark: Option<Timestamp>,
     pub(crate) released: bool,
+    /// Event-time timers (time, key): every processed record sets one at its own time (a
+    /// window's end); they fire when the task emits a watermark at or past them and travel
+    /// with their bucket's hand-over.
+    pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
 }
 
 /// An upstream task: a source of keyed records plus its router.
@@ -201,7 +205,13 @@ impl World {
         if fault == Some(Fault::NoParking) {
             core.inject_fault_no_parking();
         }
-        SimTask { core, store: BTreeMap::new(), last_watermark: None, released: false }
+        SimTask {
+            core,
+            store: BTreeMap::new(),
+            last_watermark: None,
+            released: false,
+            timers: BTreeSet::new(),
+        }
     }
 
     /// Runs to quiescence; `Err` names the first violated invariant.
@@ -290,6 +300,7 @@ impl World {
                 operator: TARGET,
                 assignment: self.targets[self.next_request].clone(),
                 extra_keys: self.extra_keys,
+                epoch: self.next_request as Epoch + 1,
             };
             self.next_request += 1;
             let actions = self.coordinator.on(CoordinatorEvent::Request(request));
