@@ -11,7 +11,7 @@ use koala_protocol::{ClientReply, ControlHello, CoordinatorMessage, ReconfigRequ
 use koala_types::WorkerId;
 use koala_types::frame::{read_frame, write_frame};
 
-use crate::server::CoordinatorError;
+use crate::error::CoordinatorError;
 
 /// Something that happened on the control plane.
 pub enum Event {

@@ -3,13 +3,17 @@
 
 pub mod config;
 pub mod control;
+mod error;
+mod job;
 pub mod metrics_store;
 pub mod partition;
+mod placement;
 pub mod progress;
 pub mod reconfig;
 pub mod report;
 pub mod server;
 
 pub use config::{ConfigError, JobConfig};
+pub use error::CoordinatorError;
 pub use progress::{Progress, ProgressEvent};
-pub use server::{CoordinatorError, JobRun, JobSummary, resolve, run_job};
+pub use server::{JobRun, JobSummary, resolve, run_job};

@@ -12,12 +12,13 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use koala_dataflow::JobGraph;
 use koala_protocol::{
-    BucketMove, CoordinatorMessage, Deployment, Protocol, ReconfigPlan, ReconfigRequest, TaskAck,
+    CoordinatorMessage, Deployment, Moves, Protocol, ReconfigPlan, ReconfigRequest, TaskAck, moves_between,
 };
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::config::PolicyName;
-use crate::partition::{assign, moves};
+use crate::partition::assign;
+use crate::placement::least_loaded;
 
 /// What kind of change a plan makes, for metrics and progress lines.
 pub fn kind_name(old: usize, new: usize, req: &ReconfigRequest) -> &'static str {
@@ -168,12 +169,10 @@ pub fn plan(
     if spec.is_stateful() && matches!(req, ReconfigRequest::Rescale { .. }) {
         d.routing.insert(op, assign(policy, nb, &live(&d, op)));
     }
+    let owners = |table: &Vec<u32>| table.iter().map(|i| TaskId::new(op, *i)).collect::<Vec<_>>();
     let bucket_moves = match (current.routing.get(&op), d.routing.get(&op)) {
-        (Some(old), Some(new)) => moves(old, new)
-            .into_iter()
-            .map(|((from, to), buckets)| BucketMove { from, to, buckets })
-            .collect(),
-        _ => Vec::new(),
+        (Some(old), Some(new)) => moves_between(&owners(old), &owners(new)).map_err(|e| e.to_string())?,
+        _ => Moves::new(),
     };
     if matches!(req, ReconfigRequest::Rebalance { .. }) && bucket_moves.is_empty() {
         return Err("moves: every bucket already belongs to the task given; nothing would move".into());
@@ -188,18 +187,11 @@ pub fn plan(
         operator: op,
         deployment: d,
         moves: bucket_moves,
+        upstreams: upstream_tasks(current, graph, op),
         created,
         cancelled,
         retired: retired_now,
     })
-}
-
-fn least_loaded(d: &Deployment, workers: &[WorkerId]) -> WorkerId {
-    let mut load: BTreeMap<WorkerId, usize> = workers.iter().map(|w| (*w, 0)).collect();
-    for w in d.placement.values() {
-        *load.entry(*w).or_default() += 1;
-    }
-    load.into_iter().min_by_key(|(w, n)| (*n, *w)).map(|(w, _)| w).unwrap_or(WorkerId(0))
 }
 
 /// The acks a phase waits for.
@@ -207,7 +199,7 @@ fn least_loaded(d: &Deployment, workers: &[WorkerId]) -> WorkerId {
 enum Expect {
     Prepared,
     Paused,
-    Drained,
+    StateSent,
     StateReceived,
     Resumed,
     Switched,
@@ -218,7 +210,7 @@ impl Expect {
         Some(match ack {
             TaskAck::Prepared => Self::Prepared,
             TaskAck::Paused => Self::Paused,
-            TaskAck::Drained { .. } => Self::Drained,
+            TaskAck::StateSent { .. } => Self::StateSent,
             TaskAck::StateReceived => Self::StateReceived,
             TaskAck::Resumed => Self::Resumed,
             TaskAck::Switched => Self::Switched,
@@ -236,11 +228,11 @@ impl Expect {
 pub enum Phase {
     /// Waiting for `Prepared`.
     Preparing,
-    /// Stop-and-restart: waiting for `Paused`, `Drained`, `StateReceived`.
+    /// Stop-and-restart: waiting for `Paused`, `StateSent`, `StateReceived`.
     Draining,
     /// Stop-and-restart: waiting for `Resumed`.
     Resuming,
-    /// Koala, stateless operator: waiting for `Switched` from upstreams and `Drained` from the
+    /// Koala, stateless operator: waiting for `Switched` from upstreams and `StateSent` from the
     /// old tasks (they passed every marker).
     Switching,
     /// Koala, keyed operator: every task is prepared; the Koala coordinator core
@@ -278,20 +270,21 @@ impl Reconfiguring {
         let op = plan.operator;
         let stateful = graph.operator(op).is_some_and(|o| o.is_stateful());
         let d = &plan.deployment;
-        let upstream = upstream_tasks(current, graph, op);
+        let upstream = plan.upstreams.clone();
         let old_targets: Vec<TaskId> = live(current, op).into_iter().map(|i| TaskId::new(op, i)).collect();
-        let mut receivers: Vec<TaskId> = plan.moves.iter().map(|m| TaskId::new(op, m.to)).collect();
+        let mut receivers: Vec<TaskId> = plan.moves.keys().map(|(_, to)| *to).collect();
         receivers.sort_unstable();
         receivers.dedup();
         let mut waiting = HashSet::new();
         let targets =
             live(d, op).into_iter().chain(plan.cancelled.iter().copied()).chain(plan.retired.iter().copied());
-        for i in targets {
-            waiting.insert((TaskId::new(op, i), Expect::Prepared));
-        }
-        for (consumer, _) in graph.consumers(op) {
-            for i in live(d, consumer) {
-                waiting.insert((TaskId::new(consumer, i), Expect::Prepared));
+        let consumers = graph
+            .consumers(op)
+            .into_iter()
+            .flat_map(|(c, _)| live(d, c).into_iter().map(move |i| TaskId::new(c, i)));
+        for task in targets.map(|i| TaskId::new(op, i)).chain(consumers) {
+            if !d.finished.contains(&task) {
+                waiting.insert((task, Expect::Prepared));
             }
         }
         let msg = CoordinatorMessage::Prepare(Box::new(plan.clone()));
@@ -317,7 +310,7 @@ impl Reconfiguring {
     /// Applies an ack; returns the message to broadcast when a phase completes. An ack this
     /// reconfiguration does not wait for is an error (a protocol bug, never ignored).
     pub fn on_ack(&mut self, task: TaskId, ack: &TaskAck) -> Result<Option<CoordinatorMessage>, String> {
-        if let TaskAck::Drained { bytes, .. } = ack {
+        if let TaskAck::StateSent { bytes, .. } = ack {
             self.bytes_moved += bytes;
         }
         let expected = Expect::of(ack).is_some_and(|e| self.waiting.remove(&(task, e)));
@@ -334,7 +327,7 @@ impl Reconfiguring {
                 // markers, and the old tasks are done once they passed every marker.
                 self.phase = Phase::Switching;
                 self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Switched)));
-                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::Drained)));
+                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::StateSent)));
                 Some(CoordinatorMessage::Switch { epoch })
             }
             Phase::Preparing if self.protocol == Protocol::Koala => {
@@ -344,7 +337,7 @@ impl Reconfiguring {
             Phase::Preparing => {
                 self.phase = Phase::Draining;
                 self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Paused)));
-                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::Drained)));
+                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::StateSent)));
                 self.waiting.extend(self.receivers.iter().map(|t| (*t, Expect::StateReceived)));
                 Some(CoordinatorMessage::Drain { epoch })
             }
@@ -379,9 +372,14 @@ impl Reconfiguring {
     }
 }
 
-/// The live tasks of every operator feeding `op` (a self-join's upstream counted once).
+/// The live, unfinished tasks of every operator feeding `op` (a self-join's upstream counted
+/// once): the tasks that switch routing in a reconfiguration of `op`.
 pub fn upstream_tasks(d: &Deployment, graph: &JobGraph, op: OperatorId) -> Vec<TaskId> {
     let Some(spec) = graph.operator(op) else { return Vec::new() };
     let froms: BTreeSet<OperatorId> = spec.inputs.iter().map(|i| i.from).collect();
-    froms.into_iter().flat_map(|from| live(d, from).into_iter().map(move |i| TaskId::new(from, i))).collect()
+    froms
+        .into_iter()
+        .flat_map(|from| live(d, from).into_iter().map(move |i| TaskId::new(from, i)))
+        .filter(|t| !d.finished.contains(t))
+        .collect()
 }

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use koala_types::{BucketId, Epoch, OperatorId, TaskId, WorkerId};
+
+use crate::moves::Moves;
 use serde::{Deserialize, Serialize};
 
 /// Runtime knobs every worker applies to every task of a job.
@@ -47,6 +49,10 @@ pub struct Deployment {
     /// Koala's progressive migration: extra keys piggybacked per fetch from a cancelled task
     /// (0 = fetch on demand only).
     pub extra_keys: usize,
+    /// Tasks that finished (their input ended and they sent end of stream downstream): no later
+    /// reconfiguration waits for them, and no new task expects input from them.
+    #[serde(default)]
+    pub finished: std::collections::BTreeSet<TaskId>,
 }
 
 /// A reconfiguration protocol.
@@ -124,17 +130,6 @@ pub enum CoordinatorMessage {
     Shutdown,
 }
 
-/// Buckets that change owner from task `from` to task `to` (indices of the target operator).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BucketMove {
-    /// Old owner.
-    pub from: u32,
-    /// New owner.
-    pub to: u32,
-    /// The buckets.
-    pub buckets: Vec<BucketId>,
-}
-
 /// One reconfiguration of one operator, as every worker receives it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReconfigPlan {
@@ -145,7 +140,10 @@ pub struct ReconfigPlan {
     /// The deployment after the reconfiguration.
     pub deployment: Deployment,
     /// The partition policy's `moves`: every protocol consumes this same value.
-    pub moves: Vec<BucketMove>,
+    pub moves: Moves,
+    /// The live tasks feeding the operator: they switch routing (and, under stop-and-restart,
+    /// pause and resume).
+    pub upstreams: Vec<TaskId>,
     /// Task indices of the operator that are created.
     pub created: Vec<u32>,
     /// Task indices of the operator that are cancelled once their state has moved.
@@ -156,17 +154,14 @@ pub struct ReconfigPlan {
 }
 
 impl ReconfigPlan {
-    /// Moves leaving task `index`.
-    pub fn outgoing(&self, index: u32) -> impl Iterator<Item = &BucketMove> {
-        self.moves.iter().filter(move |m| m.from == index)
+    /// Moves leaving `task`: (new owner, buckets).
+    pub fn outgoing(&self, task: TaskId) -> impl Iterator<Item = (TaskId, &Vec<BucketId>)> {
+        self.moves.iter().filter(move |((from, _), _)| *from == task).map(|((_, to), b)| (*to, b))
     }
 
-    /// Tasks sending state to task `index`.
-    pub fn senders_to(&self, index: u32) -> Vec<u32> {
-        let mut v: Vec<u32> = self.moves.iter().filter(|m| m.to == index).map(|m| m.from).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+    /// Tasks sending state to `task`.
+    pub fn senders_to(&self, task: TaskId) -> std::collections::BTreeSet<TaskId> {
+        self.moves.keys().filter(|(_, to)| *to == task).map(|(from, _)| *from).collect()
     }
 }
 
@@ -177,8 +172,8 @@ pub enum TaskAck {
     Prepared,
     /// An upstream task sent its markers and paused.
     Paused,
-    /// A target task saw every marker and sent all state it moves.
-    Drained {
+    /// Stop-and-restart: a target task saw every marker and sent all state it moves.
+    StateSent {
         /// Bytes of state sent.
         bytes: u64,
         /// Entries sent.

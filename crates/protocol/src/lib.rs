@@ -5,10 +5,12 @@
 
 pub mod control;
 pub mod koala;
+mod moves;
 pub mod watermark;
 
 pub use control::{
-    BucketMove, ClientReply, ControlHello, CoordinatorMessage, Deployment, Protocol, ReconfigPlan,
-    ReconfigRequest, RuntimeOptions, TaskAck, TaskSample, WorkerMessage,
+    ClientReply, ControlHello, CoordinatorMessage, Deployment, Protocol, ReconfigPlan, ReconfigRequest,
+    RuntimeOptions, TaskAck, TaskSample, WorkerMessage,
 };
+pub use moves::{AssignmentMismatch, Moves, moves_between};
 pub use watermark::WatermarkAligner;

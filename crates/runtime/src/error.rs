@@ -1,6 +1,6 @@
 use koala_dataflow::DataflowError;
 use koala_state::StateError;
-use koala_types::TaskId;
+use koala_types::{CodecError, OperatorId, TaskId, WorkerId};
 
 /// Why a task or a worker stopped.
 #[derive(Debug, thiserror::Error)]
@@ -22,13 +22,61 @@ pub enum RuntimeError {
     /// A downstream task's queue is gone (that task stopped).
     #[error("channel to {0} closed")]
     ChannelClosed(TaskId),
-    /// The deployment does not fit the job graph.
-    #[error("invalid deployment: {0}")]
-    Deployment(String),
+    /// The worker that runs the task is gone (its command queue closed).
+    #[error("{0} lost its worker")]
+    WorkerGone(TaskId),
+    /// A task's input queue closed while the task still expected input.
+    #[error("the input queue of {0} closed")]
+    InputClosed(TaskId),
+    /// The deployment names a task no worker runs.
+    #[error("invalid deployment: {0} is not placed")]
+    NotPlaced(TaskId),
+    /// A local task has no input queue on this worker.
+    #[error("invalid deployment: no input queue for {0}")]
+    NoInbox(TaskId),
+    /// The deployment has no data-plane address for a worker.
+    #[error("invalid deployment: no address for {0}")]
+    NoAddress(WorkerId),
+    /// The deployment names an operator the job graph lacks.
+    #[error("invalid deployment: no operator {0}")]
+    UnknownOperator(OperatorId),
+    /// The deployment does not fit the operator (kind, inputs, routing, state store).
+    #[error("invalid deployment of {operator}: {reason}")]
+    Deployment {
+        /// The operator or task.
+        operator: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A message between our own processes could not be encoded or decoded.
+    #[error("{what}: {source}")]
+    Codec {
+        /// What was being encoded or decoded.
+        what: String,
+        /// The codec's error.
+        source: CodecError,
+    },
+    /// A peer task sent what the protocol does not allow.
+    #[error("{task} got from {from}: {reason}")]
+    Peer {
+        /// The receiving task.
+        task: TaskId,
+        /// The sender.
+        from: TaskId,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The coordinator's control connection broke or sent messages out of order.
+    #[error("control plane: {0}")]
+    Control(String),
 }
 
 impl RuntimeError {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io { context: context.into(), source }
+    }
+
+    pub(crate) fn deployment(operator: impl ToString, reason: impl Into<String>) -> Self {
+        Self::Deployment { operator: operator.to_string(), reason: reason.into() }
     }
 }

@@ -52,13 +52,16 @@ pub fn input_channels(d: &Deployment, graph: &JobGraph, task: TaskId) -> BTreeSe
     let mut out = BTreeSet::new();
     let Some(spec) = graph.operator(task.operator) else { return out };
     for (i, input) in spec.inputs.iter().enumerate() {
-        if is_one_to_one(d, graph, task.operator, i) {
-            out.insert(InputChannel { input: i, from: TaskId::new(input.from, task.index) });
+        let froms: Vec<TaskId> = if is_one_to_one(d, graph, task.operator, i) {
+            vec![TaskId::new(input.from, task.index)]
         } else {
-            for &u in live(d, input.from) {
-                out.insert(InputChannel { input: i, from: TaskId::new(input.from, u) });
-            }
-        }
+            live(d, input.from).iter().map(|u| TaskId::new(input.from, *u)).collect()
+        };
+        // A finished upstream sent its end of stream already; a task created later never hears
+        // from it.
+        out.extend(
+            froms.into_iter().filter(|f| !d.finished.contains(f)).map(|from| InputChannel { input: i, from }),
+        );
     }
     out
 }
@@ -70,21 +73,17 @@ pub fn open_channel(
     to: TaskId,
     channel: InputChannel,
 ) -> Result<ChannelSender, RuntimeError> {
-    let worker =
-        d.placement.get(&to).ok_or_else(|| RuntimeError::Deployment(format!("{to} is not placed")))?;
+    let worker = d.placement.get(&to).ok_or(RuntimeError::NotPlaced(to))?;
     if *worker == links.me {
         let inbox = links
             .inboxes
             .read()
             .ok()
             .and_then(|m| m.get(&to).map(|i| i.for_input(channel.input).clone()))
-            .ok_or_else(|| RuntimeError::Deployment(format!("no input queue for {to}")))?;
+            .ok_or(RuntimeError::NoInbox(to))?;
         Ok(ChannelSender::Local { to, inbox, channel })
     } else {
-        let addr = d
-            .workers
-            .get(worker)
-            .ok_or_else(|| RuntimeError::Deployment(format!("no address for {worker}")))?;
+        let addr = d.workers.get(worker).ok_or(RuntimeError::NoAddress(*worker))?;
         ChannelSender::connect(addr, to, channel)
     }
 }
@@ -99,10 +98,7 @@ pub fn build_edge(
     input: usize,
     reuse: &mut std::collections::HashMap<TaskId, ChannelSender>,
 ) -> Result<OutputEdge, RuntimeError> {
-    let spec = links
-        .graph
-        .operator(consumer)
-        .ok_or_else(|| RuntimeError::Deployment(format!("no operator {consumer}")))?;
+    let spec = links.graph.operator(consumer).ok_or(RuntimeError::UnknownOperator(consumer))?;
     let channel = InputChannel { input, from: task };
     if is_one_to_one(d, &links.graph, consumer, input) {
         let to = TaskId::new(consumer, task.index);
@@ -125,17 +121,17 @@ pub fn build_edge(
         Partitioning::Forward | Partitioning::Rebalance => Route::Rebalance,
         Partitioning::Key(key_fn) => {
             let table = d.routing.get(&consumer).ok_or_else(|| {
-                RuntimeError::Deployment(format!("no routing table for keyed operator {}", spec.name))
+                RuntimeError::deployment(&spec.name, "a keyed operator without a routing table")
             })?;
             // The table names task indices; the edge addresses channels by position.
             let positions = table
                 .iter()
                 .map(|t| {
                     indices.iter().position(|i| i == t).map(|p| p as u32).ok_or_else(|| {
-                        RuntimeError::Deployment(format!(
-                            "routing of {} names task {t}, which is not live",
-                            spec.name
-                        ))
+                        RuntimeError::deployment(
+                            &spec.name,
+                            format!("routing names task {t}, which is not live"),
+                        )
                     })
                 })
                 .collect::<Result<Vec<u32>, _>>()?;

@@ -91,7 +91,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             .map_err(|e| RuntimeError::io("spawning the heartbeat thread", e))?;
     }
     let send = |m: WorkerMessage| {
-        out_tx.send(m).map_err(|_| RuntimeError::Deployment("control connection closed".into()))
+        out_tx.send(m).map_err(|_| RuntimeError::Control("the control connection closed".into()))
     };
 
     let mut me = WorkerId(u32::MAX);
@@ -100,7 +100,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     loop {
         let msg: CoordinatorMessage = match read_frame(&mut reader) {
             Ok(Some(m)) => m,
-            Ok(None) => return Err(RuntimeError::Deployment("the coordinator closed the connection".into())),
+            Ok(None) => return Err(RuntimeError::Control("the coordinator closed the connection".into())),
             Err(e) => return Err(RuntimeError::io("reading from the coordinator", e)),
         };
         match msg {
@@ -125,7 +125,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             }
             CoordinatorMessage::Start => {
                 let (Some(j), Some(env)) = (job.as_mut(), env.as_ref()) else {
-                    return Err(RuntimeError::Deployment("Start before Deploy".into()));
+                    return Err(RuntimeError::Control("Start before Deploy".into()));
                 };
                 let deployment = j.initial.clone();
                 for (task, queues) in std::mem::take(&mut j.pending) {
@@ -143,7 +143,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             }
             CoordinatorMessage::Prepare(plan) => {
                 let (Some(j), Some(env)) = (job.as_mut(), env.as_ref()) else {
-                    return Err(RuntimeError::Deployment("Prepare before Deploy".into()));
+                    return Err(RuntimeError::Control("Prepare before Deploy".into()));
                 };
                 prepare_reconfiguration(j, Arc::new(*plan), env, &out_tx)?;
             }
@@ -160,7 +160,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 // them without a pause; either way they take the plan's routing.
                 if let Some(j) = job.as_mut() {
                     let Some(plan) = j.plans.remove(&epoch) else {
-                        return Err(RuntimeError::Deployment(format!(
+                        return Err(RuntimeError::Control(format!(
                             "routing switch of unknown epoch {epoch}"
                         )));
                     };
@@ -273,7 +273,7 @@ fn prepare_reconfiguration(
             continue;
         }
         let (queues, ctx) = create_inbox(task, d.options.channel_capacity, &job.links.inboxes)
-            .map_err(RuntimeError::Deployment)?;
+            .map_err(RuntimeError::Control)?;
         job.commands.insert(task, ctx);
         spawn_task(task, &Arc::new(d.clone()), &job.links, env, queues, events, true)?;
     }
@@ -288,7 +288,8 @@ fn prepare_reconfiguration(
     }
     for (consumer, input) in job.links.graph.consumers(op) {
         for (task, tx) in &job.commands {
-            if task.operator != consumer {
+            // Live consumers only: a retired one (Koala) gets no channel from the new tasks.
+            if task.operator != consumer || !live(d, consumer).contains(&task.index) {
                 continue;
             }
             let channels: Vec<InputChannel> = plan
@@ -310,9 +311,12 @@ fn for_upstream_tasks(
     plan: &ReconfigPlan,
     send: impl Fn(&Sender<TaskCommand>) -> Result<(), crossbeam_channel::SendError<TaskCommand>>,
 ) {
-    let Some(spec) = job.links.graph.operator(plan.operator) else { return };
-    for (task, tx) in &job.commands {
-        if spec.inputs.iter().any(|i| i.from == task.operator) && send(tx).is_err() {
+    // Only the live upstream tasks the plan names: a cancelled task that still serves state
+    // (Koala) must not switch and send markers to the operator.
+    for task in &plan.upstreams {
+        if let Some(tx) = job.commands.get(task)
+            && send(tx).is_err()
+        {
             tracing::warn!(%task, epoch = plan.epoch, "upstream task already finished");
         }
     }
@@ -364,10 +368,7 @@ fn build_setup(
     created_by_reconfiguration: bool,
 ) -> Result<TaskSetup, RuntimeError> {
     let graph: &JobGraph = &links.graph;
-    let spec = graph
-        .operator(task.operator)
-        .cloned()
-        .ok_or_else(|| RuntimeError::Deployment(format!("no operator {}", task.operator)))?;
+    let spec = graph.operator(task.operator).cloned().ok_or(RuntimeError::UnknownOperator(task.operator))?;
     let outputs = build_outputs(&links, &d, task)?;
     let store = if spec.is_stateful() { Some(env.open_task(task)?) } else { None };
     Ok(TaskSetup {

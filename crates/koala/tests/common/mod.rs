@@ -5,8 +5,12 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use koala_dataflow::{KeyedEvent, KeyedEventsConfig};
 use serde::de::DeserializeOwned;
@@ -24,8 +28,21 @@ pub fn config(
     generator: &KeyedEventsConfig,
     extra_params: &str,
 ) -> String {
+    config_top(dir, query, "", parallelism, generator, extra_params)
+}
+
+/// Like [`config`], with more top-level lines (`protocol = "…"`, `extra_keys = N`,
+/// `partition_policy = "…"`), written before the first table so they stay top-level.
+pub fn config_top(
+    dir: &Path,
+    query: &str,
+    top: &str,
+    parallelism: &[(&str, u32)],
+    generator: &KeyedEventsConfig,
+    extra_params: &str,
+) -> String {
     let mut text = format!(
-        "query = \"{query}\"\nworkers = 2\noutput_dir = \"{}\"\n\n[parallelism]\n",
+        "query = \"{query}\"\nworkers = 2\noutput_dir = \"{}\"\n{top}\n[parallelism]\n",
         dir.join("out").display()
     );
     for (op, p) in parallelism {
@@ -50,19 +67,161 @@ pub fn run_job(dir: &Path, config_text: &str) -> PathBuf {
     run_job_logged(dir, config_text).0
 }
 
-/// Like [`run_job`], also returning what `koala run` printed.
+/// Like [`run_job`], also returning what `koala run` printed (stdout). A run that does not end
+/// within [`RUN_TIMEOUT`] is killed and fails the test with its log.
 pub fn run_job_logged(dir: &Path, config_text: &str) -> (PathBuf, String) {
+    let out = run_koala(dir, config_text, RUN_TIMEOUT);
+    assert!(out.success(), "{}\nconfig:\n{config_text}\n{}", out.failure(), out.log());
+    (dir.join("out"), out.stdout)
+}
+
+/// How long one `koala run` of a test may take before it counts as hung.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What one `koala run` did.
+pub struct RunOutput {
+    /// Exit status (`None` if it was killed after the time-out).
+    pub status: Option<ExitStatus>,
+    /// Whether it was killed after the time-out.
+    pub timed_out: bool,
+    /// How long it ran.
+    pub elapsed: Duration,
+    /// Standard output (progress, reconfiguration lines, summary).
+    pub stdout: String,
+    /// Standard error (coordinator and worker logs).
+    pub stderr: String,
+    /// The process group `koala run` led (its pid).
+    pub group: u32,
+}
+
+impl RunOutput {
+    /// Exited 0 in time.
+    pub fn success(&self) -> bool {
+        !self.timed_out && self.status.is_some_and(|s| s.success())
+    }
+
+    /// One line saying how it failed: the error `koala run` exited with (`error: …`), and the
+    /// first error line of the log.
+    pub fn failure(&self) -> String {
+        let how = if self.timed_out {
+            format!("koala run hung: killed after {:.0} s", self.elapsed.as_secs_f64())
+        } else {
+            format!("koala run failed ({})", self.status.map_or("no status".to_string(), |s| s.to_string()))
+        };
+        let exit = self.stderr.lines().rev().map(strip_ansi).find(|l| l.starts_with("error: "));
+        match exit {
+            Some(e) => format!("{how}: {e}; first error: {}", self.first_error()),
+            None => format!("{how}; first error: {}", self.first_error()),
+        }
+    }
+
+    /// The first line of the log that reports an error (or a rejected reconfiguration).
+    pub fn first_error(&self) -> String {
+        let lines = || self.stderr.lines().chain(self.stdout.lines()).map(strip_ansi);
+        let is_error = |l: &String| {
+            l.contains("ERROR") || l.contains("panicked") || l.starts_with("Error") || l.contains("error:")
+        };
+        lines()
+            .find(is_error)
+            .or_else(|| lines().find(|l| l.contains("rejected") || l.contains("WARN")))
+            .unwrap_or_else(|| "(no error line in the log)".into())
+    }
+
+    /// Both streams, for failure messages.
+    pub fn log(&self) -> String {
+        format!("stdout:\n{}\nstderr:\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// Removes ANSI colour sequences (tracing colours its output).
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Writes `config_text` to `dir/job.toml` and runs `koala run` on it in its own process group;
+/// after `timeout` the whole group (the coordinator process and its workers) is killed.
+pub fn run_koala(dir: &Path, config_text: &str, timeout: Duration) -> RunOutput {
     let path = dir.join("job.toml");
     std::fs::write(&path, config_text).expect("write config");
-    let out = koala().arg("run").arg(&path).output().expect("start koala run");
-    assert!(
-        out.status.success(),
-        "koala run failed ({})\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (dir.join("out"), String::from_utf8_lossy(&out.stdout).into_owned())
+    let started = Instant::now();
+    let mut child = koala()
+        .arg("run")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("start koala run");
+    let group = child.id();
+    let read = |stream: Option<Box<dyn Read + Send>>| {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut s) = stream {
+                let _ = s.read_to_end(&mut text);
+            }
+            let _ = tx.send(String::from_utf8_lossy(&text).into_owned());
+        });
+        rx
+    };
+    let stdout = read(child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let stderr = read(child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>));
+    let deadline = started + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() >= deadline => {
+                timed_out = true;
+                kill_group(group);
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("waiting for koala run: {e}"),
+        }
+    };
+    let elapsed = started.elapsed();
+    // Workers left behind (they share the group) would keep the pipes open: give them a moment
+    // to exit, then kill what is left of the group.
+    let collect = |rx: mpsc::Receiver<String>| {
+        rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| {
+            kill_group(group);
+            rx.recv_timeout(Duration::from_secs(10)).unwrap_or_else(|_| "<output unavailable>".into())
+        })
+    };
+    let stdout = collect(stdout);
+    let stderr = collect(stderr);
+    RunOutput { status, timed_out, elapsed, stdout, stderr, group }
+}
+
+/// SIGKILL to every process of the group `koala run` leads (it started its workers in it).
+fn kill_group(group: u32) {
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).stderr(Stdio::null()).status();
+}
+
+/// Whether any process of the group is still alive (signal 0 reaches one).
+pub fn group_alive(group: u32) -> bool {
+    Command::new("kill")
+        .args(["-0", "--", &format!("-{group}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Every line every task of sink `sink` wrote, parsed.
@@ -139,4 +298,7 @@ pub fn assert_same<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
     assert!(extra.is_empty(), "{what}: unexpected keys in output: {extra:?}");
 }
 
+pub mod expected;
+pub mod model;
 pub mod oracle;
+pub mod verify;

@@ -1,4 +1,4 @@
-//! The output-equivalence oracle (DESIGN.md §10): a run with reconfigurations must produce the
+//! The output-equivalence oracle (docs/testing.md §1): a run with reconfigurations must produce the
 //! same sink output as a run deployed with the final configuration from the start. Outputs are
 //! compared per key as multisets of rows; order-sensitive operators (running aggregates, last-N
 //! lists) carry their processing order in the rows themselves (a count, a list), so a reordered
@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::{config, run_job_logged, sink_output};
+use super::{config_top, run_job_logged, sink_output};
 
 /// One oracle case.
 pub struct Case<'a> {
@@ -38,7 +38,8 @@ pub struct Case<'a> {
 /// Records per second of the oracle runs: slow enough that reconfigurations land mid-stream.
 const RATE: u32 = 8_000;
 
-fn rows_per_key(dir: &Path) -> BTreeMap<String, Vec<String>> {
+/// The sink output of a run as JSON rows per key (the key as JSON text), each key's rows sorted.
+pub fn rows_per_key(dir: &Path) -> BTreeMap<String, Vec<String>> {
     let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for row in sink_output::<Value>(dir, "sink") {
         let key = row.get("key").map(Value::to_string).unwrap_or_default();
@@ -67,15 +68,83 @@ fn multiset_diff<'a>(expected: &'a [String], got: &'a [String]) -> (Vec<&'a Stri
     (left, extra)
 }
 
-/// Runs both deployments and asserts equal outputs; returns the reconfigured run's stdout.
+/// Keys with state that a moved bucket set must hold before the run must show moved state.
+pub fn min_state_keys(operator: &str) -> usize {
+    match operator {
+        "rollup" => 1,
+        "aggregate" | "last_n" => 3,
+        _ => 20,
+    }
+}
+
+/// Whether `operator` of `query` keeps a key's state for the rest of the run once it has some.
+pub fn permanent_state(query: &str, operator: &str) -> bool {
+    matches!(
+        (query, operator),
+        ("keyed-aggregate" | "two-stage-aggregate", "aggregate")
+            | ("two-stage-aggregate", "rollup")
+            | ("last-n", "last_n")
+            | ("keyed-join", "join")
+    )
+}
+
+/// The source parallelism a config's `[parallelism]` gives (`source`, or `left` of joins).
+fn source_parallelism(parallelism: &[(&str, u32)]) -> u32 {
+    parallelism.iter().find(|(op, _)| *op == "source" || *op == "left").map_or(1, |(_, p)| *p)
+}
+
+/// What a run was asked to do, for [`verify_run`].
+pub struct RunSpec<'a> {
+    /// `koala` or `stop-and-restart`.
+    pub protocol: &'a str,
+    /// The top-level lines the config got (`extra_keys` is read from them).
+    pub top: &'a str,
+    /// Query name.
+    pub query: &'a str,
+    /// The generator of the source(s).
+    pub generator: &'a koala_dataflow::KeyedEventsConfig,
+    /// Source parallelism.
+    pub sources: u32,
+    /// Wall-clock milliseconds of the rate-limited input.
+    pub input_ms: u64,
+}
+
+/// Checks the metrics DB of a run of `text` against what it was asked to do; `Err` names the
+/// failed check.
+pub fn verify_run(out: &Path, text: &str, spec: &RunSpec<'_>) -> Result<super::verify::RunRecord, String> {
+    let keys = |op: &str| super::expected::operator_keys(spec.query, op, spec.generator, spec.sources);
+    let permanent = |op: &str| permanent_state(spec.query, op);
+    let expect = super::verify::Expect {
+        config_text: text,
+        protocol: spec.protocol,
+        extra_keys: super::verify::extra_keys_of(spec.top),
+        input_ms: spec.input_ms,
+        keys: &keys,
+        min_state_keys: &min_state_keys,
+        permanent_state: &permanent,
+    };
+    super::verify::check_run(out, &expect)
+}
+
+/// The top-level config lines of a case: its protocol, then its own lines.
+fn top_lines(case: &Case<'_>) -> String {
+    format!("protocol = \"{}\"\n{}", case.protocol, case.top)
+}
+
+/// Runs both deployments and asserts equal outputs; returns the reconfigured run's stdout. Both
+/// runs must have used the case's protocol and `extra_keys`; the reconfigured one must have
+/// completed every scheduled reconfiguration, each with effect (see [`super::verify`]).
 pub fn check(case: &Case<'_>) -> String {
     let mut generator = super::generator(case.records, case.seed);
     generator.key_space = 300;
     let rate = format!("rate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\n");
+    let top = top_lines(case);
+    let input_ms = case.records * 1000 / u64::from(RATE);
 
     let reconfigured = tempfile::tempdir().expect("tempdir");
-    let text =
-        config(reconfigured.path(), case.query, case.start, &generator, case.params) + &rate + case.schedule;
+    let text = config_top(reconfigured.path(), case.query, &top, case.start, &generator, case.params)
+        + &rate
+        + case.schedule;
     let (out_a, log) = run_job_logged(reconfigured.path(), &text);
     let completed = log.lines().filter(|l| l.contains("] completed")).count();
     assert_eq!(
@@ -83,29 +152,55 @@ pub fn check(case: &Case<'_>) -> String {
         "{} reconfigurations completed, expected {}; log:\n{log}",
         completed, case.expect_reconfigurations
     );
+    let spec = RunSpec {
+        protocol: case.protocol,
+        top: &top,
+        query: case.query,
+        generator: &generator,
+        sources: source_parallelism(case.start),
+        input_ms,
+    };
+    if let Err(e) = verify_run(&out_a, &text, &spec) {
+        panic!("{} ({}): {e}\nconfig:\n{text}\nlog:\n{log}", case.query, case.protocol);
+    }
 
     let reference = tempfile::tempdir().expect("tempdir");
-    let text = config(reference.path(), case.query, case.end, &generator, case.params) + &rate;
-    let (out_b, _) = run_job_logged(reference.path(), &text);
+    let ref_text = config_top(reference.path(), case.query, &top, case.end, &generator, case.params) + &rate;
+    let (out_b, ref_log) = run_job_logged(reference.path(), &ref_text);
+    if let Err(e) = verify_run(&out_b, &ref_text, &spec) {
+        panic!("{} ({}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}", case.query, case.protocol);
+    }
 
     let (a, b) = (rows_per_key(&out_a), rows_per_key(&out_b));
     assert!(!b.is_empty(), "the reference run wrote nothing; the test proves nothing");
-    for (key, expected) in &b {
-        let got = a.get(key).map(Vec::as_slice).unwrap_or_default();
-        if got != expected.as_slice() {
-            let (missing, extra) = multiset_diff(expected, got);
-            panic!(
-                "{} ({}): key {key}: {} rows under reconfiguration vs {} from the start; missing {missing:?}; extra {extra:?}\nlog:\n{log}",
-                case.query,
-                case.protocol,
-                got.len(),
-                expected.len()
-            );
+    if let Err(e) = compare_rows(&b, &a) {
+        panic!("{} ({}): {e}\nlog:\n{log}", case.query, case.protocol);
+    }
+    log
+}
+
+/// Compares per key as multisets (each key's rows sorted): `Err` names the first key that
+/// differs, with up to 3 missing and 3 extra rows, or keys only in `got`.
+pub fn compare_rows(
+    expected: &BTreeMap<String, Vec<String>>,
+    got: &BTreeMap<String, Vec<String>>,
+) -> Result<(), String> {
+    for (key, exp) in expected {
+        let g = got.get(key).map(Vec::as_slice).unwrap_or_default();
+        if g != exp.as_slice() {
+            let (missing, extra) = multiset_diff(exp, g);
+            return Err(format!(
+                "key {key}: {} rows under reconfiguration vs {} expected; missing {missing:?}; extra {extra:?}",
+                g.len(),
+                exp.len()
+            ));
         }
     }
-    let extra: Vec<&String> = a.keys().filter(|k| !b.contains_key(*k)).take(5).collect();
-    assert!(extra.is_empty(), "{}: keys only in the reconfigured run: {extra:?}", case.query);
-    log
+    let extra: Vec<&String> = got.keys().filter(|k| !expected.contains_key(*k)).take(5).collect();
+    if !extra.is_empty() {
+        return Err(format!("keys only in the reconfigured run: {extra:?}"));
+    }
+    Ok(())
 }
 
 /// Query, its stateful operator, its sources, extra params.

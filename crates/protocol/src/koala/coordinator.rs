@@ -10,11 +10,12 @@ use std::sync::Arc;
 use koala_types::{Epoch, OperatorId, TaskId};
 
 use super::error::ProtocolError;
-use super::messages::{Reconfiguration, TaskAck, moves_between};
+use super::messages::{Reconfiguration, TaskAck};
+use crate::moves::moves_between;
 
 /// A keyed operator the coordinator reconfigures.
 #[derive(Clone, Debug)]
-pub struct OperatorSpec {
+pub struct KeyedOperator {
     /// The operator.
     pub operator: OperatorId,
     /// Its current assignment (bucket → task).
@@ -25,7 +26,7 @@ pub struct OperatorSpec {
 
 /// A request to move an operator to a new assignment (from a partition policy, docs/architecture.md §6).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReconfigurationRequest {
+pub struct NewAssignment {
     /// The operator.
     pub operator: OperatorId,
     /// The assignment after the reconfiguration (bucket → task).
@@ -41,11 +42,13 @@ pub struct ReconfigurationRequest {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CoordinatorEvent {
     /// Queue a reconfiguration.
-    Request(ReconfigurationRequest),
+    Request(NewAssignment),
     /// An ack from a target task.
     Ack {
         /// The task.
         from: TaskId,
+        /// The epoch it belongs to.
+        epoch: Epoch,
         /// The ack.
         ack: TaskAck,
     },
@@ -126,7 +129,7 @@ struct OperatorState {
     /// The last started epoch (requests must number above it).
     started_epoch: Epoch,
     phase: Phase,
-    queue: VecDeque<ReconfigurationRequest>,
+    queue: VecDeque<NewAssignment>,
 }
 
 /// Drives Koala reconfigurations of every keyed operator of a job.
@@ -142,7 +145,7 @@ impl KoalaCoordinator {
     }
 
     /// Registers an operator with its deployed assignment.
-    pub fn register(&mut self, spec: OperatorSpec) -> Result<(), ProtocolError> {
+    pub fn register(&mut self, spec: KeyedOperator) -> Result<(), ProtocolError> {
         if spec.assignment.is_empty() || spec.assignment.iter().any(|t| t.operator != spec.operator) {
             return Err(ProtocolError::InvalidAssignment {
                 reason: format!("bad assignment of {}", spec.operator),
@@ -210,7 +213,7 @@ impl KoalaCoordinator {
                 op.queue.push_back(request.clone());
                 self.start_next(request.operator, &mut out);
             }
-            CoordinatorEvent::Ack { from, ack } => self.on_ack(from, ack, &mut out),
+            CoordinatorEvent::Ack { from, epoch, ack } => self.on_ack(from, epoch, ack, &mut out),
             CoordinatorEvent::Failed { from, error } => {
                 if let Some(op) = self.operators.get_mut(&from.operator) {
                     let phase = std::mem::replace(&mut op.phase, Phase::Idle);
@@ -228,19 +231,19 @@ impl KoalaCoordinator {
         out
     }
 
-    fn on_ack(&mut self, from: TaskId, ack: TaskAck, out: &mut Vec<CoordinatorAction>) {
+    fn on_ack(&mut self, from: TaskId, epoch: Epoch, ack: TaskAck, out: &mut Vec<CoordinatorAction>) {
         let operator = from.operator;
         let Some(op) = self.operators.get_mut(&operator) else {
-            out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch: 0 }));
+            out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
             return;
         };
         match ack {
-            TaskAck::Drained { epoch, location } => {
+            TaskAck::LocationDrained { location } => {
                 // Kept even before `location` retires: the report may overtake the epoch's end.
                 op.drained.entry(location).or_default().insert(from, epoch);
                 Self::release(op, out);
             }
-            TaskAck::PeerReady { epoch } => {
+            TaskAck::PeerReady => {
                 let Phase::AwaitReady { reconf, target, pending } = &mut op.phase else {
                     out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
                     return;
@@ -258,7 +261,7 @@ impl KoalaCoordinator {
                     op.phase = Phase::AwaitDone { reconf, target, pending };
                 }
             }
-            TaskAck::Done { epoch } => {
+            TaskAck::Done => {
                 let Phase::AwaitDone { reconf, target, pending } = &mut op.phase else {
                     out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
                     return;
@@ -277,6 +280,7 @@ impl KoalaCoordinator {
                     self.start_next(operator, out);
                 }
             }
+            _ => out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch })),
         }
     }
 
@@ -335,9 +339,10 @@ fn participants(old: &[TaskId], new: &[TaskId]) -> BTreeSet<TaskId> {
     old.iter().chain(new).copied().collect()
 }
 
-fn plan(op: &OperatorState, request: &ReconfigurationRequest) -> Result<Reconfiguration, ProtocolError> {
+fn plan(op: &OperatorState, request: &NewAssignment) -> Result<Reconfiguration, ProtocolError> {
     let epoch = request.epoch;
-    let moves = moves_between(&op.assignment, &request.assignment)?;
+    let moves = moves_between(&op.assignment, &request.assignment)
+        .map_err(|e| ProtocolError::InvalidAssignment { reason: e.to_string() })?;
     let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
     if epoch <= op.started_epoch {
         return Err(bad(format!("epoch {epoch} is not above {}, the last one started", op.started_epoch)));
@@ -390,7 +395,7 @@ mod tests {
         let mut c = KoalaCoordinator::new();
         let up = BTreeSet::from([t(0, 0)]);
         for op in [1, 2] {
-            let spec = OperatorSpec {
+            let spec = KeyedOperator {
                 operator: OperatorId(op),
                 assignment: vec![t(op, 0); 4],
                 upstreams: up.clone(),
@@ -398,7 +403,7 @@ mod tests {
             c.register(spec).expect("register");
         }
         let req = |op, a: Vec<TaskId>, epoch| {
-            CoordinatorEvent::Request(ReconfigurationRequest {
+            CoordinatorEvent::Request(NewAssignment {
                 operator: OperatorId(op),
                 assignment: a,
                 extra_keys: 0,
@@ -411,36 +416,36 @@ mod tests {
         // A second request for operator 1 waits; operator 2 starts right away (overlap).
         assert!(starts(&c.on(req(1, vec![t(1, 0), t(1, 2), t(1, 1), t(1, 1)], 3))).is_empty());
         assert_eq!(starts(&c.on(req(2, vec![t(2, 1); 4], 2))), vec![(t(2, 0), 2), (t(2, 1), 2)]);
-        let ack = |from, ack| CoordinatorEvent::Ack { from, ack };
-        assert!(c.on(ack(t(1, 0), TaskAck::PeerReady { epoch: 1 })).is_empty());
-        let out = c.on(ack(t(1, 1), TaskAck::PeerReady { epoch: 1 }));
+        let ack = |from, (epoch, ack)| CoordinatorEvent::Ack { from, epoch, ack };
+        assert!(c.on(ack(t(1, 0), (1, TaskAck::PeerReady))).is_empty());
+        let out = c.on(ack(t(1, 1), (1, TaskAck::PeerReady)));
         assert!(matches!(&out[..], [CoordinatorAction::SwitchRouting { epoch: 1, .. }]));
-        assert!(matches!(&c.on(ack(t(1, 1), TaskAck::Done { epoch: 2 }))[..], [CoordinatorAction::Error(_)]));
-        c.on(ack(t(1, 0), TaskAck::Done { epoch: 1 }));
-        let out = c.on(ack(t(1, 1), TaskAck::Done { epoch: 1 }));
+        assert!(matches!(&c.on(ack(t(1, 1), (2, TaskAck::Done)))[..], [CoordinatorAction::Error(_)]));
+        c.on(ack(t(1, 0), (1, TaskAck::Done)));
+        let out = c.on(ack(t(1, 1), (1, TaskAck::Done)));
         assert_eq!(out[0], CoordinatorAction::Completed { operator: OperatorId(1), epoch: 1 });
         assert_eq!(starts(&out), vec![(t(1, 0), 3), (t(1, 1), 3), (t(1, 2), 3)]);
         // Operator 2 cancelled t(2,0): released once the live task drained it after epoch 2.
-        c.on(ack(t(2, 0), TaskAck::PeerReady { epoch: 2 }));
-        c.on(ack(t(2, 1), TaskAck::PeerReady { epoch: 2 }));
-        c.on(ack(t(2, 0), TaskAck::Done { epoch: 2 }));
-        c.on(ack(t(2, 1), TaskAck::Done { epoch: 2 }));
+        c.on(ack(t(2, 0), (2, TaskAck::PeerReady)));
+        c.on(ack(t(2, 1), (2, TaskAck::PeerReady)));
+        c.on(ack(t(2, 0), (2, TaskAck::Done)));
+        c.on(ack(t(2, 1), (2, TaskAck::Done)));
         assert_eq!(c.retired(OperatorId(2)), BTreeSet::from([t(2, 0)]));
-        let out = c.on(ack(t(2, 1), TaskAck::Drained { epoch: 2, location: t(2, 0) }));
+        let out = c.on(ack(t(2, 1), (2, TaskAck::LocationDrained { location: t(2, 0) })));
         assert_eq!(out, vec![CoordinatorAction::ReleaseTask { task: t(2, 0) }]);
     }
 
     #[test]
     fn bad_requests_are_refused_not_panicked() {
         let mut c = KoalaCoordinator::new();
-        let spec = OperatorSpec {
+        let spec = KeyedOperator {
             operator: OperatorId(1),
             assignment: vec![t(1, 0); 4],
             upstreams: BTreeSet::new(),
         };
         c.register(spec).expect("register");
         for a in [vec![t(1, 0); 3], vec![t(1, 0); 4], vec![t(2, 0); 4]] {
-            let out = c.on(CoordinatorEvent::Request(ReconfigurationRequest {
+            let out = c.on(CoordinatorEvent::Request(NewAssignment {
                 operator: OperatorId(1),
                 assignment: a,
                 extra_keys: 0,

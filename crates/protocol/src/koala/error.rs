@@ -8,7 +8,7 @@ use std::fmt;
 use koala_types::{BucketId, Epoch, TaskId};
 use serde::{Deserialize, Serialize};
 
-use super::messages::InputChannel;
+use super::messages::InputSource;
 
 /// Something a peer, an upstream or the coordinator sent that the Koala protocol does not allow.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,7 +19,7 @@ pub enum ProtocolError {
         /// The record's bucket.
         bucket: BucketId,
         /// Where it came from.
-        channel: InputChannel,
+        channel: InputSource,
     },
     /// An upstream sent a record routed by its old table after its marker for `epoch`.
     RecordAfterMarker {

@@ -11,23 +11,23 @@ use std::collections::BTreeMap;
 use koala_types::Timestamp;
 
 use super::error::ProtocolError;
-use super::messages::InputChannel;
+use super::messages::InputSource;
 
 /// Watermark per live input channel; `None` until the channel sent one.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ChannelWatermarks {
-    channels: BTreeMap<InputChannel, Option<Timestamp>>,
+    channels: BTreeMap<InputSource, Option<Timestamp>>,
     closed_any: bool,
 }
 
 impl ChannelWatermarks {
     /// Expects `channel`; it holds the minimum until it sends a watermark.
-    pub(crate) fn add(&mut self, channel: InputChannel) {
+    pub(crate) fn add(&mut self, channel: InputSource) {
         self.channels.entry(channel).or_insert(None);
     }
 
     /// Records a watermark; a channel's watermarks may not go back.
-    pub(crate) fn set(&mut self, channel: InputChannel, time: Timestamp) -> Result<(), ProtocolError> {
+    pub(crate) fn set(&mut self, channel: InputSource, time: Timestamp) -> Result<(), ProtocolError> {
         if let Some(slot) = self.channels.get_mut(&channel) {
             if let Some(last) = *slot
                 && time < last
@@ -40,7 +40,7 @@ impl ChannelWatermarks {
     }
 
     /// The channel closed (end of stream, peer channel closed).
-    pub(crate) fn close(&mut self, channel: InputChannel) {
+    pub(crate) fn close(&mut self, channel: InputSource) {
         if self.channels.remove(&channel).is_some() {
             self.closed_any = true;
         }
@@ -54,10 +54,10 @@ impl ChannelWatermarks {
 
     /// Minimum over the upstream channels only: what bounds the records a sender still forwards.
     pub(crate) fn min_upstream(&self) -> Option<Timestamp> {
-        self.min_over(|c| matches!(c, InputChannel::Upstream(_)))
+        self.min_over(|c| matches!(c, InputSource::Upstream(_)))
     }
 
-    fn min_over(&self, include: impl Fn(&InputChannel) -> bool) -> Option<Timestamp> {
+    fn min_over(&self, include: impl Fn(&InputSource) -> bool) -> Option<Timestamp> {
         let mut live = self.channels.iter().filter(|(c, _)| include(c)).peekable();
         if live.peek().is_none() {
             return self.closed_any.then_some(Timestamp::MAX);
@@ -97,8 +97,8 @@ mod tests {
 
     #[test]
     fn joining_channel_pulls_the_minimum_down() {
-        let u = InputChannel::Upstream(TaskId::new(OperatorId(0), 0));
-        let p = InputChannel::Peer(TaskId::new(OperatorId(1), 0));
+        let u = InputSource::Upstream(TaskId::new(OperatorId(0), 0));
+        let p = InputSource::Peer(TaskId::new(OperatorId(1), 0));
         let mut w = ChannelWatermarks::default();
         assert_eq!(w.min(), None);
         w.add(u);

@@ -10,13 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ProtocolError;
 
-/// Buckets moved per (old owner, new owner) pair; the one value every protocol consumes
-/// (docs/architecture.md §6).
-pub type Moves = BTreeMap<(TaskId, TaskId), Vec<BucketId>>;
+pub use crate::moves::Moves;
 
 /// An input of a target task: a channel from an upstream task or a peer channel from a sender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum InputChannel {
+pub enum InputSource {
     /// The data channel from an upstream task.
     Upstream(TaskId),
     /// The peer channel from a sender of the running epoch.
@@ -109,22 +107,6 @@ impl Reconfiguration {
         }
         Ok(())
     }
-}
-
-/// The moves that turn assignment `old` into `new` (both bucket → owner, same length).
-pub fn moves_between(old: &[TaskId], new: &[TaskId]) -> Result<Moves, ProtocolError> {
-    if old.len() != new.len() || old.len() > usize::from(u16::MAX) {
-        return Err(ProtocolError::InvalidAssignment {
-            reason: format!("assignments of {} and {} buckets", old.len(), new.len()),
-        });
-    }
-    let mut moves = Moves::new();
-    for (b, (&from, &to)) in old.iter().zip(new).enumerate() {
-        if from != to {
-            moves.entry((from, to)).or_default().push(b as BucketId);
-        }
-    }
-    Ok(moves)
 }
 
 /// The key-lookup entries of one handed-over bucket (paper §3.3): where each key's state is.
@@ -239,24 +221,4 @@ pub struct FetchResponse {
     pub exhausted: Vec<BucketId>,
 }
 
-/// Task → coordinator acknowledgements (typed, never strings).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TaskAck {
-    /// Every inbound hand-over arrived (or the task receives nothing): upstreams may switch.
-    PeerReady {
-        /// The epoch.
-        epoch: Epoch,
-    },
-    /// All markers arrived and all peer channels of the task are closed.
-    Done {
-        /// The epoch.
-        epoch: Epoch,
-    },
-    /// The task's key lookup table no longer points at retired task `location`.
-    Drained {
-        /// The task's latest epoch.
-        epoch: Epoch,
-        /// The retired task.
-        location: TaskId,
-    },
-}
+pub use crate::control::TaskAck;

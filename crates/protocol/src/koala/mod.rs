@@ -36,14 +36,12 @@ mod tests;
 mod transition;
 mod upstream;
 
-pub use coordinator::{
-    CoordinatorAction, CoordinatorEvent, KoalaCoordinator, OperatorSpec, ReconfigurationRequest,
-};
+pub use coordinator::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
 pub use error::ProtocolError;
 pub use klt::{KeyLookupTable, key_hash};
 pub use messages::{
-    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputChannel, Moves, PeerMessage,
-    Reconfiguration, Role, TaskAck, moves_between,
+    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputSource, PeerMessage,
+    Reconfiguration, Role, TaskAck,
 };
 pub use task::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
 pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

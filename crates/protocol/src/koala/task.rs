@@ -29,7 +29,7 @@ use koala_types::{BucketId, Epoch, Record, TaskId, Timestamp, bucket_of};
 use super::error::ProtocolError;
 use super::event_time::{ChannelWatermarks, HeldTimes};
 use super::klt::KeyLookupTable;
-use super::messages::{FetchRequest, FetchResponse, InputChannel, PeerMessage, Reconfiguration, TaskAck};
+use super::messages::{FetchRequest, FetchResponse, InputSource, PeerMessage, Reconfiguration, TaskAck};
 use super::pipeline::Pipeline;
 use super::transition::Transition;
 
@@ -157,7 +157,12 @@ pub enum TaskAction {
     /// Emit this watermark downstream (monotone).
     EmitWatermark(Timestamp),
     /// Send to the coordinator.
-    Ack(TaskAck),
+    Ack {
+        /// The epoch the ack belongs to.
+        epoch: Epoch,
+        /// The ack.
+        ack: TaskAck,
+    },
     /// The event was rejected; report it so the coordinator aborts the epoch.
     Error(ProtocolError),
 }
@@ -197,7 +202,7 @@ impl KoalaTask {
     pub fn new(config: TaskConfig) -> Self {
         let mut watermarks = ChannelWatermarks::default();
         for &u in &config.upstreams {
-            watermarks.add(InputChannel::Upstream(u));
+            watermarks.add(InputSource::Upstream(u));
         }
         Self {
             id: config.id,
@@ -224,7 +229,7 @@ impl KoalaTask {
     /// channel holds this task's event time until it sends a watermark.
     pub fn add_upstream(&mut self, upstream: TaskId) {
         if self.upstreams.insert(upstream) {
-            self.watermarks.add(InputChannel::Upstream(upstream));
+            self.watermarks.add(InputSource::Upstream(upstream));
         }
     }
 
@@ -337,7 +342,7 @@ impl KoalaTask {
         if self.klt.owns(bucket) {
             Route::Local
         } else {
-            Route::Reject(ProtocolError::Misrouted { bucket, channel: InputChannel::Upstream(from) })
+            Route::Reject(ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(from) })
         }
     }
 
@@ -351,7 +356,7 @@ impl KoalaTask {
         if !self.upstreams.contains(&from) {
             return Err(ProtocolError::UnknownUpstream { upstream: from });
         }
-        self.watermarks.set(InputChannel::Upstream(from), time)
+        self.watermarks.set(InputSource::Upstream(from), time)
     }
 
     fn on_end_of_stream(&mut self, from: TaskId) -> Result<(), ProtocolError> {
@@ -359,7 +364,7 @@ impl KoalaTask {
             return Err(ProtocolError::UnknownUpstream { upstream: from });
         }
         self.ended.insert(from);
-        self.watermarks.close(InputChannel::Upstream(from));
+        self.watermarks.close(InputSource::Upstream(from));
         if let Some(t) = self.transition.as_mut() {
             // An ended upstream sends no marker; nothing it routed by the old table is in flight.
             t.markers_pending.remove(&from);
@@ -430,7 +435,7 @@ impl KoalaTask {
                 continue;
             }
             self.drained.insert(loc, self.epoch);
-            out.push(TaskAction::Ack(TaskAck::Drained { epoch: self.epoch, location: loc }));
+            out.push(TaskAction::Ack { epoch: self.epoch, ack: TaskAck::LocationDrained { location: loc } });
         }
     }
 

@@ -83,7 +83,7 @@ fn receiver_parks_direct_records_until_the_peer_channel_closes() {
     assert!(matches!(hand_over[..], [PeerMessage::HandOver { .. }]));
     assert!(!s.owns(3));
     let out = deliver(&mut r, t(0), hand_over);
-    assert!(out.contains(&TaskAction::Ack(TaskAck::PeerReady { epoch: 1 })));
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::PeerReady }));
     assert!(r.owns(3));
     // An in-flight record of bucket 3 reaches the sender and is forwarded ...
     let forwarded = peer_messages(&s.on(TaskEvent::Records { from: up(), records: vec![rec(3, 5)] }));
@@ -107,7 +107,7 @@ fn receiver_parks_direct_records_until_the_peer_channel_closes() {
     // The parked record runs after everything that came over the peer channel.
     let out = deliver(&mut r, t(0), close);
     assert_eq!(processed(&out), vec![6]);
-    assert!(out.contains(&TaskAction::Ack(TaskAck::Done { epoch: 1 })));
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }));
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use koala_types::{BucketId, Epoch, Record, TaskId, Timestamp, bucket_of};
 
 use super::error::ProtocolError;
-use super::messages::{InputChannel, PeerMessage, Reconfiguration, TaskAck};
+use super::messages::{InputSource, PeerMessage, Reconfiguration, TaskAck};
 use super::task::{KoalaTask, Route, TaskAction};
 
 /// A sender's view of one receiver.
@@ -71,7 +71,7 @@ impl Transition {
                 Some(Inbound::HandedOver) => None,
                 _ => Some(Route::Reject(ProtocolError::Misrouted {
                     bucket,
-                    channel: InputChannel::Upstream(from),
+                    channel: InputSource::Upstream(from),
                 })),
             };
         }
@@ -84,10 +84,9 @@ impl Transition {
         }
         match self.outbound.get(&to).map(|(_, s)| s) {
             Some(Outbound::HandedOver(_)) => Some(Route::Forward(to)),
-            _ => Some(Route::Reject(ProtocolError::Misrouted {
-                bucket,
-                channel: InputChannel::Upstream(from),
-            })),
+            _ => {
+                Some(Route::Reject(ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(from) }))
+            }
         }
     }
 
@@ -146,13 +145,16 @@ impl KoalaTask {
         self.extra_keys = reconf.extra_keys;
         for &u in &reconf.upstreams {
             if !self.ended.contains(&u) && self.upstreams.insert(u) {
-                self.watermarks.add(InputChannel::Upstream(u));
+                self.watermarks.add(InputSource::Upstream(u));
             }
         }
-        let markers_pending = reconf.upstreams.iter().copied().filter(|u| !self.ended.contains(u)).collect();
+        // A marker, or the end of stream, from every upstream with an open channel here: also
+        // from one the coordinator no longer counts (it finished or was cancelled), whose
+        // records routed by the old table may still be in flight.
+        let markers_pending = self.upstreams.iter().copied().filter(|u| !self.ended.contains(u)).collect();
         let mut incoming = BTreeMap::new();
         for (&from, buckets) in &role.inbound {
-            self.watermarks.add(InputChannel::Peer(from));
+            self.watermarks.add(InputSource::Peer(from));
             incoming.extend(buckets.iter().map(|&b| (b, from)));
             if !reconf.new_tasks.contains(&self.id) {
                 let message = PeerMessage::Open { epoch: reconf.epoch, watermark: self.emitted };
@@ -237,7 +239,7 @@ impl KoalaTask {
                 self.klt.install(&hand_over)?;
                 *state = Inbound::HandedOver;
                 if let Some(w) = hand_over.watermark {
-                    self.watermarks.set(InputChannel::Peer(from), w)?;
+                    self.watermarks.set(InputSource::Peer(from), w)?;
                 }
                 if !hand_over.metadata.is_empty() {
                     out.push(TaskAction::InstallMetadata { from, metadata: hand_over.metadata });
@@ -255,7 +257,7 @@ impl KoalaTask {
                     } else {
                         out.push(TaskAction::Error(ProtocolError::Misrouted {
                             bucket,
-                            channel: InputChannel::Peer(from),
+                            channel: InputSource::Peer(from),
                         }));
                     }
                 }
@@ -264,7 +266,7 @@ impl KoalaTask {
                 if !matches!(t.inbound.get(&from), Some((_, Inbound::HandedOver))) {
                     return Err(unexpected("watermark on a peer channel that is not open"));
                 }
-                self.watermarks.set(InputChannel::Peer(from), time)?;
+                self.watermarks.set(InputSource::Peer(from), time)?;
             }
             PeerMessage::Close { .. } => {
                 let Some((buckets, state @ Inbound::HandedOver)) = t.inbound.get_mut(&from) else {
@@ -272,7 +274,7 @@ impl KoalaTask {
                 };
                 *state = Inbound::Closed;
                 let buckets = buckets.clone();
-                self.watermarks.close(InputChannel::Peer(from));
+                self.watermarks.close(InputSource::Peer(from));
                 // Everything the sender forwarded is queued now: release the parked direct records.
                 for b in buckets {
                     let parked = t.parked.remove(&b).unwrap_or_default();
@@ -346,7 +348,7 @@ impl KoalaTask {
         let mut changed = false;
         if !t.ready_sent && t.inbound.values().all(|(_, s)| *s != Inbound::Awaiting) {
             t.ready_sent = true;
-            out.push(TaskAction::Ack(TaskAck::PeerReady { epoch }));
+            out.push(TaskAction::Ack { epoch, ack: TaskAck::PeerReady });
             changed = true;
         }
         if t.markers_pending.is_empty() {
@@ -370,7 +372,7 @@ impl KoalaTask {
             let leftover: Vec<Record> = std::mem::take(&mut t.parked).into_values().flatten().collect();
             self.pipeline.inbox.extend(leftover);
             self.transition = None;
-            out.push(TaskAction::Ack(TaskAck::Done { epoch }));
+            out.push(TaskAction::Ack { epoch, ack: TaskAck::Done });
             changed = true;
         }
         changed

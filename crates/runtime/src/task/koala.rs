@@ -112,7 +112,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             recv(setup.commands) -> cmd => match cmd {
                 Ok(TaskCommand::Release) => task.released = true,
                 Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
-                Err(_) => return Err(RuntimeError::Deployment(format!("{me} lost its worker"))),
+                Err(_) => return Err(RuntimeError::WorkerGone(me)),
             },
             recv(setup.peer_inbox) -> item => {
                 if let Ok(item) = item {
@@ -121,7 +121,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             },
             recv(setup.inbox) -> item => {
                 let Ok(item) = item else {
-                    return Err(RuntimeError::Deployment(format!("input queue of {me} closed")));
+                    return Err(RuntimeError::InputClosed(me));
                 };
                 task.on_data(&setup, &mut outputs, item.channel, item.message)?;
             },
@@ -241,20 +241,16 @@ impl KoalaOperator {
         // Peer messages come from our own tasks: one that is not understood means lost protocol
         // state, so the task fails (and with it the job) instead of dropping it.
         let ChannelMessage::Protocol(bytes) = message else {
-            return Err(RuntimeError::Deployment(format!(
-                "{} got a non-protocol message on the peer channel from {from}",
-                setup.task
-            )));
+            let reason = "a non-protocol message on the peer channel".into();
+            return Err(RuntimeError::Peer { task: setup.task, from, reason });
         };
         let event = match decode::<Wire>(&bytes) {
             Ok(Wire::Peer(message)) => TaskEvent::Peer { from, message },
             Ok(Wire::Fetch(request)) => TaskEvent::FetchRequest { from, request },
             Ok(Wire::Answer(response)) => TaskEvent::FetchResponse { from, response },
             Err(e) => {
-                return Err(RuntimeError::Deployment(format!(
-                    "{} could not decode a peer message from {from}: {e}",
-                    setup.task
-                )));
+                let reason = format!("an undecodable peer message ({e})");
+                return Err(RuntimeError::Peer { task: setup.task, from, reason });
             }
         };
         let actions = self.core.on(event);
@@ -313,15 +309,7 @@ impl KoalaOperator {
                     self.watermark = Some(t);
                     self.op.advance(setup, outputs, t)?;
                 }
-                TaskAction::Ack(ack) => {
-                    use koala_protocol::koala::TaskAck as K;
-                    let (epoch, ack) = match ack {
-                        K::PeerReady { epoch } => (epoch, TaskAck::PeerReady),
-                        K::Done { epoch } => (epoch, TaskAck::Done),
-                        K::Drained { epoch, location } => (epoch, TaskAck::LocationDrained { location }),
-                    };
-                    setup.ack(epoch, ack);
-                }
+                TaskAction::Ack { epoch, ack } => setup.ack(epoch, ack),
                 TaskAction::Error(error) => {
                     tracing::error!(task = %setup.task, %error, "protocol surprise refused");
                     setup.ack(self.epoch, TaskAck::ProtocolError { error });
@@ -361,8 +349,8 @@ impl KoalaOperator {
     }
 
     fn send(&mut self, setup: &TaskSetup, to: TaskId, wire: &Wire) -> Result<(), RuntimeError> {
-        let bytes =
-            encode(wire).map_err(|e| RuntimeError::Deployment(format!("encoding a peer message: {e}")))?;
+        let bytes = encode(wire)
+            .map_err(|source| RuntimeError::Codec { what: "encoding a peer message".into(), source })?;
         if !self.peers.contains_key(&to) {
             let sender = open_channel(
                 &setup.links,
@@ -507,9 +495,9 @@ fn store(setup: &TaskSetup) -> Result<&dyn koala_state::StateBackend, RuntimeErr
     setup
         .store
         .as_deref()
-        .ok_or_else(|| RuntimeError::Deployment(format!("{} has no state store", setup.task)))
+        .ok_or_else(|| RuntimeError::deployment(setup.task, "a keyed task without a state store"))
 }
 
 fn codec(e: koala_types::CodecError) -> RuntimeError {
-    RuntimeError::Deployment(format!("state bundle: {e}"))
+    RuntimeError::Codec { what: "a key's state bundle".into(), source: e }
 }

@@ -144,10 +144,7 @@ impl TaskSetup {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
-                    return Err(RuntimeError::Deployment(format!(
-                        "{} lost its worker while paused",
-                        self.task
-                    )));
+                    return Err(RuntimeError::WorkerGone(self.task));
                 }
             }
             self.report(metrics, outputs, Instant::now());
@@ -207,7 +204,7 @@ mod tests {
         let outcome = std::panic::catch_unwind(|| -> Result<(), RuntimeError> { panic!("boom {}", 7) });
         std::panic::set_hook(quiet);
         assert_eq!(failure(outcome).as_deref(), Some("panicked: boom 7"));
-        let err = Err(RuntimeError::Deployment("bad".into()));
+        let err = Err(RuntimeError::Control("bad".into()));
         assert!(failure(Ok(err)).is_some_and(|m| m.contains("bad")));
         assert_eq!(failure(Ok(Ok(()))), None);
     }

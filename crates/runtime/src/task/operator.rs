@@ -43,7 +43,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut task = OperatorTask::new(&setup)?;
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     if setup.inputs.is_empty() {
-        return Err(RuntimeError::Deployment(format!("{} has no inputs", setup.task)));
+        return Err(RuntimeError::deployment(setup.task, "a transform without inputs"));
     }
     loop {
         let now = Instant::now();
@@ -53,7 +53,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         select! {
                     recv(setup.commands) -> cmd => match cmd {
                         Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
-                        Err(_) => return Err(RuntimeError::Deployment(format!("{} lost its worker", setup.task))),
+                        Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
                     },
         recv(setup.peer_inbox) -> item => {
                         if let Ok(item) = item
@@ -67,7 +67,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                     },
                     recv(setup.inbox) -> item => {
                         let Ok(item) = item else {
-                            return Err(RuntimeError::Deployment(format!("input queue of {} closed", setup.task)));
+                            return Err(RuntimeError::InputClosed(setup.task));
                         };
                         if task.on_message(&setup, &mut outputs, item.channel, item.message)? {
                             outputs.flush_all()?;
@@ -88,7 +88,7 @@ impl OperatorTask {
     pub(super) fn new(setup: &TaskSetup) -> Result<Self, RuntimeError> {
         let OperatorKind::Transform { factory, event_time, allowed_lateness, .. } = setup.spec.kind.clone()
         else {
-            return Err(RuntimeError::Deployment(format!("{} is not a transform", setup.spec.name)));
+            return Err(RuntimeError::deployment(&setup.spec.name, "is not a transform"));
         };
         Ok(Self {
             logic: factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism }),

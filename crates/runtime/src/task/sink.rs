@@ -55,7 +55,7 @@ pub fn sink_file(dir: &str, sink: &str, index: u32) -> PathBuf {
 /// Runs a sink task until every input channel has ended.
 pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
     let OperatorKind::Sink { format } = setup.spec.kind.clone() else {
-        return Err(RuntimeError::Deployment(format!("{} is not a sink", setup.spec.name)));
+        return Err(RuntimeError::deployment(&setup.spec.name, "is not a sink"));
     };
     let mut writer = match format {
         SinkFormat::JsonLines(to_json) => {
@@ -82,11 +82,11 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                     setup.ack(epoch, TaskAck::Prepared);
                 }
                 Ok(other) => tracing::error!(task = %setup.task, command = ?other, "command a sink cannot apply; ignored"),
-                Err(_) => return Err(RuntimeError::Deployment(format!("{} lost its worker", setup.task))),
+                Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
             },
             recv(setup.inbox) -> item => {
                 let Ok(item) = item else {
-                    return Err(RuntimeError::Deployment(format!("input queue of {} closed", setup.task)));
+                    return Err(RuntimeError::InputClosed(setup.task));
                 };
                 match item.message {
                     ChannelMessage::Batch(records) => {

@@ -18,7 +18,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(5);
 /// Runs a source task until it is exhausted or told to stop.
 pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let OperatorKind::Source { factory, options } = setup.spec.kind.clone() else {
-        return Err(RuntimeError::Deployment(format!("{} is not a source", setup.spec.name)));
+        return Err(RuntimeError::deployment(&setup.spec.name, "is not a source"));
     };
     let mut logic = factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism });
     let paced = logic.paced_by_runtime();

@@ -41,7 +41,7 @@ impl Transfer {
     ) -> Self {
         let created = plan.created.contains(&setup.task.index);
         let awaiting = if created { BTreeSet::new() } else { inputs.into_iter().collect() };
-        let incoming = plan.senders_to(setup.task.index).into_iter().collect();
+        let incoming = plan.senders_to(setup.task).into_iter().map(|t| t.index).collect();
         setup.ack(plan.epoch, TaskAck::Prepared);
         Self { plan, awaiting, incoming, sent: created }
     }
@@ -88,8 +88,7 @@ impl Transfer {
         let mut entries = 0u64;
         let me = setup.task;
         let mut moved: Vec<BucketId> = Vec::new();
-        for m in self.plan.outgoing(me.index) {
-            let to = TaskId::new(me.operator, m.to);
+        for (to, buckets) in self.plan.outgoing(me) {
             let mut peer = open_channel(
                 &setup.links,
                 &self.plan.deployment,
@@ -98,7 +97,7 @@ impl Transfer {
             )?;
             if let Some(store) = setup.store.as_deref() {
                 let mut send_err = None;
-                bytes += store.scan_buckets(&m.buckets, CHUNK_BYTES, &mut |chunk| {
+                bytes += store.scan_buckets(buckets, CHUNK_BYTES, &mut |chunk| {
                     entries += chunk.len() as u64;
                     let entries = chunk
                         .into_iter()
@@ -115,13 +114,13 @@ impl Transfer {
                     return Err(e);
                 }
             }
-            let buckets: BTreeSet<BucketId> = m.buckets.iter().copied().collect();
-            let moving = timers.take_where(|key| buckets.contains(&bucket_of(key, setup.num_buckets)));
+            let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
+            let moving = timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
             if !moving.is_empty() {
                 peer.send(ChannelMessage::Timers { epoch: self.plan.epoch, timers: moving })?;
             }
             peer.send(ChannelMessage::StateEnd { epoch: self.plan.epoch })?;
-            moved.extend_from_slice(&m.buckets);
+            moved.extend_from_slice(buckets);
         }
         if let Some(store) = setup.store.as_deref()
             && !moved.is_empty()
@@ -132,7 +131,7 @@ impl Transfer {
         }
         metrics.state_bytes_moved += bytes;
         tracing::debug!(task = %me, epoch = self.plan.epoch, bytes, entries, "moved state sent");
-        setup.ack(self.plan.epoch, TaskAck::Drained { bytes, entries });
+        setup.ack(self.plan.epoch, TaskAck::StateSent { bytes, entries });
         Ok(())
     }
 
@@ -147,7 +146,7 @@ impl Transfer {
         match message {
             ChannelMessage::State { entries, .. } => {
                 let store = setup.store.as_deref().ok_or_else(|| {
-                    RuntimeError::Deployment(format!("{} received state but has no store", setup.task))
+                    RuntimeError::deployment(setup.task, "received state but has no state store")
                 })?;
                 let writes = entries
                     .into_iter()

@@ -135,8 +135,8 @@ impl World {
                 task.last_watermark = Some(t);
                 task.timers.retain(|(time, _)| *time > t);
             }
-            TaskAction::Ack(ack) => {
-                self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(ack))
+            TaskAction::Ack { epoch, ack } => {
+                self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack))
             }
             TaskAction::Error(e) => return Err(format!("protocol error at {me}: {e}")),
         }

@@ -12,9 +12,9 @@ use super::rng::SplitMix64;
 use super::scenario::TARGET;
 use super::{Fault, SimConfig, SimStats};
 use crate::koala::{
-    CoordinatorAction, CoordinatorEvent, FetchRequest, FetchResponse, KoalaCoordinator, KoalaTask,
-    OperatorSpec, PeerMessage, Reconfiguration, ReconfigurationRequest, RouterAction, RouterEvent, TaskAck,
-    TaskConfig, TaskEvent, UpstreamRouter,
+    CoordinatorAction, CoordinatorEvent, FetchRequest, FetchResponse, KeyedOperator, KoalaCoordinator,
+    KoalaTask, NewAssignment, PeerMessage, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig,
+    TaskEvent, UpstreamRouter,
 };
 
 /// An endpoint of a channel.
@@ -43,7 +43,7 @@ pub(crate) enum Msg {
     FetchResponse(FetchResponse),
     Start(Arc<Reconfiguration>),
     Switch { epoch: Epoch, assignment: Vec<TaskId> },
-    Ack(TaskAck),
+    Ack(Epoch, TaskAck),
 }
 
 type ChannelKey = (Node, Node, Kind);
@@ -151,7 +151,7 @@ impl World {
         let mut triggers: Vec<u64> = targets.iter().map(|_| rng.next_u64() % total.max(1)).collect();
         triggers.sort_unstable();
         let mut coordinator = KoalaCoordinator::new();
-        let spec = OperatorSpec {
+        let spec = KeyedOperator {
             operator: TARGET,
             assignment: initial.clone(),
             upstreams: up_ids.iter().copied().collect(),
@@ -296,7 +296,7 @@ impl World {
         }
         while self.next_request < self.targets.len() && self.triggers[self.next_request] < self.emitted_total
         {
-            let request = ReconfigurationRequest {
+            let request = NewAssignment {
                 operator: TARGET,
                 assignment: self.targets[self.next_request].clone(),
                 extra_keys: self.extra_keys,
@@ -326,11 +326,11 @@ impl World {
 
     fn deliver(&mut self, from: Node, to: Node, msg: Msg) -> Result<(), String> {
         match (to, msg) {
-            (Node::Coordinator, Msg::Ack(ack)) => {
+            (Node::Coordinator, Msg::Ack(epoch, ack)) => {
                 let Node::Task(from) = from else {
                     return Err("ack from a non-task".into());
                 };
-                let actions = self.coordinator.on(CoordinatorEvent::Ack { from, ack });
+                let actions = self.coordinator.on(CoordinatorEvent::Ack { from, epoch, ack });
                 self.exec_coordinator(actions)
             }
             (Node::Upstream(id), Msg::Switch { epoch, assignment }) => {

@@ -1,0 +1,315 @@
+//! Checks that a run did what its config asked, from its metrics database
+//! (`<output_dir>/metrics.db`, schema in `crates/coordinator/src/metrics_store.rs`): the protocol
+//! and `extra_keys` the run recorded, every scheduled reconfiguration completed with the kind and
+//! bucket count the schedule implies, the tasks it created processed records, and state moved.
+//! Without these checks an oracle test passes when the config silently ran something else (e.g.
+//! the default protocol) or when a reconfiguration never took effect.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use koala_types::metric;
+use rusqlite::{Connection, OpenFlags};
+
+use super::model::{Applied, apply_schedule, bucket_of_key};
+
+/// One row of the `reconfigurations` table.
+#[derive(Clone, Debug)]
+pub struct ReconfRow {
+    /// Epoch.
+    pub epoch: u64,
+    /// Operator name.
+    pub operator: String,
+    /// `scale_out`, `scale_in`, `rebalance`, `migrate`.
+    pub kind: String,
+    /// Protocol name.
+    pub protocol: String,
+    /// Start, unix ms.
+    pub started_ms: u64,
+    /// Completion, unix ms.
+    pub completed_ms: Option<u64>,
+    /// Buckets whose owner changed.
+    pub buckets_moved: u64,
+    /// State bytes moved up to completion.
+    pub bytes_moved: u64,
+}
+
+/// What a run's metrics database holds about it.
+#[derive(Clone, Debug)]
+pub struct RunRecord {
+    /// Run name.
+    pub run: String,
+    /// Start, unix ms (just before the sources start).
+    pub started_ms: u64,
+    /// Protocol name.
+    pub protocol: String,
+    /// The run's config, as TOML.
+    pub config: String,
+    /// Reconfigurations by epoch.
+    pub reconfigurations: Vec<ReconfRow>,
+    /// (task, metric) → sum over the run's samples.
+    pub sums: BTreeMap<(String, String), f64>,
+    /// What [`check_run`] checked beyond protocol, config and counts (for the test's output).
+    pub checked: Vec<String>,
+}
+
+impl RunRecord {
+    /// Reads the only run of `db`.
+    pub fn read(db: &Path) -> Result<Self, String> {
+        let fail = |what: &str, e: rusqlite::Error| format!("metrics db {}: {what}: {e}", db.display());
+        let conn =
+            Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|e| fail("open", e))?;
+        let mut runs: Vec<(String, u64, String, String)> = {
+            let mut stmt = conn
+                .prepare("SELECT run, started_ms, protocol, config FROM runs")
+                .map_err(|e| fail("read runs", e))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .map_err(|e| fail("read runs", e))?;
+            rows.collect::<Result<_, _>>().map_err(|e| fail("read runs", e))?
+        };
+        if runs.len() != 1 {
+            return Err(format!("metrics db {}: {} runs recorded, expected 1", db.display(), runs.len()));
+        }
+        let (run, started_ms, protocol, config) = runs.remove(0);
+        let reconfigurations = {
+            let mut stmt = conn
+                .prepare(
+                    "SELECT epoch, operator, kind, protocol, started_ms, completed_ms, buckets_moved, \
+                     bytes_moved FROM reconfigurations WHERE run = ?1 ORDER BY epoch",
+                )
+                .map_err(|e| fail("read reconfigurations", e))?;
+            let rows = stmt
+                .query_map([&run], |r| {
+                    Ok(ReconfRow {
+                        epoch: r.get(0)?,
+                        operator: r.get(1)?,
+                        kind: r.get(2)?,
+                        protocol: r.get(3)?,
+                        started_ms: r.get(4)?,
+                        completed_ms: r.get(5)?,
+                        buckets_moved: r.get(6)?,
+                        bytes_moved: r.get(7)?,
+                    })
+                })
+                .map_err(|e| fail("read reconfigurations", e))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(|e| fail("read reconfigurations", e))?
+        };
+        let sums = {
+            let mut stmt = conn
+                .prepare("SELECT task, metric, SUM(value) FROM metrics WHERE run = ?1 GROUP BY task, metric")
+                .map_err(|e| fail("read metrics", e))?;
+            let rows = stmt
+                .query_map([&run], |r| {
+                    Ok(((r.get(0)?, r.get(1)?), r.get::<_, Option<f64>>(2)?.unwrap_or(0.0)))
+                })
+                .map_err(|e| fail("read metrics", e))?;
+            rows.collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| fail("read metrics", e))?
+        };
+        Ok(Self { run, started_ms, protocol, config, reconfigurations, sums, checked: Vec::new() })
+    }
+
+    /// Sum of `metric` over the run for `task` (e.g. `aggregate.3`); 0 if never sampled.
+    pub fn task_sum(&self, task: &str, metric: &str) -> f64 {
+        self.sums.get(&(task.to_string(), metric.to_string())).copied().unwrap_or(0.0)
+    }
+
+    /// Sum of `metric` over the run and every task.
+    pub fn total(&self, metric: &str) -> f64 {
+        self.sums.iter().filter(|((_, m), _)| m == metric).map(|(_, v)| *v).sum()
+    }
+
+    /// Completed reconfigurations.
+    pub fn completed(&self) -> usize {
+        self.reconfigurations.iter().filter(|r| r.completed_ms.is_some()).count()
+    }
+}
+
+/// What a run must show.
+pub struct Expect<'a> {
+    /// The full config text the run used.
+    pub config_text: &'a str,
+    /// `koala` or `stop-and-restart`.
+    pub protocol: &'a str,
+    /// Koala's `extra_keys` the config set (8 when it sets none).
+    pub extra_keys: usize,
+    /// Wall-clock milliseconds the rate-limited input takes (records / rate).
+    pub input_ms: u64,
+    /// The keys a stateful operator holds state for, by operator name.
+    pub keys: &'a dyn Fn(&str) -> BTreeSet<u64>,
+    /// Keys with state a moved bucket set must contain before state must have moved (fewer keys
+    /// can all be without state at that instant, e.g. windows that just fired).
+    pub min_state_keys: &'a dyn Fn(&str) -> usize,
+    /// Operators whose state, once a key has it, stays forever (running aggregates, lists,
+    /// unwindowed joins): under Koala, moved keys are accessed again, so some state must move.
+    pub permanent_state: &'a dyn Fn(&str) -> bool,
+}
+
+/// A created task must have at least this many keys and live this long before it must have
+/// processed records.
+const MIN_KEYS_FOR_RECORDS: usize = 20;
+const MIN_LIFE_MS: u64 = 300;
+
+/// The `extra_keys = N` the top-level config lines set, or the default 8.
+pub fn extra_keys_of(top: &str) -> usize {
+    top.lines()
+        .filter_map(|l| l.trim().strip_prefix("extra_keys"))
+        .filter_map(|rest| rest.trim().strip_prefix('=')?.trim().parse().ok())
+        .next_back()
+        .unwrap_or(8)
+}
+
+/// Checks the run in `out_dir` against `expect`; `Err` says what it did not do.
+pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, String> {
+    let mut rec = RunRecord::read(&out_dir.join("metrics.db"))?;
+    let mut checked = Vec::new();
+    if rec.protocol != expect.protocol {
+        return Err(format!(
+            "the run used protocol {:?}, the case asked for {:?}",
+            rec.protocol, expect.protocol
+        ));
+    }
+    let recorded: toml::Table =
+        toml::from_str(&rec.config).map_err(|e| format!("runs.config is not TOML: {e}\n{}", rec.config))?;
+    let rec_protocol = recorded.get("protocol").and_then(toml::Value::as_str);
+    if rec_protocol != Some(expect.protocol) {
+        return Err(format!("runs.config has protocol {rec_protocol:?}, expected {:?}", expect.protocol));
+    }
+    let rec_extra = recorded.get("extra_keys").and_then(toml::Value::as_integer);
+    if rec_extra != Some(expect.extra_keys as i64) {
+        return Err(format!("runs.config has extra_keys {rec_extra:?}, the case set {}", expect.extra_keys));
+    }
+    let (model, applied) = apply_schedule(expect.config_text)
+        .map_err(|e| format!("the schedule has a request the coordinator rejects: {e}"))?;
+    let n = applied.len();
+    if rec.reconfigurations.len() != n || rec.completed() != n {
+        return Err(format!(
+            "{} reconfigurations started and {} completed, the schedule has {n}: {:?}",
+            rec.reconfigurations.len(),
+            rec.completed(),
+            rec.reconfigurations
+        ));
+    }
+    for (i, (row, a)) in rec.reconfigurations.iter().zip(&applied).enumerate() {
+        if row.protocol != expect.protocol {
+            return Err(format!("reconfiguration {} ran under {:?}", row.epoch, row.protocol));
+        }
+        if row.epoch != i as u64 + 1 || row.operator != a.operator || row.kind != a.kind {
+            return Err(format!(
+                "reconfiguration {i} is epoch {} {} {}, the schedule implies epoch {} {} {}",
+                row.epoch,
+                row.kind,
+                row.operator,
+                i + 1,
+                a.kind,
+                a.operator
+            ));
+        }
+        if row.buckets_moved != a.moved.len() as u64 {
+            return Err(format!(
+                "epoch {} ({} {}) moved {} buckets, the schedule implies {}",
+                row.epoch,
+                a.kind,
+                a.operator,
+                row.buckets_moved,
+                a.moved.len()
+            ));
+        }
+    }
+    let input_end = rec.started_ms + expect.input_ms;
+    let nb = model.num_buckets;
+    let keys_in = |op: &str, buckets: &BTreeSet<u16>| {
+        (expect.keys)(op).into_iter().filter(|k| buckets.contains(&bucket_of_key(*k, nb))).count()
+    };
+    // Every created task that owned enough keys for long enough while the input ran processed
+    // records.
+    for (j, a) in applied.iter().enumerate() {
+        let on = rec.reconfigurations[j].completed_ms.unwrap_or(u64::MAX);
+        for c in &a.created {
+            let cancel = applied
+                .iter()
+                .enumerate()
+                .skip(j + 1)
+                .find(|(_, b)| b.operator == a.operator && b.cancelled.contains(c));
+            let off = cancel.map_or(input_end, |(k, _)| rec.reconfigurations[k].started_ms.min(input_end));
+            let last = cancel.map_or(applied.len(), |(k, _)| k);
+            let stateful = model.is_stateful(&a.operator);
+            let min_keys = applied[j..last]
+                .iter()
+                .filter(|b| b.operator == a.operator)
+                .map(|b| {
+                    let owned: BTreeSet<u16> = b
+                        .routing
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| *t == c)
+                        .map(|(i, _)| i as u16)
+                        .collect();
+                    keys_in(&a.operator, &owned)
+                })
+                .min()
+                .unwrap_or(0);
+            if off < on.saturating_add(MIN_LIFE_MS) || (stateful && min_keys < MIN_KEYS_FOR_RECORDS) {
+                continue;
+            }
+            let task = format!("{}.{c}", a.operator);
+            checked.push(format!("{task} processed records"));
+            if rec.task_sum(&task, metric::RECORDS_IN) <= 0.0 {
+                return Err(format!(
+                    "task {task}, created by epoch {} ({}), processed no records although it lived {} ms with {} keys",
+                    j + 1,
+                    a.kind,
+                    off - on,
+                    min_keys
+                ));
+            }
+        }
+    }
+    // State moved: per reconfiguration under stop-and-restart (bytes_moved), over the run under
+    // Koala (state_bytes_moved samples; state moves lazily, after completion).
+    let mut koala_must_move = None;
+    for (j, a) in applied.iter().enumerate() {
+        if !model.is_stateful(&a.operator) {
+            continue;
+        }
+        let row = &rec.reconfigurations[j];
+        let moved: BTreeSet<u16> = a.moved.iter().copied().collect();
+        let keys = keys_in(&a.operator, &moved);
+        if keys < (expect.min_state_keys)(&a.operator) || row.started_ms + MIN_LIFE_MS > input_end {
+            continue;
+        }
+        if expect.protocol == "stop-and-restart" {
+            checked.push(format!("epoch {} moved state", row.epoch));
+        }
+        if expect.protocol == "stop-and-restart" && row.bytes_moved == 0 {
+            return Err(format!(
+                "epoch {} ({} {}) moved {} buckets holding {keys} keys but 0 state bytes",
+                row.epoch,
+                a.kind,
+                a.operator,
+                a.moved.len()
+            ));
+        }
+        if expect.protocol == "koala" && (expect.permanent_state)(&a.operator) {
+            koala_must_move.get_or_insert(row.epoch);
+        }
+    }
+    if koala_must_move.is_some() {
+        checked.push("state moved lazily".into());
+    }
+    if let Some(epoch) = koala_must_move
+        && rec.total(metric::STATE_BYTES_MOVED) <= 0.0
+    {
+        return Err(format!(
+            "epoch {epoch} moved buckets with keys whose state never expires, but no task reported {}",
+            metric::STATE_BYTES_MOVED
+        ));
+    }
+    rec.checked = checked;
+    Ok(rec)
+}
+
+/// Names of the tasks a schedule creates, for messages.
+pub fn created_tasks(applied: &[Applied]) -> Vec<String> {
+    applied.iter().flat_map(|a| a.created.iter().map(move |c| format!("{}.{c}", a.operator))).collect()
+}
