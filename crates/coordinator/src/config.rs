@@ -122,7 +122,8 @@ pub struct RuntimeSection {
     /// the job fails: a stopped or hung worker ends the job instead of stalling it.
     pub heartbeat_timeout_s: f64,
     /// Seconds a running reconfiguration may go without any task acknowledging a step before the
-    /// job fails, naming the tasks it waits for. Generous, so a multi-GB transfer is not cut off.
+    /// job fails, naming the tasks it waits for. Generous, so a multi-GB stop-and-restart transfer
+    /// (one step) is not cut off; raise it for larger state.
     pub reconfiguration_timeout_s: f64,
 }
 
@@ -133,7 +134,7 @@ impl Default for RuntimeSection {
             linger_ms: 5,
             channel_capacity: 64,
             heartbeat_timeout_s: 10.0,
-            reconfiguration_timeout_s: 60.0,
+            reconfiguration_timeout_s: 120.0,
         }
     }
 }

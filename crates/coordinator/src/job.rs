@@ -9,6 +9,7 @@ use koala_dataflow::JobGraph;
 use koala_protocol::koala::{
     CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment,
 };
+use koala_protocol::phases::{Phase, PhaseError, Reconfiguring};
 use koala_protocol::{ClientReply, CoordinatorMessage, Deployment, Protocol, ReconfigRequest, TaskAck};
 use koala_types::{OperatorId, TaskId};
 
@@ -17,7 +18,7 @@ use crate::control::Workers;
 use crate::error::CoordinatorError;
 use crate::metrics_store::{MetricsStore, ReconfigurationCompletion, ReconfigurationStart};
 use crate::progress::ProgressEvent;
-use crate::reconfig::{Phase, Reconfiguring, kind_name, plan as plan_reconfiguration, upstream_tasks};
+use crate::reconfig::{kind_name, participants, plan as plan_reconfiguration, upstream_tasks};
 use crate::server::unix_ms;
 
 /// A reconfiguration waiting to run, and who to tell.
@@ -42,6 +43,8 @@ pub(crate) struct JobState<'a> {
     pub(crate) active: Option<(Reconfiguring, Instant, Option<Instant>)>,
     /// When the running reconfiguration last made progress (an ack it waited for).
     pub(crate) last_progress: Instant,
+    /// Upstream tasks that switched routing (or resumed) in the running reconfiguration.
+    pub(crate) switched: BTreeSet<TaskId>,
     /// Koala's coordinator core (the one the simulator checks): drives every keyed operator's
     /// epochs after Prepare, tracks retired tasks and releases them per epoch.
     pub(crate) koala: KoalaCoordinator,
@@ -136,7 +139,8 @@ impl JobState<'_> {
                     continue;
                 }
             };
-            let (driver, msg) = Reconfiguring::start(plan, &self.deployment, self.graph);
+            let who = participants(&plan, &self.deployment, self.graph);
+            let (driver, msg) = Reconfiguring::start(plan, who);
             if driver.upstream().is_empty() {
                 // Finished upstream tasks take no part; with none left the input has ended.
                 let error = format!(
@@ -186,6 +190,7 @@ impl JobState<'_> {
             self.workers.broadcast(&msg)?;
             self.active = Some((driver, Instant::now(), None));
             self.last_progress = Instant::now();
+            self.switched.clear();
         }
         Ok(())
     }
@@ -235,12 +240,15 @@ impl JobState<'_> {
         }
         let awaited =
             self.active.as_ref().is_some_and(|(d, ..)| d.plan.epoch == epoch && d.waits_for(task, &ack));
+        if matches!(ack, TaskAck::Switched | TaskAck::Resumed) && epoch == self.epoch {
+            self.switched.insert(task);
+        }
         if ack == TaskAck::Switched && !awaited && epoch <= self.epoch {
             // Koala upstreams confirm their switch, possibly after the epoch completed; the core
             // completes on the tasks' `Done`, which implies every marker arrived.
             return Ok(());
         }
-        let Some((driver, _, drain_at)) = self.active.as_mut() else {
+        let Some((driver, ..)) = self.active.as_mut() else {
             return Err(
                 self.protocol_bug(epoch, format!("{ack:?} from {task} with no reconfiguration running"))
             );
@@ -249,9 +257,21 @@ impl JobState<'_> {
             let running = driver.plan.epoch;
             return Err(self.protocol_bug(epoch, format!("{ack:?} from {task} while epoch {running} runs")));
         }
-        let msg = match driver.on_ack(task, &ack) {
+        let step = driver.on_ack(task, &ack);
+        self.after_step(step)
+    }
+
+    /// After the phase driver took a step: broadcast what it says, hand a prepared Koala epoch
+    /// to the core, or complete.
+    fn after_step(
+        &mut self,
+        step: Result<Option<CoordinatorMessage>, PhaseError>,
+    ) -> Result<(), CoordinatorError> {
+        let Some((driver, _, drain_at)) = self.active.as_mut() else { return Ok(()) };
+        let epoch = driver.plan.epoch;
+        let msg = match step {
             Ok(msg) => msg,
-            Err(e) => return Err(self.protocol_bug(epoch, e)),
+            Err(e) => return Err(self.protocol_bug(epoch, e.to_string())),
         };
         self.last_progress = Instant::now();
         if let Some(msg) = msg {
@@ -261,7 +281,8 @@ impl JobState<'_> {
             self.workers.broadcast(&msg)?;
         }
         match driver.phase() {
-            Phase::Delegated => {
+            // Once: when the phase driver has just handed over (later steps find the core busy).
+            Phase::Delegated if self.koala.is_idle(driver.plan.operator) => {
                 let op = driver.plan.operator;
                 let assignment: Vec<TaskId> = driver
                     .plan
@@ -380,13 +401,25 @@ impl JobState<'_> {
 
     /// A task finished (its input ended): no later reconfiguration waits for it, and keyed
     /// consumers expect no marker from it.
-    pub(crate) fn task_finished(&mut self, task: TaskId) {
+    pub(crate) fn task_finished(&mut self, task: TaskId) -> Result<(), CoordinatorError> {
         self.remaining.remove(&task);
         self.deployment.finished.insert(task);
         for (consumer, _) in self.graph.consumers(task.operator) {
             let upstreams = upstream_tasks(&self.deployment, self.graph, consumer).into_iter().collect();
             self.koala.set_upstreams(consumer, upstreams);
         }
+        // An upstream of the running reconfiguration that finished before it switched (its
+        // `Switched`/`Resumed` would have come first, on the same connection) never acks and
+        // never opens a channel to the new tasks: they must not wait for it.
+        let Some((driver, ..)) = self.active.as_mut() else { return Ok(()) };
+        if !driver.upstream().contains(&task) || self.switched.contains(&task) {
+            return Ok(());
+        }
+        let op = driver.plan.operator;
+        let tasks = driver.plan.created.iter().map(|i| TaskId::new(op, *i)).collect();
+        let step = driver.forget_upstream(task);
+        self.workers.broadcast(&CoordinatorMessage::UpstreamEnded { upstream: task, tasks })?;
+        self.after_step(step)
     }
 
     /// Fails the job if the running reconfiguration made no progress for too long.

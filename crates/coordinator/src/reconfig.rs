@@ -1,19 +1,12 @@
-//! Turning a reconfiguration request into a plan (new deployment + the policy's `moves`), and
-//! driving stop-and-restart through its phases by typed acks (docs/protocols.md §2, §7).
-//!
-//! Stop-and-restart phases: **Prepare** (new tasks start, target tasks learn what they send and
-//! receive, consumers learn their new input channels) → **Drain** (upstream tasks send a marker
-//! and pause; target tasks that saw every marker send moved buckets and their timers over peer
-//! channels and delete them) → **Resume** (upstream tasks switch routing and resume; cancelled
-//! tasks get end of stream and finish). Koala shares Prepare, then hands a keyed operator's
-//! epoch to the protocol's coordinator core.
+//! Turning a reconfiguration request into a plan (new deployment + the policy's `moves`) and
+//! naming who takes part, from the job graph (docs/protocols.md §2). The phases themselves are
+//! driven by the sans-IO cores in `koala_protocol` (`phases`, `koala`).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use koala_dataflow::JobGraph;
-use koala_protocol::{
-    CoordinatorMessage, Deployment, Moves, Protocol, ReconfigPlan, ReconfigRequest, TaskAck, moves_between,
-};
+use koala_protocol::phases::Participants;
+use koala_protocol::{Deployment, Moves, ReconfigPlan, ReconfigRequest, moves_between};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::config::PolicyName;
@@ -194,181 +187,19 @@ pub fn plan(
     })
 }
 
-/// The acks a phase waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Expect {
-    Prepared,
-    Paused,
-    StateSent,
-    StateReceived,
-    Resumed,
-    Switched,
-}
-
-impl Expect {
-    fn of(ack: &TaskAck) -> Option<Self> {
-        Some(match ack {
-            TaskAck::Prepared => Self::Prepared,
-            TaskAck::Paused => Self::Paused,
-            TaskAck::StateSent { .. } => Self::StateSent,
-            TaskAck::StateReceived => Self::StateReceived,
-            TaskAck::Resumed => Self::Resumed,
-            TaskAck::Switched => Self::Switched,
-            TaskAck::PeerReady
-            | TaskAck::Done
-            | TaskAck::LocationDrained { .. }
-            | TaskAck::InputsEnded
-            | TaskAck::ProtocolError { .. } => return None,
-        })
-    }
-}
-
-/// Where a running reconfiguration is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Waiting for `Prepared`.
-    Preparing,
-    /// Stop-and-restart: waiting for `Paused`, `StateSent`, `StateReceived`.
-    Draining,
-    /// Stop-and-restart: waiting for `Resumed`.
-    Resuming,
-    /// Koala, stateless operator: waiting for `Switched` from upstreams and `StateSent` from the
-    /// old tasks (they passed every marker).
-    Switching,
-    /// Koala, keyed operator: every task is prepared; the Koala coordinator core
-    /// (`koala_protocol::koala::KoalaCoordinator`, the one the simulator checks) drives the
-    /// epoch from here to its completion.
-    Delegated,
-    /// Finished.
-    Complete,
-}
-
-/// Drives one reconfiguration from acks (no I/O: it returns what to send). Every protocol
-/// starts with Prepare (new tasks start, every task that may be asked for state learns the new
-/// placement, consumers open channels to new tasks). Stop-and-restart then runs Drain → Resume;
-/// Koala hands a keyed operator's epoch to its coordinator core ([`Phase::Delegated`]) and
-/// switches a stateless operator's upstreams with markers.
-pub struct Reconfiguring {
-    protocol: Protocol,
-    /// Whether the operator holds keyed state (a stateless one only switches routing).
-    stateful: bool,
-    /// The plan.
-    pub plan: ReconfigPlan,
-    phase: Phase,
-    waiting: HashSet<(TaskId, Expect)>,
-    /// State bytes the target tasks reported sending.
-    pub bytes_moved: u64,
-    upstream: Vec<TaskId>,
-    old_targets: Vec<TaskId>,
-    receivers: Vec<TaskId>,
-}
-
-impl Reconfiguring {
-    /// Starts: returns the driver and the message to broadcast (`Prepare`).
-    pub fn start(plan: ReconfigPlan, current: &Deployment, graph: &JobGraph) -> (Self, CoordinatorMessage) {
-        let protocol = plan.deployment.protocol;
-        let op = plan.operator;
-        let stateful = graph.operator(op).is_some_and(|o| o.is_stateful());
-        let d = &plan.deployment;
-        let upstream = plan.upstreams.clone();
-        let old_targets: Vec<TaskId> = live(current, op).into_iter().map(|i| TaskId::new(op, i)).collect();
-        let mut receivers: Vec<TaskId> = plan.moves.keys().map(|(_, to)| *to).collect();
-        receivers.sort_unstable();
-        receivers.dedup();
-        let mut waiting = HashSet::new();
-        let targets =
-            live(d, op).into_iter().chain(plan.cancelled.iter().copied()).chain(plan.retired.iter().copied());
-        let consumers = graph
+/// Who takes part in `plan` besides what the plan names, from the job graph.
+pub fn participants(plan: &ReconfigPlan, current: &Deployment, graph: &JobGraph) -> Participants {
+    let op = plan.operator;
+    let d = &plan.deployment;
+    Participants {
+        stateful: graph.operator(op).is_some_and(|o| o.is_stateful()),
+        old_targets: live(current, op).into_iter().map(|i| TaskId::new(op, i)).collect(),
+        consumers: graph
             .consumers(op)
             .into_iter()
-            .flat_map(|(c, _)| live(d, c).into_iter().map(move |i| TaskId::new(c, i)));
-        for task in targets.map(|i| TaskId::new(op, i)).chain(consumers) {
-            if !d.finished.contains(&task) {
-                waiting.insert((task, Expect::Prepared));
-            }
-        }
-        let msg = CoordinatorMessage::Prepare(Box::new(plan.clone()));
-        let me = Self {
-            protocol,
-            stateful,
-            plan,
-            phase: Phase::Preparing,
-            waiting,
-            bytes_moved: 0,
-            upstream,
-            old_targets,
-            receivers,
-        };
-        (me, msg)
-    }
-
-    /// The current phase.
-    pub fn phase(&self) -> Phase {
-        self.phase
-    }
-
-    /// Applies an ack; returns the message to broadcast when a phase completes. An ack this
-    /// reconfiguration does not wait for is an error (a protocol bug, never ignored).
-    pub fn on_ack(&mut self, task: TaskId, ack: &TaskAck) -> Result<Option<CoordinatorMessage>, String> {
-        if let TaskAck::StateSent { bytes, .. } = ack {
-            self.bytes_moved += bytes;
-        }
-        let expected = Expect::of(ack).is_some_and(|e| self.waiting.remove(&(task, e)));
-        if !expected {
-            return Err(format!("unexpected ack {ack:?} from {task} in phase {:?}", self.phase));
-        }
-        if !self.waiting.is_empty() {
-            return Ok(None);
-        }
-        let epoch = self.plan.epoch;
-        Ok(match self.phase {
-            Phase::Preparing if self.protocol == Protocol::Koala && !self.stateful => {
-                // A stateless operator under Koala: nothing to hand over; upstreams switch with
-                // markers, and the old tasks are done once they passed every marker.
-                self.phase = Phase::Switching;
-                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Switched)));
-                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::StateSent)));
-                Some(CoordinatorMessage::Switch { epoch })
-            }
-            Phase::Preparing if self.protocol == Protocol::Koala => {
-                self.phase = Phase::Delegated;
-                None
-            }
-            Phase::Preparing => {
-                self.phase = Phase::Draining;
-                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Paused)));
-                self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::StateSent)));
-                self.waiting.extend(self.receivers.iter().map(|t| (*t, Expect::StateReceived)));
-                Some(CoordinatorMessage::Drain { epoch })
-            }
-            Phase::Draining => {
-                self.phase = Phase::Resuming;
-                self.waiting.extend(self.upstream.iter().map(|t| (*t, Expect::Resumed)));
-                Some(CoordinatorMessage::Resume { epoch })
-            }
-            Phase::Resuming | Phase::Switching | Phase::Delegated | Phase::Complete => {
-                self.phase = Phase::Complete;
-                None
-            }
-        })
-    }
-
-    /// Whether this driver waits for `ack` from `task` (acks it does not wait for belong to the
-    /// Koala core or are not an error in this phase).
-    pub fn waits_for(&self, task: TaskId, ack: &TaskAck) -> bool {
-        Expect::of(ack).is_some_and(|e| self.waiting.contains(&(task, e)))
-    }
-
-    /// Tasks whose acks are still awaited (for timeouts and error messages).
-    pub fn waiting_for(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.waiting.iter().map(|(t, e)| format!("{t}:{e:?}")).collect();
-        v.sort();
-        v
-    }
-
-    /// Upstream tasks of the reconfigured operator (they must still be running to start).
-    pub fn upstream(&self) -> &[TaskId] {
-        &self.upstream
+            .flat_map(|(c, _)| live(d, c).into_iter().map(move |i| TaskId::new(c, i)))
+            .filter(|t| !d.finished.contains(t))
+            .collect(),
     }
 }
 

@@ -129,6 +129,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         queue: VecDeque::new(),
         active: None,
         last_progress: Instant::now(),
+        switched: Default::default(),
         koala: KoalaCoordinator::new(),
         inputs_ended: BTreeMap::new(),
         epoch: 0,
@@ -152,8 +153,10 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             if state.remaining.is_empty() {
                 return Ok(());
             }
+            // Only with nothing queued: a coordinator that was busy has heartbeats waiting.
             if let Some((worker, seen)) = last_seen.iter().min_by_key(|(_, t)| **t)
                 && seen.elapsed() > heartbeat_timeout
+                && events.is_empty()
             {
                 return Err(CoordinatorError::WorkerSilent {
                     worker: *worker,
@@ -193,7 +196,9 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
                         .collect();
                     state.store.insert_samples(&job.run, &rows)?;
                 }
-                Ok(Event::Worker(_, Some(WorkerMessage::TaskFinished { task }))) => state.task_finished(task),
+                Ok(Event::Worker(_, Some(WorkerMessage::TaskFinished { task }))) => {
+                    state.task_finished(task)?
+                }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
                     return Err(CoordinatorError::TaskFailed { task: state.name(task), error });
                 }

@@ -50,3 +50,11 @@ fn unknown_query_parameter_is_named() {
     let err = rejected(&format!("{BASE}[params.generator]\nkey_spaec = 10\n"));
     assert!(err.contains("key_spaec"), "{err}");
 }
+
+#[test]
+fn timeouts_below_a_second_are_named() {
+    let err = rejected(&format!("{BASE}[runtime]\nheartbeat_timeout_s = 0.0\n"));
+    assert!(err.contains("runtime.heartbeat_timeout_s"), "{err}");
+    let err = rejected(&format!("{BASE}[runtime]\nreconfiguration_timeout_s = -5.0\n"));
+    assert!(err.contains("runtime.reconfiguration_timeout_s"), "{err}");
+}

@@ -1,7 +1,9 @@
 //! Kafka in and out on a real Kafka-protocol broker (tansu, started by the test on a free port):
 //! `koala produce`'s Nexmark bids → a job (2 worker processes) reads them through the keyed
 //! aggregation → a sink topic → an independent consumer checks count and contents against the
-//! generator's bids; the source lag is in the metrics DB.
+//! generator's bids; the source lag is in the metrics DB. A second job reads a one-partition
+//! topic with two source tasks (one has no partition and finishes at once) and is rescaled twice
+//! while it runs, under each protocol; its output must be exactly the same.
 
 mod common;
 
@@ -42,9 +44,25 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
     );
     let out = common::run_job(dir.path(), &config);
 
-    // The independent check: the generator's bids, folded per auction.
+    check_totals(&brokers, &nexmark, "e2e-totals", produced.per_kind[2]);
+
+    let store = MetricsStore::open(&out.join("metrics.db")).expect("metrics db");
+    let run = store.latest_run().expect("runs").expect("a run").run;
+    let lag =
+        store.per_second(&run, metric::SOURCE_LAG_MEAN_MS, Aggregate::Mean, TaskScope::All).expect("lag");
+    assert!(!lag.is_empty(), "no Kafka lag samples in the metrics DB");
+    let offsets = store
+        .per_second(&run, metric::SOURCE_OFFSET_LAG, Aggregate::Sum, TaskScope::All)
+        .expect("offset lag");
+    assert!(!offsets.is_empty(), "no offset-lag samples (Fetch high watermark) in the metrics DB");
+    drop(broker);
+}
+
+/// The independent check: the generator's bids folded per auction equal what the sink topic holds
+/// (read back from both of its partitions): every bid counted once, every auction's sum.
+fn check_totals(brokers: &[String], nexmark: &NexmarkConfig, topic: &str, produced_bids: u64) {
     let mut expected: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-    for producer in 0..2 {
+    for producer in 0..nexmark.producers {
         let g = NexmarkGenerator::new(NexmarkConfig { producer_index: producer, ..nexmark.clone() })
             .expect("config");
         for event in g.events() {
@@ -56,13 +74,13 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
         }
     }
     let bids: u64 = expected.values().map(|(c, _)| c).sum();
-    assert_eq!(bids, produced.per_kind[2]);
+    assert_eq!(bids, produced_bids);
 
     // Read the sink topic back (both partitions) until its end.
     let mut totals: Vec<BidTotal> = Vec::new();
     for partition_task in 0..2 {
-        let spec = KafkaSourceSpec::<BidTotal>::new(brokers.clone(), "e2e-totals", ValueFormat::Json)
-            .until_end(true);
+        let spec =
+            KafkaSourceSpec::<BidTotal>::new(brokers.to_vec(), topic, ValueFormat::Json).until_end(true);
         let mut source = spec.build(TaskInstance { index: partition_task, parallelism: 2 });
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
@@ -91,15 +109,46 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
         let last = rows.last().expect("rows");
         assert_eq!(last.sum_price, *sum, "auction {auction}: sum of prices");
     }
+}
 
+/// Produces `EVENTS` Nexmark events to one partition per topic, then runs the bid aggregate with
+/// two source tasks for 4 s, rescaling the aggregate 2 → 3 at 1 s and 3 → 1 at 2 s.
+fn rescaled_while_reading_one_partition(protocol: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = start(BrokerOptions::new(dir.path().join("broker"))).expect("start tansu");
+    let brokers = vec![broker.bootstrap().to_string()];
+    let nexmark = NexmarkConfig { events: Some(EVENTS), producers: 1, ..Default::default() };
+    let mut options = ProduceOptions::new(brokers.clone(), nexmark.clone());
+    options.topic_prefix = "one".into();
+    options.progress = false;
+    options.wall_clock_event_time = false;
+    let produced = produce(&options).expect("produce");
+    let config = format!(
+        "query = \"bid-aggregate\"\nworkers = 2\nprotocol = \"{protocol}\"\nduration_s = 4\noutput_dir = \"{}\"\n\
+         [parallelism]\nbids = 2\naggregate = 2\nsink = 2\n\
+         [params]\ninput = \"kafka\"\noutput = \"kafka\"\n\
+         [params.kafka]\nbrokers = [\"{}\"]\ntopic_prefix = \"one\"\noutput_topic = \"one-totals\"\n\
+         [[reconfigurations]]\nat_s = 1.0\noperator = \"aggregate\"\nparallelism = 3\n\
+         [[reconfigurations]]\nat_s = 2.0\noperator = \"aggregate\"\nparallelism = 1\n",
+        dir.path().join("out").display(),
+        brokers[0]
+    );
+    let (out, log) = common::run_job_logged(dir.path(), &config);
+    let completed = log.lines().filter(|l| l.contains("] completed")).count();
+    assert_eq!(completed, 2, "both rescales must complete; log:\n{log}");
     let store = MetricsStore::open(&out.join("metrics.db")).expect("metrics db");
-    let run = store.latest_run().expect("runs").expect("a run").run;
-    let lag =
-        store.per_second(&run, metric::SOURCE_LAG_MEAN_MS, Aggregate::Mean, TaskScope::All).expect("lag");
-    assert!(!lag.is_empty(), "no Kafka lag samples in the metrics DB");
-    let offsets = store
-        .per_second(&run, metric::SOURCE_OFFSET_LAG, Aggregate::Sum, TaskScope::All)
-        .expect("offset lag");
-    assert!(!offsets.is_empty(), "no offset-lag samples (Fetch high watermark) in the metrics DB");
+    let info = store.latest_run().expect("runs").expect("a run");
+    assert_eq!(info.protocol, protocol, "the run used another protocol");
+    check_totals(&brokers, &nexmark, "one-totals", produced.per_kind[2]);
     drop(broker);
+}
+
+#[test]
+fn koala_rescales_a_job_reading_a_one_partition_topic_with_two_source_tasks() {
+    rescaled_while_reading_one_partition("koala");
+}
+
+#[test]
+fn stop_and_restart_rescales_a_job_reading_a_one_partition_topic_with_two_source_tasks() {
+    rescaled_while_reading_one_partition("stop-and-restart");
 }

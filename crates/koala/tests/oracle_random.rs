@@ -44,24 +44,21 @@ use common::model::{Model, Request, parse_config};
 use common::oracle::{RunSpec, compare_rows, rows_per_key, verify_run};
 use common::{config_top, run_koala, strip_ansi};
 use koala_dataflow::KeyedEventsConfig;
+use koala_protocol::koala::sim::SplitMix64;
 
 /// A run that takes longer than this (a normal one takes a few seconds) counts as hung.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Deterministic splitmix64.
-struct Rng(u64);
+/// The simulator's splitmix64, with the helpers the schedules need.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn new(seed: u64) -> Self {
-        Self(seed ^ 0x6b6f_616c_615f_7273)
+        Self(SplitMix64::new(seed ^ 0x6b6f_616c_615f_7273))
     }
 
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `lo..=hi`.

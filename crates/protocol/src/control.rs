@@ -126,6 +126,14 @@ pub enum CoordinatorMessage {
         /// The task.
         task: TaskId,
     },
+    /// An upstream task of the running reconfiguration finished before it switched routing:
+    /// the new tasks `tasks` will never hear from it and treat it as ended.
+    UpstreamEnded {
+        /// The finished upstream task.
+        upstream: TaskId,
+        /// The reconfiguration's new tasks.
+        tasks: Vec<TaskId>,
+    },
     /// Exit.
     Shutdown,
 }

@@ -6,6 +6,7 @@
 pub mod control;
 pub mod koala;
 mod moves;
+pub mod phases;
 pub mod watermark;
 
 pub use control::{

@@ -184,6 +184,15 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     }
                 }
             }
+            CoordinatorMessage::UpstreamEnded { upstream, tasks } => {
+                if let Some(j) = &job {
+                    for task in &tasks {
+                        if let Some(tx) = j.commands.get(task) {
+                            let _ = tx.send(TaskCommand::UpstreamEnded(upstream));
+                        }
+                    }
+                }
+            }
             CoordinatorMessage::Release { task } => {
                 if let Some(tx) = job.as_ref().and_then(|j| j.commands.get(&task)) {
                     let _ = tx.send(TaskCommand::Release);

@@ -8,31 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use koala_coordinator::metrics_store::{MetricsStore, Reconfiguration, RunInfo};
 use koala_types::metric;
 use rusqlite::{Connection, OpenFlags};
 
 use super::model::{Applied, apply_schedule, bucket_of_key};
-
-/// One row of the `reconfigurations` table.
-#[derive(Clone, Debug)]
-pub struct ReconfRow {
-    /// Epoch.
-    pub epoch: u64,
-    /// Operator name.
-    pub operator: String,
-    /// `scale_out`, `scale_in`, `rebalance`, `migrate`.
-    pub kind: String,
-    /// Protocol name.
-    pub protocol: String,
-    /// Start, unix ms.
-    pub started_ms: u64,
-    /// Completion, unix ms.
-    pub completed_ms: Option<u64>,
-    /// Buckets whose owner changed.
-    pub buckets_moved: u64,
-    /// State bytes moved up to completion.
-    pub bytes_moved: u64,
-}
 
 /// What a run's metrics database holds about it.
 #[derive(Clone, Debug)]
@@ -46,7 +26,7 @@ pub struct RunRecord {
     /// The run's config, as TOML.
     pub config: String,
     /// Reconfigurations by epoch.
-    pub reconfigurations: Vec<ReconfRow>,
+    pub reconfigurations: Vec<Reconfiguration>,
     /// (task, metric) → sum over the run's samples.
     pub sums: BTreeMap<(String, String), f64>,
     /// What [`check_run`] checked beyond protocol, config and counts (for the test's output).
@@ -56,45 +36,19 @@ pub struct RunRecord {
 impl RunRecord {
     /// Reads the only run of `db`.
     pub fn read(db: &Path) -> Result<Self, String> {
-        let fail = |what: &str, e: rusqlite::Error| format!("metrics db {}: {what}: {e}", db.display());
-        let conn =
-            Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|e| fail("open", e))?;
-        let mut runs: Vec<(String, u64, String, String)> = {
-            let mut stmt = conn
-                .prepare("SELECT run, started_ms, protocol, config FROM runs")
-                .map_err(|e| fail("read runs", e))?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-                .map_err(|e| fail("read runs", e))?;
-            rows.collect::<Result<_, _>>().map_err(|e| fail("read runs", e))?
-        };
+        let store = MetricsStore::open(db).map_err(|e| format!("metrics db {}: {e}", db.display()))?;
+        let mut runs = store.runs().map_err(|e| format!("metrics db {}: {e}", db.display()))?;
         if runs.len() != 1 {
             return Err(format!("metrics db {}: {} runs recorded, expected 1", db.display(), runs.len()));
         }
-        let (run, started_ms, protocol, config) = runs.remove(0);
-        let reconfigurations = {
-            let mut stmt = conn
-                .prepare(
-                    "SELECT epoch, operator, kind, protocol, started_ms, completed_ms, buckets_moved, \
-                     bytes_moved FROM reconfigurations WHERE run = ?1 ORDER BY epoch",
-                )
-                .map_err(|e| fail("read reconfigurations", e))?;
-            let rows = stmt
-                .query_map([&run], |r| {
-                    Ok(ReconfRow {
-                        epoch: r.get(0)?,
-                        operator: r.get(1)?,
-                        kind: r.get(2)?,
-                        protocol: r.get(3)?,
-                        started_ms: r.get(4)?,
-                        completed_ms: r.get(5)?,
-                        buckets_moved: r.get(6)?,
-                        bytes_moved: r.get(7)?,
-                    })
-                })
-                .map_err(|e| fail("read reconfigurations", e))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(|e| fail("read reconfigurations", e))?
-        };
+        let RunInfo { run, started_ms, protocol, config, .. } = runs.remove(0);
+        let mut reconfigurations =
+            store.reconfigurations(&run).map_err(|e| format!("metrics db {}: {e}", db.display()))?;
+        reconfigurations.sort_by_key(|r| r.epoch);
+        // Per-task totals: one query, not one per (task, metric) pair.
+        let fail = |what: &str, e: rusqlite::Error| format!("metrics db {}: {what}: {e}", db.display());
+        let conn =
+            Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|e| fail("open", e))?;
         let sums = {
             let mut stmt = conn
                 .prepare("SELECT task, metric, SUM(value) FROM metrics WHERE run = ?1 GROUP BY task, metric")

@@ -233,10 +233,29 @@ impl KoalaCoordinator {
 
     fn on_ack(&mut self, from: TaskId, epoch: Epoch, ack: TaskAck, out: &mut Vec<CoordinatorAction>) {
         let operator = from.operator;
+        let unexpected = |op: Option<&OperatorState>| {
+            let state = match op.map(|o| &o.phase) {
+                None => "unknown operator".to_string(),
+                Some(Phase::Idle) => "no epoch running".to_string(),
+                Some(Phase::AwaitReady { reconf, pending, .. }) => {
+                    format!("epoch {} awaits PeerReady from {pending:?}", reconf.epoch)
+                }
+                Some(Phase::AwaitDone { reconf, pending, .. }) => {
+                    format!("epoch {} awaits Done from {pending:?}", reconf.epoch)
+                }
+            };
+            CoordinatorAction::Error(ProtocolError::UnexpectedAck {
+                from,
+                epoch,
+                ack: format!("{ack:?}"),
+                state,
+            })
+        };
         let Some(op) = self.operators.get_mut(&operator) else {
-            out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+            out.push(unexpected(None));
             return;
         };
+        let refused = unexpected(Some(op));
         match ack {
             TaskAck::LocationDrained { location } => {
                 // Kept even before `location` retires: the report may overtake the epoch's end.
@@ -245,11 +264,11 @@ impl KoalaCoordinator {
             }
             TaskAck::PeerReady => {
                 let Phase::AwaitReady { reconf, target, pending } = &mut op.phase else {
-                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    out.push(refused.clone());
                     return;
                 };
                 if reconf.epoch != epoch || !pending.remove(&from) {
-                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    out.push(refused.clone());
                     return;
                 }
                 if pending.is_empty() {
@@ -263,11 +282,11 @@ impl KoalaCoordinator {
             }
             TaskAck::Done => {
                 let Phase::AwaitDone { reconf, target, pending } = &mut op.phase else {
-                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    out.push(refused.clone());
                     return;
                 };
                 if reconf.epoch != epoch || !pending.remove(&from) {
-                    out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch }));
+                    out.push(refused.clone());
                     return;
                 }
                 if pending.is_empty() {
@@ -280,7 +299,7 @@ impl KoalaCoordinator {
                     self.start_next(operator, out);
                 }
             }
-            _ => out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch })),
+            _ => out.push(refused),
         }
     }
 

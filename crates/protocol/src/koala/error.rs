@@ -85,6 +85,10 @@ pub enum ProtocolError {
         from: TaskId,
         /// Its epoch.
         epoch: Epoch,
+        /// The ack, as printed.
+        ack: String,
+        /// What the operator's reconfiguration was doing when it arrived.
+        state: String,
     },
     /// A routing table or assignment whose length is not the number of buckets, or that names a
     /// task that cannot own buckets.
@@ -131,8 +135,8 @@ impl fmt::Display for ProtocolError {
             Self::FetchOfOwnedBucket { from, bucket } => {
                 write!(f, "{from} fetched state of bucket {bucket} from its owner")
             }
-            Self::UnexpectedAck { from, epoch } => {
-                write!(f, "unexpected ack from {from} for epoch {epoch}")
+            Self::UnexpectedAck { from, epoch, ack, state } => {
+                write!(f, "unexpected ack {ack} from {from} for epoch {epoch} ({state})")
             }
             Self::InvalidAssignment { reason } => write!(f, "invalid assignment: {reason}"),
             Self::WatermarkRegressed { last, got } => {

@@ -253,6 +253,12 @@ impl KoalaTask {
         &self.klt
     }
 
+    /// Whether `task` is an upstream whose channel is open here (markers and end of stream are
+    /// expected from it).
+    pub fn has_upstream(&self, task: TaskId) -> bool {
+        self.upstreams.contains(&task)
+    }
+
     /// The last watermark the task emitted.
     pub fn emitted_watermark(&self) -> Option<Timestamp> {
         self.emitted

@@ -178,6 +178,12 @@ impl KoalaOperator {
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }
+            TaskCommand::UpstreamEnded(upstream) => {
+                if self.ended.insert(upstream) && self.core.has_upstream(upstream) {
+                    let actions = self.core.on(TaskEvent::EndOfStream { from: upstream });
+                    self.execute(setup, outputs, actions)?;
+                }
+            }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
                     self.upstreams.insert(c.from);

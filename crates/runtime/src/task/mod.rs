@@ -53,6 +53,8 @@ pub enum TaskCommand {
     Switch(Arc<ReconfigPlan>),
     /// Koala: stop serving state and exit.
     Release,
+    /// A new task: this upstream finished before it switched routing; it will never send here.
+    UpstreamEnded(TaskId),
 }
 
 /// Everything a task loop runs with.

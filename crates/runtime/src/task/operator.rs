@@ -50,34 +50,30 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let deadline =
             outputs.next_deadline().map_or(task.metrics.next_tick(), |d| d.min(task.metrics.next_tick()));
         let timeout = deadline.saturating_duration_since(now);
-        select! {
-                    recv(setup.commands) -> cmd => match cmd {
-                        Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
-                        Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
-                    },
-        recv(setup.peer_inbox) -> item => {
-                        if let Ok(item) = item
-                            && task.on_message(&setup, &mut outputs, item.channel, item.message)?
-                        {
-                            outputs.flush_all()?;
-                            outputs.broadcast(&ChannelMessage::EndOfStream)?;
-                            setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
-                            return Ok(());
-                        }
-                    },
-                    recv(setup.inbox) -> item => {
-                        let Ok(item) = item else {
-                            return Err(RuntimeError::InputClosed(setup.task));
-                        };
-                        if task.on_message(&setup, &mut outputs, item.channel, item.message)? {
-                            outputs.flush_all()?;
-                            outputs.broadcast(&ChannelMessage::EndOfStream)?;
-                            setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
-                            return Ok(());
-                        }
-                    },
-                    default(timeout) => {}
-                }
+        // Whether every input ended (and no state is still arriving): the task is done.
+        let done = select! {
+            recv(setup.commands) -> cmd => match cmd {
+                Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
+                Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
+            },
+            recv(setup.peer_inbox) -> item => match item {
+                Ok(item) => task.on_message(&setup, &mut outputs, item.channel, item.message)?,
+                Err(_) => false,
+            },
+            recv(setup.inbox) -> item => {
+                let Ok(item) = item else {
+                    return Err(RuntimeError::InputClosed(setup.task));
+                };
+                task.on_message(&setup, &mut outputs, item.channel, item.message)?
+            },
+            default(timeout) => false,
+        };
+        if done {
+            outputs.flush_all()?;
+            outputs.broadcast(&ChannelMessage::EndOfStream)?;
+            setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+            return Ok(());
+        }
         let now = Instant::now();
         outputs.flush_due(now)?;
         setup.report(&mut task.metrics, &mut outputs, now);
@@ -101,13 +97,23 @@ impl OperatorTask {
         })
     }
 
+    /// Applies a command; true if every input has ended since (the task is done).
     fn on_command(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
         cmd: TaskCommand,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<bool, RuntimeError> {
         match cmd {
+            TaskCommand::UpstreamEnded(upstream) => {
+                let channels: Vec<InputChannel> =
+                    self.aligner.channels().filter(|c| c.from == upstream).collect();
+                for channel in channels {
+                    if self.on_message(setup, outputs, channel, ChannelMessage::EndOfStream)? {
+                        return Ok(true);
+                    }
+                }
+            }
             TaskCommand::Prepare(plan) => {
                 let mut transfer = Transfer::new(setup, plan, self.aligner.channels());
                 // A task whose inputs have all ended has nothing to wait for.
@@ -132,7 +138,7 @@ impl OperatorTask {
                 tracing::error!(task = %setup.task, epoch = plan.epoch, "resume without drain; ignored");
             }
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Handles one input message; returns true once every input has ended.
