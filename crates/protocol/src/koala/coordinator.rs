@@ -113,8 +113,19 @@ pub enum CoordinatorAction {
 #[derive(Clone, Debug)]
 enum Phase {
     Idle,
-    AwaitReady { reconf: Arc<Reconfiguration>, target: Vec<TaskId>, pending: BTreeSet<TaskId> },
-    AwaitDone { reconf: Arc<Reconfiguration>, target: Vec<TaskId>, pending: BTreeSet<TaskId> },
+    /// `done`: tasks that finished the epoch before every `PeerReady` arrived — possible for a
+    /// task none of whose upstreams is left to send a marker (their input ended).
+    AwaitReady {
+        reconf: Arc<Reconfiguration>,
+        target: Vec<TaskId>,
+        pending: BTreeSet<TaskId>,
+        done: BTreeSet<TaskId>,
+    },
+    AwaitDone {
+        reconf: Arc<Reconfiguration>,
+        target: Vec<TaskId>,
+        pending: BTreeSet<TaskId>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -192,6 +203,14 @@ impl KoalaCoordinator {
         }
     }
 
+    /// The running epoch of `operator`, if any.
+    pub fn running(&self, operator: OperatorId) -> Option<Arc<Reconfiguration>> {
+        match self.operators.get(&operator).map(|o| &o.phase) {
+            Some(Phase::AwaitReady { reconf, .. } | Phase::AwaitDone { reconf, .. }) => Some(reconf.clone()),
+            _ => None,
+        }
+    }
+
     /// Tasks whose ack the running epoch of `operator` still waits for, with what it waits for.
     pub fn waiting_for(&self, operator: OperatorId) -> Vec<(TaskId, &'static str)> {
         match self.operators.get(&operator).map(|o| &o.phase) {
@@ -263,7 +282,7 @@ impl KoalaCoordinator {
                 Self::release(op, out);
             }
             TaskAck::PeerReady => {
-                let Phase::AwaitReady { reconf, target, pending } = &mut op.phase else {
+                let Phase::AwaitReady { reconf, target, pending, done } = &mut op.phase else {
                     out.push(refused.clone());
                     return;
                 };
@@ -275,32 +294,48 @@ impl KoalaCoordinator {
                     for &to in &op.upstreams {
                         out.push(CoordinatorAction::SwitchRouting { to, epoch, assignment: target.clone() });
                     }
-                    let (reconf, target) = (reconf.clone(), target.clone());
-                    let pending = participants(&op.assignment, &target);
+                    let (reconf, target, done) = (reconf.clone(), target.clone(), std::mem::take(done));
+                    let pending: BTreeSet<TaskId> =
+                        participants(&op.assignment, &target).difference(&done).copied().collect();
                     op.phase = Phase::AwaitDone { reconf, target, pending };
+                    self.complete_if_done(operator, epoch, out);
                 }
             }
-            TaskAck::Done => {
-                let Phase::AwaitDone { reconf, target, pending } = &mut op.phase else {
-                    out.push(refused.clone());
-                    return;
-                };
-                if reconf.epoch != epoch || !pending.remove(&from) {
-                    out.push(refused.clone());
-                    return;
+            TaskAck::Done => match &mut op.phase {
+                // Done before the last PeerReady: the task had sent its own PeerReady already.
+                Phase::AwaitReady { reconf, pending, done, target } => {
+                    let known = participants(&op.assignment, target).contains(&from);
+                    if reconf.epoch != epoch || !known || pending.contains(&from) || !done.insert(from) {
+                        out.push(refused);
+                    }
                 }
-                if pending.is_empty() {
-                    op.assignment = std::mem::take(target);
-                    op.retired.extend(reconf.cancelled.iter().copied());
-                    op.last_epoch = epoch;
-                    op.phase = Phase::Idle;
-                    out.push(CoordinatorAction::Completed { operator, epoch });
-                    Self::release(op, out);
-                    self.start_next(operator, out);
+                Phase::AwaitDone { reconf, pending, .. } => {
+                    if reconf.epoch != epoch || !pending.remove(&from) {
+                        out.push(refused);
+                        return;
+                    }
+                    self.complete_if_done(operator, epoch, out);
                 }
-            }
+                Phase::Idle => out.push(refused),
+            },
             _ => out.push(refused),
         }
+    }
+
+    /// Completes the running epoch of `operator` once every participant is done.
+    fn complete_if_done(&mut self, operator: OperatorId, epoch: Epoch, out: &mut Vec<CoordinatorAction>) {
+        let Some(op) = self.operators.get_mut(&operator) else { return };
+        let Phase::AwaitDone { reconf, target, pending } = &mut op.phase else { return };
+        if !pending.is_empty() {
+            return;
+        }
+        op.assignment = std::mem::take(target);
+        op.retired.extend(reconf.cancelled.iter().copied());
+        op.last_epoch = epoch;
+        op.phase = Phase::Idle;
+        out.push(CoordinatorAction::Completed { operator, epoch });
+        Self::release(op, out);
+        self.start_next(operator, out);
     }
 
     /// Releases every retired task no live task points at any more (only between epochs).
@@ -345,7 +380,12 @@ impl KoalaCoordinator {
                     for &to in &pending {
                         out.push(CoordinatorAction::Start { to, reconfiguration: reconf.clone() });
                     }
-                    op.phase = Phase::AwaitReady { reconf, target: request.assignment, pending };
+                    op.phase = Phase::AwaitReady {
+                        reconf,
+                        target: request.assignment,
+                        pending,
+                        done: BTreeSet::new(),
+                    };
                 }
                 Err(e) => out.push(CoordinatorAction::Error(e)),
             }
@@ -452,6 +492,36 @@ mod tests {
         assert_eq!(c.retired(OperatorId(2)), BTreeSet::from([t(2, 0)]));
         let out = c.on(ack(t(2, 1), (2, TaskAck::LocationDrained { location: t(2, 0) })));
         assert_eq!(out, vec![CoordinatorAction::ReleaseTask { task: t(2, 0) }]);
+    }
+
+    /// A task whose upstreams all ended has no marker to wait for: its `Done` may overtake
+    /// another task's `PeerReady`. It counts, and the epoch completes once every task is done.
+    #[test]
+    fn done_before_the_last_peer_ready_counts() {
+        let mut c = KoalaCoordinator::new();
+        let spec = KeyedOperator {
+            operator: OperatorId(1),
+            assignment: vec![t(1, 0); 4],
+            upstreams: BTreeSet::new(),
+        };
+        c.register(spec).expect("register");
+        let request = NewAssignment {
+            operator: OperatorId(1),
+            assignment: vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)],
+            extra_keys: 0,
+            epoch: 1,
+        };
+        c.on(CoordinatorEvent::Request(request));
+        let ack = |from, ack| CoordinatorEvent::Ack { from, epoch: 1, ack };
+        assert!(c.on(ack(t(1, 0), TaskAck::PeerReady)).is_empty());
+        assert!(c.on(ack(t(1, 0), TaskAck::Done)).is_empty(), "an early Done is kept, not refused");
+        assert!(
+            matches!(&c.on(ack(t(1, 1), TaskAck::Done))[..], [CoordinatorAction::Error(_)]),
+            "Done before PeerReady"
+        );
+        c.on(ack(t(1, 1), TaskAck::PeerReady));
+        let out = c.on(ack(t(1, 1), TaskAck::Done));
+        assert_eq!(out, vec![CoordinatorAction::Completed { operator: OperatorId(1), epoch: 1 }]);
     }
 
     #[test]

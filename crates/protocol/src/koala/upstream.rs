@@ -60,6 +60,11 @@ impl UpstreamRouter {
         Ok(Self { table: assignment, outputs, watermark: None, epoch: 0, ended: false })
     }
 
+    /// The last epoch whose routing switch this upstream applied (0 = the initial table).
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
     /// The current routing table.
     pub fn table(&self) -> &[TaskId] {
         &self.table
@@ -99,6 +104,9 @@ impl UpstreamRouter {
                         .map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(time) }),
                 );
             }
+            // A finished upstream task is gone: it switches nothing. The coordinator learns that
+            // it finished and tells the epoch's new tasks instead.
+            RouterEvent::SwitchRouting { .. } if self.ended => {}
             RouterEvent::SwitchRouting { epoch, assignment } => {
                 if epoch <= self.epoch {
                     return Err(ProtocolError::StaleEpoch { got: epoch, current: self.epoch });

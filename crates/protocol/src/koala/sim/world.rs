@@ -42,8 +42,15 @@ pub(crate) enum Msg {
     FetchRequest(FetchRequest),
     FetchResponse(FetchResponse),
     Start(Arc<Reconfiguration>),
-    Switch { epoch: Epoch, assignment: Vec<TaskId> },
+    Switch {
+        epoch: Epoch,
+        assignment: Vec<TaskId>,
+    },
     Ack(Epoch, TaskAck),
+    /// An upstream finished (to the coordinator, as the job's coordinator hears of it).
+    UpstreamEnded(TaskId),
+    /// The coordinator tells a new task that an upstream finished before it switched.
+    EndedUpstream(TaskId),
 }
 
 type ChannelKey = (Node, Node, Kind);
@@ -137,6 +144,8 @@ pub(crate) struct World {
     pub(crate) processed_total: u64,
     early_switched: BTreeSet<Epoch>,
     pub(crate) stats: SimStats,
+    /// Upstreams whose end the coordinator has heard of.
+    pub(crate) finished: BTreeSet<TaskId>,
 }
 
 impl World {
@@ -197,6 +206,7 @@ impl World {
             emitted_total: 0,
             processed_total: 0,
             early_switched: BTreeSet::new(),
+            finished: BTreeSet::new(),
             stats: SimStats { progressive: extra_keys > 0, ..SimStats::default() },
         })
     }
@@ -250,10 +260,9 @@ impl World {
     }
 
     fn can_emit(&self, u: usize) -> bool {
+        // A source may end at any time, also in the middle of a reconfiguration.
         let up = &self.upstreams[u];
-        // Sources end only once every reconfiguration ran (a marker needs a live upstream).
-        up.remaining > 0
-            || (!up.ended && self.next_request == self.targets.len() && self.coordinator.is_idle(TARGET))
+        up.remaining > 0 || !up.ended
     }
 
     /// With nothing in flight, gives every task an idle turn; true if that produced messages.
@@ -273,8 +282,12 @@ impl World {
         let up = &mut self.upstreams[u];
         if up.remaining == 0 {
             up.ended = true;
+            let id = up.id;
             let actions = up.router.on(RouterEvent::EndOfStream);
-            return self.route(u, actions);
+            self.route(u, actions)?;
+            self.channels
+                .push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::UpstreamEnded(id));
+            return Ok(());
         }
         let mut records = Vec::new();
         for _ in 0..n.min(self.upstreams[u].remaining) {
@@ -332,6 +345,30 @@ impl World {
                 };
                 let actions = self.coordinator.on(CoordinatorEvent::Ack { from, epoch, ack });
                 self.exec_coordinator(actions)
+            }
+            (Node::Coordinator, Msg::UpstreamEnded(u)) => {
+                // As the job's coordinator does: no later epoch counts on it, and the running
+                // epoch's new tasks hear that it finished if it never switched.
+                self.finished.insert(u);
+                let live =
+                    self.upstreams.iter().map(|x| x.id).filter(|x| !self.finished.contains(x)).collect();
+                self.coordinator.set_upstreams(TARGET, live);
+                let switched = self.upstreams.iter().find(|x| x.id == u).map_or(0, |x| x.router.epoch());
+                if let Some(reconf) = self.coordinator.running(TARGET)
+                    && switched < reconf.epoch
+                {
+                    for &n in &reconf.new_tasks {
+                        self.channels
+                            .push((Node::Coordinator, Node::Task(n), Kind::Control), Msg::EndedUpstream(u));
+                    }
+                }
+                Ok(())
+            }
+            (Node::Task(id), Msg::EndedUpstream(u)) => {
+                if self.tasks.get(&id).is_some_and(|t| t.core.has_upstream(u)) {
+                    self.feed(id, TaskEvent::EndOfStream { from: u })?;
+                }
+                Ok(())
             }
             (Node::Upstream(id), Msg::Switch { epoch, assignment }) => {
                 let u = self.upstreams.iter().position(|x| x.id == id).ok_or("switch to unknown upstream")?;
