@@ -26,13 +26,7 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
     let brokers = vec![broker.bootstrap().to_string()];
 
     // Two producers write two partitions; event times come from the generator (deterministic).
-    let nexmark = NexmarkConfig { events: Some(EVENTS), producers: 2, ..Default::default() };
-    let mut options = ProduceOptions::new(brokers.clone(), nexmark.clone());
-    options.topic_prefix = "e2e".into();
-    options.progress = false;
-    options.wall_clock_event_time = false;
-    let produced = produce(&options).expect("produce");
-    assert_eq!(produced.records, EVENTS);
+    let (nexmark, bids) = produce_events(&brokers, 2, "e2e");
 
     let config = format!(
         "query = \"bid-aggregate\"\nworkers = 2\noutput_dir = \"{}\"\n\
@@ -44,7 +38,7 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
     );
     let out = common::run_job(dir.path(), &config);
 
-    check_totals(&brokers, &nexmark, "e2e-totals", produced.per_kind[2]);
+    check_totals(&brokers, &nexmark, "e2e-totals", bids);
 
     let store = MetricsStore::open(&out.join("metrics.db")).expect("metrics db");
     let run = store.latest_run().expect("runs").expect("a run").run;
@@ -56,6 +50,19 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
         .expect("offset lag");
     assert!(!offsets.is_empty(), "no offset-lag samples (Fetch high watermark) in the metrics DB");
     drop(broker);
+}
+
+/// Produces `EVENTS` Nexmark events with `producers` producers (= partitions per topic) under
+/// `prefix`, event times from the generator; returns the generator config and the bids written.
+fn produce_events(brokers: &[String], producers: u32, prefix: &str) -> (NexmarkConfig, u64) {
+    let nexmark = NexmarkConfig { events: Some(EVENTS), producers, ..Default::default() };
+    let mut options = ProduceOptions::new(brokers.to_vec(), nexmark.clone());
+    options.topic_prefix = prefix.into();
+    options.progress = false;
+    options.wall_clock_event_time = false;
+    let produced = produce(&options).expect("produce");
+    assert_eq!(produced.records, EVENTS);
+    (nexmark, produced.per_kind[2])
 }
 
 /// The independent check: the generator's bids folded per auction equal what the sink topic holds
@@ -117,12 +124,7 @@ fn rescaled_while_reading_one_partition(protocol: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let broker = start(BrokerOptions::new(dir.path().join("broker"))).expect("start tansu");
     let brokers = vec![broker.bootstrap().to_string()];
-    let nexmark = NexmarkConfig { events: Some(EVENTS), producers: 1, ..Default::default() };
-    let mut options = ProduceOptions::new(brokers.clone(), nexmark.clone());
-    options.topic_prefix = "one".into();
-    options.progress = false;
-    options.wall_clock_event_time = false;
-    let produced = produce(&options).expect("produce");
+    let (nexmark, bids) = produce_events(&brokers, 1, "one");
     let config = format!(
         "query = \"bid-aggregate\"\nworkers = 2\nprotocol = \"{protocol}\"\nduration_s = 4\noutput_dir = \"{}\"\n\
          [parallelism]\nbids = 2\naggregate = 2\nsink = 2\n\
@@ -139,7 +141,7 @@ fn rescaled_while_reading_one_partition(protocol: &str) {
     let store = MetricsStore::open(&out.join("metrics.db")).expect("metrics db");
     let info = store.latest_run().expect("runs").expect("a run");
     assert_eq!(info.protocol, protocol, "the run used another protocol");
-    check_totals(&brokers, &nexmark, "one-totals", produced.per_kind[2]);
+    check_totals(&brokers, &nexmark, "one-totals", bids);
     drop(broker);
 }
 

@@ -496,8 +496,8 @@ mod tests {
 
     /// A task whose upstreams all ended has no marker to wait for: its `Done` may overtake
     /// another task's `PeerReady`. It counts, and the epoch completes once every task is done.
-    #[test]
-    fn done_before_the_last_peer_ready_counts() {
+    /// A coordinator with operator 1 on one task (4 buckets, no upstreams).
+    fn one_task_operator() -> KoalaCoordinator {
         let mut c = KoalaCoordinator::new();
         let spec = KeyedOperator {
             operator: OperatorId(1),
@@ -505,6 +505,12 @@ mod tests {
             upstreams: BTreeSet::new(),
         };
         c.register(spec).expect("register");
+        c
+    }
+
+    #[test]
+    fn done_before_the_last_peer_ready_counts() {
+        let mut c = one_task_operator();
         let request = NewAssignment {
             operator: OperatorId(1),
             assignment: vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)],
@@ -526,13 +532,7 @@ mod tests {
 
     #[test]
     fn bad_requests_are_refused_not_panicked() {
-        let mut c = KoalaCoordinator::new();
-        let spec = KeyedOperator {
-            operator: OperatorId(1),
-            assignment: vec![t(1, 0); 4],
-            upstreams: BTreeSet::new(),
-        };
-        c.register(spec).expect("register");
+        let mut c = one_task_operator();
         for a in [vec![t(1, 0); 3], vec![t(1, 0); 4], vec![t(2, 0); 4]] {
             let out = c.on(CoordinatorEvent::Request(NewAssignment {
                 operator: OperatorId(1),
