@@ -105,6 +105,26 @@ fn broken_no_timer_firing_at_hand_over_is_caught() {
 }
 
 #[test]
+fn broken_release_without_epoch_is_caught() {
+    let mut found = None;
+    for scenario in [Scenario::Mixed { extra_keys: 0 }, Scenario::Mixed { extra_keys: 8 }, Scenario::Chain] {
+        for seed in 0..300 {
+            let config =
+                SimConfig { fault: Some(Fault::ReleaseWithoutEpoch), ..SimConfig::new(scenario, seed) };
+            if let Err(f) = run(&config) {
+                found = Some(f.to_string());
+                break;
+            }
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    let failure = found.expect("the checks never caught a release on drain reports of an older epoch");
+    println!("{failure}");
+}
+
+#[test]
 fn broken_no_parking_is_caught() {
     let failure = caught(Fault::NoParking);
     println!("{failure}");

@@ -147,6 +147,8 @@ struct OperatorState {
 #[derive(Clone, Debug, Default)]
 pub struct KoalaCoordinator {
     operators: BTreeMap<OperatorId, OperatorState>,
+    /// Fault injection (simulator's negative test): release on drain reports of any epoch.
+    release_without_epoch: bool,
 }
 
 impl KoalaCoordinator {
@@ -201,6 +203,13 @@ impl KoalaCoordinator {
         if let Some(op) = self.operators.get_mut(&operator) {
             op.upstreams = upstreams;
         }
+    }
+
+    /// Fault injection for the simulator's negative tests: release a retired task on drain
+    /// reports of any epoch (the bookkeeping the job's coordinator had before it ran this core).
+    #[doc(hidden)]
+    pub fn inject_fault_release_without_epoch(&mut self) {
+        self.release_without_epoch = true;
     }
 
     /// The running epoch of `operator`, if any.
@@ -279,7 +288,7 @@ impl KoalaCoordinator {
             TaskAck::LocationDrained { location } => {
                 // Kept even before `location` retires: the report may overtake the epoch's end.
                 op.drained.entry(location).or_default().insert(from, epoch);
-                Self::release(op, out);
+                Self::release(op, self.release_without_epoch, out);
             }
             TaskAck::PeerReady => {
                 let Phase::AwaitReady { reconf, target, pending, done } = &mut op.phase else {
@@ -334,12 +343,12 @@ impl KoalaCoordinator {
         op.last_epoch = epoch;
         op.phase = Phase::Idle;
         out.push(CoordinatorAction::Completed { operator, epoch });
-        Self::release(op, out);
+        Self::release(op, self.release_without_epoch, out);
         self.start_next(operator, out);
     }
 
     /// Releases every retired task no live task points at any more (only between epochs).
-    fn release(op: &mut OperatorState, out: &mut Vec<CoordinatorAction>) {
+    fn release(op: &mut OperatorState, any_epoch: bool, out: &mut Vec<CoordinatorAction>) {
         if !matches!(op.phase, Phase::Idle) {
             return;
         }
@@ -350,7 +359,8 @@ impl KoalaCoordinator {
             .copied()
             .filter(|r| {
                 let reports = op.drained.get(r);
-                live.iter().all(|t| reports.and_then(|m| m.get(t)) == Some(&op.last_epoch))
+                live.iter()
+                    .all(|t| reports.and_then(|m| m.get(t)).is_some_and(|e| any_epoch || *e == op.last_epoch))
             })
             .collect();
         for task in released {

@@ -32,6 +32,8 @@ pub enum Fault {
     NoParking,
     /// Senders hand timers over without firing those due at their event time first.
     NoTimerFiringAtHandOver,
+    /// The coordinator releases a retired task on drain reports of any epoch.
+    ReleaseWithoutEpoch,
 }
 
 impl Fault {
@@ -41,6 +43,7 @@ impl Fault {
             "switch_before_peer_ready" => Some(Self::SwitchBeforePeerReady),
             "no_parking" => Some(Self::NoParking),
             "no_timer_firing_at_hand_over" => Some(Self::NoTimerFiringAtHandOver),
+            "release_without_epoch" => Some(Self::ReleaseWithoutEpoch),
             _ => None,
         }
     }
@@ -126,6 +129,7 @@ impl fmt::Display for SimFailure {
             Some(Fault::SwitchBeforePeerReady) => " KOALA_SIM_FAULT=switch_before_peer_ready",
             Some(Fault::NoParking) => " KOALA_SIM_FAULT=no_parking",
             Some(Fault::NoTimerFiringAtHandOver) => " KOALA_SIM_FAULT=no_timer_firing_at_hand_over",
+            Some(Fault::ReleaseWithoutEpoch) => " KOALA_SIM_FAULT=release_without_epoch",
             None => "",
         };
         write!(

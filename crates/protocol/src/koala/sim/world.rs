@@ -160,6 +160,9 @@ impl World {
         let mut triggers: Vec<u64> = targets.iter().map(|_| rng.next_u64() % total.max(1)).collect();
         triggers.sort_unstable();
         let mut coordinator = KoalaCoordinator::new();
+        if cfg.fault == Some(Fault::ReleaseWithoutEpoch) {
+            coordinator.inject_fault_release_without_epoch();
+        }
         let spec = KeyedOperator {
             operator: TARGET,
             assignment: initial.clone(),
