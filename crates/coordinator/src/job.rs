@@ -1,7 +1,7 @@
 //! The running job as the coordinator tracks it: the deployment, the reconfiguration queue, the
 //! running reconfiguration's driver, and Koala's coordinator core, fed with the tasks' acks.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -18,7 +18,7 @@ use crate::control::Workers;
 use crate::error::CoordinatorError;
 use crate::metrics_store::{MetricsStore, ReconfigurationCompletion, ReconfigurationStart};
 use crate::progress::ProgressEvent;
-use crate::reconfig::{kind_name, participants, plan as plan_reconfiguration, upstream_tasks};
+use crate::reconfig::{assignment, kind_name, participants, plan as plan_reconfiguration, upstream_tasks};
 use crate::server::unix_ms;
 
 /// A reconfiguration waiting to run, and who to tell.
@@ -35,7 +35,6 @@ pub(crate) struct JobState<'a> {
     pub(crate) workers: Workers,
     pub(crate) deployment: Deployment,
     pub(crate) next_index: BTreeMap<OperatorId, u32>,
-    pub(crate) remaining: HashSet<TaskId>,
     pub(crate) store: MetricsStore,
     pub(crate) progress: Option<Sender<ProgressEvent>>,
     pub(crate) queue: VecDeque<Queued>,
@@ -58,6 +57,29 @@ impl JobState<'_> {
     pub(crate) fn say(&self, event: ProgressEvent) {
         if let Some(tx) = &self.progress {
             let _ = tx.send(event);
+        }
+    }
+
+    /// Whether every task ever placed (the running reconfiguration's new ones included) finished.
+    pub(crate) fn all_finished(&self) -> bool {
+        let placed = self.active.as_ref().map_or(&self.deployment, |(d, ..)| &d.plan.deployment);
+        placed.placement.keys().all(|t| self.deployment.finished.contains(t))
+    }
+
+    /// Answers a request that will not run (if a client waits) and says so.
+    fn reject(&self, reply: Option<Sender<ClientReply>>, error: String) {
+        if let Some(r) = reply {
+            let _ = r.send(ClientReply::Rejected { error: error.clone() });
+        }
+        self.say(ProgressEvent::ReconfigurationRejected { error });
+    }
+
+    /// Keyed consumers of `op` have other upstream tasks now: their next epoch expects markers
+    /// from these.
+    fn refresh_consumer_upstreams(&mut self, op: OperatorId) {
+        for (consumer, _) in self.graph.consumers(op) {
+            let upstreams = upstream_tasks(&self.deployment, self.graph, consumer).into_iter().collect();
+            self.koala.set_upstreams(consumer, upstreams);
         }
     }
 
@@ -132,10 +154,7 @@ impl JobState<'_> {
                 Ok(p) => p,
                 Err(error) => {
                     tracing::error!(%error, "reconfiguration rejected");
-                    if let Some(r) = q.reply {
-                        let _ = r.send(ClientReply::Rejected { error: error.clone() });
-                    }
-                    self.say(ProgressEvent::ReconfigurationRejected { error });
+                    self.reject(q.reply, error);
                     continue;
                 }
             };
@@ -147,10 +166,7 @@ impl JobState<'_> {
                     "skipped: every upstream task of {:?} has finished (its input ended); nothing is left to reconfigure",
                     q.request.operator()
                 );
-                if let Some(r) = q.reply {
-                    let _ = r.send(ClientReply::Rejected { error: error.clone() });
-                }
-                self.say(ProgressEvent::ReconfigurationRejected { error });
+                self.reject(q.reply, error);
                 continue;
             }
             self.epoch = epoch;
@@ -181,9 +197,6 @@ impl JobState<'_> {
                 let _ = r.send(ClientReply::Accepted { epoch });
             }
             self.say(ProgressEvent::ReconfigurationStarted { epoch, description });
-            for i in &driver.plan.created {
-                self.remaining.insert(TaskId::new(op, *i));
-            }
             if let Some(max) = driver.plan.created.iter().max() {
                 self.next_index.insert(op, max + 1);
             }
@@ -284,16 +297,9 @@ impl JobState<'_> {
             // Once: when the phase driver has just handed over (later steps find the core busy).
             Phase::Delegated if self.koala.is_idle(driver.plan.operator) => {
                 let op = driver.plan.operator;
-                let assignment: Vec<TaskId> = driver
-                    .plan
-                    .deployment
-                    .routing
-                    .get(&op)
-                    .map(|r| r.iter().map(|i| TaskId::new(op, *i)).collect())
-                    .unwrap_or_default();
                 let request = NewAssignment {
                     operator: op,
-                    assignment,
+                    assignment: assignment(&driver.plan.deployment, op),
                     extra_keys: driver.plan.deployment.extra_keys,
                     epoch,
                 };
@@ -306,6 +312,11 @@ impl JobState<'_> {
 
     fn protocol_bug(&self, epoch: u64, error: String) -> CoordinatorError {
         CoordinatorError::Protocol { epoch, source_task: "coordinator".into(), error }
+    }
+
+    /// The epoch a protocol bug found outside an ack belongs to: the running one.
+    fn running_epoch(&self) -> u64 {
+        self.active.as_ref().map_or(self.epoch, |(d, ..)| d.plan.epoch)
     }
 
     /// Feeds Koala's coordinator core and executes its actions.
@@ -322,7 +333,7 @@ impl JobState<'_> {
                     });
                     if !planned {
                         return Err(self.protocol_bug(
-                            0,
+                            self.running_epoch(),
                             format!("the Koala core deploys {task}, which the plan did not create"),
                         ));
                     }
@@ -341,7 +352,9 @@ impl JobState<'_> {
                         error: error.to_string(),
                     });
                 }
-                CoordinatorAction::Error(error) => return Err(self.protocol_bug(0, error.to_string())),
+                CoordinatorAction::Error(error) => {
+                    return Err(self.protocol_bug(self.running_epoch(), error.to_string()));
+                }
             }
         }
         if let Some((reconfiguration, tasks)) = begin {
@@ -387,12 +400,7 @@ impl JobState<'_> {
         let finished = std::mem::take(&mut self.deployment.finished);
         self.deployment = driver.plan.deployment;
         self.deployment.finished.extend(finished);
-        // Keyed consumers of the operator now have other upstream tasks: their next epoch
-        // expects markers from these.
-        for (consumer, _) in self.graph.consumers(op) {
-            let upstreams = upstream_tasks(&self.deployment, self.graph, consumer).into_iter().collect();
-            self.koala.set_upstreams(consumer, upstreams);
-        }
+        self.refresh_consumer_upstreams(op);
         self.completed += 1;
         let lazy = self.config.protocol == Protocol::Koala;
         self.say(ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms, lazy });
@@ -402,12 +410,8 @@ impl JobState<'_> {
     /// A task finished (its input ended): no later reconfiguration waits for it, and keyed
     /// consumers expect no marker from it.
     pub(crate) fn task_finished(&mut self, task: TaskId) -> Result<(), CoordinatorError> {
-        self.remaining.remove(&task);
         self.deployment.finished.insert(task);
-        for (consumer, _) in self.graph.consumers(task.operator) {
-            let upstreams = upstream_tasks(&self.deployment, self.graph, consumer).into_iter().collect();
-            self.koala.set_upstreams(consumer, upstreams);
-        }
+        self.refresh_consumer_upstreams(task.operator);
         // An upstream of the running reconfiguration that finished before it switched (its
         // `Switched`/`Resumed` would have come first, on the same connection) never acks and
         // never opens a channel to the new tasks: they must not wait for it.
@@ -452,12 +456,7 @@ impl JobState<'_> {
 pub(crate) fn register_keyed_operators(state: &mut JobState<'_>) -> Result<(), CoordinatorError> {
     for spec in state.graph.operators.iter().filter(|o| o.is_stateful()) {
         let op = spec.id;
-        let assignment: Vec<TaskId> = state
-            .deployment
-            .routing
-            .get(&op)
-            .map(|r| r.iter().map(|i| TaskId::new(op, *i)).collect())
-            .unwrap_or_default();
+        let assignment = assignment(&state.deployment, op);
         let upstreams = upstream_tasks(&state.deployment, state.graph, op).into_iter().collect();
         state.koala.register(KeyedOperator { operator: op, assignment, upstreams }).map_err(|e| {
             CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }

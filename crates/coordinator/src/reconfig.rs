@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use koala_dataflow::JobGraph;
 use koala_protocol::phases::Participants;
-use koala_protocol::{Deployment, Moves, ReconfigPlan, ReconfigRequest, moves_between};
+use koala_protocol::{Deployment, ReconfigPlan, ReconfigRequest, moves_between};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::config::PolicyName;
@@ -21,6 +21,11 @@ pub fn kind_name(old: usize, new: usize, req: &ReconfigRequest) -> &'static str 
         ReconfigRequest::Rebalance { .. } => "rebalance",
         ReconfigRequest::Migrate { .. } => "migrate",
     }
+}
+
+/// The assignment of keyed operator `op` in `d`, bucket → owning task (empty for a stateless one).
+pub fn assignment(d: &Deployment, op: OperatorId) -> Vec<TaskId> {
+    d.routing.get(&op).map(|r| r.iter().map(|i| TaskId::new(op, *i)).collect()).unwrap_or_default()
 }
 
 fn live(d: &Deployment, op: OperatorId) -> Vec<u32> {
@@ -162,11 +167,8 @@ pub fn plan(
     if spec.is_stateful() && matches!(req, ReconfigRequest::Rescale { .. }) {
         d.routing.insert(op, assign(policy, nb, &live(&d, op)));
     }
-    let owners = |table: &Vec<u32>| table.iter().map(|i| TaskId::new(op, *i)).collect::<Vec<_>>();
-    let bucket_moves = match (current.routing.get(&op), d.routing.get(&op)) {
-        (Some(old), Some(new)) => moves_between(&owners(old), &owners(new)).map_err(|e| e.to_string())?,
-        _ => Moves::new(),
-    };
+    let bucket_moves =
+        moves_between(&assignment(current, op), &assignment(&d, op)).map_err(|e| e.to_string())?;
     if matches!(req, ReconfigRequest::Rebalance { .. }) && bucket_moves.is_empty() {
         return Err("moves: every bucket already belongs to the task given; nothing would move".into());
     }

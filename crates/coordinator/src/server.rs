@@ -2,7 +2,7 @@
 //! metrics into SQLite, notices a worker that disappears, and ends the job when every task has
 //! finished.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::net::TcpListener;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -11,7 +11,7 @@ use koala_dataflow::JobGraph;
 use koala_dataflow::graph::QueryResolver;
 use koala_protocol::koala::KoalaCoordinator;
 use koala_protocol::{ClientReply, CoordinatorMessage, Protocol, ReconfigRequest, WorkerMessage};
-use koala_types::{TaskId, WorkerId};
+use koala_types::WorkerId;
 
 use crate::config::{ConfigError, JobConfig};
 use crate::control::{Event, accept};
@@ -112,8 +112,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     })?;
     workers.broadcast(&CoordinatorMessage::Start)?;
     let started = Instant::now();
-    let remaining: HashSet<TaskId> = deployment.placement.keys().copied().collect();
-    tracing::info!(run = %job.run, tasks = remaining.len(), "job started");
+    tracing::info!(run = %job.run, tasks = deployment.placement.len(), "job started");
     let next_index =
         deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
     let mut state = JobState {
@@ -123,7 +122,6 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         workers,
         deployment,
         next_index,
-        remaining,
         store,
         progress: job.progress.clone(),
         queue: VecDeque::new(),
@@ -150,7 +148,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             state.submit(request, reply)?;
         }
         loop {
-            if state.remaining.is_empty() {
+            if state.all_finished() {
                 return Ok(());
             }
             // Only with nothing queued: a coordinator that was busy has heartbeats waiting.

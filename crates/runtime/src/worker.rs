@@ -150,7 +150,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             CoordinatorMessage::Drain { epoch } => {
                 if let Some(j) = &job {
                     match j.plans.get(&epoch) {
-                        Some(plan) => for_upstream_tasks(j, plan, |tx| tx.send(TaskCommand::Drain { epoch })),
+                        Some(plan) => send_to(j, &plan.upstreams, || TaskCommand::Drain { epoch }),
                         None => tracing::error!(epoch, "drain of an unknown reconfiguration; ignored"),
                     }
                 }
@@ -164,38 +164,32 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                             "routing switch of unknown epoch {epoch}"
                         )));
                     };
+                    // Only the live upstream tasks the plan names: a cancelled task that still serves
+                    // state (Koala) must not switch and send markers to the operator.
                     let resume = matches!(msg, CoordinatorMessage::Resume { .. });
-                    for_upstream_tasks(j, &plan, |tx| {
-                        tx.send(if resume {
+                    send_to(j, &plan.upstreams, || {
+                        if resume {
                             TaskCommand::Resume(plan.clone())
                         } else {
                             TaskCommand::Switch(plan.clone())
-                        })
+                        }
                     });
                 }
             }
             CoordinatorMessage::Begin { reconfiguration, tasks } => {
                 if let Some(j) = &job {
                     let reconfiguration = Arc::new(*reconfiguration);
-                    for task in &tasks {
-                        if let Some(tx) = j.commands.get(task) {
-                            let _ = tx.send(TaskCommand::Begin(reconfiguration.clone()));
-                        }
-                    }
+                    send_to(j, &tasks, || TaskCommand::Begin(reconfiguration.clone()));
                 }
             }
             CoordinatorMessage::UpstreamEnded { upstream, tasks } => {
                 if let Some(j) = &job {
-                    for task in &tasks {
-                        if let Some(tx) = j.commands.get(task) {
-                            let _ = tx.send(TaskCommand::UpstreamEnded(upstream));
-                        }
-                    }
+                    send_to(j, &tasks, || TaskCommand::UpstreamEnded(upstream));
                 }
             }
             CoordinatorMessage::Release { task } => {
-                if let Some(tx) = job.as_ref().and_then(|j| j.commands.get(&task)) {
-                    let _ = tx.send(TaskCommand::Release);
+                if let Some(j) = &job {
+                    send_to(j, &[task], || TaskCommand::Release);
                 }
             }
             CoordinatorMessage::Shutdown => {
@@ -314,19 +308,14 @@ fn prepare_reconfiguration(
     Ok(())
 }
 
-/// Sends a command to every local task that feeds the operator `plan` reconfigures.
-fn for_upstream_tasks(
-    job: &Job,
-    plan: &ReconfigPlan,
-    send: impl Fn(&Sender<TaskCommand>) -> Result<(), crossbeam_channel::SendError<TaskCommand>>,
-) {
-    // Only the live upstream tasks the plan names: a cancelled task that still serves state
-    // (Koala) must not switch and send markers to the operator.
-    for task in &plan.upstreams {
+/// Sends a command to each of `tasks` that runs on this worker (others are skipped; a task
+/// that already finished is logged, not an error: its work is done).
+fn send_to(job: &Job, tasks: &[TaskId], command: impl Fn() -> TaskCommand) {
+    for task in tasks {
         if let Some(tx) = job.commands.get(task)
-            && send(tx).is_err()
+            && tx.send(command()).is_err()
         {
-            tracing::warn!(%task, epoch = plan.epoch, "upstream task already finished");
+            tracing::debug!(%task, "command to a task that already finished");
         }
     }
 }

@@ -259,45 +259,50 @@ impl KoalaCoordinator {
         out
     }
 
+    /// Applies an ack; an ack the operator's epoch does not expect is refused with what the
+    /// epoch was waiting for (a refused ack changes nothing, so the state is read afterwards).
     fn on_ack(&mut self, from: TaskId, epoch: Epoch, ack: TaskAck, out: &mut Vec<CoordinatorAction>) {
-        let operator = from.operator;
-        let unexpected = |op: Option<&OperatorState>| {
-            let state = match op.map(|o| &o.phase) {
-                None => "unknown operator".to_string(),
-                Some(Phase::Idle) => "no epoch running".to_string(),
-                Some(Phase::AwaitReady { reconf, pending, .. }) => {
-                    format!("epoch {} awaits PeerReady from {pending:?}", reconf.epoch)
-                }
-                Some(Phase::AwaitDone { reconf, pending, .. }) => {
-                    format!("epoch {} awaits Done from {pending:?}", reconf.epoch)
-                }
-            };
-            CoordinatorAction::Error(ProtocolError::UnexpectedAck {
-                from,
-                epoch,
-                ack: format!("{ack:?}"),
-                state,
-            })
-        };
-        let Some(op) = self.operators.get_mut(&operator) else {
-            out.push(unexpected(None));
+        if self.apply_ack(from, epoch, &ack, out) {
             return;
+        }
+        let state = match self.operators.get(&from.operator).map(|o| &o.phase) {
+            None => "unknown operator".to_string(),
+            Some(Phase::Idle) => "no epoch running".to_string(),
+            Some(Phase::AwaitReady { reconf, pending, .. }) => {
+                format!("epoch {} awaits PeerReady from {pending:?}", reconf.epoch)
+            }
+            Some(Phase::AwaitDone { reconf, pending, .. }) => {
+                format!("epoch {} awaits Done from {pending:?}", reconf.epoch)
+            }
         };
-        let refused = unexpected(Some(op));
+        let ack = format!("{ack:?}");
+        out.push(CoordinatorAction::Error(ProtocolError::UnexpectedAck { from, epoch, ack, state }));
+    }
+
+    /// Applies an ack the running epoch expects; false (and no change) if it does not.
+    fn apply_ack(
+        &mut self,
+        from: TaskId,
+        epoch: Epoch,
+        ack: &TaskAck,
+        out: &mut Vec<CoordinatorAction>,
+    ) -> bool {
+        let operator = from.operator;
+        let Some(op) = self.operators.get_mut(&operator) else {
+            return false;
+        };
         match ack {
             TaskAck::LocationDrained { location } => {
                 // Kept even before `location` retires: the report may overtake the epoch's end.
-                op.drained.entry(location).or_default().insert(from, epoch);
+                op.drained.entry(*location).or_default().insert(from, epoch);
                 Self::release(op, self.release_without_epoch, out);
             }
             TaskAck::PeerReady => {
                 let Phase::AwaitReady { reconf, target, pending, done } = &mut op.phase else {
-                    out.push(refused.clone());
-                    return;
+                    return false;
                 };
                 if reconf.epoch != epoch || !pending.remove(&from) {
-                    out.push(refused.clone());
-                    return;
+                    return false;
                 }
                 if pending.is_empty() {
                     for &to in &op.upstreams {
@@ -314,21 +319,19 @@ impl KoalaCoordinator {
                 // Done before the last PeerReady: the task had sent its own PeerReady already.
                 Phase::AwaitReady { reconf, pending, done, target } => {
                     let known = participants(&op.assignment, target).contains(&from);
-                    if reconf.epoch != epoch || !known || pending.contains(&from) || !done.insert(from) {
-                        out.push(refused);
-                    }
+                    return reconf.epoch == epoch && known && !pending.contains(&from) && done.insert(from);
                 }
                 Phase::AwaitDone { reconf, pending, .. } => {
                     if reconf.epoch != epoch || !pending.remove(&from) {
-                        out.push(refused);
-                        return;
+                        return false;
                     }
                     self.complete_if_done(operator, epoch, out);
                 }
-                Phase::Idle => out.push(refused),
+                Phase::Idle => return false,
             },
-            _ => out.push(refused),
+            _ => return false,
         }
+        true
     }
 
     /// Completes the running epoch of `operator` once every participant is done.

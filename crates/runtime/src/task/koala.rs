@@ -110,7 +110,6 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .min(last_idle + IDLE_PULL);
         select! {
             recv(setup.commands) -> cmd => match cmd {
-                Ok(TaskCommand::Release) => task.released = true,
                 Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
                 Err(_) => return Err(RuntimeError::WorkerGone(me)),
             },

@@ -276,15 +276,7 @@ impl OperatorTask {
         outputs: &mut Outputs,
         watermark: Timestamp,
     ) -> Result<(), RuntimeError> {
-        loop {
-            let due = self.timers.pop_due(watermark);
-            if due.is_empty() {
-                break;
-            }
-            for chunk in due.chunks(TIMER_BATCH) {
-                self.fire(setup, outputs, watermark, chunk)?;
-            }
-        }
+        self.fire_until_none_due(setup, outputs, watermark, |timers| timers.pop_due(watermark))?;
         outputs.broadcast(&ChannelMessage::Watermark(watermark))
     }
 
@@ -298,8 +290,20 @@ impl OperatorTask {
         up_to: Timestamp,
         mut matches: impl FnMut(&[u8]) -> bool,
     ) -> Result<(), RuntimeError> {
+        self.fire_until_none_due(setup, outputs, up_to, |timers| timers.pop_due_where(up_to, &mut matches))
+    }
+
+    /// Fires what `pop` takes from the timers, in batches, until it takes nothing (firing may
+    /// register timers that are due at once).
+    fn fire_until_none_due(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        up_to: Timestamp,
+        mut pop: impl FnMut(&mut TimerService) -> Vec<(Timestamp, Vec<u8>)>,
+    ) -> Result<(), RuntimeError> {
         loop {
-            let due = self.timers.pop_due_where(up_to, &mut matches);
+            let due = pop(&mut self.timers);
             if due.is_empty() {
                 return Ok(());
             }
