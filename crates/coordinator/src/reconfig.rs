@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use koala_dataflow::JobGraph;
+use koala_protocol::engine::assignment;
 use koala_protocol::phases::Participants;
 use koala_protocol::{Deployment, ReconfigPlan, ReconfigRequest, moves_between};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
@@ -21,11 +22,6 @@ pub fn kind_name(old: usize, new: usize, req: &ReconfigRequest) -> &'static str 
         ReconfigRequest::Rebalance { .. } => "rebalance",
         ReconfigRequest::Migrate { .. } => "migrate",
     }
-}
-
-/// The assignment of keyed operator `op` in `d`, bucket → owning task (empty for a stateless one).
-pub fn assignment(d: &Deployment, op: OperatorId) -> Vec<TaskId> {
-    d.routing.get(&op).map(|r| r.iter().map(|i| TaskId::new(op, *i)).collect()).unwrap_or_default()
 }
 
 fn live(d: &Deployment, op: OperatorId) -> Vec<u32> {
@@ -195,7 +191,12 @@ pub fn participants(plan: &ReconfigPlan, current: &Deployment, graph: &JobGraph)
     let d = &plan.deployment;
     Participants {
         stateful: graph.operator(op).is_some_and(|o| o.is_stateful()),
-        old_targets: live(current, op).into_iter().map(|i| TaskId::new(op, i)).collect(),
+        // A finished task (every input ended) moves nothing and is gone: nobody waits for it.
+        old_targets: live(current, op)
+            .into_iter()
+            .map(|i| TaskId::new(op, i))
+            .filter(|t| !current.finished.contains(t))
+            .collect(),
         consumers: graph
             .consumers(op)
             .into_iter()
@@ -208,11 +209,11 @@ pub fn participants(plan: &ReconfigPlan, current: &Deployment, graph: &JobGraph)
 /// The live, unfinished tasks of every operator feeding `op` (a self-join's upstream counted
 /// once): the tasks that switch routing in a reconfiguration of `op`.
 pub fn upstream_tasks(d: &Deployment, graph: &JobGraph, op: OperatorId) -> Vec<TaskId> {
-    let Some(spec) = graph.operator(op) else { return Vec::new() };
-    let froms: BTreeSet<OperatorId> = spec.inputs.iter().map(|i| i.from).collect();
-    froms
-        .into_iter()
-        .flat_map(|from| live(d, from).into_iter().map(move |i| TaskId::new(from, i)))
-        .filter(|t| !d.finished.contains(t))
-        .collect()
+    let froms = graph.operator(op).into_iter().flat_map(|spec| spec.inputs.iter().map(|i| i.from));
+    koala_protocol::engine::upstream_tasks(d, froms)
+}
+
+/// Every operator's upstream operators, as the reconfiguration engine needs them.
+pub fn operator_inputs(graph: &JobGraph) -> BTreeMap<OperatorId, BTreeSet<OperatorId>> {
+    graph.operators.iter().map(|o| (o.id, o.inputs.iter().map(|i| i.from).collect())).collect()
 }

@@ -9,17 +9,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
 use koala_dataflow::JobGraph;
 use koala_dataflow::graph::QueryResolver;
-use koala_protocol::koala::KoalaCoordinator;
-use koala_protocol::{ClientReply, CoordinatorMessage, Protocol, ReconfigRequest, WorkerMessage};
+use koala_protocol::engine::Engine;
+use koala_protocol::{ClientReply, CoordinatorMessage, ReconfigRequest, WorkerMessage};
 use koala_types::WorkerId;
 
 use crate::config::{ConfigError, JobConfig};
 use crate::control::{Event, accept};
 use crate::error::{CoordinatorError, io};
-use crate::job::{JobState, Queued, register_keyed_operators};
+use crate::job::{JobState, Queued};
 use crate::metrics_store::{MetricSample, MetricsStore, RunInfo};
 use crate::placement::initial_deployment;
 use crate::progress::{ProgressEvent, SecondAggregator, Totals};
+use crate::reconfig::operator_inputs;
 
 /// How long the coordinator waits for workers to register and to acknowledge a deployment.
 pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -115,40 +116,37 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     tracing::info!(run = %job.run, tasks = deployment.placement.len(), "job started");
     let next_index =
         deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
+    let engine = Engine::new(deployment, operator_inputs(&graph)).map_err(|e| {
+        CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
+    })?;
     let mut state = JobState {
         config,
         graph: &graph,
         run: &job.run,
         workers,
-        deployment,
+        engine,
         next_index,
         store,
         progress: job.progress.clone(),
         queue: VecDeque::new(),
-        active: None,
+        timing: None,
         last_progress: Instant::now(),
-        switched: Default::default(),
-        koala: KoalaCoordinator::new(),
-        inputs_ended: BTreeMap::new(),
         epoch: 0,
         completed: 0,
     };
-    if config.protocol == Protocol::Koala {
-        register_keyed_operators(&mut state)?;
-    }
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
     let mut totals = Totals::default();
     let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
     let mut last_seen: BTreeMap<WorkerId, Instant> =
-        state.deployment.workers.keys().map(|w| (*w, Instant::now())).collect();
+        state.engine.deployment().workers.keys().map(|w| (*w, Instant::now())).collect();
     // Every error ends the loop, so the workers are always told to shut down.
     let event_loop = || -> Result<(), CoordinatorError> {
         for (request, reply) in early_clients {
             state.submit(request, reply)?;
         }
         loop {
-            if state.all_finished() {
+            if state.engine.all_finished() {
                 return Ok(());
             }
             // Only with nothing queued: a coordinator that was busy has heartbeats waiting.
@@ -229,8 +227,8 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     let result = event_loop();
     let _ = state.workers.broadcast(&CoordinatorMessage::Shutdown);
     result?;
-    if let Some((driver, ..)) = &state.active {
-        tracing::warn!(waiting = ?driver.waiting_for(), "the job ended during a reconfiguration");
+    if state.engine.running().is_some() {
+        tracing::warn!(waiting = ?state.engine.waiting_for(), "the job ended during a reconfiguration");
     }
     for q in state.queue.drain(..) {
         if let Some(r) = q.reply {

@@ -44,7 +44,7 @@ use common::model::{Model, Request, parse_config};
 use common::oracle::{RunSpec, compare_rows, rows_per_key, verify_run};
 use common::{config_top, run_koala, strip_ansi};
 use koala_dataflow::KeyedEventsConfig;
-use koala_protocol::koala::sim::SplitMix64;
+use koala_protocol::sim::SplitMix64;
 
 /// A run that takes longer than this (a normal one takes a few seconds) counts as hung.
 const TIMEOUT: Duration = Duration::from_secs(60);

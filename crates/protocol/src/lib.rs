@@ -4,9 +4,12 @@
 //! same code runs under the real runtime and under a deterministic simulator.
 
 pub mod control;
+pub mod engine;
 pub mod koala;
 mod moves;
 pub mod phases;
+pub mod sim;
+pub mod stop_restart;
 pub mod watermark;
 
 pub use control::{

@@ -238,8 +238,11 @@ impl Reconfiguring {
                 None
             }
         };
-        if self.waiting.is_empty() && matches!(self.phase, Phase::Resuming | Phase::Switching) {
-            // Every upstream finished: nobody is left to switch.
+        if self.waiting.is_empty()
+            && matches!(self.phase, Phase::Draining | Phase::Resuming | Phase::Switching)
+        {
+            // Every upstream finished: nobody is left to pause or switch (and, draining, no
+            // task of the operator moves state).
             self.phase = Phase::Complete;
         }
         Ok(next)
@@ -264,8 +267,8 @@ impl Reconfiguring {
     }
 
     /// Tasks whose acks are still awaited (for timeouts and error messages).
-    pub fn waiting_for(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.waiting.iter().map(|(t, e)| format!("{t}:{e:?}")).collect();
+    pub fn waiting_for(&self) -> Vec<(TaskId, String)> {
+        let mut v: Vec<(TaskId, String)> = self.waiting.iter().map(|(t, e)| (*t, format!("{e:?}"))).collect();
         v.sort();
         v
     }

@@ -1,7 +1,7 @@
 //! Koala, the lazy reconfiguration protocol (paper §3, Appendix A; docs/protocols.md §3), as
 //! sans-IO state machines: [`KoalaTask`] for each target task, [`UpstreamRouter`] for each upstream
 //! task and [`KoalaCoordinator`] for the coordinator. Each consumes events and returns actions; the runtime
-//! (or the deterministic [`sim`]ulator) moves the messages.
+//! (or the deterministic simulator, `crate::sim`) moves the messages.
 //!
 //! One epoch, as implemented (paper §3.1 steps, with this project's fixes marked *):
 //! 1. The coordinator computes the moves, deploys new tasks and sends [`TaskEvent::Start`] to every
@@ -29,7 +29,7 @@ mod event_time;
 mod klt;
 mod messages;
 mod pipeline;
-pub mod sim;
+
 mod task;
 #[cfg(test)]
 mod tests;

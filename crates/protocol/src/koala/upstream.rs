@@ -24,6 +24,20 @@ pub enum RouterEvent {
         /// The new routing table.
         assignment: Vec<TaskId>,
     },
+    /// Stop-and-restart's drain: a marker into every output channel of the current table; the
+    /// caller then pauses until [`RouterEvent::Reroute`].
+    Mark {
+        /// The epoch.
+        epoch: Epoch,
+    },
+    /// Stop-and-restart's resume: install `assignment` without markers (every channel carried
+    /// the epoch's marker at the drain); new output channels get the current watermark.
+    Reroute {
+        /// The epoch.
+        epoch: Epoch,
+        /// The new routing table.
+        assignment: Vec<TaskId>,
+    },
     /// The upstream task ended.
     EndOfStream,
 }
@@ -106,31 +120,32 @@ impl UpstreamRouter {
             }
             // A finished upstream task is gone: it switches nothing. The coordinator learns that
             // it finished and tells the epoch's new tasks instead.
-            RouterEvent::SwitchRouting { .. } if self.ended => {}
+            RouterEvent::SwitchRouting { .. } | RouterEvent::Reroute { .. } if self.ended => {}
+            RouterEvent::Mark { .. } if self.ended => {}
             RouterEvent::SwitchRouting { epoch, assignment } => {
-                if epoch <= self.epoch {
-                    return Err(ProtocolError::StaleEpoch { got: epoch, current: self.epoch });
-                }
-                if assignment.len() != self.table.len() {
-                    return Err(ProtocolError::InvalidAssignment {
-                        reason: format!("{} buckets instead of {}", assignment.len(), self.table.len()),
-                    });
-                }
                 let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
+                self.check_switch(epoch, &assignment)?;
                 for &to in self.outputs.union(&new_outputs) {
                     out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
                 }
-                if let Some(w) = self.watermark {
-                    // The first thing a new channel carries after its marker (paper §3.2).
-                    out.extend(
-                        new_outputs
-                            .iter()
-                            .map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(w) }),
-                    );
+                self.install(epoch, assignment, &mut out);
+            }
+            RouterEvent::Mark { epoch } => {
+                if epoch <= self.epoch {
+                    return Err(ProtocolError::StaleEpoch { got: epoch, current: self.epoch });
                 }
-                self.epoch = epoch;
-                self.table = assignment;
-                self.outputs = new_outputs;
+                out.extend(
+                    self.outputs
+                        .iter()
+                        .map(|&to| RouterAction::Send { to, message: ChannelMessage::Marker(epoch) }),
+                );
+            }
+            RouterEvent::Reroute { epoch, assignment } => {
+                self.check_switch(epoch, &assignment)?;
+                let old = std::mem::take(&mut self.outputs);
+                self.install(epoch, assignment, &mut out);
+                // Old channels already have the current watermark.
+                out.retain(|a| !matches!(a, RouterAction::Send { to, .. } if old.contains(to)));
             }
             RouterEvent::EndOfStream => {
                 if !self.ended {
@@ -144,6 +159,36 @@ impl UpstreamRouter {
             }
         }
         Ok(out)
+    }
+}
+
+impl UpstreamRouter {
+    fn check_switch(&self, epoch: Epoch, assignment: &[TaskId]) -> Result<(), ProtocolError> {
+        if epoch <= self.epoch {
+            return Err(ProtocolError::StaleEpoch { got: epoch, current: self.epoch });
+        }
+        if assignment.len() != self.table.len() {
+            return Err(ProtocolError::InvalidAssignment {
+                reason: format!("{} buckets instead of {}", assignment.len(), self.table.len()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Installs a new table; the current watermark is the first thing every new output channel
+    /// carries after its marker (paper §3.2).
+    fn install(&mut self, epoch: Epoch, assignment: Vec<TaskId>, out: &mut Vec<RouterAction>) {
+        let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
+        if let Some(w) = self.watermark {
+            out.extend(
+                new_outputs
+                    .iter()
+                    .map(|&to| RouterAction::Send { to, message: ChannelMessage::Watermark(w) }),
+            );
+        }
+        self.epoch = epoch;
+        self.table = assignment;
+        self.outputs = new_outputs;
     }
 }
 

@@ -11,6 +11,9 @@ use super::rng::SplitMix64;
 /// The operator the simulator reconfigures.
 pub const TARGET: OperatorId = OperatorId(1);
 
+/// The operator feeding it.
+pub const UPSTREAM: OperatorId = OperatorId(0);
+
 /// Which reconfiguration(s) a simulation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {

@@ -1,4 +1,6 @@
-//! A deterministic simulator for the Koala cores (docs/testing.md §2).
+//! A deterministic simulator for the protocol cores (docs/testing.md §2): the job's
+//! reconfiguration engine (`crate::engine`, the one `crates/coordinator` runs) with Koala's task
+//! cores or stop-and-restart's, the upstream routers and pause cores.
 //!
 //! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
@@ -8,9 +10,12 @@
 //! record); invariants are checked on every step (see `checks.rs`).
 //!
 //! ```
-//! use koala_protocol::koala::sim::{Scenario, SimConfig, run};
+//! use koala_protocol::Protocol;
+//! use koala_protocol::sim::{Scenario, SimConfig, run};
 //! let stats = run(&SimConfig::new(Scenario::ScaleOut, 7)).expect("seed 7 passes");
 //! assert_eq!(stats.epochs, 1);
+//! let config = SimConfig { protocol: Protocol::StopAndRestart, ..SimConfig::new(Scenario::Chain, 7) };
+//! assert_eq!(run(&config).expect("seed 7 passes").epochs, 4);
 //! ```
 
 mod checks;
@@ -19,6 +24,8 @@ mod scenario;
 mod world;
 
 use std::fmt;
+
+use crate::control::Protocol;
 
 pub use rng::SplitMix64;
 pub use scenario::Scenario;
@@ -34,16 +41,20 @@ pub enum Fault {
     NoTimerFiringAtHandOver,
     /// The coordinator releases a retired task on drain reports of any epoch.
     ReleaseWithoutEpoch,
+    /// Stop-and-restart: upstreams switch to the new routing at `Drain` instead of pausing
+    /// until `Resume` (records of a moved bucket may overtake its state).
+    RerouteAtDrain,
 }
 
 impl Fault {
-    /// Parses `switch_before_peer_ready` / `no_parking`.
+    /// Parses the name the replay command prints (`switch_before_peer_ready`, `no_parking`, …).
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "switch_before_peer_ready" => Some(Self::SwitchBeforePeerReady),
             "no_parking" => Some(Self::NoParking),
             "no_timer_firing_at_hand_over" => Some(Self::NoTimerFiringAtHandOver),
             "release_without_epoch" => Some(Self::ReleaseWithoutEpoch),
+            "reroute_at_drain" => Some(Self::RerouteAtDrain),
             _ => None,
         }
     }
@@ -68,6 +79,8 @@ pub struct SimConfig {
     pub num_buckets: u16,
     /// Give up after this many steps.
     pub max_steps: u64,
+    /// The protocol the target tasks run.
+    pub protocol: Protocol,
 }
 
 impl SimConfig {
@@ -82,6 +95,7 @@ impl SimConfig {
             records_per_upstream: 40,
             num_buckets: 16,
             max_steps: 20_000,
+            protocol: Protocol::Koala,
         }
     }
 }
@@ -105,6 +119,8 @@ pub struct SimStats {
     pub released: u64,
     /// Whether the run used progressive migration (N > 0) and cancelled tasks.
     pub progressive: bool,
+    /// Requests skipped because every upstream had finished before they could start.
+    pub skipped: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.
@@ -116,6 +132,8 @@ pub struct SimFailure {
     pub seed: u64,
     /// The broken variant, if any.
     pub fault: Option<Fault>,
+    /// The protocol.
+    pub protocol: Protocol,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -124,17 +142,19 @@ pub struct SimFailure {
 
 impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} seed {} step {}: {}", self.scenario, self.seed, self.step, self.message)?;
+        let protocol = self.protocol.name();
+        write!(f, "{} {protocol} seed {} step {}: {}", self.scenario, self.seed, self.step, self.message)?;
         let fault = match self.fault {
             Some(Fault::SwitchBeforePeerReady) => " KOALA_SIM_FAULT=switch_before_peer_ready",
             Some(Fault::NoParking) => " KOALA_SIM_FAULT=no_parking",
             Some(Fault::NoTimerFiringAtHandOver) => " KOALA_SIM_FAULT=no_timer_firing_at_hand_over",
             Some(Fault::ReleaseWithoutEpoch) => " KOALA_SIM_FAULT=release_without_epoch",
+            Some(Fault::RerouteAtDrain) => " KOALA_SIM_FAULT=reroute_at_drain",
             None => "",
         };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={}{fault} cargo test -p koala-protocol --test koala_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -146,6 +166,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         scenario: config.scenario,
         seed: config.seed,
         fault: config.fault,
+        protocol: config.protocol,
         step,
         message,
     };
@@ -154,6 +175,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         Ok(()) => {
             let mut stats = world.stats.clone();
             stats.steps = world.step;
+            stats.skipped = world.skipped;
             Ok(stats)
         }
         Err(message) => Err(fail(world.step, message)),

@@ -1,0 +1,934 @@
+//! The simulated job: upstream tasks (a source, its router and, under stop-and-restart, its
+//! pause core), target task cores with their stores, the job's reconfiguration engine, and every
+//! channel between them as a FIFO queue. A step delivers the head of one randomly chosen
+//! non-empty channel (or lets a source emit, or nudges an idle task), so every interleaving that
+//! respects per-channel FIFO is reachable. The engine's broadcasts reach the tasks they concern
+//! as the workers deliver them (`crates/runtime/src/worker.rs`).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use koala_types::{BucketId, ChannelMessage, Epoch, Record, TaskId, Timestamp, WorkerId, bucket_of};
+
+use super::rng::SplitMix64;
+use super::scenario::{TARGET, UPSTREAM};
+use super::{Fault, SimConfig, SimStats};
+use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
+use crate::engine::{Engine, EngineAction, StartError};
+use crate::koala::{
+    FetchRequest, FetchResponse, KoalaTask, PeerMessage, Reconfiguration, RouterAction, RouterEvent, TaskAck,
+    TaskConfig, TaskEvent, UpstreamRouter,
+};
+use crate::moves_between;
+use crate::phases::Participants;
+use crate::stop_restart::{
+    TargetAction, TargetCore, TargetEvent, UpstreamAction, UpstreamCore, UpstreamEvent,
+};
+use crate::watermark::WatermarkAligner;
+
+/// An endpoint of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Node {
+    Upstream(TaskId),
+    Task(TaskId),
+    Coordinator,
+}
+
+/// Channels between the same endpoints that are independent connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    Data,
+    Peer,
+    State,
+    Control,
+}
+
+/// What travels on a channel.
+#[derive(Clone, Debug)]
+pub(crate) enum Msg {
+    Data(ChannelMessage),
+    Peer(PeerMessage),
+    FetchRequest(FetchRequest),
+    FetchResponse(FetchResponse),
+    /// Stop-and-restart: a chunk of moved state (key, counter) and the buckets' timers.
+    State {
+        epoch: Epoch,
+        entries: Vec<(Vec<u8>, u64)>,
+        timers: Vec<(Timestamp, Vec<u8>)>,
+    },
+    /// Stop-and-restart: the sender moved everything it moves to this task.
+    StateEnd(Epoch),
+    Prepare(Arc<ReconfigPlan>),
+    Start(Arc<Reconfiguration>),
+    Switch {
+        epoch: Epoch,
+        assignment: Vec<TaskId>,
+    },
+    Drain(Epoch),
+    Resume {
+        epoch: Epoch,
+        assignment: Vec<TaskId>,
+    },
+    /// The task may exit: nobody will fetch from it.
+    Release,
+    Ack(Epoch, TaskAck),
+    /// An upstream finished (to the coordinator, as the job's coordinator hears of it).
+    UpstreamEnded(TaskId),
+    /// The coordinator tells a new task that an upstream finished before it switched.
+    EndedUpstream(TaskId),
+}
+
+type ChannelKey = (Node, Node, Kind);
+
+/// All FIFO queues, with the set of non-empty ones kept for O(1) random choice.
+#[derive(Default)]
+pub(crate) struct Channels {
+    queues: Vec<(ChannelKey, VecDeque<Msg>)>,
+    index: BTreeMap<ChannelKey, usize>,
+    nonempty: Vec<usize>,
+    position: Vec<Option<usize>>,
+}
+
+impl Channels {
+    pub(crate) fn push(&mut self, key: ChannelKey, msg: Msg) {
+        let id = match self.index.get(&key) {
+            Some(&id) => id,
+            None => {
+                self.queues.push((key, VecDeque::new()));
+                self.position.push(None);
+                self.index.insert(key, self.queues.len() - 1);
+                self.queues.len() - 1
+            }
+        };
+        self.queues[id].1.push_back(msg);
+        if self.position[id].is_none() {
+            self.position[id] = Some(self.nonempty.len());
+            self.nonempty.push(id);
+        }
+    }
+
+    pub(crate) fn nonempty(&self) -> usize {
+        self.nonempty.len()
+    }
+
+    /// Pops the head of the `i`-th non-empty channel.
+    pub(crate) fn pop(&mut self, i: usize) -> Option<(ChannelKey, Msg)> {
+        let id = *self.nonempty.get(i)?;
+        let (key, queue) = &mut self.queues[id];
+        let msg = queue.pop_front()?;
+        let key = *key;
+        if queue.is_empty() {
+            self.position[id] = None;
+            self.nonempty.swap_remove(i);
+            if let Some(&moved) = self.nonempty.get(i) {
+                self.position[moved] = Some(i);
+            }
+        }
+        Some((key, msg))
+    }
+}
+
+/// A target task's protocol core.
+pub(crate) enum Core {
+    Koala(KoalaTask),
+    /// Stop-and-restart: the core, and the watermark aligner the runtime keeps beside it.
+    StopAndRestart(TargetCore<TaskId>, WatermarkAligner<TaskId>),
+}
+
+impl Core {
+    /// Whether the task is still in a reconfiguration or holds records it has not processed.
+    pub(crate) fn busy(&self) -> bool {
+        match self {
+            Core::Koala(k) => k.in_transition() || k.is_busy(),
+            Core::StopAndRestart(c, _) => c.busy(),
+        }
+    }
+}
+
+/// A target task with the store the runtime would keep next to it.
+pub(crate) struct SimTask {
+    pub(crate) core: Core,
+    pub(crate) store: BTreeMap<Vec<u8>, u64>,
+    pub(crate) last_watermark: Option<Timestamp>,
+    pub(crate) released: bool,
+    /// Event-time timers (time, key): every processed record sets one at its own time (a
+    /// window's end); they fire when the task emits a watermark at or past them and travel
+    /// with their bucket's hand-over.
+    pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
+}
+
+/// An upstream task: a source of keyed records plus its router.
+pub(crate) struct SimUpstream {
+    pub(crate) id: TaskId,
+    pub(crate) router: UpstreamRouter,
+    /// Stop-and-restart: paused between `Drain` and `Resume`.
+    pause: UpstreamCore,
+    /// Whether it may end before every requested reconfiguration started (else later requests
+    /// would mostly find every input ended and be skipped, as the engine does).
+    may_end_early: bool,
+    clock: Timestamp,
+    remaining: usize,
+    ended: bool,
+}
+
+/// The whole simulated job.
+pub(crate) struct World {
+    pub(crate) cfg: SimConfig,
+    pub(crate) rng: SplitMix64,
+    pub(crate) step: u64,
+    pub(crate) channels: Channels,
+    pub(crate) tasks: BTreeMap<TaskId, SimTask>,
+    pub(crate) upstreams: Vec<SimUpstream>,
+    /// The job's reconfiguration engine (the one `crates/coordinator` runs).
+    pub(crate) engine: Engine,
+    targets: Vec<Vec<TaskId>>,
+    triggers: Vec<u64>,
+    next_request: usize,
+    /// Requested assignments not started yet (the engine runs one at a time).
+    pending: VecDeque<Vec<TaskId>>,
+    /// The last epoch started.
+    epoch: Epoch,
+    /// Requests skipped because every upstream had finished.
+    pub(crate) skipped: u64,
+    /// Every started reconfiguration's plan, by epoch.
+    plans: BTreeMap<Epoch, Arc<ReconfigPlan>>,
+    pub(crate) claims: Vec<Option<TaskId>>,
+    pub(crate) holder: BTreeMap<Vec<u8>, TaskId>,
+    pub(crate) emitted: BTreeMap<Vec<u8>, u64>,
+    pub(crate) emitted_total: u64,
+    pub(crate) processed_total: u64,
+    early_switched: BTreeSet<Epoch>,
+    pub(crate) stats: SimStats,
+    /// Upstreams whose end the coordinator has heard of.
+    pub(crate) finished: BTreeSet<TaskId>,
+}
+
+impl World {
+    pub(crate) fn new(cfg: SimConfig) -> Result<Self, String> {
+        if cfg.upstreams == 0 || cfg.keys < cfg.upstreams || cfg.num_buckets < 8 {
+            return Err("the simulator needs an upstream, a key per upstream and 8 buckets".into());
+        }
+        let mut rng = SplitMix64::new(cfg.seed);
+        let (initial, targets, extra_keys) = cfg.scenario.plan(cfg.num_buckets, &mut rng);
+        let up_ids: Vec<TaskId> = (0..cfg.upstreams as u32).map(|i| TaskId::new(UPSTREAM, i)).collect();
+        let total = (cfg.upstreams * cfg.records_per_upstream) as u64;
+        let mut triggers: Vec<u64> = targets.iter().map(|_| rng.next_u64() % total.max(1)).collect();
+        triggers.sort_unstable();
+        let live: BTreeSet<TaskId> = initial.iter().copied().collect();
+        let deployment = Deployment {
+            run: "sim".into(),
+            query: "per-key counter".into(),
+            query_params: String::new(),
+            workers: BTreeMap::from([(WorkerId(0), "sim".into())]),
+            placement: up_ids.iter().chain(&live).map(|&t| (t, WorkerId(0))).collect(),
+            tasks: BTreeMap::from([
+                (UPSTREAM, up_ids.iter().map(|t| t.index).collect()),
+                (TARGET, live.iter().map(|t| t.index).collect()),
+            ]),
+            epoch: 0,
+            routing: BTreeMap::from([(TARGET, initial.iter().map(|t| t.index).collect())]),
+            num_buckets: cfg.num_buckets,
+            options: RuntimeOptions {
+                batch_records: 3,
+                linger_ms: 0,
+                channel_capacity: 1,
+                sink_dir: String::new(),
+            },
+            protocol: cfg.protocol,
+            extra_keys,
+            finished: BTreeSet::new(),
+        };
+        let inputs = BTreeMap::from([(UPSTREAM, BTreeSet::new()), (TARGET, BTreeSet::from([UPSTREAM]))]);
+        let mut engine = Engine::new(deployment, inputs).map_err(|e| e.to_string())?;
+        if cfg.fault == Some(Fault::ReleaseWithoutEpoch) {
+            engine.inject_fault_release_without_epoch();
+        }
+        let mut tasks = BTreeMap::new();
+        for &id in &live {
+            let owned = (0..cfg.num_buckets).filter(|&b| initial[usize::from(b)] == id).collect();
+            tasks.insert(id, Self::sim_task(id, owned, &up_ids, &cfg));
+        }
+        let mut upstreams = Vec::new();
+        for &id in &up_ids {
+            let router = UpstreamRouter::new(initial.clone()).map_err(|e| e.to_string())?;
+            upstreams.push(SimUpstream {
+                id,
+                router,
+                pause: UpstreamCore::new(),
+                may_end_early: rng.chance(1, 4),
+                clock: 0,
+                remaining: cfg.records_per_upstream,
+                ended: false,
+            });
+        }
+        let progressive = extra_keys > 0 && cfg.protocol == Protocol::Koala;
+        Ok(Self {
+            claims: initial.iter().map(|&t| Some(t)).collect(),
+            cfg,
+            rng,
+            step: 0,
+            channels: Channels::default(),
+            tasks,
+            upstreams,
+            engine,
+            targets,
+            triggers,
+            next_request: 0,
+            pending: VecDeque::new(),
+            epoch: 0,
+            skipped: 0,
+            plans: BTreeMap::new(),
+            holder: BTreeMap::new(),
+            emitted: BTreeMap::new(),
+            emitted_total: 0,
+            processed_total: 0,
+            early_switched: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            stats: SimStats { progressive, ..SimStats::default() },
+        })
+    }
+
+    /// A target task: `owned` buckets, fed by `upstreams` (a task a reconfiguration creates owns
+    /// nothing until a hand-over).
+    fn sim_task(id: TaskId, owned: BTreeSet<BucketId>, upstreams: &[TaskId], cfg: &SimConfig) -> SimTask {
+        let core = match cfg.protocol {
+            Protocol::Koala => {
+                let config = TaskConfig {
+                    id,
+                    num_buckets: cfg.num_buckets,
+                    owned,
+                    upstreams: upstreams.iter().copied().collect(),
+                };
+                let mut core = KoalaTask::new(config);
+                if cfg.fault == Some(Fault::NoParking) {
+                    core.inject_fault_no_parking();
+                }
+                Core::Koala(core)
+            }
+            Protocol::StopAndRestart => {
+                Core::StopAndRestart(TargetCore::new(id), WatermarkAligner::new(upstreams.iter().copied()))
+            }
+        };
+        SimTask {
+            core,
+            store: BTreeMap::new(),
+            last_watermark: None,
+            released: false,
+            timers: BTreeSet::new(),
+        }
+    }
+
+    /// Runs to quiescence; `Err` names the first violated invariant.
+    pub(crate) fn run(&mut self) -> Result<(), String> {
+        loop {
+            self.step += 1;
+            if self.step > self.cfg.max_steps {
+                return Err(format!(
+                    "no quiescence after {} steps (livelock or stuck epoch)",
+                    self.cfg.max_steps
+                ));
+            }
+            let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
+            let channels = self.channels.nonempty();
+            if channels == 0 && sources.is_empty() {
+                if !self.nudge_idle()? {
+                    return self.check_end();
+                }
+                continue;
+            }
+            // One extra choice: an idle nudge to a random task (progressive migration runs on idle).
+            let pick = self.rng.below(channels + sources.len() + 1);
+            if pick < channels {
+                if let Some(((from, to, _), msg)) = self.channels.pop(pick) {
+                    self.deliver(from, to, msg)?;
+                }
+            } else if pick < channels + sources.len() {
+                self.emit(sources[pick - channels])?;
+            } else {
+                let ids: Vec<TaskId> =
+                    self.tasks.iter().filter(|(_, t)| !t.released).map(|(&id, _)| id).collect();
+                let id = ids[self.rng.below(ids.len())];
+                self.idle(id)?;
+            }
+        }
+    }
+
+    fn can_emit(&self, u: usize) -> bool {
+        // A source may end at any time, also in the middle of a reconfiguration; a paused one
+        // (stop-and-restart, between Drain and Resume) neither emits nor ends.
+        let up = &self.upstreams[u];
+        let all_started = self.next_request == self.targets.len() && self.pending.is_empty();
+        up.pause.paused().is_none() && (up.remaining > 0 || (!up.ended && (up.may_end_early || all_started)))
+    }
+
+    /// With nothing in flight, gives every task an idle turn; true if that produced messages.
+    fn nudge_idle(&mut self) -> Result<bool, String> {
+        let ids: Vec<TaskId> = self.tasks.iter().filter(|(_, t)| !t.released).map(|(&id, _)| id).collect();
+        for id in ids {
+            self.idle(id)?;
+        }
+        Ok(self.channels.nonempty() > 0)
+    }
+
+    /// An idle turn: Koala's progressive migration pulls; stop-and-restart has nothing to do.
+    pub(crate) fn idle(&mut self, id: TaskId) -> Result<(), String> {
+        match self.tasks.get(&id).map(|t| &t.core) {
+            Some(Core::Koala(_)) => self.feed(id, TaskEvent::Idle),
+            _ => Ok(()),
+        }
+    }
+
+    /// A source emits 1–3 records (and maybe a watermark), or its end of stream.
+    fn emit(&mut self, u: usize) -> Result<(), String> {
+        let up_count = self.upstreams.len();
+        let keys_here: Vec<usize> = (0..self.cfg.keys).filter(|k| k % up_count == u).collect();
+        let n = 1 + self.rng.below(3);
+        let up = &mut self.upstreams[u];
+        if up.remaining == 0 {
+            up.ended = true;
+            let id = up.id;
+            let actions = up.router.on(RouterEvent::EndOfStream);
+            self.route(u, actions)?;
+            self.channels
+                .push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::UpstreamEnded(id));
+            return Ok(());
+        }
+        let mut records = Vec::new();
+        for _ in 0..n.min(self.upstreams[u].remaining) {
+            let key = format!("k{}", keys_here[self.rng.below(keys_here.len())]).into_bytes();
+            let seq = self.emitted.entry(key.clone()).or_insert(0);
+            *seq += 1;
+            let up = &mut self.upstreams[u];
+            up.clock += 1 + self.rng.below(3) as u64;
+            up.remaining -= 1;
+            records.push(Record { key, value: seq.to_le_bytes().to_vec(), time: up.clock });
+        }
+        self.emitted_total += records.len() as u64;
+        let actions = self.upstreams[u].router.on(RouterEvent::Records(records));
+        self.route(u, actions)?;
+        if self.rng.chance(1, 3) || self.upstreams[u].remaining == 0 {
+            let clock = self.upstreams[u].clock;
+            let actions = self.upstreams[u].router.on(RouterEvent::Watermark(clock));
+            self.route(u, actions)?;
+        }
+        while self.next_request < self.targets.len() && self.triggers[self.next_request] < self.emitted_total
+        {
+            self.pending.push_back(self.targets[self.next_request].clone());
+            self.next_request += 1;
+        }
+        self.start_next()
+    }
+
+    /// Starts the next requested assignment if the engine is free, planned as the job's
+    /// coordinator plans a rescale, rebalance or migration: new tasks are the ones not live now,
+    /// cancelled ones the live ones left out, every unreleased cancelled task takes part.
+    fn start_next(&mut self) -> Result<(), String> {
+        while self.engine.running().is_none() {
+            let Some(assignment) = self.pending.pop_front() else { return Ok(()) };
+            let current = self.engine.deployment().clone();
+            let old: Vec<TaskId> = crate::engine::assignment(&current, TARGET);
+            let old_live: BTreeSet<u32> = current.tasks.get(&TARGET).into_iter().flatten().copied().collect();
+            let new_live: BTreeSet<u32> = assignment.iter().map(|t| t.index).collect();
+            let created: Vec<u32> = new_live.difference(&old_live).copied().collect();
+            let cancelled: Vec<u32> = old_live.difference(&new_live).copied().collect();
+            let mut retired = self.engine.retired(TARGET);
+            if current.protocol == Protocol::Koala {
+                retired.extend(&cancelled);
+            }
+            let epoch = self.epoch + 1;
+            let mut d = current.clone();
+            d.epoch = epoch;
+            d.tasks.insert(TARGET, new_live.iter().copied().collect());
+            d.routing.insert(TARGET, assignment.iter().map(|t| t.index).collect());
+            for &i in &created {
+                d.placement.insert(TaskId::new(TARGET, i), WorkerId(0));
+            }
+            let plan = ReconfigPlan {
+                epoch,
+                operator: TARGET,
+                deployment: d,
+                moves: moves_between(&old, &assignment).map_err(|e| e.to_string())?,
+                upstreams: self.engine.upstream_tasks(TARGET),
+                created,
+                cancelled,
+                retired: retired.into_iter().collect(),
+            };
+            let who = Participants {
+                stateful: true,
+                old_targets: old_live.iter().map(|&i| TaskId::new(TARGET, i)).collect(),
+                consumers: Vec::new(),
+            };
+            match self.engine.start(plan, who) {
+                Ok(actions) => {
+                    self.epoch = epoch;
+                    self.exec_engine(actions)?;
+                }
+                Err(StartError::InputEnded) => self.skipped += 1,
+                Err(e) => return Err(format!("the engine refused a plan: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn route(&mut self, u: usize, actions: Vec<RouterAction>) -> Result<(), String> {
+        let from = self.upstreams[u].id;
+        for a in actions {
+            match a {
+                RouterAction::Send { to, message } => {
+                    self.channels.push((Node::Upstream(from), Node::Task(to), Kind::Data), Msg::Data(message))
+                }
+                RouterAction::Error(e) => {
+                    return Err(format!("upstream {from} refused an event: {e}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn upstream_ack(&mut self, u: usize, epoch: Epoch, ack: TaskAck) {
+        let id = self.upstreams[u].id;
+        self.channels.push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
+    }
+
+    /// A control message reaches an upstream task (a finished one is gone and never answers).
+    fn to_upstream(&mut self, id: TaskId, msg: Msg) -> Result<(), String> {
+        let u = self.upstreams.iter().position(|x| x.id == id).ok_or("message to unknown upstream")?;
+        if self.upstreams[u].ended {
+            return Ok(());
+        }
+        match msg {
+            Msg::Switch { epoch, assignment } => {
+                let actions = self.upstreams[u].router.on(RouterEvent::SwitchRouting { epoch, assignment });
+                self.route(u, actions)?;
+                self.upstream_ack(u, epoch, TaskAck::Switched);
+            }
+            Msg::Drain(epoch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
+                // Broken: switch to the new routing at once instead of pausing until every
+                // moved bucket's state arrived.
+                let assignment =
+                    self.plans.get(&epoch).map(|p| crate::engine::assignment(&p.deployment, TARGET));
+                let assignment = assignment.ok_or("drain of an unknown epoch")?;
+                let mut out = self.upstreams[u].router.on(RouterEvent::Mark { epoch });
+                out.extend(self.upstreams[u].router.on(RouterEvent::Reroute { epoch, assignment }));
+                self.route(u, out)?;
+                self.upstream_ack(u, epoch, TaskAck::Paused);
+            }
+            Msg::Resume { epoch, .. } if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
+                self.upstream_ack(u, epoch, TaskAck::Resumed);
+            }
+            Msg::Drain(epoch) => {
+                let actions = self.upstreams[u].pause.on(UpstreamEvent::Drain { epoch });
+                self.exec_upstream(u, actions, None)?;
+            }
+            Msg::Resume { epoch, assignment } => {
+                let actions = self.upstreams[u].pause.on(UpstreamEvent::Resume { epoch });
+                self.exec_upstream(u, actions, Some(assignment))?;
+            }
+            m => return Err(format!("unroutable message {m:?} to upstream {id}")),
+        }
+        Ok(())
+    }
+
+    fn exec_upstream(
+        &mut self,
+        u: usize,
+        actions: Vec<UpstreamAction>,
+        assignment: Option<Vec<TaskId>>,
+    ) -> Result<(), String> {
+        for a in actions {
+            match a {
+                UpstreamAction::MarkAndPause { epoch } => {
+                    let out = self.upstreams[u].router.on(RouterEvent::Mark { epoch });
+                    self.route(u, out)?;
+                }
+                UpstreamAction::SwitchAndResume { epoch } => {
+                    let assignment = assignment.clone().ok_or("resume without an assignment")?;
+                    let out = self.upstreams[u].router.on(RouterEvent::Reroute { epoch, assignment });
+                    self.route(u, out)?;
+                }
+                UpstreamAction::Ack { epoch, ack } => self.upstream_ack(u, epoch, ack),
+                UpstreamAction::Error(e) => {
+                    return Err(format!("upstream {} refused: {e}", self.upstreams[u].id));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, from: Node, to: Node, msg: Msg) -> Result<(), String> {
+        match (to, msg) {
+            (Node::Coordinator, Msg::Ack(epoch, ack)) => {
+                let (Node::Task(from) | Node::Upstream(from)) = from else {
+                    return Err("ack from the coordinator".into());
+                };
+                let actions = self.engine.on_ack(from, epoch, ack).map_err(|e| format!("engine: {e}"))?;
+                self.exec_engine(actions)
+            }
+            (Node::Coordinator, Msg::UpstreamEnded(u)) => {
+                self.finished.insert(u);
+                let actions = self.engine.task_finished(u).map_err(|e| format!("engine: {e}"))?;
+                self.exec_engine(actions)
+            }
+            (Node::Upstream(id), msg) => self.to_upstream(id, msg),
+            (Node::Task(id), Msg::Release) => {
+                let t = self.tasks.get_mut(&id).ok_or("release of unknown task")?;
+                if !t.store.is_empty() {
+                    return Err(format!("{id} released while holding {} keys", t.store.len()));
+                }
+                if !t.released {
+                    t.released = true;
+                    self.stats.released += 1;
+                }
+                Ok(())
+            }
+            (Node::Task(id), msg) => {
+                if self.tasks.get(&id).is_none_or(|t| t.released) {
+                    return Err(format!("message for released or unknown task {id}: {msg:?}"));
+                }
+                let src = match from {
+                    Node::Upstream(t) | Node::Task(t) => Some(t),
+                    Node::Coordinator => None,
+                };
+                if matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::StopAndRestart(..))) {
+                    return self.deliver_stop_and_restart(id, src, msg);
+                }
+                let event = match (msg, src) {
+                    (Msg::Data(ChannelMessage::Batch(records)), Some(from)) => {
+                        TaskEvent::Records { from, records }
+                    }
+                    (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => {
+                        TaskEvent::Watermark { from, time }
+                    }
+                    (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => {
+                        TaskEvent::Marker { from, epoch }
+                    }
+                    (Msg::Data(ChannelMessage::EndOfStream), Some(from)) => TaskEvent::EndOfStream { from },
+                    (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
+                    (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
+                    (Msg::FetchResponse(response), Some(from)) => TaskEvent::FetchResponse { from, response },
+                    (Msg::Start(r), None) => TaskEvent::Start(r),
+                    (Msg::Prepare(plan), None) => {
+                        // A Koala task learns the new placement and answers.
+                        self.channels.push(
+                            (Node::Task(id), Node::Coordinator, Kind::Control),
+                            Msg::Ack(plan.epoch, TaskAck::Prepared),
+                        );
+                        return Ok(());
+                    }
+                    (Msg::EndedUpstream(u), None) => {
+                        let has = matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::Koala(k)) if k.has_upstream(u));
+                        if !has {
+                            return Ok(());
+                        }
+                        TaskEvent::EndOfStream { from: u }
+                    }
+                    (m, _) => return Err(format!("unroutable message {m:?} to {id}")),
+                };
+                self.feed(id, event)
+            }
+            (to, m) => Err(format!("unroutable message {m:?} to {to:?}")),
+        }
+    }
+
+    /// A message reaches a stop-and-restart target task: records are processed at once (the
+    /// routing sends a bucket's records to its owner only), watermarks go through the task's
+    /// aligner, markers, ends and state transfer through its core.
+    fn deliver_stop_and_restart(&mut self, id: TaskId, src: Option<TaskId>, msg: Msg) -> Result<(), String> {
+        let event = match (msg, src) {
+            (Msg::Data(ChannelMessage::Batch(records)), Some(_)) => {
+                for r in records {
+                    self.process(id, &r.key, &r.value, r.time)?;
+                }
+                return Ok(());
+            }
+            (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => {
+                let advanced = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
+                    Some(Core::StopAndRestart(_, aligner)) => aligner.update(&from, time),
+                    _ => None,
+                };
+                return self.sr_watermark(id, advanced);
+            }
+            (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => {
+                TargetEvent::Marker { channel: from, epoch }
+            }
+            (Msg::Data(ChannelMessage::EndOfStream), Some(from)) | (Msg::EndedUpstream(from), None) => {
+                let (open, advanced) = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
+                    Some(Core::StopAndRestart(_, aligner)) => {
+                        let open = aligner.channels().any(|c| c == from);
+                        (open, if open { aligner.close(&from) } else { None })
+                    }
+                    _ => (false, None),
+                };
+                if !open {
+                    return Ok(());
+                }
+                self.sr_watermark(id, advanced)?;
+                TargetEvent::EndOfStream { channel: from }
+            }
+            (Msg::State { epoch, entries, timers }, Some(from)) => {
+                self.sr_event(id, TargetEvent::StateChunk { from, epoch })?;
+                return self.sr_install(id, from, entries, timers);
+            }
+            (Msg::StateEnd(epoch), Some(from)) => {
+                // The sender let go of the buckets it moves here: this task owns them now.
+                let moved =
+                    self.engine.running().and_then(|p| p.moves.get(&(from, id)).cloned()).unwrap_or_default();
+                for b in moved {
+                    let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
+                    if slot.is_some() {
+                        return Err(format!("single owner: {id} takes bucket {b} claimed by {slot:?}"));
+                    }
+                    *slot = Some(id);
+                }
+                TargetEvent::StateEnd { from, epoch }
+            }
+            (Msg::Drain(epoch), None) => TargetEvent::Drain { epoch },
+            (Msg::Prepare(plan), None) => {
+                let inputs = match self.tasks.get(&id).map(|t| &t.core) {
+                    Some(Core::StopAndRestart(_, aligner)) => aligner.channels().collect(),
+                    _ => Vec::new(),
+                };
+                TargetEvent::Prepare { plan, inputs }
+            }
+            (m, _) => return Err(format!("unroutable message {m:?} to stop-and-restart task {id}")),
+        };
+        self.sr_event(id, event)
+    }
+
+    /// A stop-and-restart task's event time advanced: every timer at or below it fires.
+    fn sr_watermark(&mut self, id: TaskId, advanced: Option<Timestamp>) -> Result<(), String> {
+        match advanced {
+            Some(t) => self.exec_task(id, crate::koala::TaskAction::EmitWatermark(t)),
+            None => Ok(()),
+        }
+    }
+
+    /// Moved state arrives: one live copy, and no timer behind the receiver's event time.
+    fn sr_install(
+        &mut self,
+        id: TaskId,
+        from: TaskId,
+        entries: Vec<(Vec<u8>, u64)>,
+        timers: Vec<(Timestamp, Vec<u8>)>,
+    ) -> Result<(), String> {
+        for (key, value) in entries {
+            if let Some(at) = self.holder.get(&key) {
+                return Err(format!(
+                    "one live copy: {id} installs {} still held by {at}",
+                    String::from_utf8_lossy(&key)
+                ));
+            }
+            self.holder.insert(key.clone(), id);
+            self.tasks.get_mut(&id).ok_or("install at unknown task")?.store.insert(key, value);
+            self.stats.moved_keys += 1;
+        }
+        let task = self.tasks.get_mut(&id).ok_or("timers at unknown task")?;
+        if let (Some((t, k)), Some(w)) = (timers.first(), task.last_watermark)
+            && *t <= w
+        {
+            return Err(format!(
+                "timers: {from} hands {}@{t} to {id}, which already emitted watermark {w}: it would fire late",
+                String::from_utf8_lossy(k)
+            ));
+        }
+        task.timers.extend(timers);
+        Ok(())
+    }
+
+    /// Feeds a stop-and-restart task's core and executes its actions.
+    fn sr_event(&mut self, id: TaskId, event: TargetEvent<TaskId>) -> Result<(), String> {
+        let actions = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
+            Some(Core::StopAndRestart(core, _)) => core.on(event),
+            _ => return Err(format!("{id} is not a stop-and-restart task")),
+        };
+        for a in actions {
+            match a {
+                TargetAction::Ack { epoch, ack } => self
+                    .channels
+                    .push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack)),
+                TargetAction::SendState { epoch, moves } => self.sr_send(id, epoch, moves)?,
+                TargetAction::Error(e) => return Err(format!("protocol error at {id}: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every marker arrived: the moved buckets' state and timers go to their new owners and are
+    /// gone here; then `StateSent`.
+    fn sr_send(
+        &mut self,
+        id: TaskId,
+        epoch: Epoch,
+        moves: Vec<(TaskId, Vec<BucketId>)>,
+    ) -> Result<(), String> {
+        let nb = self.cfg.num_buckets;
+        let mut entries_sent = 0u64;
+        for (to, buckets) in moves {
+            let wanted: BTreeSet<BucketId> = buckets.iter().copied().collect();
+            for &b in &buckets {
+                let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
+                if *slot != Some(id) {
+                    return Err(format!("single owner: {id} sends bucket {b} claimed by {slot:?}"));
+                }
+                *slot = None;
+            }
+            let task = self.tasks.get_mut(&id).ok_or("send from unknown task")?;
+            let keys: Vec<Vec<u8>> =
+                task.store.keys().filter(|k| wanted.contains(&bucket_of(k, nb))).cloned().collect();
+            let mut entries = Vec::new();
+            for key in keys {
+                if let Some(v) = task.store.remove(&key) {
+                    self.holder.remove(&key);
+                    entries.push((key, v));
+                }
+            }
+            let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
+                .into_iter()
+                .partition(|(_, k)| wanted.contains(&bucket_of(k, nb)));
+            task.timers = kept;
+            entries_sent += entries.len() as u64;
+            let msg = Msg::State { epoch, entries, timers: moved.into_iter().collect() };
+            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), msg);
+            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), Msg::StateEnd(epoch));
+        }
+        let ack = TaskAck::StateSent { bytes: entries_sent * 8, entries: entries_sent };
+        self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
+        Ok(())
+    }
+
+    /// Feeds an event to a Koala task core and executes its actions.
+    pub(crate) fn feed(&mut self, id: TaskId, event: TaskEvent) -> Result<(), String> {
+        let Some(Core::Koala(core)) = self.tasks.get_mut(&id).map(|t| &mut t.core) else {
+            return Err(format!("no Koala task {id}"));
+        };
+        let actions = core.on(event);
+        // Buckets the core took over in this event came with a hand-over the sender let go of.
+        for b in core.owned_buckets() {
+            match self.claims.get_mut(usize::from(b)) {
+                Some(slot @ None) => *slot = Some(id),
+                Some(Some(owner)) if *owner == id => {}
+                other => {
+                    return Err(format!("single owner: {id} takes bucket {b} claimed by {other:?}"));
+                }
+            }
+        }
+        for a in actions {
+            self.exec_task(id, a)?;
+        }
+        self.check_claims(id)
+    }
+
+    /// Executes the engine's actions as the workers would: a broadcast reaches the tasks it
+    /// concerns.
+    pub(crate) fn exec_engine(&mut self, actions: Vec<EngineAction>) -> Result<(), String> {
+        for a in actions {
+            match a {
+                EngineAction::Broadcast(msg) => self.broadcast(msg)?,
+                // Behind every earlier control message to the task (e.g. a `Prepare`).
+                EngineAction::Release(task) => self.control(Node::Task(task), Msg::Release),
+                EngineAction::Completed { .. } => self.stats.epochs += 1,
+            }
+        }
+        self.start_next()
+    }
+
+    fn control(&mut self, to: Node, msg: Msg) {
+        self.channels.push((Node::Coordinator, to, Kind::Control), msg);
+    }
+
+    fn broadcast(&mut self, msg: CoordinatorMessage) -> Result<(), String> {
+        // As a worker does, a phase message is read against the plan its `Prepare` carried.
+        let epoch = match &msg {
+            CoordinatorMessage::Prepare(plan) => plan.epoch,
+            CoordinatorMessage::Begin { reconfiguration, .. } => reconfiguration.epoch,
+            CoordinatorMessage::Switch { epoch }
+            | CoordinatorMessage::Drain { epoch }
+            | CoordinatorMessage::Resume { epoch } => *epoch,
+            _ => self.epoch,
+        };
+        if let CoordinatorMessage::Prepare(plan) = &msg {
+            self.plans.insert(plan.epoch, Arc::new((**plan).clone()));
+        }
+        let plan =
+            self.plans.get(&epoch).cloned().ok_or_else(|| format!("a broadcast of unknown epoch {epoch}"))?;
+        let assignment = crate::engine::assignment(&plan.deployment, TARGET);
+        let upstreams: Vec<TaskId> = plan.upstreams.clone();
+        match msg {
+            CoordinatorMessage::Prepare(_) => {
+                let live = plan.deployment.tasks.get(&TARGET).cloned().unwrap_or_default();
+                let mut tasks: BTreeSet<u32> = live.into_iter().collect();
+                tasks.extend(&plan.cancelled);
+                tasks.extend(&plan.retired);
+                // A new task expects input from the live upstreams (under Koala it learns them
+                // from `Start`).
+                let ups = match self.cfg.protocol {
+                    Protocol::Koala => Vec::new(),
+                    Protocol::StopAndRestart => self.engine.upstream_tasks(TARGET),
+                };
+                for i in tasks {
+                    let id = TaskId::new(TARGET, i);
+                    if plan.created.contains(&i) {
+                        let t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg);
+                        if self.tasks.insert(id, t).is_some() {
+                            return Err(format!("task {id} deployed twice"));
+                        }
+                    }
+                    if self.tasks.get(&id).is_some_and(|t| !t.released) {
+                        self.control(Node::Task(id), Msg::Prepare(plan.clone()));
+                    }
+                }
+            }
+            CoordinatorMessage::Begin { reconfiguration, tasks } => {
+                let reconfiguration: Arc<Reconfiguration> = Arc::from(reconfiguration);
+                let epoch = reconfiguration.epoch;
+                for to in tasks {
+                    self.control(Node::Task(to), Msg::Start(reconfiguration.clone()));
+                }
+                if self.cfg.fault == Some(Fault::SwitchBeforePeerReady) && self.early_switched.insert(epoch) {
+                    for up in upstreams {
+                        self.control(
+                            Node::Upstream(up),
+                            Msg::Switch { epoch, assignment: assignment.clone() },
+                        );
+                    }
+                }
+            }
+            CoordinatorMessage::Switch { epoch } => {
+                if !self.early_switched.contains(&epoch) {
+                    for up in upstreams {
+                        self.control(
+                            Node::Upstream(up),
+                            Msg::Switch { epoch, assignment: assignment.clone() },
+                        );
+                    }
+                }
+            }
+            CoordinatorMessage::Drain { epoch } => {
+                for up in upstreams {
+                    self.control(Node::Upstream(up), Msg::Drain(epoch));
+                }
+                // The operator's tasks, which were all prepared, may send their state.
+                let mut targets: BTreeSet<u32> =
+                    plan.deployment.tasks.get(&TARGET).into_iter().flatten().copied().collect();
+                targets.extend(&plan.cancelled);
+                for i in targets {
+                    self.control(Node::Task(TaskId::new(TARGET, i)), Msg::Drain(epoch));
+                }
+            }
+            CoordinatorMessage::Resume { epoch } => {
+                for up in upstreams {
+                    self.control(Node::Upstream(up), Msg::Resume { epoch, assignment: assignment.clone() });
+                }
+            }
+            CoordinatorMessage::UpstreamEnded { upstream, tasks } => {
+                for to in tasks {
+                    self.control(Node::Task(to), Msg::EndedUpstream(upstream));
+                }
+            }
+            other => {
+                return Err(format!("the engine broadcast {other:?}, which the simulator does not model"));
+            }
+        }
+        Ok(())
+    }
+}
