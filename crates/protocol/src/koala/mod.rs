@@ -29,6 +29,7 @@ mod event_time;
 mod klt;
 mod messages;
 mod pipeline;
+mod serve;
 
 mod task;
 #[cfg(test)]
@@ -43,5 +44,6 @@ pub use messages::{
     BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputSource, PeerMessage,
     Reconfiguration, Role, TaskAck,
 };
+pub use serve::{Answered, LocationStore, Sample, serve_fetch};
 pub use task::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
 pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use koala_types::{TaskId, bucket_of};
 
 use super::world::{Kind, Msg, Node, World};
-use crate::koala::{FetchResponse, TaskAction};
+use crate::koala::{Answered, LocationStore, Sample, TaskAction, serve_fetch};
 
 impl World {
     pub(crate) fn exec_task(&mut self, me: TaskId, action: TaskAction) -> Result<(), String> {
@@ -45,39 +45,14 @@ impl World {
                     .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FetchRequest(request));
             }
             TaskAction::ServeFetch { to, request } => {
-                let n = self.cfg.num_buckets;
                 let task = self.tasks.get_mut(&me).ok_or("serve by unknown task")?;
-                let mut values = Vec::new();
-                for key in request.keys.iter() {
-                    let value = task.store.remove(key);
-                    if value.is_some() {
-                        self.holder.remove(key);
-                    }
-                    values.push((key.clone(), value.map(|v| v.to_le_bytes().to_vec())));
-                }
-                let (mut extra, mut exhausted) = (Vec::new(), Vec::new());
-                if let Some(x) = &request.extra {
-                    let wanted: BTreeSet<u16> = x.buckets.iter().copied().collect();
-                    let picked: Vec<Vec<u8>> = task
-                        .store
-                        .keys()
-                        .filter(|k| wanted.contains(&bucket_of(k, n)) && !request.keys.contains(k))
-                        .take(x.max)
-                        .cloned()
-                        .collect();
-                    for key in picked {
-                        if let Some(v) = task.store.remove(&key) {
-                            self.holder.remove(&key);
-                            self.stats.extra_keys += 1;
-                            extra.push((key, v.to_le_bytes().to_vec()));
-                        }
-                    }
-                    exhausted = wanted
-                        .into_iter()
-                        .filter(|&b| !task.store.keys().any(|k| bucket_of(k, n) == b))
-                        .collect();
-                }
-                let response = FetchResponse { id: request.id, values, extra, exhausted };
+                let mut location = SimLocation {
+                    store: &mut task.store,
+                    holder: &mut self.holder,
+                    buckets: self.cfg.num_buckets,
+                };
+                let Ok(response) = serve_fetch(&mut location, request);
+                self.stats.extra_keys += response.extra.len() as u64;
                 self.channels
                     .push((Node::Task(me), Node::Task(to), Kind::State), Msg::FetchResponse(response));
             }
@@ -256,6 +231,36 @@ impl World {
             return Err(format!("progressive migration did not release {retired:?}"));
         }
         Ok(())
+    }
+}
+
+/// A simulated task's store as a fetch location: a counter per key.
+struct SimLocation<'a> {
+    store: &'a mut std::collections::BTreeMap<Vec<u8>, u64>,
+    holder: &'a mut std::collections::BTreeMap<Vec<u8>, TaskId>,
+    buckets: u16,
+}
+
+impl LocationStore for SimLocation<'_> {
+    type Error = std::convert::Infallible;
+
+    fn take(&mut self, keys: &[Vec<u8>]) -> Result<Answered, Self::Error> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let value = self.store.remove(key);
+            if value.is_some() {
+                self.holder.remove(key);
+            }
+            out.push((key.clone(), value.map(|v| v.to_le_bytes().to_vec())));
+        }
+        Ok(out)
+    }
+
+    fn sample(&mut self, buckets: &[u16], max: usize) -> Result<Sample, Self::Error> {
+        let mut keys: Vec<Vec<u8>> =
+            self.store.keys().filter(|k| buckets.contains(&bucket_of(k, self.buckets))).cloned().collect();
+        let more = keys.split_off(max.min(keys.len()));
+        Ok((keys, more.iter().map(|k| bucket_of(k, self.buckets)).collect()))
     }
 }
 

@@ -130,7 +130,7 @@ impl Channels {
 
 /// A target task's protocol core.
 pub(crate) enum Core {
-    Koala(KoalaTask),
+    Koala(Box<KoalaTask>),
     /// Stop-and-restart: the core, and the watermark aligner the runtime keeps beside it.
     StopAndRestart(TargetCore<TaskId>, WatermarkAligner<TaskId>),
 }
@@ -303,7 +303,7 @@ impl World {
                 if cfg.fault == Some(Fault::NoParking) {
                     core.inject_fault_no_parking();
                 }
-                Core::Koala(core)
+                Core::Koala(Box::new(core))
             }
             Protocol::StopAndRestart => {
                 Core::StopAndRestart(TargetCore::new(id), WatermarkAligner::new(upstreams.iter().copied()))
@@ -491,7 +491,7 @@ impl World {
     }
 
     /// A control message reaches an upstream task (a finished one is gone and never answers).
-    fn to_upstream(&mut self, id: TaskId, msg: Msg) -> Result<(), String> {
+    fn deliver_to_upstream(&mut self, id: TaskId, msg: Msg) -> Result<(), String> {
         let u = self.upstreams.iter().position(|x| x.id == id).ok_or("message to unknown upstream")?;
         if self.upstreams[u].ended {
             return Ok(());
@@ -569,7 +569,7 @@ impl World {
                 let actions = self.engine.task_finished(u).map_err(|e| format!("engine: {e}"))?;
                 self.exec_engine(actions)
             }
-            (Node::Upstream(id), msg) => self.to_upstream(id, msg),
+            (Node::Upstream(id), msg) => self.deliver_to_upstream(id, msg),
             (Node::Task(id), Msg::Release) => {
                 let t = self.tasks.get_mut(&id).ok_or("release of unknown task")?;
                 if !t.store.is_empty() {

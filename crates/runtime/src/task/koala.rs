@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::select;
 use koala_protocol::koala::{
-    FetchRequest, FetchResponse, KoalaTask, PeerMessage, TaskAction, TaskConfig, TaskEvent,
+    Answered, FetchRequest, FetchResponse, KoalaTask, LocationStore, PeerMessage, Sample, TaskAction,
+    TaskConfig, TaskEvent, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
@@ -50,6 +51,47 @@ type Taken = (Vec<u8>, Option<Bundle>);
 struct Metadata {
     timers: Vec<(Timestamp, Vec<u8>)>,
     state: Vec<(Vec<u8>, Bundle)>,
+}
+
+/// A task's store as a fetch location: each key's state over all the operator's state ids, as
+/// one encoded value.
+struct TaskLocation<'a> {
+    task: &'a mut KoalaOperator,
+    setup: &'a TaskSetup,
+}
+
+impl LocationStore for TaskLocation<'_> {
+    type Error = RuntimeError;
+
+    fn take(&mut self, keys: &[Vec<u8>]) -> Result<Answered, RuntimeError> {
+        let taken = self.task.take_keys(self.setup, keys)?;
+        taken
+            .into_iter()
+            .map(|(key, bundle)| Ok((key, bundle.map(|b| encode(&b)).transpose().map_err(codec)?)))
+            .collect()
+    }
+
+    fn sample(&mut self, buckets: &[BucketId], max: usize) -> Result<Sample, RuntimeError> {
+        // Distinct keys (a key has one entry per state id), in key order, up to the limit.
+        let mut found: Vec<Vec<u8>> = Vec::new();
+        let mut seen: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let mut more: BTreeSet<BucketId> = BTreeSet::new();
+        store(self.setup)?.scan_buckets(buckets, 256 * 1024, &mut |chunk| {
+            for (k, _) in chunk {
+                if seen.contains(&k.key) {
+                    continue;
+                }
+                if found.len() < max {
+                    seen.insert(k.key.clone());
+                    found.push(k.key);
+                } else {
+                    more.insert(k.bucket);
+                }
+            }
+            Ok(())
+        })?;
+        Ok((found, more.into_iter().collect()))
+    }
 }
 
 struct KoalaOperator {
@@ -410,41 +452,9 @@ impl KoalaOperator {
         Ok(keys.iter().map(|k| (k.clone(), bundles.remove(k))).collect())
     }
 
+    /// Answers a fetch from this task's store (the protocol's one serving function).
     fn serve(&mut self, setup: &TaskSetup, request: FetchRequest) -> Result<FetchResponse, RuntimeError> {
-        let mut values = Vec::with_capacity(request.keys.len());
-        for (key, bundle) in self.take_keys(setup, &request.keys)? {
-            values.push((key, bundle.map(|b| encode(&b)).transpose().map_err(codec)?));
-        }
-        let mut extra = Vec::new();
-        let mut exhausted = Vec::new();
-        if let Some(x) = request.extra.filter(|x| x.max > 0 && !x.buckets.is_empty()) {
-            let store = store(setup)?;
-            // Distinct keys per bucket, in key order, up to the limit overall.
-            let mut found: Vec<Vec<u8>> = Vec::new();
-            let mut left_over: BTreeSet<BucketId> = BTreeSet::new();
-            let mut seen: BTreeSet<Vec<u8>> = BTreeSet::new();
-            store.scan_buckets(&x.buckets, 256 * 1024, &mut |chunk| {
-                for (k, _) in chunk {
-                    if seen.contains(&k.key) {
-                        continue;
-                    }
-                    if found.len() < x.max {
-                        seen.insert(k.key.clone());
-                        found.push(k.key);
-                    } else {
-                        left_over.insert(k.bucket);
-                    }
-                }
-                Ok(())
-            })?;
-            for (key, bundle) in self.take_keys(setup, &found)? {
-                if let Some(b) = bundle {
-                    extra.push((key, encode(&b).map_err(codec)?));
-                }
-            }
-            exhausted = x.buckets.iter().copied().filter(|b| !left_over.contains(b)).collect();
-        }
-        Ok(FetchResponse { id: request.id, values, extra, exhausted })
+        serve_fetch(&mut TaskLocation { task: self, setup }, request)
     }
 
     fn install(&mut self, setup: &TaskSetup, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RuntimeError> {
