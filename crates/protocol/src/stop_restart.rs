@@ -1,0 +1,805 @@
+//! Stop-and-restart, the task side (docs/protocols.md §7; the optimised baseline of paper §5.1.2),
+//! as two sans-IO cores: [`TargetCore`] for each task of the reconfigured operator and
+//! [`UpstreamCore`] for each task feeding it. The coordinator side is the phase driver
+//! ([`crate::phases::Reconfiguring`]). Each core consumes events and returns actions; the runtime
+//! (or a simulator) moves the bytes: it scans, sends and deletes the moved state, installs what
+//! arrives, broadcasts markers and switches routing.
+//!
+//! A target task learns its part at `Prepare`: a task the plan created awaits no marker (it only
+//! receives); any other task awaits a marker — or the end of stream — on every live input
+//! channel. Once all arrived, nothing routed by the old table is still on its way, so it sends
+//! the buckets it gives away ([`TargetAction::SendState`]; the executor then acks `StateSent`
+//! with what it sent, even when nothing moves — the phase driver waits for `StateSent` from every
+//! old task). A receiver acks `StateReceived` once every sender's `StateEnd` arrived. Anything the
+//! protocol does not allow — state from a task that is not a sender or outside a
+//! reconfiguration, a second marker of the running epoch, a `Resume` without `Drain` — comes back
+//! as [`TargetAction::Error`] / [`UpstreamAction::Error`] and leaves the core unchanged: the task
+//! must fail rather than lose state. Markers of other epochs pass through (they belong to other
+//! operators' reconfigurations, or are the switch markers of an epoch this task is done with).
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::sync::Arc;
+//! use koala_protocol::stop_restart::{
+//!     TargetAction, TargetCore, TargetEvent, UpstreamAction, UpstreamCore, UpstreamEvent,
+//! };
+//! use koala_protocol::{Deployment, Protocol, ReconfigPlan, RuntimeOptions, TaskAck};
+//! use koala_types::{OperatorId, TaskId};
+//!
+//! // Operator 1 scales out from one task to two: task 0 gives bucket 3 to the new task 1.
+//! let (op, up) = (OperatorId(1), TaskId::new(OperatorId(0), 0));
+//! let (t0, t1) = (TaskId::new(op, 0), TaskId::new(op, 1));
+//! let options = RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+//! let deployment = Deployment {
+//!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
+//!     placement: BTreeMap::new(), tasks: BTreeMap::from([(op, vec![0, 1])]), epoch: 1,
+//!     routing: BTreeMap::new(), num_buckets: 4, options, protocol: Protocol::StopAndRestart,
+//!     extra_keys: 0, finished: Default::default(),
+//! };
+//! let plan = Arc::new(ReconfigPlan {
+//!     epoch: 1, operator: op, deployment, moves: BTreeMap::from([((t0, t1), vec![3])]),
+//!     upstreams: vec![up], created: vec![1], cancelled: vec![], retired: vec![],
+//! });
+//! let prepared = TargetAction::Ack { epoch: 1, ack: TaskAck::Prepared };
+//!
+//! // The old task awaits the upstream's marker (channels are the executor's own ids: here "u0").
+//! let mut sender = TargetCore::new(t0);
+//! let actions = sender.on(TargetEvent::Prepare { plan: plan.clone(), inputs: vec!["u0"] });
+//! assert_eq!(actions, vec![prepared.clone()]);
+//! // The new task awaits no marker, only the state.
+//! let mut receiver = TargetCore::<&str>::new(t1);
+//! assert_eq!(receiver.on(TargetEvent::Prepare { plan, inputs: vec![] }), vec![prepared]);
+//!
+//! // Drain: the upstream sends its marker on every output and pauses.
+//! let mut upstream = UpstreamCore::new();
+//! let actions = upstream.on(UpstreamEvent::Drain { epoch: 1 });
+//! assert_eq!(actions[0], UpstreamAction::MarkAndPause { epoch: 1 });
+//! assert_eq!(upstream.paused(), Some(1));
+//!
+//! // The marker arrives: the old task sends bucket 3 (and then acks StateSent itself).
+//! let actions = sender.on(TargetEvent::Marker { channel: "u0", epoch: 1 });
+//! assert_eq!(actions, vec![TargetAction::SendState { epoch: 1, moves: vec![(t1, vec![3])] }]);
+//! assert!(!sender.busy());
+//!
+//! // The new task installs the chunks and acks once the sender's StateEnd arrived.
+//! assert_eq!(receiver.on(TargetEvent::StateChunk { from: t0, epoch: 1 }), vec![]);
+//! let actions = receiver.on(TargetEvent::StateEnd { from: t0, epoch: 1 });
+//! assert_eq!(actions, vec![TargetAction::Ack { epoch: 1, ack: TaskAck::StateReceived }]);
+//! assert!(!receiver.busy());
+//! // State from a task that is not sending (any more) is an error, never written.
+//! let late = receiver.on(TargetEvent::StateChunk { from: t0, epoch: 1 });
+//! assert!(matches!(late[..], [TargetAction::Error(_)]));
+//!
+//! // Resume: the upstream switches routing and resumes.
+//! let actions = upstream.on(UpstreamEvent::Resume { epoch: 1 });
+//! assert_eq!(actions[0], UpstreamAction::SwitchAndResume { epoch: 1 });
+//! assert_eq!(upstream.paused(), None);
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use koala_types::{BucketId, Epoch, OperatorId, TaskId};
+
+use crate::control::{ReconfigPlan, TaskAck};
+
+/// Something the stop-and-restart protocol does not allow. The core that returns it is
+/// unchanged; the task must fail (state would otherwise be lost or a phase skipped).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StopRestartError {
+    /// A `Prepare` arrived while this task's part of another reconfiguration is still running.
+    #[error("Prepare of epoch {got} while epoch {running} is running")]
+    PrepareWhileRunning {
+        /// The running epoch.
+        running: Epoch,
+        /// The epoch of the new `Prepare`.
+        got: Epoch,
+    },
+    /// A `Prepare` for an epoch not newer than the last one this task took part in.
+    #[error("Prepare of epoch {got}, not newer than epoch {last}")]
+    StaleEpoch {
+        /// The epoch of the `Prepare`.
+        got: Epoch,
+        /// The last epoch this task prepared.
+        last: Epoch,
+    },
+    /// A `Prepare` of another operator's reconfiguration.
+    #[error("Prepare of epoch {epoch} reconfigures {operator}, not this task's operator")]
+    OtherOperator {
+        /// The epoch.
+        epoch: Epoch,
+        /// The operator the plan reconfigures.
+        operator: OperatorId,
+    },
+    /// A marker of the running epoch on a channel whose marker is not awaited (a second one, or
+    /// one at a task the plan created).
+    #[error("marker of running epoch {epoch} on channel {channel}, which owes none")]
+    UnexpectedMarker {
+        /// The epoch.
+        epoch: Epoch,
+        /// The channel (as the executor names it).
+        channel: String,
+    },
+    /// State or `StateEnd` arrived while this task takes part in no reconfiguration.
+    #[error("state of epoch {epoch} from {from} outside a reconfiguration")]
+    StateOutsideReconfiguration {
+        /// The sender.
+        from: TaskId,
+        /// The epoch the message carries.
+        epoch: Epoch,
+    },
+    /// State or `StateEnd` of an epoch other than the running one.
+    #[error("state of epoch {got} from {from} while epoch {running} is running")]
+    StateOfOtherEpoch {
+        /// The sender.
+        from: TaskId,
+        /// The epoch the message carries.
+        got: Epoch,
+        /// The running epoch.
+        running: Epoch,
+    },
+    /// State or `StateEnd` from a task that moves nothing to this one.
+    #[error("state of epoch {epoch} from {from}, which moves nothing here")]
+    NotASender {
+        /// The task.
+        from: TaskId,
+        /// The epoch.
+        epoch: Epoch,
+    },
+    /// State or `StateEnd` from a sender after its `StateEnd`.
+    #[error("state of epoch {epoch} from {from} after its StateEnd")]
+    StateAfterEnd {
+        /// The sender.
+        from: TaskId,
+        /// The epoch.
+        epoch: Epoch,
+    },
+    /// A `Drain` while the upstream task is paused.
+    #[error("Drain of epoch {got} while paused for epoch {paused}")]
+    DrainWhilePaused {
+        /// The epoch it is paused for.
+        paused: Epoch,
+        /// The epoch of the new `Drain`.
+        got: Epoch,
+    },
+    /// A `Resume` while the upstream task is not paused.
+    #[error("Resume of epoch {epoch} without a Drain")]
+    ResumeWithoutDrain {
+        /// The epoch of the `Resume`.
+        epoch: Epoch,
+    },
+    /// A `Resume` of another epoch than the one the upstream task is paused for.
+    #[error("Resume of epoch {got} while paused for epoch {paused}")]
+    ResumeOfOtherEpoch {
+        /// The epoch it is paused for.
+        paused: Epoch,
+        /// The epoch of the `Resume`.
+        got: Epoch,
+    },
+}
+
+/// Input of a [`TargetCore`]; `C` names an input channel (the runtime's `InputChannel`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum TargetEvent<C> {
+    /// The coordinator's Prepare for this task's operator; `inputs` = its live upstream channels now.
+    Prepare {
+        /// The plan.
+        plan: Arc<ReconfigPlan>,
+        /// The task's live upstream channels.
+        inputs: Vec<C>,
+    },
+    /// A marker arrived on `channel`.
+    Marker {
+        /// The channel.
+        channel: C,
+        /// The marker's epoch.
+        epoch: Epoch,
+    },
+    /// An input channel ended (end of stream, or the coordinator said its upstream finished):
+    /// counts as its marker.
+    EndOfStream {
+        /// The channel.
+        channel: C,
+    },
+    /// A state or timers chunk of `epoch` from `from` arrived (the executor installs it once the
+    /// core accepted it): error if not expected.
+    StateChunk {
+        /// The sender.
+        from: TaskId,
+        /// The chunk's epoch.
+        epoch: Epoch,
+    },
+    /// `from` sent everything it moves to this task in `epoch`.
+    StateEnd {
+        /// The sender.
+        from: TaskId,
+        /// The epoch.
+        epoch: Epoch,
+    },
+}
+
+/// Output of a [`TargetCore`], to execute in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetAction {
+    /// Acknowledge to the coordinator (`Prepared`, `StateReceived`).
+    Ack {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// The ack.
+        ack: TaskAck,
+    },
+    /// Every awaited marker arrived: flush outputs, then for each (to, buckets) send the buckets'
+    /// state by range scan, their timers, then `StateEnd`; delete them locally; then ack
+    /// `StateSent { bytes, entries }` with what was sent (also when `moves` is empty).
+    SendState {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// The buckets to send, per new owner.
+        moves: Vec<(TaskId, Vec<BucketId>)>,
+    },
+    /// The event was refused; the core is unchanged and the task must fail.
+    Error(StopRestartError),
+}
+
+/// This task's part of the running reconfiguration.
+#[derive(Clone, Debug)]
+struct Part<C> {
+    epoch: Epoch,
+    /// Input channels whose marker (or end of stream) has not arrived.
+    awaiting: BTreeSet<C>,
+    /// What this task sends once `awaiting` is empty; `None` once sent (or for a created task,
+    /// which sends nothing).
+    moves: Option<Vec<(TaskId, Vec<BucketId>)>>,
+    /// Tasks still sending state here.
+    senders: BTreeSet<TaskId>,
+    /// Tasks that sent `StateEnd` (to tell a late chunk from one of a stranger).
+    ended: BTreeSet<TaskId>,
+}
+
+impl<C> Part<C> {
+    fn busy(&self) -> bool {
+        self.moves.is_some() || !self.senders.is_empty()
+    }
+}
+
+/// The reconfigured operator's task: its part of one reconfiguration at a time.
+#[derive(Clone, Debug)]
+pub struct TargetCore<C> {
+    task: TaskId,
+    running: Option<Part<C>>,
+    /// The last epoch this task prepared (running or done).
+    last: Option<Epoch>,
+}
+
+impl<C: Ord + Clone + Debug> TargetCore<C> {
+    /// The core of task `task`, in no reconfiguration.
+    pub fn new(task: TaskId) -> Self {
+        Self { task, running: None, last: None }
+    }
+
+    /// Feeds one event; returns what to do, in order.
+    pub fn on(&mut self, event: TargetEvent<C>) -> Vec<TargetAction> {
+        let result = match event {
+            TargetEvent::Prepare { plan, inputs } => self.prepare(&plan, inputs),
+            TargetEvent::Marker { channel, epoch } => self.marker(channel, epoch),
+            TargetEvent::EndOfStream { channel } => Ok(self.end_of_stream(&channel)),
+            TargetEvent::StateChunk { from, epoch } => self.sender_part(from, epoch).map(|_| Vec::new()),
+            TargetEvent::StateEnd { from, epoch } => self.state_end(from, epoch),
+        };
+        result.unwrap_or_else(|e| vec![TargetAction::Error(e)])
+    }
+
+    /// Whether a reconfiguration part is running (markers awaited or state still arriving): the
+    /// task must not exit yet.
+    pub fn busy(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// The running reconfiguration's epoch (`None` while not [`busy`](Self::busy)).
+    pub fn epoch(&self) -> Option<Epoch> {
+        self.running.as_ref().map(|p| p.epoch)
+    }
+
+    fn prepare(
+        &mut self,
+        plan: &ReconfigPlan,
+        inputs: Vec<C>,
+    ) -> Result<Vec<TargetAction>, StopRestartError> {
+        let epoch = plan.epoch;
+        if let Some(running) = self.epoch() {
+            return Err(StopRestartError::PrepareWhileRunning { running, got: epoch });
+        }
+        if let Some(last) = self.last.filter(|last| *last >= epoch) {
+            return Err(StopRestartError::StaleEpoch { got: epoch, last });
+        }
+        if plan.operator != self.task.operator {
+            return Err(StopRestartError::OtherOperator { epoch, operator: plan.operator });
+        }
+        let created = plan.created.contains(&self.task.index);
+        let part = Part {
+            epoch,
+            // A created task has no routed input yet: nothing of the old table can reach it.
+            awaiting: if created { BTreeSet::new() } else { inputs.into_iter().collect() },
+            moves: (!created)
+                .then(|| plan.outgoing(self.task).map(|(to, buckets)| (to, buckets.clone())).collect()),
+            senders: plan.senders_to(self.task),
+            ended: BTreeSet::new(),
+        };
+        self.last = Some(epoch);
+        self.running = Some(part);
+        let mut actions = vec![TargetAction::Ack { epoch, ack: TaskAck::Prepared }];
+        // Every input may have ended already: then the state goes at once.
+        actions.extend(self.send_if_drained());
+        Ok(actions)
+    }
+
+    fn marker(&mut self, channel: C, epoch: Epoch) -> Result<Vec<TargetAction>, StopRestartError> {
+        let Some(part) = self.running.as_mut().filter(|p| p.epoch == epoch) else {
+            // Another operator's reconfiguration, or the switch marker of an epoch this task is
+            // done with: it passes through.
+            return Ok(Vec::new());
+        };
+        if !part.awaiting.remove(&channel) {
+            return Err(StopRestartError::UnexpectedMarker { epoch, channel: format!("{channel:?}") });
+        }
+        Ok(self.send_if_drained())
+    }
+
+    fn end_of_stream(&mut self, channel: &C) -> Vec<TargetAction> {
+        if self.running.as_mut().is_some_and(|part| part.awaiting.remove(channel)) {
+            return self.send_if_drained();
+        }
+        // A channel that owes no marker (or no reconfiguration runs): its end changes nothing here.
+        Vec::new()
+    }
+
+    /// Checks that `from` may send state of `epoch` now; returns the running part.
+    fn sender_part(&mut self, from: TaskId, epoch: Epoch) -> Result<&mut Part<C>, StopRestartError> {
+        let part =
+            self.running.as_mut().ok_or(StopRestartError::StateOutsideReconfiguration { from, epoch })?;
+        if part.epoch != epoch {
+            return Err(StopRestartError::StateOfOtherEpoch { from, got: epoch, running: part.epoch });
+        }
+        if part.ended.contains(&from) {
+            return Err(StopRestartError::StateAfterEnd { from, epoch });
+        }
+        if !part.senders.contains(&from) {
+            return Err(StopRestartError::NotASender { from, epoch });
+        }
+        Ok(part)
+    }
+
+    fn state_end(&mut self, from: TaskId, epoch: Epoch) -> Result<Vec<TargetAction>, StopRestartError> {
+        let part = self.sender_part(from, epoch)?;
+        part.senders.remove(&from);
+        part.ended.insert(from);
+        let mut actions = Vec::new();
+        if part.senders.is_empty() {
+            actions.push(TargetAction::Ack { epoch, ack: TaskAck::StateReceived });
+        }
+        self.finish_if_done();
+        Ok(actions)
+    }
+
+    /// Sends the moved buckets once no marker is awaited any more.
+    fn send_if_drained(&mut self) -> Vec<TargetAction> {
+        let mut actions = Vec::new();
+        if let Some(part) = self.running.as_mut()
+            && part.awaiting.is_empty()
+            && let Some(moves) = part.moves.take()
+        {
+            actions.push(TargetAction::SendState { epoch: part.epoch, moves });
+        }
+        self.finish_if_done();
+        actions
+    }
+
+    fn finish_if_done(&mut self) {
+        if self.running.as_ref().is_some_and(|p| !p.busy()) {
+            self.running = None;
+        }
+    }
+}
+
+/// Input of an [`UpstreamCore`]: the coordinator's phases, as the worker relays them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamEvent {
+    /// Send a marker to the reconfigured operator and pause.
+    Drain {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Switch to the plan's routing and resume.
+    Resume {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+}
+
+/// Output of an [`UpstreamCore`], to execute in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpstreamAction {
+    /// Flush outputs and send `Marker(epoch)` on every output channel to the reconfigured
+    /// operator (the runtime broadcasts on all outputs), then stop emitting.
+    MarkAndPause {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Switch the edges to the reconfigured operator to the plan's routing and resume emitting.
+    SwitchAndResume {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
+    /// Acknowledge to the coordinator (`Paused`, `Resumed`).
+    Ack {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// The ack.
+        ack: TaskAck,
+    },
+    /// The event was refused; the core is unchanged and the task must fail.
+    Error(StopRestartError),
+}
+
+/// An upstream task of the reconfigured operator.
+#[derive(Clone, Debug, Default)]
+pub struct UpstreamCore {
+    paused: Option<Epoch>,
+}
+
+impl UpstreamCore {
+    /// The core of a task that is not paused.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds one event; returns what to do, in order.
+    pub fn on(&mut self, event: UpstreamEvent) -> Vec<UpstreamAction> {
+        match (event, self.paused) {
+            (UpstreamEvent::Drain { epoch: got }, Some(paused)) => {
+                vec![UpstreamAction::Error(StopRestartError::DrainWhilePaused { paused, got })]
+            }
+            (UpstreamEvent::Drain { epoch }, None) => {
+                self.paused = Some(epoch);
+                vec![
+                    UpstreamAction::MarkAndPause { epoch },
+                    UpstreamAction::Ack { epoch, ack: TaskAck::Paused },
+                ]
+            }
+            (UpstreamEvent::Resume { epoch }, None) => {
+                vec![UpstreamAction::Error(StopRestartError::ResumeWithoutDrain { epoch })]
+            }
+            (UpstreamEvent::Resume { epoch: got }, Some(paused)) if got != paused => {
+                vec![UpstreamAction::Error(StopRestartError::ResumeOfOtherEpoch { paused, got })]
+            }
+            (UpstreamEvent::Resume { epoch }, Some(_)) => {
+                self.paused = None;
+                vec![
+                    UpstreamAction::SwitchAndResume { epoch },
+                    UpstreamAction::Ack { epoch, ack: TaskAck::Resumed },
+                ]
+            }
+        }
+    }
+
+    /// The epoch this task is paused for, if it is.
+    pub fn paused(&self) -> Option<Epoch> {
+        self.paused
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::control::{Deployment, Protocol, RuntimeOptions};
+
+    const OP: OperatorId = OperatorId(1);
+
+    fn task(index: u32) -> TaskId {
+        TaskId::new(OP, index)
+    }
+
+    /// A plan of `epoch` for operator 1 with `moves` (from, to, buckets) and `created` tasks.
+    fn plan(epoch: Epoch, moves: &[(u32, u32, &[BucketId])], created: &[u32]) -> Arc<ReconfigPlan> {
+        let options =
+            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+        let deployment = Deployment {
+            run: "r".into(),
+            query: "q".into(),
+            query_params: String::new(),
+            workers: BTreeMap::new(),
+            placement: BTreeMap::new(),
+            tasks: BTreeMap::from([(OP, vec![0, 1, 2])]),
+            epoch,
+            routing: BTreeMap::new(),
+            num_buckets: 8,
+            options,
+            protocol: Protocol::StopAndRestart,
+            extra_keys: 0,
+            finished: Default::default(),
+        };
+        Arc::new(ReconfigPlan {
+            epoch,
+            operator: OP,
+            deployment,
+            moves: moves.iter().map(|(from, to, b)| ((task(*from), task(*to)), b.to_vec())).collect(),
+            upstreams: vec![],
+            created: created.to_vec(),
+            cancelled: vec![],
+            retired: vec![],
+        })
+    }
+
+    fn ack(epoch: Epoch, ack: TaskAck) -> TargetAction {
+        TargetAction::Ack { epoch, ack }
+    }
+
+    fn prepare(core: &mut TargetCore<u32>, plan: &Arc<ReconfigPlan>, inputs: &[u32]) -> Vec<TargetAction> {
+        core.on(TargetEvent::Prepare { plan: plan.clone(), inputs: inputs.to_vec() })
+    }
+
+    fn marker(channel: u32, epoch: Epoch) -> TargetEvent<u32> {
+        TargetEvent::Marker { channel, epoch }
+    }
+
+    fn error(actions: Vec<TargetAction>) -> StopRestartError {
+        match &actions[..] {
+            [TargetAction::Error(e)] => e.clone(),
+            other => panic!("expected one error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sender_sends_once_every_marker_arrived() {
+        let p = plan(1, &[(0, 1, &[3, 4]), (0, 2, &[5])], &[]);
+        let mut core = TargetCore::new(task(0));
+        assert_eq!(prepare(&mut core, &p, &[10, 11]), vec![ack(1, TaskAck::Prepared)]);
+        assert_eq!((core.busy(), core.epoch()), (true, Some(1)));
+        assert_eq!(core.on(marker(10, 1)), vec![]);
+        assert!(core.busy(), "a marker is still awaited");
+        let moves = vec![(task(1), vec![3, 4]), (task(2), vec![5])];
+        assert_eq!(core.on(marker(11, 1)), vec![TargetAction::SendState { epoch: 1, moves }]);
+        assert_eq!((core.busy(), core.epoch()), (false, None));
+    }
+
+    #[test]
+    fn a_receiver_acks_once_every_sender_ended() {
+        let p = plan(1, &[(0, 2, &[3]), (1, 2, &[4])], &[]);
+        let mut core = TargetCore::new(task(2));
+        assert_eq!(prepare(&mut core, &p, &[10]), vec![ack(1, TaskAck::Prepared)]);
+        // An old task also passes the markers; it sends nothing but still reports (0 bytes).
+        assert_eq!(core.on(marker(10, 1)), vec![TargetAction::SendState { epoch: 1, moves: vec![] }]);
+        assert!(core.busy(), "state still arrives");
+        assert_eq!(core.on(TargetEvent::StateChunk { from: task(0), epoch: 1 }), vec![]);
+        assert_eq!(core.on(TargetEvent::StateEnd { from: task(0), epoch: 1 }), vec![]);
+        assert_eq!(core.on(TargetEvent::StateChunk { from: task(1), epoch: 1 }), vec![]);
+        assert_eq!(
+            core.on(TargetEvent::StateEnd { from: task(1), epoch: 1 }),
+            vec![ack(1, TaskAck::StateReceived)]
+        );
+        assert!(!core.busy());
+    }
+
+    #[test]
+    fn a_created_task_awaits_no_marker_and_only_receives() {
+        let p = plan(1, &[(0, 2, &[3])], &[2]);
+        let mut core = TargetCore::new(task(2));
+        assert_eq!(prepare(&mut core, &p, &[10]), vec![ack(1, TaskAck::Prepared)], "no SendState");
+        assert!(core.busy());
+        assert_eq!(core.on(TargetEvent::EndOfStream { channel: 10 }), vec![], "no channel is awaited");
+        assert_eq!(
+            core.on(TargetEvent::StateEnd { from: task(0), epoch: 1 }),
+            vec![ack(1, TaskAck::StateReceived)]
+        );
+        assert!(!core.busy());
+        // A created task nobody sends to is done at Prepare.
+        let mut idle = TargetCore::new(task(1));
+        let p = plan(2, &[(0, 2, &[3])], &[1, 2]);
+        assert_eq!(prepare(&mut idle, &p, &[]), vec![ack(2, TaskAck::Prepared)]);
+        assert!(!idle.busy());
+    }
+
+    #[test]
+    fn a_task_that_sends_and_receives_acks_both_in_either_order() {
+        let p = plan(1, &[(0, 1, &[3]), (1, 0, &[4])], &[]);
+        let mut core = TargetCore::new(task(0));
+        prepare(&mut core, &p, &[10]);
+        // State arrives before this task's own marker.
+        assert_eq!(
+            core.on(TargetEvent::StateEnd { from: task(1), epoch: 1 }),
+            vec![ack(1, TaskAck::StateReceived)]
+        );
+        assert!(core.busy(), "its own marker is still awaited");
+        let send = TargetAction::SendState { epoch: 1, moves: vec![(task(1), vec![3])] };
+        assert_eq!(core.on(marker(10, 1)), vec![send.clone()]);
+        assert!(!core.busy());
+
+        let mut core = TargetCore::new(task(1));
+        prepare(&mut core, &p, &[10]);
+        assert_eq!(
+            core.on(marker(10, 1)),
+            vec![TargetAction::SendState { epoch: 1, moves: vec![(task(0), vec![4])] }]
+        );
+        assert!(core.busy(), "state still arrives");
+        assert_eq!(
+            core.on(TargetEvent::StateEnd { from: task(0), epoch: 1 }),
+            vec![ack(1, TaskAck::StateReceived)]
+        );
+        assert!(!core.busy());
+    }
+
+    #[test]
+    fn inputs_ended_at_prepare_send_at_once() {
+        let p = plan(1, &[(0, 1, &[3])], &[]);
+        let mut core = TargetCore::new(task(0));
+        let send = TargetAction::SendState { epoch: 1, moves: vec![(task(1), vec![3])] };
+        assert_eq!(prepare(&mut core, &p, &[]), vec![ack(1, TaskAck::Prepared), send]);
+        assert!(!core.busy());
+        // A task with no part at all still reports StateSent (0 bytes): the phase driver waits
+        // for it from every old task.
+        let mut bystander = TargetCore::new(task(2));
+        let nothing = TargetAction::SendState { epoch: 1, moves: vec![] };
+        assert_eq!(prepare(&mut bystander, &p, &[]), vec![ack(1, TaskAck::Prepared), nothing]);
+        assert!(!bystander.busy());
+    }
+
+    #[test]
+    fn an_end_of_stream_counts_as_the_marker() {
+        let p = plan(1, &[(0, 1, &[3])], &[]);
+        let mut core = TargetCore::new(task(0));
+        prepare(&mut core, &p, &[10, 11]);
+        assert_eq!(core.on(marker(10, 1)), vec![]);
+        let send = TargetAction::SendState { epoch: 1, moves: vec![(task(1), vec![3])] };
+        assert_eq!(core.on(TargetEvent::EndOfStream { channel: 11 }), vec![send]);
+        // The end of a channel whose marker already arrived, or outside a reconfiguration, is not an error.
+        assert_eq!(core.on(TargetEvent::EndOfStream { channel: 10 }), vec![]);
+    }
+
+    #[test]
+    fn markers_of_other_epochs_pass_through() {
+        let mut core = TargetCore::new(task(0));
+        assert_eq!(core.on(marker(10, 7)), vec![], "idle: another operator's reconfiguration");
+        let p = plan(2, &[(0, 1, &[3])], &[]);
+        prepare(&mut core, &p, &[10]);
+        assert_eq!(core.on(marker(10, 1)), vec![], "the switch marker of an earlier epoch");
+        assert!(core.busy());
+        assert!(matches!(core.on(marker(10, 2))[..], [TargetAction::SendState { .. }]));
+        assert_eq!(core.on(marker(10, 2)), vec![], "the switch marker of a finished epoch");
+    }
+
+    #[test]
+    fn a_second_marker_of_the_running_epoch_is_an_error() {
+        let p = plan(1, &[(0, 1, &[3])], &[]);
+        let mut core = TargetCore::new(task(0));
+        prepare(&mut core, &p, &[10, 11]);
+        core.on(marker(10, 1));
+        let e = error(core.on(marker(10, 1)));
+        assert_eq!(e, StopRestartError::UnexpectedMarker { epoch: 1, channel: "10".into() });
+        assert_eq!(
+            error(core.on(marker(12, 1))),
+            StopRestartError::UnexpectedMarker { epoch: 1, channel: "12".into() }
+        );
+        assert!(core.busy(), "unchanged: channel 11 is still awaited");
+        assert!(matches!(core.on(marker(11, 1))[..], [TargetAction::SendState { .. }]));
+
+        // A created task owes no marker.
+        let p = plan(2, &[(0, 2, &[3])], &[2]);
+        let mut created = TargetCore::new(task(2));
+        prepare(&mut created, &p, &[10]);
+        assert!(matches!(error(created.on(marker(10, 2))), StopRestartError::UnexpectedMarker { .. }));
+    }
+
+    #[test]
+    fn a_prepare_while_running_or_stale_or_foreign_is_an_error() {
+        let p = plan(2, &[(0, 1, &[3])], &[]);
+        let mut core = TargetCore::new(task(0));
+        prepare(&mut core, &p, &[10]);
+        let e = error(prepare(&mut core, &plan(3, &[], &[]), &[10]));
+        assert_eq!(e, StopRestartError::PrepareWhileRunning { running: 2, got: 3 });
+        assert_eq!(core.epoch(), Some(2), "unchanged");
+        core.on(marker(10, 2));
+        assert_eq!(error(prepare(&mut core, &p, &[10])), StopRestartError::StaleEpoch { got: 2, last: 2 });
+        assert_eq!(
+            error(prepare(&mut core, &plan(1, &[], &[]), &[10])),
+            StopRestartError::StaleEpoch { got: 1, last: 2 }
+        );
+        let mut other = TargetCore::new(TaskId::new(OperatorId(5), 0));
+        let e = error(prepare(&mut other, &p, &[10]));
+        assert_eq!(e, StopRestartError::OtherOperator { epoch: 2, operator: OP });
+        assert!(!other.busy());
+        // A newer epoch after the last one finished is fine.
+        assert_eq!(prepare(&mut core, &plan(3, &[], &[]), &[10]), vec![ack(3, TaskAck::Prepared)]);
+    }
+
+    #[test]
+    fn unexpected_state_is_an_error() {
+        let mut core = TargetCore::new(task(1));
+        let chunk = |from, epoch| TargetEvent::StateChunk { from, epoch };
+        let end = |from, epoch| TargetEvent::StateEnd { from, epoch };
+        assert_eq!(
+            error(core.on(chunk(task(0), 1))),
+            StopRestartError::StateOutsideReconfiguration { from: task(0), epoch: 1 }
+        );
+        assert_eq!(
+            error(core.on(end(task(0), 1))),
+            StopRestartError::StateOutsideReconfiguration { from: task(0), epoch: 1 }
+        );
+        let p = plan(2, &[(0, 1, &[3])], &[]);
+        prepare(&mut core, &p, &[10]);
+        assert_eq!(
+            error(core.on(chunk(task(0), 1))),
+            StopRestartError::StateOfOtherEpoch { from: task(0), got: 1, running: 2 }
+        );
+        assert_eq!(
+            error(core.on(chunk(task(2), 2))),
+            StopRestartError::NotASender { from: task(2), epoch: 2 }
+        );
+        assert_eq!(error(core.on(end(task(2), 2))), StopRestartError::NotASender { from: task(2), epoch: 2 });
+        // Its own marker is still awaited, so the part keeps running after the sender ended.
+        assert_eq!(core.on(end(task(0), 2)), vec![ack(2, TaskAck::StateReceived)]);
+        assert_eq!(
+            error(core.on(chunk(task(0), 2))),
+            StopRestartError::StateAfterEnd { from: task(0), epoch: 2 }
+        );
+        assert_eq!(
+            error(core.on(end(task(0), 2))),
+            StopRestartError::StateAfterEnd { from: task(0), epoch: 2 }
+        );
+        assert!(matches!(core.on(marker(10, 2))[..], [TargetAction::SendState { .. }]));
+        // Done: state now comes from outside a reconfiguration.
+        assert!(matches!(
+            error(core.on(chunk(task(0), 2))),
+            StopRestartError::StateOutsideReconfiguration { .. }
+        ));
+    }
+
+    #[test]
+    fn an_upstream_drains_then_resumes() {
+        let mut core = UpstreamCore::new();
+        assert_eq!(core.paused(), None);
+        assert_eq!(
+            core.on(UpstreamEvent::Drain { epoch: 4 }),
+            vec![
+                UpstreamAction::MarkAndPause { epoch: 4 },
+                UpstreamAction::Ack { epoch: 4, ack: TaskAck::Paused }
+            ]
+        );
+        assert_eq!(core.paused(), Some(4));
+        assert_eq!(
+            core.on(UpstreamEvent::Resume { epoch: 4 }),
+            vec![
+                UpstreamAction::SwitchAndResume { epoch: 4 },
+                UpstreamAction::Ack { epoch: 4, ack: TaskAck::Resumed }
+            ]
+        );
+        assert_eq!(core.paused(), None);
+        assert!(matches!(
+            core.on(UpstreamEvent::Drain { epoch: 5 })[..],
+            [UpstreamAction::MarkAndPause { .. }, _]
+        ));
+    }
+
+    #[test]
+    fn an_upstream_refuses_what_does_not_follow_drain_then_resume() {
+        let refused = |e| vec![UpstreamAction::Error(e)];
+        let mut core = UpstreamCore::new();
+        assert_eq!(
+            core.on(UpstreamEvent::Resume { epoch: 4 }),
+            refused(StopRestartError::ResumeWithoutDrain { epoch: 4 })
+        );
+        core.on(UpstreamEvent::Drain { epoch: 4 });
+        assert_eq!(
+            core.on(UpstreamEvent::Drain { epoch: 5 }),
+            refused(StopRestartError::DrainWhilePaused { paused: 4, got: 5 })
+        );
+        assert_eq!(
+            core.on(UpstreamEvent::Resume { epoch: 3 }),
+            refused(StopRestartError::ResumeOfOtherEpoch { paused: 4, got: 3 })
+        );
+        assert_eq!(core.paused(), Some(4), "unchanged");
+    }
+}
