@@ -1,7 +1,8 @@
 //! The control plane of koala-rs without I/O (docs/architecture.md §8): the typed messages
 //! coordinator and workers exchange, and the pure state machines both sides drive — the watermark
-//! aligner and the Koala protocol cores. Nothing here opens a socket or spawns a thread, so the
-//! same code runs under the real runtime and under a deterministic simulator.
+//! aligner, the Koala protocol cores and the stop-and-restart task cores. Nothing here opens a
+//! socket or spawns a thread, so the same code runs under the real runtime and under a
+//! deterministic simulator.
 
 pub mod control;
 pub mod engine;

@@ -7,8 +7,9 @@
 //!
 //! A target task learns its part at `Prepare`: a task the plan created awaits no marker (it only
 //! receives); any other task awaits a marker — or the end of stream — on every live input
-//! channel. Once all arrived, nothing routed by the old table is still on its way, so it sends
-//! the buckets it gives away ([`TargetAction::SendState`]; the executor then acks `StateSent`
+//! channel. Once all arrived — and the coordinator's `Drain` did, which comes once every task of
+//! the reconfiguration is prepared, so no state reaches a receiver that has not seen `Prepare` —
+//! nothing routed by the old table is still on its way, so it sends the buckets it gives away ([`TargetAction::SendState`]; the executor then acks `StateSent`
 //! with what it sent, even when nothing moves — the phase driver waits for `StateSent` from every
 //! old task). A receiver acks `StateReceived` once every sender's `StateEnd` arrived. Anything the
 //! protocol does not allow — state from a task that is not a sender or outside a
@@ -50,7 +51,10 @@
 //! let mut receiver = TargetCore::<&str>::new(t1);
 //! assert_eq!(receiver.on(TargetEvent::Prepare { plan, inputs: vec![] }), vec![prepared]);
 //!
-//! // Drain: the upstream sends its marker on every output and pauses.
+//! // Drain: the target tasks hear it (every task is prepared), and the upstream sends its marker
+//! // on every output and pauses.
+//! assert_eq!(sender.on(TargetEvent::Drain { epoch: 1 }), vec![]);
+//! assert_eq!(receiver.on(TargetEvent::Drain { epoch: 1 }), vec![]);
 //! let mut upstream = UpstreamCore::new();
 //! let actions = upstream.on(UpstreamEvent::Drain { epoch: 1 });
 //! assert_eq!(actions[0], UpstreamAction::MarkAndPause { epoch: 1 });
@@ -268,8 +272,9 @@ struct Part<C> {
     senders: BTreeSet<TaskId>,
     /// Tasks that sent `StateEnd` (to tell a late chunk from one of a stranger).
     ended: BTreeSet<TaskId>,
-    /// Whether the coordinator's `Drain` arrived: only then is every receiver prepared, so no
-    /// state is sent before (a task whose inputs all ended awaits no marker).
+    /// Whether the coordinator's `Drain` arrived. Only then is every receiver prepared: a task
+    /// whose inputs all ended awaits no marker, and its state must not reach a receiver that has
+    /// not seen `Prepare` yet.
     drained: bool,
 }
 
@@ -349,6 +354,8 @@ impl<C: Ord + Clone + Debug> TargetCore<C> {
         Ok(vec![TargetAction::Ack { epoch, ack: TaskAck::Prepared }])
     }
 
+    /// The coordinator's `Drain` (Koala's stateless `Switch` plays its part): every task of the
+    /// reconfiguration is prepared, so state sent now finds its receiver ready.
     fn drain(&mut self, epoch: Epoch) -> Result<Vec<TargetAction>, StopRestartError> {
         match self.running.as_mut() {
             Some(part) if part.epoch == epoch => part.drained = true,
@@ -564,8 +571,33 @@ mod tests {
         TargetAction::Ack { epoch, ack }
     }
 
+    /// Prepare, then the coordinator's Drain (it comes once every task is prepared).
     fn prepare(core: &mut TargetCore<u32>, plan: &Arc<ReconfigPlan>, inputs: &[u32]) -> Vec<TargetAction> {
-        core.on(TargetEvent::Prepare { plan: plan.clone(), inputs: inputs.to_vec() })
+        let mut actions = core.on(TargetEvent::Prepare { plan: plan.clone(), inputs: inputs.to_vec() });
+        if !actions.iter().any(|a| matches!(a, TargetAction::Error(_))) {
+            actions.extend(core.on(TargetEvent::Drain { epoch: plan.epoch }));
+        }
+        actions
+    }
+
+    /// A task whose inputs all ended awaits no marker, but sends only after the Drain: before
+    /// it, a receiver may not have seen its Prepare.
+    #[test]
+    fn state_waits_for_the_drain() {
+        let p = plan(1, &[(0, 1, &[3])], &[]);
+        let mut core: TargetCore<u32> = TargetCore::new(task(0));
+        let actions = core.on(TargetEvent::Prepare { plan: p.clone(), inputs: vec![] });
+        assert_eq!(actions, vec![ack(1, TaskAck::Prepared)], "no state before the Drain");
+        let moves = vec![(task(1), vec![3])];
+        assert_eq!(
+            core.on(TargetEvent::Drain { epoch: 1 }),
+            vec![TargetAction::SendState { epoch: 1, moves }]
+        );
+        assert_eq!(core.on(TargetEvent::Drain { epoch: 1 }), vec![], "a Drain after the part is done");
+        assert_eq!(
+            error(core.on(TargetEvent::Drain { epoch: 2 })),
+            StopRestartError::DrainWithoutPrepare { epoch: 2 }
+        );
     }
 
     fn marker(channel: u32, epoch: Epoch) -> TargetEvent<u32> {

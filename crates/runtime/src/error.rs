@@ -1,6 +1,9 @@
 use koala_dataflow::DataflowError;
+use koala_protocol::stop_restart::StopRestartError;
 use koala_state::StateError;
 use koala_types::{CodecError, OperatorId, TaskId, WorkerId};
+
+use crate::channel::InputChannel;
 
 /// Why a task or a worker stopped.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +68,43 @@ pub enum RuntimeError {
         from: TaskId,
         /// What was wrong.
         reason: String,
+    },
+    /// A stop-and-restart core refused what arrived (docs/protocols.md §7): going on could lose
+    /// state or skip a phase.
+    #[error("{task}, stop-and-restart: {source}")]
+    StopRestart {
+        /// The task.
+        task: TaskId,
+        /// What the core refused.
+        source: StopRestartError,
+    },
+    /// A message arrived on a channel that never carries that kind (e.g. state on a data channel).
+    #[error("{task} got a {message} message on {channel:?}, which does not carry it")]
+    MisplacedMessage {
+        /// The receiving task.
+        task: TaskId,
+        /// The channel.
+        channel: InputChannel,
+        /// The kind of message.
+        message: &'static str,
+    },
+    /// A command the task cannot apply in its current state.
+    #[error("{task} cannot apply {command} {context}")]
+    UnexpectedCommand {
+        /// The task.
+        task: TaskId,
+        /// The command's name.
+        command: &'static str,
+        /// When it arrived.
+        context: &'static str,
+    },
+    /// The runtime broke one of its own invariants (a bug): the task stops rather than guess.
+    #[error("{task}: invariant broken: {what}")]
+    Invariant {
+        /// The task.
+        task: TaskId,
+        /// What does not hold.
+        what: &'static str,
     },
     /// The coordinator's control connection broke or sent messages out of order.
     #[error("control plane: {0}")]

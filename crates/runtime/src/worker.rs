@@ -150,7 +150,10 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             CoordinatorMessage::Drain { epoch } => {
                 if let Some(j) = &job {
                     match j.plans.get(&epoch) {
-                        Some(plan) => send_to(j, &plan.upstreams, || TaskCommand::Drain { epoch }),
+                        Some(plan) => {
+                            send_to(j, &plan.upstreams, || TaskCommand::Drain { epoch });
+                            send_to(j, &operator_tasks(plan), || TaskCommand::HandOver { epoch });
+                        }
                         None => tracing::error!(epoch, "drain of an unknown reconfiguration; ignored"),
                     }
                 }
@@ -167,6 +170,10 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     // Only the live upstream tasks the plan names: a cancelled task that still serves
                     // state (Koala) must not switch and send markers to the operator.
                     let resume = matches!(msg, CoordinatorMessage::Resume { .. });
+                    if !resume {
+                        // Koala, stateless operator: its old tasks pass their markers and finish.
+                        send_to(j, &operator_tasks(&plan), || TaskCommand::HandOver { epoch });
+                    }
                     send_to(j, &plan.upstreams, || {
                         if resume {
                             TaskCommand::Resume(plan.clone())
@@ -310,6 +317,13 @@ fn prepare_reconfiguration(
 
 /// Sends a command to each of `tasks` that runs on this worker (others are skipped; a task
 /// that already finished is logged, not an error: its work is done).
+/// The reconfigured operator's tasks that may move state: live after it, or cancelled by it.
+fn operator_tasks(plan: &ReconfigPlan) -> Vec<TaskId> {
+    let op = plan.operator;
+    let live = plan.deployment.tasks.get(&op).into_iter().flatten();
+    live.chain(&plan.cancelled).map(|i| TaskId::new(op, *i)).collect()
+}
+
 fn send_to(job: &Job, tasks: &[TaskId], command: impl Fn() -> TaskCommand) {
     for task in tasks {
         if let Some(tx) = job.commands.get(task)

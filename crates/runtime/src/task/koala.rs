@@ -216,6 +216,8 @@ impl KoalaOperator {
                 self.execute(setup, outputs, actions)?;
             }
             TaskCommand::Release => self.released = true,
+            // Koala hands over per `Begin`; this is for stop-and-restart and stateless operators.
+            TaskCommand::HandOver { .. } => {}
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use koala_dataflow::OperatorSpec;
+use koala_protocol::stop_restart::{UpstreamAction, UpstreamCore, UpstreamEvent};
 use koala_protocol::{Deployment, ReconfigPlan, RuntimeOptions, TaskAck, WorkerMessage};
 use koala_state::StateBackend;
 use koala_types::{ChannelMessage, Epoch, TaskId};
@@ -53,8 +54,33 @@ pub enum TaskCommand {
     Switch(Arc<ReconfigPlan>),
     /// Koala: stop serving state and exit.
     Release,
+    /// The reconfigured operator's tasks: every task of the reconfiguration is prepared
+    /// (stop-and-restart's `Drain`, Koala's `Switch` of a stateless operator), so moved state sent
+    /// from now on finds its receiver ready; send it once every marker arrived.
+    HandOver {
+        /// The reconfiguration.
+        epoch: Epoch,
+    },
     /// A new task: this upstream finished before it switched routing; it will never send here.
     UpstreamEnded(TaskId),
+}
+
+impl TaskCommand {
+    /// The command's name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::StopSource => "StopSource",
+            Self::Prepare(_) => "Prepare",
+            Self::AddInputs { .. } => "AddInputs",
+            Self::Drain { .. } => "Drain",
+            Self::Resume(_) => "Resume",
+            Self::Begin(_) => "Begin",
+            Self::Switch(_) => "Switch",
+            Self::Release => "Release",
+            Self::HandOver { .. } => "HandOver",
+            Self::UpstreamEnded(_) => "UpstreamEnded",
+        }
+    }
 }
 
 /// Everything a task loop runs with.
@@ -120,29 +146,40 @@ impl TaskSetup {
         Ok(())
     }
 
-    /// The upstream side of stop-and-restart: a marker on every output, pause until `Resume`,
-    /// then switch the edges to the reconfigured operator. Returns true if a `StopSource`
-    /// arrived while paused.
+    /// The upstream side of stop-and-restart, driven by `upstream`: on `Drain`, a marker on every
+    /// output, then pause until `Resume`, switch the edges to the reconfigured operator and go on.
+    /// Returns true if a `StopSource` arrived while paused. Any other command while paused fails
+    /// the task.
     pub(crate) fn drain_and_pause(
         &self,
+        upstream: &mut UpstreamCore,
         epoch: Epoch,
         outputs: &mut Outputs,
         metrics: &mut TaskMetrics,
     ) -> Result<bool, RuntimeError> {
-        outputs.broadcast(&ChannelMessage::Marker(epoch))?;
-        self.ack(epoch, TaskAck::Paused);
+        self.on_upstream(upstream, UpstreamEvent::Drain { epoch }, None, outputs)?;
         let mut stop = false;
-        loop {
+        while upstream.paused().is_some() {
             let wait = metrics.next_tick().saturating_duration_since(Instant::now());
             match self.commands.recv_timeout(wait) {
-                Ok(TaskCommand::Resume(plan)) if plan.epoch == epoch => {
-                    self.switch_routing(&plan, outputs)?;
-                    self.ack(epoch, TaskAck::Resumed);
-                    return Ok(stop);
+                Ok(TaskCommand::Resume(plan)) => {
+                    self.on_upstream(
+                        upstream,
+                        UpstreamEvent::Resume { epoch: plan.epoch },
+                        Some(&plan),
+                        outputs,
+                    )?;
+                }
+                Ok(TaskCommand::Drain { epoch }) => {
+                    self.on_upstream(upstream, UpstreamEvent::Drain { epoch }, None, outputs)?;
                 }
                 Ok(TaskCommand::StopSource) => stop = true,
                 Ok(other) => {
-                    tracing::error!(task = %self.task, epoch, command = ?other, "unexpected command while paused; ignored");
+                    return Err(RuntimeError::UnexpectedCommand {
+                        task: self.task,
+                        command: other.name(),
+                        context: "while paused for a reconfiguration",
+                    });
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
@@ -151,6 +188,41 @@ impl TaskSetup {
             }
             self.report(metrics, outputs, Instant::now());
         }
+        Ok(stop)
+    }
+
+    /// Feeds `event` to this task's upstream core and carries out what it decides; `plan` is
+    /// the plan a `Resume` came with.
+    pub(crate) fn on_upstream(
+        &self,
+        upstream: &mut UpstreamCore,
+        event: UpstreamEvent,
+        plan: Option<&ReconfigPlan>,
+        outputs: &mut Outputs,
+    ) -> Result<(), RuntimeError> {
+        for action in upstream.on(event) {
+            match action {
+                UpstreamAction::MarkAndPause { epoch } => {
+                    outputs.flush_all()?;
+                    outputs.broadcast(&ChannelMessage::Marker(epoch))?;
+                }
+                UpstreamAction::SwitchAndResume { epoch } => {
+                    let Some(plan) = plan.filter(|p| p.epoch == epoch) else {
+                        debug_assert!(false, "SwitchAndResume of epoch {epoch} without its plan");
+                        return Err(RuntimeError::Invariant {
+                            task: self.task,
+                            what: "a resume without its plan",
+                        });
+                    };
+                    self.switch_routing(plan, outputs)?;
+                }
+                UpstreamAction::Ack { epoch, ack } => self.ack(epoch, ack),
+                UpstreamAction::Error(source) => {
+                    return Err(RuntimeError::StopRestart { task: self.task, source });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sends the second's samples if one ended.

@@ -7,9 +7,10 @@ use crossbeam_channel::select;
 use koala_dataflow::logic::OperatorLogic;
 use koala_dataflow::{OperatorContext, OperatorKind, TaskInstance};
 use koala_protocol::WatermarkAligner;
+use koala_protocol::stop_restart::{TargetEvent, UpstreamCore, UpstreamEvent};
 use koala_types::{ChannelMessage, Record, Timestamp};
 
-use super::transfer::Transfer;
+use super::transfer::{StateTransfer, TransferIo, message_kind};
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::batch_state::{BatchState, NoState};
@@ -31,8 +32,10 @@ pub(super) struct OperatorTask {
     aligner: WatermarkAligner<InputChannel>,
     pub(super) timers: TimerService,
     pub(super) metrics: TaskMetrics,
-    /// This task's part in the running reconfiguration of its own operator, if any.
-    transfer: Option<Transfer>,
+    /// This task's part in the reconfigurations of its own operator (stop-and-restart).
+    transfer: StateTransfer,
+    /// This task as an upstream of a reconfigured operator (stop-and-restart).
+    upstream: UpstreamCore,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -93,7 +96,8 @@ impl OperatorTask {
             aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
             timers: TimerService::default(),
             metrics: TaskMetrics::new(setup.task, false),
-            transfer: None,
+            transfer: StateTransfer::new(setup.task),
+            upstream: UpstreamCore::new(),
         })
     }
 
@@ -115,10 +119,10 @@ impl OperatorTask {
                 }
             }
             TaskCommand::Prepare(plan) => {
-                let mut transfer = Transfer::new(setup, plan, self.aligner.channels());
-                // A task whose inputs have all ended has nothing to wait for.
-                transfer.send_if_drained(setup, outputs, &mut self.timers, &mut self.metrics)?;
-                self.transfer = if transfer.finished() { None } else { Some(transfer) };
+                let inputs = self.aligner.channels().collect();
+                self.on_transfer(setup, outputs, TargetEvent::Prepare { plan, inputs })?;
+                // Every input may have ended already, and nothing arrives: then the task is done.
+                return Ok(self.done());
             }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
@@ -127,15 +131,19 @@ impl OperatorTask {
                 setup.ack(epoch, koala_protocol::TaskAck::Prepared);
             }
             TaskCommand::Drain { epoch } => {
-                outputs.flush_all()?;
-                setup.drain_and_pause(epoch, outputs, &mut self.metrics)?;
+                setup.drain_and_pause(&mut self.upstream, epoch, outputs, &mut self.metrics)?;
             }
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }
+            TaskCommand::HandOver { epoch } => {
+                self.on_transfer(setup, outputs, TargetEvent::Drain { epoch })?;
+            }
             TaskCommand::StopSource | TaskCommand::Release | TaskCommand::Begin(_) => {}
             TaskCommand::Resume(plan) => {
-                tracing::error!(task = %setup.task, epoch = plan.epoch, "resume without drain; ignored");
+                // Not paused (a pause takes its Resume itself): the core refuses it.
+                let event = UpstreamEvent::Resume { epoch: plan.epoch };
+                setup.on_upstream(&mut self.upstream, event, Some(&plan), outputs)?;
             }
         }
         Ok(false)
@@ -150,15 +158,9 @@ impl OperatorTask {
         message: ChannelMessage,
     ) -> Result<bool, RuntimeError> {
         if channel.input == PEER_INPUT {
-            let Some(transfer) = self.transfer.as_mut() else {
-                tracing::error!(task = %setup.task, from = %channel.from, "state from a peer outside a reconfiguration; ignored");
-                return Ok(false);
-            };
-            transfer.on_peer(setup, channel.from, message, &mut self.timers)?;
-            if transfer.finished() {
-                self.transfer = None;
-            }
-            return Ok(self.aligner.live_channels() == 0 && self.transfer.is_none());
+            let mut io = TransferIo { outputs, timers: &mut self.timers, metrics: &mut self.metrics };
+            self.transfer.on_peer(setup, channel, message, &mut io)?;
+            return Ok(self.done());
         }
         match message {
             ChannelMessage::Batch(records) => {
@@ -170,46 +172,44 @@ impl OperatorTask {
                     self.advance(setup, outputs, w)?;
                 }
             }
-            ChannelMessage::Marker(epoch) => self.on_marker(setup, outputs, &channel, epoch)?,
+            // A marker of another epoch (another operator's reconfiguration, or a switch marker
+            // of one this task is done with) passes through the core.
+            ChannelMessage::Marker(epoch) => {
+                self.on_transfer(setup, outputs, TargetEvent::Marker { channel, epoch })?
+            }
             ChannelMessage::EndOfStream => {
                 if let Some(w) = self.aligner.close(&channel) {
                     self.advance(setup, outputs, w)?;
                 }
-                if let Some(epoch) = self.transfer.as_ref().map(Transfer::epoch) {
-                    self.on_marker(setup, outputs, &channel, epoch)?;
-                }
-                // With every input ended but state still arriving, keep running until it has.
-                return Ok(self.aligner.live_channels() == 0 && self.transfer.is_none());
+                self.on_transfer(setup, outputs, TargetEvent::EndOfStream { channel })?;
+                return Ok(self.done());
             }
-            ChannelMessage::State { .. }
+            other @ (ChannelMessage::State { .. }
             | ChannelMessage::Timers { .. }
             | ChannelMessage::StateEnd { .. }
-            | ChannelMessage::Protocol(_) => {
-                tracing::error!(task = %setup.task, ?channel, "state transfer message on a data channel; ignored");
+            | ChannelMessage::Protocol(_)) => {
+                let message = message_kind(&other);
+                return Err(RuntimeError::MisplacedMessage { task: setup.task, channel, message });
             }
         }
         Ok(false)
     }
 
-    fn on_marker(
+    /// Whether every input ended and no state is still arriving (with every input ended but
+    /// state still arriving, the task keeps running until it has).
+    fn done(&self) -> bool {
+        self.aligner.live_channels() == 0 && !self.transfer.busy()
+    }
+
+    /// Feeds the stop-and-restart target core and carries out what it decides.
+    fn on_transfer(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
-        channel: &InputChannel,
-        epoch: u64,
+        event: TargetEvent<InputChannel>,
     ) -> Result<(), RuntimeError> {
-        match self.transfer.as_mut() {
-            Some(t) if t.epoch() == epoch => {
-                t.on_marker(setup, channel, outputs, &mut self.timers, &mut self.metrics)?;
-                if t.finished() {
-                    self.transfer = None;
-                }
-            }
-            _ => {
-                tracing::trace!(task = %setup.task, epoch, ?channel, "marker of another operator's reconfiguration")
-            }
-        }
-        Ok(())
+        let mut io = TransferIo { outputs, timers: &mut self.timers, metrics: &mut self.metrics };
+        self.transfer.on(setup, event, &mut io)
     }
 
     /// Runs the operator on a batch of one input, in order: drop late records, fetch the keys'

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use koala_dataflow::{OperatorKind, SourcePoll, TaskInstance};
+use koala_protocol::stop_restart::{UpstreamCore, UpstreamEvent};
 use koala_types::{ChannelMessage, Timestamp};
 
 use super::{TaskCommand, TaskSetup};
@@ -24,6 +25,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let paced = logic.paced_by_runtime();
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let mut metrics = TaskMetrics::new(setup.task, true);
+    let mut upstream = UpstreamCore::new();
     let batch = setup.options.batch_records.max(1);
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
     let started = Instant::now();
@@ -37,7 +39,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     loop {
         // Commands first: a stop request ends the source between two batches.
         if let Ok(cmd) = setup.commands.try_recv()
-            && on_command(&setup, cmd, &mut outputs, &mut metrics)?
+            && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics)?
         {
             break;
         }
@@ -62,7 +64,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             outputs.flush_all()?;
             match setup.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(cmd) => {
-                    if on_command(&setup, cmd, &mut outputs, &mut metrics)? {
+                    if on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics)? {
                         break;
                     }
                 }
@@ -98,7 +100,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             if was_empty && !paced {
                 outputs.flush_all()?;
                 if let Ok(cmd) = setup.commands.recv_timeout(IDLE_WAIT)
-                    && on_command(&setup, cmd, &mut outputs, &mut metrics)?
+                    && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics)?
                 {
                     break;
                 }
@@ -133,14 +135,17 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 fn on_command(
     setup: &TaskSetup,
     cmd: TaskCommand,
+    upstream: &mut UpstreamCore,
     outputs: &mut Outputs,
     metrics: &mut TaskMetrics,
 ) -> Result<bool, RuntimeError> {
     match cmd {
         TaskCommand::StopSource => Ok(true),
-        TaskCommand::Drain { epoch } => {
-            outputs.flush_all()?;
-            setup.drain_and_pause(epoch, outputs, metrics)
+        TaskCommand::Drain { epoch } => setup.drain_and_pause(upstream, epoch, outputs, metrics),
+        TaskCommand::Resume(plan) => {
+            // Not paused (a pause takes its Resume itself): the core refuses it.
+            setup.on_upstream(upstream, UpstreamEvent::Resume { epoch: plan.epoch }, Some(&plan), outputs)?;
+            Ok(false)
         }
         TaskCommand::Switch(plan) => {
             setup.switch_and_ack(&plan, outputs)?;

@@ -1,15 +1,16 @@
-//! The target side of stop-and-restart (docs/protocols.md §7): once a task of the reconfigured operator
-//! has seen the marker of every upstream task, nothing routed by the old routing table is still
-//! on its way, so it streams the buckets it gives away (state by range scan, then their timers)
-//! to their new owners over peer channels and deletes them locally. Receivers store what arrives
-//! and report when every sender has finished.
+//! The target side of stop-and-restart (docs/protocols.md §7), as the executor of
+//! [`TargetCore`]: the core decides when a task of the reconfigured operator has seen every
+//! marker, what it sends and which state it accepts; this module does the I/O — it streams the
+//! buckets the task gives away (state by range scan, then their timers, then `StateEnd`) to
+//! their new owners over peer channels, deletes them locally, and installs what arrives.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use koala_protocol::stop_restart::{TargetAction, TargetCore, TargetEvent};
 use koala_protocol::{ReconfigPlan, TaskAck};
 use koala_state::{StateKey, StateWrite};
-use koala_types::{BucketId, ChannelMessage, StateEntry, TaskId, Timestamp, bucket_of};
+use koala_types::{BucketId, ChannelMessage, Epoch, StateEntry, TaskId, Timestamp, bucket_of};
 
 use super::TaskSetup;
 use crate::RuntimeError;
@@ -22,127 +23,85 @@ use crate::timers::TimerService;
 /// Bytes per state message on a peer channel.
 const CHUNK_BYTES: usize = 256 * 1024;
 
-/// One task's part in one reconfiguration of its operator.
-pub struct Transfer {
-    plan: Arc<ReconfigPlan>,
-    /// Upstream channels whose marker has not arrived yet.
-    awaiting: BTreeSet<InputChannel>,
-    /// Tasks still sending state to this one.
-    incoming: BTreeSet<u32>,
-    sent: bool,
+/// What the executor touches besides the task's setup.
+pub struct TransferIo<'a> {
+    /// The task's outputs (flushed before state leaves).
+    pub outputs: &'a mut Outputs,
+    /// The task's timers (moved with their buckets).
+    pub timers: &'a mut TimerService,
+    /// The task's counters.
+    pub metrics: &'a mut TaskMetrics,
 }
 
-impl Transfer {
-    /// Starts this task's part; `inputs` are its open upstream channels.
-    pub fn new(
-        setup: &TaskSetup,
-        plan: Arc<ReconfigPlan>,
-        inputs: impl IntoIterator<Item = InputChannel>,
-    ) -> Self {
-        let created = plan.created.contains(&setup.task.index);
-        let awaiting = if created { BTreeSet::new() } else { inputs.into_iter().collect() };
-        let incoming = plan.senders_to(setup.task).into_iter().map(|t| t.index).collect();
-        setup.ack(plan.epoch, TaskAck::Prepared);
-        Self { plan, awaiting, incoming, sent: created }
+/// One task's part in the reconfigurations of its operator: the core and what the executor
+/// needs to carry out its actions.
+pub struct StateTransfer {
+    core: TargetCore<InputChannel>,
+    /// The plan of the last `Prepare` the core accepted (where the new owners run).
+    plan: Option<Arc<ReconfigPlan>>,
+}
+
+impl StateTransfer {
+    /// Task `task`, in no reconfiguration.
+    pub fn new(task: TaskId) -> Self {
+        Self { core: TargetCore::new(task), plan: None }
     }
 
-    /// The reconfiguration.
-    pub fn epoch(&self) -> u64 {
-        self.plan.epoch
+    /// Whether a reconfiguration part is running: the task must not exit yet.
+    pub fn busy(&self) -> bool {
+        self.core.busy()
     }
 
-    /// Whether this task's part is over.
-    pub fn finished(&self) -> bool {
-        self.sent && self.incoming.is_empty()
-    }
-
-    /// A marker of this epoch (or the end of stream) arrived on `channel`; once all have, send.
-    pub fn on_marker(
+    /// Feeds `event` to the core and carries out what it decides.
+    pub fn on(
         &mut self,
         setup: &TaskSetup,
-        channel: &InputChannel,
-        outputs: &mut Outputs,
-        timers: &mut TimerService,
-        metrics: &mut TaskMetrics,
+        event: TargetEvent<InputChannel>,
+        io: &mut TransferIo<'_>,
     ) -> Result<(), RuntimeError> {
-        self.awaiting.remove(channel);
-        self.send_if_drained(setup, outputs, timers, metrics)
-    }
-
-    /// Sends the moved buckets if every upstream channel is drained.
-    pub fn send_if_drained(
-        &mut self,
-        setup: &TaskSetup,
-        outputs: &mut Outputs,
-        timers: &mut TimerService,
-        metrics: &mut TaskMetrics,
-    ) -> Result<(), RuntimeError> {
-        if self.sent || !self.awaiting.is_empty() {
-            return Ok(());
+        let plan = match &event {
+            TargetEvent::Prepare { plan, .. } => Some(plan.clone()),
+            _ => None,
+        };
+        let actions = self.core.on(event);
+        if let Some(plan) = plan
+            && !actions.iter().any(|a| matches!(a, TargetAction::Error(_)))
+        {
+            self.plan = Some(plan);
         }
-        self.sent = true;
-        // Results of records processed before the switch go out before anything the new
-        // owners emit for the same keys.
-        outputs.flush_all()?;
-        let mut bytes = 0u64;
-        let mut entries = 0u64;
-        let me = setup.task;
-        let mut moved: Vec<BucketId> = Vec::new();
-        for (to, buckets) in self.plan.outgoing(me) {
-            let mut peer = open_channel(
-                &setup.links,
-                &self.plan.deployment,
-                to,
-                InputChannel { input: PEER_INPUT, from: me },
-            )?;
-            if let Some(store) = setup.store.as_deref() {
-                let mut send_err = None;
-                bytes += store.scan_buckets(buckets, CHUNK_BYTES, &mut |chunk| {
-                    entries += chunk.len() as u64;
-                    let entries = chunk
-                        .into_iter()
-                        .map(|(k, value)| StateEntry { bucket: k.bucket, state: k.state, key: k.key, value })
-                        .collect();
-                    if let Err(e) = peer.send(ChannelMessage::State { epoch: self.plan.epoch, entries }) {
-                        let msg = e.to_string();
-                        send_err = Some(e);
-                        return Err(koala_state::StateError::sink(msg));
-                    }
-                    Ok(())
-                })?;
-                if let Some(e) = send_err {
-                    return Err(e);
+        for action in actions {
+            match action {
+                TargetAction::Ack { epoch, ack } => setup.ack(epoch, ack),
+                TargetAction::SendState { epoch, moves } => self.send_state(setup, epoch, &moves, io)?,
+                TargetAction::Error(source) => {
+                    return Err(RuntimeError::StopRestart { task: setup.task, source });
                 }
             }
-            let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
-            let moving = timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
-            if !moving.is_empty() {
-                peer.send(ChannelMessage::Timers { epoch: self.plan.epoch, timers: moving })?;
-            }
-            peer.send(ChannelMessage::StateEnd { epoch: self.plan.epoch })?;
-            moved.extend_from_slice(buckets);
         }
-        if let Some(store) = setup.store.as_deref()
-            && !moved.is_empty()
-        {
-            // One live copy: what moved is gone here, so a bucket that comes back later can
-            // never read a stale value.
-            store.delete_buckets(&moved)?;
-        }
-        metrics.state_bytes_moved += bytes;
-        tracing::debug!(task = %me, epoch = self.plan.epoch, bytes, entries, "moved state sent");
-        setup.ack(self.plan.epoch, TaskAck::StateSent { bytes, entries });
         Ok(())
     }
 
-    /// A message on a peer channel.
+    /// A message on a peer channel: checked by the core, then installed.
     pub fn on_peer(
         &mut self,
         setup: &TaskSetup,
-        from: TaskId,
+        channel: InputChannel,
         message: ChannelMessage,
-        timers: &mut TimerService,
+        io: &mut TransferIo<'_>,
     ) -> Result<(), RuntimeError> {
+        let from = channel.from;
+        let event = match &message {
+            ChannelMessage::State { epoch, .. } | ChannelMessage::Timers { epoch, .. } => {
+                TargetEvent::StateChunk { from, epoch: *epoch }
+            }
+            ChannelMessage::StateEnd { epoch } => TargetEvent::StateEnd { from, epoch: *epoch },
+            other => {
+                let message = message_kind(other);
+                return Err(RuntimeError::MisplacedMessage { task: setup.task, channel, message });
+            }
+        };
+        // State nobody expects is refused before it is written.
+        self.on(setup, event, io)?;
         match message {
             ChannelMessage::State { entries, .. } => {
                 let store = setup.store.as_deref().ok_or_else(|| {
@@ -157,18 +116,91 @@ impl Transfer {
                 store.write_many(writes)?;
             }
             ChannelMessage::Timers { timers: moved, .. } => {
-                timers.register(moved.into_iter().map(|(t, k): (Timestamp, Vec<u8>)| (k, t)));
+                io.timers.register(moved.into_iter().map(|(t, k): (Timestamp, Vec<u8>)| (k, t)));
             }
-            ChannelMessage::StateEnd { .. } => {
-                self.incoming.remove(&from.index);
-                if self.incoming.is_empty() {
-                    setup.ack(self.plan.epoch, TaskAck::StateReceived);
-                }
-            }
-            other => {
-                tracing::error!(task = %setup.task, %from, message = ?other, "unexpected message on a peer channel; ignored");
-            }
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Every awaited marker arrived: flushes, sends each new owner its buckets' state and timers
+    /// then `StateEnd`, deletes what moved, and acks `StateSent` with what was sent.
+    fn send_state(
+        &self,
+        setup: &TaskSetup,
+        epoch: Epoch,
+        moves: &[(TaskId, Vec<BucketId>)],
+        io: &mut TransferIo<'_>,
+    ) -> Result<(), RuntimeError> {
+        let Some(plan) = self.plan.as_ref().filter(|p| p.epoch == epoch) else {
+            debug_assert!(false, "SendState of epoch {epoch} without its plan");
+            return Err(RuntimeError::Invariant { task: setup.task, what: "SendState without its plan" });
+        };
+        // Results of records processed before the switch go out before anything the new
+        // owners emit for the same keys.
+        io.outputs.flush_all()?;
+        let mut bytes = 0u64;
+        let mut entries = 0u64;
+        let me = setup.task;
+        let mut moved: Vec<BucketId> = Vec::new();
+        for (to, buckets) in moves {
+            let mut peer = open_channel(
+                &setup.links,
+                &plan.deployment,
+                *to,
+                InputChannel { input: PEER_INPUT, from: me },
+            )?;
+            if let Some(store) = setup.store.as_deref() {
+                let mut send_err = None;
+                bytes += store.scan_buckets(buckets, CHUNK_BYTES, &mut |chunk| {
+                    entries += chunk.len() as u64;
+                    let entries = chunk
+                        .into_iter()
+                        .map(|(k, value)| StateEntry { bucket: k.bucket, state: k.state, key: k.key, value })
+                        .collect();
+                    if let Err(e) = peer.send(ChannelMessage::State { epoch, entries }) {
+                        let msg = e.to_string();
+                        send_err = Some(e);
+                        return Err(koala_state::StateError::sink(msg));
+                    }
+                    Ok(())
+                })?;
+                if let Some(e) = send_err {
+                    return Err(e);
+                }
+            }
+            let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
+            let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
+            if !moving.is_empty() {
+                peer.send(ChannelMessage::Timers { epoch, timers: moving })?;
+            }
+            peer.send(ChannelMessage::StateEnd { epoch })?;
+            moved.extend_from_slice(buckets);
+        }
+        if let Some(store) = setup.store.as_deref()
+            && !moved.is_empty()
+        {
+            // One live copy: what moved is gone here, so a bucket that comes back later can
+            // never read a stale value.
+            store.delete_buckets(&moved)?;
+        }
+        io.metrics.state_bytes_moved += bytes;
+        tracing::debug!(task = %me, epoch, bytes, entries, "moved state sent");
+        setup.ack(epoch, TaskAck::StateSent { bytes, entries });
+        Ok(())
+    }
+}
+
+/// The kind of a channel message, for errors.
+pub(super) fn message_kind(message: &ChannelMessage) -> &'static str {
+    match message {
+        ChannelMessage::Batch(_) => "Batch",
+        ChannelMessage::Watermark(_) => "Watermark",
+        ChannelMessage::Marker(_) => "Marker",
+        ChannelMessage::EndOfStream => "EndOfStream",
+        ChannelMessage::State { .. } => "State",
+        ChannelMessage::Timers { .. } => "Timers",
+        ChannelMessage::StateEnd { .. } => "StateEnd",
+        ChannelMessage::Protocol(_) => "Protocol",
     }
 }
