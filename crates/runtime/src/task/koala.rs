@@ -108,6 +108,9 @@ struct KoalaOperator {
     inputs_ended: bool,
     /// The coordinator released the task; it exits once its inputs ended too.
     released: bool,
+    /// An epoch this task was prepared for and takes buckets in, until its `Begin`: the hand-over
+    /// may still bring records and timers, so the task's inputs have not ended.
+    receiving: Option<u64>,
 }
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
@@ -127,7 +130,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         id: me,
         num_buckets: setup.num_buckets,
         owned,
-        upstreams: upstreams.clone(),
+        // A new task's core learns its upstreams at its first `Start` (as the simulator deploys
+        // it): before that it owns nothing and must emit no watermark, since its senders hand it
+        // records without waiting for its event time.
+        upstreams: if setup.created_by_reconfiguration { BTreeSet::new() } else { upstreams.clone() },
     });
     let mut task = KoalaOperator {
         op,
@@ -141,6 +147,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         epoch: 0,
         inputs_ended: false,
         released: false,
+        receiving: None,
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let mut last_idle = Instant::now();
@@ -208,12 +215,25 @@ impl KoalaOperator {
                 // retired) learns the new placement before any new task can ask it.
                 self.epoch = plan.epoch;
                 self.deployment = Arc::new(plan.deployment.clone());
+                if !plan.senders_to(setup.task).is_empty() {
+                    self.receiving = Some(plan.epoch);
+                }
                 setup.ack(plan.epoch, TaskAck::Prepared);
             }
             TaskCommand::Begin(reconfiguration) => {
                 self.epoch = reconfiguration.epoch;
+                if self.receiving.is_some_and(|e| e <= reconfiguration.epoch) {
+                    self.receiving = None;
+                }
                 let actions = self.core.on(TaskEvent::Start(reconfiguration));
                 self.execute(setup, outputs, actions)?;
+                // Upstreams that ended before the core knew them (a new task's, before `Start`).
+                let unheard: Vec<TaskId> =
+                    self.ended.iter().copied().filter(|u| self.core.has_upstream(*u)).collect();
+                for from in unheard {
+                    let actions = self.core.on(TaskEvent::EndOfStream { from });
+                    self.execute(setup, outputs, actions)?;
+                }
             }
             TaskCommand::Release => self.released = true,
             // Koala hands over per `Begin`; this is for stop-and-restart and stateless operators.
@@ -306,10 +326,12 @@ impl KoalaOperator {
         self.execute(setup, outputs, actions)
     }
 
-    /// Once every input ended and nothing is left to process: fire every timer, close the
-    /// outputs, tell the coordinator — and keep serving state until released.
+    /// Once every input ended and nothing is left to process — nor will be: no epoch this task
+    /// takes buckets in is still to begin — fire every timer, close the outputs, tell the
+    /// coordinator, and keep serving state until released.
     fn check_inputs_ended(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
         if self.inputs_ended
+            || self.receiving.is_some()
             || self.ended != self.upstreams
             || self.core.is_busy()
             || self.core.in_transition()
@@ -517,4 +539,254 @@ fn store(setup: &TaskSetup) -> Result<&dyn koala_state::StateBackend, RuntimeErr
 
 fn codec(e: koala_types::CodecError) -> RuntimeError {
     RuntimeError::Codec { what: "a key's state bundle".into(), source: e }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The Koala task loop against hand-driven neighbours: the worker's commands, a sender's peer
+    //! messages and fetch answers, and a sink queue the test reads.
+
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::{Arc, RwLock};
+
+    use crossbeam_channel::{bounded, unbounded};
+    use koala_dataflow::{Dataflow, JobGraph, KeyedStream, SourceOptions, ValueState, Window, WindowSpec};
+    use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
+    use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
+    use koala_state::{MemoryEnv, StateEnv};
+    use koala_types::{OperatorId, WorkerId};
+
+    use super::*;
+    use crate::channel::TaskInput;
+    use crate::links::{Links, build_outputs, input_channels};
+    use crate::net::TaskInboxes;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// src → key_by → "count" (built by `count`) → "out".
+    fn graph(count: impl FnOnce(&KeyedStream<u64, u64>)) -> JobGraph {
+        let df = Dataflow::new();
+        count(
+            &df.source("src", SourceOptions::default(), |_| Vec::<(u64, u64)>::new().into_iter())
+                .key_by(|x: &u64| *x),
+        );
+        df.build().expect("graph")
+    }
+
+    fn id(graph: &JobGraph, name: &str) -> OperatorId {
+        graph.by_name(name).expect("operator").id
+    }
+
+    fn peer(from: TaskId, wire: &Wire) -> TaskInput {
+        let bytes = encode(wire).expect("encode");
+        TaskInput {
+            channel: InputChannel { input: PEER_INPUT, from },
+            message: ChannelMessage::Protocol(bytes),
+        }
+    }
+
+    /// What the sink got: up to and with the task's end of stream, then after it; and the acks.
+    struct Outcome {
+        key: u64,
+        until_end: Vec<ChannelMessage>,
+        after_end: Vec<ChannelMessage>,
+        acks: Vec<TaskAck>,
+    }
+
+    impl Outcome {
+        /// The records of the batches before end of stream, decoded.
+        fn outputs<T: serde::de::DeserializeOwned>(&self) -> Vec<T> {
+            self.until_end
+                .iter()
+                .filter_map(|m| match m {
+                    ChannelMessage::Batch(records) => Some(records.clone()),
+                    _ => None,
+                })
+                .flatten()
+                .map(|r| decode(&r.value).expect("output"))
+                .collect()
+        }
+    }
+
+    /// The soak's interleaving at a new task: count.1, created by epoch 1 to take buckets 2 and 3
+    /// from count.0, hears that its only upstream finished (it never switched routing: the
+    /// coordinator's `UpstreamEnded`) before it hears `Begin`. Count.0 then hands the buckets over
+    /// with a queued record of bucket 2 (time 7) and closes.
+    fn upstream_ends_before_begin(graph: JobGraph) -> Outcome {
+        let (src, count, out) = (id(&graph, "src"), id(&graph, "count"), id(&graph, "out"));
+        let (up, old, new, sink) =
+            (TaskId::new(src, 0), TaskId::new(count, 0), TaskId::new(count, 1), TaskId::new(out, 0));
+        let w = WorkerId(0);
+        let d = Deployment {
+            run: "t".into(),
+            query: String::new(),
+            query_params: String::new(),
+            workers: BTreeMap::from([(w, "127.0.0.1:9".to_string())]),
+            placement: [up, old, new, sink].into_iter().map(|t| (t, w)).collect(),
+            tasks: BTreeMap::from([(src, vec![0]), (count, vec![0, 1]), (out, vec![0])]),
+            epoch: 1,
+            routing: BTreeMap::from([(count, vec![0, 0, 1, 1])]),
+            num_buckets: 4,
+            options: RuntimeOptions {
+                batch_records: 64,
+                linger_ms: 1,
+                channel_capacity: 64,
+                sink_dir: String::new(),
+            },
+            protocol: Protocol::Koala,
+            extra_keys: 0,
+            finished: BTreeSet::new(),
+        };
+        let moves = BTreeMap::from([((old, new), vec![2, 3])]);
+        let plan = ReconfigPlan {
+            epoch: 1,
+            operator: count,
+            deployment: d.clone(),
+            moves: moves.clone(),
+            upstreams: vec![up],
+            created: vec![1],
+            cancelled: Vec::new(),
+            retired: Vec::new(),
+        };
+        let reconfiguration = Reconfiguration {
+            operator: count,
+            epoch: 1,
+            moves,
+            upstreams: BTreeSet::from([up]),
+            new_tasks: BTreeSet::from([new]),
+            cancelled: BTreeSet::new(),
+            retired: BTreeSet::new(),
+            extra_keys: 0,
+        };
+
+        // The sink's and count.0's queues are read by the test; count.1's are fed by it.
+        let inboxes = Arc::new(RwLock::new(HashMap::new()));
+        let (sink_tx, sink_rx) = bounded::<TaskInput>(1024);
+        let (old_tx, old_rx) = unbounded::<TaskInput>();
+        let (data_tx, data_rx) = bounded::<TaskInput>(64);
+        let (peer_tx, peer_rx) = unbounded::<TaskInput>();
+        {
+            let mut map = inboxes.write().expect("registry");
+            map.insert(sink, TaskInboxes { data: sink_tx.clone(), peer: sink_tx });
+            map.insert(old, TaskInboxes { data: old_tx.clone(), peer: old_tx });
+            map.insert(new, TaskInboxes { data: data_tx, peer: peer_tx.clone() });
+        }
+        let links = Links { me: w, graph: Arc::new(graph), inboxes };
+        let (cmd_tx, cmd_rx) = unbounded::<TaskCommand>();
+        let (events_tx, events_rx) = unbounded::<WorkerMessage>();
+        let setup = TaskSetup {
+            task: new,
+            spec: links.graph.operator(count).cloned().expect("spec"),
+            parallelism: 2,
+            outputs: build_outputs(&links, &d, new).expect("outputs"),
+            inputs: input_channels(&d, &links.graph, new),
+            deployment: Arc::new(d.clone()),
+            created_by_reconfiguration: true,
+            links,
+            inbox: data_rx,
+            peer_inbox: peer_rx,
+            commands: cmd_rx,
+            events: events_tx,
+            options: d.options.clone(),
+            num_buckets: 4,
+            store: Some(MemoryEnv::new().open_task(new).expect("store")),
+        };
+        let task = std::thread::spawn(move || run_koala_operator(setup));
+
+        // In this order on the task's command queue, as the worker relays them; the task handles
+        // one command per turn, so it acts on the upstream's end before it learns its buckets.
+        cmd_tx.send(TaskCommand::Prepare(Arc::new(plan))).expect("prepare");
+        cmd_tx.send(TaskCommand::UpstreamEnded(up)).expect("upstream ended");
+        cmd_tx.send(TaskCommand::Begin(Arc::new(reconfiguration))).expect("begin");
+
+        // Count.0's side: hand-over (its event time 5), its queued record of bucket 2, close.
+        let key = (0u64..).find(|k| bucket_of(&encode(k).expect("key"), 4) == 2).expect("a key of bucket 2");
+        let record = Record { key: encode(&key).expect("key"), value: encode(&key).expect("value"), time: 7 };
+        let mut hand_over = KeyLookupTable::new(old, 0..4).take(&[2, 3]);
+        hand_over.watermark = Some(5);
+        for message in [
+            PeerMessage::HandOver { epoch: 1, hand_over: Box::new(hand_over) },
+            PeerMessage::Records { epoch: 1, records: vec![record] },
+            PeerMessage::Close { epoch: 1 },
+        ] {
+            peer_tx.send(peer(old, &Wire::Peer(message))).expect("peer");
+        }
+        // The key's state location is still count.0: answer the fetch (count.0 holds none).
+        let fetch = old_rx.recv_timeout(WAIT).expect("a fetch from count.0");
+        let ChannelMessage::Protocol(bytes) = fetch.message else { panic!("not a protocol message") };
+        let Ok(Wire::Fetch(request)) = decode::<Wire>(&bytes) else { panic!("not a fetch") };
+        let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
+        let answer = FetchResponse { id: request.id, values, extra: Vec::new(), exhausted: Vec::new() };
+        peer_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");
+
+        let mut until_end = Vec::new();
+        while until_end.last() != Some(&ChannelMessage::EndOfStream) {
+            until_end.push(sink_rx.recv_timeout(WAIT).expect("the task's output").message);
+        }
+        // Whatever the task still sends before it exits comes after its end of stream.
+        std::thread::sleep(Duration::from_millis(50));
+        cmd_tx.send(TaskCommand::Release).expect("release");
+        task.join().expect("task thread").expect("task");
+        let after_end = sink_rx.try_iter().map(|i| i.message).collect();
+        let acks = events_rx
+            .try_iter()
+            .filter_map(|e| match e {
+                WorkerMessage::TaskAck { ack, .. } => Some(ack),
+                _ => None,
+            })
+            .collect();
+        Outcome { key, until_end, after_end, acks }
+    }
+
+    /// The soak's `keyed-aggregate`: records processed after the end of stream reach a sink that
+    /// may have exited (`task aggregate.8 failed: channel to op2.1 closed`).
+    #[test]
+    fn a_new_task_whose_upstream_ended_before_begin_ends_after_the_records_handed_to_it() {
+        let o = upstream_ends_before_begin(graph(|keyed| {
+            keyed
+                .stateful_map("count", |k: &u64, _x: u64, n: &mut ValueState<u64>| {
+                    (
+                        *k,
+                        n.update(|n| {
+                            *n += 1;
+                            *n
+                        }),
+                    )
+                })
+                .sink_discard("out");
+        }));
+        assert_eq!(o.outputs::<(u64, u64)>(), vec![(o.key, 1)], "before end of stream: {:?}", o.until_end);
+        assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
+        assert_eq!(o.acks.last(), Some(&TaskAck::InputsEnded), "acks {:?}", o.acks);
+    }
+
+    /// Event time: a new task emits no watermark before it owns anything, or the records handed
+    /// to it would be dropped as late (their window lost).
+    #[test]
+    fn a_new_task_whose_upstream_ended_before_begin_fires_the_windows_of_records_handed_to_it() {
+        let o = upstream_ends_before_begin(graph(|keyed| {
+            keyed
+                .window(WindowSpec::tumbling(10))
+                .aggregate(
+                    "count",
+                    || 0u64,
+                    |n: &mut u64, _: &u64| *n += 1,
+                    |k: &u64, w: Window, n: u64| (*k, w.start, n),
+                )
+                .sink_discard("out");
+        }));
+        assert_eq!(
+            o.outputs::<(u64, u64, u64)>(),
+            vec![(o.key, 0, 1)],
+            "before end of stream: {:?}",
+            o.until_end
+        );
+        assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
+        let early = o.until_end.iter().take_while(|m| !matches!(m, ChannelMessage::Batch(_)));
+        assert!(
+            early.clone().all(|m| !matches!(m, ChannelMessage::Watermark(t) if *t >= 7)),
+            "no watermark past the handed-over record before its window: {:?}",
+            o.until_end
+        );
+    }
 }
