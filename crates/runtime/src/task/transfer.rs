@@ -14,9 +14,10 @@ use koala_types::{BucketId, ChannelMessage, StateEntry, TaskId, Timestamp, bucke
 use super::TaskSetup;
 use crate::RuntimeError;
 use crate::channel::InputChannel;
-use crate::links::{PEER_INPUT, open_channel};
+use crate::links::open_peer;
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
+use crate::peer::PeerSender;
 use crate::timers::TimerService;
 
 /// Bytes per state message on a peer channel.
@@ -88,13 +89,9 @@ impl Transfer {
         let mut entries = 0u64;
         let me = setup.task;
         let mut moved: Vec<BucketId> = Vec::new();
-        for (to, buckets) in self.plan.outgoing(me) {
-            let mut peer = open_channel(
-                &setup.links,
-                &self.plan.deployment,
-                to,
-                InputChannel { input: PEER_INPUT, from: me },
-            )?;
+        let plan = self.plan.clone();
+        for (to, buckets) in plan.outgoing(me) {
+            let peer = open_peer(&setup.links, &plan.deployment, to, me)?;
             if let Some(store) = setup.store.as_deref() {
                 let mut send_err = None;
                 bytes += store.scan_buckets(buckets, CHUNK_BYTES, &mut |chunk| {
@@ -103,7 +100,9 @@ impl Transfer {
                         .into_iter()
                         .map(|(k, value)| StateEntry { bucket: k.bucket, state: k.state, key: k.key, value })
                         .collect();
-                    if let Err(e) = peer.send(ChannelMessage::State { epoch: self.plan.epoch, entries }) {
+                    if let Err(e) =
+                        self.send(setup, &peer, ChannelMessage::State { epoch: plan.epoch, entries }, timers)
+                    {
                         let msg = e.to_string();
                         send_err = Some(e);
                         return Err(koala_state::StateError::sink(msg));
@@ -117,9 +116,14 @@ impl Transfer {
             let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
             let moving = timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
             if !moving.is_empty() {
-                peer.send(ChannelMessage::Timers { epoch: self.plan.epoch, timers: moving })?;
+                self.send(
+                    setup,
+                    &peer,
+                    ChannelMessage::Timers { epoch: plan.epoch, timers: moving },
+                    timers,
+                )?;
             }
-            peer.send(ChannelMessage::StateEnd { epoch: self.plan.epoch })?;
+            self.send(setup, &peer, ChannelMessage::StateEnd { epoch: plan.epoch }, timers)?;
             moved.extend_from_slice(buckets);
         }
         if let Some(store) = setup.store.as_deref()
@@ -132,6 +136,20 @@ impl Transfer {
         metrics.state_bytes_moved += bytes;
         tracing::debug!(task = %me, epoch = self.plan.epoch, bytes, entries, "moved state sent");
         setup.ack(self.plan.epoch, TaskAck::StateSent { bytes, entries });
+        Ok(())
+    }
+
+    /// Sends on a peer lane; while it is full, takes in the state arriving for this task, so two
+    /// tasks streaming state to each other both progress (`crate::peer`).
+    fn send(
+        &mut self,
+        setup: &TaskSetup,
+        peer: &PeerSender,
+        message: ChannelMessage,
+        timers: &mut TimerService,
+    ) -> Result<(), RuntimeError> {
+        let own = &setup.peer_inbox;
+        peer.send_draining(message, own, |i| self.on_peer(setup, i.channel.from, i.message, timers))?;
         Ok(())
     }
 
