@@ -116,7 +116,8 @@ pub struct RuntimeSection {
     pub batch_records: usize,
     /// Milliseconds a partial batch may wait before it is sent.
     pub linger_ms: u64,
-    /// Messages a task's input queue holds before senders block (backpressure).
+    /// Messages a task's data queue, and its peer lane, hold before senders wait (backpressure;
+    /// docs/architecture.md §4).
     pub channel_capacity: usize,
     /// Seconds without a heartbeat (sent every second) after which a worker counts as lost and
     /// the job fails: a stopped or hung worker ends the job instead of stalling it.

@@ -29,8 +29,8 @@ pub struct ChannelHello {
     pub channel: InputChannel,
 }
 
-/// One item in a task's input queue. All input channels of a task share one bounded queue, so a
-/// task blocks on exactly one thing and per-channel FIFO order is kept.
+/// One item in a task's input queues. All data channels of a task share one bounded queue, so
+/// per-channel FIFO order is kept; peer channels have their own queues (`net::TaskInboxes`).
 #[derive(Debug)]
 pub struct TaskInput {
     /// The channel the message arrived on.
@@ -62,13 +62,7 @@ pub enum ChannelSender {
 impl ChannelSender {
     /// Opens a channel to a task of another worker.
     pub fn connect(addr: &str, to: TaskId, channel: InputChannel) -> Result<Self, RuntimeError> {
-        let stream = TcpStream::connect(addr)
-            .map_err(|e| RuntimeError::io(format!("connecting to {to} at {addr}"), e))?;
-        stream.set_nodelay(true).map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
-        let mut stream = BufWriter::with_capacity(64 * 1024, stream);
-        write_frame(&mut stream, &ChannelHello { to, channel })
-            .map_err(|e| RuntimeError::io(format!("greeting {to}"), e))?;
-        Ok(Self::Remote { to, stream })
+        Ok(Self::Remote { to, stream: connect(addr, to, channel)? })
     }
 
     /// The receiving task.
@@ -106,4 +100,19 @@ impl ChannelSender {
             }
         }
     }
+}
+
+/// Opens the connection of one channel to a task of another worker and greets it.
+pub(crate) fn connect(
+    addr: &str,
+    to: TaskId,
+    channel: InputChannel,
+) -> Result<BufWriter<TcpStream>, RuntimeError> {
+    let stream =
+        TcpStream::connect(addr).map_err(|e| RuntimeError::io(format!("connecting to {to} at {addr}"), e))?;
+    stream.set_nodelay(true).map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
+    let mut stream = BufWriter::with_capacity(64 * 1024, stream);
+    write_frame(&mut stream, &ChannelHello { to, channel })
+        .map_err(|e| RuntimeError::io(format!("greeting {to}"), e))?;
+    Ok(stream)
 }

@@ -10,6 +10,9 @@ mod links;
 mod metrics;
 mod net;
 mod output;
+mod peer;
+#[cfg(test)]
+mod scenarios;
 mod task;
 mod timers;
 mod worker;

@@ -12,11 +12,17 @@ use koala_types::{OperatorId, TaskId, WorkerId};
 
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
-use crate::net::Inboxes;
+use crate::net::{Inboxes, TaskInboxes};
 use crate::output::{OutputEdge, Outputs, Route};
+use crate::peer::PeerSender;
 
-/// Input index of peer channels (state transfer between tasks of one operator).
+/// Input index of the peer lane between tasks of one operator (hand-overs, forwarded records,
+/// stop-and-restart state): bounded, see [`crate::peer`].
 pub const PEER_INPUT: usize = usize::MAX;
+
+/// Input index of the fetch lane between tasks of one operator (Koala fetch requests and
+/// responses): bounded by credit, never waited on, see [`crate::peer`].
+pub const FETCH_INPUT: usize = usize::MAX - 1;
 
 /// What a task needs to open channels: where it runs, the graph, and the local input queues.
 #[derive(Clone)]
@@ -66,25 +72,51 @@ pub fn input_channels(d: &Deployment, graph: &JobGraph, task: TaskId) -> BTreeSe
     out
 }
 
-/// Opens a channel from `from` to `to` as `d` places them.
+/// Where a task runs: its queues on this worker, or the data address of its worker.
+enum Place {
+    Local(TaskInboxes),
+    Remote(String),
+}
+
+fn place(links: &Links, d: &Deployment, to: TaskId) -> Result<Place, RuntimeError> {
+    let worker = d.placement.get(&to).ok_or(RuntimeError::NotPlaced(to))?;
+    if *worker == links.me {
+        let inboxes =
+            links.inboxes.read().ok().and_then(|m| m.get(&to).cloned()).ok_or(RuntimeError::NoInbox(to))?;
+        Ok(Place::Local(inboxes))
+    } else {
+        Ok(Place::Remote(d.workers.get(worker).ok_or(RuntimeError::NoAddress(*worker))?.clone()))
+    }
+}
+
+/// Opens a data or fetch-lane channel to `to` as `d` places it (peer lanes: [`open_peer`]).
 pub fn open_channel(
     links: &Links,
     d: &Deployment,
     to: TaskId,
     channel: InputChannel,
 ) -> Result<ChannelSender, RuntimeError> {
-    let worker = d.placement.get(&to).ok_or(RuntimeError::NotPlaced(to))?;
-    if *worker == links.me {
-        let inbox = links
-            .inboxes
-            .read()
-            .ok()
-            .and_then(|m| m.get(&to).map(|i| i.for_input(channel.input).clone()))
-            .ok_or(RuntimeError::NoInbox(to))?;
-        Ok(ChannelSender::Local { to, inbox, channel })
-    } else {
-        let addr = d.workers.get(worker).ok_or(RuntimeError::NoAddress(*worker))?;
-        ChannelSender::connect(addr, to, channel)
+    // A blocking send into a bounded peer lane could deadlock two tasks sending to each other.
+    debug_assert_ne!(channel.input, PEER_INPUT, "peer lanes are opened with open_peer");
+    match place(links, d, to)? {
+        Place::Local(inboxes) => {
+            Ok(ChannelSender::Local { to, inbox: inboxes.for_input(channel.input).clone(), channel })
+        }
+        Place::Remote(addr) => ChannelSender::connect(&addr, to, channel),
+    }
+}
+
+/// Opens the peer lane from `from` to `to` as `d` places them.
+pub fn open_peer(
+    links: &Links,
+    d: &Deployment,
+    to: TaskId,
+    from: TaskId,
+) -> Result<PeerSender, RuntimeError> {
+    let channel = InputChannel { input: PEER_INPUT, from };
+    match place(links, d, to)? {
+        Place::Local(inboxes) => Ok(PeerSender::local(to, inboxes.peer, channel)),
+        Place::Remote(addr) => PeerSender::connect(&addr, to, channel),
     }
 }
 

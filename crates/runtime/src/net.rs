@@ -1,6 +1,7 @@
 //! The worker's data-plane listener: one reader thread per incoming channel connection, feeding
-//! the receiving task's input queue. A malformed frame drops that connection with a logged error;
-//! the worker keeps running.
+//! the receiving task's input queue of that channel's kind (data, peer or fetch lane). A reader
+//! blocked on a full queue stalls only its own connection, hence its own channel. A malformed
+//! frame drops that connection with a logged error; the worker keeps running.
 
 use std::collections::HashMap;
 use std::io::BufReader;
@@ -12,23 +13,32 @@ use koala_types::frame::read_frame;
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::channel::{ChannelHello, TaskInput};
-use crate::links::PEER_INPUT;
+use crate::links::{FETCH_INPUT, PEER_INPUT};
 
-/// The two input queues of a task: data channels (bounded: backpressure) and peer channels
-/// (unbounded: state transfer and fetches must never wait behind data, or two tasks fetching
-/// from each other could block each other).
+/// The three input queues of a task (docs/architecture.md §4). Data and peer messages never
+/// share a queue, so state transfer and fetches never wait behind data.
 #[derive(Clone)]
 pub struct TaskInboxes {
-    /// Data channels from upstream tasks.
+    /// Data channels from upstream tasks: bounded (`channel_capacity`), backpressure upstream.
     pub data: Sender<TaskInput>,
-    /// Peer channels from tasks of the same operator.
+    /// The peer lane from tasks of the same operator (hand-overs, forwarded records, state
+    /// chunks): bounded ([`crate::peer::peer_capacity`]). Senders never block on it while not
+    /// draining their own (see [`crate::peer`]).
     pub peer: Sender<TaskInput>,
+    /// The fetch lane (Koala fetch requests and responses): unbounded as a queue, bounded by
+    /// credit — a task has at most one fetch outstanding per location — so a sender never waits
+    /// on it and a fetch can never be part of a deadlock.
+    pub fetch: Sender<TaskInput>,
 }
 
 impl TaskInboxes {
     /// The queue a channel with input index `input` feeds.
     pub fn for_input(&self, input: usize) -> &Sender<TaskInput> {
-        if input == PEER_INPUT { &self.peer } else { &self.data }
+        match input {
+            PEER_INPUT => &self.peer,
+            FETCH_INPUT => &self.fetch,
+            _ => &self.data,
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
 use crate::links::{Links, build_outputs, input_channels, live};
 use crate::net::{Inboxes, TaskInboxes, serve};
+use crate::peer::peer_capacity;
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
 
 /// How to start a worker.
@@ -245,25 +246,29 @@ fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inbo
 }
 
 /// The receiving ends of a task's queues.
-struct TaskQueues {
-    data: Receiver<TaskInput>,
-    peer: Receiver<TaskInput>,
-    commands: Receiver<TaskCommand>,
+pub(crate) struct TaskQueues {
+    pub(crate) data: Receiver<TaskInput>,
+    pub(crate) peer: Receiver<TaskInput>,
+    pub(crate) fetch: Receiver<TaskInput>,
+    pub(crate) commands: Receiver<TaskCommand>,
 }
 
-fn create_inbox(
+/// Creates a task's queues (docs/architecture.md §4) and registers their sending ends.
+pub(crate) fn create_inbox(
     task: TaskId,
     capacity: usize,
     inboxes: &Inboxes,
 ) -> Result<(TaskQueues, Sender<TaskCommand>), String> {
     let (data_tx, data) = bounded(capacity.max(1));
-    let (peer_tx, peer) = unbounded();
+    let (peer_tx, peer) = bounded(peer_capacity(capacity));
+    // Bounded by credit, not by the queue (crate::peer): nobody may ever wait for room here.
+    let (fetch_tx, fetch) = unbounded();
     let (ctx, commands) = unbounded();
     inboxes
         .write()
         .map_err(|_| "inbox registry poisoned".to_string())?
-        .insert(task, TaskInboxes { data: data_tx, peer: peer_tx });
-    Ok((TaskQueues { data, peer, commands }, ctx))
+        .insert(task, TaskInboxes { data: data_tx, peer: peer_tx, fetch: fetch_tx });
+    Ok((TaskQueues { data, peer, fetch, commands }, ctx))
 }
 
 /// Reconfiguration phase 1 on this worker: start the operator's new tasks placed here, tell its
@@ -334,7 +339,7 @@ fn send_to(job: &Job, tasks: &[TaskId], command: impl Fn() -> TaskCommand) {
     }
 }
 
-fn spawn_task(
+pub(crate) fn spawn_task(
     task: TaskId,
     deployment: &Arc<Deployment>,
     links: &Links,
@@ -390,6 +395,7 @@ fn build_setup(
         spec,
         inbox: queues.data,
         peer_inbox: queues.peer,
+        fetch_inbox: queues.fetch,
         commands: queues.commands,
         events,
         outputs,

@@ -300,6 +300,11 @@ macro_rules! oracle_matrix {
         fn stateless_operator_rescaled() {
             common::oracle::stateless_operator_rescaled($protocol);
         }
+
+        #[test]
+        fn every_bucket_swapped_between_workers_with_one_message_queues() {
+            common::oracle::swap_with_one_message_queues($protocol);
+        }
     };
 }
 
@@ -339,5 +344,32 @@ pub fn stateless_operator_rescaled(protocol: &str) {
         records: 16_000,
         seed: 4,
         expect_reconfigurations: 2,
+    });
+}
+
+/// Two tasks on two workers swap every bucket with one-message queues (`channel_capacity = 1`,
+/// so one-message peer lanes too): afterwards each task needs all of its state from the other, so
+/// state moves both ways over TCP at once (Koala: fetches and forwarded records; stop-and-restart:
+/// two transfers). With a blocking send into a bounded peer lane this could deadlock
+/// (docs/architecture.md §4).
+pub fn swap_with_one_message_queues(protocol: &str) {
+    let buckets = |r: std::ops::Range<u32>| r.map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
+    let schedule = format!(
+        "[[reconfigurations]]\nat_s = 0.6\noperator = \"last_n\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [{}], to = 0 }}]\n",
+        buckets(0..64),
+        buckets(64..128)
+    );
+    let tasks = [("source", 2), ("last_n", 2), ("sink", 1)];
+    check(&Case {
+        protocol,
+        top: "partition_policy = \"uniform\"\n[runtime]\nchannel_capacity = 1\n",
+        query: "last-n",
+        start: &tasks,
+        end: &tasks,
+        schedule: &schedule,
+        params: "last_n = 3\n",
+        records: 16_000,
+        seed: 13,
+        expect_reconfigurations: 1,
     });
 }

@@ -7,12 +7,16 @@
 //! Operator metadata travels with a hand-over: the timers of the moved buckets and, with them, the
 //! state of the keys that have timers (open windows), so a timer always fires on local state.
 //! Everything else stays where it is until first accessed.
+//!
+//! The loop never blocks on a peer (`crate::peer`): fetches and their answers go on the fetch
+//! lane, which nobody waits on; peer messages go on the bounded peer lane through an outbox, and
+//! while anything waits there the loop serves commands and its own lanes but takes no data.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::select;
+use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
     Answered, FetchRequest, FetchResponse, KoalaTask, LocationStore, PeerMessage, Sample, TaskAction,
     TaskConfig, TaskEvent, serve_fetch,
@@ -26,8 +30,9 @@ use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
-use crate::links::{PEER_INPUT, open_channel};
+use crate::links::{FETCH_INPUT, open_channel, open_peer};
 use crate::output::Outputs;
+use crate::peer::Outbox;
 
 /// How often an idle task lets the core pull extra keys from cancelled tasks.
 const IDLE_PULL: Duration = Duration::from_millis(10);
@@ -98,7 +103,10 @@ struct KoalaOperator {
     op: OperatorTask,
     core: KoalaTask,
     deployment: Arc<Deployment>,
-    peers: HashMap<TaskId, ChannelSender>,
+    /// Fetch lanes to peers (requests and responses; never waited on, `crate::peer`).
+    fetch_lanes: HashMap<TaskId, ChannelSender>,
+    /// Peer lanes to peers, with what a full one could not take yet.
+    outbox: Outbox,
     /// Input index per upstream operator (two-input operators tag records with it).
     tag_inputs: bool,
     watermark: Option<Timestamp>,
@@ -139,7 +147,8 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         op,
         core,
         deployment: d,
-        peers: HashMap::new(),
+        fetch_lanes: HashMap::new(),
+        outbox: Outbox::default(),
         tag_inputs: setup.spec.inputs.len() > 1,
         watermark: None,
         ended: BTreeSet::new(),
@@ -157,23 +166,33 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()))
             .min(last_idle + IDLE_PULL);
-        select! {
-            recv(setup.commands) -> cmd => match cmd {
-                Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
-                Err(_) => return Err(RuntimeError::WorkerGone(me)),
-            },
-            recv(setup.peer_inbox) -> item => {
-                if let Ok(item) = item {
-                    task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
-                }
-            },
-            recv(setup.inbox) -> item => {
-                let Ok(item) = item else {
-                    return Err(RuntimeError::InputClosed(me));
-                };
-                task.on_data(&setup, &mut outputs, item.channel, item.message)?;
-            },
-            default(deadline.saturating_duration_since(now)) => {}
+        let timeout = deadline.saturating_duration_since(now);
+        if task.outbox.has_waiting() {
+            task.wait_for_peers(&setup, &mut outputs, timeout)?;
+        } else {
+            select! {
+                recv(setup.commands) -> cmd => match cmd {
+                    Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
+                    Err(_) => return Err(RuntimeError::WorkerGone(me)),
+                },
+                recv(setup.fetch_inbox) -> item => {
+                    if let Ok(item) = item {
+                        task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
+                    }
+                },
+                recv(setup.peer_inbox) -> item => {
+                    if let Ok(item) = item {
+                        task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
+                    }
+                },
+                recv(setup.inbox) -> item => {
+                    let Ok(item) = item else {
+                        return Err(RuntimeError::InputClosed(me));
+                    };
+                    task.on_data(&setup, &mut outputs, item.channel, item.message)?;
+                },
+                default(timeout) => {}
+            }
         }
         let now = Instant::now();
         if now >= last_idle + IDLE_PULL {
@@ -182,8 +201,8 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             task.execute(&setup, &mut outputs, actions)?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
-        if task.released && task.inputs_ended {
-            // Released (no live task points here any more) and nothing left to process.
+        if task.released && task.inputs_ended && !task.outbox.has_waiting() {
+            // Released (no live task points here any more), nothing left to process or send.
             task.sample_klt();
             setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
             return Ok(());
@@ -201,6 +220,46 @@ impl KoalaOperator {
     fn sample_klt(&mut self) {
         let klt = self.core.klt();
         self.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+    }
+
+    /// One turn while messages wait for a full peer lane: serve a command, a fetch or a peer
+    /// message, or move waiting messages into a lane that made room. No data input meanwhile:
+    /// backpressure goes upstream, and what waits stays bounded (`crate::peer::Outbox`). Time
+    /// spent waiting counts as backpressure.
+    fn wait_for_peers(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
+        let blocked = self.outbox.blocked();
+        let mut ready = Select::new();
+        let commands = ready.recv(&setup.commands);
+        let fetches = ready.recv(&setup.fetch_inbox);
+        let peers = ready.recv(&setup.peer_inbox);
+        for lane in &blocked {
+            ready.send(lane);
+        }
+        let started = Instant::now();
+        let which = ready.ready_timeout(timeout);
+        self.op.metrics.backpressure += started.elapsed();
+        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
+        match which {
+            Err(_) => Ok(()),
+            Ok(i) if i == commands => match setup.commands.try_recv() {
+                Ok(cmd) => self.on_command(setup, outputs, cmd),
+                Err(TryRecvError::Empty) => Ok(()),
+                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
+            },
+            Ok(i) if i == fetches || i == peers => {
+                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
+                match lane.try_recv() {
+                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
+                    Err(_) => Ok(()),
+                }
+            }
+            Ok(_) => self.outbox.flush(),
+        }
     }
 
     fn on_command(
@@ -419,20 +478,26 @@ impl KoalaOperator {
         Ok(())
     }
 
+    /// Sends on the lane the message belongs to (`crate::peer`): fetches on the fetch lane, which
+    /// never waits for the receiver; everything else on the bounded peer lane through the outbox,
+    /// which never blocks the task.
     fn send(&mut self, setup: &TaskSetup, to: TaskId, wire: &Wire) -> Result<(), RuntimeError> {
         let bytes = encode(wire)
             .map_err(|source| RuntimeError::Codec { what: "encoding a peer message".into(), source })?;
-        if !self.peers.contains_key(&to) {
-            let sender = open_channel(
-                &setup.links,
-                &self.deployment,
-                to,
-                InputChannel { input: PEER_INPUT, from: setup.task },
-            )?;
-            self.peers.insert(to, sender);
+        let message = ChannelMessage::Protocol(bytes);
+        if let Wire::Peer(_) = wire {
+            if !self.outbox.is_open(to) {
+                self.outbox.open(open_peer(&setup.links, &self.deployment, to, setup.task)?);
+            }
+            return self.outbox.send(to, message);
         }
-        if let Some(peer) = self.peers.get_mut(&to) {
-            self.op.metrics.backpressure += peer.send(ChannelMessage::Protocol(bytes))?;
+        if !self.fetch_lanes.contains_key(&to) {
+            let channel = InputChannel { input: FETCH_INPUT, from: setup.task };
+            let lane = open_channel(&setup.links, &self.deployment, to, channel)?;
+            self.fetch_lanes.insert(to, lane);
+        }
+        if let Some(lane) = self.fetch_lanes.get_mut(&to) {
+            self.op.metrics.backpressure += lane.send(message)?;
         }
         Ok(())
     }
@@ -558,7 +623,7 @@ mod tests {
 
     use super::*;
     use crate::channel::TaskInput;
-    use crate::links::{Links, build_outputs, input_channels};
+    use crate::links::{FETCH_INPUT, Links, PEER_INPUT, build_outputs, input_channels};
     use crate::net::TaskInboxes;
 
     const WAIT: Duration = Duration::from_secs(10);
@@ -579,10 +644,8 @@ mod tests {
 
     fn peer(from: TaskId, wire: &Wire) -> TaskInput {
         let bytes = encode(wire).expect("encode");
-        TaskInput {
-            channel: InputChannel { input: PEER_INPUT, from },
-            message: ChannelMessage::Protocol(bytes),
-        }
+        let input = if matches!(wire, Wire::Peer(_)) { PEER_INPUT } else { FETCH_INPUT };
+        TaskInput { channel: InputChannel { input, from }, message: ChannelMessage::Protocol(bytes) }
     }
 
     /// What the sink got: up to and with the task's end of stream, then after it; and the acks.
@@ -665,11 +728,12 @@ mod tests {
         let (old_tx, old_rx) = unbounded::<TaskInput>();
         let (data_tx, data_rx) = bounded::<TaskInput>(64);
         let (peer_tx, peer_rx) = unbounded::<TaskInput>();
+        let (fetch_tx, fetch_rx) = unbounded::<TaskInput>();
         {
             let mut map = inboxes.write().expect("registry");
-            map.insert(sink, TaskInboxes { data: sink_tx.clone(), peer: sink_tx });
-            map.insert(old, TaskInboxes { data: old_tx.clone(), peer: old_tx });
-            map.insert(new, TaskInboxes { data: data_tx, peer: peer_tx.clone() });
+            map.insert(sink, TaskInboxes { data: sink_tx.clone(), peer: sink_tx.clone(), fetch: sink_tx });
+            map.insert(old, TaskInboxes { data: old_tx.clone(), peer: old_tx.clone(), fetch: old_tx });
+            map.insert(new, TaskInboxes { data: data_tx, peer: peer_tx.clone(), fetch: fetch_tx.clone() });
         }
         let links = Links { me: w, graph: Arc::new(graph), inboxes };
         let (cmd_tx, cmd_rx) = unbounded::<TaskCommand>();
@@ -685,6 +749,7 @@ mod tests {
             links,
             inbox: data_rx,
             peer_inbox: peer_rx,
+            fetch_inbox: fetch_rx,
             commands: cmd_rx,
             events: events_tx,
             options: d.options.clone(),
@@ -717,7 +782,7 @@ mod tests {
         let Ok(Wire::Fetch(request)) = decode::<Wire>(&bytes) else { panic!("not a fetch") };
         let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
         let answer = FetchResponse { id: request.id, values, extra: Vec::new(), exhausted: Vec::new() };
-        peer_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");
+        fetch_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");
 
         let mut until_end = Vec::new();
         while until_end.last() != Some(&ChannelMessage::EndOfStream) {

@@ -100,8 +100,10 @@ pub struct TaskSetup {
     pub links: Links,
     /// Its input queue (data channels).
     pub inbox: Receiver<TaskInput>,
-    /// Its peer queue (state transfer, fetches).
+    /// Its peer lane (hand-overs, forwarded records, state transfer): bounded (`crate::peer`).
     pub peer_inbox: Receiver<TaskInput>,
+    /// Its fetch lane (Koala fetch requests and responses): bounded by credit (`crate::peer`).
+    pub fetch_inbox: Receiver<TaskInput>,
     /// Commands from the worker.
     pub commands: Receiver<TaskCommand>,
     /// Events to the worker.

@@ -15,9 +15,10 @@ use koala_types::{BucketId, ChannelMessage, Epoch, StateEntry, TaskId, Timestamp
 use super::TaskSetup;
 use crate::RuntimeError;
 use crate::channel::InputChannel;
-use crate::links::{PEER_INPUT, open_channel};
+use crate::links::open_peer;
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
+use crate::peer::PeerSender;
 use crate::timers::TimerService;
 
 /// Bytes per state message on a peer channel.
@@ -126,13 +127,13 @@ impl StateTransfer {
     /// Every awaited marker arrived: flushes, sends each new owner its buckets' state and timers
     /// then `StateEnd`, deletes what moved, and acks `StateSent` with what was sent.
     fn send_state(
-        &self,
+        &mut self,
         setup: &TaskSetup,
         epoch: Epoch,
         moves: &[(TaskId, Vec<BucketId>)],
         io: &mut TransferIo<'_>,
     ) -> Result<(), RuntimeError> {
-        let Some(plan) = self.plan.as_ref().filter(|p| p.epoch == epoch) else {
+        let Some(plan) = self.plan.clone().filter(|p| p.epoch == epoch) else {
             debug_assert!(false, "SendState of epoch {epoch} without its plan");
             return Err(RuntimeError::Invariant { task: setup.task, what: "SendState without its plan" });
         };
@@ -144,12 +145,7 @@ impl StateTransfer {
         let me = setup.task;
         let mut moved: Vec<BucketId> = Vec::new();
         for (to, buckets) in moves {
-            let mut peer = open_channel(
-                &setup.links,
-                &plan.deployment,
-                *to,
-                InputChannel { input: PEER_INPUT, from: me },
-            )?;
+            let peer = open_peer(&setup.links, &plan.deployment, *to, me)?;
             if let Some(store) = setup.store.as_deref() {
                 let mut send_err = None;
                 bytes += store.scan_buckets(buckets, CHUNK_BYTES, &mut |chunk| {
@@ -158,7 +154,7 @@ impl StateTransfer {
                         .into_iter()
                         .map(|(k, value)| StateEntry { bucket: k.bucket, state: k.state, key: k.key, value })
                         .collect();
-                    if let Err(e) = peer.send(ChannelMessage::State { epoch, entries }) {
+                    if let Err(e) = self.send(setup, &peer, ChannelMessage::State { epoch, entries }, io) {
                         let msg = e.to_string();
                         send_err = Some(e);
                         return Err(koala_state::StateError::sink(msg));
@@ -172,9 +168,9 @@ impl StateTransfer {
             let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
             let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
             if !moving.is_empty() {
-                peer.send(ChannelMessage::Timers { epoch, timers: moving })?;
+                self.send(setup, &peer, ChannelMessage::Timers { epoch, timers: moving }, io)?;
             }
-            peer.send(ChannelMessage::StateEnd { epoch })?;
+            self.send(setup, &peer, ChannelMessage::StateEnd { epoch }, io)?;
             moved.extend_from_slice(buckets);
         }
         if let Some(store) = setup.store.as_deref()
@@ -187,6 +183,22 @@ impl StateTransfer {
         io.metrics.state_bytes_moved += bytes;
         tracing::debug!(task = %me, epoch, bytes, entries, "moved state sent");
         setup.ack(epoch, TaskAck::StateSent { bytes, entries });
+        Ok(())
+    }
+}
+
+impl StateTransfer {
+    /// Sends on a peer lane; while it is full, takes in the state arriving for this task, so two
+    /// tasks streaming state to each other both progress (`crate::peer`).
+    fn send(
+        &mut self,
+        setup: &TaskSetup,
+        peer: &PeerSender,
+        message: ChannelMessage,
+        io: &mut TransferIo<'_>,
+    ) -> Result<(), RuntimeError> {
+        let own = &setup.peer_inbox;
+        peer.send_draining(message, own, |item| self.on_peer(setup, item.channel, item.message, io))?;
         Ok(())
     }
 }
