@@ -15,7 +15,7 @@ pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
 
 /// Listed under `koala run --help`.
 pub const QUERIES_HELP: &str = "Queries: keyed-aggregate, last-n, tumbling-window, sliding-window, \
-window-join, keyed-join, two-stage-aggregate, bid-aggregate (Nexmark bids from the generator or \
+window-join, keyed-join, self-join, two-stage-aggregate, bid-aggregate (Nexmark bids from the generator or \
 Kafka). A config names one with `query = \"...\"` and sets tasks per operator under \
 [parallelism]; see examples/demo.toml and examples/kafka-bids.toml.";
 

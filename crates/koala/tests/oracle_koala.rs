@@ -1,6 +1,7 @@
 //! Koala × {scale-out, scale-in, rebalance, task migration} × {keyed aggregate, last-N list
 //! state, tumbling window, sliding window, window join}, judged by the oracle, plus repeated
-//! reconfigurations (one-hop fetch, progressive migration) and the delete-then-return case.
+//! reconfigurations (one-hop fetch, progressive migration), the delete-then-return case, and a
+//! self-join rescaled and rebalanced with and without progressive migration.
 //! Every run uses 2 worker processes over loopback TCP.
 
 mod common;
@@ -69,4 +70,17 @@ fn two_operators_reconfigured_together() {
         seed: 3,
         expect_reconfigurations: 2,
     });
+}
+
+/// A self-join (one upstream operator on both inputs) scaled out, rebalanced and scaled in, with
+/// fetch on demand only: markers and ends of stream are counted per channel, not per upstream.
+#[test]
+fn self_join_rescaled_and_rebalanced_on_demand_only() {
+    common::oracle::self_join_rescaled_and_rebalanced("koala", "extra_keys = 0\n");
+}
+
+/// The same with progressive migration (8 extra keys per fetch).
+#[test]
+fn self_join_rescaled_and_rebalanced_progressive() {
+    common::oracle::self_join_rescaled_and_rebalanced("koala", "extra_keys = 8\n");
 }

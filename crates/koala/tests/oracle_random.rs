@@ -19,9 +19,9 @@
 //! `random schedule failed: seed N, <variant>, <query>` and the first error line, then the full
 //! config text.
 //!
-//! The normal suite is 24 schedules (8 per protocol variant, one per query family), plus two
+//! The normal suite is 27 schedules (9 per protocol variant, one per query family), plus two
 //! late-data cases with `allowed_lateness_ms`. The soak set is `#[ignore]`d, one test per schedule
-//! (300 per variant) so nextest's per-test time-out applies to each:
+//! (300 per variant, family `seed % 9`) so nextest's per-test time-out applies to each:
 //!
 //! ```sh
 //! # everything (900 runs, ~20 min on 2 cores; 30 per variant take ~2 min)
@@ -151,8 +151,8 @@ const fn family(
 const ONE: &[&str] = &["source"];
 const TWO: &[&str] = &["left", "right"];
 
-/// Every stateful query family; a soak seed runs family `seed % 8`.
-const FAMILIES: [Family; 8] = [
+/// Every stateful query family; a soak seed runs family `seed % 9`.
+const FAMILIES: [Family; 9] = [
     family("keyed-aggregate", ONE, &["aggregate"], "", shape(300, 300)),
     family("last-n", ONE, &["last_n"], "last_n = 3\n", shape(300, 300)),
     family("tumbling-window", ONE, &["window"], "window_ms = 300\n", shape(300, 300)),
@@ -170,6 +170,14 @@ const FAMILIES: [Family; 8] = [
     Family {
         other: &["sample"],
         ..family("filtered-window", ONE, &["window"], "window_ms = 300\n", shape(300, 300))
+    },
+    // One source on both inputs of the join; every pair of a key, as for keyed-join.
+    Family {
+        records: 12_000,
+        rate: 6_000,
+        key_space: 3_000,
+        hot_keys: false,
+        ..family("self-join", ONE, &["join"], "", shape(300, 300))
     },
 ];
 
@@ -396,6 +404,7 @@ random_suite! {
         seed_06_two_stage_aggregate = (6, "two-stage-aggregate"),
         seed_07_filtered_window = (7, "filtered-window"),
         seed_08_keyed_aggregate = (8, "keyed-aggregate"),
+        seed_25_self_join = (25, "self-join"),
     ];
     koala_n8: Variant::KoalaN8 => [
         seed_09_last_n = (9, "last-n"),
@@ -406,6 +415,7 @@ random_suite! {
         seed_14_two_stage_aggregate = (14, "two-stage-aggregate"),
         seed_15_filtered_window = (15, "filtered-window"),
         seed_16_keyed_aggregate = (16, "keyed-aggregate"),
+        seed_26_self_join = (26, "self-join"),
     ];
     stop_and_restart: Variant::StopAndRestart => [
         seed_17_last_n = (17, "last-n"),
@@ -416,6 +426,7 @@ random_suite! {
         seed_22_two_stage_aggregate = (22, "two-stage-aggregate"),
         seed_23_filtered_window = (23, "filtered-window"),
         seed_24_keyed_aggregate = (24, "keyed-aggregate"),
+        seed_27_self_join = (27, "self-join"),
     ];
 }
 
@@ -457,7 +468,7 @@ fn generated_schedules_are_accepted_by_the_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     for seed in 1..=400 {
         for variant in [Variant::KoalaN0, Variant::StopAndRestart] {
-            let f = &FAMILIES[(seed % 8) as usize];
+            let f = &FAMILIES[seed as usize % FAMILIES.len()];
             let case = generate(dir.path(), variant, f, seed);
             let (_, applied) = common::model::apply_schedule(&case.text)
                 .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", case.text));
@@ -467,20 +478,20 @@ fn generated_schedules_are_accepted_by_the_model() {
     }
 }
 
-/// The soak set: one ignored test per seed and variant (family `seed % 8`).
+/// The soak set: one ignored test per seed and variant (family `seed % 9`).
 macro_rules! soak {
     ($($name:ident = $seed:literal),* $(,)?) => {
         mod soak_koala_n0 {
             use super::*;
-            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::KoalaN0, &FAMILIES[$seed % 8], $seed) } )*
+            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::KoalaN0, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
         }
         mod soak_koala_n8 {
             use super::*;
-            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::KoalaN8, &FAMILIES[$seed % 8], $seed) } )*
+            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::KoalaN8, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
         }
         mod soak_stop_and_restart {
             use super::*;
-            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::StopAndRestart, &FAMILIES[$seed % 8], $seed) } )*
+            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::StopAndRestart, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
         }
     };
 }

@@ -1,6 +1,7 @@
 //! Stop-and-restart × {scale-out, scale-in, rebalance, task migration} × {keyed aggregate,
 //! last-N list state, tumbling window, sliding window, window join}, judged by the oracle: the
-//! output with the reconfiguration equals the output of the final deployment from the start.
+//! output with the reconfiguration equals the output of the final deployment from the start; and
+//! a self-join rescaled and rebalanced.
 //! Every run uses 2 worker processes over loopback TCP.
 
 mod common;
@@ -26,4 +27,11 @@ fn out_out_in_keyed_aggregate() {
         seed: 5,
         expect_reconfigurations: 3,
     });
+}
+
+/// A self-join (one upstream operator on both inputs) scaled out, rebalanced and scaled in: a
+/// target sends its state once the marker arrived on both channels from every source task.
+#[test]
+fn self_join_rescaled_and_rebalanced() {
+    common::oracle::self_join_rescaled_and_rebalanced("stop-and-restart", "");
 }

@@ -6,9 +6,9 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::expected::{keyed_totals, last_n_lists, window_join_pairs, window_totals};
+use common::expected::{keyed_totals, last_n_lists, self_join_pairs, window_join_pairs, window_totals};
 use common::*;
-use koala_workloads::{JoinPair, KeyedTotal, LastN, WindowTotal};
+use koala_workloads::{JoinPair, KeyedJoinPair, KeyedTotal, LastN, WindowTotal};
 
 const RECORDS: u64 = 20_000;
 const SOURCES: u32 = 2;
@@ -110,4 +110,22 @@ fn window_join() {
     let right = input(&right_gen, SOURCES);
     let expected = window_join_pairs(&left, &right, 250);
     assert_same("window-join", &actual, &expected);
+}
+
+/// One source on both inputs of the join: every source task has two channels to every join task.
+#[test]
+fn self_join() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut generator = generator(8_000, 16);
+    generator.key_space = 2_000;
+    generator.hot_keys = 0;
+    generator.hot_key_ratio = 0.0;
+    let cfg =
+        config(dir.path(), "self-join", &[("source", SOURCES), ("join", 3), ("sink", 2)], &generator, "");
+    let out = run_job(dir.path(), &cfg);
+    let mut actual = per_key(sink_output::<KeyedJoinPair>(&out, "sink"), |r| r.key);
+    for v in actual.values_mut() {
+        v.sort_by_key(|p| (p.left_seq, p.right_seq));
+    }
+    assert_same("self-join", &actual, &self_join_pairs(&input(&generator, SOURCES)));
 }

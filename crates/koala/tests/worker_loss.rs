@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use koala_protocol::koala::ProtocolError;
 use koala_protocol::{ControlHello, CoordinatorMessage, TaskAck, WorkerMessage};
 use koala_types::frame::{read_frame, write_frame};
-use koala_types::{OperatorId, TaskId};
+use koala_types::{InputChannel, OperatorId, TaskId};
 
 /// A running coordinator with its stderr lines; the address workers register at.
 struct Job {
@@ -169,7 +169,9 @@ fn a_protocol_error_fails_the_job_naming_the_task() {
         }
     }
     let task = TaskId::new(OperatorId(1), 0);
-    let error = ProtocolError::UnknownUpstream { upstream: TaskId::new(OperatorId(7), 3) };
+    let error = ProtocolError::UnknownChannel {
+        channel: InputChannel { input: 0, from: TaskId::new(OperatorId(7), 3) },
+    };
     let ack = WorkerMessage::TaskAck { task, epoch: 0, ack: TaskAck::ProtocolError { error } };
     write_frame(&mut writer, &ack).expect("report the error");
     let (status, log) = job.wait_exit(Duration::from_secs(10), "a protocol error");

@@ -11,14 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
 
-/// Identifies one logical input channel of a task: which input, from which upstream task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct InputChannel {
-    /// Input index at the receiving operator (0, or 1 for the right side of a join).
-    pub input: usize,
-    /// The sending task.
-    pub from: TaskId,
-}
+pub use koala_types::InputChannel;
 
 /// First frame on every data connection: which channel this connection carries.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -32,6 +32,16 @@ impl TaskId {
     }
 }
 
+/// One logical input channel of a task: which input of its operator, from which upstream task.
+/// A self-join has two channels from each upstream task, one per input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct InputChannel {
+    /// Input index at the receiving operator (0, or 1 for the right side of a join).
+    pub input: usize,
+    /// The sending task.
+    pub from: TaskId,
+}
+
 impl fmt::Display for OperatorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "op{}", self.0)
@@ -41,6 +51,12 @@ impl fmt::Display for OperatorId {
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{}", self.operator, self.index)
+    }
+}
+
+impl fmt::Display for InputChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "input {} from {}", self.input, self.from)
     }
 }
 

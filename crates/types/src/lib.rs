@@ -10,5 +10,5 @@ pub mod metric;
 
 pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of};
 pub use codec::{CodecError, decode, encode};
-pub use ids::{Epoch, OperatorId, TaskId, Timestamp, WorkerId};
+pub use ids::{Epoch, InputChannel, OperatorId, TaskId, Timestamp, WorkerId};
 pub use message::{ChannelMessage, Record, StateEntry};

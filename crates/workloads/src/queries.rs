@@ -23,6 +23,7 @@ const QUERIES: &[(&str, QueryBuilder)] = &[
     ("sliding-window", sliding_window),
     ("window-join", window_join),
     ("keyed-join", keyed_join),
+    ("self-join", self_join),
     ("two-stage-aggregate", two_stage_aggregate),
     ("filtered-window", filtered_window),
 ];
@@ -35,6 +36,7 @@ pub(crate) const NAMES: &[&str] = &[
     "sliding-window",
     "window-join",
     "keyed-join",
+    "self-join",
     "two-stage-aggregate",
     "filtered-window",
 ];
@@ -203,6 +205,23 @@ fn keyed_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let left = keyed_events(&df, "left", params, seed);
     let right = keyed_events(&df, "right", params, seed.wrapping_add(1));
     let pairs = left.join("join", &right, |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
+        key: *key,
+        left_seq: l.seq,
+        right_seq: r.seq,
+    });
+    sink(&pairs, params.sink);
+    df.build()
+}
+
+/// Source "source", keyed, joined with itself without windows → sink: one upstream operator
+/// feeds both inputs of "join", so every source task has two channels to every join task. Each
+/// arriving record is joined with the records of its key that arrived earlier on the other input,
+/// so every ordered pair (a, b) of records of a key — a record with itself included — is emitted
+/// exactly once, whatever the interleaving of the two inputs.
+fn self_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
+    let df = Dataflow::new();
+    let events = keyed_events(&df, "source", params, params.generator.seed);
+    let pairs = events.join("join", &events, |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
         key: *key,
         left_seq: l.seq,
         right_seq: r.seq,

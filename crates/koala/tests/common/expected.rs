@@ -121,6 +121,13 @@ pub fn keyed_join_pairs(left: &Events, right: &Events) -> BTreeMap<u64, Vec<Keye
     expected
 }
 
+/// `self-join`: every ordered pair of records of a key over the whole input, a record with itself
+/// included (each record is joined with the earlier records of its key on the other input, so
+/// every pair is emitted once whatever the interleaving), sorted by (left_seq, right_seq).
+pub fn self_join_pairs(events: &Events) -> BTreeMap<u64, Vec<KeyedJoinPair>> {
+    keyed_join_pairs(events, events)
+}
+
 /// `two-stage-aggregate`: the rollup's running count per group (key mod 16) — one row per input
 /// record, counts 1..=n per group whatever the order.
 pub fn group_counts(events: &Events) -> BTreeMap<u64, Vec<GroupCount>> {
@@ -162,7 +169,7 @@ fn json_rows<T: Serialize>(map: BTreeMap<u64, Vec<T>>) -> BTreeMap<String, Vec<S
 
 /// The expected sink output of `query` as JSON rows per key (the key as JSON text), each key's
 /// rows sorted: the form the oracle compares multisets in. `sources` is the source parallelism
-/// (keys depend on it); joins read a second source with `seed + 1`.
+/// (keys depend on it); joins of two streams read a second source with `seed + 1`.
 pub fn expected_rows(
     query: &str,
     generator: &KeyedEventsConfig,
@@ -183,13 +190,14 @@ pub fn expected_rows(
         "filtered-window" => json_rows(window_totals(&sampled(&events), shape.window_ms, shape.window_ms)),
         "window-join" => json_rows(window_join_pairs(&events, &right(), shape.window_ms)),
         "keyed-join" => json_rows(keyed_join_pairs(&events, &right())),
+        "self-join" => json_rows(self_join_pairs(&events)),
         "two-stage-aggregate" => json_rows(group_counts(&events)),
         other => panic!("no expected output for query {other:?}"),
     }
 }
 
-/// The keys a stateful operator of `query` holds state for: the input keys (both sides of a
-/// join), or the groups for the rollup of `two-stage-aggregate`.
+/// The keys a stateful operator of `query` holds state for: the input keys (both sources of a
+/// join of two streams), or the groups for the rollup of `two-stage-aggregate`.
 pub fn operator_keys(
     query: &str,
     operator: &str,
@@ -197,7 +205,7 @@ pub fn operator_keys(
     sources: u32,
 ) -> BTreeSet<u64> {
     let mut keys: BTreeSet<u64> = input(generator, sources).iter().map(|(e, _)| e.key).collect();
-    if query.contains("join") {
+    if two_sources(query) {
         let mut g = generator.clone();
         g.seed = g.seed.wrapping_add(1);
         keys.extend(input(&g, sources).iter().map(|(e, _)| e.key));
@@ -206,4 +214,9 @@ pub fn operator_keys(
         keys = keys.iter().map(|k| k % ROLLUP_GROUPS).collect();
     }
     keys
+}
+
+/// Whether `query` joins two sources (the second with `seed + 1`); a self-join reads one.
+fn two_sources(query: &str) -> bool {
+    matches!(query, "window-join" | "keyed-join")
 }

@@ -84,7 +84,7 @@ pub fn permanent_state(query: &str, operator: &str) -> bool {
         ("keyed-aggregate" | "two-stage-aggregate", "aggregate")
             | ("two-stage-aggregate", "rollup")
             | ("last-n", "last_n")
-            | ("keyed-join", "join")
+            | ("keyed-join" | "self-join", "join")
     )
 }
 
@@ -126,6 +126,19 @@ pub fn verify_run(out: &Path, text: &str, spec: &RunSpec<'_>) -> Result<super::v
     super::verify::check_run(out, &expect)
 }
 
+/// The input of a case: 300 keys with hot keys; an unwindowed self-join emits every pair of a key,
+/// so its input spreads over 3 000 keys without hot keys (a few records per key).
+fn case_generator(case: &Case<'_>) -> koala_dataflow::KeyedEventsConfig {
+    let mut generator = super::generator(case.records, case.seed);
+    generator.key_space = 300;
+    if case.query == "self-join" {
+        generator.key_space = 3_000;
+        generator.hot_keys = 0;
+        generator.hot_key_ratio = 0.0;
+    }
+    generator
+}
+
 /// The top-level config lines of a case: its protocol, then its own lines.
 fn top_lines(case: &Case<'_>) -> String {
     format!("protocol = \"{}\"\n{}", case.protocol, case.top)
@@ -135,8 +148,7 @@ fn top_lines(case: &Case<'_>) -> String {
 /// runs must have used the case's protocol and `extra_keys`; the reconfigured one must have
 /// completed every scheduled reconfiguration, each with effect (see [`super::verify`]).
 pub fn check(case: &Case<'_>) -> String {
-    let mut generator = super::generator(case.records, case.seed);
-    generator.key_space = 300;
+    let generator = case_generator(case);
     let rate = format!("rate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\n");
     let top = top_lines(case);
     let input_ms = case.records * 1000 / u64::from(RATE);
@@ -371,5 +383,26 @@ pub fn swap_with_one_message_queues(protocol: &str) {
         records: 16_000,
         seed: 13,
         expect_reconfigurations: 1,
+    });
+}
+
+/// A self-join (the source feeds both inputs of "join") scaled out 2 → 4, rebalanced, and scaled
+/// in 4 → 2 under `protocol` with the `top` lines: every source task marks both of its channels
+/// to a join task at each switch, and cancelled join tasks get an end of stream on both.
+pub fn self_join_rescaled_and_rebalanced(protocol: &str, top: &str) {
+    check(&Case {
+        protocol,
+        top,
+        query: "self-join",
+        start: &[("source", 2), ("join", 2), ("sink", 1)],
+        end: &[("source", 2), ("join", 2), ("sink", 1)],
+        schedule: "[[reconfigurations]]\nat_s = 0.3\noperator = \"join\"\nparallelism = 4\n\
+                   [[reconfigurations]]\nat_s = 0.7\noperator = \"join\"\n\
+                   moves = [{ buckets = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], to = 3 }, { buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }]\n\
+                   [[reconfigurations]]\nat_s = 1.1\noperator = \"join\"\nparallelism = 2\n",
+        params: "",
+        records: 12_000,
+        seed: 31,
+        expect_reconfigurations: 3,
     });
 }

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use koala_types::{BucketId, Epoch, TaskId};
+use koala_types::{BucketId, Epoch, InputChannel, TaskId};
 use serde::{Deserialize, Serialize};
 
 use super::messages::InputSource;
@@ -21,22 +21,24 @@ pub enum ProtocolError {
         /// Where it came from.
         channel: InputSource,
     },
-    /// An upstream sent a record routed by its old table after its marker for `epoch`.
+    /// An upstream sent a record routed by its old table after its marker for `epoch` on the
+    /// same channel.
     RecordAfterMarker {
-        /// The upstream.
-        upstream: TaskId,
+        /// The channel.
+        channel: InputChannel,
         /// The epoch whose marker it already sent.
         epoch: Epoch,
     },
-    /// Input from a task this task does not know as an upstream.
-    UnknownUpstream {
-        /// The sender.
-        upstream: TaskId,
+    /// Input on a channel this task does not have open: an unknown upstream or input, or one
+    /// whose end of stream already arrived.
+    UnknownChannel {
+        /// The channel.
+        channel: InputChannel,
     },
-    /// A marker for an epoch that is not running here, or a second marker from one upstream.
+    /// A marker for an epoch that is not running here, or a second marker on one channel.
     UnexpectedMarker {
-        /// The upstream.
-        upstream: TaskId,
+        /// The channel.
+        channel: InputChannel,
         /// The marker's epoch.
         epoch: Epoch,
     },
@@ -111,14 +113,14 @@ impl fmt::Display for ProtocolError {
             Self::Misrouted { bucket, channel } => {
                 write!(f, "record of bucket {bucket} arrived on {channel:?}, which may not carry it")
             }
-            Self::RecordAfterMarker { upstream, epoch } => {
-                write!(f, "upstream {upstream} sent an old-table record after its marker of epoch {epoch}")
+            Self::RecordAfterMarker { channel, epoch } => {
+                write!(f, "an old-table record on {channel} after its marker of epoch {epoch}")
             }
-            Self::UnknownUpstream { upstream } => {
-                write!(f, "input from unknown upstream {upstream}")
+            Self::UnknownChannel { channel } => {
+                write!(f, "{channel}: unknown upstream or ended channel")
             }
-            Self::UnexpectedMarker { upstream, epoch } => {
-                write!(f, "unexpected marker of epoch {epoch} from {upstream}")
+            Self::UnexpectedMarker { channel, epoch } => {
+                write!(f, "unexpected marker of epoch {epoch} on {channel}")
             }
             Self::UnexpectedPeerMessage { peer, epoch, reason } => {
                 write!(f, "unexpected peer message from {peer} in epoch {epoch}: {reason}")

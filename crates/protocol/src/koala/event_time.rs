@@ -93,11 +93,11 @@ impl HeldTimes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use koala_types::{OperatorId, TaskId};
+    use koala_types::{InputChannel, OperatorId, TaskId};
 
     #[test]
     fn joining_channel_pulls_the_minimum_down() {
-        let u = InputSource::Upstream(TaskId::new(OperatorId(0), 0));
+        let u = InputSource::Upstream(InputChannel { input: 0, from: TaskId::new(OperatorId(0), 0) });
         let p = InputSource::Peer(TaskId::new(OperatorId(1), 0));
         let mut w = ChannelWatermarks::default();
         assert_eq!(w.min(), None);

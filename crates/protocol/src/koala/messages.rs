@@ -5,18 +5,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use koala_types::{BucketId, Epoch, OperatorId, TaskId, Timestamp};
+use koala_types::{BucketId, Epoch, InputChannel, OperatorId, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::error::ProtocolError;
 
 pub use crate::moves::Moves;
 
-/// An input of a target task: a channel from an upstream task or a peer channel from a sender.
+/// An input of a target task: a data channel from an upstream task or a peer channel from a sender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum InputSource {
-    /// The data channel from an upstream task.
-    Upstream(TaskId),
+    /// A data channel: one input of the operator, from one upstream task (a self-join has two
+    /// from each upstream task).
+    Upstream(InputChannel),
     /// The peer channel from a sender of the running epoch.
     Peer(TaskId),
 }
@@ -30,7 +31,8 @@ pub struct Reconfiguration {
     pub epoch: Epoch,
     /// The ownership changes.
     pub moves: Moves,
-    /// Upstream tasks: each injects one marker into every channel to a target task.
+    /// Upstream tasks: each injects one marker into every channel to a target task (a self-join's
+    /// upstream is listed once and marks both of its channels to a task).
     pub upstreams: BTreeSet<TaskId>,
     /// Tasks deployed for this epoch (they own nothing yet and have no watermark to protect).
     pub new_tasks: BTreeSet<TaskId>,
@@ -154,10 +156,13 @@ pub enum PeerMessage {
         /// The transfer.
         hand_over: Box<HandOver>,
     },
-    /// Sender → receiver: records of moved buckets the sender received from its upstreams.
+    /// Sender → receiver: records of moved buckets the sender received from its upstreams on
+    /// one input of the operator (a run of records of mixed inputs goes as several messages).
     Records {
         /// The epoch.
         epoch: Epoch,
+        /// The operator input the records arrived on at the sender.
+        input: usize,
         /// The records, in the order the sender received them.
         records: Vec<koala_types::Record>,
     },

@@ -6,6 +6,9 @@
 //!
 //! At most one fetch round is outstanding at a time; a hand-over waits for it, so a sender never
 //! gives away a bucket whose keys are in flight towards it.
+//!
+//! Every queued record keeps the operator input it arrived on; a batch goes to the operator as
+//! consecutive runs of one input, in arrival order.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -24,17 +27,36 @@ struct Outstanding {
     extra_buckets: BTreeSet<BucketId>,
 }
 
+/// A record with the operator input it arrived on (0, or 1 for the right side of a join).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct InputRecord {
+    pub(crate) input: usize,
+    pub(crate) record: Record,
+}
+
+/// Splits records into consecutive runs of one input, keeping their order.
+pub(crate) fn runs_by_input(records: impl IntoIterator<Item = InputRecord>) -> Vec<(usize, Vec<Record>)> {
+    let mut runs: Vec<(usize, Vec<Record>)> = Vec::new();
+    for InputRecord { input, record } in records {
+        match runs.last_mut() {
+            Some((i, run)) if *i == input => run.push(record),
+            _ => runs.push((input, vec![record])),
+        }
+    }
+    runs
+}
+
 /// A batch waiting for state.
 #[derive(Clone, Debug)]
 struct Waiting {
-    batch: Vec<Record>,
+    batch: Vec<InputRecord>,
     needs: BTreeSet<u64>,
 }
 
 /// Records not yet processed and fetches in flight.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Pipeline {
-    pub(crate) inbox: VecDeque<Record>,
+    pub(crate) inbox: VecDeque<InputRecord>,
     waiting: Option<Waiting>,
     outstanding: BTreeMap<u64, Outstanding>,
     next_id: u64,
@@ -68,7 +90,7 @@ impl KoalaTask {
             return false;
         }
         let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
-        for r in &self.pipeline.inbox {
+        for InputRecord { record: r, .. } in &self.pipeline.inbox {
             let bucket = bucket_of(&r.key, self.num_buckets);
             match self.klt.location(bucket, key_hash(&r.key)) {
                 Some(loc) if loc == self.id => {}
@@ -84,7 +106,7 @@ impl KoalaTask {
             }
         }
         if remote.is_empty() {
-            let batch: Vec<Record> = self.pipeline.inbox.drain(..).collect();
+            let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
             self.finish_batch(batch, out);
             self.pull(out);
             return true;
@@ -92,7 +114,7 @@ impl KoalaTask {
         if !self.pipeline.outstanding.is_empty() {
             return false;
         }
-        let batch: Vec<Record> = self.pipeline.inbox.drain(..).collect();
+        let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
         let mut needs = BTreeSet::new();
         for (loc, keys) in remote {
             let extra = self.extra_for(loc);
@@ -105,11 +127,13 @@ impl KoalaTask {
         true
     }
 
-    fn finish_batch(&mut self, batch: Vec<Record>, out: &mut Vec<TaskAction>) {
+    fn finish_batch(&mut self, batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {
         for r in &batch {
-            self.held.remove(r.time);
+            self.held.remove(r.record.time);
         }
-        out.push(TaskAction::Process(batch));
+        for (input, records) in runs_by_input(batch) {
+            out.push(TaskAction::Process { input, records });
+        }
     }
 
     /// The progressive part of a fetch to `location` (paper §3.4), if it is retired.

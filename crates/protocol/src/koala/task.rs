@@ -5,32 +5,36 @@
 //! ```
 //! use std::collections::BTreeSet;
 //! use koala_protocol::koala::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
-//! use koala_types::{OperatorId, Record, TaskId, bucket_of};
+//! use koala_types::{InputChannel, OperatorId, Record, TaskId};
 //!
+//! // A self-join: one upstream task feeds both inputs of the operator.
 //! let (up, me) = (TaskId::new(OperatorId(0), 0), TaskId::new(OperatorId(1), 0));
+//! let (left, right) = (InputChannel { input: 0, from: up }, InputChannel { input: 1, from: up });
 //! let mut task = KoalaTask::new(TaskConfig {
 //!     id: me,
 //!     num_buckets: 4,
 //!     owned: (0..4).collect(),
-//!     upstreams: BTreeSet::from([up]),
+//!     inputs: BTreeSet::from([left, right]),
 //! });
 //! let r = Record { key: b"k".to_vec(), value: vec![], time: 5 };
-//! let out = task.on(TaskEvent::Records { from: up, records: vec![r.clone()] });
-//! assert_eq!(out, vec![TaskAction::Process(vec![r])]);
-//! let out = task.on(TaskEvent::Watermark { from: up, time: 5 });
+//! let out = task.on(TaskEvent::Records { channel: right, records: vec![r.clone()] });
+//! assert_eq!(out, vec![TaskAction::Process { input: 1, records: vec![r] }]);
+//! // The event time is the minimum over both channels.
+//! assert_eq!(task.on(TaskEvent::Watermark { channel: left, time: 5 }), vec![]);
+//! let out = task.on(TaskEvent::Watermark { channel: right, time: 7 });
 //! assert_eq!(out, vec![TaskAction::EmitWatermark(5)]);
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, Epoch, Record, TaskId, Timestamp, bucket_of};
+use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp, bucket_of};
 
 use super::error::ProtocolError;
 use super::event_time::{ChannelWatermarks, HeldTimes};
 use super::klt::KeyLookupTable;
 use super::messages::{FetchRequest, FetchResponse, InputSource, PeerMessage, Reconfiguration, TaskAck};
-use super::pipeline::Pipeline;
+use super::pipeline::{InputRecord, Pipeline};
 use super::transition::Transition;
 
 /// How a target task starts.
@@ -42,38 +46,39 @@ pub struct TaskConfig {
     pub num_buckets: u16,
     /// Buckets the task owns with their state local (initial deployment); empty for a new task.
     pub owned: BTreeSet<BucketId>,
-    /// Upstream tasks with an open channel to this task; empty for a new task.
-    pub upstreams: BTreeSet<TaskId>,
+    /// Data channels open to this task (upstream task and input index); empty for a new task.
+    pub inputs: BTreeSet<InputChannel>,
 }
 
 /// Input of a [`KoalaTask`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskEvent {
-    /// A batch from an upstream channel.
+    /// A batch on a data channel.
     Records {
-        /// The upstream.
-        from: TaskId,
+        /// The channel: upstream task and operator input.
+        channel: InputChannel,
         /// The records in channel order.
         records: Vec<Record>,
     },
-    /// A watermark from an upstream channel.
+    /// A watermark on a data channel.
     Watermark {
-        /// The upstream.
-        from: TaskId,
+        /// The channel.
+        channel: InputChannel,
         /// Its event time.
         time: Timestamp,
     },
-    /// An upstream switched routing tables.
+    /// The upstream switched routing tables: nothing after this on the channel was routed by the
+    /// old table (an upstream feeding two inputs sends one on each channel).
     Marker {
-        /// The upstream.
-        from: TaskId,
+        /// The channel.
+        channel: InputChannel,
         /// The epoch.
         epoch: Epoch,
     },
-    /// An upstream channel ended.
+    /// A data channel ended.
     EndOfStream {
-        /// The upstream.
-        from: TaskId,
+        /// The channel.
+        channel: InputChannel,
     },
     /// The coordinator starts a reconfiguration (paper §3.1 "Init" and "Fast forward").
     Start(Arc<Reconfiguration>),
@@ -105,8 +110,15 @@ pub enum TaskEvent {
 /// Output of a [`KoalaTask`], to be executed in order by the runtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskAction {
-    /// Run the operator on these records, in this order. Every key's state is local (or new).
-    Process(Vec<Record>),
+    /// Run the operator on these records of input `input`, in this order. Every key's state is
+    /// local (or new). Records of one batch come as consecutive `Process` actions, one per run
+    /// of one input, in arrival order, so per-key order holds across the inputs.
+    Process {
+        /// The operator input the records arrived on.
+        input: usize,
+        /// The records.
+        records: Vec<Record>,
+    },
     /// Send `request` to task `from`, which holds the state; the answer comes back as
     /// [`TaskEvent::FetchResponse`].
     FetchState {
@@ -181,8 +193,10 @@ pub struct KoalaTask {
     pub(super) id: TaskId,
     pub(super) num_buckets: u16,
     pub(super) klt: KeyLookupTable,
-    pub(super) upstreams: BTreeSet<TaskId>,
-    pub(super) ended: BTreeSet<TaskId>,
+    /// Open data channels: markers and ends of stream are counted per channel, not per upstream
+    /// task, so a self-join's upstream is expected on both of its channels.
+    pub(super) inputs: BTreeSet<InputChannel>,
+    pub(super) ended: BTreeSet<InputChannel>,
     pub(super) watermarks: ChannelWatermarks,
     pub(super) held: HeldTimes,
     pub(super) emitted: Option<Timestamp>,
@@ -201,15 +215,15 @@ impl KoalaTask {
     /// A task as deployed: an initial task owns its buckets, a new one waits for its first `Start`.
     pub fn new(config: TaskConfig) -> Self {
         let mut watermarks = ChannelWatermarks::default();
-        for &u in &config.upstreams {
-            watermarks.add(InputSource::Upstream(u));
+        for &c in &config.inputs {
+            watermarks.add(InputSource::Upstream(c));
         }
         Self {
             id: config.id,
             num_buckets: config.num_buckets.max(1),
-            started: !config.upstreams.is_empty() || !config.owned.is_empty(),
+            started: !config.inputs.is_empty() || !config.owned.is_empty(),
             klt: KeyLookupTable::new(config.id, config.owned),
-            upstreams: config.upstreams,
+            inputs: config.inputs,
             ended: BTreeSet::new(),
             watermarks,
             held: HeldTimes::default(),
@@ -225,11 +239,12 @@ impl KoalaTask {
         }
     }
 
-    /// Expects records from one more upstream task (an upstream operator was scaled out). Its
-    /// channel holds this task's event time until it sends a watermark.
-    pub fn add_upstream(&mut self, upstream: TaskId) {
-        if self.upstreams.insert(upstream) {
-            self.watermarks.add(InputSource::Upstream(upstream));
+    /// Expects records on one more data channel (an upstream operator was scaled out, or a new
+    /// task learns its channels). The channel holds this task's event time until it sends a
+    /// watermark. A channel that ended stays ended.
+    pub fn add_input(&mut self, channel: InputChannel) {
+        if !self.ended.contains(&channel) && self.inputs.insert(channel) {
+            self.watermarks.add(InputSource::Upstream(channel));
         }
     }
 
@@ -253,10 +268,15 @@ impl KoalaTask {
         &self.klt
     }
 
-    /// Whether `task` is an upstream whose channel is open here (markers and end of stream are
-    /// expected from it).
-    pub fn has_upstream(&self, task: TaskId) -> bool {
-        self.upstreams.contains(&task)
+    /// Whether a data channel is still open here (its end of stream has not arrived).
+    pub fn has_inputs(&self) -> bool {
+        !self.inputs.is_empty()
+    }
+
+    /// The open data channels from `upstream` (markers and end of stream are expected on each;
+    /// two for a self-join).
+    pub fn inputs_from(&self, upstream: TaskId) -> Vec<InputChannel> {
+        self.inputs.iter().filter(|c| c.from == upstream).copied().collect()
     }
 
     /// The last watermark the task emitted.
@@ -285,10 +305,10 @@ impl KoalaTask {
     pub fn on(&mut self, event: TaskEvent) -> Vec<TaskAction> {
         let mut out = Vec::new();
         let result = match event {
-            TaskEvent::Records { from, records } => self.on_records(from, records, &mut out),
-            TaskEvent::Watermark { from, time } => self.on_watermark(from, time),
-            TaskEvent::Marker { from, epoch } => self.on_marker(from, epoch),
-            TaskEvent::EndOfStream { from } => self.on_end_of_stream(from),
+            TaskEvent::Records { channel, records } => self.on_records(channel, records, &mut out),
+            TaskEvent::Watermark { channel, time } => self.on_watermark(channel, time),
+            TaskEvent::Marker { channel, epoch } => self.on_marker(channel, epoch),
+            TaskEvent::EndOfStream { channel } => self.on_end_of_stream(channel),
             TaskEvent::Start(reconfiguration) => self.on_start(reconfiguration, &mut out),
             TaskEvent::Peer { from, message } => self.on_peer(from, message, &mut out),
             TaskEvent::FetchRequest { from, request } => self.on_fetch_request(from, request, &mut out),
@@ -307,73 +327,75 @@ impl KoalaTask {
 
     fn on_records(
         &mut self,
-        from: TaskId,
+        channel: InputChannel,
         records: Vec<Record>,
         out: &mut Vec<TaskAction>,
     ) -> Result<(), ProtocolError> {
-        if !self.upstreams.contains(&from) {
-            return Err(ProtocolError::UnknownUpstream { upstream: from });
+        if !self.inputs.contains(&channel) {
+            return Err(ProtocolError::UnknownChannel { channel });
         }
+        let input = channel.input;
         let mut forwards: BTreeMap<TaskId, Vec<Record>> = BTreeMap::new();
-        for r in records {
-            let bucket = bucket_of(&r.key, self.num_buckets);
-            match self.route_direct(from, bucket) {
-                Route::Local => self.admit(r),
+        for record in records {
+            let bucket = bucket_of(&record.key, self.num_buckets);
+            match self.route_direct(channel, bucket) {
+                Route::Local => self.admit(InputRecord { input, record }),
                 Route::Park => {
-                    self.held.add(r.time);
+                    self.held.add(record.time);
                     if let Some(t) = self.transition.as_mut() {
-                        t.parked.entry(bucket).or_default().push_back(r);
+                        t.parked.entry(bucket).or_default().push_back(InputRecord { input, record });
                     }
                 }
-                Route::Forward(to) => forwards.entry(to).or_default().push(r),
+                Route::Forward(to) => forwards.entry(to).or_default().push(record),
                 Route::Reject(e) => out.push(TaskAction::Error(e)),
             }
         }
         for (to, records) in forwards {
             out.push(TaskAction::SendToPeer {
                 to,
-                message: PeerMessage::Records { epoch: self.epoch, records },
+                message: PeerMessage::Records { epoch: self.epoch, input, records },
             });
         }
         Ok(())
     }
 
-    /// Where a record of `bucket` that came directly from upstream `from` goes.
-    fn route_direct(&self, from: TaskId, bucket: BucketId) -> Route {
+    /// Where a record of `bucket` that came directly from upstream on `channel` goes.
+    fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {
         if let Some(t) = &self.transition
-            && let Some(route) = t.route_direct(from, bucket, self.park_direct)
+            && let Some(route) = t.route_direct(channel, bucket, self.park_direct)
         {
             return route;
         }
         if self.klt.owns(bucket) {
             Route::Local
         } else {
-            Route::Reject(ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(from) })
+            Route::Reject(ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(channel) })
         }
     }
 
     /// Queues an owned record for processing.
-    pub(super) fn admit(&mut self, r: Record) {
-        self.held.add(r.time);
+    pub(super) fn admit(&mut self, r: InputRecord) {
+        self.held.add(r.record.time);
         self.pipeline.inbox.push_back(r);
     }
 
-    fn on_watermark(&mut self, from: TaskId, time: Timestamp) -> Result<(), ProtocolError> {
-        if !self.upstreams.contains(&from) {
-            return Err(ProtocolError::UnknownUpstream { upstream: from });
+    fn on_watermark(&mut self, channel: InputChannel, time: Timestamp) -> Result<(), ProtocolError> {
+        if !self.inputs.contains(&channel) {
+            return Err(ProtocolError::UnknownChannel { channel });
         }
-        self.watermarks.set(InputSource::Upstream(from), time)
+        self.watermarks.set(InputSource::Upstream(channel), time)
     }
 
-    fn on_end_of_stream(&mut self, from: TaskId) -> Result<(), ProtocolError> {
-        if !self.upstreams.remove(&from) {
-            return Err(ProtocolError::UnknownUpstream { upstream: from });
+    fn on_end_of_stream(&mut self, channel: InputChannel) -> Result<(), ProtocolError> {
+        if !self.inputs.remove(&channel) {
+            return Err(ProtocolError::UnknownChannel { channel });
         }
-        self.ended.insert(from);
-        self.watermarks.close(InputSource::Upstream(from));
+        self.ended.insert(channel);
+        self.watermarks.close(InputSource::Upstream(channel));
         if let Some(t) = self.transition.as_mut() {
-            // An ended upstream sends no marker; nothing it routed by the old table is in flight.
-            t.markers_pending.remove(&from);
+            // An ended channel carries no marker; nothing its upstream routed on it by the old
+            // table is in flight.
+            t.markers_pending.remove(&channel);
         }
         Ok(())
     }
@@ -446,13 +468,14 @@ impl KoalaTask {
     }
 
     /// Records of the inbox that belong to `buckets`, removed in order (for a hand-over).
-    pub(super) fn take_inbox(&mut self, buckets: &BTreeSet<BucketId>) -> Vec<Record> {
-        let (moved, kept): (VecDeque<Record>, VecDeque<Record>) = std::mem::take(&mut self.pipeline.inbox)
-            .into_iter()
-            .partition(|r| buckets.contains(&bucket_of(&r.key, self.num_buckets)));
+    pub(super) fn take_inbox(&mut self, buckets: &BTreeSet<BucketId>) -> Vec<InputRecord> {
+        let (moved, kept): (VecDeque<InputRecord>, VecDeque<InputRecord>) =
+            std::mem::take(&mut self.pipeline.inbox)
+                .into_iter()
+                .partition(|r| buckets.contains(&bucket_of(&r.record.key, self.num_buckets)));
         self.pipeline.inbox = kept;
         for r in &moved {
-            self.held.remove(r.time);
+            self.held.remove(r.record.time);
         }
         moved.into()
     }

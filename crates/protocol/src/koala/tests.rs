@@ -1,10 +1,12 @@
-//! Hand-driven unit tests of the task core: per-key FIFO at a receiver, an idle sender, and typed
-//! errors (never panics) for input the protocol does not allow.
+//! Hand-driven unit tests of the task core: per-key FIFO at a receiver, an idle sender, typed
+//! errors (never panics) for input the protocol does not allow, and self-joins (one upstream task
+//! on both inputs: markers and ends of stream per channel, inputs kept through parking and
+//! forwarding).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use koala_types::{OperatorId, Record, TaskId, bucket_of};
+use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
 
 use super::*;
 
@@ -12,6 +14,11 @@ const NB: u16 = 4;
 
 fn up() -> TaskId {
     TaskId::new(OperatorId(0), 0)
+}
+
+/// Input `input` from the upstream task.
+fn ch(input: usize) -> InputChannel {
+    InputChannel { input, from: up() }
 }
 
 fn t(i: u32) -> TaskId {
@@ -27,11 +34,16 @@ fn rec(bucket: u16, time: u64) -> Record {
 }
 
 fn task(id: TaskId, owned: &[u16]) -> KoalaTask {
+    task_with_inputs(id, owned, &[0])
+}
+
+/// A task fed by the one upstream task on each of `inputs` (`[0, 1]`: a self-join).
+fn task_with_inputs(id: TaskId, owned: &[u16], inputs: &[usize]) -> KoalaTask {
     KoalaTask::new(TaskConfig {
         id,
         num_buckets: NB,
         owned: owned.iter().copied().collect(),
-        upstreams: BTreeSet::from([up()]),
+        inputs: inputs.iter().map(|&i| ch(i)).collect(),
     })
 }
 
@@ -59,13 +71,28 @@ fn peer_messages(out: &[TaskAction]) -> Vec<PeerMessage> {
 }
 
 fn processed(out: &[TaskAction]) -> Vec<u64> {
+    processed_with_input(out).into_iter().map(|(_, time)| time).collect()
+}
+
+/// (input, time) of every processed record, in order.
+fn processed_with_input(out: &[TaskAction]) -> Vec<(usize, u64)> {
     out.iter()
         .filter_map(|a| match a {
-            TaskAction::Process(rs) => Some(rs.iter().map(|r| r.time).collect::<Vec<_>>()),
+            TaskAction::Process { input, records } => {
+                Some(records.iter().map(|r| (*input, r.time)).collect::<Vec<_>>())
+            }
             _ => None,
         })
         .flatten()
         .collect()
+}
+
+fn records(channel: InputChannel, records: Vec<Record>) -> TaskEvent {
+    TaskEvent::Records { channel, records }
+}
+
+fn marker(channel: InputChannel) -> TaskEvent {
+    TaskEvent::Marker { channel, epoch: 1 }
 }
 
 fn deliver(to: &mut KoalaTask, from: TaskId, messages: Vec<PeerMessage>) -> Vec<TaskAction> {
@@ -75,7 +102,7 @@ fn deliver(to: &mut KoalaTask, from: TaskId, messages: Vec<PeerMessage>) -> Vec<
 #[test]
 fn receiver_parks_direct_records_until_the_peer_channel_closes() {
     let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
-    s.on(TaskEvent::Watermark { from: up(), time: 1 });
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
     // The receiver starts and asks the (idle) sender to hand over; no input needed at the sender.
     let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
     s.on(TaskEvent::Start(reconf()));
@@ -86,10 +113,10 @@ fn receiver_parks_direct_records_until_the_peer_channel_closes() {
     assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::PeerReady }));
     assert!(r.owns(3));
     // An in-flight record of bucket 3 reaches the sender and is forwarded ...
-    let forwarded = peer_messages(&s.on(TaskEvent::Records { from: up(), records: vec![rec(3, 5)] }));
+    let forwarded = peer_messages(&s.on(records(ch(0), vec![rec(3, 5)])));
     // ... while, after the switch, a newer one arrives directly at the receiver: parked.
-    r.on(TaskEvent::Marker { from: up(), epoch: 1 });
-    assert!(processed(&r.on(TaskEvent::Records { from: up(), records: vec![rec(3, 6)] })).is_empty());
+    r.on(marker(ch(0)));
+    assert!(processed(&r.on(records(ch(0), vec![rec(3, 6)]))).is_empty());
     // The forwarded record needs the key's state, still at the sender: one fetch, then processing.
     let out = deliver(&mut r, t(0), forwarded);
     let Some(TaskAction::FetchState { from, request }) = out.last().cloned() else { panic!("{out:?}") };
@@ -102,7 +129,7 @@ fn receiver_parks_direct_records_until_the_peer_channel_closes() {
     let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
     assert!(matches!(out[0], TaskAction::InstallState { .. }));
     assert_eq!(processed(&out), vec![5]);
-    let close = peer_messages(&s.on(TaskEvent::Marker { from: up(), epoch: 1 }));
+    let close = peer_messages(&s.on(marker(ch(0))));
     assert!(matches!(close[..], [PeerMessage::Close { epoch: 1 }]));
     // The parked record runs after everything that came over the peer channel.
     let out = deliver(&mut r, t(0), close);
@@ -114,9 +141,10 @@ fn receiver_parks_direct_records_until_the_peer_channel_closes() {
 fn protocol_surprises_are_typed_errors() {
     let is_error = |out: Vec<TaskAction>| out.iter().any(|a| matches!(a, TaskAction::Error(_)));
     let mut a = task(t(0), &[0, 1]);
-    assert!(is_error(a.on(TaskEvent::Records { from: t(9), records: vec![rec(0, 1)] })));
-    assert!(is_error(a.on(TaskEvent::Records { from: up(), records: vec![rec(2, 1)] })));
-    assert!(is_error(a.on(TaskEvent::Marker { from: up(), epoch: 3 })));
+    assert!(is_error(a.on(records(InputChannel { input: 0, from: t(9) }, vec![rec(0, 1)]))));
+    assert!(is_error(a.on(records(ch(1), vec![rec(0, 1)]))), "input 1 is not open");
+    assert!(is_error(a.on(records(ch(0), vec![rec(2, 1)]))));
+    assert!(is_error(a.on(TaskEvent::Marker { channel: ch(0), epoch: 3 })));
     assert!(is_error(a.on(TaskEvent::Start(reconf()))), "t0 does not own bucket 3");
     let close = PeerMessage::Close { epoch: 0 };
     assert!(is_error(a.on(TaskEvent::Peer { from: t(1), message: close })));
@@ -125,13 +153,13 @@ fn protocol_surprises_are_typed_errors() {
     let request = FetchRequest { id: 1, keys: vec![key_in(1)], extra: None };
     assert!(is_error(a.on(TaskEvent::FetchRequest { from: t(1), request })));
     assert!(is_error(
-        a.on(TaskEvent::Watermark { from: up(), time: 5 })
+        a.on(TaskEvent::Watermark { channel: ch(0), time: 5 })
             .into_iter()
-            .chain(a.on(TaskEvent::Watermark { from: up(), time: 4 }))
+            .chain(a.on(TaskEvent::Watermark { channel: ch(0), time: 4 }))
             .collect()
     ));
     // After all that the task still works.
-    assert_eq!(processed(&a.on(TaskEvent::Records { from: up(), records: vec![rec(0, 9)] })), vec![9]);
+    assert_eq!(processed(&a.on(records(ch(0), vec![rec(0, 9)]))), vec![9]);
 }
 
 /// A window of a moved bucket whose timer is due at the sender's event time fires at the sender,
@@ -142,13 +170,13 @@ fn timers_due_at_hand_over_fire_at_the_sender_before_it() {
     let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[0]));
     // The receiver t1 (an existing task: it owns nothing here but is not new) emitted 10 already;
     // the sender's upstream is at 20 but a transition starts before it emitted anything past 10.
-    let out = s.on(TaskEvent::Watermark { from: up(), time: 10 });
+    let out = s.on(TaskEvent::Watermark { channel: ch(0), time: 10 });
     assert_eq!(out, vec![TaskAction::EmitWatermark(10)]);
-    r.on(TaskEvent::Watermark { from: up(), time: 10 });
+    r.on(TaskEvent::Watermark { channel: ch(0), time: 10 });
     let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
     assert!(matches!(open[..], [PeerMessage::Open { watermark: Some(10), .. }]), "{open:?}");
     s.on(TaskEvent::Start(reconf()));
-    let out = s.on(TaskEvent::Watermark { from: up(), time: 20 });
+    let out = s.on(TaskEvent::Watermark { channel: ch(0), time: 20 });
     // A sender only: it keeps its event time.
     assert!(out.contains(&TaskAction::EmitWatermark(20)), "{out:?}");
     let out = deliver(&mut s, t(1), open);
@@ -161,4 +189,110 @@ fn timers_due_at_hand_over_fire_at_the_sender_before_it() {
     // The receiver holds its event time until every marker arrived.
     let out = deliver(&mut r, t(0), peer_messages(&out));
     assert!(!out.iter().any(|a| matches!(a, TaskAction::EmitWatermark(_))), "{out:?}");
+}
+
+/// A self-join: the upstream task feeds both inputs, so the sender waits for a marker on each of
+/// its two channels before it closes the peer channel. Until the second marker, old-table
+/// records on the other channel are still forwarded (not refused as records after a marker), and
+/// every forwarded, queued or parked record keeps its input; the receiver processes them in
+/// arrival order, one run per input.
+#[test]
+fn self_join_counts_markers_per_channel_and_keeps_inputs() {
+    let (mut s, mut r) =
+        (task_with_inputs(t(0), &[0, 1, 2, 3], &[0, 1]), task_with_inputs(t(1), &[], &[0, 1]));
+    for i in [0, 1] {
+        s.on(TaskEvent::Watermark { channel: ch(i), time: 1 });
+    }
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let out = deliver(&mut r, t(0), hand_over);
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::PeerReady }));
+    // Old-table records of bucket 3 on both inputs reach the sender: forwarded with their input.
+    let forwarded: Vec<PeerMessage> = [(1, 5), (0, 6)]
+        .into_iter()
+        .flat_map(|(i, time)| peer_messages(&s.on(records(ch(i), vec![rec(3, time)]))))
+        .collect();
+    assert!(
+        matches!(
+            forwarded[..],
+            [PeerMessage::Records { input: 1, .. }, PeerMessage::Records { input: 0, .. }]
+        ),
+        "{forwarded:?}"
+    );
+    // The marker on input 0 does not end the epoch at the sender: input 1 still carries old-table
+    // records, which are forwarded, not refused.
+    assert!(peer_messages(&s.on(marker(ch(0)))).is_empty(), "no close before the second marker");
+    let late = s.on(records(ch(1), vec![rec(3, 7)]));
+    assert!(!late.iter().any(|a| matches!(a, TaskAction::Error(_))), "{late:?}");
+    let mut forwarded_late = peer_messages(&late);
+    assert!(matches!(forwarded_late[..], [PeerMessage::Records { input: 1, .. }]), "{forwarded_late:?}");
+    // A record on input 0 after its marker is an old-table record after the marker: refused.
+    let refused = s.on(records(ch(0), vec![rec(3, 8)]));
+    assert!(
+        refused.iter().any(|a| matches!(
+            a,
+            TaskAction::Error(ProtocolError::RecordAfterMarker { channel, .. }) if *channel == ch(0)
+        )),
+        "{refused:?}"
+    );
+    // A second marker on one channel is a surprise.
+    assert!(s.on(marker(ch(0))).iter().any(|a| matches!(a, TaskAction::Error(_))));
+    let close = peer_messages(&s.on(marker(ch(1))));
+    assert!(matches!(close[..], [PeerMessage::Close { epoch: 1 }]), "{close:?}");
+
+    // The receiver: switched records arrive directly on both inputs and are parked with them.
+    for i in [0, 1] {
+        r.on(marker(ch(i)));
+    }
+    let parked = [(1, 9), (0, 10)].into_iter().flat_map(|(i, time)| r.on(records(ch(i), vec![rec(3, time)])));
+    assert!(processed(&parked.collect::<Vec<_>>()).is_empty());
+    // The forwarded records need the key's state from the sender first.
+    let mut out = Vec::new();
+    forwarded_late.splice(0..0, forwarded);
+    for message in forwarded_late {
+        out.extend(r.on(TaskEvent::Peer { from: t(0), message }));
+    }
+    let Some(TaskAction::FetchState { request, .. }) =
+        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. })).cloned()
+    else {
+        panic!("{out:?}")
+    };
+    let response =
+        FetchResponse { id: request.id, values: vec![(key_in(3), None)], extra: vec![], exhausted: vec![] };
+    let mut out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    out.extend(deliver(&mut r, t(0), close));
+    // Forwarded first (1, 0, 1), then the parked ones (1, 0): runs of one input in arrival order.
+    assert_eq!(processed_with_input(&out), vec![(1, 5), (0, 6), (1, 7), (1, 9), (0, 10)]);
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
+}
+
+/// A self-join's end of stream comes per channel: the task keeps its other channel open (and its
+/// event time bound by it) and completes an epoch once the remaining channel's marker arrived.
+#[test]
+fn self_join_ends_each_channel_on_its_own() {
+    let mut a = task_with_inputs(t(0), &[0, 1, 2, 3], &[0, 1]);
+    assert_eq!(a.inputs_from(up()), vec![ch(0), ch(1)]);
+    a.on(TaskEvent::Watermark { channel: ch(1), time: 4 });
+    let out = a.on(TaskEvent::EndOfStream { channel: ch(0) });
+    // Input 1 still holds the event time at its watermark.
+    assert_eq!(out, vec![TaskAction::EmitWatermark(4)]);
+    assert_eq!(a.inputs_from(up()), vec![ch(1)]);
+    let out = a.on(TaskEvent::EndOfStream { channel: ch(0) });
+    assert!(
+        matches!(out[..], [TaskAction::Error(ProtocolError::UnknownChannel { channel })] if channel == ch(0)),
+        "{out:?}"
+    );
+    assert!(a.on(records(ch(0), vec![rec(0, 5)])).iter().any(|x| matches!(x, TaskAction::Error(_))));
+    assert_eq!(processed_with_input(&a.on(records(ch(1), vec![rec(0, 5)]))), vec![(1, 5)]);
+    // An epoch (nothing moves at this task) waits for the marker of the open channel only.
+    let moves_elsewhere =
+        Arc::new(Reconfiguration { moves: BTreeMap::from([((t(1), t(2)), vec![0])]), ..(*reconf()).clone() });
+    let out = a.on(TaskEvent::Start(moves_elsewhere));
+    assert!(!out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
+    let out = a.on(marker(ch(1)));
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
+    let out = a.on(TaskEvent::EndOfStream { channel: ch(1) });
+    assert_eq!(out, vec![TaskAction::EmitWatermark(u64::MAX)]);
+    assert!(a.inputs_from(up()).is_empty());
 }

@@ -12,14 +12,19 @@
 //! FIFO), and is `Done` after all markers and all peer closes. The catch-up rule for existing
 //! receivers is an addition to the paper: without it a rebalance or scale-in onto a task that is
 //! ahead in event time would hand it records behind a watermark it already emitted.
+//!
+//! Markers are counted per data channel (upstream task and operator input): an upstream that
+//! feeds two inputs of the operator (a self-join) sends one marker on each, and records on one of
+//! its channels may still be routed by the old table after the marker on the other.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, Epoch, Record, TaskId, Timestamp, bucket_of};
+use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp, bucket_of};
 
 use super::error::ProtocolError;
 use super::messages::{InputSource, PeerMessage, Reconfiguration, TaskAck};
+use super::pipeline::{InputRecord, runs_by_input};
 use super::task::{KoalaTask, Route, TaskAction};
 
 /// A sender's view of one receiver.
@@ -47,13 +52,13 @@ enum Inbound {
 #[derive(Debug)]
 pub(crate) struct Transition {
     reconf: Arc<Reconfiguration>,
-    pub(crate) markers_pending: BTreeSet<TaskId>,
-    markers_seen: BTreeSet<TaskId>,
+    pub(crate) markers_pending: BTreeSet<InputChannel>,
+    markers_seen: BTreeSet<InputChannel>,
     outbound: BTreeMap<TaskId, (Vec<BucketId>, Outbound)>,
     forward: BTreeMap<BucketId, TaskId>,
     inbound: BTreeMap<TaskId, (Vec<BucketId>, Inbound)>,
     incoming: BTreeMap<BucketId, TaskId>,
-    pub(crate) parked: BTreeMap<BucketId, VecDeque<Record>>,
+    pub(crate) parked: BTreeMap<BucketId, VecDeque<InputRecord>>,
     ready_sent: bool,
 }
 
@@ -62,8 +67,9 @@ impl Transition {
         self.reconf.epoch
     }
 
-    /// Route of a record that came directly from upstream `from`, if the transition decides it.
-    pub(crate) fn route_direct(&self, from: TaskId, bucket: BucketId, park: bool) -> Option<Route> {
+    /// Route of a record that came directly from upstream on `channel`, if the transition
+    /// decides it.
+    pub(crate) fn route_direct(&self, channel: InputChannel, bucket: BucketId, park: bool) -> Option<Route> {
         if let Some(sender) = self.incoming.get(&bucket) {
             return match self.inbound.get(sender).map(|(_, s)| *s) {
                 Some(Inbound::Closed) => None,
@@ -71,22 +77,20 @@ impl Transition {
                 Some(Inbound::HandedOver) => None,
                 _ => Some(Route::Reject(ProtocolError::Misrouted {
                     bucket,
-                    channel: InputSource::Upstream(from),
+                    channel: InputSource::Upstream(channel),
                 })),
             };
         }
         let to = *self.forward.get(&bucket)?;
-        if self.markers_seen.contains(&from) {
-            return Some(Route::Reject(ProtocolError::RecordAfterMarker {
-                upstream: from,
-                epoch: self.epoch(),
-            }));
+        if self.markers_seen.contains(&channel) {
+            return Some(Route::Reject(ProtocolError::RecordAfterMarker { channel, epoch: self.epoch() }));
         }
         match self.outbound.get(&to).map(|(_, s)| s) {
             Some(Outbound::HandedOver(_)) => Some(Route::Forward(to)),
-            _ => {
-                Some(Route::Reject(ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(from) }))
-            }
+            _ => Some(Route::Reject(ProtocolError::Misrouted {
+                bucket,
+                channel: InputSource::Upstream(channel),
+            })),
         }
     }
 
@@ -143,15 +147,11 @@ impl KoalaTask {
         self.started = true;
         self.retired.extend(reconf.retired.iter().copied());
         self.extra_keys = reconf.extra_keys;
-        for &u in &reconf.upstreams {
-            if !self.ended.contains(&u) && self.upstreams.insert(u) {
-                self.watermarks.add(InputSource::Upstream(u));
-            }
-        }
-        // A marker, or the end of stream, from every upstream with an open channel here: also
-        // from one the coordinator no longer counts (it finished or was cancelled), whose
-        // records routed by the old table may still be in flight.
-        let markers_pending = self.upstreams.iter().copied().filter(|u| !self.ended.contains(u)).collect();
+        // A marker, or the end of stream, on every data channel open here (its channels are
+        // known from deployment and `add_input`, with their inputs; `reconf.upstreams` names
+        // tasks only): also from an upstream the coordinator no longer counts (it finished or
+        // was cancelled), whose records routed by the old table may still be in flight.
+        let markers_pending = self.inputs.clone();
         let mut incoming = BTreeMap::new();
         for (&from, buckets) in &role.inbound {
             self.watermarks.add(InputSource::Peer(from));
@@ -192,15 +192,15 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_marker(&mut self, from: TaskId, epoch: Epoch) -> Result<(), ProtocolError> {
-        let unexpected = ProtocolError::UnexpectedMarker { upstream: from, epoch };
+    pub(super) fn on_marker(&mut self, channel: InputChannel, epoch: Epoch) -> Result<(), ProtocolError> {
+        let unexpected = ProtocolError::UnexpectedMarker { channel, epoch };
         let Some(t) = self.transition.as_mut() else {
             return Err(unexpected);
         };
-        if t.epoch() != epoch || !t.markers_pending.remove(&from) {
+        if t.epoch() != epoch || !t.markers_pending.remove(&channel) {
             return Err(unexpected);
         }
-        t.markers_seen.insert(from);
+        t.markers_seen.insert(channel);
         Ok(())
     }
 
@@ -245,15 +245,15 @@ impl KoalaTask {
                     out.push(TaskAction::InstallMetadata { from, metadata: hand_over.metadata });
                 }
             }
-            PeerMessage::Records { records, .. } => {
+            PeerMessage::Records { input, records, .. } => {
                 if !matches!(t.inbound.get(&from), Some((_, Inbound::HandedOver))) {
                     return Err(unexpected("records on a peer channel that is not open"));
                 }
-                for r in records {
-                    let bucket = bucket_of(&r.key, self.num_buckets);
+                for record in records {
+                    let bucket = bucket_of(&record.key, self.num_buckets);
                     if t.incoming.get(&bucket) == Some(&from) {
-                        self.held.add(r.time);
-                        self.pipeline.inbox.push_back(r);
+                        self.held.add(record.time);
+                        self.pipeline.inbox.push_back(InputRecord { input, record });
                     } else {
                         out.push(TaskAction::Error(ProtocolError::Misrouted {
                             bucket,
@@ -329,10 +329,10 @@ impl KoalaTask {
                 message: PeerMessage::HandOver { epoch, hand_over: Box::new(hand_over) },
             });
             let moved = self.take_inbox(&buckets.iter().copied().collect());
-            if !moved.is_empty() {
+            for (input, records) in runs_by_input(moved) {
                 out.push(TaskAction::SendToPeer {
                     to,
-                    message: PeerMessage::Records { epoch, records: moved },
+                    message: PeerMessage::Records { epoch, input, records },
                 });
             }
         }
@@ -369,7 +369,7 @@ impl KoalaTask {
                 t.parked.values().all(VecDeque::is_empty),
                 "parked records outlive their peer channel"
             );
-            let leftover: Vec<Record> = std::mem::take(&mut t.parked).into_values().flatten().collect();
+            let leftover: Vec<InputRecord> = std::mem::take(&mut t.parked).into_values().flatten().collect();
             self.pipeline.inbox.extend(leftover);
             self.transition = None;
             out.push(TaskAction::Ack { epoch, ack: TaskAck::Done });

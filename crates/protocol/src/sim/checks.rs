@@ -25,7 +25,7 @@ use crate::koala::{Answered, LocationStore, Sample, TaskAction, serve_fetch};
 impl World {
     pub(crate) fn exec_task(&mut self, me: TaskId, action: TaskAction) -> Result<(), String> {
         match action {
-            TaskAction::Process(records) => {
+            TaskAction::Process { records, .. } => {
                 for r in records {
                     self.process(me, &r.key, &r.value, r.time)?;
                 }

@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, ChannelMessage, Epoch, Record, TaskId, Timestamp, WorkerId, bucket_of};
+use koala_types::{
+    BucketId, ChannelMessage, Epoch, InputChannel, Record, TaskId, Timestamp, WorkerId, bucket_of,
+};
 
 use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
@@ -297,7 +299,7 @@ impl World {
                     id,
                     num_buckets: cfg.num_buckets,
                     owned,
-                    upstreams: upstreams.iter().copied().collect(),
+                    inputs: upstreams.iter().map(|&u| sim_input(u)).collect(),
                 };
                 let mut core = KoalaTask::new(config);
                 if cfg.fault == Some(Fault::NoParking) {
@@ -594,19 +596,31 @@ impl World {
                 }
                 let event = match (msg, src) {
                     (Msg::Data(ChannelMessage::Batch(records)), Some(from)) => {
-                        TaskEvent::Records { from, records }
+                        TaskEvent::Records { channel: sim_input(from), records }
                     }
                     (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => {
-                        TaskEvent::Watermark { from, time }
+                        TaskEvent::Watermark { channel: sim_input(from), time }
                     }
                     (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => {
-                        TaskEvent::Marker { from, epoch }
+                        TaskEvent::Marker { channel: sim_input(from), epoch }
                     }
-                    (Msg::Data(ChannelMessage::EndOfStream), Some(from)) => TaskEvent::EndOfStream { from },
+                    (Msg::Data(ChannelMessage::EndOfStream), Some(from)) => {
+                        TaskEvent::EndOfStream { channel: sim_input(from) }
+                    }
                     (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
                     (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
                     (Msg::FetchResponse(response), Some(from)) => TaskEvent::FetchResponse { from, response },
-                    (Msg::Start(r), None) => TaskEvent::Start(r),
+                    (Msg::Start(r), None) => {
+                        // A task learns the channels of upstreams it does not know yet (a new
+                        // task: all of them) with its `Start`; the runtime knows them when it
+                        // deploys the task.
+                        if let Some(Core::Koala(k)) = self.tasks.get_mut(&id).map(|t| &mut t.core) {
+                            for &u in &r.upstreams {
+                                k.add_input(sim_input(u));
+                            }
+                        }
+                        TaskEvent::Start(r)
+                    }
                     (Msg::Prepare(plan), None) => {
                         // A Koala task learns the new placement and answers.
                         self.channels.push(
@@ -616,11 +630,11 @@ impl World {
                         return Ok(());
                     }
                     (Msg::EndedUpstream(u), None) => {
-                        let has = matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::Koala(k)) if k.has_upstream(u));
+                        let has = matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::Koala(k)) if !k.inputs_from(u).is_empty());
                         if !has {
                             return Ok(());
                         }
-                        TaskEvent::EndOfStream { from: u }
+                        TaskEvent::EndOfStream { channel: sim_input(u) }
                     }
                     (m, _) => return Err(format!("unroutable message {m:?} to {id}")),
                 };
@@ -931,4 +945,9 @@ impl World {
         }
         Ok(())
     }
+}
+
+/// The data channel from simulated upstream `from`: every target reads one input, 0.
+fn sim_input(from: TaskId) -> InputChannel {
+    InputChannel { input: 0, from }
 }

@@ -4,6 +4,10 @@
 //! whose keys are local, fetch remote keys from their KLT location in one hop, serve (and delete:
 //! one live copy) keys others fetch, hand buckets over, emit watermarks, acknowledge.
 //!
+//! Records keep the operator input they arrived on through the core (`TaskEvent::Records` names
+//! the channel, `TaskAction::Process` the input), and the core counts markers and ends of stream
+//! per channel, so a self-join (one upstream task on both inputs) needs nothing special here.
+//!
 //! Operator metadata travels with a hand-over: the timers of the moved buckets and, with them, the
 //! state of the keys that have timers (open windows), so a timer always fires on local state.
 //! Everything else stays where it is until first accessed.
@@ -23,7 +27,7 @@ use koala_protocol::koala::{
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
-use koala_types::{BucketId, ChannelMessage, Record, TaskId, Timestamp, bucket_of, decode, encode};
+use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
 use super::operator::OperatorTask;
@@ -107,11 +111,11 @@ struct KoalaOperator {
     fetch_lanes: HashMap<TaskId, ChannelSender>,
     /// Peer lanes to peers, with what a full one could not take yet.
     outbox: Outbox,
-    /// Input index per upstream operator (two-input operators tag records with it).
-    tag_inputs: bool,
+    /// A task a reconfiguration created, until its first `Begin`: the input channels it will
+    /// have, and those that ended already (their upstream finished before it switched). The core
+    /// learns them at `Begin`, so before it owns anything it emits no watermark and does not end.
+    unstarted: Option<(BTreeSet<InputChannel>, BTreeSet<InputChannel>)>,
     watermark: Option<Timestamp>,
-    ended: BTreeSet<TaskId>,
-    upstreams: BTreeSet<TaskId>,
     epoch: u64,
     inputs_ended: bool,
     /// The coordinator released the task; it exits once its inputs ended too.
@@ -133,15 +137,14 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         .filter(|_| !setup.created_by_reconfiguration)
         .map(|t| t.iter().enumerate().filter(|(_, o)| **o == me.index).map(|(b, _)| b as BucketId).collect())
         .unwrap_or_default();
-    let upstreams: BTreeSet<TaskId> = setup.inputs.iter().map(|c| c.from).collect();
     let core = KoalaTask::new(TaskConfig {
         id: me,
         num_buckets: setup.num_buckets,
         owned,
-        // A new task's core learns its upstreams at its first `Start` (as the simulator deploys
+        // A new task's core learns its channels at its first `Start` (as the simulator deploys
         // it): before that it owns nothing and must emit no watermark, since its senders hand it
         // records without waiting for its event time.
-        upstreams: if setup.created_by_reconfiguration { BTreeSet::new() } else { upstreams.clone() },
+        inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
     });
     let mut task = KoalaOperator {
         op,
@@ -149,10 +152,8 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         deployment: d,
         fetch_lanes: HashMap::new(),
         outbox: Outbox::default(),
-        tag_inputs: setup.spec.inputs.len() > 1,
+        unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
         watermark: None,
-        ended: BTreeSet::new(),
-        upstreams,
         epoch: 0,
         inputs_ended: false,
         released: false,
@@ -284,13 +285,15 @@ impl KoalaOperator {
                 if self.receiving.is_some_and(|e| e <= reconfiguration.epoch) {
                     self.receiving = None;
                 }
+                let (known, ended) = self.unstarted.take().unwrap_or_default();
+                for channel in known {
+                    self.core.add_input(channel);
+                }
                 let actions = self.core.on(TaskEvent::Start(reconfiguration));
                 self.execute(setup, outputs, actions)?;
-                // Upstreams that ended before the core knew them (a new task's, before `Start`).
-                let unheard: Vec<TaskId> =
-                    self.ended.iter().copied().filter(|u| self.core.has_upstream(*u)).collect();
-                for from in unheard {
-                    let actions = self.core.on(TaskEvent::EndOfStream { from });
+                // Channels that ended before the core knew them (a new task's, before `Start`).
+                for channel in ended {
+                    let actions = self.core.on(TaskEvent::EndOfStream { channel });
                     self.execute(setup, outputs, actions)?;
                 }
             }
@@ -301,15 +304,24 @@ impl KoalaOperator {
                 setup.switch_and_ack(&plan, outputs)?;
             }
             TaskCommand::UpstreamEnded(upstream) => {
-                if self.ended.insert(upstream) && self.core.has_upstream(upstream) {
-                    let actions = self.core.on(TaskEvent::EndOfStream { from: upstream });
+                if let Some((known, ended)) = self.unstarted.as_mut() {
+                    ended.extend(known.iter().filter(|c| c.from == upstream));
+                    return Ok(());
+                }
+                // Every channel from it: a self-join's upstream has two.
+                for channel in self.core.inputs_from(upstream) {
+                    let actions = self.core.on(TaskEvent::EndOfStream { channel });
                     self.execute(setup, outputs, actions)?;
                 }
             }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
-                    self.upstreams.insert(c.from);
-                    self.core.add_upstream(c.from);
+                    match self.unstarted.as_mut() {
+                        Some((known, _)) => {
+                            known.insert(c);
+                        }
+                        None => self.core.add_input(c),
+                    }
                 }
                 setup.ack(epoch, TaskAck::Prepared);
             }
@@ -328,30 +340,19 @@ impl KoalaOperator {
         channel: InputChannel,
         message: ChannelMessage,
     ) -> Result<(), RuntimeError> {
-        let from = channel.from;
         let event = match message {
-            ChannelMessage::Batch(mut records) => {
-                if self.tag_inputs {
-                    // The core is input-agnostic; a one-byte prefix carries the input index through it.
-                    let tag = u8::try_from(channel.input).unwrap_or(u8::MAX);
-                    for r in &mut records {
-                        r.value.insert(0, tag);
-                    }
-                }
+            ChannelMessage::Batch(records) => {
                 let started = Instant::now();
-                let actions = self.core.on(TaskEvent::Records { from, records });
+                let actions = self.core.on(TaskEvent::Records { channel, records });
                 self.op.metrics.klt_lookup.0 += started.elapsed();
                 self.op.metrics.klt_lookup.1 += 1;
                 return self.execute(setup, outputs, actions);
             }
-            ChannelMessage::Watermark(time) => TaskEvent::Watermark { from, time },
-            ChannelMessage::Marker(epoch) => TaskEvent::Marker { from, epoch },
-            ChannelMessage::EndOfStream => {
-                self.ended.insert(from);
-                TaskEvent::EndOfStream { from }
-            }
+            ChannelMessage::Watermark(time) => TaskEvent::Watermark { channel, time },
+            ChannelMessage::Marker(epoch) => TaskEvent::Marker { channel, epoch },
+            ChannelMessage::EndOfStream => TaskEvent::EndOfStream { channel },
             other => {
-                tracing::error!(task = %setup.task, %from, message = ?other, "unexpected message on a data channel; ignored");
+                tracing::error!(task = %setup.task, %channel, message = ?other, "unexpected message on a data channel; ignored");
                 return Ok(());
             }
         };
@@ -391,7 +392,8 @@ impl KoalaOperator {
     fn check_inputs_ended(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
         if self.inputs_ended
             || self.receiving.is_some()
-            || self.ended != self.upstreams
+            || self.unstarted.is_some()
+            || self.core.has_inputs()
             || self.core.is_busy()
             || self.core.in_transition()
         {
@@ -413,7 +415,9 @@ impl KoalaOperator {
     ) -> Result<(), RuntimeError> {
         for action in actions {
             match action {
-                TaskAction::Process(records) => self.process(setup, outputs, records)?,
+                TaskAction::Process { input, records } => {
+                    self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                }
                 TaskAction::FetchState { from, request } => self.send(setup, from, &Wire::Fetch(request))?,
                 TaskAction::InstallState { entries } => self.install(setup, entries)?,
                 TaskAction::ServeFetch { to, request } => {
@@ -445,35 +449,6 @@ impl KoalaOperator {
                     setup.ack(self.epoch, TaskAck::ProtocolError { error });
                 }
             }
-        }
-        Ok(())
-    }
-
-    fn process(
-        &mut self,
-        setup: &TaskSetup,
-        outputs: &mut Outputs,
-        records: Vec<Record>,
-    ) -> Result<(), RuntimeError> {
-        if !self.tag_inputs {
-            return self.op.on_batch(setup, outputs, 0, records, self.watermark);
-        }
-        // Consecutive runs of one input keep input order across the two inputs.
-        let mut run: Vec<Record> = Vec::new();
-        let mut run_input = 0usize;
-        for mut r in records {
-            let input = usize::from(r.value.first().copied().unwrap_or(0));
-            if !r.value.is_empty() {
-                r.value.remove(0);
-            }
-            if input != run_input && !run.is_empty() {
-                self.op.on_batch(setup, outputs, run_input, std::mem::take(&mut run), self.watermark)?;
-            }
-            run_input = input;
-            run.push(r);
-        }
-        if !run.is_empty() {
-            self.op.on_batch(setup, outputs, run_input, run, self.watermark)?;
         }
         Ok(())
     }
@@ -619,7 +594,7 @@ mod tests {
     use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
     use koala_state::{MemoryEnv, StateEnv};
-    use koala_types::{OperatorId, WorkerId};
+    use koala_types::{OperatorId, Record, WorkerId};
 
     use super::*;
     use crate::channel::TaskInput;
@@ -771,7 +746,7 @@ mod tests {
         hand_over.watermark = Some(5);
         for message in [
             PeerMessage::HandOver { epoch: 1, hand_over: Box::new(hand_over) },
-            PeerMessage::Records { epoch: 1, records: vec![record] },
+            PeerMessage::Records { epoch: 1, input: 0, records: vec![record] },
             PeerMessage::Close { epoch: 1 },
         ] {
             peer_tx.send(peer(old, &Wire::Peer(message))).expect("peer");

@@ -184,6 +184,30 @@ fn keyed_join_emits_every_pair_once() -> Result<(), QueryError> {
 }
 
 #[test]
+fn self_join_emits_every_ordered_pair_of_a_key_once() -> Result<(), QueryError> {
+    let p = params();
+    let graph = build_query("self-join", &p)?;
+    let join = graph.by_name("join").map(|j| j.inputs.iter().map(|i| i.from).collect::<Vec<_>>());
+    let source = graph.by_name("source").map(|s| s.id);
+    assert_eq!(join, source.map(|s| vec![s, s]), "both inputs come from the one source");
+    let mut got: Vec<KeyedJoinPair> = run("self-join", &p)?;
+    got.sort();
+    let all = events(&p, p.generator.seed);
+    let mut expected = Vec::new();
+    for (l, _) in &all {
+        for (r, _) in &all {
+            if l.key == r.key {
+                expected.push(KeyedJoinPair { key: l.key, left_seq: l.seq, right_seq: r.seq });
+            }
+        }
+    }
+    expected.sort();
+    assert!(expected.len() > all.len());
+    assert_eq!(got, expected);
+    Ok(())
+}
+
+#[test]
 fn discard_sink_writes_nothing() -> Result<(), QueryError> {
     let p = QueryParams { sink: SinkKind::Discard, ..params() };
     assert!(run::<KeyedTotal>("keyed-aggregate", &p)?.is_empty());
