@@ -155,6 +155,11 @@ pub struct Engine {
     koala: KoalaCoordinator,
     /// Koala: tasks whose every input ended, per operator (they serve state until released).
     inputs_ended: BTreeMap<OperatorId, BTreeSet<u32>>,
+    /// Koala keyed tasks that reported `InputsEnded`: their outputs ended (end of stream sent
+    /// downstream) though they live on to serve state, so as upstreams they count as finished.
+    outputs_ended: BTreeSet<TaskId>,
+    /// Tasks released because every input of their operator ended (each is told once).
+    released: BTreeSet<TaskId>,
 }
 
 impl Engine {
@@ -170,6 +175,8 @@ impl Engine {
             active: None,
             koala: KoalaCoordinator::new(),
             inputs_ended: BTreeMap::new(),
+            outputs_ended: BTreeSet::new(),
+            released: BTreeSet::new(),
         };
         if engine.deployment.protocol == Protocol::Koala {
             let keyed: Vec<OperatorId> = engine.deployment.routing.keys().copied().collect();
@@ -220,7 +227,9 @@ impl Engine {
     /// The live, unfinished tasks of every operator feeding `op` (a self-join's upstream counted
     /// once): the tasks that switch routing in a reconfiguration of `op`.
     pub fn upstream_tasks(&self, op: OperatorId) -> Vec<TaskId> {
-        upstream_tasks(&self.deployment, self.inputs.get(&op).into_iter().flatten().copied())
+        let froms = self.inputs.get(&op).into_iter().flatten().copied();
+        let all = upstream_tasks(&self.deployment, froms);
+        all.into_iter().filter(|t| !self.outputs_ended.contains(t)).collect()
     }
 
     /// Who the running reconfiguration still waits for, and for what (timeouts, error messages).
@@ -248,12 +257,24 @@ impl Engine {
                 format!("epoch {} is not above the deployment's {}", plan.epoch, self.deployment.epoch);
             return Err(StartError::Stale { reason });
         }
-        let (driver, msg) = Reconfiguring::start(plan, who);
-        if driver.upstream().is_empty() {
+        let (mut driver, msg) = Reconfiguring::start(plan, who);
+        // Upstreams whose outputs ended take no part; the new tasks expect nothing from them.
+        let gone: Vec<TaskId> =
+            driver.upstream().iter().copied().filter(|t| self.outputs_ended.contains(t)).collect();
+        if gone.len() == driver.upstream().len() {
             return Err(StartError::InputEnded);
         }
+        let mut out = vec![EngineAction::Broadcast(msg)];
+        let op = driver.plan.operator;
+        let created: Vec<TaskId> = driver.plan.created.iter().map(|i| TaskId::new(op, *i)).collect();
+        for upstream in gone {
+            // Still preparing: only `Prepared` is awaited, so forgetting ends no phase.
+            let _ = driver.forget_upstream(upstream);
+            let tasks = created.clone();
+            out.push(EngineAction::Broadcast(CoordinatorMessage::UpstreamEnded { upstream, tasks }));
+        }
         self.active = Some(Active { driver, switched: BTreeSet::new() });
-        Ok(vec![EngineAction::Broadcast(msg)])
+        Ok(out)
     }
 
     /// A task's ack.
@@ -272,6 +293,8 @@ impl Engine {
             }
             TaskAck::InputsEnded => {
                 self.inputs_ended.entry(task.operator).or_default().insert(task.index);
+                self.outputs_ended.insert(task);
+                self.upstream_ended(task, &mut out)?;
                 self.release_if_inputs_ended(task.operator, &mut out);
                 return Ok(out);
             }
@@ -319,17 +342,24 @@ impl Engine {
     pub fn task_finished(&mut self, task: TaskId) -> Result<Vec<EngineAction>, EngineError> {
         let mut out = Vec::new();
         self.deployment.finished.insert(task);
+        self.upstream_ended(task, &mut out)?;
+        Ok(out)
+    }
+
+    /// `task` sends nothing downstream any more (it finished or, under Koala, its inputs ended
+    /// and it only serves state): keyed consumers expect no marker from it, and the running
+    /// reconfiguration stops waiting for it if it has not switched yet.
+    fn upstream_ended(&mut self, task: TaskId, out: &mut Vec<EngineAction>) -> Result<(), EngineError> {
         self.refresh_consumer_upstreams(task.operator);
-        let Some(a) = self.active.as_mut() else { return Ok(out) };
+        let Some(a) = self.active.as_mut() else { return Ok(()) };
         if !a.driver.upstream().contains(&task) || a.switched.contains(&task) {
-            return Ok(out);
+            return Ok(());
         }
         let op = a.driver.plan.operator;
         let tasks = a.driver.plan.created.iter().map(|i| TaskId::new(op, *i)).collect();
         let step = a.driver.forget_upstream(task);
         out.push(EngineAction::Broadcast(CoordinatorMessage::UpstreamEnded { upstream: task, tasks }));
-        self.after_step(step, &mut out)?;
-        Ok(out)
+        self.after_step(step, out)
     }
 
     fn bug(&self, epoch: Epoch, error: String) -> EngineError {
@@ -442,8 +472,11 @@ impl Engine {
         self.deployment.finished.extend(finished);
         self.refresh_consumer_upstreams(operator);
         out.push(EngineAction::Completed { epoch, operator, bytes_moved });
-        // Inputs that ended while it ran: the operator's tasks may all be done now.
-        self.release_if_inputs_ended(operator, out);
+        // Inputs that ended while it ran: an operator's tasks may all be done now.
+        let ops: Vec<OperatorId> = self.inputs_ended.keys().copied().collect();
+        for op in ops {
+            self.release_if_inputs_ended(op, out);
+        }
     }
 
     /// Koala: once every task of the operator (live and retired) has no input left, none will
@@ -457,7 +490,12 @@ impl Engine {
         let mut all: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
         all.extend(self.koala.retired(op).into_iter().map(|t| t.index));
         if ended.is_superset(&all) {
-            out.extend(all.into_iter().map(|i| EngineAction::Release(TaskId::new(op, i))));
+            let tasks: Vec<TaskId> = all.into_iter().map(|i| TaskId::new(op, i)).collect();
+            for task in tasks {
+                if self.released.insert(task) {
+                    out.push(EngineAction::Release(task));
+                }
+            }
         }
     }
 
@@ -486,4 +524,165 @@ pub fn upstream_tasks(d: &Deployment, froms: impl IntoIterator<Item = OperatorId
         .flat_map(|from| d.tasks.get(&from).into_iter().flatten().map(move |i| TaskId::new(from, *i)))
         .filter(|t| !d.finished.contains(t))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::RuntimeOptions;
+
+    const SRC: OperatorId = OperatorId(0);
+    const AGG: OperatorId = OperatorId(1);
+    const ROLL: OperatorId = OperatorId(2);
+
+    fn t(op: OperatorId, i: u32) -> TaskId {
+        TaskId::new(op, i)
+    }
+
+    /// src (2 tasks) → agg (keyed, 2 tasks) → roll (keyed, 1 task), 4 buckets.
+    fn engine(protocol: Protocol) -> Engine {
+        let options =
+            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+        let deployment = Deployment {
+            run: "r".into(),
+            query: "q".into(),
+            query_params: String::new(),
+            workers: BTreeMap::new(),
+            placement: BTreeMap::new(),
+            tasks: BTreeMap::from([(SRC, vec![0, 1]), (AGG, vec![0, 1]), (ROLL, vec![0])]),
+            epoch: 0,
+            routing: BTreeMap::from([(AGG, vec![0, 0, 1, 1]), (ROLL, vec![0, 0, 0, 0])]),
+            num_buckets: 4,
+            options,
+            protocol,
+            extra_keys: 0,
+            finished: BTreeSet::new(),
+        };
+        let inputs = BTreeMap::from([
+            (SRC, BTreeSet::new()),
+            (AGG, BTreeSet::from([SRC])),
+            (ROLL, BTreeSet::from([AGG])),
+        ]);
+        Engine::new(deployment, inputs).expect("engine")
+    }
+
+    /// `op` scaled out by one new task that takes bucket 3.
+    fn scale_out(e: &Engine, op: OperatorId, epoch: Epoch) -> (ReconfigPlan, Participants) {
+        let mut d = e.deployment().clone();
+        d.epoch = epoch;
+        let old = assignment(&d, op);
+        let new_index = d.tasks[&op].iter().max().map_or(0, |m| m + 1);
+        d.tasks.get_mut(&op).expect("tasks").push(new_index);
+        let mut routing = d.routing[&op].clone();
+        routing[3] = new_index;
+        d.routing.insert(op, routing);
+        let moves = crate::moves_between(&old, &assignment(&d, op)).expect("moves");
+        let who = Participants {
+            stateful: true,
+            old_targets: e.deployment().tasks[&op].iter().map(|i| t(op, *i)).collect(),
+            consumers: vec![],
+        };
+        let plan = ReconfigPlan {
+            epoch,
+            operator: op,
+            deployment: d,
+            moves,
+            upstreams: e.upstream_tasks(op),
+            created: vec![new_index],
+            cancelled: vec![],
+            retired: vec![],
+        };
+        (plan, who)
+    }
+
+    fn ended_broadcasts(actions: &[EngineAction]) -> Vec<TaskId> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                EngineAction::Broadcast(CoordinatorMessage::UpstreamEnded { upstream, .. }) => {
+                    Some(*upstream)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Stop-and-restart: an upstream that finishes before it paused is not waited for, and the
+    /// new task hears that it ended.
+    #[test]
+    fn an_upstream_finishing_mid_drain_is_forgotten_and_announced() {
+        let mut e = engine(Protocol::StopAndRestart);
+        let (plan, who) = scale_out(&e, AGG, 1);
+        e.start(plan, who).expect("start");
+        for task in [t(AGG, 0), t(AGG, 1), t(AGG, 2)] {
+            e.on_ack(task, 1, TaskAck::Prepared).expect("prepared");
+        }
+        e.on_ack(t(SRC, 0), 1, TaskAck::Paused).expect("paused");
+        let actions = e.task_finished(t(SRC, 1)).expect("finished");
+        assert_eq!(ended_broadcasts(&actions), vec![t(SRC, 1)]);
+        e.on_ack(t(AGG, 0), 1, TaskAck::StateSent { bytes: 0, entries: 0 }).expect("sent");
+        e.on_ack(t(AGG, 1), 1, TaskAck::StateSent { bytes: 5, entries: 1 }).expect("sent");
+        let resume = e.on_ack(t(AGG, 2), 1, TaskAck::StateReceived).expect("received");
+        assert_eq!(resume, vec![EngineAction::Broadcast(CoordinatorMessage::Resume { epoch: 1 })]);
+        let done = e.on_ack(t(SRC, 0), 1, TaskAck::Resumed).expect("resumed");
+        assert_eq!(done, vec![EngineAction::Completed { epoch: 1, operator: AGG, bytes_moved: 5 }]);
+        assert!(e.on_ack(t(SRC, 1), 1, TaskAck::Resumed).is_err(), "a forgotten upstream is not awaited");
+    }
+
+    /// Koala: a keyed task whose inputs ended (it only serves state) is no upstream of a later
+    /// reconfiguration of its consumer: not awaited, and the consumer's new task expects nothing
+    /// from it; with every upstream in that state there is nothing to reconfigure.
+    #[test]
+    fn a_koala_task_whose_inputs_ended_is_no_upstream_any_more() {
+        let mut e = engine(Protocol::Koala);
+        e.on_ack(t(AGG, 1), 0, TaskAck::InputsEnded).expect("inputs ended");
+        assert_eq!(e.upstream_tasks(ROLL), vec![t(AGG, 0)]);
+        let (mut plan, who) = scale_out(&e, ROLL, 1);
+        // Planned before the coordinator heard of it: the engine still leaves it out.
+        plan.upstreams = vec![t(AGG, 0), t(AGG, 1)];
+        let actions = e.start(plan, who).expect("start");
+        assert_eq!(ended_broadcasts(&actions), vec![t(AGG, 1)]);
+        e.on_ack(t(ROLL, 0), 1, TaskAck::Prepared).expect("prepared");
+        let begin = e.on_ack(t(ROLL, 1), 1, TaskAck::Prepared).expect("prepared");
+        assert!(
+            matches!(begin[..], [EngineAction::Broadcast(CoordinatorMessage::Begin { .. })]),
+            "{begin:?}"
+        );
+
+        let mut e = engine(Protocol::Koala);
+        e.on_ack(t(AGG, 0), 0, TaskAck::InputsEnded).expect("inputs ended");
+        e.on_ack(t(AGG, 1), 0, TaskAck::InputsEnded).expect("inputs ended");
+        let (plan, who) = scale_out(&e, ROLL, 1);
+        let mut plan = plan;
+        plan.upstreams = vec![t(AGG, 0), t(AGG, 1)];
+        assert_eq!(e.start(plan, who), Err(StartError::InputEnded));
+    }
+
+    /// Koala: tasks whose inputs all ended are released, also when the last one reported it while
+    /// a reconfiguration ran (checked again at completion).
+    #[test]
+    fn tasks_whose_inputs_ended_are_released_after_a_running_reconfiguration() {
+        let mut e = engine(Protocol::Koala);
+        let (plan, who) = scale_out(&e, ROLL, 1);
+        e.start(plan, who).expect("start");
+        let mut actions = e.on_ack(t(AGG, 0), 0, TaskAck::InputsEnded).expect("ack");
+        actions.extend(e.on_ack(t(AGG, 1), 0, TaskAck::InputsEnded).expect("ack"));
+        assert!(
+            !actions.iter().any(|a| matches!(a, EngineAction::Release(_))),
+            "not while a reconfiguration runs"
+        );
+        // Both upstreams of the running epoch are gone before they switched: the new task hears
+        // of each.
+        assert_eq!(ended_broadcasts(&actions), vec![t(AGG, 0), t(AGG, 1)]);
+        e.on_ack(t(ROLL, 0), 1, TaskAck::Prepared).expect("prepared");
+        e.on_ack(t(ROLL, 1), 1, TaskAck::Prepared).expect("prepared");
+        e.on_ack(t(ROLL, 0), 1, TaskAck::PeerReady).expect("ready");
+        e.on_ack(t(ROLL, 1), 1, TaskAck::PeerReady).expect("ready");
+        e.on_ack(t(ROLL, 0), 1, TaskAck::Done).expect("done");
+        let actions = e.on_ack(t(ROLL, 1), 1, TaskAck::Done).expect("done");
+        assert!(actions.contains(&EngineAction::Completed { epoch: 1, operator: ROLL, bytes_moved: 0 }));
+        let released: Vec<&EngineAction> =
+            actions.iter().filter(|a| matches!(a, EngineAction::Release(_))).collect();
+        assert_eq!(released, vec![&EngineAction::Release(t(AGG, 0)), &EngineAction::Release(t(AGG, 1))]);
+    }
 }

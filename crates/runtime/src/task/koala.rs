@@ -300,6 +300,9 @@ impl KoalaOperator {
             TaskCommand::Release => self.released = true,
             // Koala hands over per `Begin`; this is for stop-and-restart and stateless operators.
             TaskCommand::HandOver { .. } => {}
+            // Outputs that ended carry nothing more, not even a marker; the coordinator stopped
+            // counting on this task when it reported `InputsEnded`.
+            TaskCommand::Switch(_) if self.inputs_ended => {}
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }
