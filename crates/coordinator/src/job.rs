@@ -156,7 +156,7 @@ impl JobState<'_> {
                 Err(e) => {
                     return Err(self.protocol_error(EngineError {
                         epoch,
-                        source: ErrorSource::Engine,
+                        origin: ErrorSource::Engine,
                         error: e.to_string(),
                     }));
                 }
@@ -225,7 +225,7 @@ impl JobState<'_> {
     }
 
     fn protocol_error(&self, e: EngineError) -> CoordinatorError {
-        let source_task = match e.source {
+        let source_task = match e.origin {
             ErrorSource::Task(t) => self.name(t),
             ErrorSource::Operator(op) => {
                 format!("operator {}", self.graph.operator(op).map_or("?", |o| o.name.as_str()))

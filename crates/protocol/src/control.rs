@@ -161,6 +161,35 @@ pub struct ReconfigPlan {
     pub retired: Vec<u32>,
 }
 
+impl Deployment {
+    /// A deployment with nothing placed, for the cores' unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(
+        tasks: BTreeMap<OperatorId, Vec<u32>>,
+        routing: BTreeMap<OperatorId, Vec<u32>>,
+        num_buckets: u16,
+        protocol: Protocol,
+    ) -> Self {
+        let options =
+            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+        Self {
+            run: "r".into(),
+            query: "q".into(),
+            query_params: String::new(),
+            workers: BTreeMap::new(),
+            placement: BTreeMap::new(),
+            tasks,
+            epoch: 0,
+            routing,
+            num_buckets,
+            options,
+            protocol,
+            extra_keys: 0,
+            finished: Default::default(),
+        }
+    }
+}
+
 impl ReconfigPlan {
     /// Moves leaving `task`: (new owner, buckets).
     pub fn outgoing(&self, task: TaskId) -> impl Iterator<Item = (TaskId, &Vec<BucketId>)> {

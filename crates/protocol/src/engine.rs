@@ -49,7 +49,6 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use koala_types::{Epoch, OperatorId, TaskId};
 
@@ -87,56 +86,39 @@ pub enum ErrorSource {
 }
 
 /// A protocol error: the epoch is aborted and the job fails (there is no recovery yet).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("epoch {epoch} ({origin:?}): {error}")]
 pub struct EngineError {
     /// The epoch it belongs to.
     pub epoch: Epoch,
     /// Who it is about.
-    pub source: ErrorSource,
+    pub origin: ErrorSource,
     /// What went wrong.
     pub error: String,
 }
 
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "epoch {} ({:?}): {}", self.epoch, self.source, self.error)
-    }
-}
-
-impl std::error::Error for EngineError {}
-
 /// Why a reconfiguration cannot start.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StartError {
     /// Another reconfiguration is running (the caller queues).
+    #[error("reconfiguration epoch {running} is still running")]
     Busy {
         /// The running epoch.
         running: Epoch,
     },
     /// Every upstream task of the operator has finished: its input ended, nothing is left to
     /// reconfigure.
+    #[error(
+        "every upstream task of the operator has finished (its input ended); nothing is left to reconfigure"
+    )]
     InputEnded,
     /// The plan does not follow the current deployment.
+    #[error("the plan does not follow the deployment: {reason}")]
     Stale {
         /// What is wrong.
         reason: String,
     },
 }
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Busy { running } => write!(f, "reconfiguration epoch {running} is still running"),
-            Self::InputEnded => write!(
-                f,
-                "every upstream task of the operator has finished (its input ended); nothing is left to reconfigure"
-            ),
-            Self::Stale { reason } => write!(f, "the plan does not follow the deployment: {reason}"),
-        }
-    }
-}
-
-impl std::error::Error for StartError {}
 
 /// The running reconfiguration.
 struct Active {
@@ -188,7 +170,7 @@ impl Engine {
                 };
                 engine.koala.register(spec).map_err(|e| EngineError {
                     epoch: 0,
-                    source: ErrorSource::Operator(op),
+                    origin: ErrorSource::Operator(op),
                     error: e.to_string(),
                 })?;
             }
@@ -303,7 +285,7 @@ impl Engine {
                 let mut ignored = Vec::new();
                 // The core aborts the operator's epoch; the job fails with the task's error.
                 let _ = self.koala_event(CoordinatorEvent::Failed { from: task, error }, &mut ignored);
-                return Err(EngineError { epoch, source: ErrorSource::Task(task), error: message });
+                return Err(EngineError { epoch, origin: ErrorSource::Task(task), error: message });
             }
             _ => {}
         }
@@ -363,7 +345,7 @@ impl Engine {
     }
 
     fn bug(&self, epoch: Epoch, error: String) -> EngineError {
-        EngineError { epoch, source: ErrorSource::Engine, error }
+        EngineError { epoch, origin: ErrorSource::Engine, error }
     }
 
     /// The epoch a protocol bug found outside an ack belongs to: the running one.
@@ -381,7 +363,7 @@ impl Engine {
         let Some(a) = self.active.as_ref() else { return Ok(()) };
         let epoch = a.driver.plan.epoch;
         let msg =
-            step.map_err(|e| EngineError { epoch, source: ErrorSource::Task(e.task), error: e.to_string() })?;
+            step.map_err(|e| EngineError { epoch, origin: ErrorSource::Task(e.task), error: e.to_string() })?;
         out.extend(msg.map(EngineAction::Broadcast));
         let op = a.driver.plan.operator;
         match a.driver.phase() {
@@ -434,7 +416,7 @@ impl Engine {
                 CoordinatorAction::Aborted { operator, epoch, error } => {
                     return Err(EngineError {
                         epoch,
-                        source: ErrorSource::Operator(operator),
+                        origin: ErrorSource::Operator(operator),
                         error: error.to_string(),
                     });
                 }
@@ -529,7 +511,6 @@ pub fn upstream_tasks(d: &Deployment, froms: impl IntoIterator<Item = OperatorId
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::RuntimeOptions;
 
     const SRC: OperatorId = OperatorId(0);
     const AGG: OperatorId = OperatorId(1);
@@ -541,23 +522,9 @@ mod tests {
 
     /// src (2 tasks) → agg (keyed, 2 tasks) → roll (keyed, 1 task), 4 buckets.
     fn engine(protocol: Protocol) -> Engine {
-        let options =
-            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
-        let deployment = Deployment {
-            run: "r".into(),
-            query: "q".into(),
-            query_params: String::new(),
-            workers: BTreeMap::new(),
-            placement: BTreeMap::new(),
-            tasks: BTreeMap::from([(SRC, vec![0, 1]), (AGG, vec![0, 1]), (ROLL, vec![0])]),
-            epoch: 0,
-            routing: BTreeMap::from([(AGG, vec![0, 0, 1, 1]), (ROLL, vec![0, 0, 0, 0])]),
-            num_buckets: 4,
-            options,
-            protocol,
-            extra_keys: 0,
-            finished: BTreeSet::new(),
-        };
+        let tasks = BTreeMap::from([(SRC, vec![0, 1]), (AGG, vec![0, 1]), (ROLL, vec![0])]);
+        let routing = BTreeMap::from([(AGG, vec![0, 0, 1, 1]), (ROLL, vec![0, 0, 0, 0])]);
+        let deployment = Deployment::for_tests(tasks, routing, 4, protocol);
         let inputs = BTreeMap::from([
             (SRC, BTreeSet::new()),
             (AGG, BTreeSet::from([SRC])),

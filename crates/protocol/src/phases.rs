@@ -41,7 +41,6 @@
 //! ```
 
 use std::collections::HashSet;
-use std::fmt;
 
 use koala_types::TaskId;
 
@@ -61,7 +60,8 @@ pub struct Participants {
 }
 
 /// An ack the running reconfiguration does not wait for: a protocol bug, never ignored.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unexpected ack {ack:?} from {task} in phase {phase:?}")]
 pub struct PhaseError {
     /// Who sent it.
     pub task: TaskId,
@@ -70,14 +70,6 @@ pub struct PhaseError {
     /// The phase it arrived in.
     pub phase: Phase,
 }
-
-impl fmt::Display for PhaseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unexpected ack {:?} from {} in phase {:?}", self.ack, self.task, self.phase)
-    }
-}
-
-impl std::error::Error for PhaseError {}
 
 /// The acks a phase waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -286,27 +278,17 @@ mod tests {
     use koala_types::OperatorId;
 
     use super::*;
-    use crate::control::{Deployment, RuntimeOptions};
+    use crate::control::Deployment;
 
     fn plan(upstreams: Vec<TaskId>) -> ReconfigPlan {
         let op = OperatorId(1);
-        let options =
-            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
-        let deployment = Deployment {
-            run: "r".into(),
-            query: "q".into(),
-            query_params: String::new(),
-            workers: BTreeMap::new(),
-            placement: BTreeMap::new(),
-            tasks: BTreeMap::from([(op, vec![0, 1])]),
-            epoch: 1,
-            routing: BTreeMap::new(),
-            num_buckets: 4,
-            options,
-            protocol: Protocol::StopAndRestart,
-            extra_keys: 0,
-            finished: Default::default(),
-        };
+        let mut deployment = Deployment::for_tests(
+            BTreeMap::from([(op, vec![0, 1])]),
+            BTreeMap::new(),
+            4,
+            Protocol::StopAndRestart,
+        );
+        deployment.epoch = 1;
         ReconfigPlan {
             epoch: 1,
             operator: op,

@@ -528,7 +528,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::control::{Deployment, Protocol, RuntimeOptions};
+    use crate::control::{Deployment, Protocol};
 
     const OP: OperatorId = OperatorId(1);
 
@@ -538,23 +538,13 @@ mod tests {
 
     /// A plan of `epoch` for operator 1 with `moves` (from, to, buckets) and `created` tasks.
     fn plan(epoch: Epoch, moves: &[(u32, u32, &[BucketId])], created: &[u32]) -> Arc<ReconfigPlan> {
-        let options =
-            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
-        let deployment = Deployment {
-            run: "r".into(),
-            query: "q".into(),
-            query_params: String::new(),
-            workers: BTreeMap::new(),
-            placement: BTreeMap::new(),
-            tasks: BTreeMap::from([(OP, vec![0, 1, 2])]),
-            epoch,
-            routing: BTreeMap::new(),
-            num_buckets: 8,
-            options,
-            protocol: Protocol::StopAndRestart,
-            extra_keys: 0,
-            finished: Default::default(),
-        };
+        let mut deployment = Deployment::for_tests(
+            BTreeMap::from([(OP, vec![0, 1, 2])]),
+            BTreeMap::new(),
+            8,
+            Protocol::StopAndRestart,
+        );
+        deployment.epoch = epoch;
         Arc::new(ReconfigPlan {
             epoch,
             operator: OP,
