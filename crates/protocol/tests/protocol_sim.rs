@@ -15,9 +15,15 @@ fn sweep(scenario: Scenario) -> SimStats {
 }
 
 fn sweep_with(scenario: Scenario, protocol: Protocol) -> SimStats {
+    sweep_seeds(scenario, protocol, 1, SEEDS)
+}
+
+/// Runs seeds `0..seeds` of `scenario` with `inputs` operator inputs per upstream task; panics
+/// with the replay command at the first failure.
+fn sweep_seeds(scenario: Scenario, protocol: Protocol, inputs: usize, seeds: u64) -> SimStats {
     let mut total = SimStats::default();
-    for seed in 0..SEEDS {
-        match run(&SimConfig { protocol, ..SimConfig::new(scenario, seed) }) {
+    for seed in 0..seeds {
+        match run(&SimConfig { protocol, inputs, ..SimConfig::new(scenario, seed) }) {
             Ok(s) => {
                 total.steps += s.steps;
                 total.epochs += s.epochs;
@@ -27,11 +33,15 @@ fn sweep_with(scenario: Scenario, protocol: Protocol) -> SimStats {
                 total.moved_keys += s.moved_keys;
                 total.released += s.released;
                 total.skipped += s.skipped;
+                total.cleared += s.cleared;
+                for (sum, n) in total.by_input.iter_mut().zip(s.by_input) {
+                    *sum += n;
+                }
             }
             Err(f) => panic!("{f}"),
         }
     }
-    println!("{scenario} under {}: {SEEDS} seeds, {total:?}", protocol.name());
+    println!("{scenario} under {} with {inputs} input(s): {seeds} seeds, {total:?}", protocol.name());
     total
 }
 
@@ -40,6 +50,7 @@ fn scale_out_2_to_4() {
     let s = sweep(Scenario::ScaleOut);
     assert_eq!(s.epochs, SEEDS);
     assert!(s.moved_keys > 0, "some state must move lazily");
+    assert!(s.cleared > 0, "windows must fire and delete their keys' state");
 }
 
 #[test]
@@ -106,7 +117,63 @@ fn stop_and_restart_scale_out_scale_in_rebalance_migration() {
         );
         assert!(s.moved_keys > 0, "{scenario}: state must move eagerly");
         assert_eq!(s.fetches, 0, "{scenario}: stop-and-restart never fetches");
+        assert!(s.cleared > 0, "{scenario}: windows must fire and delete their keys' state");
     }
+}
+
+/// Seeds per scenario of the two-input sweeps (every scenario under both protocols).
+const TWO_INPUT_SEEDS: u64 = SEEDS;
+
+/// Every scenario of `scenarios` with each upstream task feeding both inputs of the operator
+/// (a self-join): two routers per upstream with one table, a marker and an end on each channel,
+/// a key's records spread over both inputs; order is checked per (key, input).
+fn two_input_sweep(scenarios: &[Scenario], protocol: Protocol) {
+    for &scenario in scenarios {
+        let s = sweep_seeds(scenario, protocol, 2, TWO_INPUT_SEEDS);
+        assert!(s.epochs > 0 && s.cleared > 0, "{scenario}: {s:?}");
+        assert!(s.by_input.iter().all(|&n| n > 0), "{scenario}: both inputs must carry records: {s:?}");
+        let expected = if scenario == Scenario::Chain { 4 } else { 1 };
+        assert!(s.epochs + s.skipped >= expected * TWO_INPUT_SEEDS, "{scenario}: {s:?}");
+    }
+}
+
+#[test]
+fn two_input_scale_out_scale_in_rebalance_migration() {
+    two_input_sweep(
+        &[
+            Scenario::ScaleOut,
+            Scenario::ScaleIn { extra_keys: 0 },
+            Scenario::ScaleIn { extra_keys: 4 },
+            Scenario::Rebalance,
+            Scenario::Migration,
+        ],
+        Protocol::Koala,
+    );
+}
+
+#[test]
+fn two_input_chain_and_mixed_schedules() {
+    two_input_sweep(
+        &[Scenario::Chain, Scenario::Mixed { extra_keys: 0 }, Scenario::Mixed { extra_keys: 8 }],
+        Protocol::Koala,
+    );
+}
+
+/// Stop-and-restart ignores N, so `scale_in_n4` and `mixed_n8` would replay `scale_in_n0` and
+/// `mixed_n0` seed for seed.
+#[test]
+fn two_input_stop_and_restart_every_scenario() {
+    two_input_sweep(
+        &[
+            Scenario::ScaleOut,
+            Scenario::ScaleIn { extra_keys: 0 },
+            Scenario::Rebalance,
+            Scenario::Migration,
+            Scenario::Chain,
+            Scenario::Mixed { extra_keys: 0 },
+        ],
+        Protocol::StopAndRestart,
+    );
 }
 
 #[test]
@@ -184,6 +251,36 @@ fn broken_stop_and_restart_reroute_at_drain_is_caught() {
     assert!(failure.contains("single owner") || failure.contains("per-key order"), "{failure}");
 }
 
+/// A location that answers a fetch but keeps what it answered: the key lives twice.
+#[test]
+fn broken_serve_without_delete_is_caught() {
+    let failure = caught(Fault::ServeWithoutDelete);
+    println!("{failure}");
+    assert!(failure.contains("one live copy"), "{failure}");
+}
+
+/// A hand-over that carries timers but not their keys' state: the window fires at the receiver,
+/// its delete misses the sender's copy, and a later fetch brings the deleted value back (or the
+/// copy is still there at the end).
+#[test]
+fn broken_timers_without_state_is_caught() {
+    let mut came_back = None;
+    for seed in 0..100 {
+        let config =
+            SimConfig { fault: Some(Fault::TimersWithoutState), ..SimConfig::new(Scenario::Rebalance, seed) };
+        if let Err(f) = run(&config) {
+            let failure = f.to_string();
+            assert!(failure.contains("deletes:"), "{failure}");
+            if failure.contains("came back") {
+                came_back = Some(failure);
+                break;
+            }
+        }
+    }
+    let failure = came_back.expect("the checks never caught a deleted value read again in 100 seeds");
+    println!("{failure}");
+}
+
 #[test]
 fn broken_no_parking_is_caught() {
     let failure = caught(Fault::NoParking);
@@ -207,7 +304,8 @@ fn replay() {
     let fault = std::env::var("KOALA_SIM_FAULT")
         .ok()
         .map(|f| Fault::parse(&f).expect("KOALA_SIM_FAULT names a fault"));
-    match run(&SimConfig { fault, protocol, ..SimConfig::new(scenario, seed) }) {
+    let inputs = env_or("KOALA_SIM_INPUTS", 1);
+    match run(&SimConfig { fault, protocol, inputs, ..SimConfig::new(scenario, seed) }) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
     }
@@ -219,11 +317,12 @@ fn replay() {
 #[ignore = "soak test; run explicitly"]
 fn deep_sweep() {
     let seeds: u64 = env_or("KOALA_SIM_SEEDS", 20_000);
+    let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
     for (scenario, protocol) in
         Scenario::ALL.into_iter().flat_map(|s| [(s, Protocol::Koala), (s, Protocol::StopAndRestart)])
     {
         for seed in SEEDS..SEEDS + seeds {
-            let mut config = SimConfig { protocol, ..SimConfig::new(scenario, seed) };
+            let mut config = SimConfig { protocol, inputs, ..SimConfig::new(scenario, seed) };
             config.upstreams = env_or("KOALA_SIM_UPSTREAMS", config.upstreams);
             config.keys = env_or("KOALA_SIM_KEYS", config.keys);
             config.records_per_upstream = env_or("KOALA_SIM_RECORDS", config.records_per_upstream);

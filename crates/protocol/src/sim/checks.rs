@@ -4,35 +4,99 @@
 //!   that reached its receiver, a task's own view of its buckets equals its claims, and a task only
 //!   processes keys of buckets it claims;
 //! - one live copy: at most one store holds a key; state in flight is in no store;
-//! - one-hop fetch: a fetch goes to the store that holds the key (or the key exists nowhere);
-//! - exactly once and per-key order: the per-key counter must equal the record's per-key sequence
-//!   number when the record is processed (a loss, duplicate, reordering or stale read breaks it);
+//! - one-hop fetch: a fetch goes to the store that holds the key (or the key exists nowhere, or
+//!   the requester holds a window key already: it came with a hand-over's timers while the KLT
+//!   still names the sender);
+//! - exactly once and order per (key, input): record `#s` of a key on an input follows `#s-1` of
+//!   that input, and is processed as the input it came on;
+//! - state and deletes: the stored count equals the records processed since the key's state was
+//!   last deleted, per the harness's ledger (a loss, duplicate, stale read, lost state or a
+//!   deleted value coming back from another location breaks it);
 //! - watermarks: each task's emitted watermarks strictly increase and no record at or below an
 //!   emitted watermark is processed by that task afterwards;
-//! - timers: a timer that travels with a hand-over is later than every watermark its receiver
-//!   emitted (else it would fire behind it), and no timer is left unfired at the end;
-//! - at the end: every record processed, every epoch done, every key's count at its location, and
-//!   with progressive migration every cancelled task released empty, and every owner's event time
-//!   at the end of time (no watermark stuck behind a channel that never closed).
+//! - timers: a timer that travels with its bucket is later than every watermark its receiver
+//!   emitted when it arrives (else it would fire behind it), and no timer is left unfired at the end;
+//! - at the end: every record processed, every epoch done, every live key's count at its location,
+//!   every deleted key in no store, no store holding a key outside its location, and with
+//!   progressive migration every cancelled task released empty, and every owner's event time at
+//!   the end of time (no watermark stuck behind a channel that never closed).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use koala_types::{TaskId, bucket_of};
+use koala_types::{TaskId, Timestamp, bucket_of, decode, encode};
+use serde::{Deserialize, Serialize};
 
+use super::Fault;
 use super::world::{Kind, Msg, Node, World};
-use crate::koala::{Answered, LocationStore, Sample, TaskAction, serve_fetch};
+use crate::koala::{Answered, LocationStore, PeerMessage, Sample, TaskAction, serve_fetch};
+
+/// What the operator has done to one key, as the harness saw it (never read from a store).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KeyLedger {
+    /// Records of the key processed, over all inputs.
+    processed: u64,
+    /// `processed` when the key's state was last deleted (0: never).
+    cleared_at: u64,
+    /// How many times its state was deleted.
+    clears: u64,
+    /// The last sequence number processed per input.
+    last_seq: [u64; 2],
+}
+
+/// Key `i` of the workload. Keys with `i % 4 < 2` are *window keys* (`w…`): each record sets a
+/// timer at its own time and the state is deleted when the key's last pending timer fires, as a
+/// window operator purges a key whose windows all closed (so, as in `crates/dataflow`, a window
+/// key's state never outlives its timers). The others are plain counters (`c…`) without timers,
+/// whose state stays where it is until fetched.
+pub(crate) fn key_name(i: usize) -> Vec<u8> {
+    let kind = if i % 4 < 2 { 'w' } else { 'c' };
+    format!("{kind}{i}").into_bytes()
+}
+
+fn is_window_key(key: &[u8]) -> bool {
+    key.first() == Some(&b'w')
+}
+
+/// A record's value: its sequence number within its (key, input) lane, then its input.
+pub(crate) fn record_value(seq: u64, input: usize) -> Vec<u8> {
+    let mut value = seq.to_le_bytes().to_vec();
+    value.push(input as u8);
+    value
+}
+
+fn parse_value(value: &[u8]) -> Result<(u64, usize), String> {
+    match value {
+        [seq @ .., input] => {
+            let seq: [u8; 8] = seq.try_into().map_err(|_| "record value is not a sequence number")?;
+            Ok((u64::from_le_bytes(seq), usize::from(*input)))
+        }
+        [] => Err("empty record value".into()),
+    }
+}
+
+/// What the simulated runtime puts into a hand-over's operator metadata, as the real one does
+/// (`runtime/src/task/koala.rs`): the moved buckets' timers and the state of their keys.
+#[derive(Serialize, Deserialize)]
+struct Metadata {
+    timers: Vec<(Timestamp, Vec<u8>)>,
+    state: Vec<(Vec<u8>, u64)>,
+}
 
 impl World {
     pub(crate) fn exec_task(&mut self, me: TaskId, action: TaskAction) -> Result<(), String> {
         match action {
-            TaskAction::Process { records, .. } => {
-                for r in records {
-                    self.process(me, &r.key, &r.value, r.time)?;
+            TaskAction::Process { input, records } => {
+                for r in &records {
+                    self.process(me, input, r)?;
                 }
             }
             TaskAction::FetchState { from, request } => {
                 for key in &request.keys {
-                    if let Some(&at) = self.holder.get(key).filter(|&&at| at != from) {
+                    // The requester may hold a window key itself: its state came with the timers
+                    // of a hand-over while the KLT still names the sender's location.
+                    let came_with_timers = |at: TaskId| at == me && is_window_key(key);
+                    if let Some(&at) = self.holder.get(key).filter(|&&at| at != from && !came_with_timers(at))
+                    {
                         return Err(format!(
                             "one hop: {me} fetches {} from {from} but it lives at {at}",
                             show(key)
@@ -50,6 +114,7 @@ impl World {
                     store: &mut task.store,
                     holder: &mut self.holder,
                     buckets: self.cfg.num_buckets,
+                    keep_answered: self.cfg.fault == Some(Fault::ServeWithoutDelete),
                 };
                 let Ok(response) = serve_fetch(&mut location, request);
                 self.stats.extra_keys += response.extra.len() as u64;
@@ -58,33 +123,19 @@ impl World {
             }
             TaskAction::InstallState { entries } => {
                 for (key, value) in entries {
-                    if let Some(at) = self.holder.get(&key) {
-                        return Err(format!(
-                            "one live copy: {me} installs {} still held by {at}",
-                            show(&key)
-                        ));
-                    }
                     let bytes: [u8; 8] =
                         value.as_slice().try_into().map_err(|_| "state is not a u64 counter")?;
-                    self.holder.insert(key.clone(), me);
-                    self.tasks
-                        .get_mut(&me)
-                        .ok_or("install at unknown task")?
-                        .store
-                        .insert(key, u64::from_le_bytes(bytes));
-                    self.stats.moved_keys += 1;
+                    self.install(me, key, u64::from_le_bytes(bytes))?;
                 }
             }
             TaskAction::FireTimers { buckets, up_to } => {
-                if self.cfg.fault != Some(super::Fault::NoTimerFiringAtHandOver) {
+                if self.cfg.fault != Some(Fault::NoTimerFiringAtHandOver) {
                     let nb = self.cfg.num_buckets;
-                    let task = self.tasks.get_mut(&me).ok_or("timers of unknown task")?;
-                    task.timers.retain(|(t, k)| *t > up_to || !buckets.contains(&bucket_of(k, nb)));
+                    self.fire_timers(me, |(t, k)| *t <= up_to && buckets.contains(&bucket_of(k, nb)))?;
                 }
             }
-            TaskAction::SendToPeer { to, message } => {
-                if let crate::koala::PeerMessage::HandOver { hand_over, .. } = &message {
-                    self.move_timers(me, to, hand_over.buckets.iter().map(|b| b.bucket).collect())?;
+            TaskAction::SendToPeer { to, mut message } => {
+                if let PeerMessage::HandOver { hand_over, .. } = &mut message {
                     for b in &hand_over.buckets {
                         let slot = self.claims.get_mut(usize::from(b.bucket)).ok_or("bucket out of range")?;
                         if *slot != Some(me) {
@@ -95,10 +146,12 @@ impl World {
                         }
                         *slot = None;
                     }
+                    let buckets = hand_over.buckets.iter().map(|b| b.bucket).collect();
+                    hand_over.metadata = self.take_metadata(me, &buckets)?;
                 }
                 self.channels.push((Node::Task(me), Node::Task(to), Kind::Peer), Msg::Peer(message));
             }
-            TaskAction::InstallMetadata { .. } => {}
+            TaskAction::InstallMetadata { from, metadata } => self.install_metadata(from, me, &metadata)?,
             TaskAction::EmitWatermark(t) => {
                 let task = self.tasks.get_mut(&me).ok_or("watermark of unknown task")?;
                 if task.last_watermark.is_some_and(|w| t <= w) {
@@ -108,7 +161,7 @@ impl World {
                     ));
                 }
                 task.last_watermark = Some(t);
-                task.timers.retain(|(time, _)| *time > t);
+                self.fire_timers(me, |(time, _)| *time <= t)?;
             }
             TaskAction::Ack { epoch, ack } => {
                 self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack))
@@ -118,7 +171,14 @@ impl World {
         Ok(())
     }
 
-    pub(crate) fn process(&mut self, me: TaskId, key: &[u8], value: &[u8], time: u64) -> Result<(), String> {
+    /// The operator processes record `r` of input `input` at `me`.
+    pub(crate) fn process(
+        &mut self,
+        me: TaskId,
+        input: usize,
+        r: &koala_types::Record,
+    ) -> Result<(), String> {
+        let (key, time) = (r.key.as_slice(), r.time);
         let bucket = bucket_of(key, self.cfg.num_buckets);
         let claim = self.claims.get(usize::from(bucket)).copied().flatten();
         if claim != Some(me) {
@@ -137,40 +197,141 @@ impl World {
                 show(key)
             ));
         }
-        let seq = u64::from_le_bytes(value.try_into().map_err(|_| "record value is not a sequence number")?);
-        let count = task.store.get(key).copied().unwrap_or(0);
-        if seq != count + 1 {
+        let (seq, sent_on) = parse_value(&r.value)?;
+        if sent_on != input {
             return Err(format!(
-                "exactly once / per-key order: {me} processes {} #{seq} but its count is {count}",
+                "inputs: {me} processes {} #{seq} of input {sent_on} as input {input}",
                 show(key)
             ));
         }
-        task.store.insert(key.to_vec(), seq);
-        task.timers.insert((time, key.to_vec()));
+        let ledger = self.ledger.entry(key.to_vec()).or_default();
+        let last = ledger.last_seq.get_mut(input).ok_or("input out of range")?;
+        if seq != *last + 1 {
+            return Err(format!(
+                "exactly once / per-key order: {me} processes {} #{seq} of input {input} after #{last}",
+                show(key)
+            ));
+        }
+        let count = task.store.get(key).copied().unwrap_or(0);
+        let expected = ledger.processed - ledger.cleared_at;
+        if count != expected {
+            if ledger.clears > 0 && count > expected {
+                return Err(format!(
+                    "deletes: {me} reads count {count} for {} #{seq}, but its state was deleted after record {} and only {expected} were processed since: a deleted value came back",
+                    show(key),
+                    ledger.cleared_at
+                ));
+            }
+            return Err(format!(
+                "exactly once / per-key order: {me} processes {} #{seq} of input {input} but its count is {count}, expected {expected}",
+                show(key)
+            ));
+        }
+        *last = seq;
+        ledger.processed += 1;
+        task.store.insert(key.to_vec(), count + 1);
+        if is_window_key(key) {
+            task.timers.insert((time, key.to_vec()));
+        }
         self.holder.insert(key.to_vec(), me);
         self.processed_total += 1;
+        self.stats.by_input[input] += 1;
         Ok(())
     }
 
-    /// A hand-over moves the timers of its buckets; none may be due at a watermark the receiver
-    /// already emitted.
-    fn move_timers(&mut self, from: TaskId, to: TaskId, buckets: BTreeSet<u16>) -> Result<(), String> {
+    /// State that moved (fetched, handed over with timers, transferred) arrives at `me`: it must
+    /// be in no store now (one live copy).
+    pub(crate) fn install(&mut self, me: TaskId, key: Vec<u8>, count: u64) -> Result<(), String> {
+        if let Some(at) = self.holder.get(&key) {
+            return Err(format!("one live copy: {me} installs {} still held by {at}", show(&key)));
+        }
+        self.holder.insert(key.clone(), me);
+        self.tasks.get_mut(&me).ok_or("install at unknown task")?.store.insert(key, count);
+        self.stats.moved_keys += 1;
+        Ok(())
+    }
+
+    /// Fires `me`'s timers that are `due`; a window key whose last pending timer fired has its
+    /// state deleted here, and the ledger notes the clear.
+    fn fire_timers(&mut self, me: TaskId, due: impl Fn(&(Timestamp, Vec<u8>)) -> bool) -> Result<(), String> {
+        let task = self.tasks.get_mut(&me).ok_or("timers of unknown task")?;
+        let (fired, kept): (BTreeSet<_>, BTreeSet<_>) =
+            std::mem::take(&mut task.timers).into_iter().partition(due);
+        task.timers = kept;
+        let closed: BTreeSet<Vec<u8>> = fired
+            .into_iter()
+            .map(|(_, k)| k)
+            .filter(|k| is_window_key(k) && !task.timers.iter().any(|(_, open)| open == k))
+            .collect();
+        for key in closed {
+            // As a window operator does: delete what this task's store holds. If the state is
+            // elsewhere (it did not travel with its timers), that copy survives: the bug the
+            // ledger catches when the copy is read again or still exists at the end.
+            task.store.remove(&key);
+            if self.holder.get(&key) == Some(&me) {
+                self.holder.remove(&key);
+            }
+            let ledger = self.ledger.entry(key).or_default();
+            ledger.cleared_at = ledger.processed;
+            ledger.clears += 1;
+            self.stats.cleared += 1;
+        }
+        Ok(())
+    }
+
+    /// A hand-over's operator metadata, as the runtime builds it: the moved buckets' timers and
+    /// the state of their keys, both gone from the sender.
+    fn take_metadata(&mut self, me: TaskId, buckets: &BTreeSet<u16>) -> Result<Vec<u8>, String> {
         let nb = self.cfg.num_buckets;
-        let sender = self.tasks.get_mut(&from).ok_or("hand-over from unknown task")?;
-        let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut sender.timers)
+        let task = self.tasks.get_mut(&me).ok_or("hand-over from unknown task")?;
+        let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
             .into_iter()
             .partition(|(_, k)| buckets.contains(&bucket_of(k, nb)));
-        sender.timers = kept;
-        let receiver = self.tasks.get_mut(&to).ok_or("hand-over to unknown task")?;
-        if let (Some((t, k)), Some(w)) = (moved.first(), receiver.last_watermark)
+        task.timers = kept;
+        let mut state = Vec::new();
+        if self.cfg.fault != Some(Fault::TimersWithoutState) {
+            let keys: BTreeSet<&Vec<u8>> = moved.iter().map(|(_, k)| k).collect();
+            for key in keys {
+                if let Some(count) = task.store.remove(key) {
+                    self.holder.remove(key);
+                    state.push((key.clone(), count));
+                }
+            }
+        }
+        if moved.is_empty() && state.is_empty() {
+            return Ok(Vec::new());
+        }
+        let metadata = Metadata { timers: moved.into_iter().collect(), state };
+        encode(&metadata).map_err(|e| format!("hand-over metadata: {e}"))
+    }
+
+    /// A receiver installs a hand-over's metadata: its state (one live copy) and its timers, none
+    /// of which may be due at a watermark the receiver already emitted (it would fire late).
+    fn install_metadata(&mut self, from: TaskId, me: TaskId, bytes: &[u8]) -> Result<(), String> {
+        let metadata: Metadata = decode(bytes).map_err(|e| format!("hand-over metadata: {e}"))?;
+        for (key, count) in metadata.state {
+            self.install(me, key, count)?;
+        }
+        self.install_timers(from, me, metadata.timers)
+    }
+
+    /// Timers that travelled with their bucket arrive at `me`.
+    pub(crate) fn install_timers(
+        &mut self,
+        from: TaskId,
+        me: TaskId,
+        timers: Vec<(Timestamp, Vec<u8>)>,
+    ) -> Result<(), String> {
+        let task = self.tasks.get_mut(&me).ok_or("timers at unknown task")?;
+        if let (Some(w), Some((t, k))) = (task.last_watermark, timers.iter().min())
             && *t <= w
         {
             return Err(format!(
-                "timers: {from} hands {}@{t} to {to}, which already emitted watermark {w}: it would fire late",
+                "timers: {from} hands {}@{t} to {me}, which already emitted watermark {w}: it would fire late",
                 show(k)
             ));
         }
-        receiver.timers.extend(moved);
+        task.timers.extend(timers);
         Ok(())
     }
 
@@ -220,10 +381,43 @@ impl World {
             return Err(format!("timers: {id} ends with {} unfired timers", t.timers.len()));
         }
         for (key, &n) in &self.emitted {
-            let at = self.holder.get(key).ok_or_else(|| format!("state of {} lost", show(key)))?;
-            let count = self.tasks.get(at).and_then(|t| t.store.get(key)).copied();
-            if count != Some(n) {
-                return Err(format!("final count of {} at {at} is {count:?}, expected {n}", show(key)));
+            let ledger = self.ledger.get(key).cloned().unwrap_or_default();
+            if ledger.processed != n {
+                return Err(format!(
+                    "exactly once: {} of {n} records of {} processed",
+                    ledger.processed,
+                    show(key)
+                ));
+            }
+            let live = ledger.processed - ledger.cleared_at;
+            match self.holder.get(key) {
+                None if live == 0 => {}
+                None => return Err(format!("state of {} lost", show(key))),
+                Some(at) => {
+                    let count = self.tasks.get(at).and_then(|t| t.store.get(key)).copied();
+                    if live == 0 {
+                        return Err(format!(
+                            "deletes: the state of {} was deleted after its last record, but {at} still holds {count:?}",
+                            show(key)
+                        ));
+                    }
+                    if count != Some(live) {
+                        return Err(format!(
+                            "final count of {} at {at} is {count:?}, expected {live}",
+                            show(key)
+                        ));
+                    }
+                }
+            }
+        }
+        // One live copy without trusting `holder`: every stored key is where it says.
+        for (id, t) in &self.tasks {
+            if let Some((key, count)) = t.store.iter().find(|(k, _)| self.holder.get(*k) != Some(id)) {
+                return Err(format!(
+                    "one live copy: {id} still holds {} = {count} at the end, whose state is at {:?}",
+                    show(key),
+                    self.holder.get(key)
+                ));
             }
         }
         let retired = self.engine.retired(super::scenario::TARGET);
@@ -236,9 +430,11 @@ impl World {
 
 /// A simulated task's store as a fetch location: a counter per key.
 struct SimLocation<'a> {
-    store: &'a mut std::collections::BTreeMap<Vec<u8>, u64>,
-    holder: &'a mut std::collections::BTreeMap<Vec<u8>, TaskId>,
+    store: &'a mut BTreeMap<Vec<u8>, u64>,
+    holder: &'a mut BTreeMap<Vec<u8>, TaskId>,
     buckets: u16,
+    /// Broken variant: answer without deleting (the store keeps a second copy).
+    keep_answered: bool,
 }
 
 impl LocationStore for SimLocation<'_> {
@@ -247,8 +443,9 @@ impl LocationStore for SimLocation<'_> {
     fn take(&mut self, keys: &[Vec<u8>]) -> Result<Answered, Self::Error> {
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
-            let value = self.store.remove(key);
-            if value.is_some() {
+            let value =
+                if self.keep_answered { self.store.get(key).copied() } else { self.store.remove(key) };
+            if value.is_some() && !self.keep_answered {
                 self.holder.remove(key);
             }
             out.push((key.clone(), value.map(|v| v.to_le_bytes().to_vec())));

@@ -6,8 +6,31 @@
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
 //! randomly chosen non-empty channel, lets a source emit, or gives a task an idle turn, driven by a
 //! seeded splitmix64 generator, so a seed replays exactly and many seeds explore the interleavings
-//! per-channel FIFO allows. The operator is a per-key counter whose output is (key, count after the
-//! record); invariants are checked on every step (see `checks.rs`).
+//! per-channel FIFO allows. Invariants are checked on every step (see `checks.rs`).
+//!
+//! The operator counts records per key: its state is the number of records processed since the
+//! key's state was last deleted. Half the keys are *window keys*: each record sets an event-time
+//! timer at its own time, and when the key's last pending timer fires (the task emits a watermark
+//! at or past it, or a sender fires due timers before a hand-over) the key's state is deleted, as
+//! a window operator purges a key whose windows all closed. As the runtime does, a hand-over
+//! carries the moved buckets' timers *and* the state of their keys, and stop-and-restart's
+//! transfer carries both. The other keys are plain counters without timers whose state stays put
+//! until fetched (lazy fetch, progressive migration). A window key's state never outlives its
+//! timers, the property of every window operator that the runtime's hand-over relies on.
+//!
+//! With [`SimConfig::inputs`] = 2 the operator has two inputs fed by the same upstream tasks (a
+//! self-join): each upstream runs one router per input with the same table (they switch, mark
+//! and end together), every record goes on a random input, and the two channels from one
+//! upstream task are independent FIFO queues, so a key's records on different inputs may be
+//! reordered against each other. Records carry a sequence number per (key, input).
+//!
+//! The harness keeps a ledger per key (records processed, and how many there were when its state
+//! was last deleted), never read from a store. Processing record `#s` of (key, input) proves:
+//! `s` follows the last one processed on that input (no loss, duplicate or reordering within an
+//! input), the core reports the input the record came on, and the stored count equals the records
+//! processed since the last delete (no stale read, no lost state, and no deleted value that came
+//! back from a copy at another location). At the end every key's records were all processed,
+//! a deleted key is stored nowhere, and no store holds a key anywhere but at its one location.
 //!
 //! ```
 //! use koala_protocol::Protocol;
@@ -16,6 +39,10 @@
 //! assert_eq!(stats.epochs, 1);
 //! let config = SimConfig { protocol: Protocol::StopAndRestart, ..SimConfig::new(Scenario::Chain, 7) };
 //! assert_eq!(run(&config).expect("seed 7 passes").epochs, 4);
+//! // The same with a two-input (self-join) operator.
+//! let config = SimConfig { inputs: 2, ..SimConfig::new(Scenario::Rebalance, 7) };
+//! let stats = run(&config).expect("seed 7 passes");
+//! assert!(stats.by_input.iter().all(|&n| n > 0));
 //! ```
 
 mod checks;
@@ -44,6 +71,12 @@ pub enum Fault {
     /// Stop-and-restart: upstreams switch to the new routing at `Drain` instead of pausing
     /// until `Resume` (records of a moved bucket may overtake its state).
     RerouteAtDrain,
+    /// A location answers a fetch without deleting what it answered (breaks one live copy).
+    ServeWithoutDelete,
+    /// A hand-over carries the moved buckets' timers but not the state of their keys, so a
+    /// window fires at the receiver on state that is not there and its delete misses the copy
+    /// the sender kept.
+    TimersWithoutState,
 }
 
 impl Fault {
@@ -55,7 +88,22 @@ impl Fault {
             "no_timer_firing_at_hand_over" => Some(Self::NoTimerFiringAtHandOver),
             "release_without_epoch" => Some(Self::ReleaseWithoutEpoch),
             "reroute_at_drain" => Some(Self::RerouteAtDrain),
+            "serve_without_delete" => Some(Self::ServeWithoutDelete),
+            "timers_without_state" => Some(Self::TimersWithoutState),
             _ => None,
+        }
+    }
+
+    /// The name [`Fault::parse`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SwitchBeforePeerReady => "switch_before_peer_ready",
+            Self::NoParking => "no_parking",
+            Self::NoTimerFiringAtHandOver => "no_timer_firing_at_hand_over",
+            Self::ReleaseWithoutEpoch => "release_without_epoch",
+            Self::RerouteAtDrain => "reroute_at_drain",
+            Self::ServeWithoutDelete => "serve_without_delete",
+            Self::TimersWithoutState => "timers_without_state",
         }
     }
 }
@@ -71,8 +119,12 @@ pub struct SimConfig {
     pub fault: Option<Fault>,
     /// Upstream tasks.
     pub upstreams: usize,
-    /// Distinct keys (key `k` is produced by upstream `k % upstreams`).
+    /// Distinct keys (key `k` is produced by upstream `k % upstreams`; half of them are window
+    /// keys, see the module docs).
     pub keys: usize,
+    /// Operator inputs each upstream task feeds (1, or 2 for a self-join: two routers per
+    /// upstream with the same table, and each record goes on a random one).
+    pub inputs: usize,
     /// Records each upstream emits.
     pub records_per_upstream: usize,
     /// Buckets of the operator.
@@ -92,6 +144,7 @@ impl SimConfig {
             fault: None,
             upstreams: 2,
             keys: 24,
+            inputs: 1,
             records_per_upstream: 40,
             num_buckets: 16,
             max_steps: 20_000,
@@ -121,6 +174,10 @@ pub struct SimStats {
     pub progressive: bool,
     /// Requests skipped because every upstream had finished before they could start.
     pub skipped: u64,
+    /// Window keys whose state a firing timer deleted.
+    pub cleared: u64,
+    /// Records processed per operator input.
+    pub by_input: [u64; 2],
 }
 
 /// A violated invariant, with what is needed to replay it.
@@ -134,6 +191,8 @@ pub struct SimFailure {
     pub fault: Option<Fault>,
     /// The protocol.
     pub protocol: Protocol,
+    /// Operator inputs per upstream task.
+    pub inputs: usize,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -144,17 +203,12 @@ impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let protocol = self.protocol.name();
         write!(f, "{} {protocol} seed {} step {}: {}", self.scenario, self.seed, self.step, self.message)?;
-        let fault = match self.fault {
-            Some(Fault::SwitchBeforePeerReady) => " KOALA_SIM_FAULT=switch_before_peer_ready",
-            Some(Fault::NoParking) => " KOALA_SIM_FAULT=no_parking",
-            Some(Fault::NoTimerFiringAtHandOver) => " KOALA_SIM_FAULT=no_timer_firing_at_hand_over",
-            Some(Fault::ReleaseWithoutEpoch) => " KOALA_SIM_FAULT=release_without_epoch",
-            Some(Fault::RerouteAtDrain) => " KOALA_SIM_FAULT=reroute_at_drain",
-            None => "",
-        };
+        let fault = self.fault.map(|x| format!(" KOALA_SIM_FAULT={}", x.name())).unwrap_or_default();
+        let inputs =
+            if self.inputs == 1 { String::new() } else { format!(" KOALA_SIM_INPUTS={}", self.inputs) };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -167,6 +221,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         seed: config.seed,
         fault: config.fault,
         protocol: config.protocol,
+        inputs: config.inputs,
         step,
         message,
     };

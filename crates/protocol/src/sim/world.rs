@@ -1,9 +1,10 @@
-//! The simulated job: upstream tasks (a source, its router and, under stop-and-restart, its
-//! pause core), target task cores with their stores, the job's reconfiguration engine, and every
-//! channel between them as a FIFO queue. A step delivers the head of one randomly chosen
-//! non-empty channel (or lets a source emit, or nudges an idle task), so every interleaving that
-//! respects per-channel FIFO is reachable. The engine's broadcasts reach the tasks they concern
-//! as the workers deliver them (`crates/runtime/src/worker.rs`).
+//! The simulated job: upstream tasks (a source, a router per operator input and, under
+//! stop-and-restart, its pause core), target task cores with their stores, the job's
+//! reconfiguration engine, and every channel between them as a FIFO queue. A step delivers the
+//! head of one randomly chosen non-empty channel (or lets a source emit, or nudges an idle
+//! task), so every interleaving that respects per-channel FIFO is reachable. The engine's
+//! broadcasts reach the tasks they concern as the workers deliver them
+//! (`crates/runtime/src/worker.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -39,7 +40,9 @@ pub(crate) enum Node {
 /// Channels between the same endpoints that are independent connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Kind {
-    Data,
+    /// The data channel of one operator input: a self-join's two channels from one upstream
+    /// task are independent FIFO queues (nothing orders one against the other).
+    Data(usize),
     Peer,
     State,
     Control,
@@ -134,7 +137,7 @@ impl Channels {
 pub(crate) enum Core {
     Koala(Box<KoalaTask>),
     /// Stop-and-restart: the core, and the watermark aligner the runtime keeps beside it.
-    StopAndRestart(TargetCore<TaskId>, WatermarkAligner<TaskId>),
+    StopAndRestart(TargetCore<InputChannel>, WatermarkAligner<InputChannel>),
 }
 
 impl Core {
@@ -150,19 +153,21 @@ impl Core {
 /// A target task with the store the runtime would keep next to it.
 pub(crate) struct SimTask {
     pub(crate) core: Core,
+    /// Per-key counter: the records processed since the key's state was last deleted.
     pub(crate) store: BTreeMap<Vec<u8>, u64>,
     pub(crate) last_watermark: Option<Timestamp>,
     pub(crate) released: bool,
-    /// Event-time timers (time, key): every processed record sets one at its own time (a
-    /// window's end); they fire when the task emits a watermark at or past them and travel
-    /// with their bucket's hand-over.
+    /// Event-time timers (time, key): every processed record of a window key sets one at its
+    /// own time (a window's end); they fire when the task emits a watermark at or past them and
+    /// travel with their bucket's hand-over, together with their keys' state.
     pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
 }
 
-/// An upstream task: a source of keyed records plus its router.
+/// An upstream task: a source of keyed records plus one router per operator input (all with the
+/// same table: they switch, mark and end together, as `Outputs::switch_edges` does).
 pub(crate) struct SimUpstream {
     pub(crate) id: TaskId,
-    pub(crate) router: UpstreamRouter,
+    pub(crate) routers: Vec<UpstreamRouter>,
     /// Stop-and-restart: paused between `Drain` and `Resume`.
     pause: UpstreamCore,
     /// Whether it may end before every requested reconfiguration started (else later requests
@@ -196,7 +201,12 @@ pub(crate) struct World {
     plans: BTreeMap<Epoch, Arc<ReconfigPlan>>,
     pub(crate) claims: Vec<Option<TaskId>>,
     pub(crate) holder: BTreeMap<Vec<u8>, TaskId>,
+    /// Records emitted per key.
     pub(crate) emitted: BTreeMap<Vec<u8>, u64>,
+    /// Records emitted per (key, input): the last sequence number of that lane.
+    lane_emitted: BTreeMap<(Vec<u8>, usize), u64>,
+    /// What the operator has done to each key so far (see `checks.rs`).
+    pub(crate) ledger: BTreeMap<Vec<u8>, super::checks::KeyLedger>,
     pub(crate) emitted_total: u64,
     pub(crate) processed_total: u64,
     early_switched: BTreeSet<Epoch>,
@@ -209,6 +219,9 @@ impl World {
     pub(crate) fn new(cfg: SimConfig) -> Result<Self, String> {
         if cfg.upstreams == 0 || cfg.keys < cfg.upstreams || cfg.num_buckets < 8 {
             return Err("the simulator needs an upstream, a key per upstream and 8 buckets".into());
+        }
+        if !(1..=2).contains(&cfg.inputs) {
+            return Err("the simulated operator has one or two inputs".into());
         }
         let mut rng = SplitMix64::new(cfg.seed);
         let (initial, targets, extra_keys) = cfg.scenario.plan(cfg.num_buckets, &mut rng);
@@ -252,10 +265,13 @@ impl World {
         }
         let mut upstreams = Vec::new();
         for &id in &up_ids {
-            let router = UpstreamRouter::new(initial.clone()).map_err(|e| e.to_string())?;
+            let routers = (0..cfg.inputs)
+                .map(|_| UpstreamRouter::new(initial.clone()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
             upstreams.push(SimUpstream {
                 id,
-                router,
+                routers,
                 pause: UpstreamCore::new(),
                 may_end_early: rng.chance(1, 4),
                 clock: 0,
@@ -282,6 +298,8 @@ impl World {
             plans: BTreeMap::new(),
             holder: BTreeMap::new(),
             emitted: BTreeMap::new(),
+            lane_emitted: BTreeMap::new(),
+            ledger: BTreeMap::new(),
             emitted_total: 0,
             processed_total: 0,
             early_switched: BTreeSet::new(),
@@ -299,7 +317,7 @@ impl World {
                     id,
                     num_buckets: cfg.num_buckets,
                     owned,
-                    inputs: upstreams.iter().map(|&u| sim_input(u)).collect(),
+                    inputs: upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs)).collect(),
                 };
                 let mut core = KoalaTask::new(config);
                 if cfg.fault == Some(Fault::NoParking) {
@@ -307,9 +325,10 @@ impl World {
                 }
                 Core::Koala(Box::new(core))
             }
-            Protocol::StopAndRestart => {
-                Core::StopAndRestart(TargetCore::new(id), WatermarkAligner::new(upstreams.iter().copied()))
-            }
+            Protocol::StopAndRestart => Core::StopAndRestart(
+                TargetCore::new(id),
+                WatermarkAligner::new(upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs))),
+            ),
         };
         SimTask {
             core,
@@ -341,8 +360,8 @@ impl World {
             // One extra choice: an idle nudge to a random task (progressive migration runs on idle).
             let pick = self.rng.below(channels + sources.len() + 1);
             if pick < channels {
-                if let Some(((from, to, _), msg)) = self.channels.pop(pick) {
-                    self.deliver(from, to, msg)?;
+                if let Some(((from, to, kind), msg)) = self.channels.pop(pick) {
+                    self.deliver(from, to, kind, msg)?;
                 }
             } else if pick < channels + sources.len() {
                 self.emit(sources[pick - channels])?;
@@ -380,7 +399,8 @@ impl World {
         }
     }
 
-    /// A source emits 1–3 records (and maybe a watermark), or its end of stream.
+    /// A source emits 1–3 records (and maybe a watermark), or its end of stream. Each record
+    /// goes on a random input and carries its sequence number within its (key, input) lane.
     fn emit(&mut self, u: usize) -> Result<(), String> {
         let up_count = self.upstreams.len();
         let keys_here: Vec<usize> = (0..self.cfg.keys).filter(|k| k % up_count == u).collect();
@@ -389,29 +409,32 @@ impl World {
         if up.remaining == 0 {
             up.ended = true;
             let id = up.id;
-            let actions = up.router.on(RouterEvent::EndOfStream);
-            self.route(u, actions)?;
+            self.on_routers(u, |_| RouterEvent::EndOfStream)?;
             self.channels
                 .push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::UpstreamEnded(id));
             return Ok(());
         }
-        let mut records = Vec::new();
+        let mut records: Vec<Vec<Record>> = vec![Vec::new(); self.cfg.inputs];
         for _ in 0..n.min(self.upstreams[u].remaining) {
-            let key = format!("k{}", keys_here[self.rng.below(keys_here.len())]).into_bytes();
-            let seq = self.emitted.entry(key.clone()).or_insert(0);
+            let key = super::checks::key_name(keys_here[self.rng.below(keys_here.len())]);
+            let input = if self.cfg.inputs > 1 { self.rng.below(self.cfg.inputs) } else { 0 };
+            *self.emitted.entry(key.clone()).or_insert(0) += 1;
+            let seq = self.lane_emitted.entry((key.clone(), input)).or_insert(0);
             *seq += 1;
+            let value = super::checks::record_value(*seq, input);
             let up = &mut self.upstreams[u];
             up.clock += 1 + self.rng.below(3) as u64;
             up.remaining -= 1;
-            records.push(Record { key, value: seq.to_le_bytes().to_vec(), time: up.clock });
+            records[input].push(Record { key, value, time: up.clock });
+            self.emitted_total += 1;
         }
-        self.emitted_total += records.len() as u64;
-        let actions = self.upstreams[u].router.on(RouterEvent::Records(records));
-        self.route(u, actions)?;
+        for (input, batch) in records.into_iter().enumerate().filter(|(_, b)| !b.is_empty()) {
+            let actions = self.upstreams[u].routers[input].on(RouterEvent::Records(batch));
+            self.route(u, input, actions)?;
+        }
         if self.rng.chance(1, 3) || self.upstreams[u].remaining == 0 {
             let clock = self.upstreams[u].clock;
-            let actions = self.upstreams[u].router.on(RouterEvent::Watermark(clock));
-            self.route(u, actions)?;
+            self.on_routers(u, |_| RouterEvent::Watermark(clock))?;
         }
         while self.next_request < self.targets.len() && self.triggers[self.next_request] < self.emitted_total
         {
@@ -472,13 +495,22 @@ impl World {
         Ok(())
     }
 
-    fn route(&mut self, u: usize, actions: Vec<RouterAction>) -> Result<(), String> {
+    /// Feeds the same event to every router of upstream `u` (one per input), in input order.
+    fn on_routers(&mut self, u: usize, event: impl Fn(usize) -> RouterEvent) -> Result<(), String> {
+        for input in 0..self.upstreams[u].routers.len() {
+            let actions = self.upstreams[u].routers[input].on(event(input));
+            self.route(u, input, actions)?;
+        }
+        Ok(())
+    }
+
+    fn route(&mut self, u: usize, input: usize, actions: Vec<RouterAction>) -> Result<(), String> {
         let from = self.upstreams[u].id;
         for a in actions {
             match a {
-                RouterAction::Send { to, message } => {
-                    self.channels.push((Node::Upstream(from), Node::Task(to), Kind::Data), Msg::Data(message))
-                }
+                RouterAction::Send { to, message } => self
+                    .channels
+                    .push((Node::Upstream(from), Node::Task(to), Kind::Data(input)), Msg::Data(message)),
                 RouterAction::Error(e) => {
                     return Err(format!("upstream {from} refused an event: {e}"));
                 }
@@ -500,8 +532,8 @@ impl World {
         }
         match msg {
             Msg::Switch { epoch, assignment } => {
-                let actions = self.upstreams[u].router.on(RouterEvent::SwitchRouting { epoch, assignment });
-                self.route(u, actions)?;
+                // One switch of the task, a marker on each of its channels, one `Switched`.
+                self.on_routers(u, |_| RouterEvent::SwitchRouting { epoch, assignment: assignment.clone() })?;
                 self.upstream_ack(u, epoch, TaskAck::Switched);
             }
             Msg::Drain(epoch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
@@ -510,9 +542,8 @@ impl World {
                 let assignment =
                     self.plans.get(&epoch).map(|p| crate::engine::assignment(&p.deployment, TARGET));
                 let assignment = assignment.ok_or("drain of an unknown epoch")?;
-                let mut out = self.upstreams[u].router.on(RouterEvent::Mark { epoch });
-                out.extend(self.upstreams[u].router.on(RouterEvent::Reroute { epoch, assignment }));
-                self.route(u, out)?;
+                self.on_routers(u, |_| RouterEvent::Mark { epoch })?;
+                self.on_routers(u, |_| RouterEvent::Reroute { epoch, assignment: assignment.clone() })?;
                 self.upstream_ack(u, epoch, TaskAck::Paused);
             }
             Msg::Resume { epoch, .. } if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
@@ -540,13 +571,11 @@ impl World {
         for a in actions {
             match a {
                 UpstreamAction::MarkAndPause { epoch } => {
-                    let out = self.upstreams[u].router.on(RouterEvent::Mark { epoch });
-                    self.route(u, out)?;
+                    self.on_routers(u, |_| RouterEvent::Mark { epoch })?
                 }
                 UpstreamAction::SwitchAndResume { epoch } => {
                     let assignment = assignment.clone().ok_or("resume without an assignment")?;
-                    let out = self.upstreams[u].router.on(RouterEvent::Reroute { epoch, assignment });
-                    self.route(u, out)?;
+                    self.on_routers(u, |_| RouterEvent::Reroute { epoch, assignment: assignment.clone() })?;
                 }
                 UpstreamAction::Ack { epoch, ack } => self.upstream_ack(u, epoch, ack),
                 UpstreamAction::Error(e) => {
@@ -557,7 +586,7 @@ impl World {
         Ok(())
     }
 
-    fn deliver(&mut self, from: Node, to: Node, msg: Msg) -> Result<(), String> {
+    fn deliver(&mut self, from: Node, to: Node, kind: Kind, msg: Msg) -> Result<(), String> {
         match (to, msg) {
             (Node::Coordinator, Msg::Ack(epoch, ack)) => {
                 let (Node::Task(from) | Node::Upstream(from)) = from else {
@@ -591,52 +620,28 @@ impl World {
                     Node::Upstream(t) | Node::Task(t) => Some(t),
                     Node::Coordinator => None,
                 };
+                // A data message names its channel: the upstream task and the input.
+                let channel = match (kind, src) {
+                    (Kind::Data(input), Some(from)) => Some(InputChannel { input, from }),
+                    _ => None,
+                };
                 if matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::StopAndRestart(..))) {
-                    return self.deliver_stop_and_restart(id, src, msg);
+                    return self.deliver_stop_and_restart(id, src, channel, msg);
                 }
-                let event = match (msg, src) {
-                    (Msg::Data(ChannelMessage::Batch(records)), Some(from)) => {
-                        TaskEvent::Records { channel: sim_input(from), records }
+                let event = match (msg, channel) {
+                    (Msg::Data(ChannelMessage::Batch(records)), Some(channel)) => {
+                        TaskEvent::Records { channel, records }
                     }
-                    (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => {
-                        TaskEvent::Watermark { channel: sim_input(from), time }
+                    (Msg::Data(ChannelMessage::Watermark(time)), Some(channel)) => {
+                        TaskEvent::Watermark { channel, time }
                     }
-                    (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => {
-                        TaskEvent::Marker { channel: sim_input(from), epoch }
+                    (Msg::Data(ChannelMessage::Marker(epoch)), Some(channel)) => {
+                        TaskEvent::Marker { channel, epoch }
                     }
-                    (Msg::Data(ChannelMessage::EndOfStream), Some(from)) => {
-                        TaskEvent::EndOfStream { channel: sim_input(from) }
+                    (Msg::Data(ChannelMessage::EndOfStream), Some(channel)) => {
+                        TaskEvent::EndOfStream { channel }
                     }
-                    (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
-                    (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
-                    (Msg::FetchResponse(response), Some(from)) => TaskEvent::FetchResponse { from, response },
-                    (Msg::Start(r), None) => {
-                        // A task learns the channels of upstreams it does not know yet (a new
-                        // task: all of them) with its `Start`; the runtime knows them when it
-                        // deploys the task.
-                        if let Some(Core::Koala(k)) = self.tasks.get_mut(&id).map(|t| &mut t.core) {
-                            for &u in &r.upstreams {
-                                k.add_input(sim_input(u));
-                            }
-                        }
-                        TaskEvent::Start(r)
-                    }
-                    (Msg::Prepare(plan), None) => {
-                        // A Koala task learns the new placement and answers.
-                        self.channels.push(
-                            (Node::Task(id), Node::Coordinator, Kind::Control),
-                            Msg::Ack(plan.epoch, TaskAck::Prepared),
-                        );
-                        return Ok(());
-                    }
-                    (Msg::EndedUpstream(u), None) => {
-                        let has = matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::Koala(k)) if !k.inputs_from(u).is_empty());
-                        if !has {
-                            return Ok(());
-                        }
-                        TaskEvent::EndOfStream { channel: sim_input(u) }
-                    }
-                    (m, _) => return Err(format!("unroutable message {m:?} to {id}")),
+                    (msg, _) => return self.deliver_koala_control(id, src, msg),
                 };
                 self.feed(id, event)
             }
@@ -644,46 +649,93 @@ impl World {
         }
     }
 
-    /// A message reaches a stop-and-restart target task: records are processed at once (the
-    /// routing sends a bucket's records to its owner only), watermarks go through the task's
-    /// aligner, markers, ends and state transfer through its core.
-    fn deliver_stop_and_restart(&mut self, id: TaskId, src: Option<TaskId>, msg: Msg) -> Result<(), String> {
+    /// A peer, fetch or control message reaches a Koala task.
+    fn deliver_koala_control(&mut self, id: TaskId, src: Option<TaskId>, msg: Msg) -> Result<(), String> {
         let event = match (msg, src) {
-            (Msg::Data(ChannelMessage::Batch(records)), Some(_)) => {
-                for r in records {
-                    self.process(id, &r.key, &r.value, r.time)?;
+            (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
+            (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
+            (Msg::FetchResponse(response), Some(from)) => TaskEvent::FetchResponse { from, response },
+            (Msg::Start(r), None) => {
+                // A task learns the channels of upstreams it does not know yet (a new
+                // task: all of them) with its `Start`; the runtime knows them when it
+                // deploys the task.
+                let inputs = self.cfg.inputs;
+                if let Some(Core::Koala(k)) = self.tasks.get_mut(&id).map(|t| &mut t.core) {
+                    for &u in &r.upstreams {
+                        for channel in sim_inputs(u, inputs) {
+                            k.add_input(channel);
+                        }
+                    }
+                }
+                TaskEvent::Start(r)
+            }
+            (Msg::Prepare(plan), None) => {
+                // A Koala task learns the new placement and answers.
+                self.channels.push(
+                    (Node::Task(id), Node::Coordinator, Kind::Control),
+                    Msg::Ack(plan.epoch, TaskAck::Prepared),
+                );
+                return Ok(());
+            }
+            (Msg::EndedUpstream(u), None) => {
+                // Every channel of the finished upstream ends here (two for a self-join).
+                let open = match self.tasks.get(&id).map(|t| &t.core) {
+                    Some(Core::Koala(k)) => k.inputs_from(u),
+                    _ => Vec::new(),
+                };
+                for channel in open {
+                    self.feed(id, TaskEvent::EndOfStream { channel })?;
                 }
                 return Ok(());
             }
-            (Msg::Data(ChannelMessage::Watermark(time)), Some(from)) => {
+            (m, _) => return Err(format!("unroutable message {m:?} to {id}")),
+        };
+        self.feed(id, event)
+    }
+
+    /// A message reaches a stop-and-restart target task: records are processed at once (the
+    /// routing sends a bucket's records to its owner only), watermarks go through the task's
+    /// aligner, markers, ends and state transfer through its core.
+    fn deliver_stop_and_restart(
+        &mut self,
+        id: TaskId,
+        src: Option<TaskId>,
+        channel: Option<InputChannel>,
+        msg: Msg,
+    ) -> Result<(), String> {
+        let event = match (msg, channel, src) {
+            (Msg::Data(ChannelMessage::Batch(records)), Some(channel), _) => {
+                for r in records {
+                    self.process(id, channel.input, &r)?;
+                }
+                return Ok(());
+            }
+            (Msg::Data(ChannelMessage::Watermark(time)), Some(channel), _) => {
                 let advanced = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
-                    Some(Core::StopAndRestart(_, aligner)) => aligner.update(&from, time),
+                    Some(Core::StopAndRestart(_, aligner)) => aligner.update(&channel, time),
                     _ => None,
                 };
                 return self.sr_watermark(id, advanced);
             }
-            (Msg::Data(ChannelMessage::Marker(epoch)), Some(from)) => {
-                TargetEvent::Marker { channel: from, epoch }
+            (Msg::Data(ChannelMessage::Marker(epoch)), Some(channel), _) => {
+                TargetEvent::Marker { channel, epoch }
             }
-            (Msg::Data(ChannelMessage::EndOfStream), Some(from)) | (Msg::EndedUpstream(from), None) => {
-                let (open, advanced) = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
+            (Msg::Data(ChannelMessage::EndOfStream), Some(channel), _) => return self.sr_end(id, &[channel]),
+            (Msg::EndedUpstream(from), _, None) => {
+                // Every channel of the finished upstream ends here (two for a self-join).
+                let channels = match self.tasks.get(&id).map(|t| &t.core) {
                     Some(Core::StopAndRestart(_, aligner)) => {
-                        let open = aligner.channels().any(|c| c == from);
-                        (open, if open { aligner.close(&from) } else { None })
+                        aligner.channels().filter(|c| c.from == from).collect()
                     }
-                    _ => (false, None),
+                    _ => Vec::new(),
                 };
-                if !open {
-                    return Ok(());
-                }
-                self.sr_watermark(id, advanced)?;
-                TargetEvent::EndOfStream { channel: from }
+                return self.sr_end(id, &channels);
             }
-            (Msg::State { epoch, entries, timers }, Some(from)) => {
+            (Msg::State { epoch, entries, timers }, _, Some(from)) => {
                 self.sr_event(id, TargetEvent::StateChunk { from, epoch })?;
                 return self.sr_install(id, from, entries, timers);
             }
-            (Msg::StateEnd(epoch), Some(from)) => {
+            (Msg::StateEnd(epoch), _, Some(from)) => {
                 // The sender let go of the buckets it moves here: this task owns them now.
                 let moved =
                     self.engine.running().and_then(|p| p.moves.get(&(from, id)).cloned()).unwrap_or_default();
@@ -696,17 +748,36 @@ impl World {
                 }
                 TargetEvent::StateEnd { from, epoch }
             }
-            (Msg::Drain(epoch), None) => TargetEvent::Drain { epoch },
-            (Msg::Prepare(plan), None) => {
+            (Msg::Drain(epoch), _, None) => TargetEvent::Drain { epoch },
+            (Msg::Prepare(plan), _, None) => {
                 let inputs = match self.tasks.get(&id).map(|t| &t.core) {
                     Some(Core::StopAndRestart(_, aligner)) => aligner.channels().collect(),
                     _ => Vec::new(),
                 };
                 TargetEvent::Prepare { plan, inputs }
             }
-            (m, _) => return Err(format!("unroutable message {m:?} to stop-and-restart task {id}")),
+            (m, ..) => return Err(format!("unroutable message {m:?} to stop-and-restart task {id}")),
         };
         self.sr_event(id, event)
+    }
+
+    /// Data channels of a stop-and-restart task end: each leaves its aligner (the event time
+    /// may advance) and counts as its marker.
+    fn sr_end(&mut self, id: TaskId, channels: &[InputChannel]) -> Result<(), String> {
+        for channel in channels {
+            let (open, advanced) = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
+                Some(Core::StopAndRestart(_, aligner)) => {
+                    let open = aligner.channels().any(|c| c == *channel);
+                    (open, if open { aligner.close(channel) } else { None })
+                }
+                _ => (false, None),
+            };
+            if open {
+                self.sr_watermark(id, advanced)?;
+                self.sr_event(id, TargetEvent::EndOfStream { channel: *channel })?;
+            }
+        }
+        Ok(())
     }
 
     /// A stop-and-restart task's event time advanced: every timer at or below it fires.
@@ -725,32 +796,14 @@ impl World {
         entries: Vec<(Vec<u8>, u64)>,
         timers: Vec<(Timestamp, Vec<u8>)>,
     ) -> Result<(), String> {
-        for (key, value) in entries {
-            if let Some(at) = self.holder.get(&key) {
-                return Err(format!(
-                    "one live copy: {id} installs {} still held by {at}",
-                    String::from_utf8_lossy(&key)
-                ));
-            }
-            self.holder.insert(key.clone(), id);
-            self.tasks.get_mut(&id).ok_or("install at unknown task")?.store.insert(key, value);
-            self.stats.moved_keys += 1;
+        for (key, count) in entries {
+            self.install(id, key, count)?;
         }
-        let task = self.tasks.get_mut(&id).ok_or("timers at unknown task")?;
-        if let (Some((t, k)), Some(w)) = (timers.first(), task.last_watermark)
-            && *t <= w
-        {
-            return Err(format!(
-                "timers: {from} hands {}@{t} to {id}, which already emitted watermark {w}: it would fire late",
-                String::from_utf8_lossy(k)
-            ));
-        }
-        task.timers.extend(timers);
-        Ok(())
+        self.install_timers(from, id, timers)
     }
 
     /// Feeds a stop-and-restart task's core and executes its actions.
-    fn sr_event(&mut self, id: TaskId, event: TargetEvent<TaskId>) -> Result<(), String> {
+    fn sr_event(&mut self, id: TaskId, event: TargetEvent<InputChannel>) -> Result<(), String> {
         let actions = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
             Some(Core::StopAndRestart(core, _)) => core.on(event),
             _ => return Err(format!("{id} is not a stop-and-restart task")),
@@ -947,7 +1000,7 @@ impl World {
     }
 }
 
-/// The data channel from simulated upstream `from`: every target reads one input, 0.
-fn sim_input(from: TaskId) -> InputChannel {
-    InputChannel { input: 0, from }
+/// The data channels from simulated upstream `from`: one per operator input.
+fn sim_inputs(from: TaskId, inputs: usize) -> impl Iterator<Item = InputChannel> {
+    (0..inputs).map(move |input| InputChannel { input, from })
 }
