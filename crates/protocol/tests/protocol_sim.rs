@@ -18,12 +18,17 @@ fn sweep_with(scenario: Scenario, protocol: Protocol) -> SimStats {
     sweep_seeds(scenario, protocol, 1, SEEDS)
 }
 
-/// Runs seeds `0..seeds` of `scenario` with `inputs` operator inputs per upstream task; panics
-/// with the replay command at the first failure.
+/// Runs seeds `0..seeds` of `scenario` with `inputs` operator inputs per upstream task.
 fn sweep_seeds(scenario: Scenario, protocol: Protocol, inputs: usize, seeds: u64) -> SimStats {
+    sweep_configs(&SimConfig { protocol, inputs, ..SimConfig::new(scenario, 0) }, seeds)
+}
+
+/// Runs seeds `0..seeds` of `config`; panics with the replay command at the first failure.
+fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
+    let (scenario, protocol, inputs) = (config.scenario, config.protocol, config.inputs);
     let mut total = SimStats::default();
     for seed in 0..seeds {
-        match run(&SimConfig { protocol, inputs, ..SimConfig::new(scenario, seed) }) {
+        match run(&SimConfig { seed, ..config.clone() }) {
             Ok(s) => {
                 total.steps += s.steps;
                 total.epochs += s.epochs;
@@ -41,7 +46,11 @@ fn sweep_seeds(scenario: Scenario, protocol: Protocol, inputs: usize, seeds: u64
             Err(f) => panic!("{f}"),
         }
     }
-    println!("{scenario} under {} with {inputs} input(s): {seeds} seeds, {total:?}", protocol.name());
+    let outlive = if config.state_outlives_timers { ", state outliving timers" } else { "" };
+    println!(
+        "{scenario} under {} with {inputs} input(s){outlive}: {seeds} seeds, {total:?}",
+        protocol.name()
+    );
     total
 }
 
@@ -99,6 +108,36 @@ fn chain_2_4_6_3_2_one_hop() {
     // reconfigure), as the job's coordinator does; most runs complete all four.
     assert_eq!(s.epochs + s.skipped, 4 * SEEDS);
     assert!(s.epochs > 3 * SEEDS, "{s:?}");
+}
+
+/// Every key sets timers and none deletes its state, so state outlives its timers: a hand-over
+/// carries the state of the keys with pending timers, which are then local at the receiver; the
+/// state of a key whose timers all fired stays put and is fetched in one hop, also after its
+/// bucket moved on. Chains and mixed schedules hand buckets over again and again.
+fn sweep_state_outliving_timers(scenario: Scenario) -> SimStats {
+    let config = SimConfig { state_outlives_timers: true, ..SimConfig::new(scenario, 0) };
+    let s = sweep_configs(&config, SEEDS);
+    assert_eq!(s.cleared, 0, "{scenario}: no timer deletes state: {s:?}");
+    assert!(s.moved_keys > 0 && s.fetched_keys > 0, "{scenario}: state must move and be fetched: {s:?}");
+    s
+}
+
+#[test]
+fn state_outliving_timers_chain_2_4_6_3_2() {
+    let s = sweep_state_outliving_timers(Scenario::Chain);
+    assert_eq!(s.epochs + s.skipped, 4 * SEEDS);
+}
+
+#[test]
+fn state_outliving_timers_mixed_on_demand_only() {
+    let s = sweep_state_outliving_timers(Scenario::Mixed { extra_keys: 0 });
+    assert!(s.epochs > 3 * SEEDS, "{s:?}");
+}
+
+#[test]
+fn state_outliving_timers_mixed_progressive() {
+    let s = sweep_state_outliving_timers(Scenario::Mixed { extra_keys: 8 });
+    assert!(s.released > 0, "{s:?}");
 }
 
 /// Stop-and-restart over the same scenarios: the engine's Prepare → Drain → Resume with the
@@ -305,7 +344,10 @@ fn replay() {
         .ok()
         .map(|f| Fault::parse(&f).expect("KOALA_SIM_FAULT names a fault"));
     let inputs = env_or("KOALA_SIM_INPUTS", 1);
-    match run(&SimConfig { fault, protocol, inputs, ..SimConfig::new(scenario, seed) }) {
+    let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
+    let config =
+        SimConfig { fault, protocol, inputs, state_outlives_timers, ..SimConfig::new(scenario, seed) };
+    match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
     }
@@ -318,11 +360,13 @@ fn replay() {
 fn deep_sweep() {
     let seeds: u64 = env_or("KOALA_SIM_SEEDS", 20_000);
     let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
+    let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
     for (scenario, protocol) in
         Scenario::ALL.into_iter().flat_map(|s| [(s, Protocol::Koala), (s, Protocol::StopAndRestart)])
     {
         for seed in SEEDS..SEEDS + seeds {
-            let mut config = SimConfig { protocol, inputs, ..SimConfig::new(scenario, seed) };
+            let mut config =
+                SimConfig { protocol, inputs, state_outlives_timers, ..SimConfig::new(scenario, seed) };
             config.upstreams = env_or("KOALA_SIM_UPSTREAMS", config.upstreams);
             config.keys = env_or("KOALA_SIM_KEYS", config.keys);
             config.records_per_upstream = env_or("KOALA_SIM_RECORDS", config.records_per_upstream);

@@ -5,10 +5,12 @@
 //! `HashMap<u64 key hash, u16 location index>` of exceptions. A bucket the task has always owned
 //! has default = itself and no entries; a bucket handed over keeps the sender's default (usually
 //! the sender itself), so a hand-over costs O(exceptions), not O(keys), and the sender never scans
-//! its store. An entry is added when a key's state moves (fetched here, or handed over while
-//! remote); when progressive migration finds a retired location exhausted for a bucket, the bucket
-//! collapses back to "default = me, no entries". Locations are `u16` indices into a per-table list
-//! of task ids.
+//! its store. An entry is added when a key's state moves here while its bucket's default is
+//! elsewhere: fetched, or carried by the hand-over with the key's timers ([`HandOver::carried`],
+//! so a timer's key is always local at its owner); entries travel with their bucket. When
+//! progressive migration finds a retired location exhausted for a bucket, the bucket collapses
+//! back to "default = me, no entries". Locations are `u16` indices into a per-table list of task
+//! ids.
 //!
 //! Size (see the `bytes_per_key_at_ten_million_keys` test): a std `HashMap<u64, u16>` slot is 16
 //! bytes (the pair is padded to `u64` alignment) plus one control byte, at most 7/8 full and
@@ -18,7 +20,7 @@
 //! `u64` would halve this (~15 B/key) but makes a tag collision (≈1e-3 per 10 M keys) silently merge
 //! two keys' locations, i.e. lose state; with the full 64-bit hash the risk is ≈2e-8.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use koala_types::{BucketId, TaskId};
@@ -131,11 +133,18 @@ impl KeyLookupTable {
                 out.push(BucketLocations { bucket: *b, default: table.default, keys });
             }
         }
-        HandOver { locations: self.locations.clone(), buckets: out, metadata: Vec::new(), watermark: None }
+        HandOver {
+            locations: self.locations.clone(),
+            buckets: out,
+            metadata: Vec::new(),
+            carried: Vec::new(),
+            watermark: None,
+        }
     }
 
-    /// Installs handed-over buckets; rejects a bucket already owned or an index out of range, in
-    /// which case nothing is installed.
+    /// Installs handed-over buckets, with the keys whose state came with the hand-over
+    /// ([`HandOver::carried`]) local; rejects a bucket already owned, an index out of range or a
+    /// carried key of a bucket not handed over, in which case nothing is installed.
     pub fn install(&mut self, hand_over: &HandOver) -> Result<(), ProtocolError> {
         let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
         for bl in &hand_over.buckets {
@@ -146,6 +155,12 @@ impl KeyLookupTable {
             if usize::from(bl.default) >= n || bl.keys.iter().any(|&(_, l)| usize::from(l) >= n) {
                 return Err(bad(format!("hand-over of bucket {} names an unknown location", bl.bucket)));
             }
+        }
+        let moved: BTreeSet<BucketId> = hand_over.buckets.iter().map(|bl| bl.bucket).collect();
+        if let Some(&(b, _)) = hand_over.carried.iter().find(|(b, _)| !moved.contains(b)) {
+            return Err(bad(format!(
+                "hand-over carries the state of a key of bucket {b}, which it does not move"
+            )));
         }
         let remap: Vec<u16> = hand_over.locations.iter().map(|&t| self.intern(t)).collect();
         for bl in &hand_over.buckets {
@@ -159,6 +174,11 @@ impl KeyLookupTable {
                 }
             }
             self.buckets.insert(bl.bucket, BucketTable { default, keys });
+        }
+        // Their state is here now (the sender deleted it): a later hand-over ships "here", and
+        // the key's next record needs no fetch.
+        for &(bucket, hash) in &hand_over.carried {
+            self.mark_local(bucket, hash);
         }
         Ok(())
     }
@@ -272,6 +292,35 @@ mod tests {
         assert!(!d3.references(t(2)));
     }
 
+    /// Keys whose state travels with their timers are local at the receiver whatever the
+    /// bucket's entries said, so a later hand-over names the receiver, not a task that no longer
+    /// has them (the state would be stranded there).
+    #[test]
+    fn keys_carried_with_a_hand_over_are_local_at_the_receiver() {
+        let mut d1 = KeyLookupTable::new(t(1), [1]);
+        let mut d2 = KeyLookupTable::new(t(2), []);
+        let mut d3 = KeyLookupTable::new(t(3), []);
+        let (timed, plain) = (key_hash(b"timed"), key_hash(b"plain"));
+        let mut h = d1.take(&[1]);
+        h.carried = vec![(1, timed)];
+        d2.install(&h).expect("install");
+        assert_eq!(d2.location(1, timed), Some(t(2)), "came with its timers");
+        assert_eq!(d2.location(1, plain), Some(t(1)), "one hop: still at the sender");
+        assert_eq!(d2.entries(), 1);
+        // The key's timers fired at d2 and its state stayed: the next hand-over carries no
+        // state but names d2 as its location.
+        d3.install(&d2.take(&[1])).expect("install");
+        assert_eq!(d3.location(1, timed), Some(t(2)));
+        assert_eq!(d3.location(1, plain), Some(t(1)));
+        // Back to d1, carrying both keys: d1 is the bucket's default, so no entry is left.
+        let mut h = d3.take(&[1]);
+        h.carried = vec![(1, plain), (1, timed)];
+        d1.install(&h).expect("install");
+        assert_eq!((d1.location(1, timed), d1.location(1, plain)), (Some(t(1)), Some(t(1))));
+        assert_eq!(d1.entries(), 0);
+        assert!(!d1.references(t(2)));
+    }
+
     #[test]
     fn bad_hand_over_is_rejected_whole() {
         let mut a = KeyLookupTable::new(t(1), [3]);
@@ -281,6 +330,11 @@ mod tests {
         assert!(!a.owns(4));
         h.buckets = vec![BucketLocations { bucket: 5, default: 7, keys: vec![] }];
         assert!(a.install(&h).is_err());
+        // A carried key of a bucket the hand-over does not move.
+        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4]);
+        h.carried = vec![(4, key_hash(b"k")), (6, key_hash(b"l"))];
+        assert!(a.install(&h).is_err());
+        assert!(!a.owns(4));
     }
 
     #[test]

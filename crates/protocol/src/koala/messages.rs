@@ -131,8 +131,14 @@ pub struct HandOver {
     pub locations: Vec<TaskId>,
     /// Entries per bucket.
     pub buckets: Vec<BucketLocations>,
-    /// Operator metadata of the moved keys (open windows, timers); filled in by the runtime.
+    /// Operator metadata of the moved keys (timers, and the state of the keys that have them);
+    /// filled in by the runtime.
     pub metadata: Vec<u8>,
+    /// Keys whose state travels in `metadata` (bucket, [`key_hash`](super::key_hash)): every key
+    /// with a timer in a moved bucket, whether or not it has state. The sender deleted them and
+    /// the receiver's KLT records them as local, whatever the bucket's entries say. Filled in by
+    /// the runtime with `metadata`.
+    pub carried: Vec<(BucketId, u64)>,
     /// The sender's event time, which the receiver inherits for this peer channel (paper §3.2).
     pub watermark: Option<Timestamp>,
 }

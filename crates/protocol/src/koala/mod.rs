@@ -9,8 +9,9 @@
 //! 2. A receiver adds a peer channel per sender to its event-time inputs and sends `Open` with the
 //!    watermark it has emitted*. A sender, between two batches and once its event time has caught up
 //!    with that watermark*, hands over the KLT entries of the moved buckets (locations, not "me" —
-//!    this is what makes every later fetch one hop, §3.3), then forwards their records. Idle senders
-//!    do this without input*.
+//!    this is what makes every later fetch one hop, §3.3) with the keys whose state travels with
+//!    their timers, which the receiver records as local*, then forwards their records. Idle
+//!    senders do this without input*.
 //! 3. A receiver acks `PeerReady` after all hand-overs (every other task at `Start`).
 //! 4. The coordinator switches the routing tables of all upstreams; each injects a marker and its
 //!    watermark into every output channel.

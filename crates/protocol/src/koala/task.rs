@@ -142,7 +142,9 @@ pub enum TaskAction {
         request: FetchRequest,
     },
     /// Send on the peer channel to `to`. For [`PeerMessage::HandOver`], first move the operator
-    /// metadata (timers, open windows) of the handed-over buckets into `metadata`.
+    /// metadata of the handed-over buckets (their timers and the state of the keys that have
+    /// timers, deleted here) into `metadata`, and list those keys in
+    /// [`carried`](super::HandOver::carried): the receiver's KLT then names itself for them.
     SendToPeer {
         /// The peer.
         to: TaskId,
@@ -159,7 +161,8 @@ pub enum TaskAction {
         /// The sender's event time at the hand-over.
         up_to: Timestamp,
     },
-    /// Install operator metadata received with a hand-over.
+    /// Install operator metadata received with a hand-over (the core already recorded its
+    /// carried keys as local); comes before any `Process` of the handed-over buckets.
     InstallMetadata {
         /// The sender.
         from: TaskId,

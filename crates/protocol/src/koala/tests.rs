@@ -26,7 +26,11 @@ fn t(i: u32) -> TaskId {
 }
 
 fn key_in(bucket: u16) -> Vec<u8> {
-    (0..).map(|i| format!("k{i}").into_bytes()).find(|k| bucket_of(k, NB) == bucket).unwrap_or_default()
+    keys_in(bucket).next().unwrap_or_default()
+}
+
+fn keys_in(bucket: u16) -> impl Iterator<Item = Vec<u8>> {
+    (0..).map(|i| format!("k{i}").into_bytes()).filter(move |k| bucket_of(k, NB) == bucket)
 }
 
 fn rec(bucket: u16, time: u64) -> Record {
@@ -295,4 +299,41 @@ fn self_join_ends_each_channel_on_its_own() {
     let out = a.on(TaskEvent::EndOfStream { channel: ch(1) });
     assert_eq!(out, vec![TaskAction::EmitWatermark(u64::MAX)]);
     assert!(a.inputs_from(up()).is_empty());
+}
+
+/// The runtime moves the state of the keys with timers in the hand-over's metadata and lists
+/// them in `carried`: the receiver's KLT says they are local, so their next record is processed
+/// without a fetch, while a key without timers is still fetched from the sender, in one hop.
+#[test]
+fn keys_carried_with_their_timers_need_no_fetch_at_the_receiver() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let mut keys = keys_in(3);
+    let (timed, plain) = (keys.next().unwrap_or_default(), keys.next().unwrap_or_default());
+    let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
+    // What the sender's runtime adds when it takes the metadata.
+    h.metadata = b"timers and state".to_vec();
+    h.carried = vec![(3, key_hash(&timed))];
+    let out = deliver(&mut r, t(0), hand_over);
+    let metadata = TaskAction::InstallMetadata { from: t(0), metadata: b"timers and state".to_vec() };
+    assert!(out.contains(&metadata), "{out:?}");
+    assert_eq!(r.klt().location(3, key_hash(&timed)), Some(t(1)));
+    assert_eq!(r.klt().location(3, key_hash(&plain)), Some(t(0)));
+    r.on(marker(ch(0)));
+    let close = peer_messages(&s.on(marker(ch(0))));
+    let out = deliver(&mut r, t(0), close);
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
+
+    let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time };
+    let out = r.on(records(ch(0), vec![record(&timed, 5)]));
+    assert_eq!(processed(&out), vec![5], "{out:?}");
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
+    let out = r.on(records(ch(0), vec![record(&plain, 6)]));
+    assert!(
+        matches!(&out[..], [TaskAction::FetchState { from, request }] if *from == t(0) && request.keys == vec![plain.clone()]),
+        "{out:?}"
+    );
 }

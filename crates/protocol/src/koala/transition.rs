@@ -236,6 +236,8 @@ impl KoalaTask {
                 if expected != got {
                     return Err(unexpected("hand-over of other buckets than the moves say"));
                 }
+                // The entries as the sender had them, and the keys whose state is in the
+                // metadata as local: nothing points at a task that no longer has them.
                 self.klt.install(&hand_over)?;
                 *state = Inbound::HandedOver;
                 if let Some(w) = hand_over.watermark {

@@ -4,9 +4,8 @@
 //!   that reached its receiver, a task's own view of its buckets equals its claims, and a task only
 //!   processes keys of buckets it claims;
 //! - one live copy: at most one store holds a key; state in flight is in no store;
-//! - one-hop fetch: a fetch goes to the store that holds the key (or the key exists nowhere, or
-//!   the requester holds a window key already: it came with a hand-over's timers while the KLT
-//!   still names the sender);
+//! - one-hop fetch: a fetch goes to the store that holds the key, or the key exists nowhere
+//!   (never to the requester itself: state that came with a hand-over's timers is local);
 //! - exactly once and order per (key, input): record `#s` of a key on an input follows `#s-1` of
 //!   that input, and is processed as the input it came on;
 //! - state and deletes: the stored count equals the records processed since the key's state was
@@ -28,7 +27,9 @@ use serde::{Deserialize, Serialize};
 
 use super::Fault;
 use super::world::{Kind, Msg, Node, World};
-use crate::koala::{Answered, LocationStore, PeerMessage, Sample, TaskAction, serve_fetch};
+use crate::koala::{
+    Answered, HandOver, LocationStore, PeerMessage, Sample, TaskAction, key_hash, serve_fetch,
+};
 
 /// What the operator has done to one key, as the harness saw it (never read from a store).
 #[derive(Clone, Debug, Default)]
@@ -45,9 +46,10 @@ pub(crate) struct KeyLedger {
 
 /// Key `i` of the workload. Keys with `i % 4 < 2` are *window keys* (`w…`): each record sets a
 /// timer at its own time and the state is deleted when the key's last pending timer fires, as a
-/// window operator purges a key whose windows all closed (so, as in `crates/dataflow`, a window
-/// key's state never outlives its timers). The others are plain counters (`c…`) without timers,
-/// whose state stays where it is until fetched.
+/// window operator purges a key whose windows all closed. The others are plain counters (`c…`)
+/// without timers, whose state stays where it is until fetched. With
+/// [`SimConfig::state_outlives_timers`](super::SimConfig::state_outlives_timers) every key sets
+/// timers and none deletes state.
 pub(crate) fn key_name(i: usize) -> Vec<u8> {
     let kind = if i % 4 < 2 { 'w' } else { 'c' };
     format!("{kind}{i}").into_bytes()
@@ -92,11 +94,7 @@ impl World {
             }
             TaskAction::FetchState { from, request } => {
                 for key in &request.keys {
-                    // The requester may hold a window key itself: its state came with the timers
-                    // of a hand-over while the KLT still names the sender's location.
-                    let came_with_timers = |at: TaskId| at == me && is_window_key(key);
-                    if let Some(&at) = self.holder.get(key).filter(|&&at| at != from && !came_with_timers(at))
-                    {
+                    if let Some(&at) = self.holder.get(key).filter(|&&at| at != from) {
                         return Err(format!(
                             "one hop: {me} fetches {} from {from} but it lives at {at}",
                             show(key)
@@ -146,8 +144,7 @@ impl World {
                         }
                         *slot = None;
                     }
-                    let buckets = hand_over.buckets.iter().map(|b| b.bucket).collect();
-                    hand_over.metadata = self.take_metadata(me, &buckets)?;
+                    self.take_metadata(me, hand_over)?;
                 }
                 self.channels.push((Node::Task(me), Node::Task(to), Kind::Peer), Msg::Peer(message));
             }
@@ -230,7 +227,7 @@ impl World {
         *last = seq;
         ledger.processed += 1;
         task.store.insert(key.to_vec(), count + 1);
-        if is_window_key(key) {
+        if self.cfg.state_outlives_timers || is_window_key(key) {
             task.timers.insert((time, key.to_vec()));
         }
         self.holder.insert(key.to_vec(), me);
@@ -258,6 +255,11 @@ impl World {
         let (fired, kept): (BTreeSet<_>, BTreeSet<_>) =
             std::mem::take(&mut task.timers).into_iter().partition(due);
         task.timers = kept;
+        if self.cfg.state_outlives_timers {
+            // The key's state stays here, at its KLT location, with no timer left to carry it
+            // along at the next hand-over of its bucket.
+            return Ok(());
+        }
         let closed: BTreeSet<Vec<u8>> = fired
             .into_iter()
             .map(|(_, k)| k)
@@ -280,9 +282,11 @@ impl World {
     }
 
     /// A hand-over's operator metadata, as the runtime builds it: the moved buckets' timers and
-    /// the state of their keys, both gone from the sender.
-    fn take_metadata(&mut self, me: TaskId, buckets: &BTreeSet<u16>) -> Result<Vec<u8>, String> {
+    /// the state of their keys, both gone from the sender, and those keys listed as carried (the
+    /// receiver's KLT records them as local).
+    fn take_metadata(&mut self, me: TaskId, hand_over: &mut HandOver) -> Result<(), String> {
         let nb = self.cfg.num_buckets;
+        let buckets: BTreeSet<u16> = hand_over.buckets.iter().map(|b| b.bucket).collect();
         let task = self.tasks.get_mut(&me).ok_or("hand-over from unknown task")?;
         let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
             .into_iter()
@@ -292,6 +296,7 @@ impl World {
         if self.cfg.fault != Some(Fault::TimersWithoutState) {
             let keys: BTreeSet<&Vec<u8>> = moved.iter().map(|(_, k)| k).collect();
             for key in keys {
+                hand_over.carried.push((bucket_of(key, nb), key_hash(key)));
                 if let Some(count) = task.store.remove(key) {
                     self.holder.remove(key);
                     state.push((key.clone(), count));
@@ -299,10 +304,11 @@ impl World {
             }
         }
         if moved.is_empty() && state.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let metadata = Metadata { timers: moved.into_iter().collect(), state };
-        encode(&metadata).map_err(|e| format!("hand-over metadata: {e}"))
+        hand_over.metadata = encode(&metadata).map_err(|e| format!("hand-over metadata: {e}"))?;
+        Ok(())
     }
 
     /// A receiver installs a hand-over's metadata: its state (one live copy) and its timers, none

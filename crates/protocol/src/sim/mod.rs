@@ -13,10 +13,12 @@
 //! timer at its own time, and when the key's last pending timer fires (the task emits a watermark
 //! at or past it, or a sender fires due timers before a hand-over) the key's state is deleted, as
 //! a window operator purges a key whose windows all closed. As the runtime does, a hand-over
-//! carries the moved buckets' timers *and* the state of their keys, and stop-and-restart's
-//! transfer carries both. The other keys are plain counters without timers whose state stays put
-//! until fetched (lazy fetch, progressive migration). A window key's state never outlives its
-//! timers, the property of every window operator that the runtime's hand-over relies on.
+//! carries the moved buckets' timers *and* the state of their keys, listed as carried so the
+//! receiver's KLT says they are local, and stop-and-restart's transfer carries both. The other
+//! keys are plain counters without timers whose state stays put until fetched (lazy fetch,
+//! progressive migration). With [`SimConfig::state_outlives_timers`] every key sets timers and
+//! none deletes state: a key whose timers all fired keeps its state where they fired, so its
+//! bucket's next hand-over must name that task as its location (one hop, nothing stranded).
 //!
 //! With [`SimConfig::inputs`] = 2 the operator has two inputs fed by the same upstream tasks (a
 //! self-join): each upstream runs one router per input with the same table (they switch, mark
@@ -73,9 +75,9 @@ pub enum Fault {
     RerouteAtDrain,
     /// A location answers a fetch without deleting what it answered (breaks one live copy).
     ServeWithoutDelete,
-    /// A hand-over carries the moved buckets' timers but not the state of their keys, so a
-    /// window fires at the receiver on state that is not there and its delete misses the copy
-    /// the sender kept.
+    /// A hand-over carries the moved buckets' timers but not the state of their keys (nor lists
+    /// them as carried), so a window fires at the receiver on state that is not there and its
+    /// delete misses the copy the sender kept.
     TimersWithoutState,
 }
 
@@ -133,6 +135,11 @@ pub struct SimConfig {
     pub max_steps: u64,
     /// The protocol the target tasks run.
     pub protocol: Protocol,
+    /// Every key sets timers and a firing timer deletes nothing: state outlives its timers, as
+    /// in an operator with per-key state beside its timers (a running aggregate that also
+    /// schedules a flush). Off: window keys purge their state when their last timer fires and
+    /// the other keys set no timers (see the module docs).
+    pub state_outlives_timers: bool,
 }
 
 impl SimConfig {
@@ -149,6 +156,7 @@ impl SimConfig {
             num_buckets: 16,
             max_steps: 20_000,
             protocol: Protocol::Koala,
+            state_outlives_timers: false,
         }
     }
 }
@@ -193,6 +201,8 @@ pub struct SimFailure {
     pub protocol: Protocol,
     /// Operator inputs per upstream task.
     pub inputs: usize,
+    /// Whether state outlived its timers ([`SimConfig::state_outlives_timers`]).
+    pub state_outlives_timers: bool,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -206,9 +216,10 @@ impl fmt::Display for SimFailure {
         let fault = self.fault.map(|x| format!(" KOALA_SIM_FAULT={}", x.name())).unwrap_or_default();
         let inputs =
             if self.inputs == 1 { String::new() } else { format!(" KOALA_SIM_INPUTS={}", self.inputs) };
+        let outlive = if self.state_outlives_timers { " KOALA_SIM_STATE_OUTLIVES_TIMERS=1" } else { "" };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -222,6 +233,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         fault: config.fault,
         protocol: config.protocol,
         inputs: config.inputs,
+        state_outlives_timers: config.state_outlives_timers,
         step,
         message,
     };

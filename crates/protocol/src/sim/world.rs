@@ -157,9 +157,10 @@ pub(crate) struct SimTask {
     pub(crate) store: BTreeMap<Vec<u8>, u64>,
     pub(crate) last_watermark: Option<Timestamp>,
     pub(crate) released: bool,
-    /// Event-time timers (time, key): every processed record of a window key sets one at its
-    /// own time (a window's end); they fire when the task emits a watermark at or past them and
-    /// travel with their bucket's hand-over, together with their keys' state.
+    /// Event-time timers (time, key): every processed record of a window key (of every key when
+    /// state outlives timers) sets one at its own time (a window's end); they fire when the task
+    /// emits a watermark at or past them and travel with their bucket's hand-over, together with
+    /// their keys' state.
     pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
 }
 

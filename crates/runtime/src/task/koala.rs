@@ -9,8 +9,10 @@
 //! per channel, so a self-join (one upstream task on both inputs) needs nothing special here.
 //!
 //! Operator metadata travels with a hand-over: the timers of the moved buckets and, with them, the
-//! state of the keys that have timers (open windows), so a timer always fires on local state.
-//! Everything else stays where it is until first accessed.
+//! state of the keys that have timers (open windows), so a timer always fires on local state. The
+//! hand-over lists those keys (`HandOver::carried`) and the receiving core records them as local,
+//! so their next record needs no fetch and a later hand-over names the right location even when
+//! their state outlives their timers. Everything else stays where it is until first accessed.
 //!
 //! The loop never blocks on a peer (`crate::peer`): fetches and their answers go on the fetch
 //! lane, which nobody waits on; peer messages go on the bounded peer lane through an outbox, and
@@ -22,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
-    Answered, FetchRequest, FetchResponse, KoalaTask, LocationStore, PeerMessage, Sample, TaskAction,
-    TaskConfig, TaskEvent, serve_fetch,
+    Answered, FetchRequest, FetchResponse, HandOver, KoalaTask, LocationStore, PeerMessage, Sample,
+    TaskAction, TaskConfig, TaskEvent, key_hash, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
@@ -429,9 +431,7 @@ impl KoalaOperator {
                 }
                 TaskAction::SendToPeer { to, mut message } => {
                     if let PeerMessage::HandOver { hand_over, .. } = &mut message {
-                        let buckets: BTreeSet<BucketId> =
-                            hand_over.buckets.iter().map(|b| b.bucket).collect();
-                        hand_over.metadata = self.take_metadata(setup, &buckets)?;
+                        self.take_metadata(setup, hand_over)?;
                     }
                     self.send(setup, to, &Wire::Peer(message))?;
                 }
@@ -542,21 +542,25 @@ impl KoalaOperator {
         Ok(())
     }
 
-    /// Timers of the handed-over buckets and the state of their keys, removed from here.
-    fn take_metadata(
-        &mut self,
-        setup: &TaskSetup,
-        buckets: &BTreeSet<BucketId>,
-    ) -> Result<Vec<u8>, RuntimeError> {
+    /// Moves the timers of the handed-over buckets and the state of their keys from here into
+    /// the hand-over's metadata, and lists those keys as carried: the receiver's KLT records them
+    /// as local (their state, if any, is in the metadata; it is nowhere else).
+    fn take_metadata(&mut self, setup: &TaskSetup, hand_over: &mut HandOver) -> Result<(), RuntimeError> {
         let nb = setup.num_buckets;
+        let buckets: BTreeSet<BucketId> = hand_over.buckets.iter().map(|b| b.bucket).collect();
         let timers = self.op.timers.take_where(|key| buckets.contains(&bucket_of(key, nb)));
         let keys: Vec<Vec<u8>> =
             timers.iter().map(|(_, k)| k.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+        hand_over.carried = keys.iter().map(|k| (bucket_of(k, nb), key_hash(k))).collect();
         let state =
             self.take_keys(setup, &keys)?.into_iter().filter_map(|(k, b)| b.map(|b| (k, b))).collect();
-        encode(&Metadata { timers, state }).map_err(codec)
+        hand_over.metadata = encode(&Metadata { timers, state }).map_err(codec)?;
+        Ok(())
     }
 
+    /// Registers a hand-over's timers and writes the state that came with them; the core has
+    /// already recorded the carried keys as local in its KLT (`TaskAction::InstallMetadata`
+    /// comes before any batch of the handed-over buckets).
     fn install_metadata(&mut self, setup: &TaskSetup, metadata: &[u8]) -> Result<(), RuntimeError> {
         if metadata.is_empty() {
             return Ok(());
@@ -626,12 +630,14 @@ mod tests {
         TaskInput { channel: InputChannel { input, from }, message: ChannelMessage::Protocol(bytes) }
     }
 
-    /// What the sink got: up to and with the task's end of stream, then after it; and the acks.
+    /// What the sink got: up to and with the task's end of stream, then after it; the acks; and
+    /// the fetches count.0 got.
     struct Outcome {
         key: u64,
         until_end: Vec<ChannelMessage>,
         after_end: Vec<ChannelMessage>,
         acks: Vec<TaskAck>,
+        fetches: usize,
     }
 
     impl Outcome {
@@ -652,8 +658,10 @@ mod tests {
     /// The soak's interleaving at a new task: count.1, created by epoch 1 to take buckets 2 and 3
     /// from count.0, hears that its only upstream finished (it never switched routing: the
     /// coordinator's `UpstreamEnded`) before it hears `Begin`. Count.0 then hands the buckets over
-    /// with a queued record of bucket 2 (time 7) and closes.
-    fn upstream_ends_before_begin(graph: JobGraph) -> Outcome {
+    /// with a queued record of bucket 2 (time 7) and closes. With `carried_timer`, the hand-over
+    /// carries a timer of the record's key at that time, as count.0's `take_metadata` sends it
+    /// (the key has no state yet), and lists the key as carried.
+    fn upstream_ends_before_begin(graph: JobGraph, carried_timer: Option<Timestamp>) -> Outcome {
         let (src, count, out) = (id(&graph, "src"), id(&graph, "count"), id(&graph, "out"));
         let (up, old, new, sink) =
             (TaskId::new(src, 0), TaskId::new(count, 0), TaskId::new(count, 1), TaskId::new(out, 0));
@@ -747,6 +755,11 @@ mod tests {
         let record = Record { key: encode(&key).expect("key"), value: encode(&key).expect("value"), time: 7 };
         let mut hand_over = KeyLookupTable::new(old, 0..4).take(&[2, 3]);
         hand_over.watermark = Some(5);
+        if let Some(time) = carried_timer {
+            let metadata = Metadata { timers: vec![(time, record.key.clone())], state: Vec::new() };
+            hand_over.metadata = encode(&metadata).expect("metadata");
+            hand_over.carried = vec![(2, key_hash(&record.key))];
+        }
         for message in [
             PeerMessage::HandOver { epoch: 1, hand_over: Box::new(hand_over) },
             PeerMessage::Records { epoch: 1, input: 0, records: vec![record] },
@@ -754,13 +767,21 @@ mod tests {
         ] {
             peer_tx.send(peer(old, &Wire::Peer(message))).expect("peer");
         }
-        // The key's state location is still count.0: answer the fetch (count.0 holds none).
-        let fetch = old_rx.recv_timeout(WAIT).expect("a fetch from count.0");
-        let ChannelMessage::Protocol(bytes) = fetch.message else { panic!("not a protocol message") };
-        let Ok(Wire::Fetch(request)) = decode::<Wire>(&bytes) else { panic!("not a fetch") };
-        let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
-        let answer = FetchResponse { id: request.id, values, extra: Vec::new(), exhausted: Vec::new() };
-        fetch_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");
+        let is_fetch = |input: &TaskInput| match &input.message {
+            ChannelMessage::Protocol(bytes) => matches!(decode::<Wire>(bytes), Ok(Wire::Fetch(_))),
+            _ => false,
+        };
+        let mut fetches = 0;
+        if carried_timer.is_none() {
+            // The key's state location is still count.0: answer the fetch (count.0 holds none).
+            let fetch = old_rx.recv_timeout(WAIT).expect("a fetch from count.0");
+            let ChannelMessage::Protocol(bytes) = fetch.message else { panic!("not a protocol message") };
+            let Ok(Wire::Fetch(request)) = decode::<Wire>(&bytes) else { panic!("not a fetch") };
+            let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
+            let answer = FetchResponse { id: request.id, values, extra: Vec::new(), exhausted: Vec::new() };
+            fetch_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");
+            fetches += 1;
+        }
 
         let mut until_end = Vec::new();
         while until_end.last() != Some(&ChannelMessage::EndOfStream) {
@@ -771,6 +792,7 @@ mod tests {
         cmd_tx.send(TaskCommand::Release).expect("release");
         task.join().expect("task thread").expect("task");
         let after_end = sink_rx.try_iter().map(|i| i.message).collect();
+        fetches += old_rx.try_iter().filter(is_fetch).count();
         let acks = events_rx
             .try_iter()
             .filter_map(|e| match e {
@@ -778,26 +800,29 @@ mod tests {
                 _ => None,
             })
             .collect();
-        Outcome { key, until_end, after_end, acks }
+        Outcome { key, until_end, after_end, acks, fetches }
     }
 
     /// The soak's `keyed-aggregate`: records processed after the end of stream reach a sink that
     /// may have exited (`task aggregate.8 failed: channel to op2.1 closed`).
     #[test]
     fn a_new_task_whose_upstream_ended_before_begin_ends_after_the_records_handed_to_it() {
-        let o = upstream_ends_before_begin(graph(|keyed| {
-            keyed
-                .stateful_map("count", |k: &u64, _x: u64, n: &mut ValueState<u64>| {
-                    (
-                        *k,
-                        n.update(|n| {
-                            *n += 1;
-                            *n
-                        }),
-                    )
-                })
-                .sink_discard("out");
-        }));
+        let o = upstream_ends_before_begin(
+            graph(|keyed| {
+                keyed
+                    .stateful_map("count", |k: &u64, _x: u64, n: &mut ValueState<u64>| {
+                        (
+                            *k,
+                            n.update(|n| {
+                                *n += 1;
+                                *n
+                            }),
+                        )
+                    })
+                    .sink_discard("out");
+            }),
+            None,
+        );
         assert_eq!(o.outputs::<(u64, u64)>(), vec![(o.key, 1)], "before end of stream: {:?}", o.until_end);
         assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
         assert_eq!(o.acks.last(), Some(&TaskAck::InputsEnded), "acks {:?}", o.acks);
@@ -807,17 +832,7 @@ mod tests {
     /// to it would be dropped as late (their window lost).
     #[test]
     fn a_new_task_whose_upstream_ended_before_begin_fires_the_windows_of_records_handed_to_it() {
-        let o = upstream_ends_before_begin(graph(|keyed| {
-            keyed
-                .window(WindowSpec::tumbling(10))
-                .aggregate(
-                    "count",
-                    || 0u64,
-                    |n: &mut u64, _: &u64| *n += 1,
-                    |k: &u64, w: Window, n: u64| (*k, w.start, n),
-                )
-                .sink_discard("out");
-        }));
+        let o = upstream_ends_before_begin(window_count(), None);
         assert_eq!(
             o.outputs::<(u64, u64, u64)>(),
             vec![(o.key, 0, 1)],
@@ -831,5 +846,30 @@ mod tests {
             "no watermark past the handed-over record before its window: {:?}",
             o.until_end
         );
+    }
+
+    /// A key whose timer came with the hand-over is local at the receiver: its record is
+    /// processed without a fetch from the sender, and its window fires once.
+    #[test]
+    fn a_key_carried_with_its_timer_is_not_fetched_from_the_sender() {
+        let o = upstream_ends_before_begin(window_count(), Some(10));
+        assert_eq!(o.fetches, 0, "acks {:?}", o.acks);
+        assert_eq!(o.outputs::<(u64, u64, u64)>(), vec![(o.key, 0, 1)], "{:?}", o.until_end);
+        assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
+    }
+
+    /// A tumbling window of 10 counting records per key.
+    fn window_count() -> JobGraph {
+        graph(|keyed| {
+            keyed
+                .window(WindowSpec::tumbling(10))
+                .aggregate(
+                    "count",
+                    || 0u64,
+                    |n: &mut u64, _: &u64| *n += 1,
+                    |k: &u64, w: Window, n: u64| (*k, w.start, n),
+                )
+                .sink_discard("out");
+        })
     }
 }
