@@ -204,13 +204,14 @@ fn keyed_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let seed = params.generator.seed;
     let left = keyed_events(&df, "left", params, seed);
     let right = keyed_events(&df, "right", params, seed.wrapping_add(1));
-    let pairs = left.join("join", &right, |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
-        key: *key,
-        left_seq: l.seq,
-        right_seq: r.seq,
-    });
+    let pairs = left.join("join", &right, join_pair);
     sink(&pairs, params.sink);
     df.build()
+}
+
+/// The output of the unwindowed joins: a key and the sequence numbers of the two records.
+fn join_pair(key: &u64, l: &KeyedEvent, r: &KeyedEvent) -> KeyedJoinPair {
+    KeyedJoinPair { key: *key, left_seq: l.seq, right_seq: r.seq }
 }
 
 /// Source "source", keyed, joined with itself without windows → sink: one upstream operator
@@ -221,11 +222,7 @@ fn keyed_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
 fn self_join(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let events = keyed_events(&df, "source", params, params.generator.seed);
-    let pairs = events.join("join", &events, |key: &u64, l: &KeyedEvent, r: &KeyedEvent| KeyedJoinPair {
-        key: *key,
-        left_seq: l.seq,
-        right_seq: r.seq,
-    });
+    let pairs = events.join("join", &events, join_pair);
     sink(&pairs, params.sink);
     df.build()
 }
