@@ -17,7 +17,7 @@ use koala_types::{BucketId, TaskId};
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{
     ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds, decode_state_key,
-    encode_state_key, encode_write,
+    encode_state_key, encode_write, keys_after_bounds,
 };
 
 /// How many tombstones `delete_buckets` commits per batch, bounding its memory on huge buckets.
@@ -256,6 +256,31 @@ impl StateBackend for FjallBackend {
             }
         }
         chunker.finish()
+    }
+
+    fn bucket_keys_after(
+        &self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> Result<Vec<StateKey>, StateError> {
+        const OP: &str = "bucket_keys_after";
+        let task = self.store.task;
+        let layout = |source| StateError::Layout { task, op: OP, source };
+        let Some(range) = keys_after_bounds(bucket, after).map_err(layout)? else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let keyspace = self.keyspace(OP)?;
+        // The LSM seeks to the range start, so keys removed before `after` (their tombstones)
+        // are not walked; `Guard::key` does not copy the value (nor read it from a blob file).
+        keyspace
+            .range(range)
+            .take(limit)
+            .map(|guard| decode_state_key(&guard.key().map_err(store_error(task, OP))?).map_err(layout))
+            .collect()
     }
 
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {

@@ -38,6 +38,8 @@ mod key;
 mod memory;
 mod scan;
 
+use std::ops::Bound;
+
 use koala_types::{BucketId, TaskId};
 
 pub use error::{BackendError, StateError};
@@ -95,6 +97,19 @@ pub trait StateBackend: Send + Sync {
         sink: ScanSink<'_>,
     ) -> Result<u64, StateError>;
 
+    /// Up to `limit` keys of `bucket` that sort after `after` (from the bucket's start if `None`),
+    /// in key order, without reading values: a resumable key-only scan. A caller that removes the
+    /// keys it was given and continues after the last one never walks them (or their tombstones)
+    /// again, so draining a bucket costs O(its keys), not O(keys × pulls). `after` need not be
+    /// stored; one of an earlier bucket starts at the bucket's start, one of a later bucket
+    /// yields nothing. Fewer than `limit` keys means the scan reached the end of the bucket.
+    fn bucket_keys_after(
+        &self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> Result<Vec<StateKey>, StateError>;
+
     /// Removes every entry of `buckets`. Idempotent, but not atomic: a failure may leave a bucket
     /// partly deleted (recovery from a checkpoint discards the store anyway).
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError>;
@@ -128,5 +143,22 @@ pub(crate) fn encode_write(write: StateWrite) -> Result<(Vec<u8>, Option<Vec<u8>
             Ok((encode_state_key(&key)?, Some(value)))
         }
         StateWrite::Delete(key) => Ok((encode_state_key(&key)?, None)),
+    }
+}
+
+/// A range of stored (encoded) keys.
+pub(crate) type StoredRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// The stored-key range of the keys of `bucket` after `after` ([`StateBackend::bucket_keys_after`]),
+/// or `None` if there are none (`after` lies in a later bucket).
+pub(crate) fn keys_after_bounds(
+    bucket: BucketId,
+    after: Option<&StateKey>,
+) -> Result<Option<StoredRange>, LayoutError> {
+    let (start, end) = bucket_bounds(bucket);
+    match after {
+        Some(after) if after.bucket == bucket => Ok(Some((Bound::Excluded(encode_state_key(after)?), end))),
+        Some(after) if after.bucket > bucket => Ok(None),
+        _ => Ok(Some((start, end))),
     }
 }

@@ -10,7 +10,7 @@ use koala_types::{BucketId, TaskId};
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{
     ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds, decode_state_key,
-    encode_state_key, encode_write,
+    encode_state_key, encode_write, keys_after_bounds,
 };
 
 /// A worker's stores kept in memory; data lives as long as the env (tests only).
@@ -145,6 +145,25 @@ impl StateBackend for MemoryBackend {
             }
         }
         chunker.finish()
+    }
+
+    fn bucket_keys_after(
+        &self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> Result<Vec<StateKey>, StateError> {
+        const OP: &str = "bucket_keys_after";
+        let task = self.store.task;
+        let layout = |source| StateError::Layout { task, op: OP, source };
+        let Some(range) = keys_after_bounds(bucket, after).map_err(layout)? else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let entries = self.entries(OP)?;
+        entries.range(range).take(limit).map(|(k, _)| decode_state_key(k).map_err(layout)).collect()
     }
 
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {

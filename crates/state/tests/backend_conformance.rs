@@ -123,6 +123,77 @@ fn scan_returns_requested_buckets_in_key_order(env: &dyn StateEnv) -> TestResult
     Ok(())
 }
 
+/// Every key of `bucket` after `after`, read in pages of `page` keys.
+fn keys_in_pages(
+    store: &dyn StateBackend,
+    bucket: BucketId,
+    mut after: Option<StateKey>,
+    page: usize,
+) -> Result<Vec<StateKey>, StateError> {
+    let mut keys = Vec::new();
+    loop {
+        let got = store.bucket_keys_after(bucket, after.as_ref(), page)?;
+        let end = got.len() < page;
+        after = got.last().cloned().or(after);
+        keys.extend(got);
+        if end {
+            return Ok(keys);
+        }
+    }
+}
+
+fn bucket_keys_after_pages_through_one_bucket(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(2, 2))?;
+    let mut writes = Vec::new();
+    for bucket in [u16::MAX, 5, 4, 3] {
+        for state in [1u8, 0] {
+            for user in ["c", "a", "b", ""] {
+                writes.push(put(&key(bucket, state, user), "value"));
+            }
+        }
+    }
+    store.write_many(writes)?;
+    let bucket_4: Vec<StateKey> =
+        [(0, ""), (0, "a"), (0, "b"), (0, "c"), (1, ""), (1, "a"), (1, "b"), (1, "c")]
+            .iter()
+            .map(|&(state, user)| key(4, state, user))
+            .collect();
+    for page in [1, 3, 8, 100] {
+        assert_eq!(keys_in_pages(store.as_ref(), 4, None, page)?, bucket_4, "pages of {page}");
+    }
+    // A position need not be stored; one in another bucket starts at the start or yields nothing.
+    assert_eq!(store.bucket_keys_after(4, Some(&key(4, 0, "aa")), 3)?, bucket_4[2..5].to_vec());
+    assert_eq!(store.bucket_keys_after(4, Some(&key(3, 9, "zz")), 2)?, bucket_4[..2].to_vec());
+    assert_eq!(store.bucket_keys_after(4, Some(&key(5, 0, "")), 2)?, Vec::<StateKey>::new());
+    assert_eq!(store.bucket_keys_after(4, None, 0)?, Vec::<StateKey>::new());
+    assert_eq!(store.bucket_keys_after(9, None, 5)?, Vec::<StateKey>::new());
+    assert_eq!(keys_in_pages(store.as_ref(), u16::MAX, None, 3)?.len(), 8, "the last bucket");
+
+    // Take keys as they are handed out and continue after the last one: every key once, even
+    // one written ahead of the position meanwhile; one written behind it needs a fresh start.
+    let mut after: Option<StateKey> = None;
+    let mut handed_out = Vec::new();
+    loop {
+        let got = store.bucket_keys_after(4, after.as_ref(), 3)?;
+        store.write_many(got.iter().cloned().map(StateWrite::Delete).collect())?;
+        if handed_out.is_empty() {
+            store.write_many(vec![put(&key(4, 1, "d"), "ahead"), put(&key(4, 0, ""), "behind")])?;
+        }
+        after = got.last().cloned().or(after);
+        let end = got.len() < 3;
+        handed_out.extend(got);
+        if end {
+            break;
+        }
+    }
+    let mut expected = bucket_4.clone();
+    expected.push(key(4, 1, "d"));
+    assert_eq!(handed_out, expected);
+    assert_eq!(store.bucket_keys_after(4, None, 3)?, vec![key(4, 0, "")], "written behind");
+    assert_eq!(keys_in_pages(store.as_ref(), 3, None, 2)?.len(), 8, "other buckets untouched");
+    Ok(())
+}
+
 fn chunking_packs_greedily_and_sends_oversized_entries_alone(env: &dyn StateEnv) -> TestResult {
     let store = env.open_task(task(2, 2))?;
     // Entries of 3 + 1 + 6 = 10 bytes, and one of 3 + 1 + 96 = 100 bytes.
@@ -254,6 +325,7 @@ conformance!(
     last_write_wins_within_a_batch,
     rejected_batch_writes_nothing,
     scan_returns_requested_buckets_in_key_order,
+    bucket_keys_after_pages_through_one_bucket,
     chunking_packs_greedily_and_sends_oversized_entries_alone,
     scan_stops_at_a_failing_sink,
     delete_buckets_removes_only_those_buckets,

@@ -1,5 +1,5 @@
 //! Random sequences of write batches and bucket deletes leave both backends equal to a simple
-//! ordered-map model (gets, scans in key order, chunk limits).
+//! ordered-map model (gets, scans in key order, chunk limits, key-only scans in pages).
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -75,6 +75,31 @@ fn check(
         .collect();
     let expected: Vec<Option<Vec<u8>>> = probes.iter().map(|k| model.get(k).cloned()).collect();
     prop_assert_eq!(store.get_many(&probes).map_err(fail)?, expected);
+
+    // Key-only scans, in pages, from the start and from a position that need not be stored.
+    for bucket in 0..7u16 {
+        let in_bucket: Vec<&StateKey> = model.keys().filter(|k| k.bucket == bucket).collect();
+        for (page, after) in [(1, None), (3, None), (2, Some(StateKey::new(bucket, 1, vec![1])))] {
+            let mut keys = Vec::new();
+            let mut at = after.clone();
+            loop {
+                let got = store.bucket_keys_after(bucket, at.as_ref(), page).map_err(fail)?;
+                prop_assert!(got.len() <= page);
+                let end = got.len() < page;
+                at = got.last().cloned().or(at);
+                keys.extend(got);
+                if end {
+                    break;
+                }
+            }
+            let expected: Vec<StateKey> = in_bucket
+                .iter()
+                .filter(|k| after.as_ref().is_none_or(|a| **k > a))
+                .map(|k| (*k).clone())
+                .collect();
+            prop_assert_eq!(keys, expected, "bucket {} in pages of {} after {:?}", bucket, page, after);
+        }
+    }
 
     let mut scanned = Vec::new();
     let mut oversized = false;

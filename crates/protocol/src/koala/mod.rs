@@ -45,6 +45,6 @@ pub use messages::{
     BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputSource, PeerMessage,
     Reconfiguration, Role, TaskAck,
 };
-pub use serve::{Answered, LocationStore, Sample, serve_fetch};
+pub use serve::{Answered, KeyPage, LocationStore, PullCursors, serve_fetch};
 pub use task::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
 pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

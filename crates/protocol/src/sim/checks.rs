@@ -21,6 +21,7 @@
 //!   the end of time (no watermark stuck behind a channel that never closed).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use koala_types::{TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
@@ -28,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::Fault;
 use super::world::{Kind, Msg, Node, World};
 use crate::koala::{
-    Answered, HandOver, LocationStore, PeerMessage, Sample, TaskAction, key_hash, serve_fetch,
+    Answered, HandOver, KeyPage, LocationStore, PeerMessage, TaskAction, key_hash, serve_fetch,
 };
 
 /// What the operator has done to one key, as the harness saw it (never read from a store).
@@ -114,7 +115,7 @@ impl World {
                     buckets: self.cfg.num_buckets,
                     keep_answered: self.cfg.fault == Some(Fault::ServeWithoutDelete),
                 };
-                let Ok(response) = serve_fetch(&mut location, request);
+                let Ok(response) = serve_fetch(&mut location, &mut task.pull_cursors, to, request);
                 self.stats.extra_keys += response.extra.len() as u64;
                 self.channels
                     .push((Node::Task(me), Node::Task(to), Kind::State), Msg::FetchResponse(response));
@@ -445,6 +446,7 @@ struct SimLocation<'a> {
 
 impl LocationStore for SimLocation<'_> {
     type Error = std::convert::Infallible;
+    type Position = Vec<u8>;
 
     fn take(&mut self, keys: &[Vec<u8>]) -> Result<Answered, Self::Error> {
         let mut out = Vec::with_capacity(keys.len());
@@ -459,11 +461,23 @@ impl LocationStore for SimLocation<'_> {
         Ok(out)
     }
 
-    fn sample(&mut self, buckets: &[u16], max: usize) -> Result<Sample, Self::Error> {
-        let mut keys: Vec<Vec<u8>> =
-            self.store.keys().filter(|k| buckets.contains(&bucket_of(k, self.buckets))).cloned().collect();
-        let more = keys.split_off(max.min(keys.len()));
-        Ok((keys, more.iter().map(|k| bucket_of(k, self.buckets)).collect()))
+    fn keys_after(
+        &mut self,
+        bucket: u16,
+        after: Option<&Vec<u8>>,
+        max: usize,
+    ) -> Result<KeyPage<Vec<u8>>, Self::Error> {
+        // The map is not ordered by bucket (unlike the runtime's store): filter the whole range.
+        let from = after.map_or(Bound::Unbounded, |a| Bound::Excluded(a.clone()));
+        let keys: Vec<Vec<u8>> = self
+            .store
+            .range((from, Bound::Unbounded))
+            .map(|(k, _)| k)
+            .filter(|k| bucket_of(k, self.buckets) == bucket)
+            .take(max)
+            .cloned()
+            .collect();
+        Ok(KeyPage { end: keys.len() < max, last: keys.last().cloned(), keys })
     }
 }
 

@@ -19,8 +19,8 @@ use super::{Fault, SimConfig, SimStats};
 use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
-    FetchRequest, FetchResponse, KoalaTask, PeerMessage, Reconfiguration, RouterAction, RouterEvent, TaskAck,
-    TaskConfig, TaskEvent, UpstreamRouter,
+    FetchRequest, FetchResponse, KoalaTask, PeerMessage, PullCursors, Reconfiguration, RouterAction,
+    RouterEvent, TaskAck, TaskConfig, TaskEvent, UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
@@ -155,6 +155,8 @@ pub(crate) struct SimTask {
     pub(crate) core: Core,
     /// Per-key counter: the records processed since the key's state was last deleted.
     pub(crate) store: BTreeMap<Vec<u8>, u64>,
+    /// Where progressive pulls of each requester stopped in each bucket of `store`.
+    pub(crate) pull_cursors: PullCursors<Vec<u8>>,
     pub(crate) last_watermark: Option<Timestamp>,
     pub(crate) released: bool,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
@@ -334,6 +336,7 @@ impl World {
         SimTask {
             core,
             store: BTreeMap::new(),
+            pull_cursors: PullCursors::new(),
             last_watermark: None,
             released: false,
             timers: BTreeSet::new(),

@@ -24,14 +24,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
-    Answered, FetchRequest, FetchResponse, HandOver, KoalaTask, LocationStore, PeerMessage, Sample,
-    TaskAction, TaskConfig, TaskEvent, key_hash, serve_fetch,
+    FetchRequest, FetchResponse, HandOver, KoalaTask, PeerMessage, PullCursors, TaskAction, TaskConfig,
+    TaskEvent, key_hash, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
 use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
+use super::location::{Bundle, StoreLocation, Taken, codec};
 use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
@@ -51,12 +52,6 @@ enum Wire {
     Answer(FetchResponse),
 }
 
-/// A key's state over all the operator's state ids, as one value for the core.
-type Bundle = Vec<(u8, Vec<u8>)>;
-
-/// A key and its state, if it had any here.
-type Taken = (Vec<u8>, Option<Bundle>);
-
 /// The runtime's part of a hand-over: timers of the moved buckets and the state of their keys.
 #[derive(Serialize, Deserialize, Default)]
 struct Metadata {
@@ -64,51 +59,12 @@ struct Metadata {
     state: Vec<(Vec<u8>, Bundle)>,
 }
 
-/// A task's store as a fetch location: each key's state over all the operator's state ids, as
-/// one encoded value.
-struct TaskLocation<'a> {
-    task: &'a mut KoalaOperator,
-    setup: &'a TaskSetup,
-}
-
-impl LocationStore for TaskLocation<'_> {
-    type Error = RuntimeError;
-
-    fn take(&mut self, keys: &[Vec<u8>]) -> Result<Answered, RuntimeError> {
-        let taken = self.task.take_keys(self.setup, keys)?;
-        taken
-            .into_iter()
-            .map(|(key, bundle)| Ok((key, bundle.map(|b| encode(&b)).transpose().map_err(codec)?)))
-            .collect()
-    }
-
-    fn sample(&mut self, buckets: &[BucketId], max: usize) -> Result<Sample, RuntimeError> {
-        // Distinct keys (a key has one entry per state id), in key order, up to the limit.
-        let mut found: Vec<Vec<u8>> = Vec::new();
-        let mut seen: BTreeSet<Vec<u8>> = BTreeSet::new();
-        let mut more: BTreeSet<BucketId> = BTreeSet::new();
-        store(self.setup)?.scan_buckets(buckets, 256 * 1024, &mut |chunk| {
-            for (k, _) in chunk {
-                if seen.contains(&k.key) {
-                    continue;
-                }
-                if found.len() < max {
-                    seen.insert(k.key.clone());
-                    found.push(k.key);
-                } else {
-                    more.insert(k.bucket);
-                }
-            }
-            Ok(())
-        })?;
-        Ok((found, more.into_iter().collect()))
-    }
-}
-
 struct KoalaOperator {
     op: OperatorTask,
     core: KoalaTask,
     deployment: Arc<Deployment>,
+    /// Where progressive pulls of each requester stopped in each bucket of this task's store.
+    pull_cursors: PullCursors<StateKey>,
     /// Fetch lanes to peers (requests and responses; never waited on, `crate::peer`).
     fetch_lanes: HashMap<TaskId, ChannelSender>,
     /// Peer lanes to peers, with what a full one could not take yet.
@@ -152,6 +108,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         op,
         core,
         deployment: d,
+        pull_cursors: PullCursors::new(),
         fetch_lanes: HashMap::new(),
         outbox: Outbox::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
@@ -426,7 +383,7 @@ impl KoalaOperator {
                 TaskAction::FetchState { from, request } => self.send(setup, from, &Wire::Fetch(request))?,
                 TaskAction::InstallState { entries } => self.install(setup, entries)?,
                 TaskAction::ServeFetch { to, request } => {
-                    let response = self.serve(setup, request)?;
+                    let response = self.serve(setup, to, request)?;
                     self.send(setup, to, &Wire::Answer(response))?;
                 }
                 TaskAction::SendToPeer { to, mut message } => {
@@ -486,42 +443,31 @@ impl KoalaOperator {
 
     /// Reads every state id of `keys` and deletes them here (one live copy).
     fn take_keys(&mut self, setup: &TaskSetup, keys: &[Vec<u8>]) -> Result<Vec<Taken>, RuntimeError> {
-        let store = store(setup)?;
         let ids = self.state_ids();
-        let wanted: Vec<StateKey> = keys
-            .iter()
-            .flat_map(|k| {
-                ids.iter().map(move |s| StateKey {
-                    bucket: bucket_of(k, setup.num_buckets),
-                    state: *s,
-                    key: k.clone(),
-                })
-            })
-            .collect();
-        if wanted.is_empty() {
-            return Ok(keys.iter().map(|k| (k.clone(), None)).collect());
-        }
-        let values = store.get_many(&wanted)?;
-        let mut bundles: HashMap<Vec<u8>, Bundle> = HashMap::new();
-        let mut deletes = Vec::new();
-        for (k, v) in wanted.into_iter().zip(values) {
-            if let Some(v) = v {
-                bundles.entry(k.key.clone()).or_default().push((k.state, v));
-                deletes.push(StateWrite::Delete(k));
-            }
-        }
-        let moved: u64 = bundles.values().flatten().map(|(_, v)| v.len() as u64).sum();
-        self.op.metrics.state_bytes_moved += moved;
-        self.op.metrics.state_reads += deletes.len() as u64;
-        if !deletes.is_empty() {
-            store.write_many(deletes)?;
-        }
-        Ok(keys.iter().map(|k| (k.clone(), bundles.remove(k))).collect())
+        let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
+        let taken = location.take_bundles(keys)?;
+        self.count_io(&location);
+        Ok(taken)
     }
 
-    /// Answers a fetch from this task's store (the protocol's one serving function).
-    fn serve(&mut self, setup: &TaskSetup, request: FetchRequest) -> Result<FetchResponse, RuntimeError> {
-        serve_fetch(&mut TaskLocation { task: self, setup }, request)
+    /// Answers `to`'s fetch from this task's store (the protocol's one serving function).
+    fn serve(
+        &mut self,
+        setup: &TaskSetup,
+        to: TaskId,
+        request: FetchRequest,
+    ) -> Result<FetchResponse, RuntimeError> {
+        let ids = self.state_ids();
+        let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
+        let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
+        self.count_io(&location);
+        Ok(response)
+    }
+
+    /// Adds what a fetch location read and answered to the task's metrics.
+    fn count_io(&mut self, location: &StoreLocation<'_>) {
+        self.op.metrics.state_bytes_moved += location.bytes_moved;
+        self.op.metrics.state_reads += location.reads;
     }
 
     fn install(&mut self, setup: &TaskSetup, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RuntimeError> {
@@ -582,10 +528,6 @@ fn store(setup: &TaskSetup) -> Result<&dyn koala_state::StateBackend, RuntimeErr
         .store
         .as_deref()
         .ok_or_else(|| RuntimeError::deployment(setup.task, "a keyed task without a state store"))
-}
-
-fn codec(e: koala_types::CodecError) -> RuntimeError {
-    RuntimeError::Codec { what: "a key's state bundle".into(), source: e }
 }
 
 #[cfg(test)]

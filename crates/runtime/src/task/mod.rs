@@ -1,6 +1,7 @@
 //! Task loops: one thread per task, one loop per kind of operator.
 
 mod koala;
+mod location;
 mod operator;
 mod sink;
 mod source;

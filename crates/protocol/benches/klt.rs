@@ -1,0 +1,208 @@
+//! Size and lookup cost of a receiver's key lookup table (KLT) after a hand-over (issue 10;
+//! docs/testing.md §7). Print-only, not part of the tests:
+//!
+//! ```text
+//! cargo bench -p koala-protocol --bench klt                        # 1 M and 10 M keys
+//! cargo bench -p koala-protocol --bench klt -- --keys 1M,10M,100M  # 100 M: synthetic hashes
+//! ```
+//!
+//! A scale-out 1 → 2 of 128 buckets: task A owns them all; the buckets 64..128, holding K keys,
+//! are handed over to the new task B while A stays live. For each K the table shows B's KLT in
+//! these shapes:
+//! - *untouched*: just after the hand-over; no key accessed yet.
+//! - *fetched*: every handed-over key accessed once (fetched from A and installed at B).
+//! - *new keys*: K keys that never existed anywhere arrive at B's buckets after the hand-over
+//!   (each asks A, which answers "not here": a round trip).
+//!
+//! Bytes are [`KeyLookupTable::approx_bytes`] (the exception maps; the per-bucket defaults are a
+//! few bytes per bucket), per handed-over key (untouched, fetched) or per new key. A lookup is one
+//! [`KeyLookupTable::location`] of a pre-hashed key drawn at random from the shape's keys (the
+//! handed-over ones, and for *new keys* the new ones too), timed over 1 M lookups, best of 5
+//! rounds. Keys of K ≤ 10 M are record keys (a `u64`, in its canonical
+//! encoding) with the real bucket and key hash; above, their hashes are synthetic.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use koala_protocol::koala::{KeyLookupTable, key_hash};
+use koala_types::{BucketId, OperatorId, TaskId, bucket_of, encode};
+
+const NUM_BUCKETS: u16 = 128;
+/// The buckets handed over: the upper half, as a consistent scale-out 1 → 2 moves them.
+const MOVED: std::ops::Range<BucketId> = NUM_BUCKETS / 2..NUM_BUCKETS;
+const LOOKUPS: usize = 1_000_000;
+/// Above this many keys, hashes are synthetic (no record key is encoded and hashed).
+const REAL_KEYS_UP_TO: u64 = 10_000_000;
+
+/// A key as the KLT sees it.
+#[derive(Clone, Copy)]
+struct Key {
+    bucket: BucketId,
+    hash: u64,
+}
+
+/// The `n` keys from `first` on that fall into the moved buckets (record keys or synthetic).
+fn keys(first: u64, n: u64) -> Result<Vec<Key>, String> {
+    let mut out = Vec::with_capacity(usize::try_from(n).map_err(|e| e.to_string())?);
+    let mut i = first;
+    while (out.len() as u64) < n {
+        let key = if n <= REAL_KEYS_UP_TO {
+            let bytes = encode(&i).map_err(|e| e.to_string())?;
+            Key { bucket: bucket_of(&bytes, NUM_BUCKETS), hash: key_hash(&bytes) }
+        } else {
+            let hash = splitmix64(i);
+            Key { bucket: (hash % u64::from(NUM_BUCKETS)) as BucketId, hash }
+        };
+        i += 1;
+        if MOVED.contains(&key.bucket) {
+            out.push(key);
+        }
+    }
+    Ok(out)
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Mean ns per lookup of `LOOKUPS` keys drawn from `keys`, best of 5 rounds.
+fn lookup_ns(klt: &KeyLookupTable, keys: &[&[Key]]) -> f64 {
+    let total: usize = keys.iter().map(|k| k.len()).sum();
+    let mut sample = Vec::with_capacity(LOOKUPS);
+    for i in 0..LOOKUPS {
+        let mut at = (splitmix64(i as u64) % total as u64) as usize;
+        for part in keys {
+            if at < part.len() {
+                sample.push(part[at]);
+                break;
+            }
+            at -= part.len();
+        }
+    }
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let started = Instant::now();
+        for k in &sample {
+            black_box(klt.location(black_box(k.bucket), black_box(k.hash)));
+        }
+        best = best.min(started.elapsed());
+    }
+    best.as_secs_f64() * 1e9 / sample.len() as f64
+}
+
+struct Row {
+    keys: u64,
+    shape: &'static str,
+    entries: usize,
+    round_trips: u64,
+    bytes: usize,
+    per_key_of: u64,
+    lookup_ns: f64,
+}
+
+fn print(row: &Row) {
+    println!(
+        "| {} | {} | {} | {} | {:.1} MB | {:.2} | {:.1} |",
+        human(row.keys),
+        row.shape,
+        row.entries,
+        row.round_trips,
+        row.bytes as f64 / 1e6,
+        row.bytes as f64 / row.per_key_of as f64,
+        row.lookup_ns
+    );
+}
+
+fn human(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{} M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{} k", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+fn parse_count(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (digits, scale) = match s.chars().last() {
+        Some('M' | 'm') => (&s[..s.len() - 1], 1_000_000),
+        Some('k' | 'K') => (&s[..s.len() - 1], 1_000),
+        _ => (s, 1),
+    };
+    digits.parse::<u64>().map(|n| n * scale).map_err(|e| format!("bad key count {s:?}: {e}"))
+}
+
+/// One key count: the three shapes, each on a fresh hand-over.
+fn measure(k: u64, a: TaskId, b: TaskId) -> Result<Vec<Row>, String> {
+    let handed = keys(0, k)?;
+    let hand_over = |receiver: &mut KeyLookupTable| -> Result<Duration, String> {
+        let mut sender = KeyLookupTable::new(a, 0..NUM_BUCKETS);
+        let started = Instant::now();
+        let moved: Vec<BucketId> = MOVED.collect();
+        receiver.install(&sender.take(&moved)).map_err(|e| e.to_string())?;
+        Ok(started.elapsed())
+    };
+    let mut rows = Vec::new();
+
+    let mut klt = KeyLookupTable::new(b, []);
+    let took = hand_over(&mut klt)?;
+    eprintln!("{} keys: hand-over (take + install of {} buckets) {took:?}", human(k), MOVED.len());
+    let row = |shape, klt: &KeyLookupTable, round_trips, per_key_of, lookup_ns| Row {
+        keys: k,
+        shape,
+        entries: klt.entries(),
+        round_trips,
+        bytes: klt.approx_bytes(),
+        per_key_of,
+        lookup_ns,
+    };
+    rows.push(row("untouched", &klt, 0, k, lookup_ns(&klt, &[&handed])));
+
+    // Every handed-over key fetched once: its state is at B now, unlike its bucket's default.
+    for key in &handed {
+        if klt.location(key.bucket, key.hash) == Some(a) {
+            klt.mark_local(key.bucket, key.hash);
+        }
+    }
+    rows.push(row("fetched", &klt, 0, k, lookup_ns(&klt, &[&handed])));
+    drop(klt);
+
+    // K keys A never had: each is asked of A ("not here") and then recorded as local at B.
+    let mut klt = KeyLookupTable::new(b, []);
+    hand_over(&mut klt)?;
+    let fresh = keys(1 << 40, k)?;
+    let mut round_trips = 0;
+    for key in &fresh {
+        if klt.location(key.bucket, key.hash) == Some(a) {
+            round_trips += 1;
+            klt.mark_local(key.bucket, key.hash);
+        }
+    }
+    rows.push(row("new keys", &klt, round_trips, k, lookup_ns(&klt, &[&handed, &fresh])));
+    Ok(rows)
+}
+
+fn main() -> Result<(), String> {
+    let mut counts = vec![1_000_000, 10_000_000];
+    let mut args = std::env::args().skip(1);
+    // cargo bench passes `--bench`; other flags and libtest filters mean nothing here.
+    while let Some(arg) = args.next() {
+        if arg == "--keys" {
+            let list = args.next().ok_or("--keys needs a list, e.g. 1M,10M,100M")?;
+            counts = list.split(',').map(parse_count).collect::<Result<_, _>>()?;
+        }
+    }
+    let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
+    println!(
+        "| keys (K) | shape | explicit entries | \"not here\" round trips | KLT bytes | bytes per key (handed-over or new) | lookup ns per key |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for k in counts {
+        for row in measure(k, a, b)? {
+            print(&row);
+        }
+    }
+    Ok(())
+}
