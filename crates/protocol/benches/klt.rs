@@ -7,24 +7,29 @@
 //! ```
 //!
 //! A scale-out 1 → 2 of 128 buckets: task A owns them all; the buckets 64..128, holding K keys,
-//! are handed over to the new task B while A stays live. For each K the table shows B's KLT in
-//! these shapes:
-//! - *untouched*: just after the hand-over; no key accessed yet.
-//! - *fetched*: every handed-over key accessed once (fetched from A and installed at B).
-//! - *new keys*: K keys that never existed anywhere arrive at B's buckets after the hand-over
-//!   (each asks A, which answers "not here": a round trip).
+//! are handed over to the new task B while A stays live, and A's membership filters of those
+//! buckets (built in the background after the hand-over) have arrived at B. For each K the table
+//! shows B's KLT in these shapes:
+//! - *untouched*: just after the filters arrived; no key accessed yet.
+//! - *fetched*: every handed-over key accessed once (fetched from A and installed at B, where the
+//!   store answers first: no entry).
+//! - *new keys*: K keys that never existed anywhere arrive at B's buckets after the hand-over: a key
+//!   outside A's filter is created at B without a round trip; a false positive asks A, which
+//!   answers "not here", and costs an entry.
 //!
-//! Bytes are [`KeyLookupTable::approx_bytes`] (the exception maps; the per-bucket defaults are a
-//! few bytes per bucket), per handed-over key (untouched, fetched) or per new key. A lookup is one
-//! [`KeyLookupTable::location`] of a pre-hashed key drawn at random from the shape's keys (the
-//! handed-over ones, and for *new keys* the new ones too), timed over 1 M lookups, best of 5
-//! rounds. Keys of K ≤ 10 M are record keys (a `u64`, in its canonical
-//! encoding) with the real bucket and key hash; above, their hashes are synthetic.
+//! Bytes are [`KeyLookupTable::approx_bytes`] (filters, entry maps and per-bucket layers), per
+//! handed-over key (untouched, fetched) or per new key. A lookup is what the task does for a key
+//! of a batch: its own store first (here a hash set standing in for it, at B), then
+//! [`KeyLookupTable::candidates`] on a miss, for a pre-hashed key drawn at random from the shape's
+//! keys (the handed-over ones, and for *new keys* the new ones too), timed over 1 M lookups, best
+//! of 5 rounds. Keys of K ≤ 10 M are record keys (a `u64`, in its canonical encoding) with the
+//! real bucket and key hash; above, their hashes are synthetic.
 
+use std::collections::{BTreeMap, HashSet};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use koala_protocol::koala::{KeyLookupTable, key_hash};
+use koala_protocol::koala::{KeyFilter, KeyLookupTable, key_hash};
 use koala_types::{BucketId, OperatorId, TaskId, bucket_of, encode};
 
 const NUM_BUCKETS: u16 = 128;
@@ -68,8 +73,20 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// B's store, as the lookups see it: the hashes of the keys it holds.
+type Local = HashSet<u64>;
+
+/// Whether a key must be asked of another location: not in B's store, and named by the KLT.
+fn remote(klt: &KeyLookupTable, local: &Local, key: Key, out: &mut Vec<TaskId>) -> bool {
+    if local.contains(&key.hash) {
+        return false;
+    }
+    klt.candidates(key.bucket, key.hash, out);
+    !out.is_empty()
+}
+
 /// Mean ns per lookup of `LOOKUPS` keys drawn from `keys`, best of 5 rounds.
-fn lookup_ns(klt: &KeyLookupTable, keys: &[&[Key]]) -> f64 {
+fn lookup_ns(klt: &KeyLookupTable, local: &Local, keys: &[&[Key]]) -> f64 {
     let total: usize = keys.iter().map(|k| k.len()).sum();
     let mut sample = Vec::with_capacity(LOOKUPS);
     for i in 0..LOOKUPS {
@@ -83,10 +100,11 @@ fn lookup_ns(klt: &KeyLookupTable, keys: &[&[Key]]) -> f64 {
         }
     }
     let mut best = Duration::MAX;
+    let mut out = Vec::new();
     for _ in 0..5 {
         let started = Instant::now();
         for k in &sample {
-            black_box(klt.location(black_box(k.bucket), black_box(k.hash)));
+            black_box(remote(klt, local, black_box(*k), &mut out));
         }
         best = best.min(started.elapsed());
     }
@@ -137,18 +155,33 @@ fn parse_count(s: &str) -> Result<u64, String> {
 /// One key count: the three shapes, each on a fresh hand-over.
 fn measure(k: u64, a: TaskId, b: TaskId) -> Result<Vec<Row>, String> {
     let handed = keys(0, k)?;
-    let hand_over = |receiver: &mut KeyLookupTable| -> Result<Duration, String> {
+    let mut by_bucket: BTreeMap<BucketId, Vec<u64>> = BTreeMap::new();
+    for key in &handed {
+        by_bucket.entry(key.bucket).or_default().push(key.hash);
+    }
+    let hand_over = |receiver: &mut KeyLookupTable| -> Result<(Duration, Duration), String> {
         let mut sender = KeyLookupTable::new(a, 0..NUM_BUCKETS);
         let started = Instant::now();
         let moved: Vec<BucketId> = MOVED.collect();
-        receiver.install(&sender.take(&moved)).map_err(|e| e.to_string())?;
-        Ok(started.elapsed())
+        let pending = receiver.install(sender.take(&moved, 1)).map_err(|e| e.to_string())?;
+        let handed_over = started.elapsed();
+        // A's background work: one filter per bucket, from the keys it holds.
+        let started = Instant::now();
+        for p in pending {
+            let filter = KeyFilter::build(by_bucket.get(&p.bucket).cloned().unwrap_or_default());
+            receiver.filter_arrived(p.location, p.bucket, p.since, filter);
+        }
+        Ok((handed_over, started.elapsed()))
     };
     let mut rows = Vec::new();
 
     let mut klt = KeyLookupTable::new(b, []);
-    let took = hand_over(&mut klt)?;
-    eprintln!("{} keys: hand-over (take + install of {} buckets) {took:?}", human(k), MOVED.len());
+    let (took, filters) = hand_over(&mut klt)?;
+    eprintln!(
+        "{} keys: hand-over (take + install of {} buckets) {took:?}; filters built in the background {filters:?}",
+        human(k),
+        MOVED.len()
+    );
     let row = |shape, klt: &KeyLookupTable, round_trips, per_key_of, lookup_ns| Row {
         keys: k,
         shape,
@@ -158,29 +191,30 @@ fn measure(k: u64, a: TaskId, b: TaskId) -> Result<Vec<Row>, String> {
         per_key_of,
         lookup_ns,
     };
-    rows.push(row("untouched", &klt, 0, k, lookup_ns(&klt, &[&handed])));
+    let mut local = Local::new();
+    rows.push(row("untouched", &klt, 0, k, lookup_ns(&klt, &local, &[&handed])));
 
-    // Every handed-over key fetched once: its state is at B now, unlike its bucket's default.
-    for key in &handed {
-        if klt.location(key.bucket, key.hash) == Some(a) {
-            klt.mark_local(key.bucket, key.hash);
-        }
-    }
-    rows.push(row("fetched", &klt, 0, k, lookup_ns(&klt, &[&handed])));
+    // Every handed-over key fetched once: its state is in B's store now, which answers first.
+    local.extend(handed.iter().map(|key| key.hash));
+    rows.push(row("fetched", &klt, 0, k, lookup_ns(&klt, &local, &[&handed])));
     drop(klt);
 
-    // K keys A never had: each is asked of A ("not here") and then recorded as local at B.
+    // K keys A never had: outside A's filter they are created at B; a false positive asks A
+    // ("not here") and is recorded as local.
     let mut klt = KeyLookupTable::new(b, []);
     hand_over(&mut klt)?;
+    let mut local = Local::new();
     let fresh = keys(1 << 40, k)?;
     let mut round_trips = 0;
+    let mut out = Vec::new();
     for key in &fresh {
-        if klt.location(key.bucket, key.hash) == Some(a) {
+        if remote(&klt, &local, *key, &mut out) {
             round_trips += 1;
             klt.mark_local(key.bucket, key.hash);
         }
+        local.insert(key.hash);
     }
-    rows.push(row("new keys", &klt, round_trips, k, lookup_ns(&klt, &[&handed, &fresh])));
+    rows.push(row("new keys", &klt, round_trips, k, lookup_ns(&klt, &local, &[&handed, &fresh])));
     Ok(rows)
 }
 

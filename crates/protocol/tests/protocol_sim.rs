@@ -39,6 +39,10 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.released += s.released;
                 total.skipped += s.skipped;
                 total.cleared += s.cleared;
+                total.local_probes += s.local_probes;
+                total.filters_built += s.filters_built;
+                total.not_here += s.not_here;
+                total.fetches_racing_pulls += s.fetches_racing_pulls;
                 for (sum, n) in total.by_input.iter_mut().zip(s.by_input) {
                     *sum += n;
                 }
@@ -60,6 +64,9 @@ fn scale_out_2_to_4() {
     assert_eq!(s.epochs, SEEDS);
     assert!(s.moved_keys > 0, "some state must move lazily");
     assert!(s.cleared > 0, "windows must fire and delete their keys' state");
+    // Local first, then filters (with forced false positives): all of it exercised.
+    assert!(s.local_probes > 0 && s.filters_built > 0, "{s:?}");
+    assert!(s.not_here > 0, "false positives and missing filters must cost 'not here' answers: {s:?}");
 }
 
 #[test]
@@ -73,6 +80,9 @@ fn scale_in_4_to_2_progressive() {
     let s = sweep(Scenario::ScaleIn { extra_keys: 4 });
     assert!(s.extra_keys > 0, "progressive migration must move cold keys");
     assert_eq!(s.released, 2 * SEEDS, "both cancelled tasks are released in every run");
+    // A batch's fetch goes out while a pull to the same location is in flight (pulls never
+    // block a batch); their answers come back in order.
+    assert!(s.fetches_racing_pulls > 0, "no fetch ever raced a pull: {s:?}");
 }
 
 #[test]
@@ -287,7 +297,12 @@ fn broken_stop_and_restart_reroute_at_drain_is_caught() {
     }
     let failure = found.expect("the checks never caught rerouting at drain");
     println!("{failure}");
-    assert!(failure.contains("single owner") || failure.contains("per-key order"), "{failure}");
+    // Records of a moved bucket overtake its state (per-key order, or two owners), or its
+    // timers arrive behind the receiver's event time.
+    assert!(
+        failure.contains("single owner") || failure.contains("per-key order") || failure.contains("timers:"),
+        "{failure}"
+    );
 }
 
 /// A location that answers a fetch but keeps what it answered: the key lives twice.
@@ -318,6 +333,18 @@ fn broken_timers_without_state_is_caught() {
     }
     let failure = came_back.expect("the checks never caught a deleted value read again in 100 seeds");
     println!("{failure}");
+}
+
+/// A membership filter that leaves out a key its location holds: the owner creates the key anew
+/// while its state sits at the location.
+#[test]
+fn broken_filter_missing_a_key_is_caught() {
+    let failure = caught(Fault::FilterMissesKey);
+    println!("{failure}");
+    assert!(
+        failure.contains("final count") || failure.contains("one live copy") || failure.contains("one hop"),
+        "{failure}"
+    );
 }
 
 #[test]

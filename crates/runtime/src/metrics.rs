@@ -23,13 +23,17 @@ pub struct TaskMetrics {
     pub late_dropped: u64,
     /// Time blocked on full downstream channels.
     pub backpressure: Duration,
-    /// Bytes of state sent to other tasks by a reconfiguration.
+    /// Bytes of state sent to other tasks on request (fetches, stop-and-restart transfers).
     pub state_bytes_moved: u64,
+    /// Koala: bytes of state sent to other tasks in the background (progressive migration).
+    pub state_bytes_pulled: u64,
+    /// Koala: keys asked of another task that it did not hold.
+    pub fetch_not_here: u64,
     /// External sources: records behind the end of the input.
     pub offset_lag: Option<u64>,
     /// Koala: (KLT bytes, KLT entries) at the end of the second.
     pub klt_size: Option<(u64, u64)>,
-    /// Koala: time the protocol core spent on input batches this second, and how many.
+    /// Koala: time the protocol core spent looking up batches' keys this second, and how many batches.
     pub klt_lookup: (Duration, u64),
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
@@ -57,6 +61,8 @@ impl TaskMetrics {
             late_dropped: 0,
             backpressure: Duration::ZERO,
             state_bytes_moved: 0,
+            state_bytes_pulled: 0,
+            fetch_not_here: 0,
             klt_size: None,
             offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
@@ -108,6 +114,10 @@ impl TaskMetrics {
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
+        if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
+            push(metric::STATE_BYTES_PULLED, self.state_bytes_pulled as f64);
+            push(metric::FETCH_NOT_HERE, self.fetch_not_here as f64);
+        }
         if let Some(lag) = self.offset_lag {
             push(metric::SOURCE_OFFSET_LAG, lag as f64);
         }
@@ -138,6 +148,8 @@ impl TaskMetrics {
         self.late_dropped = 0;
         self.backpressure = Duration::ZERO;
         self.state_bytes_moved = 0;
+        self.state_bytes_pulled = 0;
+        self.fetch_not_here = 0;
         self.batch_latency_us.reset();
         self.lag_ms.reset();
         out

@@ -23,8 +23,14 @@ pub const STATE_WRITES: &str = "state_writes";
 pub const BACKPRESSURE_MS: &str = "backpressure_ms";
 /// Records dropped because they were behind the watermark by more than the allowed lateness.
 pub const LATE_DROPPED: &str = "late_dropped";
-/// Bytes of state this task sent to another task during a reconfiguration.
+/// Bytes of state this task sent to another task because it asked for them: a Koala fetch of a
+/// key a batch needs, or a stop-and-restart transfer (the paper's "state moved").
 pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
+/// Koala: bytes of state this task sent in the background (progressive migration's extra keys).
+pub const STATE_BYTES_PULLED: &str = "state_bytes_pulled";
+/// Koala: keys this task asked another for that it did not hold (filter false positives, and
+/// lookups while a filter was still being built).
+pub const FETCH_NOT_HERE: &str = "fetch_not_here";
 
 /// External sources: records not yet read (Kafka: high watermark − next offset, summed).
 pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
@@ -32,7 +38,7 @@ pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
 pub const KLT_BYTES: &str = "klt_bytes";
 /// Koala: keys the task's key lookup table lists explicitly.
 pub const KLT_ENTRIES: &str = "klt_entries";
-/// Koala: mean time per input batch the protocol core spent routing it (KLT lookups), µs.
+/// Koala: mean time per batch the core spent looking its keys up (own store first, then the KLT), µs.
 pub const KLT_LOOKUP_MEAN_US: &str = "klt_lookup_mean_us";
 
 /// Every metric name above, for validation and reports.
@@ -49,6 +55,8 @@ pub const ALL: &[&str] = &[
     BACKPRESSURE_MS,
     LATE_DROPPED,
     STATE_BYTES_MOVED,
+    STATE_BYTES_PULLED,
+    FETCH_NOT_HERE,
     SOURCE_OFFSET_LAG,
     KLT_BYTES,
     KLT_ENTRIES,

@@ -1,32 +1,39 @@
-//! The key lookup table (KLT) of a Koala task (paper §3 "Koala ownership metadata", §3.3): for each
-//! bucket the task owns, where each key's state physically is.
+//! The key lookup table (KLT) of a Koala task (paper §3 "Koala ownership metadata", §3.3;
+//! docs/protocols.md §6): for each bucket the task owns, where its keys' state may be.
 //!
-//! Representation, chosen for size: per owned bucket a *default location* plus a
-//! `HashMap<u64 key hash, u16 location index>` of exceptions. A bucket the task has always owned
-//! has default = itself and no entries; a bucket handed over keeps the sender's default (usually
-//! the sender itself), so a hand-over costs O(exceptions), not O(keys), and the sender never scans
-//! its store. An entry is added when a key's state moves here while its bucket's default is
-//! elsewhere: fetched, or carried by the hand-over with the key's timers ([`HandOver::carried`],
-//! so a timer's key is always local at its owner); entries travel with their bucket. When
-//! progressive migration finds a retired location exhausted for a bucket, the bucket collapses
-//! back to "default = me, no entries". Locations are `u16` indices into a per-table list of task
-//! ids.
+//! Local first: a key whose state is in the task's own store is local, always, and the table is
+//! consulted only on a local miss (the core asks the runtime's store through
+//! [`LocalKeys`](super::LocalKeys)). Per owned bucket the table holds *layers* — the tasks that
+//! handed the bucket over while holding some of its state, newest first, each with the membership
+//! filter of the keys it held ([`KeyFilter`], built by that task in the background and shipped
+//! when ready; until then any key may be there) — and a few *explicit entries* (key hash →
+//! location) that overrule the layers. A bucket the task has always owned, or whose old locations
+//! are all drained, has neither: every key is local. A local miss asks every layer whose filter
+//! may hold the key (in the same round, so a lookup is one round trip) and, if none does or all
+//! answer "not here", the key is new and created locally — no round trip and no entry for a key
+//! outside every filter.
 //!
-//! Size (see the `bytes_per_key_at_ten_million_keys` test): a std `HashMap<u64, u16>` slot is 16
-//! bytes (the pair is padded to `u64` alignment) plus one control byte, at most 7/8 full and
-//! power-of-two sized; with 10 M keys over 128 buckets (78 125 per bucket) that is 28.5 bytes per
-//! key *with an explicit entry*. Keys at their bucket's default location cost nothing, which after a
-//! scale-out is every key never touched since. A 48-bit tag with the location packed into the same
-//! `u64` would halve this (~15 B/key) but makes a tag collision (≈1e-3 per 10 M keys) silently merge
-//! two keys' locations, i.e. lose state; with the full 64-bit hash the risk is ≈2e-8.
+//! Entries exist only where a layer would mislead: a key every candidate answered "not here" for
+//! (a filter's false positive, a filter still being built, a key whose state was deleted after it
+//! was fetched) gets an entry "here or nowhere", so it is not asked about again; entries a newly
+//! arrived filter makes unnecessary are dropped. A hand-over carries the layers (filters
+//! included) and the entries, with the sender's own layer in front, so every later fetch is one
+//! hop whatever the number of earlier reconfigurations; the sender never scans its store.
+//! Locations are `u16` indices into a per-table list of task ids.
+//!
+//! Size (the `klt` benchmark): a filter costs ≈ 1.1 bytes per key its location held; an explicit
+//! entry 28.5 bytes (a std `HashMap<u64, u16>` slot is 16 bytes plus a control byte, at most 7/8
+//! full, power-of-two sized). With the full 64-bit hash a collision (two keys sharing an entry)
+//! has probability ≈ 2e-8 at 10 M keys.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use koala_types::{BucketId, TaskId};
+use koala_types::{BucketId, Epoch, TaskId};
 
 use super::error::ProtocolError;
-use super::messages::{BucketLocations, HandOver};
+use super::filter::KeyFilter;
+use super::messages::{BucketLocations, HandOver, Layer};
 
 /// Stable 64-bit hash of a key's canonical bytes (FNV-1a, then the splitmix64 finaliser).
 ///
@@ -68,14 +75,48 @@ impl Hasher for Prehashed {
 
 type ExceptionMap = HashMap<u64, u16, BuildHasherDefault<Prehashed>>;
 
+/// A location that may hold state of an owned bucket (see [`Layer`]).
+#[derive(Clone, Debug)]
+struct TableLayer {
+    location: u16,
+    since: Epoch,
+    filter: Option<KeyFilter>,
+}
+
+impl TableLayer {
+    fn may_hold(&self, hash: u64) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.contains(hash))
+    }
+}
+
 /// Locations of the keys of one owned bucket.
 #[derive(Clone, Debug, Default)]
 struct BucketTable {
-    default: u16,
+    layers: Vec<TableLayer>,
     keys: ExceptionMap,
 }
 
-/// Where the state of every key of this task's owned buckets is.
+impl BucketTable {
+    /// No layer left: every key is local, entries are moot.
+    fn settle(&mut self) {
+        if self.layers.is_empty() {
+            self.keys = ExceptionMap::default();
+        }
+    }
+}
+
+/// A filter the table waits for: ask `location` for the filter of `bucket` it handed over at `since`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PendingFilter {
+    /// The location that builds it.
+    pub location: TaskId,
+    /// The bucket.
+    pub bucket: BucketId,
+    /// The epoch of its hand-over.
+    pub since: Epoch,
+}
+
+/// Where the state of every key of this task's owned buckets may be.
 #[derive(Clone, Debug)]
 pub struct KeyLookupTable {
     locations: Vec<TaskId>,
@@ -104,33 +145,69 @@ impl KeyLookupTable {
         self.buckets.keys().copied()
     }
 
-    /// Where the state of the key with hash `hash` in `bucket` is; `None` if the bucket is not owned.
-    pub fn location(&self, bucket: BucketId, hash: u64) -> Option<TaskId> {
+    /// Where the state of the key with hash `hash` in `bucket` may be if it is not in the task's
+    /// own store: the locations to ask (in one round; at most one has it), or none if a local miss
+    /// means the key is new. `None` if the bucket is not owned.
+    pub fn candidates(&self, bucket: BucketId, hash: u64, out: &mut Vec<TaskId>) -> Option<()> {
+        out.clear();
         let table = self.buckets.get(&bucket)?;
-        let idx = table.keys.get(&hash).copied().unwrap_or(table.default);
-        self.locations.get(usize::from(idx)).copied()
+        if table.layers.is_empty() {
+            return Some(());
+        }
+        if let Some(&idx) = table.keys.get(&hash) {
+            if idx != 0 {
+                out.extend(self.locations.get(usize::from(idx)));
+            }
+            return Some(());
+        }
+        for layer in &table.layers {
+            if layer.may_hold(hash) {
+                out.extend(self.locations.get(usize::from(layer.location)));
+            }
+        }
+        Some(())
     }
 
-    /// Records that the key's state is now local (fetched, or created here after a miss).
+    /// Whether a local miss of any key of `bucket` is certainly a new key (no layer left).
+    pub fn is_settled(&self, bucket: BucketId) -> bool {
+        self.buckets.get(&bucket).is_none_or(|t| t.layers.is_empty())
+    }
+
+    /// Every candidate answered "not here" for the key: its state is here or nowhere, and the
+    /// layers must not be asked again. Only recorded where a layer would otherwise be asked.
     pub fn mark_local(&mut self, bucket: BucketId, hash: u64) {
-        if let Some(table) = self.buckets.get_mut(&bucket) {
-            if table.default == 0 {
-                table.keys.remove(&hash);
-            } else {
-                table.keys.insert(hash, 0);
-            }
+        if let Some(table) = self.buckets.get_mut(&bucket)
+            && table.layers.iter().any(|l| l.may_hold(hash))
+        {
+            table.keys.insert(hash, 0);
         }
     }
 
-    /// Removes `buckets` from the table and returns their entries for a hand-over (the sender keeps
-    /// no copy: one ground truth). Buckets not owned are skipped.
-    pub fn take(&mut self, buckets: &[BucketId]) -> HandOver {
+    /// The key's state is here now (fetched, pulled, or carried by a hand-over): an entry naming
+    /// another location would send the next owner to the wrong place, so it names this task.
+    /// No entry is added: the store answers first.
+    pub fn now_local(&mut self, bucket: BucketId, hash: u64) {
+        if let Some(l) = self.buckets.get_mut(&bucket).and_then(|t| t.keys.get_mut(&hash)) {
+            *l = 0;
+        }
+    }
+
+    /// Removes `buckets` from the table and returns their locations for a hand-over in `epoch`,
+    /// with this task in front as the newest layer (its filter is built later, on request). The
+    /// sender keeps no copy: one ground truth. Buckets not owned are skipped.
+    pub fn take(&mut self, buckets: &[BucketId], epoch: Epoch) -> HandOver {
         let mut out = Vec::with_capacity(buckets.len());
         for b in buckets {
             if let Some(table) = self.buckets.remove(b) {
                 let mut keys: Vec<(u64, u16)> = table.keys.into_iter().collect();
                 keys.sort_unstable();
-                out.push(BucketLocations { bucket: *b, default: table.default, keys });
+                let mut layers = vec![Layer { location: 0, since: epoch, filter: None }];
+                layers.extend(table.layers.into_iter().map(|l| Layer {
+                    location: l.location,
+                    since: l.since,
+                    filter: l.filter,
+                }));
+                out.push(BucketLocations { bucket: *b, layers, keys });
             }
         }
         HandOver {
@@ -142,17 +219,20 @@ impl KeyLookupTable {
         }
     }
 
-    /// Installs handed-over buckets, with the keys whose state came with the hand-over
-    /// ([`HandOver::carried`]) local; rejects a bucket already owned, an index out of range or a
-    /// carried key of a bucket not handed over, in which case nothing is installed.
-    pub fn install(&mut self, hand_over: &HandOver) -> Result<(), ProtocolError> {
+    /// Installs handed-over buckets and returns the filters still to be asked for; rejects a
+    /// bucket already owned, an index out of range or a carried key of a bucket not handed over,
+    /// in which case nothing is installed. A layer naming this task is dropped: its keys are in
+    /// its own store, which answers first.
+    pub fn install(&mut self, hand_over: HandOver) -> Result<Vec<PendingFilter>, ProtocolError> {
         let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
+        let n = hand_over.locations.len();
         for bl in &hand_over.buckets {
             if self.owns(bl.bucket) {
                 return Err(bad(format!("hand-over of bucket {} already owned", bl.bucket)));
             }
-            let n = hand_over.locations.len();
-            if usize::from(bl.default) >= n || bl.keys.iter().any(|&(_, l)| usize::from(l) >= n) {
+            if bl.layers.iter().any(|l| usize::from(l.location) >= n)
+                || bl.keys.iter().any(|&(_, l)| usize::from(l) >= n)
+            {
                 return Err(bad(format!("hand-over of bucket {} names an unknown location", bl.bucket)));
             }
         }
@@ -163,24 +243,67 @@ impl KeyLookupTable {
             )));
         }
         let remap: Vec<u16> = hand_over.locations.iter().map(|&t| self.intern(t)).collect();
-        for bl in &hand_over.buckets {
-            let default = remap[usize::from(bl.default)];
+        let mut pending = Vec::new();
+        for bl in hand_over.buckets {
+            let mut layers = Vec::with_capacity(bl.layers.len());
+            for l in bl.layers {
+                let location = remap[usize::from(l.location)];
+                if location == 0 || layers.iter().any(|x: &TableLayer| x.location == location) {
+                    continue;
+                }
+                if l.filter.is_none() {
+                    pending.push(PendingFilter {
+                        location: self.locations[usize::from(location)],
+                        bucket: bl.bucket,
+                        since: l.since,
+                    });
+                }
+                layers.push(TableLayer { location, since: l.since, filter: l.filter });
+            }
             let mut keys = ExceptionMap::default();
             keys.reserve(bl.keys.len());
-            for &(h, l) in &bl.keys {
-                let l = remap[usize::from(l)];
-                if l != default {
-                    keys.insert(h, l);
-                }
+            for (h, l) in bl.keys {
+                keys.insert(h, remap[usize::from(l)]);
             }
-            self.buckets.insert(bl.bucket, BucketTable { default, keys });
+            let mut table = BucketTable { layers, keys };
+            table.settle();
+            self.buckets.insert(bl.bucket, table);
         }
-        // Their state is here now (the sender deleted it): a later hand-over ships "here", and
-        // the key's next record needs no fetch.
+        // Their state came with the hand-over: an entry naming where it was before is stale.
         for &(bucket, hash) in &hand_over.carried {
-            self.mark_local(bucket, hash);
+            self.now_local(bucket, hash);
         }
-        Ok(())
+        Ok(pending)
+    }
+
+    /// The filter of the layer (`location`, `bucket`, `since`) arrived. Installed if that layer
+    /// is still here and waiting for it (a late answer for a bucket since handed on, or a layer
+    /// since drained, is dropped); entries the filters now answer as well are dropped. Returns
+    /// whether it was installed.
+    pub fn filter_arrived(
+        &mut self,
+        location: TaskId,
+        bucket: BucketId,
+        since: Epoch,
+        filter: KeyFilter,
+    ) -> bool {
+        let Some(&idx) = self.index.get(&location) else {
+            return false;
+        };
+        let Some(table) = self.buckets.get_mut(&bucket) else {
+            return false;
+        };
+        let Some(layer) =
+            table.layers.iter_mut().find(|l| l.location == idx && l.since == since && l.filter.is_none())
+        else {
+            return false;
+        };
+        layer.filter = Some(filter);
+        if table.layers.iter().all(|l| l.filter.is_some()) {
+            let layers = &table.layers;
+            table.keys.retain(|&h, &mut l| l != 0 || layers.iter().any(|x| x.may_hold(h)));
+        }
+        true
     }
 
     /// Owned buckets some of whose keys may have state at `location` (never `me`).
@@ -193,18 +316,21 @@ impl KeyLookupTable {
         }
         self.buckets
             .iter()
-            .filter(|(_, t)| t.default == idx || t.keys.values().any(|&l| l == idx))
+            .filter(|(_, t)| t.layers.iter().any(|l| l.location == idx))
             .map(|(&b, _)| b)
             .collect()
     }
 
     /// Whether any owned key may still have state at `location`.
     pub fn references(&self, location: TaskId) -> bool {
-        !self.buckets_at(location).is_empty()
+        let Some(&idx) = self.index.get(&location) else {
+            return false;
+        };
+        idx != 0 && self.buckets.values().any(|t| t.layers.iter().any(|l| l.location == idx))
     }
 
-    /// `location` reported that it holds no more state of `bucket`: its keys there are gone, so
-    /// they are local (absent) now and the bucket collapses if its default was that location.
+    /// `location` reported that it holds no more state of `bucket`: its layer goes, and keys
+    /// pointing there are here or nowhere; a bucket without layers is all local.
     pub fn exhausted(&mut self, bucket: BucketId, location: TaskId) {
         let Some(&idx) = self.index.get(&location) else {
             return;
@@ -213,32 +339,39 @@ impl KeyLookupTable {
             return;
         }
         if let Some(table) = self.buckets.get_mut(&bucket) {
-            if table.default == idx {
-                table.default = 0;
-                table.keys.retain(|_, l| *l != 0 && *l != idx);
-            } else if table.default == 0 {
-                table.keys.retain(|_, l| *l != idx);
-            } else {
-                for l in table.keys.values_mut() {
-                    if *l == idx {
-                        *l = 0;
-                    }
+            table.layers.retain(|l| l.location != idx);
+            for l in table.keys.values_mut() {
+                if *l == idx {
+                    *l = 0;
                 }
             }
+            table.settle();
         }
     }
 
-    /// Number of explicit entries (keys whose state is not at their bucket's default location).
+    /// Number of explicit entries.
     pub fn entries(&self) -> usize {
         self.buckets.values().map(|t| t.keys.len()).sum()
     }
 
-    /// Approximate heap bytes of the exception maps (slot = entry + control byte).
+    /// Layers over all buckets, and how many still wait for their filter.
+    pub fn layers(&self) -> (usize, usize) {
+        let all = self.buckets.values().map(|t| t.layers.len()).sum();
+        let pending = self.buckets.values().flat_map(|t| &t.layers).filter(|l| l.filter.is_none()).count();
+        (all, pending)
+    }
+
+    /// Approximate heap bytes: entry maps (slot = entry + control byte) and filters.
     pub fn approx_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(u64, u16)>() + 1;
         self.buckets
             .values()
-            .map(|t| if t.keys.capacity() == 0 { 0 } else { slots(t.keys.capacity()) * slot })
+            .map(|t| {
+                let entries = if t.keys.capacity() == 0 { 0 } else { slots(t.keys.capacity()) * slot };
+                let filters: usize =
+                    t.layers.iter().filter_map(|l| l.filter.as_ref()).map(KeyFilter::approx_bytes).sum();
+                entries + filters + t.layers.len() * std::mem::size_of::<TableLayer>()
+            })
             .sum()
     }
 
@@ -268,84 +401,112 @@ mod tests {
         TaskId::new(OperatorId(1), i)
     }
 
+    fn cands(table: &KeyLookupTable, bucket: BucketId, key: &[u8]) -> Vec<TaskId> {
+        let mut out = Vec::new();
+        table.candidates(bucket, key_hash(key), &mut out).expect("owned");
+        out
+    }
+
     #[test]
-    fn hand_over_carries_locations_for_one_hop_fetch() {
-        // Fig. 5: d1 owns everything; 2,3 move to d2; d2 fetches 2; then 3 moves d2 -> d3.
+    fn hand_over_chain_keeps_one_hop_and_filters_settle_new_keys() {
+        // Fig. 5: d1 owns everything; bucket 1 moves to d2; d2 fetches "2"; then 1 moves d2 -> d3.
         let mut d1 = KeyLookupTable::new(t(1), [0, 1]);
         let mut d2 = KeyLookupTable::new(t(2), []);
         let mut d3 = KeyLookupTable::new(t(3), []);
-        d2.install(&d1.take(&[1])).expect("install");
+        let pending = d2.install(d1.take(&[1], 1)).expect("install");
+        assert_eq!(pending, vec![PendingFilter { location: t(1), bucket: 1, since: 1 }]);
         assert!(!d1.owns(1));
-        let (k2, k3) = (key_hash(b"2"), key_hash(b"3"));
-        assert_eq!(d2.location(1, k2), Some(t(1)));
-        d2.mark_local(1, k2);
-        assert_eq!(d2.location(1, k2), Some(t(2)));
-        d3.install(&d2.take(&[1])).expect("install");
-        assert_eq!(d3.location(1, k3), Some(t(1)), "one hop: still points at d1");
-        assert_eq!(d3.location(1, k2), Some(t(2)));
+        assert_eq!(cands(&d2, 1, b"2"), vec![t(1)], "no filter yet: any key may be at d1");
+        // d1 held "2" and "3" when it built its filter; "new" was never there.
+        let f1 = KeyFilter::build(vec![key_hash(b"2"), key_hash(b"3")]);
+        assert!(d2.filter_arrived(t(1), 1, 1, f1.clone()));
+        assert!(!d2.filter_arrived(t(1), 1, 1, f1), "a second copy is not installed");
+        assert_eq!(cands(&d2, 1, b"3"), vec![t(1)]);
+        assert!(cands(&d2, 1, b"new").is_empty(), "outside the filter: new, no round trip");
+        // "2" was fetched (d2's store answers first); d2 hands over to d3 before its filter exists.
+        let pending = d3.install(d2.take(&[1], 2)).expect("install");
+        assert_eq!(pending, vec![PendingFilter { location: t(2), bucket: 1, since: 2 }]);
+        assert_eq!(cands(&d3, 1, b"3"), vec![t(2), t(1)], "one round, both asked");
+        assert_eq!(cands(&d3, 1, b"new"), vec![t(2)]);
+        assert!(d3.filter_arrived(t(2), 1, 2, KeyFilter::build(vec![key_hash(b"2"), key_hash(b"new")])));
+        assert_eq!(cands(&d3, 1, b"3"), vec![t(1)], "one hop: still points at d1");
+        assert_eq!(cands(&d3, 1, b"2"), vec![t(2), t(1)]);
         assert_eq!(d3.buckets_at(t(1)), vec![1]);
         d3.exhausted(1, t(1));
-        assert_eq!(d3.location(1, k3), Some(t(3)));
-        assert_eq!(d3.location(1, k2), Some(t(2)));
+        assert!(cands(&d3, 1, b"3").is_empty());
+        assert_eq!(cands(&d3, 1, b"2"), vec![t(2)]);
         d3.exhausted(1, t(2));
+        assert!(d3.is_settled(1));
         assert_eq!(d3.entries(), 0);
         assert!(!d3.references(t(2)));
     }
 
-    /// Keys whose state travels with their timers are local at the receiver whatever the
-    /// bucket's entries said, so a later hand-over names the receiver, not a task that no longer
-    /// has them (the state would be stranded there).
+    /// A key every candidate answered "not here" for is local from then on, also at the next
+    /// owner, and the entry goes once the filters answer as well.
     #[test]
-    fn keys_carried_with_a_hand_over_are_local_at_the_receiver() {
+    fn misses_become_entries_until_filters_answer() {
         let mut d1 = KeyLookupTable::new(t(1), [1]);
         let mut d2 = KeyLookupTable::new(t(2), []);
         let mut d3 = KeyLookupTable::new(t(3), []);
-        let (timed, plain) = (key_hash(b"timed"), key_hash(b"plain"));
-        let mut h = d1.take(&[1]);
-        h.carried = vec![(1, timed)];
-        d2.install(&h).expect("install");
-        assert_eq!(d2.location(1, timed), Some(t(2)), "came with its timers");
-        assert_eq!(d2.location(1, plain), Some(t(1)), "one hop: still at the sender");
+        d2.install(d1.take(&[1], 1)).expect("install");
+        d2.mark_local(1, key_hash(b"k"));
         assert_eq!(d2.entries(), 1);
-        // The key's timers fired at d2 and its state stayed: the next hand-over carries no
-        // state but names d2 as its location.
-        d3.install(&d2.take(&[1])).expect("install");
-        assert_eq!(d3.location(1, timed), Some(t(2)));
-        assert_eq!(d3.location(1, plain), Some(t(1)));
-        // Back to d1, carrying both keys: d1 is the bucket's default, so no entry is left.
-        let mut h = d3.take(&[1]);
-        h.carried = vec![(1, plain), (1, timed)];
-        d1.install(&h).expect("install");
-        assert_eq!((d1.location(1, timed), d1.location(1, plain)), (Some(t(1)), Some(t(1))));
+        assert!(cands(&d2, 1, b"k").is_empty());
+        d3.install(d2.take(&[1], 2)).expect("install");
+        assert_eq!(cands(&d3, 1, b"k"), vec![t(2)], "here or nowhere at d2");
+        assert!(d3.filter_arrived(t(1), 1, 1, KeyFilter::build(vec![key_hash(b"x")])));
+        assert!(d3.filter_arrived(t(2), 1, 2, KeyFilter::build(vec![])));
+        assert_eq!(d3.entries(), 1, "an entry naming another task stays");
+        // Back to d1, which drops its own layer: its store answers first.
+        let pending = d1.install(d3.take(&[1], 3)).expect("install");
+        assert_eq!(pending, vec![PendingFilter { location: t(3), bucket: 1, since: 3 }]);
+        assert_eq!(cands(&d1, 1, b"k"), vec![t(2)]);
+        assert_eq!(cands(&d1, 1, b"x"), vec![t(3)], "d1's own layer is gone");
+        assert!(d1.filter_arrived(t(3), 1, 3, KeyFilter::build(vec![])));
+        d1.exhausted(1, t(2));
+        assert!(!d1.is_settled(1));
+        d1.exhausted(1, t(3));
+        assert!(d1.is_settled(1));
         assert_eq!(d1.entries(), 0);
-        assert!(!d1.references(t(2)));
     }
 
     #[test]
     fn bad_hand_over_is_rejected_whole() {
         let mut a = KeyLookupTable::new(t(1), [3]);
-        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4]);
-        h.buckets.push(BucketLocations { bucket: 3, default: 0, keys: vec![] });
-        assert!(a.install(&h).is_err());
+        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4], 1);
+        h.buckets.push(BucketLocations { bucket: 3, layers: vec![], keys: vec![] });
+        assert!(a.install(h).is_err());
         assert!(!a.owns(4));
-        h.buckets = vec![BucketLocations { bucket: 5, default: 7, keys: vec![] }];
-        assert!(a.install(&h).is_err());
+        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4], 1);
+        h.buckets[0].layers[0].location = 7;
+        assert!(a.install(h).is_err());
         // A carried key of a bucket the hand-over does not move.
-        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4]);
+        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4], 1);
         h.carried = vec![(4, key_hash(b"k")), (6, key_hash(b"l"))];
-        assert!(a.install(&h).is_err());
+        assert!(a.install(h).is_err());
         assert!(!a.owns(4));
     }
 
     #[test]
-    fn bytes_per_key_at_ten_million_keys() {
+    fn a_late_or_stale_filter_is_dropped() {
+        let mut d1 = KeyLookupTable::new(t(1), [1]);
+        let mut d2 = KeyLookupTable::new(t(2), []);
+        d2.install(d1.take(&[1], 1)).expect("install");
+        assert!(!d2.filter_arrived(t(1), 1, 0, KeyFilter::build(vec![])), "another hand-over's");
+        assert!(!d2.filter_arrived(t(3), 1, 1, KeyFilter::build(vec![])), "another location's");
+        d1.install(d2.take(&[1], 2)).expect("install");
+        assert!(!d2.filter_arrived(t(1), 1, 1, KeyFilter::build(vec![])), "bucket handed on");
+    }
+
+    #[test]
+    fn bytes_per_entry_at_ten_million_keys() {
         // 10 M keys over 128 buckets, every key with an explicit entry (the worst case).
         let per_bucket = 10_000_000 / 128;
         let mut table = KeyLookupTable::new(t(1), []);
-        let mut h = KeyLookupTable::new(t(2), [0]).take(&[0]);
+        let mut h = KeyLookupTable::new(t(2), [0]).take(&[0], 1);
         h.locations.push(t(3));
         h.buckets[0].keys = (0..per_bucket as u64).map(|i| (key_hash(&i.to_le_bytes()), 1)).collect();
-        table.install(&h).expect("install");
+        table.install(h).expect("install");
         let per_key = table.approx_bytes() as f64 / per_bucket as f64;
         println!("KLT: {per_key:.1} bytes per explicit entry at 10 M keys / 128 buckets");
         assert!((17.0..40.0).contains(&per_key), "{per_key} bytes per key");

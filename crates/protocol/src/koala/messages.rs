@@ -9,6 +9,7 @@ use koala_types::{BucketId, Epoch, InputChannel, OperatorId, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::error::ProtocolError;
+use super::filter::KeyFilter;
 
 pub use crate::moves::Moves;
 
@@ -111,17 +112,54 @@ impl Reconfiguration {
     }
 }
 
-/// The key-lookup entries of one handed-over bucket (paper §3.3): where each key's state is.
+/// The key-lookup table of one handed-over bucket (paper §3.3; docs/protocols.md §6): where its
+/// keys' state may be, besides the receiver's own store.
 ///
-/// Locations are indices into [`HandOver::locations`], so a key costs 10 bytes on the wire.
+/// Locations are indices into [`HandOver::locations`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketLocations {
     /// The bucket.
     pub bucket: BucketId,
-    /// Location of every key without an explicit entry.
-    pub default: u16,
-    /// Explicit entries: key hash → location.
+    /// Tasks that held state of the bucket when they handed it over, newest first; the first is
+    /// the sender of this hand-over.
+    pub layers: Vec<Layer>,
+    /// Explicit entries: key hash → the location that holds the key's state or, if it holds none,
+    /// where it would have been created (nowhere else has it). They overrule the layers.
     pub keys: Vec<(u64, u16)>,
+}
+
+/// A location that may hold state of a bucket: a task that handed the bucket over at `since`, with
+/// the membership filter of the keys it held then, once built ([`KeyFilter`]; `None`: still being
+/// built, so any key of the bucket may be there).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layer {
+    /// Index into [`HandOver::locations`].
+    pub location: u16,
+    /// The epoch in which that task handed the bucket over.
+    pub since: Epoch,
+    /// Keys the task held of the bucket after that hand-over (a superset of what it holds now).
+    pub filter: Option<KeyFilter>,
+}
+
+/// An owner asks a location for the filter of a bucket the location handed over at `since`
+/// (on the fetch lane).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterRequest {
+    /// The bucket.
+    pub bucket: BucketId,
+    /// The hand-over the filter is for.
+    pub since: Epoch,
+}
+
+/// The answer to a [`FilterRequest`]: built from the location's content after the request came.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterResponse {
+    /// The bucket.
+    pub bucket: BucketId,
+    /// The hand-over the filter is for.
+    pub since: Epoch,
+    /// The keys of the bucket the location held.
+    pub filter: KeyFilter,
 }
 
 /// Ownership transfer of a set of buckets from a sender to a receiver (paper §3.1 step 2).
@@ -135,9 +173,10 @@ pub struct HandOver {
     /// filled in by the runtime.
     pub metadata: Vec<u8>,
     /// Keys whose state travels in `metadata` (bucket, [`key_hash`](super::key_hash)): every key
-    /// with a timer in a moved bucket, whether or not it has state. The sender deleted them and
-    /// the receiver's KLT records them as local, whatever the bucket's entries say. Filled in by
-    /// the runtime with `metadata`.
+    /// with a timer in a moved bucket, whether or not it has state. The sender deleted them; the
+    /// receiver installs their state before any record of the bucket is processed, so its own
+    /// store answers for them (local first) whatever the bucket's layers say. Filled in by the
+    /// runtime with `metadata`; the receiver's KLT checks they belong to moved buckets.
     pub carried: Vec<(BucketId, u64)>,
     /// The sender's event time, which the receiver inherits for this peer channel (paper §3.2).
     pub watermark: Option<Timestamp>,

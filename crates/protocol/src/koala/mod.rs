@@ -27,6 +27,7 @@
 mod coordinator;
 mod error;
 mod event_time;
+mod filter;
 mod klt;
 mod messages;
 mod pipeline;
@@ -40,11 +41,12 @@ mod upstream;
 
 pub use coordinator::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
 pub use error::ProtocolError;
-pub use klt::{KeyLookupTable, key_hash};
+pub use filter::{FilterBuild, KeyFilter};
+pub use klt::{KeyLookupTable, PendingFilter, key_hash};
 pub use messages::{
-    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, HandOver, InputSource, PeerMessage,
-    Reconfiguration, Role, TaskAck,
+    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, FilterRequest, FilterResponse, HandOver,
+    InputSource, Layer, PeerMessage, Reconfiguration, Role, TaskAck,
 };
 pub use serve::{Answered, KeyPage, LocationStore, PullCursors, serve_fetch};
-pub use task::{KoalaTask, TaskAction, TaskConfig, TaskEvent};
+pub use task::{KoalaTask, LocalKeys, NoLocalKeys, TaskAction, TaskConfig, TaskEvent};
 pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

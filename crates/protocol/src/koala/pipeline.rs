@@ -1,11 +1,20 @@
 //! The batch pipeline of a Koala task (docs/protocols.md §6, paper §3.1 Fig. 3c, §3.4): records queue in
-//! arrival order; a batch whose keys are all local is processed at once; otherwise the task fetches
-//! the remote keys from their KLT locations in one hop (one request per location, in parallel),
-//! installs the answers, marks the keys local and then processes the batch in input order. Fetches
-//! to retired tasks piggyback up to N extra keys, and an idle task keeps pulling them.
+//! arrival order; a batch whose keys are all local is processed at once. Local first: a key in the
+//! task's own store is local; only a local miss consults the KLT, and a key no location may hold is
+//! new. Otherwise the task fetches the remote keys from every location that may hold them in one
+//! round (one request per location, in parallel; at most one has a key), installs the answers and
+//! then processes the batch in input order; a key every location answered "not here" for is new,
+//! and the KLT records that it is local.
 //!
-//! At most one fetch round is outstanding at a time; a hand-over waits for it, so a sender never
-//! gives away a bucket whose keys are in flight towards it.
+//! Progressive migration (§3.4): fetches to retired tasks piggyback up to N extra keys, and the
+//! task pulls more on its own, one pull outstanding per location, the next sent as the last one's
+//! answer arrives (no timer): the pull size doubles while no batch waits for state and halves when
+//! one does. A pull never holds up a batch: a batch's fetch goes out while a pull to the same
+//! location is in flight; answers from one location come back in request order (the fetch lane is
+//! FIFO), so a key a pull took is installed before a racing fetch's "not here" for it arrives.
+//!
+//! One batch waits for state at a time; a hand-over waits until no fetch or pull is outstanding, so
+//! a sender never gives away a bucket whose keys are in flight towards it.
 //!
 //! Every queued record keeps the operator input it arrived on; a batch goes to the operator as
 //! consecutive runs of one input, in arrival order.
@@ -17,7 +26,10 @@ use koala_types::{BucketId, Record, TaskId, bucket_of};
 use super::error::ProtocolError;
 use super::klt::key_hash;
 use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
-use super::task::{KoalaTask, TaskAction};
+use super::task::{KoalaTask, LocalKeys, TaskAction};
+
+/// The most keys one background pull asks for (the pull size adapts between N and this).
+pub(crate) const MAX_PULL_KEYS: usize = 2048;
 
 /// A fetch sent and not answered.
 #[derive(Clone, Debug)]
@@ -25,6 +37,12 @@ struct Outstanding {
     location: TaskId,
     keys: BTreeSet<Vec<u8>>,
     extra_buckets: BTreeSet<BucketId>,
+}
+
+impl Outstanding {
+    fn pulls(&self) -> bool {
+        !self.extra_buckets.is_empty()
+    }
 }
 
 /// A record with the operator input it arrived on (0, or 1 for the right side of a join).
@@ -50,22 +68,37 @@ pub(crate) fn runs_by_input(records: impl IntoIterator<Item = InputRecord>) -> V
 #[derive(Clone, Debug)]
 struct Waiting {
     batch: Vec<InputRecord>,
+    /// Requests not answered yet.
     needs: BTreeSet<u64>,
+    /// Remote keys no answer has brought yet, with their bucket and hash.
+    unresolved: BTreeMap<Vec<u8>, (BucketId, u64)>,
 }
 
 /// Records not yet processed and fetches in flight.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Pipeline {
     pub(crate) inbox: VecDeque<InputRecord>,
     waiting: Option<Waiting>,
     outstanding: BTreeMap<u64, Outstanding>,
     next_id: u64,
+    /// Keys the next background pull asks for.
+    pull_size: usize,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Self { inbox: VecDeque::new(), waiting: None, outstanding: BTreeMap::new(), next_id: 0, pull_size: 1 }
+    }
 }
 
 impl Pipeline {
     /// No batch waits and no fetch is outstanding: the task is between two batches.
     pub(crate) fn is_quiet(&self) -> bool {
         self.waiting.is_none() && self.outstanding.is_empty()
+    }
+
+    fn pulling_from(&self, location: TaskId) -> bool {
+        self.outstanding.values().any(|o| o.location == location && o.pulls())
     }
 
     fn request(
@@ -85,51 +118,69 @@ impl Pipeline {
 
 impl KoalaTask {
     /// Processes or starts fetching the next batch; true if it did anything.
-    pub(super) fn try_process(&mut self, out: &mut Vec<TaskAction>) -> bool {
+    pub(super) fn try_process(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) -> bool {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
             return false;
         }
+        local.lookup(true, 0);
         let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        let mut unresolved: BTreeMap<Vec<u8>, (BucketId, u64)> = BTreeMap::new();
+        let mut here: BTreeSet<&[u8]> = BTreeSet::new();
+        let mut candidates = Vec::new();
+        let mut probed = 0;
         for InputRecord { record: r, .. } in &self.pipeline.inbox {
             let bucket = bucket_of(&r.key, self.num_buckets);
-            match self.klt.location(bucket, key_hash(&r.key)) {
-                Some(loc) if loc == self.id => {}
-                Some(loc) => {
-                    remote.entry(loc).or_default().insert(r.key.clone());
-                }
-                None => {
-                    // Inbox records are owned when queued and a hand-over takes its buckets' records
-                    // out first, so this cannot happen; refuse to touch unowned state if it does.
+            if self.klt.is_settled(bucket) {
+                // Inbox records are owned when queued and a hand-over takes its buckets' records
+                // out first, so an unowned one cannot happen; refuse to touch its state if it does.
+                if !self.klt.owns(bucket) {
                     debug_assert!(false, "unowned record in the inbox");
+                    local.lookup(false, probed);
                     return false;
                 }
+                continue;
             }
+            if here.contains(r.key.as_slice()) || unresolved.contains_key(&r.key) {
+                continue;
+            }
+            let hash = key_hash(&r.key);
+            self.klt.candidates(bucket, hash, &mut candidates);
+            if candidates.is_empty() {
+                continue;
+            }
+            probed += 1;
+            if self.installing.contains(&hash) || local.contains(&r.key) {
+                here.insert(&r.key);
+                continue;
+            }
+            for &loc in &candidates {
+                remote.entry(loc).or_default().insert(r.key.clone());
+            }
+            unresolved.insert(r.key.clone(), (bucket, hash));
         }
+        local.lookup(false, probed);
+        let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
         if remote.is_empty() {
-            let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
             self.finish_batch(batch, out);
-            self.pull(out);
             return true;
         }
-        if !self.pipeline.outstanding.is_empty() {
-            return false;
-        }
-        let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
         let mut needs = BTreeSet::new();
         for (loc, keys) in remote {
-            let extra = self.extra_for(loc);
+            let extra =
+                if self.pipeline.pulling_from(loc) { None } else { self.extra_for(loc, self.extra_keys) };
             let (id, request) = self.pipeline.request(loc, keys, extra);
             needs.insert(id);
             out.push(TaskAction::FetchState { from: loc, request });
         }
-        self.pipeline.waiting = Some(Waiting { batch, needs });
-        self.pull(out);
+        self.pipeline.waiting = Some(Waiting { batch, needs, unresolved });
         true
     }
 
     fn finish_batch(&mut self, batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {
         for r in &batch {
             self.held.remove(r.record.time);
+            // Processing may create the key's state here before the runtime's store shows it.
+            self.installing.insert(key_hash(&r.record.key));
         }
         for (input, records) in runs_by_input(batch) {
             out.push(TaskAction::Process { input, records });
@@ -137,23 +188,25 @@ impl KoalaTask {
     }
 
     /// The progressive part of a fetch to `location` (paper §3.4), if it is retired.
-    fn extra_for(&self, location: TaskId) -> Option<ExtraKeys> {
+    fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
         if self.extra_keys == 0 || !self.retired.contains(&location) {
             return None;
         }
         let buckets = self.klt.buckets_at(location);
-        (!buckets.is_empty()).then_some(ExtraKeys { buckets, max: self.extra_keys })
+        (!buckets.is_empty()).then_some(ExtraKeys { buckets, max })
     }
 
-    /// Background pull from every retired location without an outstanding request.
+    /// Background pull from every retired location without a pull outstanding (not while a
+    /// hand-over of this task is pending: that waits for the pipeline to be quiet).
     pub(super) fn pull(&mut self, out: &mut Vec<TaskAction>) {
         if self.extra_keys == 0 || self.transition.as_ref().is_some_and(|t| t.hand_over_pending()) {
             return;
         }
-        let busy: BTreeSet<TaskId> = self.pipeline.outstanding.values().map(|o| o.location).collect();
-        let retired: Vec<TaskId> = self.retired.iter().copied().filter(|l| !busy.contains(l)).collect();
+        let size = self.pipeline.pull_size.clamp(self.extra_keys, MAX_PULL_KEYS.max(self.extra_keys));
+        let retired: Vec<TaskId> =
+            self.retired.iter().copied().filter(|&l| !self.pipeline.pulling_from(l)).collect();
         for loc in retired {
-            if let Some(extra) = self.extra_for(loc) {
+            if let Some(extra) = self.extra_for(loc, size) {
                 let (_, request) = self.pipeline.request(loc, BTreeSet::new(), Some(extra));
                 out.push(TaskAction::FetchState { from: loc, request });
             }
@@ -197,24 +250,38 @@ impl KoalaTask {
         let Some(o) = self.pipeline.outstanding.remove(&response.id) else {
             return Err(unknown);
         };
-        let mut entries = Vec::new();
-        // Requested keys the location did not have are new: local from now on, too.
-        for key in o.keys {
-            self.klt.mark_local(bucket_of(&key, self.num_buckets), key_hash(&key));
+        if o.keys.is_empty() {
+            // A background pull came back: pull more while no batch waits for state, less if one does.
+            let size = self.pipeline.pull_size.max(self.extra_keys);
+            self.pipeline.pull_size = if self.pipeline.waiting.is_some() { size / 2 } else { size * 2 };
         }
+        let mut entries = Vec::new();
+        let mut waiting = self.pipeline.waiting.as_mut();
+        let mut found = |key: &Vec<u8>| {
+            if let Some(w) = waiting.as_deref_mut() {
+                w.unresolved.remove(key);
+            }
+        };
         for (key, value) in response.values {
             if let Some(v) = value {
+                found(&key);
                 entries.push((key, v));
             }
         }
+        // A key a pull brings is installed here and answered by the store from now on, also
+        // if a racing fetch for it finds nothing there afterwards (answers come in order).
         for (key, value) in response.extra {
-            self.klt.mark_local(bucket_of(&key, self.num_buckets), key_hash(&key));
+            found(&key);
             entries.push((key, value));
+        }
+        for (key, _) in &entries {
+            self.klt.now_local(bucket_of(key, self.num_buckets), key_hash(key));
         }
         for b in response.exhausted {
             self.klt.exhausted(b, from);
         }
         if !entries.is_empty() {
+            self.installing.extend(entries.iter().map(|(k, _)| key_hash(k)));
             out.push(TaskAction::InstallState { entries });
         }
         let ready = match self.pipeline.waiting.as_mut() {
@@ -225,6 +292,10 @@ impl KoalaTask {
             None => false,
         };
         if ready && let Some(w) = self.pipeline.waiting.take() {
+            // Every location that may have held these keys said "not here": they are new.
+            for (bucket, hash) in w.unresolved.into_values() {
+                self.klt.mark_local(bucket, hash);
+            }
             self.finish_batch(w.batch, out);
         }
         Ok(())

@@ -33,7 +33,10 @@ use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp, buck
 use super::error::ProtocolError;
 use super::event_time::{ChannelWatermarks, HeldTimes};
 use super::klt::KeyLookupTable;
-use super::messages::{FetchRequest, FetchResponse, InputSource, PeerMessage, Reconfiguration, TaskAck};
+use super::messages::{
+    FetchRequest, FetchResponse, FilterRequest, FilterResponse, InputSource, PeerMessage, Reconfiguration,
+    TaskAck,
+};
 use super::pipeline::{InputRecord, Pipeline};
 use super::transition::Transition;
 
@@ -103,8 +106,20 @@ pub enum TaskEvent {
         /// The answer.
         response: FetchResponse,
     },
-    /// The runtime has no input for this task right now (drives progressive migration).
-    Idle,
+    /// An owner asks for the membership filter of a bucket this task handed over.
+    FilterRequest {
+        /// The owner asking.
+        from: TaskId,
+        /// The request.
+        request: FilterRequest,
+    },
+    /// A filter this task asked for (after [`TaskAction::RequestFilter`]).
+    Filter {
+        /// The location that built it.
+        from: TaskId,
+        /// The filter.
+        response: FilterResponse,
+    },
 }
 
 /// Output of a [`KoalaTask`], to be executed in order by the runtime.
@@ -140,6 +155,23 @@ pub enum TaskAction {
         to: TaskId,
         /// The request.
         request: FetchRequest,
+    },
+    /// Ask `from` for the filter of a bucket it handed over: send `request` on the fetch lane; the
+    /// answer comes back as [`TaskEvent::Filter`].
+    RequestFilter {
+        /// The location.
+        from: TaskId,
+        /// The request.
+        request: FilterRequest,
+    },
+    /// Build the filter of the keys of `request.bucket` in the local store — in the background,
+    /// key by key, between batches ([`FilterBuild`](super::FilterBuild)) — and send it to `to` as
+    /// a [`FilterResponse`] on the fetch lane.
+    BuildFilter {
+        /// The owner that asked.
+        to: TaskId,
+        /// The request.
+        request: FilterRequest,
     },
     /// Send on the peer channel to `to`. For [`PeerMessage::HandOver`], first move the operator
     /// metadata of the handed-over buckets (their timers and the state of the keys that have
@@ -182,6 +214,27 @@ pub enum TaskAction {
     Error(ProtocolError),
 }
 
+/// The task's own store, as the core's lookups need it: local first (docs/protocols.md §6).
+pub trait LocalKeys {
+    /// Whether the key has state in this task's store.
+    fn contains(&mut self, key: &[u8]) -> bool;
+    /// Called before (`started`) and after a batch's lookups, with the number of keys the store
+    /// was asked about: the runtime times the lookup with it (metric `klt_lookup_mean_us`).
+    fn lookup(&mut self, _started: bool, _probed: usize) {}
+}
+
+/// A store that never has a key (for tests and doc examples): correct, since a location that is
+/// asked for a key it does not hold answers "not here", but every lookup of a key of a bucket
+/// with a remote layer costs a round trip.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoLocalKeys;
+
+impl LocalKeys for NoLocalKeys {
+    fn contains(&mut self, _key: &[u8]) -> bool {
+        false
+    }
+}
+
 /// Where a record goes.
 pub(super) enum Route {
     Local,
@@ -212,6 +265,10 @@ pub struct KoalaTask {
     pub(super) drained: BTreeMap<TaskId, Epoch>,
     pub(super) park_direct: bool,
     pub(super) started: bool,
+    /// Hashes of the keys whose state this event's actions install or create (`InstallState`, the
+    /// carried keys of `InstallMetadata`, the keys of `Process`), which the runtime's store does
+    /// not show until it executes them: local (here or nowhere) for the lookups of the same event.
+    pub(super) installing: BTreeSet<u64>,
 }
 
 impl KoalaTask {
@@ -239,6 +296,7 @@ impl KoalaTask {
             extra_keys: 0,
             drained: BTreeMap::new(),
             park_direct: true,
+            installing: BTreeSet::new(),
         }
     }
 
@@ -304,9 +362,17 @@ impl KoalaTask {
         self.park_direct = false;
     }
 
-    /// Feeds one event; returns the actions to execute, in order.
+    /// Feeds one event; returns the actions to execute, in order. Lookups treat the local store
+    /// as empty ([`NoLocalKeys`]); the runtime and the simulator use [`Self::on_with`].
     pub fn on(&mut self, event: TaskEvent) -> Vec<TaskAction> {
+        self.on_with(event, &mut NoLocalKeys)
+    }
+
+    /// Feeds one event, with the task's store for local-first lookups; returns the actions to
+    /// execute, in order.
+    pub fn on_with(&mut self, event: TaskEvent, local: &mut dyn LocalKeys) -> Vec<TaskAction> {
         let mut out = Vec::new();
+        self.installing.clear();
         let result = match event {
             TaskEvent::Records { channel, records } => self.on_records(channel, records, &mut out),
             TaskEvent::Watermark { channel, time } => self.on_watermark(channel, time),
@@ -316,15 +382,23 @@ impl KoalaTask {
             TaskEvent::Peer { from, message } => self.on_peer(from, message, &mut out),
             TaskEvent::FetchRequest { from, request } => self.on_fetch_request(from, request, &mut out),
             TaskEvent::FetchResponse { from, response } => self.on_fetch_response(from, response, &mut out),
-            TaskEvent::Idle => {
-                self.pull(&mut out);
+            TaskEvent::FilterRequest { from, request } => {
+                // An owner asks while it owns the bucket; if this task owns it again, the asker
+                // handed it on since and drops any answer: there is nothing to build.
+                if !self.klt.owns(request.bucket) {
+                    out.push(TaskAction::BuildFilter { to: from, request });
+                }
+                Ok(())
+            }
+            TaskEvent::Filter { from, response } => {
+                self.klt.filter_arrived(from, response.bucket, response.since, response.filter);
                 Ok(())
             }
         };
         if let Err(e) = result {
             out.push(TaskAction::Error(e));
         }
-        self.pump(&mut out);
+        self.pump(&mut out, local);
         out
     }
 
@@ -403,17 +477,19 @@ impl KoalaTask {
         Ok(())
     }
 
-    /// Runs everything the last event may have unblocked, until nothing changes.
-    fn pump(&mut self, out: &mut Vec<TaskAction>) {
+    /// Runs everything the last event may have unblocked, until nothing changes; then pulls
+    /// from retired locations that have no pull outstanding.
+    fn pump(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) {
         loop {
             let mut changed = self.try_hand_over(out);
-            changed |= self.try_process(out);
+            changed |= self.try_process(out, local);
             self.advance_watermark(out);
             changed |= self.check_ready_and_done(out);
             if !changed {
                 break;
             }
         }
+        self.pull(out);
         self.report_drained(out);
     }
 

@@ -135,8 +135,11 @@ fn receiver_parks_direct_records_until_the_peer_channel_closes() {
     assert_eq!(processed(&out), vec![5]);
     let close = peer_messages(&s.on(marker(ch(0))));
     assert!(matches!(close[..], [PeerMessage::Close { epoch: 1 }]));
-    // The parked record runs after everything that came over the peer channel.
-    let out = deliver(&mut r, t(0), close);
+    // The parked record runs after everything that came over the peer channel, on the state
+    // the runtime installed (its store answers first: no second fetch).
+    let mut store = Store(BTreeSet::from([key_in(3)]));
+    let [message] = close.try_into().unwrap_or_else(|c| panic!("{c:?}"));
+    let out = r.on_with(TaskEvent::Peer { from: t(0), message }, &mut store);
     assert_eq!(processed(&out), vec![6]);
     assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }));
 }
@@ -301,18 +304,29 @@ fn self_join_ends_each_channel_on_its_own() {
     assert!(a.inputs_from(up()).is_empty());
 }
 
-/// The runtime moves the state of the keys with timers in the hand-over's metadata and lists
-/// them in `carried`: the receiver's KLT says they are local, so their next record is processed
-/// without a fetch, while a key without timers is still fetched from the sender, in one hop.
+/// A store of keys, as the runtime's local-first lookups see it.
+struct Store(BTreeSet<Vec<u8>>);
+
+impl LocalKeys for Store {
+    fn contains(&mut self, key: &[u8]) -> bool {
+        self.0.contains(key)
+    }
+}
+
+/// Local first, then the filters: a key in the receiver's own store (here one whose state came
+/// with its timers in the hand-over's metadata) needs no fetch; until the sender's filter
+/// arrives any other key may be at the sender and is fetched from it, in one hop; afterwards a
+/// key outside the filter is new, with no round trip and no KLT entry.
 #[test]
-fn keys_carried_with_their_timers_need_no_fetch_at_the_receiver() {
+fn local_keys_then_filters_decide_what_is_fetched() {
     let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
     s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
     let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
     s.on(TaskEvent::Start(reconf()));
     let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
     let mut keys = keys_in(3);
-    let (timed, plain) = (keys.next().unwrap_or_default(), keys.next().unwrap_or_default());
+    let (timed, plain, fresh) =
+        (keys.next().unwrap_or_default(), keys.next().unwrap_or_default(), keys.next().unwrap_or_default());
     let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
     // What the sender's runtime adds when it takes the metadata.
     h.metadata = b"timers and state".to_vec();
@@ -320,18 +334,42 @@ fn keys_carried_with_their_timers_need_no_fetch_at_the_receiver() {
     let out = deliver(&mut r, t(0), hand_over);
     let metadata = TaskAction::InstallMetadata { from: t(0), metadata: b"timers and state".to_vec() };
     assert!(out.contains(&metadata), "{out:?}");
-    assert_eq!(r.klt().location(3, key_hash(&timed)), Some(t(1)));
-    assert_eq!(r.klt().location(3, key_hash(&plain)), Some(t(0)));
+    let ask = TaskAction::RequestFilter { from: t(0), request: FilterRequest { bucket: 3, since: 1 } };
+    assert!(out.contains(&ask), "{out:?}");
     r.on(marker(ch(0)));
     let close = peer_messages(&s.on(marker(ch(0))));
     let out = deliver(&mut r, t(0), close);
     assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
 
+    // The runtime installed the metadata: the timed key is in the receiver's store.
+    let mut store = Store(BTreeSet::from([timed.clone()]));
     let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time };
-    let out = r.on(records(ch(0), vec![record(&timed, 5)]));
+    let out = r.on_with(records(ch(0), vec![record(&timed, 5)]), &mut store);
     assert_eq!(processed(&out), vec![5], "{out:?}");
     assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
-    let out = r.on(records(ch(0), vec![record(&plain, 6)]));
+    let out = r.on_with(records(ch(0), vec![record(&fresh, 6)]), &mut store);
+    let [TaskAction::FetchState { from, request }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!((*from, &request.keys), (t(0), &vec![fresh.clone()]), "no filter yet: ask the sender");
+    let answer = FetchResponse {
+        id: request.id,
+        values: vec![(fresh.clone(), None)],
+        extra: vec![],
+        exhausted: vec![],
+    };
+    let out = r.on_with(TaskEvent::FetchResponse { from: t(0), response: answer }, &mut store);
+    assert_eq!(processed(&out), vec![6], "not there: new");
+    assert_eq!(r.klt().entries(), 1, "recorded as here-or-nowhere while the filter is missing");
+    // The sender's filter: it holds `plain` (and not `fresh`, which it never had).
+    let filter = KeyFilter::build(vec![key_hash(&plain)]);
+    let out = r.on_with(
+        TaskEvent::Filter { from: t(0), response: FilterResponse { bucket: 3, since: 1, filter } },
+        &mut store,
+    );
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(r.klt().entries(), 0, "the filter answers for `fresh` now");
+    let out = r.on_with(records(ch(0), vec![record(&fresh, 7)]), &mut store);
+    assert_eq!(processed(&out), vec![7], "outside the filter: no round trip");
+    let out = r.on_with(records(ch(0), vec![record(&plain, 8)]), &mut store);
     assert!(
         matches!(&out[..], [TaskAction::FetchState { from, request }] if *from == t(0) && request.keys == vec![plain.clone()]),
         "{out:?}"

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp, bucket_of};
 
 use super::error::ProtocolError;
-use super::messages::{InputSource, PeerMessage, Reconfiguration, TaskAck};
+use super::messages::{FilterRequest, InputSource, PeerMessage, Reconfiguration, TaskAck};
 use super::pipeline::{InputRecord, runs_by_input};
 use super::task::{KoalaTask, Route, TaskAction};
 
@@ -236,15 +236,26 @@ impl KoalaTask {
                 if expected != got {
                     return Err(unexpected("hand-over of other buckets than the moves say"));
                 }
-                // The entries as the sender had them, and the keys whose state is in the
-                // metadata as local: nothing points at a task that no longer has them.
-                self.klt.install(&hand_over)?;
+                // The locations as the sender had them, with the sender in front; ask for the
+                // filters that are still to be built.
+                let mut hand_over = *hand_over;
+                let metadata = std::mem::take(&mut hand_over.metadata);
+                let watermark = hand_over.watermark;
+                let carried: Vec<u64> = hand_over.carried.iter().map(|&(_, h)| h).collect();
+                let pending = self.klt.install(hand_over)?;
+                self.installing.extend(carried);
+                for p in pending {
+                    out.push(TaskAction::RequestFilter {
+                        from: p.location,
+                        request: FilterRequest { bucket: p.bucket, since: p.since },
+                    });
+                }
                 *state = Inbound::HandedOver;
-                if let Some(w) = hand_over.watermark {
+                if let Some(w) = watermark {
                     self.watermarks.set(InputSource::Peer(from), w)?;
                 }
-                if !hand_over.metadata.is_empty() {
-                    out.push(TaskAction::InstallMetadata { from, metadata: hand_over.metadata });
+                if !metadata.is_empty() {
+                    out.push(TaskAction::InstallMetadata { from, metadata });
                 }
             }
             PeerMessage::Records { input, records, .. } => {
@@ -324,7 +335,7 @@ impl KoalaTask {
             if let Some(up_to) = frontier {
                 out.push(TaskAction::FireTimers { buckets: buckets.clone(), up_to });
             }
-            let mut hand_over = self.klt.take(&buckets);
+            let mut hand_over = self.klt.take(&buckets, epoch);
             hand_over.watermark = frontier;
             out.push(TaskAction::SendToPeer {
                 to,

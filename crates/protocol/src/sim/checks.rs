@@ -27,9 +27,11 @@ use koala_types::{TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
 use super::Fault;
-use super::world::{Kind, Msg, Node, World};
+use super::world::Core;
+use super::world::{Kind, Msg, Node, SimTask, World};
 use crate::koala::{
-    Answered, HandOver, KeyPage, LocationStore, PeerMessage, TaskAction, key_hash, serve_fetch,
+    Answered, FilterBuild, FilterResponse, HandOver, KeyFilter, KeyPage, LocationStore, PeerMessage,
+    TaskAction, key_hash, serve_fetch,
 };
 
 /// What the operator has done to one key, as the harness saw it (never read from a store).
@@ -94,18 +96,50 @@ impl World {
                 }
             }
             TaskAction::FetchState { from, request } => {
+                // One hop: the fetch goes to the key's holder, or the holder is among the
+                // locations the owner's KLT names for it (asked in the same round), or the key
+                // is stored nowhere. Never to itself, and never for a key its own store holds
+                // (local first).
+                let Some(SimTask { core: Core::Koala(core), store, .. }) = self.tasks.get(&me) else {
+                    return Err(format!("fetch by unknown task {me}"));
+                };
+                let mut candidates = Vec::new();
                 for key in &request.keys {
-                    if let Some(&at) = self.holder.get(key).filter(|&&at| at != from) {
+                    if from == me || store.contains_key(key) {
+                        return Err(format!("local first: {me} fetches {} it holds itself", show(key)));
+                    }
+                    let Some(&at) = self.holder.get(key).filter(|&&at| at != from) else { continue };
+                    core.klt().candidates(
+                        bucket_of(key, self.cfg.num_buckets),
+                        key_hash(key),
+                        &mut candidates,
+                    );
+                    if !candidates.contains(&at) {
                         return Err(format!(
-                            "one hop: {me} fetches {} from {from} but it lives at {at}",
+                            "one hop: {me} fetches {} from {from} but it lives at {at}, which its KLT does not name",
                             show(key)
                         ));
                     }
                 }
                 self.stats.fetches += 1;
                 self.stats.fetched_keys += request.keys.len() as u64;
+                if request.keys.is_empty() {
+                    self.pulls_in_flight.insert((me, from, request.id));
+                } else if self.pulls_in_flight.range((me, from, 0)..=(me, from, u64::MAX)).next().is_some() {
+                    self.stats.fetches_racing_pulls += 1;
+                }
                 self.channels
                     .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FetchRequest(request));
+            }
+            TaskAction::RequestFilter { from, request } => {
+                self.channels
+                    .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FilterRequest(request));
+            }
+            TaskAction::BuildFilter { to, request } => {
+                let filter = self.build_filter(me, request.bucket)?;
+                self.stats.filters_built += 1;
+                let response = FilterResponse { bucket: request.bucket, since: request.since, filter };
+                self.channels.push((Node::Task(me), Node::Task(to), Kind::State), Msg::Filter(response));
             }
             TaskAction::ServeFetch { to, request } => {
                 let task = self.tasks.get_mut(&me).ok_or("serve by unknown task")?;
@@ -117,6 +151,7 @@ impl World {
                 };
                 let Ok(response) = serve_fetch(&mut location, &mut task.pull_cursors, to, request);
                 self.stats.extra_keys += response.extra.len() as u64;
+                self.stats.not_here += response.values.iter().filter(|(_, v)| v.is_none()).count() as u64;
                 self.channels
                     .push((Node::Task(me), Node::Task(to), Kind::State), Msg::FetchResponse(response));
             }
@@ -340,6 +375,44 @@ impl World {
         }
         task.timers.extend(timers);
         Ok(())
+    }
+
+    /// The membership filter of `bucket` at `me`, built in pages of two keys as the runtime builds
+    /// it between batches. Every workload key outside the store goes in with probability 1/4 as a
+    /// forced false positive (a real filter has ≈ 0.4 %), so owners ask for keys that are not
+    /// there and must still settle them; the broken variant leaves out a key that is there.
+    fn build_filter(&mut self, me: TaskId, bucket: u16) -> Result<KeyFilter, String> {
+        let nb = self.cfg.num_buckets;
+        let task = self.tasks.get_mut(&me).ok_or("filter of unknown task")?;
+        let mut location = SimLocation {
+            store: &mut task.store,
+            holder: &mut self.holder,
+            buckets: nb,
+            keep_answered: false,
+        };
+        let mut build = FilterBuild::new(bucket);
+        let filter = loop {
+            let Ok(step) = build.step(&mut location, 2);
+            if let Some(f) = step {
+                break f;
+            }
+        };
+        let members: Vec<Vec<u8>> =
+            task.store.keys().filter(|k| bucket_of(k, nb) == bucket).cloned().collect();
+        if let Some(k) = members.iter().find(|k| !filter.contains(key_hash(k))) {
+            return Err(format!("filter of bucket {bucket} at {me} misses {}", show(k)));
+        }
+        let mut hashes: Vec<u64> = members.iter().map(|k| key_hash(k)).collect();
+        if self.cfg.fault == Some(Fault::FilterMissesKey) && !hashes.is_empty() {
+            hashes.remove(self.rng.below(hashes.len()));
+        }
+        for i in 0..self.cfg.keys {
+            let key = key_name(i);
+            if bucket_of(&key, nb) == bucket && !members.contains(&key) && self.rng.chance(1, 4) {
+                hashes.push(key_hash(&key));
+            }
+        }
+        Ok(KeyFilter::build(hashes))
     }
 
     /// After every event at `id`: the task's own view of its buckets equals its claims.

@@ -79,6 +79,9 @@ pub enum Fault {
     /// them as carried), so a window fires at the receiver on state that is not there and its
     /// delete misses the copy the sender kept.
     TimersWithoutState,
+    /// A location's membership filter leaves out one key it holds (a false negative): the owner
+    /// creates that key anew while its state sits at the location.
+    FilterMissesKey,
 }
 
 impl Fault {
@@ -92,6 +95,7 @@ impl Fault {
             "reroute_at_drain" => Some(Self::RerouteAtDrain),
             "serve_without_delete" => Some(Self::ServeWithoutDelete),
             "timers_without_state" => Some(Self::TimersWithoutState),
+            "filter_misses_key" => Some(Self::FilterMissesKey),
             _ => None,
         }
     }
@@ -106,6 +110,7 @@ impl Fault {
             Self::RerouteAtDrain => "reroute_at_drain",
             Self::ServeWithoutDelete => "serve_without_delete",
             Self::TimersWithoutState => "timers_without_state",
+            Self::FilterMissesKey => "filter_misses_key",
         }
     }
 }
@@ -186,6 +191,15 @@ pub struct SimStats {
     pub cleared: u64,
     /// Records processed per operator input.
     pub by_input: [u64; 2],
+    /// Keys the cores asked their own store about (local first).
+    pub local_probes: u64,
+    /// Membership filters built and sent.
+    pub filters_built: u64,
+    /// Keys a fetch asked a location for that it did not hold (false positives, layers whose
+    /// filter was not there yet, keys asked of two candidates).
+    pub not_here: u64,
+    /// Fetches for a batch sent to a location while a pull to it was unanswered.
+    pub fetches_racing_pulls: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.

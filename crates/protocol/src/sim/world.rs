@@ -19,8 +19,8 @@ use super::{Fault, SimConfig, SimStats};
 use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
-    FetchRequest, FetchResponse, KoalaTask, PeerMessage, PullCursors, Reconfiguration, RouterAction,
-    RouterEvent, TaskAck, TaskConfig, TaskEvent, UpstreamRouter,
+    FetchRequest, FetchResponse, FilterRequest, FilterResponse, KoalaTask, LocalKeys, PeerMessage,
+    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
@@ -55,6 +55,8 @@ pub(crate) enum Msg {
     Peer(PeerMessage),
     FetchRequest(FetchRequest),
     FetchResponse(FetchResponse),
+    FilterRequest(FilterRequest),
+    Filter(FilterResponse),
     /// Stop-and-restart: a chunk of moved state (key, counter) and the buckets' timers.
     State {
         epoch: Epoch,
@@ -216,6 +218,8 @@ pub(crate) struct World {
     pub(crate) stats: SimStats,
     /// Upstreams whose end the coordinator has heard of.
     pub(crate) finished: BTreeSet<TaskId>,
+    /// Background pulls sent and not answered: (requester, location, request id).
+    pub(crate) pulls_in_flight: BTreeSet<(TaskId, TaskId, u64)>,
 }
 
 impl World {
@@ -307,6 +311,7 @@ impl World {
             processed_total: 0,
             early_switched: BTreeSet::new(),
             finished: BTreeSet::new(),
+            pulls_in_flight: BTreeSet::new(),
             stats: SimStats { progressive, ..SimStats::default() },
         })
     }
@@ -355,25 +360,18 @@ impl World {
             }
             let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
             let channels = self.channels.nonempty();
+            // No idle turns: a task's core pulls as answers arrive and needs no timer, so
+            // quiescence with work left undone (a cancelled task never drained) fails the run.
             if channels == 0 && sources.is_empty() {
-                if !self.nudge_idle()? {
-                    return self.check_end();
-                }
-                continue;
+                return self.check_end();
             }
-            // One extra choice: an idle nudge to a random task (progressive migration runs on idle).
-            let pick = self.rng.below(channels + sources.len() + 1);
+            let pick = self.rng.below(channels + sources.len());
             if pick < channels {
                 if let Some(((from, to, kind), msg)) = self.channels.pop(pick) {
                     self.deliver(from, to, kind, msg)?;
                 }
-            } else if pick < channels + sources.len() {
-                self.emit(sources[pick - channels])?;
             } else {
-                let ids: Vec<TaskId> =
-                    self.tasks.iter().filter(|(_, t)| !t.released).map(|(&id, _)| id).collect();
-                let id = ids[self.rng.below(ids.len())];
-                self.idle(id)?;
+                self.emit(sources[pick - channels])?;
             }
         }
     }
@@ -384,23 +382,6 @@ impl World {
         let up = &self.upstreams[u];
         let all_started = self.next_request == self.targets.len() && self.pending.is_empty();
         up.pause.paused().is_none() && (up.remaining > 0 || (!up.ended && (up.may_end_early || all_started)))
-    }
-
-    /// With nothing in flight, gives every task an idle turn; true if that produced messages.
-    fn nudge_idle(&mut self) -> Result<bool, String> {
-        let ids: Vec<TaskId> = self.tasks.iter().filter(|(_, t)| !t.released).map(|(&id, _)| id).collect();
-        for id in ids {
-            self.idle(id)?;
-        }
-        Ok(self.channels.nonempty() > 0)
-    }
-
-    /// An idle turn: Koala's progressive migration pulls; stop-and-restart has nothing to do.
-    pub(crate) fn idle(&mut self, id: TaskId) -> Result<(), String> {
-        match self.tasks.get(&id).map(|t| &t.core) {
-            Some(Core::Koala(_)) => self.feed(id, TaskEvent::Idle),
-            _ => Ok(()),
-        }
     }
 
     /// A source emits 1–3 records (and maybe a watermark), or its end of stream. Each record
@@ -658,7 +639,12 @@ impl World {
         let event = match (msg, src) {
             (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
             (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
-            (Msg::FetchResponse(response), Some(from)) => TaskEvent::FetchResponse { from, response },
+            (Msg::FetchResponse(response), Some(from)) => {
+                self.pulls_in_flight.remove(&(id, from, response.id));
+                TaskEvent::FetchResponse { from, response }
+            }
+            (Msg::FilterRequest(request), Some(from)) => TaskEvent::FilterRequest { from, request },
+            (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
             (Msg::Start(r), None) => {
                 // A task learns the channels of upstreams it does not know yet (a new
                 // task: all of them) with its `Start`; the runtime knows them when it
@@ -869,10 +855,12 @@ impl World {
 
     /// Feeds an event to a Koala task core and executes its actions.
     pub(crate) fn feed(&mut self, id: TaskId, event: TaskEvent) -> Result<(), String> {
-        let Some(Core::Koala(core)) = self.tasks.get_mut(&id).map(|t| &mut t.core) else {
+        let Some(SimTask { core: Core::Koala(core), store, .. }) = self.tasks.get_mut(&id) else {
             return Err(format!("no Koala task {id}"));
         };
-        let actions = core.on(event);
+        let mut local = SimLocal { store, probes: 0 };
+        let actions = core.on_with(event, &mut local);
+        self.stats.local_probes += local.probes;
         // Buckets the core took over in this event came with a hand-over the sender let go of.
         for b in core.owned_buckets() {
             match self.claims.get_mut(usize::from(b)) {
@@ -1007,4 +995,17 @@ impl World {
 /// The data channels from simulated upstream `from`: one per operator input.
 fn sim_inputs(from: TaskId, inputs: usize) -> impl Iterator<Item = InputChannel> {
     (0..inputs).map(move |input| InputChannel { input, from })
+}
+
+/// A simulated task's store as the core's local-first lookups see it.
+struct SimLocal<'a> {
+    store: &'a BTreeMap<Vec<u8>, u64>,
+    probes: u64,
+}
+
+impl LocalKeys for SimLocal<'_> {
+    fn contains(&mut self, key: &[u8]) -> bool {
+        self.probes += 1;
+        self.store.contains_key(key)
+    }
 }

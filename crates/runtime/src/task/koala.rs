@@ -18,21 +18,21 @@
 //! lane, which nobody waits on; peer messages go on the bounded peer lane through an outbox, and
 //! while anything waits there the loop serves commands and its own lanes but takes no data.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
-    FetchRequest, FetchResponse, HandOver, KoalaTask, PeerMessage, PullCursors, TaskAction, TaskConfig,
-    TaskEvent, key_hash, serve_fetch,
+    FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
+    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, key_hash, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
 use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
-use super::location::{Bundle, StoreLocation, Taken, codec};
+use super::location::{Bundle, StoreKeys, StoreLocation, Taken, codec};
 use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
@@ -41,8 +41,8 @@ use crate::links::{FETCH_INPUT, open_channel, open_peer};
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
-/// How often an idle task lets the core pull extra keys from cancelled tasks.
-const IDLE_PULL: Duration = Duration::from_millis(10);
+/// Keys a filter build reads per turn of the loop, between two inputs.
+const FILTER_BUILD_STEP: usize = 4096;
 
 /// What one task sends another on a peer channel under Koala.
 #[derive(Serialize, Deserialize)]
@@ -50,6 +50,8 @@ enum Wire {
     Peer(PeerMessage),
     Fetch(FetchRequest),
     Answer(FetchResponse),
+    FilterRequest(FilterRequest),
+    Filter(FilterResponse),
 }
 
 /// The runtime's part of a hand-over: timers of the moved buckets and the state of their keys.
@@ -65,6 +67,8 @@ struct KoalaOperator {
     deployment: Arc<Deployment>,
     /// Where progressive pulls of each requester stopped in each bucket of this task's store.
     pull_cursors: PullCursors<StateKey>,
+    /// Filters of handed-over buckets being built for the owners that asked, a step per turn.
+    builds: VecDeque<(TaskId, FilterRequest, FilterBuild<StateKey>)>,
     /// Fetch lanes to peers (requests and responses; never waited on, `crate::peer`).
     fetch_lanes: HashMap<TaskId, ChannelSender>,
     /// Peer lanes to peers, with what a full one could not take yet.
@@ -109,6 +113,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         core,
         deployment: d,
         pull_cursors: PullCursors::new(),
+        builds: VecDeque::new(),
         fetch_lanes: HashMap::new(),
         outbox: Outbox::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
@@ -119,14 +124,14 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         receiving: None,
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
-    let mut last_idle = Instant::now();
     loop {
         let now = Instant::now();
         let deadline = outputs
             .next_deadline()
-            .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()))
-            .min(last_idle + IDLE_PULL);
-        let timeout = deadline.saturating_duration_since(now);
+            .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
+        // A filter being built takes a step whenever no input is waiting.
+        let timeout =
+            if task.builds.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
         if task.outbox.has_waiting() {
             task.wait_for_peers(&setup, &mut outputs, timeout)?;
         } else {
@@ -154,12 +159,8 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 default(timeout) => {}
             }
         }
+        task.build_filters(&setup)?;
         let now = Instant::now();
-        if now >= last_idle + IDLE_PULL {
-            last_idle = now;
-            let actions = task.core.on(TaskEvent::Idle);
-            task.execute(&setup, &mut outputs, actions)?;
-        }
         task.check_inputs_ended(&setup, &mut outputs)?;
         if task.released && task.inputs_ended && !task.outbox.has_waiting() {
             // Released (no live task points here any more), nothing left to process or send.
@@ -248,12 +249,10 @@ impl KoalaOperator {
                 for channel in known {
                     self.core.add_input(channel);
                 }
-                let actions = self.core.on(TaskEvent::Start(reconfiguration));
-                self.execute(setup, outputs, actions)?;
+                self.feed(setup, outputs, TaskEvent::Start(reconfiguration))?;
                 // Channels that ended before the core knew them (a new task's, before `Start`).
                 for channel in ended {
-                    let actions = self.core.on(TaskEvent::EndOfStream { channel });
-                    self.execute(setup, outputs, actions)?;
+                    self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
             }
             TaskCommand::Release => self.released = true,
@@ -272,8 +271,7 @@ impl KoalaOperator {
                 }
                 // Every channel from it: a self-join's upstream has two.
                 for channel in self.core.inputs_from(upstream) {
-                    let actions = self.core.on(TaskEvent::EndOfStream { channel });
-                    self.execute(setup, outputs, actions)?;
+                    self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
             }
             TaskCommand::AddInputs { epoch, channels } => {
@@ -303,13 +301,7 @@ impl KoalaOperator {
         message: ChannelMessage,
     ) -> Result<(), RuntimeError> {
         let event = match message {
-            ChannelMessage::Batch(records) => {
-                let started = Instant::now();
-                let actions = self.core.on(TaskEvent::Records { channel, records });
-                self.op.metrics.klt_lookup.0 += started.elapsed();
-                self.op.metrics.klt_lookup.1 += 1;
-                return self.execute(setup, outputs, actions);
-            }
+            ChannelMessage::Batch(records) => TaskEvent::Records { channel, records },
             ChannelMessage::Watermark(time) => TaskEvent::Watermark { channel, time },
             ChannelMessage::Marker(epoch) => TaskEvent::Marker { channel, epoch },
             ChannelMessage::EndOfStream => TaskEvent::EndOfStream { channel },
@@ -318,7 +310,25 @@ impl KoalaOperator {
                 return Ok(());
             }
         };
-        let actions = self.core.on(event);
+        self.feed(setup, outputs, event)
+    }
+
+    /// Feeds the core one event, with this task's store for its local-first lookups (timed:
+    /// `klt_lookup_mean_us`), and executes its actions.
+    fn feed(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        event: TaskEvent,
+    ) -> Result<(), RuntimeError> {
+        let mut local = StoreKeys::new(store(setup)?, self.op.logic.state_ids(), setup.num_buckets);
+        let actions = self.core.on_with(event, &mut local);
+        let (spent, batches, error) = local.finish();
+        self.op.metrics.klt_lookup.0 += spent;
+        self.op.metrics.klt_lookup.1 += batches;
+        if let Some(e) = error {
+            return Err(e);
+        }
         self.execute(setup, outputs, actions)
     }
 
@@ -338,14 +348,37 @@ impl KoalaOperator {
         let event = match decode::<Wire>(&bytes) {
             Ok(Wire::Peer(message)) => TaskEvent::Peer { from, message },
             Ok(Wire::Fetch(request)) => TaskEvent::FetchRequest { from, request },
-            Ok(Wire::Answer(response)) => TaskEvent::FetchResponse { from, response },
+            Ok(Wire::Answer(response)) => {
+                self.op.metrics.fetch_not_here +=
+                    response.values.iter().filter(|(_, v)| v.is_none()).count() as u64;
+                TaskEvent::FetchResponse { from, response }
+            }
+            Ok(Wire::FilterRequest(request)) => TaskEvent::FilterRequest { from, request },
+            Ok(Wire::Filter(response)) => TaskEvent::Filter { from, response },
             Err(e) => {
                 let reason = format!("an undecodable peer message ({e})");
                 return Err(RuntimeError::Peer { task: setup.task, from, reason });
             }
         };
-        let actions = self.core.on(event);
-        self.execute(setup, outputs, actions)
+        self.feed(setup, outputs, event)
+    }
+
+    /// One step of the oldest filter build; a finished filter goes to the owner that asked.
+    fn build_filters(&mut self, setup: &TaskSetup) -> Result<(), RuntimeError> {
+        let Some((_, _, build)) = self.builds.front_mut() else {
+            return Ok(());
+        };
+        let ids = self.op.logic.state_ids().to_vec();
+        let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
+        let Some(filter) = build.step(&mut location, FILTER_BUILD_STEP)? else {
+            return Ok(());
+        };
+        let Some((to, request, _)) = self.builds.pop_front() else {
+            return Ok(());
+        };
+        tracing::debug!(task = %setup.task, %to, bucket = request.bucket, keys = filter.keys(), bytes = filter.approx_bytes(), "filter built");
+        let response = FilterResponse { bucket: request.bucket, since: request.since, filter };
+        self.send(setup, to, &Wire::Filter(response))
     }
 
     /// Once every input ended and nothing is left to process — nor will be: no epoch this task
@@ -381,6 +414,13 @@ impl KoalaOperator {
                     self.op.on_batch(setup, outputs, input, records, self.watermark)?;
                 }
                 TaskAction::FetchState { from, request } => self.send(setup, from, &Wire::Fetch(request))?,
+                TaskAction::RequestFilter { from, request } => {
+                    self.send(setup, from, &Wire::FilterRequest(request))?;
+                }
+                TaskAction::BuildFilter { to, request } => {
+                    let build = FilterBuild::new(request.bucket);
+                    self.builds.push_back((to, request, build));
+                }
                 TaskAction::InstallState { entries } => self.install(setup, entries)?,
                 TaskAction::ServeFetch { to, request } => {
                     let response = self.serve(setup, to, request)?;
@@ -460,7 +500,10 @@ impl KoalaOperator {
         let ids = self.state_ids();
         let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
         let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
-        self.count_io(&location);
+        self.op.metrics.state_reads += location.reads;
+        let answered = response.values.iter().filter_map(|(_, v)| v.as_ref());
+        self.op.metrics.state_bytes_moved += answered.map(|v| v.len() as u64).sum::<u64>();
+        self.op.metrics.state_bytes_pulled += response.extra.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
         Ok(response)
     }
 
@@ -695,7 +738,7 @@ mod tests {
         // Count.0's side: hand-over (its event time 5), its queued record of bucket 2, close.
         let key = (0u64..).find(|k| bucket_of(&encode(k).expect("key"), 4) == 2).expect("a key of bucket 2");
         let record = Record { key: encode(&key).expect("key"), value: encode(&key).expect("value"), time: 7 };
-        let mut hand_over = KeyLookupTable::new(old, 0..4).take(&[2, 3]);
+        let mut hand_over = KeyLookupTable::new(old, 0..4).take(&[2, 3], 1);
         hand_over.watermark = Some(5);
         if let Some(time) = carried_timer {
             let metadata = Metadata { timers: vec![(time, record.key.clone())], state: Vec::new() };
@@ -716,9 +759,17 @@ mod tests {
         let mut fetches = 0;
         if carried_timer.is_none() {
             // The key's state location is still count.0: answer the fetch (count.0 holds none).
-            let fetch = old_rx.recv_timeout(WAIT).expect("a fetch from count.0");
-            let ChannelMessage::Protocol(bytes) = fetch.message else { panic!("not a protocol message") };
-            let Ok(Wire::Fetch(request)) = decode::<Wire>(&bytes) else { panic!("not a fetch") };
+            // The new task also asks count.0 for its filters of the buckets (left unanswered: the
+            // task asks count.0 on a miss meanwhile).
+            let request = loop {
+                let fetch = old_rx.recv_timeout(WAIT).expect("a fetch from count.0");
+                let ChannelMessage::Protocol(bytes) = fetch.message else { panic!("not a protocol message") };
+                match decode::<Wire>(&bytes) {
+                    Ok(Wire::Fetch(request)) => break request,
+                    Ok(Wire::FilterRequest(_)) => continue,
+                    _ => panic!("neither a fetch nor a filter request"),
+                }
+            };
             let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
             let answer = FetchResponse { id: request.id, values, extra: Vec::new(), exhausted: Vec::new() };
             fetch_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");

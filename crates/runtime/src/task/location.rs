@@ -3,8 +3,9 @@
 //! as it is answered (one live copy).
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
-use koala_protocol::koala::{Answered, KeyPage, LocationStore};
+use koala_protocol::koala::{Answered, KeyPage, LocalKeys, LocationStore};
 use koala_state::{StateBackend, StateKey, StateWrite};
 use koala_types::{BucketId, bucket_of, encode};
 
@@ -98,6 +99,55 @@ impl LocationStore for StoreLocation<'_> {
             if end || keys.len() >= max {
                 return Ok(KeyPage { keys, last, end });
             }
+        }
+    }
+}
+
+/// A task's own store as the core's local-first lookups see it (docs/protocols.md §6): a key is
+/// local if any of the operator's state ids holds a value for it. Times the core's lookups.
+pub(super) struct StoreKeys<'a> {
+    store: &'a dyn StateBackend,
+    state_ids: &'a [u8],
+    num_buckets: u16,
+    started: Option<Instant>,
+    spent: Duration,
+    batches: u64,
+    /// The first store error: the key is then treated as not local (asking its old location is
+    /// safe), and the task fails after the event.
+    error: Option<RuntimeError>,
+}
+
+impl<'a> StoreKeys<'a> {
+    pub(super) fn new(store: &'a dyn StateBackend, state_ids: &'a [u8], num_buckets: u16) -> Self {
+        Self { store, state_ids, num_buckets, started: None, spent: Duration::ZERO, batches: 0, error: None }
+    }
+
+    /// Time spent in lookups, batches looked up, and the first store error.
+    pub(super) fn finish(self) -> (Duration, u64, Option<RuntimeError>) {
+        (self.spent, self.batches, self.error)
+    }
+}
+
+impl LocalKeys for StoreKeys<'_> {
+    fn contains(&mut self, key: &[u8]) -> bool {
+        let bucket = bucket_of(key, self.num_buckets);
+        let wanted: Vec<StateKey> =
+            self.state_ids.iter().map(|&state| StateKey { bucket, state, key: key.to_vec() }).collect();
+        match self.store.get_many(&wanted) {
+            Ok(values) => values.iter().any(Option::is_some),
+            Err(e) => {
+                self.error.get_or_insert(e.into());
+                false
+            }
+        }
+    }
+
+    fn lookup(&mut self, started: bool, _probed: usize) {
+        if started {
+            self.started = Some(Instant::now());
+        } else if let Some(t) = self.started.take() {
+            self.spent += t.elapsed();
+            self.batches += 1;
         }
     }
 }
