@@ -8,10 +8,11 @@
 //!    task owning buckets before or after.
 //! 2. A receiver adds a peer channel per sender to its event-time inputs and sends `Open` with the
 //!    watermark it has emitted*. A sender, between two batches and once its event time has caught up
-//!    with that watermark*, hands over the KLT entries of the moved buckets (locations, not "me" —
-//!    this is what makes every later fetch one hop, §3.3) with the keys whose state travels with
-//!    their timers, which the receiver records as local*, then forwards their records. Idle
-//!    senders do this without input*.
+//!    with that watermark*, hands over the KLT of the moved buckets (where their state may be, with
+//!    itself as the newest location — this is what makes every later fetch one hop, §3.3) with the
+//!    keys whose state travels with their timers*, then forwards their records. Idle senders do
+//!    this without input*. The receiver asks each old location for the membership filter of the
+//!    bucket's keys it holds, which that location builds in the background*.
 //! 3. A receiver acks `PeerReady` after all hand-overs (every other task at `Start`).
 //! 4. The coordinator switches the routing tables of all upstreams; each injects a marker and its
 //!    watermark into every output channel.
@@ -19,10 +20,11 @@
 //!    records of a moved bucket until that bucket's peer channel closed* (per-key FIFO), holds its
 //!    event time until all markers arrived and recomputes it when a peer closes (Algorithm 1), and
 //!    acks `Done` after all markers and closes.
-//! 6. Afterwards state moves lazily: a key is fetched from its KLT location on first access, and the
-//!    location deletes it as it answers* (one live copy). Fetches to cancelled tasks piggyback up to
-//!    N extra keys, an idle owner keeps pulling (§3.4), and the coordinator releases a cancelled task
-//!    once no KLT points at it.
+//! 6. Afterwards state moves lazily: a key missing from the owner's store is fetched, on first
+//!    access, from the locations whose filter may hold it (a key outside every filter is new*), and
+//!    the location deletes it as it answers* (one live copy). Fetches to cancelled tasks piggyback
+//!    up to N extra keys, the owner keeps pulling as answers arrive (§3.4), and the coordinator
+//!    releases a cancelled task once no KLT names it.
 
 mod coordinator;
 mod error;

@@ -10,9 +10,11 @@
 //!
 //! Operator metadata travels with a hand-over: the timers of the moved buckets and, with them, the
 //! state of the keys that have timers (open windows), so a timer always fires on local state. The
-//! hand-over lists those keys (`HandOver::carried`) and the receiving core records them as local,
-//! so their next record needs no fetch and a later hand-over names the right location even when
-//! their state outlives their timers. Everything else stays where it is until first accessed.
+//! hand-over lists those keys (`HandOver::carried`); the receiver installs their state before any
+//! record of the bucket, so its store answers for them (the core looks keys up in the task's own
+//! store first: `StoreKeys`). Everything else stays where it is until first accessed. An old
+//! location builds the membership filter of a bucket it handed over when the owner asks, a few
+//! thousand keys per turn of the loop between its inputs, and sends it on the fetch lane.
 //!
 //! The loop never blocks on a peer (`crate::peer`): fetches and their answers go on the fetch
 //! lane, which nobody waits on; peer messages go on the bounded peer lane through an outbox, and
