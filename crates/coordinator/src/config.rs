@@ -50,6 +50,12 @@ pub struct JobConfig {
     /// the batch size of the background pull when idle (0 = fetch on demand only).
     #[serde(default = "defaults::extra_keys")]
     pub extra_keys: usize,
+    /// Koala: drain old locations that progressive migration does not pull from — live old owners
+    /// after a scale-out or rebalance — in the background, at most this many keys per second per
+    /// location, while no batch waits for state, so their buckets converge to one place and their
+    /// filters are freed. 0 (the default) = off: their keys move only when a record needs them.
+    #[serde(default)]
+    pub drain_keys_per_sec: u64,
     /// Reconfigurations to run while the job runs, in order.
     #[serde(default)]
     pub reconfigurations: Vec<ScheduledReconfiguration>,

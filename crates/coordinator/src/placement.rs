@@ -43,6 +43,7 @@ pub(crate) fn initial_deployment(
         num_buckets: config.num_buckets,
         protocol: config.protocol,
         extra_keys: config.extra_keys,
+        drain_keys_per_sec: config.drain_keys_per_sec,
         finished: Default::default(),
         options: RuntimeOptions {
             batch_records: config.runtime.batch_records,

@@ -52,6 +52,26 @@ fn chain_2_4_6_3_2_last_n_on_demand_only() {
     });
 }
 
+/// A scale-out with the background drain of live old owners on: the old tasks' state moves to the
+/// new ones without records asking for it (the run must report pulled bytes), and the output is
+/// the same as without any reconfiguration.
+#[test]
+fn scale_out_with_background_drain() {
+    check(&Case {
+        protocol: "koala",
+        top: "drain_keys_per_sec = 20000
+",
+        query: "keyed-aggregate",
+        start: &[("source", 2), ("aggregate", 2), ("sink", 1)],
+        end: &[("source", 2), ("aggregate", 4), ("sink", 1)],
+        schedule: "[[reconfigurations]]\nat_s = 0.4\noperator = \"aggregate\"\nparallelism = 4\n",
+        params: "",
+        records: 16_000,
+        seed: 9,
+        expect_reconfigurations: 1,
+    });
+}
+
 /// Two operators reconfigured together: both requests run back to back (epochs 1 and 2), the
 /// second starting while the first one's state still moves lazily; the second operator's
 /// upstream is the first one, so it also learns new input channels.

@@ -49,6 +49,10 @@ pub struct Deployment {
     /// Koala's progressive migration: extra keys piggybacked per fetch from a cancelled task
     /// (0 = fetch on demand only).
     pub extra_keys: usize,
+    /// Koala's background drain of old locations that progressive migration does not pull from
+    /// (live old owners after a scale-out or rebalance): keys per second per location, 0 = off.
+    #[serde(default)]
+    pub drain_keys_per_sec: u64,
     /// Tasks that finished (their input ended and they sent end of stream downstream): no later
     /// reconfiguration waits for them, and no new task expects input from them.
     #[serde(default)]
@@ -185,6 +189,7 @@ impl Deployment {
             options,
             protocol,
             extra_keys: 0,
+            drain_keys_per_sec: 0,
             finished: Default::default(),
         }
     }

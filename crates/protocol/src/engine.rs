@@ -374,6 +374,7 @@ impl Engine {
                     operator: op,
                     assignment: assignment(d, op),
                     extra_keys: d.extra_keys,
+                    drain_keys_per_sec: d.drain_keys_per_sec,
                     epoch,
                 };
                 self.koala_event(CoordinatorEvent::Request(request), out)

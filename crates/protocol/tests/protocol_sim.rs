@@ -85,6 +85,23 @@ fn scale_in_4_to_2_progressive() {
     assert!(s.fetches_racing_pulls > 0, "no fetch ever raced a pull: {s:?}");
 }
 
+/// The background drain of live old owners: scale-out, rebalance, migration, the chain and mixed
+/// schedules (with and without progressive migration) end with every bucket in one place.
+#[test]
+fn background_drain_converges_every_bucket() {
+    for scenario in [
+        Scenario::ScaleOut,
+        Scenario::Rebalance,
+        Scenario::Migration,
+        Scenario::Chain,
+        Scenario::Mixed { extra_keys: 0 },
+        Scenario::Mixed { extra_keys: 8 },
+    ] {
+        let s = sweep_configs(&SimConfig { drain: true, ..SimConfig::new(scenario, 0) }, SEEDS / 2);
+        assert!(s.extra_keys > 0, "{scenario}: the drain moved nothing: {s:?}");
+    }
+}
+
 #[test]
 fn rebalance_between_existing_tasks() {
     sweep(Scenario::Rebalance);
@@ -372,8 +389,9 @@ fn replay() {
         .map(|f| Fault::parse(&f).expect("KOALA_SIM_FAULT names a fault"));
     let inputs = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
+    let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
     let config =
-        SimConfig { fault, protocol, inputs, state_outlives_timers, ..SimConfig::new(scenario, seed) };
+        SimConfig { fault, protocol, inputs, state_outlives_timers, drain, ..SimConfig::new(scenario, seed) };
     match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
@@ -388,12 +406,18 @@ fn deep_sweep() {
     let seeds: u64 = env_or("KOALA_SIM_SEEDS", 20_000);
     let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
+    let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
     for (scenario, protocol) in
         Scenario::ALL.into_iter().flat_map(|s| [(s, Protocol::Koala), (s, Protocol::StopAndRestart)])
     {
         for seed in SEEDS..SEEDS + seeds {
-            let mut config =
-                SimConfig { protocol, inputs, state_outlives_timers, ..SimConfig::new(scenario, seed) };
+            let mut config = SimConfig {
+                protocol,
+                inputs,
+                state_outlives_timers,
+                drain,
+                ..SimConfig::new(scenario, seed)
+            };
             config.upstreams = env_or("KOALA_SIM_UPSTREAMS", config.upstreams);
             config.keys = env_or("KOALA_SIM_KEYS", config.keys);
             config.records_per_upstream = env_or("KOALA_SIM_RECORDS", config.records_per_upstream);

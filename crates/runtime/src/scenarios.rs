@@ -148,6 +148,7 @@ impl Scenario {
             },
             protocol,
             extra_keys: 0,
+            drain_keys_per_sec: 0,
             finished: Default::default(),
         };
         assert_eq!(
@@ -330,6 +331,7 @@ fn koala_tasks_fetching_from_each_other(two_workers: bool, keys: u64, payload: u
         cancelled: Default::default(),
         retired: Default::default(),
         extra_keys: 0,
+        drain_keys_per_sec: 0,
     });
     for i in 0..2 {
         s.command(i, TaskCommand::Begin(reconfiguration.clone()));
@@ -460,6 +462,7 @@ fn fast_sender_stays_within_the_peer_bound(two_workers: bool) {
         },
         protocol: Protocol::StopAndRestart,
         extra_keys: 0,
+        drain_keys_per_sec: 0,
         finished: Default::default(),
     };
     let graph = Arc::new(graph());

@@ -113,6 +113,15 @@ pub fn extra_keys_of(top: &str) -> usize {
         .unwrap_or(8)
 }
 
+/// The `drain_keys_per_sec = R` the top-level config lines set, or the default 0 (off).
+pub fn drain_of(top: &str) -> u64 {
+    top.lines()
+        .filter_map(|l| l.trim().strip_prefix("drain_keys_per_sec"))
+        .filter_map(|rest| rest.trim().strip_prefix('=')?.trim().parse().ok())
+        .next_back()
+        .unwrap_or(0)
+}
+
 /// Checks the run in `out_dir` against `expect`; `Err` says what it did not do.
 pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, String> {
     let mut rec = RunRecord::read(&out_dir.join("metrics.db"))?;
@@ -132,6 +141,11 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
     let rec_extra = recorded.get("extra_keys").and_then(toml::Value::as_integer);
     if rec_extra != Some(expect.extra_keys as i64) {
         return Err(format!("runs.config has extra_keys {rec_extra:?}, the case set {}", expect.extra_keys));
+    }
+    let drain = drain_of(expect.config_text);
+    let rec_drain = recorded.get("drain_keys_per_sec").and_then(toml::Value::as_integer).unwrap_or(0);
+    if rec_drain != drain as i64 {
+        return Err(format!("runs.config has drain_keys_per_sec {rec_drain}, the case set {drain}"));
     }
     let (model, applied) = apply_schedule(expect.config_text)
         .map_err(|e| format!("the schedule has a request the coordinator rejects: {e}"))?;
@@ -261,6 +275,18 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
             metric::STATE_BYTES_MOVED,
             metric::STATE_BYTES_PULLED
         ));
+    }
+    // The background drain moves state of live old owners without any record asking for it.
+    if let Some(epoch) = koala_must_move
+        && drain > 0
+    {
+        if rec.total(metric::STATE_BYTES_PULLED) <= 0.0 {
+            return Err(format!(
+                "epoch {epoch} moved buckets of permanent state with drain_keys_per_sec = {drain}, but no task reported {}",
+                metric::STATE_BYTES_PULLED
+            ));
+        }
+        checked.push("state drained in the background".into());
     }
     rec.checked = checked;
     Ok(rec)

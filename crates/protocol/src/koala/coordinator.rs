@@ -33,6 +33,8 @@ pub struct NewAssignment {
     pub assignment: Vec<TaskId>,
     /// Progressive migration knob N for state left on cancelled tasks (0 = fetch on demand only).
     pub extra_keys: usize,
+    /// Background drain of other old locations, keys per second per location (0 = off).
+    pub drain_keys_per_sec: u64,
     /// The epoch the caller numbers this reconfiguration with (the job's coordinator numbers
     /// every reconfiguration of every protocol); above every epoch this operator started before.
     pub epoch: Epoch,
@@ -442,6 +444,7 @@ fn plan(op: &OperatorState, request: &NewAssignment) -> Result<Reconfiguration, 
         retired: op.retired.union(&cancelled).copied().collect(),
         cancelled,
         extra_keys: request.extra_keys,
+        drain_keys_per_sec: request.drain_keys_per_sec,
     })
 }
 
@@ -479,6 +482,7 @@ mod tests {
                 operator: OperatorId(op),
                 assignment: a,
                 extra_keys: 0,
+                drain_keys_per_sec: 0,
                 epoch,
             })
         };
@@ -528,6 +532,7 @@ mod tests {
             operator: OperatorId(1),
             assignment: vec![t(1, 0), t(1, 0), t(1, 1), t(1, 1)],
             extra_keys: 0,
+            drain_keys_per_sec: 0,
             epoch: 1,
         };
         c.on(CoordinatorEvent::Request(request));
@@ -551,6 +556,7 @@ mod tests {
                 operator: OperatorId(1),
                 assignment: a,
                 extra_keys: 0,
+                drain_keys_per_sec: 0,
                 epoch: 1,
             }));
             assert!(matches!(&out[..], [CoordinatorAction::Error(_)]), "{out:?}");

@@ -321,6 +321,15 @@ impl KeyLookupTable {
             .collect()
     }
 
+    /// Every location some owned bucket's layers name (never `me`).
+    pub fn locations_named(&self) -> BTreeSet<TaskId> {
+        self.buckets
+            .values()
+            .flat_map(|t| &t.layers)
+            .filter_map(|l| self.locations.get(usize::from(l.location)).copied())
+            .collect()
+    }
+
     /// Whether any owned key may still have state at `location`.
     pub fn references(&self, location: TaskId) -> bool {
         let Some(&idx) = self.index.get(&location) else {

@@ -43,6 +43,9 @@ pub struct Reconfiguration {
     pub retired: BTreeSet<TaskId>,
     /// Progressive migration knob N (paper §3.4): extra keys piggybacked per fetch from a retired task.
     pub extra_keys: usize,
+    /// Background drain of the old locations progressive migration does not pull from (live old
+    /// owners): keys per second per location, 0 = off (docs/protocols.md §6).
+    pub drain_keys_per_sec: u64,
 }
 
 /// What a task does in a reconfiguration, derived from the moves.

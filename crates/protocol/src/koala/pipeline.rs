@@ -83,11 +83,20 @@ pub(crate) struct Pipeline {
     next_id: u64,
     /// Keys the next background pull asks for.
     pull_size: usize,
+    /// The background drain sent a round and waits for its `Wake` (rate limit).
+    pub(crate) drain_resting: bool,
 }
 
 impl Default for Pipeline {
     fn default() -> Self {
-        Self { inbox: VecDeque::new(), waiting: None, outstanding: BTreeMap::new(), next_id: 0, pull_size: 1 }
+        Self {
+            inbox: VecDeque::new(),
+            waiting: None,
+            outstanding: BTreeMap::new(),
+            next_id: 0,
+            pull_size: 1,
+            drain_resting: false,
+        }
     }
 }
 
@@ -196,20 +205,55 @@ impl KoalaTask {
         (!buckets.is_empty()).then_some(ExtraKeys { buckets, max })
     }
 
-    /// Background pull from every retired location without a pull outstanding (not while a
-    /// hand-over of this task is pending: that waits for the pipeline to be quiet).
+    /// Background pull from every retired location without a pull outstanding, and the drain of
+    /// the other old locations (not while a hand-over of this task is pending: that waits for the
+    /// pipeline to be quiet).
     pub(super) fn pull(&mut self, out: &mut Vec<TaskAction>) {
-        if self.extra_keys == 0 || self.transition.as_ref().is_some_and(|t| t.hand_over_pending()) {
+        if self.transition.as_ref().is_some_and(|t| t.hand_over_pending()) {
             return;
         }
-        let size = self.pipeline.pull_size.clamp(self.extra_keys, MAX_PULL_KEYS.max(self.extra_keys));
-        let retired: Vec<TaskId> =
-            self.retired.iter().copied().filter(|&l| !self.pipeline.pulling_from(l)).collect();
-        for loc in retired {
-            if let Some(extra) = self.extra_for(loc, size) {
-                let (_, request) = self.pipeline.request(loc, BTreeSet::new(), Some(extra));
-                out.push(TaskAction::FetchState { from: loc, request });
+        if self.extra_keys > 0 {
+            let size = self.pipeline.pull_size.clamp(self.extra_keys, MAX_PULL_KEYS.max(self.extra_keys));
+            let retired: Vec<TaskId> =
+                self.retired.iter().copied().filter(|&l| !self.pipeline.pulling_from(l)).collect();
+            for loc in retired {
+                if let Some(extra) = self.extra_for(loc, size) {
+                    let (_, request) = self.pipeline.request(loc, BTreeSet::new(), Some(extra));
+                    out.push(TaskAction::FetchState { from: loc, request });
+                }
             }
+        }
+        self.drain(out);
+    }
+
+    /// The background drain (off unless `drain_keys_per_sec` > 0): one pull of `rate / 100` keys
+    /// to every old location progressive migration does not cover, then rest for as long as the
+    /// rate allows before the next round; only while no batch waits for state (it yields to
+    /// record processing). Their bytes count as pulled, not as moved on demand.
+    fn drain(&mut self, out: &mut Vec<TaskAction>) {
+        let rate = self.drain_keys_per_sec;
+        if rate == 0 || self.pipeline.drain_resting || self.pipeline.waiting.is_some() {
+            return;
+        }
+        let size = usize::try_from(rate / 100).unwrap_or(MAX_PULL_KEYS).clamp(1, MAX_PULL_KEYS);
+        let progressive = self.extra_keys > 0;
+        let mut sent = false;
+        for loc in self.klt.locations_named() {
+            if (progressive && self.retired.contains(&loc)) || self.pipeline.pulling_from(loc) {
+                continue;
+            }
+            let buckets = self.klt.buckets_at(loc);
+            if buckets.is_empty() {
+                continue;
+            }
+            let extra = ExtraKeys { buckets, max: size };
+            let (_, request) = self.pipeline.request(loc, BTreeSet::new(), Some(extra));
+            out.push(TaskAction::FetchState { from: loc, request });
+            sent = true;
+        }
+        if sent {
+            self.pipeline.drain_resting = true;
+            out.push(TaskAction::WakeAfter { ms: (size as u64 * 1000 / rate).max(1) });
         }
     }
 

@@ -120,6 +120,8 @@ pub enum TaskEvent {
         /// The filter.
         response: FilterResponse,
     },
+    /// The time asked for by [`TaskAction::WakeAfter`] has passed.
+    Wake,
 }
 
 /// Output of a [`KoalaTask`], to be executed in order by the runtime.
@@ -201,6 +203,12 @@ pub enum TaskAction {
         /// Opaque operator metadata.
         metadata: Vec<u8>,
     },
+    /// Feed [`TaskEvent::Wake`] once this many milliseconds have passed (the background drain's
+    /// rate limit; the only timer the core asks for, and only while it drains).
+    WakeAfter {
+        /// Milliseconds from now.
+        ms: u64,
+    },
     /// Emit this watermark downstream (monotone).
     EmitWatermark(Timestamp),
     /// Send to the coordinator.
@@ -262,6 +270,7 @@ pub struct KoalaTask {
     pub(super) early: Vec<(TaskId, PeerMessage)>,
     pub(super) retired: BTreeSet<TaskId>,
     pub(super) extra_keys: usize,
+    pub(super) drain_keys_per_sec: u64,
     pub(super) drained: BTreeMap<TaskId, Epoch>,
     pub(super) park_direct: bool,
     pub(super) started: bool,
@@ -294,6 +303,7 @@ impl KoalaTask {
             early: Vec::new(),
             retired: BTreeSet::new(),
             extra_keys: 0,
+            drain_keys_per_sec: 0,
             drained: BTreeMap::new(),
             park_direct: true,
             installing: BTreeSet::new(),
@@ -392,6 +402,10 @@ impl KoalaTask {
             }
             TaskEvent::Filter { from, response } => {
                 self.klt.filter_arrived(from, response.bucket, response.since, response.filter);
+                Ok(())
+            }
+            TaskEvent::Wake => {
+                self.pipeline.drain_resting = false;
                 Ok(())
             }
         };

@@ -62,6 +62,7 @@ fn reconf() -> Arc<Reconfiguration> {
         cancelled: BTreeSet::new(),
         retired: BTreeSet::new(),
         extra_keys: 0,
+        drain_keys_per_sec: 0,
     })
 }
 

@@ -147,6 +147,7 @@ impl KoalaTask {
         self.started = true;
         self.retired.extend(reconf.retired.iter().copied());
         self.extra_keys = reconf.extra_keys;
+        self.drain_keys_per_sec = reconf.drain_keys_per_sec;
         // A marker, or the end of stream, on every data channel open here (its channels are
         // known from deployment and `add_input`, with their inputs; `reconf.upstreams` names
         // tasks only): also from an upstream the coordinator no longer counts (it finished or

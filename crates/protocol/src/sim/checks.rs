@@ -131,6 +131,9 @@ impl World {
                 self.channels
                     .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FetchRequest(request));
             }
+            TaskAction::WakeAfter { .. } => {
+                self.channels.push((Node::Task(me), Node::Task(me), Kind::Control), Msg::Wake);
+            }
             TaskAction::RequestFilter { from, request } => {
                 self.channels
                     .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FilterRequest(request));
@@ -498,6 +501,16 @@ impl World {
                     show(key),
                     self.holder.get(key)
                 ));
+            }
+        }
+        if self.cfg.drain {
+            for (id, t) in &self.tasks {
+                if let super::world::Core::Koala(core) = &t.core
+                    && self.claims.contains(&Some(*id))
+                    && let Some(other) = core.klt().locations_named().first()
+                {
+                    return Err(format!("drain: {id} still names {other} as a location at the end"));
+                }
             }
         }
         let retired = self.engine.retired(super::scenario::TARGET);

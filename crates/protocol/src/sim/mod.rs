@@ -145,6 +145,10 @@ pub struct SimConfig {
     /// schedules a flush). Off: window keys purge their state when their last timer fires and
     /// the other keys set no timers (see the module docs).
     pub state_outlives_timers: bool,
+    /// Koala's background drain of live old owners is on (`drain_keys_per_sec` > 0): every old
+    /// location is drained, and at the end no KLT names another task. The drain's rate-limit
+    /// timer is a message to the task itself, delivered at a random later step.
+    pub drain: bool,
 }
 
 impl SimConfig {
@@ -162,6 +166,7 @@ impl SimConfig {
             max_steps: 20_000,
             protocol: Protocol::Koala,
             state_outlives_timers: false,
+            drain: false,
         }
     }
 }
@@ -217,6 +222,8 @@ pub struct SimFailure {
     pub inputs: usize,
     /// Whether state outlived its timers ([`SimConfig::state_outlives_timers`]).
     pub state_outlives_timers: bool,
+    /// Whether the background drain was on ([`SimConfig::drain`]).
+    pub drain: bool,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -231,9 +238,10 @@ impl fmt::Display for SimFailure {
         let inputs =
             if self.inputs == 1 { String::new() } else { format!(" KOALA_SIM_INPUTS={}", self.inputs) };
         let outlive = if self.state_outlives_timers { " KOALA_SIM_STATE_OUTLIVES_TIMERS=1" } else { "" };
+        let drain = if self.drain { " KOALA_SIM_DRAIN=1" } else { "" };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -248,6 +256,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         protocol: config.protocol,
         inputs: config.inputs,
         state_outlives_timers: config.state_outlives_timers,
+        drain: config.drain,
         step,
         message,
     };

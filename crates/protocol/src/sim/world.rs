@@ -81,6 +81,8 @@ pub(crate) enum Msg {
     Ack(Epoch, TaskAck),
     /// An upstream finished (to the coordinator, as the job's coordinator hears of it).
     UpstreamEnded(TaskId),
+    /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
+    Wake,
     /// The coordinator tells a new task that an upstream finished before it switched.
     EndedUpstream(TaskId),
 }
@@ -258,6 +260,7 @@ impl World {
             },
             protocol: cfg.protocol,
             extra_keys,
+            drain_keys_per_sec: if cfg.drain { 1000 } else { 0 },
             finished: BTreeSet::new(),
         };
         let inputs = BTreeMap::from([(UPSTREAM, BTreeSet::new()), (TARGET, BTreeSet::from([UPSTREAM]))]);
@@ -644,6 +647,7 @@ impl World {
                 TaskEvent::FetchResponse { from, response }
             }
             (Msg::FilterRequest(request), Some(from)) => TaskEvent::FilterRequest { from, request },
+            (Msg::Wake, Some(from)) if from == id => TaskEvent::Wake,
             (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
             (Msg::Start(r), None) => {
                 // A task learns the channels of upstreams it does not know yet (a new

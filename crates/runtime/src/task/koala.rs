@@ -71,6 +71,8 @@ struct KoalaOperator {
     pull_cursors: PullCursors<StateKey>,
     /// Filters of handed-over buckets being built for the owners that asked, a step per turn.
     builds: VecDeque<(TaskId, FilterRequest, FilterBuild<StateKey>)>,
+    /// When the core asked to be woken (the background drain's rate limit).
+    wake_at: Option<Instant>,
     /// Fetch lanes to peers (requests and responses; never waited on, `crate::peer`).
     fetch_lanes: HashMap<TaskId, ChannelSender>,
     /// Peer lanes to peers, with what a full one could not take yet.
@@ -116,6 +118,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         deployment: d,
         pull_cursors: PullCursors::new(),
         builds: VecDeque::new(),
+        wake_at: None,
         fetch_lanes: HashMap::new(),
         outbox: Outbox::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
@@ -131,6 +134,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let deadline = outputs
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
+        let deadline = task.wake_at.map_or(deadline, |w| w.min(deadline));
         // A filter being built takes a step whenever no input is waiting.
         let timeout =
             if task.builds.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
@@ -163,6 +167,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         task.build_filters(&setup)?;
         let now = Instant::now();
+        if task.wake_at.is_some_and(|w| now >= w) {
+            task.wake_at = None;
+            task.feed(&setup, &mut outputs, TaskEvent::Wake)?;
+        }
         task.check_inputs_ended(&setup, &mut outputs)?;
         if task.released && task.inputs_ended && !task.outbox.has_waiting() {
             // Released (no live task points here any more), nothing left to process or send.
@@ -419,6 +427,10 @@ impl KoalaOperator {
                 TaskAction::RequestFilter { from, request } => {
                     self.send(setup, from, &Wire::FilterRequest(request))?;
                 }
+                TaskAction::WakeAfter { ms } => {
+                    let at = Instant::now() + Duration::from_millis(ms);
+                    self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+                }
                 TaskAction::BuildFilter { to, request } => {
                     let build = FilterBuild::new(request.bucket);
                     self.builds.push_back((to, request, build));
@@ -671,6 +683,7 @@ mod tests {
             },
             protocol: Protocol::Koala,
             extra_keys: 0,
+            drain_keys_per_sec: 0,
             finished: BTreeSet::new(),
         };
         let moves = BTreeMap::from([((old, new), vec![2, 3])]);
@@ -693,6 +706,7 @@ mod tests {
             cancelled: BTreeSet::new(),
             retired: BTreeSet::new(),
             extra_keys: 0,
+            drain_keys_per_sec: 0,
         };
 
         // The sink's and count.0's queues are read by the test; count.1's are fed by it.
