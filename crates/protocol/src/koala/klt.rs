@@ -13,10 +13,12 @@
 //! answer "not here", the key is new and created locally — no round trip and no entry for a key
 //! outside every filter.
 //!
-//! Entries exist only where a layer would mislead: a key every candidate answered "not here" for
-//! (a filter's false positive, a filter still being built, a key whose state was deleted after it
-//! was fetched) gets an entry "here or nowhere", so it is not asked about again; entries a newly
-//! arrived filter makes unnecessary are dropped. A hand-over carries the layers (filters
+//! Entries exist only where a layer would mislead: while a layer of the bucket still waits for
+//! its filter, a key every candidate answered "not here" for gets an entry "here or nowhere", so
+//! it is not asked about again; those entries go once the bucket's filters are all there. A
+//! filter's false positive gets no entry: the key's state is created here when its record is
+//! processed, and the store answers first from then on (a key that gets no state, or whose state
+//! is deleted, costs a round trip each time it comes back). A hand-over carries the layers (filters
 //! included) and the entries, with the sender's own layer in front, so every later fetch is one
 //! hop whatever the number of earlier reconfigurations; the sender never scans its store.
 //! Locations are `u16` indices into a per-table list of task ids.
@@ -173,11 +175,13 @@ impl KeyLookupTable {
         self.buckets.get(&bucket).is_none_or(|t| t.layers.is_empty())
     }
 
-    /// Every candidate answered "not here" for the key: its state is here or nowhere, and the
-    /// layers must not be asked again. Only recorded where a layer would otherwise be asked.
+    /// Every candidate answered "not here" for the key: its state is here or nowhere. Recorded
+    /// only while a layer of the bucket still waits for its filter (which would otherwise send
+    /// every lookup of the key there); a filter's false positive gets no entry: the key's state
+    /// is created here when its record is processed, and the store answers first from then on.
     pub fn mark_local(&mut self, bucket: BucketId, hash: u64) {
         if let Some(table) = self.buckets.get_mut(&bucket)
-            && table.layers.iter().any(|l| l.may_hold(hash))
+            && table.layers.iter().any(|l| l.filter.is_none())
         {
             table.keys.insert(hash, 0);
         }
@@ -278,8 +282,9 @@ impl KeyLookupTable {
 
     /// The filter of the layer (`location`, `bucket`, `since`) arrived. Installed if that layer
     /// is still here and waiting for it (a late answer for a bucket since handed on, or a layer
-    /// since drained, is dropped); entries the filters now answer as well are dropped. Returns
-    /// whether it was installed.
+    /// since drained, is dropped); once no layer of the bucket waits, its "here or nowhere"
+    /// entries go (the filters answer for those keys, up to a false positive's round trip).
+    /// Returns whether it was installed.
     pub fn filter_arrived(
         &mut self,
         location: TaskId,
@@ -300,8 +305,10 @@ impl KeyLookupTable {
         };
         layer.filter = Some(filter);
         if table.layers.iter().all(|l| l.filter.is_some()) {
-            let layers = &table.layers;
-            table.keys.retain(|&h, &mut l| l != 0 || layers.iter().any(|x| x.may_hold(h)));
+            table.keys.retain(|_, &mut l| l != 0);
+            if table.keys.is_empty() {
+                table.keys = ExceptionMap::default();
+            }
         }
         true
     }
@@ -459,7 +466,7 @@ mod tests {
         let mut d3 = KeyLookupTable::new(t(3), []);
         d2.install(d1.take(&[1], 1)).expect("install");
         d2.mark_local(1, key_hash(b"k"));
-        assert_eq!(d2.entries(), 1);
+        assert_eq!(d2.entries(), 1, "d1's filter is not there yet");
         assert!(cands(&d2, 1, b"k").is_empty());
         d3.install(d2.take(&[1], 2)).expect("install");
         assert_eq!(cands(&d3, 1, b"k"), vec![t(2)], "here or nowhere at d2");
@@ -477,6 +484,12 @@ mod tests {
         d1.exhausted(1, t(3));
         assert!(d1.is_settled(1));
         assert_eq!(d1.entries(), 0);
+        // With every filter there, a false positive costs a round trip but no entry.
+        let mut d4 = KeyLookupTable::new(t(4), []);
+        d4.install(d1.take(&[1], 4)).expect("install");
+        assert!(d4.filter_arrived(t(1), 1, 4, KeyFilter::build(vec![key_hash(b"k")])));
+        d4.mark_local(1, key_hash(b"k"));
+        assert_eq!(d4.entries(), 0);
     }
 
     #[test]

@@ -229,13 +229,20 @@ impl KoalaTask {
     /// The background drain (off unless `drain_keys_per_sec` > 0): one pull of `rate / 100` keys
     /// to every old location progressive migration does not cover, then rest for as long as the
     /// rate allows before the next round; only while no batch waits for state (it yields to
-    /// record processing). Their bytes count as pulled, not as moved on demand.
+    /// record processing). Once every input ended there is nothing to yield to: pulls of the
+    /// largest size, no rest, so the drain does not hold up the task's end. Their bytes count as
+    /// pulled, not as moved on demand.
     fn drain(&mut self, out: &mut Vec<TaskAction>) {
         let rate = self.drain_keys_per_sec;
         if rate == 0 || self.pipeline.drain_resting || self.pipeline.waiting.is_some() {
             return;
         }
-        let size = usize::try_from(rate / 100).unwrap_or(MAX_PULL_KEYS).clamp(1, MAX_PULL_KEYS);
+        let ended = !self.has_inputs() && self.started;
+        let size = if ended {
+            MAX_PULL_KEYS
+        } else {
+            usize::try_from(rate / 100).unwrap_or(MAX_PULL_KEYS).clamp(1, MAX_PULL_KEYS)
+        };
         let progressive = self.extra_keys > 0;
         let mut sent = false;
         for loc in self.klt.locations_named() {
@@ -251,7 +258,7 @@ impl KoalaTask {
             out.push(TaskAction::FetchState { from: loc, request });
             sent = true;
         }
-        if sent {
+        if sent && !ended {
             self.pipeline.drain_resting = true;
             out.push(TaskAction::WakeAfter { ms: (size as u64 * 1000 / rate).max(1) });
         }
