@@ -43,6 +43,9 @@ pub struct JobConfig {
     /// Batching and queue sizes.
     #[serde(default)]
     pub runtime: RuntimeSection,
+    /// Where keyed state lives: `[state] backend` and `cache_mb`.
+    #[serde(default)]
+    pub state: StateSection,
     /// The reconfiguration protocol: `koala` (lazy, the default) or `stop-and-restart`.
     #[serde(default)]
     pub protocol: koala_protocol::Protocol,
@@ -146,6 +149,31 @@ impl Default for RuntimeSection {
     }
 }
 
+/// `[state]`: the store of keyed state (docs/architecture.md §5).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateSection {
+    /// `fjall` (the default), `memory`, or `none` (keeps nothing: the benchmark ceiling).
+    pub backend: koala_protocol::StateBackendKind,
+    /// MiB of the write-back cache of each task in front of fjall (0 = no cache); default
+    /// [`DEFAULT_CACHE_MB`]. Only the fjall backend has one.
+    pub cache_mb: Option<u64>,
+}
+
+/// The write-back cache per task in front of fjall when `[state] cache_mb` is not given.
+pub const DEFAULT_CACHE_MB: u64 = 64;
+
+impl StateSection {
+    /// What workers are told (with [`CoordinatorMessage::Deploy`](koala_protocol::CoordinatorMessage)).
+    pub fn options(&self) -> koala_protocol::StateOptions {
+        let cache_mb = match self.backend {
+            koala_protocol::StateBackendKind::Fjall => self.cache_mb.unwrap_or(DEFAULT_CACHE_MB),
+            _ => 0,
+        };
+        koala_protocol::StateOptions { backend: self.backend, cache_bytes: cache_mb.saturating_mul(1 << 20) }
+    }
+}
+
 /// Partition policy names as written in configs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -243,6 +271,27 @@ impl JobConfig {
                     format!("{v} is not a number of seconds ≥ {min}; the default is fine"),
                 ));
             }
+        }
+        let discards = self.params.get("sink").and_then(toml::Value::as_str) == Some("discard");
+        if self.state.backend == koala_protocol::StateBackendKind::None && !discards {
+            return Err(invalid(
+                "state.backend",
+                "\"none\" keeps no state, so every stateful operator's output is wrong; it is the \
+                 ceiling of `koala bench`, whose output is discarded ([params] sink = \"discard\"). \
+                 Use \"fjall\" (the default) or \"memory\"",
+            ));
+        }
+        if self.state.backend != koala_protocol::StateBackendKind::Fjall && self.state.cache_mb.is_some() {
+            return Err(invalid(
+                "state.cache_mb",
+                format!(
+                    "only the fjall backend has a cache, and backend is {:?}; remove cache_mb or set backend = \"fjall\"",
+                    self.state.backend.name()
+                ),
+            ));
+        }
+        if self.state.cache_mb.is_some_and(|mb| mb > 1 << 20) {
+            return Err(invalid("state.cache_mb", "more than 1 TiB per task; give MiB, e.g. cache_mb = 64"));
         }
         let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
         for (name, p) in &self.parallelism {

@@ -78,7 +78,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     let mut workers = accept(&listener, config.workers, &events_tx)?;
 
     let deployment = initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run);
-    workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone())))?;
+    workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone()), config.state.options()))?;
     let mut deployed = 0;
     // Requests that arrive while the job starts are answered once it runs.
     let mut early_clients = Vec::new();

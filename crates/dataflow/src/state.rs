@@ -3,8 +3,6 @@
 //! (docs/architecture.md §5): they are decoded once per key and batch, and written back at the
 //! end of the batch only if the operator changed them.
 
-use std::collections::HashMap;
-
 use koala_types::{decode, encode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -211,32 +209,31 @@ impl<L: Serialize + DeserializeOwned> ListState<L> {
 }
 
 /// The decoded state of the keys of one batch, each loaded on first use, written back at the end.
-pub(crate) struct BatchStates<E> {
-    entries: HashMap<Vec<u8>, E>,
+/// Borrows the keys from the batch's records: a lookup hashes once and allocates nothing.
+pub(crate) struct BatchStates<'k, E> {
+    entries: koala_types::KeyHashMap<&'k [u8], E>,
 }
 
-impl<E> BatchStates<E> {
-    pub(crate) fn new() -> Self {
-        Self { entries: HashMap::new() }
+impl<'k, E> BatchStates<'k, E> {
+    /// Room for `keys` distinct keys without rehashing.
+    pub(crate) fn with_capacity(keys: usize) -> Self {
+        Self { entries: koala_types::KeyHashMap::with_capacity_and_hasher(keys, Default::default()) }
     }
 
     /// The entry of `key`, loaded with `load` the first time the batch touches the key.
     pub(crate) fn entry(
         &mut self,
-        key: &[u8],
+        key: &'k [u8],
         load: impl FnOnce() -> Result<E, DataflowError>,
     ) -> Result<&mut E, DataflowError> {
-        if !self.entries.contains_key(key) {
-            let entry = load()?;
-            self.entries.insert(key.to_vec(), entry);
-        }
-        self.entries
-            .get_mut(key)
-            .ok_or_else(|| DataflowError::Other("batch state entry vanished".to_string()))
+        Ok(match self.entries.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(load()?),
+        })
     }
 
     /// Every touched key with its entry, for write-back.
-    pub(crate) fn into_entries(self) -> impl Iterator<Item = (Vec<u8>, E)> {
+    pub(crate) fn into_entries(self) -> impl Iterator<Item = (&'k [u8], E)> {
         self.entries.into_iter()
     }
 }

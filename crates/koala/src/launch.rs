@@ -68,40 +68,123 @@ pub fn demo(duration_s: u64, output_dir: &Path, protocol: &str) -> anyhow::Resul
     Ok(outcome)
 }
 
-/// `koala bench`: the keyed aggregation at full speed; steady state = every full second but the
-/// first and the last.
-pub fn bench(records: u64, parallelism: u32, output_dir: &Path) -> anyhow::Result<()> {
-    let text = format!(
-        "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = \"{}\"\n\
-         [parallelism]\nsource = {parallelism}\naggregate = {parallelism}\nsink = 1\n\
-         [params]\nsink = \"discard\"\n[params.generator]\nkey_space = 100000\nrecords = {records}\n",
-        output_dir.display()
-    );
-    let config = JobConfig::parse(&text, "koala bench")?;
+/// What `koala bench` runs.
+#[derive(Clone, Debug)]
+pub struct BenchSpec {
+    /// Distinct keys.
+    pub keys: u64,
+    /// Records over all source tasks.
+    pub records: u64,
+    /// `fjall`, `memory` or `none`.
+    pub backend: String,
+    /// `[state] cache_mb` (fjall only); `None` = the default.
+    pub cache_mb: Option<u64>,
+    /// Tasks of the source and of the aggregate.
+    pub parallelism: u32,
+    /// Size of the sliding window of active keys (0 = uniform over all keys).
+    pub active_keys: u64,
+    /// Records per one-key move of the window.
+    pub active_shift: u64,
+}
+
+impl BenchSpec {
+    /// The job config of the run.
+    pub fn config_text(&self, output_dir: &Path) -> String {
+        let cache = self.cache_mb.map(|mb| format!("cache_mb = {mb}\n")).unwrap_or_default();
+        let active = if self.active_keys > 0 {
+            format!("active_keys = {}\nactive_shift_records = {}\n", self.active_keys, self.active_shift)
+        } else {
+            String::new()
+        };
+        format!(
+            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n\
+             [state]\nbackend = {:?}\n{cache}\
+             [parallelism]\nsource = {p}\naggregate = {p}\nsink = 1\n\
+             [params]\nsink = \"discard\"\n[params.generator]\nkey_space = {}\nrecords = {}\n{active}",
+            output_dir.display().to_string(),
+            self.backend,
+            self.keys,
+            self.records,
+            p = self.parallelism,
+        )
+    }
+}
+
+/// The numbers `koala bench` prints, from the per-second table of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchResult {
+    /// Steady seconds: every full second but the first and the last.
+    pub steady_seconds: usize,
+    /// Mean records/s over the steady seconds.
+    pub steady: f64,
+    /// Mean records/s over the first and the last 10 % of the steady seconds (at least one).
+    pub first_tenth: f64,
+    /// See `first_tenth`.
+    pub last_tenth: f64,
+    /// Per-batch latency: median over steady seconds of the worst task's p99, µs.
+    pub batch_p99_us: f64,
+    /// Per-batch latency: mean over steady seconds of the mean, µs.
+    pub batch_mean_us: f64,
+}
+
+/// Steady-state numbers of a run's per-second rows (`None` if there is no steady second).
+pub fn bench_result(rows: &[koala_coordinator::report::SecondRow]) -> Option<BenchResult> {
+    let steady = rows.get(1..rows.len().saturating_sub(1))?;
+    if steady.is_empty() {
+        return None;
+    }
+    let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let throughput: Vec<f64> = steady.iter().map(|r| r.throughput).collect();
+    let tenth = steady.len().div_ceil(10);
+    let mut p99: Vec<f64> = steady.iter().filter_map(|r| r.batch_latency_p99_us).collect();
+    p99.sort_by(f64::total_cmp);
+    let means: Vec<f64> = steady.iter().filter_map(|r| r.batch_latency_mean_us).collect();
+    Some(BenchResult {
+        steady_seconds: steady.len(),
+        steady: mean(&throughput),
+        first_tenth: mean(&throughput[..tenth]),
+        last_tenth: mean(&throughput[throughput.len() - tenth..]),
+        batch_p99_us: p99.get(p99.len() / 2).copied().unwrap_or(f64::NAN),
+        batch_mean_us: mean(&means),
+    })
+}
+
+/// `koala bench`: the keyed running aggregate at full speed on 2 workers.
+pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult> {
+    let config = JobConfig::parse(&spec.config_text(output_dir), "koala bench")
+        .map_err(|e| anyhow::anyhow!("{e} (check --backend and --cache-mb)"))?;
     let summary = run_job_locally(config)?;
     let report = koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), output_dir)?;
-    let rows = &report.table.rows;
-    let steady: Vec<_> = rows.iter().skip(1).take(rows.len().saturating_sub(2)).collect();
-    anyhow::ensure!(!steady.is_empty(), "the run was too short for a steady state; raise --records");
-    let n = steady.len() as f64;
-    let mean = |f: &dyn Fn(&koala_coordinator::report::SecondRow) -> Option<f64>| {
-        let v: Vec<f64> = steady.iter().filter_map(|r| f(r)).collect();
-        if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 }
+    let result = bench_result(&report.table.rows)
+        .context("the run was too short for a steady state (it needs 3 seconds); raise --records")?;
+    let cache = match (spec.backend.as_str(), spec.cache_mb) {
+        ("fjall", Some(0)) => ", no cache".to_string(),
+        ("fjall", Some(mb)) => format!(", cache {mb} MiB per task"),
+        ("fjall", None) => format!(", cache {} MiB per task", koala_coordinator::DEFAULT_CACHE_MB),
+        _ => String::new(),
+    };
+    let active = if spec.active_keys > 0 {
+        format!(", active window {} keys sliding 1 key per {} records", spec.active_keys, spec.active_shift)
+    } else {
+        " uniform".to_string()
     };
     println!();
     println!(
-        "keyed aggregation, {parallelism} source + {parallelism} aggregate tasks on 2 workers, {} steady seconds",
-        steady.len()
+        "keyed running aggregate: {} records over {} keys{active}; backend {}{cache}; {p} source + {p} aggregate tasks on 2 workers; {} steady seconds",
+        spec.records,
+        spec.keys,
+        spec.backend,
+        result.steady_seconds,
+        p = spec.parallelism,
     );
-    println!("{:<34} {:>12}", "metric", "value");
-    println!(
-        "{:<34} {:>12.0}",
-        "records/s (mean of steady seconds)",
-        steady.iter().map(|r| r.throughput).sum::<f64>() / n
-    );
-    println!("{:<34} {:>12.0}", "per-batch latency mean (µs)", mean(&|r| r.batch_latency_mean_us));
-    println!("{:<34} {:>12.0}", "per-batch latency p99 (µs, worst)", mean(&|r| r.batch_latency_p99_us));
-    Ok(())
+    println!("{:<44} {:>12}", "metric", "value");
+    println!("{:<44} {:>12.0}", "records/s, steady (mean of steady seconds)", result.steady);
+    println!("{:<44} {:>12.0}", "records/s, first 10 % of steady seconds", result.first_tenth);
+    println!("{:<44} {:>12.0}", "records/s, last 10 % of steady seconds", result.last_tenth);
+    println!("{:<44} {:>12.2}", "last / first", result.last_tenth / result.first_tenth);
+    println!("{:<44} {:>12.0}", "per-batch latency p99 (µs, median second)", result.batch_p99_us);
+    println!("{:<44} {:>12.0}", "per-batch latency mean (µs)", result.batch_mean_us);
+    Ok(result)
 }
 
 /// `koala run <config>`.
@@ -307,4 +390,57 @@ pub fn parse_move(text: &str) -> anyhow::Result<(Vec<u16>, u32)> {
         }
     }
     Ok((out, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koala_coordinator::report::SecondRow;
+
+    fn second(t_s: i64, throughput: f64, p99: f64) -> SecondRow {
+        SecondRow {
+            t_s,
+            throughput,
+            lag_mean_ms: None,
+            lag_p99_ms: None,
+            batch_latency_mean_us: Some(p99 / 10.0),
+            batch_latency_p99_us: Some(p99),
+            state_bytes_moved: 0.0,
+            backpressure_ms: None,
+        }
+    }
+
+    #[test]
+    fn bench_numbers_skip_the_partial_seconds_and_compare_the_first_and_last_tenth() {
+        // 22 seconds: the first and the last are partial; 20 steady, so a tenth is 2 seconds.
+        let rows: Vec<SecondRow> = (0..22)
+            .map(|t| second(t, if t == 0 || t == 21 { 1.0 } else { 100.0 * t as f64 }, t as f64))
+            .collect();
+        let r = bench_result(&rows).expect("steady seconds");
+        assert_eq!(r.steady_seconds, 20);
+        assert_eq!(r.steady, 1050.0);
+        assert_eq!((r.first_tenth, r.last_tenth), (150.0, 1950.0));
+        assert_eq!(r.batch_p99_us, 11.0, "the median second's p99");
+        assert!(bench_result(&rows[..2]).is_none(), "two partial seconds have no steady state");
+    }
+
+    #[test]
+    fn bench_configs_parse_for_every_backend() {
+        for (backend, cache_mb) in [("fjall", Some(0)), ("fjall", Some(8)), ("fjall", None), ("memory", None)]
+        {
+            let spec = BenchSpec {
+                keys: 10,
+                records: 100,
+                backend: backend.into(),
+                cache_mb,
+                parallelism: 2,
+                active_keys: 5,
+                active_shift: 1,
+            };
+            let config = JobConfig::parse(&spec.config_text(Path::new("out")), "test").expect("parses");
+            assert_eq!(config.state.backend.name(), backend);
+            let cache = config.state.options().cache_bytes;
+            assert_eq!(cache, cache_mb.unwrap_or(if backend == "fjall" { 64 } else { 0 }) << 20);
+        }
+    }
 }

@@ -58,3 +58,16 @@ fn timeouts_below_a_second_are_named() {
     let err = rejected(&format!("{BASE}[runtime]\nreconfiguration_timeout_s = -5.0\n"));
     assert!(err.contains("runtime.reconfiguration_timeout_s"), "{err}");
 }
+
+#[test]
+fn bad_state_sections_are_named() {
+    let err = rejected(&format!("{BASE}[state]\nbackend = \"rocksdb\"\n"));
+    assert!(err.contains("backend") && err.contains("fjall") && err.contains("memory"), "{err}");
+    let err = rejected(&format!("{BASE}[state]\nbackend = \"memory\"\ncache_mb = 64\n"));
+    assert!(err.contains("state.cache_mb") && err.contains("backend = \"fjall\""), "{err}");
+    let err = rejected(&format!("{BASE}[state]\ncache_gb = 1\n"));
+    assert!(err.contains("cache_gb"), "{err}");
+    // The benchmark ceiling keeps no state: only for a job whose output is discarded.
+    let err = rejected(&format!("{BASE}[state]\nbackend = \"none\"\n"));
+    assert!(err.contains("state.backend") && err.contains("koala bench"), "{err}");
+}

@@ -4,7 +4,8 @@
 //! random live task, migration of a random live task to the other worker, several at the same
 //! `at_s` (back to back), between 0.2 and 1.5 s — plus random `[runtime] batch_records`
 //! (1..=256), `channel_capacity` (1..=64), `linger_ms`, `partition_policy`, source, operator and
-//! sink parallelism. Every stateful query family runs, under Koala with `extra_keys = 0` (fetch on
+//! sink parallelism, and the state backend (fjall behind the default cache, behind a 1 MiB one,
+//! without one, or memory). Every stateful query family runs, under Koala with `extra_keys = 0` (fetch on
 //! demand only), Koala with `extra_keys = 8`, and stop-and-restart. The schedule depends on the
 //! seed only, so one seed can be replayed under each protocol.
 //!
@@ -265,7 +266,16 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
             req.toml()
         ));
     }
-    Case { text: base + &schedule, top, generator, sources, steps }
+    // The state backend, from its own stream so the schedules of existing seeds stay as they were:
+    // fjall behind the default cache, behind a 1 MiB one (evicting on the larger key spaces),
+    // without a cache, or memory.
+    let state = Rng::new(seed ^ 0x57A7_E000).pick(&[
+        "",
+        "\n[state]\ncache_mb = 1\n",
+        "\n[state]\ncache_mb = 0\n",
+        "\n[state]\nbackend = \"memory\"\n",
+    ]);
+    Case { text: base + state + &schedule, top, generator, sources, steps }
 }
 
 /// Draws one request of `op` that the coordinator accepts and applies it to the model.

@@ -160,7 +160,7 @@ fn a_protocol_error_fails_the_job_naming_the_task() {
     let mut started = false;
     while !started {
         match read_frame::<_, CoordinatorMessage>(&mut reader).expect("read") {
-            Some(CoordinatorMessage::Deploy(_)) => {
+            Some(CoordinatorMessage::Deploy(..)) => {
                 write_frame(&mut writer, &WorkerMessage::Deployed).expect("deployed");
             }
             Some(CoordinatorMessage::Start) => started = true,

@@ -21,6 +21,42 @@ pub struct RuntimeOptions {
     pub sink_dir: String,
 }
 
+/// Which store holds the keyed state of a worker's tasks (`[state] backend` in the job config;
+/// docs/architecture.md §5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateBackendKind {
+    /// One fjall LSM database per worker (one keyspace per task), behind a per-task write-back
+    /// cache of `cache_bytes`.
+    #[default]
+    Fjall,
+    /// An ordered in-memory map per task: state is bounded by RAM and lost with the process.
+    Memory,
+    /// Keeps nothing (reads miss, writes are dropped): the stateless ceiling of the same pipeline
+    /// for `koala bench`; results are wrong by design.
+    None,
+}
+
+impl StateBackendKind {
+    /// The name used in configs and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fjall => "fjall",
+            Self::Memory => "memory",
+            Self::None => "none",
+        }
+    }
+}
+
+/// How a worker stores keyed state: sent with [`CoordinatorMessage::Deploy`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateOptions {
+    /// The store.
+    pub backend: StateBackendKind,
+    /// Bytes of the write-back cache of each task in front of fjall (0 = no cache).
+    pub cache_bytes: u64,
+}
+
 /// Everything a worker needs to instantiate its part of a job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Deployment {
@@ -88,8 +124,9 @@ pub enum CoordinatorMessage {
         /// The id the coordinator assigned.
         worker: WorkerId,
     },
-    /// Create the input queues of the worker's tasks for this job; answer `Deployed`.
-    Deploy(Box<Deployment>),
+    /// Create the input queues of the worker's tasks for this job and open its state stores as
+    /// the options say (first `Deploy` only); answer `Deployed`.
+    Deploy(Box<Deployment>, StateOptions),
     /// Start the tasks (every worker has answered `Deployed`, so every queue exists).
     Start,
     /// End unbounded sources now, as if exhausted (the job then drains and finishes).

@@ -15,7 +15,7 @@ pub mod watermark;
 
 pub use control::{
     ClientReply, ControlHello, CoordinatorMessage, Deployment, Protocol, ReconfigPlan, ReconfigRequest,
-    RuntimeOptions, TaskAck, TaskSample, WorkerMessage,
+    RuntimeOptions, StateBackendKind, StateOptions, TaskAck, TaskSample, WorkerMessage,
 };
 pub use moves::{AssignmentMismatch, Moves, moves_between};
 pub use watermark::WatermarkAligner;

@@ -72,41 +72,56 @@ impl Outputs {
     }
 
     /// Routes records to every edge; full batches go out at once.
-    pub fn emit(&mut self, records: Vec<Record>) -> Result<(), RuntimeError> {
+    pub fn emit(&mut self, mut records: Vec<Record>) -> Result<(), RuntimeError> {
+        self.emit_from(&mut records)
+    }
+
+    /// Routes and takes every record of `records`, leaving it empty with its capacity, so a
+    /// caller that fills the same vector again allocates nothing per batch.
+    pub fn emit_from(&mut self, records: &mut Vec<Record>) -> Result<(), RuntimeError> {
         if records.is_empty() || self.edges.is_empty() {
+            records.clear();
             return Ok(());
         }
         let now = Instant::now();
         let last = self.edges.len() - 1;
-        let mut records = Some(records);
         for e in 0..self.edges.len() {
-            let batch = if e == last {
-                records.take().unwrap_or_default()
-            } else {
-                records.as_ref().cloned().unwrap_or_default()
-            };
-            for mut record in batch {
-                let edge = &mut self.edges[e];
-                let target = match &edge.route {
-                    Route::Forward(i) => *i,
-                    Route::Rebalance => {
-                        edge.next = (edge.next + 1) % edge.targets.len();
-                        edge.next
-                    }
-                    Route::Key { key_fn, table, num_buckets } => {
-                        record.key = key_fn(&record.value).map_err(koala_dataflow::DataflowError::from)?;
-                        table[usize::from(bucket_of(&record.key, *num_buckets))] as usize
-                    }
-                };
-                let buf = &mut edge.buffers[target];
-                if buf.is_empty() {
-                    edge.since[target] = Some(now);
+            if e == last {
+                for record in records.drain(..) {
+                    self.route(e, record, now)?;
                 }
-                buf.push(record);
-                if buf.len() >= self.batch_records {
-                    self.flush_one(e, target)?;
+            } else {
+                for record in records.iter() {
+                    self.route(e, record.clone(), now)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Appends `record` to the batch of its target on edge `e`; sends the batch once full.
+    fn route(&mut self, e: usize, mut record: Record, now: Instant) -> Result<(), RuntimeError> {
+        let edge = &mut self.edges[e];
+        let target = match &edge.route {
+            Route::Forward(i) => *i,
+            Route::Rebalance => {
+                edge.next = (edge.next + 1) % edge.targets.len();
+                edge.next
+            }
+            Route::Key { key_fn, table, num_buckets } => {
+                record.key = key_fn(&record.value).map_err(koala_dataflow::DataflowError::from)?;
+                table[usize::from(bucket_of(&record.key, *num_buckets))] as usize
+            }
+        };
+        let buf = &mut edge.buffers[target];
+        if buf.is_empty() {
+            edge.since[target] = Some(now);
+            // One allocation per batch instead of a doubling series.
+            buf.reserve(self.batch_records);
+        }
+        buf.push(record);
+        if buf.len() >= self.batch_records {
+            self.flush_one(e, target)?;
         }
         Ok(())
     }

@@ -14,7 +14,8 @@ use koala_dataflow::JobGraph;
 use koala_dataflow::OperatorKind;
 use koala_dataflow::graph::QueryResolver;
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
-use koala_state::{FjallEnv, StateEnv};
+use koala_protocol::{StateBackendKind, StateOptions};
+use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, StateEnv};
 use koala_types::frame::{read_frame, write_frame};
 use koala_types::{Epoch, TaskId, WorkerId};
 
@@ -35,6 +36,24 @@ pub struct WorkerOptions {
     pub listen_host: String,
     /// Builds the job graph from a query name and parameters.
     pub resolver: QueryResolver,
+}
+
+/// Opens the worker's state stores as the job's `[state]` section says.
+fn open_state(data_dir: &std::path::Path, state: StateOptions) -> Result<Arc<dyn StateEnv>, RuntimeError> {
+    Ok(match state.backend {
+        StateBackendKind::Fjall => {
+            std::fs::create_dir_all(data_dir)
+                .map_err(|e| RuntimeError::io(format!("creating data dir {}", data_dir.display()), e))?;
+            let fjall = FjallEnv::open(data_dir)?;
+            match usize::try_from(state.cache_bytes) {
+                Ok(0) => Arc::new(fjall),
+                Ok(bytes) => Arc::new(CachedEnv::new(fjall, bytes)),
+                Err(_) => Arc::new(CachedEnv::new(fjall, usize::MAX)),
+            }
+        }
+        StateBackendKind::Memory => Arc::new(MemoryEnv::new()),
+        StateBackendKind::None => Arc::new(DiscardEnv),
+    })
 }
 
 /// How often a worker tells the coordinator it is alive.
@@ -109,12 +128,9 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 me = worker;
                 tracing::info!(%worker, %data_addr, "registered with the coordinator");
             }
-            CoordinatorMessage::Deploy(d) => {
+            CoordinatorMessage::Deploy(d, state) => {
                 if env.is_none() {
-                    std::fs::create_dir_all(&options.data_dir).map_err(|e| {
-                        RuntimeError::io(format!("creating data dir {}", options.data_dir.display()), e)
-                    })?;
-                    env = Some(Arc::new(FjallEnv::open(&options.data_dir)?));
+                    env = Some(open_state(&options.data_dir, state)?);
                 }
                 match prepare(me, *d, &options.resolver, &inboxes) {
                     Ok(j) => {

@@ -3,7 +3,8 @@
 //! In the Koala protocol the *location* of a key's state is a task: every task of a stateful
 //! operator has its own store, a [`StateBackend`]. All tasks of one worker process share one
 //! [`StateEnv`], e.g. one fjall database directory with one keyspace per task ([`FjallEnv`], the
-//! default) or an in-memory map per task for tests ([`MemoryEnv`]).
+//! default, normally behind a bounded write-back cache per task, [`CachedEnv`]) or an in-memory
+//! map per task ([`MemoryEnv`]).
 //!
 //! Inside a store, keys are laid out as `bucket | state id | user key` (see [`encode_state_key`]),
 //! so a bucket is one contiguous key range that can be scanned in chunks (to migrate it) and
@@ -32,6 +33,8 @@
 //! # }
 //! ```
 
+mod cache;
+mod discard;
 mod error;
 mod fjall_env;
 mod key;
@@ -42,6 +45,8 @@ use std::ops::Bound;
 
 use koala_types::{BucketId, TaskId};
 
+pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES};
+pub use discard::DiscardEnv;
 pub use error::{BackendError, StateError};
 pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};
 pub use key::{

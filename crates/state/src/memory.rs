@@ -1,5 +1,6 @@
-//! In-memory state stores for unit tests: one ordered map per task, with the same key layout,
-//! limits, chunking and lifecycle semantics as the fjall stores.
+//! In-memory state stores (`[state] backend = "memory"`, and tests): one ordered map per task,
+//! with the same key layout, limits, chunking and lifecycle semantics as the fjall stores. State
+//! is bounded by RAM and lost with the process.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +14,7 @@ use crate::{
     encode_state_key, encode_write, keys_after_bounds,
 };
 
-/// A worker's stores kept in memory; data lives as long as the env (tests only).
+/// A worker's stores kept in memory; data lives as long as the env.
 #[derive(Debug, Default)]
 pub struct MemoryEnv {
     tasks: Mutex<HashMap<TaskId, Arc<MemoryStore>>>,

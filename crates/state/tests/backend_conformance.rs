@@ -1,9 +1,12 @@
-//! One conformance suite run against every backend: both must give the same answers.
+//! One conformance suite run against every backend — memory, fjall, fjall behind a write-back
+//! cache big enough for every test, and fjall behind a tiny one that evicts on nearly every
+//! write — all must give the same answers.
 
 use std::error::Error;
 
 use koala_state::{
-    FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, StateBackend, StateEnv, StateError, StateKey, StateWrite,
+    CachedEnv, ENTRY_OVERHEAD_BYTES, FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, StateBackend, StateEnv,
+    StateError, StateKey, StateWrite,
 };
 use koala_types::{BucketId, OperatorId, TaskId};
 
@@ -315,6 +318,21 @@ macro_rules! conformance {
             fn $case() -> super::TestResult {
                 let dir = tempfile::tempdir()?;
                 super::$case(&super::FjallEnv::open(dir.path())?)
+            })*
+        }
+        mod fjall_cached {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let dir = tempfile::tempdir()?;
+                super::$case(&super::CachedEnv::new(super::FjallEnv::open(dir.path())?, 64 << 20))
+            })*
+        }
+        mod fjall_tiny_cache {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let dir = tempfile::tempdir()?;
+                let tiny = 2 * (super::ENTRY_OVERHEAD_BYTES + 32);
+                super::$case(&super::CachedEnv::new(super::FjallEnv::open(dir.path())?, tiny))
             })*
         }
     };

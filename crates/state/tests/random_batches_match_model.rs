@@ -1,11 +1,16 @@
-//! Random sequences of write batches and bucket deletes leave both backends equal to a simple
-//! ordered-map model (gets, scans in key order, chunk limits, key-only scans in pages).
+//! Random sequences of write batches, bucket deletes and reads leave every backend — fjall, fjall
+//! behind a write-back cache (tiny, so entries are evicted all the time, and large, so nothing
+//! is), memory — equal to a simple ordered-map model (gets, scans in key order, chunk limits,
+//! key-only scans in pages). Reads in the middle of a sequence make the cache write back and
+//! then serve entries that later writes and deletes change.
 
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use koala_state::{FjallEnv, MemoryEnv, StateBackend, StateEnv, StateKey, StateWrite};
+use koala_state::{
+    CachedEnv, ENTRY_OVERHEAD_BYTES, FjallEnv, MemoryEnv, StateBackend, StateEnv, StateKey, StateWrite,
+};
 use koala_types::{OperatorId, TaskId};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -14,6 +19,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 enum Op {
     Write(Vec<StateWrite>),
     DeleteBuckets(Vec<u16>),
+    /// Reads one bucket mid-sequence: its values, then its keys (key-only scan).
+    Read(u16),
 }
 
 fn state_key() -> impl Strategy<Value = StateKey> {
@@ -33,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => proptest::collection::vec(write, 0..12).prop_map(Op::Write),
         1 => proptest::collection::vec(0u16..7, 0..3).prop_map(Op::DeleteBuckets),
+        2 => (0u16..7).prop_map(Op::Read),
     ]
 }
 
@@ -47,6 +55,7 @@ fn apply(model: &mut BTreeMap<StateKey, Vec<u8>>, op: &Op) {
             }
         }
         Op::DeleteBuckets(buckets) => model.retain(|k, _| !buckets.contains(&k.bucket)),
+        Op::Read(_) => {}
     }
 }
 
@@ -63,13 +72,29 @@ fn check(
         match op {
             Op::Write(writes) => store.write_many(writes.clone()).map_err(fail)?,
             Op::DeleteBuckets(buckets) => store.delete_buckets(buckets).map_err(fail)?,
+            Op::Read(bucket) => {
+                // Every key ever written to the bucket, present or not, then the key-only scan.
+                let probes: Vec<StateKey> = ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Write(writes) => Some(writes.iter().map(|w| w.key().clone())),
+                        _ => None,
+                    })
+                    .flatten()
+                    .filter(|k| k.bucket == *bucket)
+                    .collect();
+                let expected: Vec<Option<Vec<u8>>> = probes.iter().map(|k| model.get(k).cloned()).collect();
+                prop_assert_eq!(store.get_many(&probes).map_err(fail)?, expected);
+                let keys: Vec<StateKey> = model.keys().filter(|k| k.bucket == *bucket).cloned().collect();
+                prop_assert_eq!(store.bucket_keys_after(*bucket, None, usize::MAX).map_err(fail)?, keys);
+            }
         }
     }
     let probes: Vec<StateKey> = ops
         .iter()
         .filter_map(|op| match op {
             Op::Write(writes) => Some(writes.iter().map(|w| w.key().clone())),
-            Op::DeleteBuckets(_) => None,
+            Op::DeleteBuckets(_) | Op::Read(_) => None,
         })
         .flatten()
         .collect();
@@ -125,7 +150,10 @@ fn check(
 #[test]
 fn random_batches_match_model() -> Result<(), Box<dyn Error>> {
     let dir = tempfile::tempdir()?;
-    let fjall = FjallEnv::open(dir.path())?;
+    let fjall = FjallEnv::open(dir.path().join("plain"))?;
+    // Room for about three entries: nearly every write evicts.
+    let tiny = CachedEnv::new(FjallEnv::open(dir.path().join("tiny"))?, 3 * (ENTRY_OVERHEAD_BYTES + 16));
+    let large = CachedEnv::new(FjallEnv::open(dir.path().join("large"))?, 64 << 20);
     let memory = MemoryEnv::new();
     let case = AtomicU32::new(0);
     let mut runner = TestRunner::new(Config::with_cases(64));
@@ -136,6 +164,8 @@ fn random_batches_match_model() -> Result<(), Box<dyn Error>> {
         let open = |env: &dyn StateEnv| env.open_task(task).map_err(|e| TestCaseError::fail(e.to_string()));
         check(open(&memory)?.as_ref(), &ops, chunk_bytes, true)?;
         check(open(&fjall)?.as_ref(), &ops, chunk_bytes, false)?;
+        check(open(&tiny)?.as_ref(), &ops, chunk_bytes, false)?;
+        check(open(&large)?.as_ref(), &ops, chunk_bytes, false)?;
         Ok(())
     })?;
     Ok(())

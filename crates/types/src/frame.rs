@@ -8,14 +8,35 @@ use serde::{Serialize, de::DeserializeOwned};
 /// Frames larger than this are rejected as malformed rather than allocated.
 pub const MAX_FRAME_BYTES: usize = 256 * 1024 * 1024;
 
+/// Scratch buffers kept by a thread between frames up to this size (larger ones, e.g. a 256 KiB
+/// state chunk, are freed after use).
+const KEEP_SCRATCH_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// The encode buffer of this thread's frames: a frame is encoded straight behind room for its
+    /// length, then written with one call, without a new allocation per frame.
+    static ENCODE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The read buffer of this thread's frames.
+    static DECODE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Writes one frame. The caller decides when to flush a buffered writer.
 pub fn write_frame<W: Write, T: Serialize + ?Sized>(w: &mut W, msg: &T) -> io::Result<usize> {
-    let bytes = postcard::to_allocvec(msg).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    let len = u32::try_from(bytes.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame exceeds 4 GiB"))?;
-    w.write_all(&len.to_le_bytes())?;
-    w.write_all(&bytes)?;
-    Ok(bytes.len() + 4)
+    ENCODE.with_borrow_mut(|scratch| {
+        let mut buf = std::mem::take(scratch);
+        buf.clear();
+        buf.extend_from_slice(&[0; 4]);
+        let mut buf =
+            postcard::to_extend(msg, buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let len = u32::try_from(buf.len() - 4)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "frame exceeds 4 GiB"))?;
+        buf[..4].copy_from_slice(&len.to_le_bytes());
+        let written = w.write_all(&buf).map(|()| buf.len());
+        if buf.capacity() <= KEEP_SCRATCH_BYTES {
+            *scratch = buf;
+        }
+        written
+    })
 }
 
 /// Reads one frame. `Ok(None)` on a clean end of stream at a frame boundary; `InvalidData` for a
@@ -34,11 +55,20 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<
             format!("frame of {len} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"),
         ));
     }
-    let mut buf = vec![0u8; len];
-    r.read_exact(&mut buf)?;
-    postcard::from_bytes(&buf)
-        .map(Some)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable frame: {e}")))
+    DECODE.with_borrow_mut(|scratch| {
+        let mut buf = std::mem::take(scratch);
+        buf.clear();
+        buf.resize(len, 0);
+        let read = r.read_exact(&mut buf).and_then(|()| {
+            postcard::from_bytes(&buf)
+                .map(Some)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable frame: {e}")))
+        });
+        if buf.capacity() <= KEEP_SCRATCH_BYTES {
+            *scratch = buf;
+        }
+        read
+    })
 }
 
 #[cfg(test)]

@@ -5,10 +5,12 @@ mod bucket;
 mod codec;
 pub mod frame;
 mod ids;
+mod key_hash;
 mod message;
 pub mod metric;
 
 pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of};
 pub use codec::{CodecError, decode, encode};
 pub use ids::{Epoch, InputChannel, OperatorId, TaskId, Timestamp, WorkerId};
+pub use key_hash::{KeyHashBuilder, KeyHashMap, KeyHasher};
 pub use message::{ChannelMessage, Record, StateEntry};

@@ -58,7 +58,7 @@ where
                 "a join has inputs 0 and 1, got records on input {input}"
             )));
         }
-        let mut batch = BatchStates::new();
+        let mut batch = BatchStates::with_capacity(records.len());
         for record in records {
             let state = &*ctx.state;
             let sides = batch.entry(&record.key, || {
@@ -85,8 +85,8 @@ where
             }
         }
         for (key, sides) in batch.into_entries() {
-            sides.left.store(ctx.state, LEFT, &key)?;
-            sides.right.store(ctx.state, RIGHT, &key)?;
+            sides.left.store(ctx.state, LEFT, key)?;
+            sides.right.store(ctx.state, RIGHT, key)?;
         }
         Ok(())
     }

@@ -78,7 +78,7 @@ impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic for KeyedProcess
         ctx: &mut OperatorContext<'_>,
     ) -> Result<(), DataflowError> {
         let shape = self.shape;
-        let mut batch = BatchStates::new();
+        let mut batch = BatchStates::with_capacity(records.len());
         for record in records {
             let value: T = decode(&record.value)?;
             let state = &*ctx.state;
@@ -107,10 +107,10 @@ impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic for KeyedProcess
             debug_assert!(shape.has_value() || !entry.value.is_changed());
             debug_assert!(shape.has_list() || !entry.list.is_changed());
             if shape.has_value() {
-                entry.value.store(ctx.state, VALUE_STATE, &key)?;
+                entry.value.store(ctx.state, VALUE_STATE, key)?;
             }
             if shape.has_list() {
-                entry.list.store(ctx.state, LIST_STATE, &key)?;
+                entry.list.store(ctx.state, LIST_STATE, key)?;
             }
         }
         Ok(())

@@ -70,7 +70,7 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic for WindowAggrega
         records: &[Record],
         ctx: &mut OperatorContext<'_>,
     ) -> Result<(), DataflowError> {
-        let mut batch = BatchStates::new();
+        let mut batch = BatchStates::with_capacity(records.len());
         let watermark = ctx.watermark;
         let passed = |time: Timestamp| watermark.is_some_and(|w| w >= time);
         for record in records {
@@ -106,7 +106,7 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic for WindowAggrega
             }
         }
         for (key, (_, windows)) in batch.into_entries() {
-            windows.store(ctx.state, VALUE_STATE, &key)?;
+            windows.store(ctx.state, VALUE_STATE, key)?;
         }
         Ok(())
     }

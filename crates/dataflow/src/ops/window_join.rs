@@ -64,7 +64,7 @@ impl<K: Data, L: Data, R: Data, O: Data> OperatorLogic for WindowJoinLogic<K, L,
             )));
         }
         let watermark = ctx.watermark;
-        let mut batch = BatchStates::new();
+        let mut batch = BatchStates::with_capacity(records.len());
         for record in records {
             let state = &*ctx.state;
             let windows = batch.entry(&record.key, || {
@@ -89,7 +89,7 @@ impl<K: Data, L: Data, R: Data, O: Data> OperatorLogic for WindowJoinLogic<K, L,
             }
         }
         for (key, windows) in batch.into_entries() {
-            windows.store(ctx.state, VALUE_STATE, &key)?;
+            windows.store(ctx.state, VALUE_STATE, key)?;
         }
         Ok(())
     }

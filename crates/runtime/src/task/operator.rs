@@ -251,7 +251,7 @@ impl OperatorTask {
                     watermark,
                 };
                 self.logic.on_records(input, &records, &mut ctx)?;
-                self.metrics.state_writes += state.write_back(store, setup.num_buckets)?.writes;
+                self.metrics.state_writes += state.write_back(store)?.writes;
             }
             _ => {
                 let mut ctx = OperatorContext {
@@ -338,7 +338,7 @@ impl OperatorTask {
                     };
                     self.logic.on_timer(key, *time, &mut ctx)?;
                 }
-                self.metrics.state_writes += state.write_back(store, setup.num_buckets)?.writes;
+                self.metrics.state_writes += state.write_back(store)?.writes;
             }
             _ => {
                 for (time, key) in due {

@@ -93,7 +93,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 max_time = Some(max_time.map_or(t, |m| m.max(t)));
             }
             let was_empty = buf.is_empty();
-            outputs.emit(std::mem::take(&mut buf))?;
+            outputs.emit_from(&mut buf)?;
             if poll == SourcePoll::Finished {
                 break;
             }

@@ -1,0 +1,670 @@
+//! A bounded write-back cache per task in front of another store (fjall by default), so that a
+//! task's working set is read and written in memory (docs/architecture.md §5, "Cache").
+//!
+//! Policy:
+//! - **Reads** hit the cache; misses go to the inner store in one `get_many` per call and are
+//!   cached, absent keys too (a new key then costs one LSM lookup, not one per batch).
+//! - **Writes** only change the cache and mark the entry dirty (a delete is a dirty "absent").
+//! - **Write-back** happens (a) on eviction: when the cache is over its byte budget, a CLOCK hand
+//!   evicts until it is at 7/8 of it, and the dirty victims go to the inner store in one batch;
+//!   (b) before any operation that reads by range — [`StateBackend::scan_buckets`] and
+//!   [`StateBackend::bucket_keys_after`] first write back the dirty entries of the buckets they
+//!   read (found through a per-bucket dirty list, so a progressive pull costs O(its dirty keys),
+//!   not O(cache)); (c) at [`StateEnv::persist`] (checkpoints), which writes back every task's
+//!   dirty entries before the inner store syncs.
+//!   There is no background flusher: write-back runs on the thread that overflows the cache (the
+//!   task's own), so it needs no second lock order against the task's reads, and dirty state is
+//!   bounded by the budget anyway.
+//! - [`StateBackend::delete_buckets`] drops the buckets' cached entries (dirty ones are never
+//!   written) and deletes them below. It walks the whole cache once: it runs once per bucket move.
+//! - [`StateBackend::approximate_len`] is the inner estimate plus the dirty puts not yet written.
+//!
+//! All handles on one task share one cache (a store opened twice sees its own writes), guarded by
+//! one mutex that is held across inner calls except a scan's sink, which may use the store.
+//!
+//! Why write-back and not write-through: the workload that motivated it (a running aggregate over
+//! 1 M uniform keys) rewrites every key it reads, so write-through would keep one LSM insert per
+//! distinct key per batch on the hot path — the memtable skip-list search that dominated `perf`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use koala_types::{BucketId, TaskId};
+
+use crate::key::check_value;
+use crate::scan::sorted_buckets;
+use crate::{
+    LayoutError, MAX_USER_KEY_LEN, ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite,
+};
+
+/// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
+/// the hash table slot (inline key, inline value, flags: 72 bytes) at a load of 7/8 with its
+/// control byte, the CLOCK ring's copy of the key (32) and a dirty-list copy (32), rounded up
+/// (a unit test checks it covers the real sizes).
+pub const ENTRY_OVERHEAD_BYTES: usize = 160;
+
+/// Stores of another env, each behind a write-back cache of `cache_bytes` (see the module docs).
+pub struct CachedEnv<E> {
+    inner: E,
+    cache_bytes: usize,
+    tasks: Mutex<HashMap<TaskId, Arc<SharedCache>>>,
+}
+
+impl<E: StateEnv> CachedEnv<E> {
+    /// Puts a cache of `cache_bytes` in front of every store of `inner`.
+    pub fn new(inner: E, cache_bytes: usize) -> Self {
+        Self { inner, cache_bytes, tasks: Mutex::default() }
+    }
+
+    /// The wrapped env.
+    pub fn inner(&self) -> &E {
+        &self.inner
+    }
+
+    fn tasks(
+        &self,
+        op: &'static str,
+    ) -> Result<MutexGuard<'_, HashMap<TaskId, Arc<SharedCache>>>, StateError> {
+        self.tasks
+            .lock()
+            .map_err(|_| StateError::Poisoned { store: "state cache task registry".to_owned(), op })
+    }
+}
+
+impl<E> std::fmt::Debug for CachedEnv<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedEnv").field("cache_bytes", &self.cache_bytes).finish_non_exhaustive()
+    }
+}
+
+impl<E: StateEnv> StateEnv for CachedEnv<E> {
+    fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError> {
+        let mut tasks = self.tasks("open_task")?;
+        let shared = match tasks.get(&task) {
+            Some(shared) => Arc::clone(shared),
+            None => {
+                let shared = Arc::new(SharedCache {
+                    task,
+                    inner: self.inner.open_task(task)?,
+                    cache: Mutex::new(TaskCache::new(self.cache_bytes)),
+                    dropped: AtomicBool::new(false),
+                });
+                tasks.insert(task, Arc::clone(&shared));
+                shared
+            }
+        };
+        Ok(Box::new(CachedBackend { shared }))
+    }
+
+    fn drop_task(&self, task: TaskId) -> Result<(), StateError> {
+        if let Some(shared) = self.tasks("drop_task")?.remove(&task) {
+            shared.dropped.store(true, Ordering::Release);
+        }
+        self.inner.drop_task(task)
+    }
+
+    fn persist(&self) -> Result<(), StateError> {
+        let shared: Vec<Arc<SharedCache>> = self.tasks("persist")?.values().cloned().collect();
+        for shared in shared {
+            let mut cache = shared.lock("persist")?;
+            cache.write_back_all(shared.inner.as_ref())?;
+        }
+        self.inner.persist()
+    }
+}
+
+struct SharedCache {
+    task: TaskId,
+    inner: Box<dyn StateBackend>,
+    cache: Mutex<TaskCache>,
+    dropped: AtomicBool,
+}
+
+impl SharedCache {
+    fn lock(&self, op: &'static str) -> Result<MutexGuard<'_, TaskCache>, StateError> {
+        if self.dropped.load(Ordering::Acquire) {
+            return Err(StateError::Dropped { task: self.task, op });
+        }
+        self.cache
+            .lock()
+            .map_err(|_| StateError::Poisoned { store: format!("state cache of task {}", self.task), op })
+    }
+}
+
+/// A handle on one task's cached store in a [`CachedEnv`].
+pub struct CachedBackend {
+    shared: Arc<SharedCache>,
+}
+
+impl std::fmt::Debug for CachedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedBackend").field("task", &self.shared.task).finish_non_exhaustive()
+    }
+}
+
+/// A cached key: `bucket | state | user key` like the stored key, inline (no heap allocation,
+/// no pointer to chase on lookup) when the user key is short, which it is for most operators.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum CacheKey {
+    /// `[bucket (BE, 2), state, user key length, user key …]`, zero padded.
+    Inline([u8; INLINE_KEY + 4]),
+    /// The encoded key, for user keys longer than [`INLINE_KEY`].
+    Heap(Box<[u8]>),
+}
+
+/// Longest user key kept inline in a [`CacheKey`].
+const INLINE_KEY: usize = 26;
+
+impl CacheKey {
+    fn new(key: &StateKey) -> Self {
+        if key.key.len() <= INLINE_KEY {
+            let mut bytes = [0u8; INLINE_KEY + 4];
+            bytes[..2].copy_from_slice(&key.bucket.to_be_bytes());
+            bytes[2] = key.state;
+            bytes[3] = key.key.len() as u8;
+            bytes[4..4 + key.key.len()].copy_from_slice(&key.key);
+            Self::Inline(bytes)
+        } else {
+            let mut bytes = Vec::with_capacity(key.encoded_len());
+            bytes.extend_from_slice(&key.bucket.to_be_bytes());
+            bytes.push(key.state);
+            bytes.extend_from_slice(&key.key);
+            Self::Heap(bytes.into_boxed_slice())
+        }
+    }
+
+    /// The hashed and compared bytes.
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline(b) => &b[..4 + usize::from(b[3])],
+            Self::Heap(b) => b,
+        }
+    }
+
+    fn bucket(&self) -> BucketId {
+        let b = self.bytes();
+        BucketId::from_be_bytes([b[0], b[1]])
+    }
+
+    fn to_state_key(&self) -> StateKey {
+        let b = self.bytes();
+        let user = match self {
+            Self::Inline(_) => &b[4..],
+            Self::Heap(_) => &b[3..],
+        };
+        StateKey { bucket: self.bucket(), state: b[2], key: user.to_vec() }
+    }
+
+    /// Heap bytes beyond the inline size.
+    fn heap_len(&self) -> usize {
+        match self {
+            Self::Inline(_) => 0,
+            Self::Heap(b) => b.len(),
+        }
+    }
+}
+
+impl std::hash::Hash for CacheKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.bytes());
+    }
+}
+
+type KeyHash = koala_types::KeyHashBuilder;
+
+/// A cached value, inline when short (a counter, an accumulator).
+#[derive(Debug)]
+enum CacheValue {
+    /// Known to be absent (read as missing, or deleted).
+    Absent,
+    /// Length and bytes.
+    Inline(u8, [u8; INLINE_VALUE]),
+    Heap(Vec<u8>),
+}
+
+/// Longest value kept inline in a [`CacheValue`].
+const INLINE_VALUE: usize = 22;
+
+impl CacheValue {
+    fn new(value: Option<Vec<u8>>) -> Self {
+        match value {
+            None => Self::Absent,
+            Some(v) if v.len() <= INLINE_VALUE => {
+                let mut bytes = [0u8; INLINE_VALUE];
+                bytes[..v.len()].copy_from_slice(&v);
+                Self::Inline(v.len() as u8, bytes)
+            }
+            Some(v) => Self::Heap(v),
+        }
+    }
+
+    fn get(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Absent => None,
+            Self::Inline(len, bytes) => Some(bytes[..usize::from(*len)].to_vec()),
+            Self::Heap(v) => Some(v.clone()),
+        }
+    }
+
+    fn into_option(self) -> Option<Vec<u8>> {
+        match self {
+            Self::Absent => None,
+            Self::Inline(len, bytes) => Some(bytes[..usize::from(len)].to_vec()),
+            Self::Heap(v) => Some(v),
+        }
+    }
+
+    fn is_present(&self) -> bool {
+        !matches!(self, Self::Absent)
+    }
+
+    fn heap_len(&self) -> usize {
+        match self {
+            Self::Heap(v) => v.capacity(),
+            _ => 0,
+        }
+    }
+}
+
+/// One cached entry.
+#[derive(Debug)]
+struct Slot {
+    value: CacheValue,
+    /// Differs from the inner store; must be written before it is dropped.
+    dirty: bool,
+    /// Read or written since the CLOCK hand last passed.
+    referenced: bool,
+}
+
+/// What an entry costs: its map slot and index ([`ENTRY_OVERHEAD_BYTES`]), a dirty-list copy of
+/// its key, and whatever of key and value lives on the heap.
+fn entry_cost(key: &CacheKey, value: &CacheValue) -> usize {
+    ENTRY_OVERHEAD_BYTES + 2 * key.heap_len() + value.heap_len()
+}
+
+/// Keys of one bucket that turned dirty, maybe with stale repeats (checked when written back).
+#[derive(Debug, Default)]
+struct DirtyList {
+    keys: Vec<CacheKey>,
+    /// Entries of the bucket that are dirty now.
+    live: usize,
+}
+
+#[derive(Debug)]
+struct TaskCache {
+    /// A hash map, not an ordered one: a lookup is one probe of the table, whose slot holds the
+    /// inline key and value (two cache misses on a big cache, where an `IndexMap` takes three).
+    entries: HashMap<CacheKey, Slot, KeyHash>,
+    /// Every cached key once, in no particular order: the CLOCK hand's circle.
+    ring: Vec<CacheKey>,
+    dirty: HashMap<BucketId, DirtyList>,
+    /// Dirty entries holding a value (for `approximate_len`).
+    dirty_puts: u64,
+    bytes: usize,
+    capacity: usize,
+    hand: usize,
+}
+
+impl TaskCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            entries: HashMap::default(),
+            ring: Vec::new(),
+            dirty: HashMap::new(),
+            dirty_puts: 0,
+            bytes: 0,
+            capacity,
+            hand: 0,
+        }
+    }
+
+    /// Sets `key` (dirty if `dirty`), keeping the byte count and dirty bookkeeping.
+    fn set(&mut self, key: CacheKey, value: CacheValue, dirty: bool) {
+        let new_cost = entry_cost(&key, &value);
+        let turned_dirty = match self.entries.get_mut(&key) {
+            Some(slot) => {
+                self.bytes = self.bytes - entry_cost(&key, &slot.value) + new_cost;
+                if slot.dirty && slot.value.is_present() {
+                    self.dirty_puts -= 1;
+                }
+                let was_dirty = slot.dirty;
+                slot.value = value;
+                slot.referenced = true;
+                slot.dirty |= dirty;
+                if slot.dirty && slot.value.is_present() {
+                    self.dirty_puts += 1;
+                }
+                (slot.dirty && !was_dirty).then_some(key)
+            }
+            None => {
+                self.bytes += new_cost;
+                if dirty && value.is_present() {
+                    self.dirty_puts += 1;
+                }
+                let listed = dirty.then(|| key.clone());
+                self.ring.push(key.clone());
+                self.entries.insert(key, Slot { value, dirty, referenced: true });
+                listed
+            }
+        };
+        if let Some(key) = turned_dirty {
+            let list = self.dirty.entry(key.bucket()).or_default();
+            list.live += 1;
+            list.keys.push(key);
+            if list.keys.len() > 64 && list.keys.len() > 2 * list.live {
+                compact(list, &self.entries);
+            }
+        }
+    }
+
+    /// Marks a written-back entry clean.
+    fn mark_clean(&mut self, key: &CacheKey) {
+        if let Some(slot) = self.entries.get_mut(key)
+            && slot.dirty
+        {
+            slot.dirty = false;
+            if slot.value.is_present() {
+                self.dirty_puts -= 1;
+            }
+            if let Some(list) = self.dirty.get_mut(&key.bucket()) {
+                list.live -= 1;
+            }
+        }
+    }
+
+    /// Writes back the dirty entries of `buckets`; they stay cached, clean.
+    fn write_back_buckets(
+        &mut self,
+        buckets: &[BucketId],
+        inner: &dyn StateBackend,
+    ) -> Result<(), StateError> {
+        let mut keys = Vec::new();
+        for bucket in buckets {
+            if let Some(list) = self.dirty.remove(bucket) {
+                keys.extend(list.keys.into_iter().filter(|k| self.entries.get(k).is_some_and(|s| s.dirty)));
+            }
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        self.commit(keys, inner)
+    }
+
+    /// Writes back every dirty entry (they stay cached, clean).
+    fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
+        let keys: Vec<CacheKey> =
+            self.entries.iter().filter(|(_, slot)| slot.dirty).map(|(key, _)| key.clone()).collect();
+        self.dirty.clear();
+        self.commit(keys, inner)
+    }
+
+    /// Writes the (dirty) entries of `keys` below and marks them clean.
+    fn commit(&mut self, keys: Vec<CacheKey>, inner: &dyn StateBackend) -> Result<(), StateError> {
+        let writes: Vec<StateWrite> =
+            keys.iter().filter_map(|k| self.entries.get(k).map(|slot| write_of(k, &slot.value))).collect();
+        if writes.is_empty() {
+            return Ok(());
+        }
+        inner.write_many(writes)?;
+        for key in &keys {
+            self.mark_clean(key);
+        }
+        // Lists were removed by the caller; a key marked clean found no list to count down.
+        Ok(())
+    }
+
+    /// If over budget, evicts with a CLOCK hand down to 7/8 of it and writes the dirty victims
+    /// below in one batch. A failed write loses them, but a store error is fatal anyway (the
+    /// worker stops and recovers from a checkpoint, see [`StateError`]).
+    fn evict_if_full(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
+        if self.bytes <= self.capacity {
+            return Ok(());
+        }
+        let target = self.capacity - self.capacity / 8;
+        let mut writes = Vec::new();
+        // Terminates: every step clears a reference bit or removes an entry.
+        while self.bytes > target && !self.ring.is_empty() {
+            if self.hand >= self.ring.len() {
+                self.hand = 0;
+            }
+            let key = &self.ring[self.hand];
+            let Some(slot) = self.entries.get_mut(key) else {
+                debug_assert!(false, "the ring holds a key that is not cached");
+                self.ring.swap_remove(self.hand);
+                continue;
+            };
+            if std::mem::take(&mut slot.referenced) {
+                self.hand += 1;
+                continue;
+            }
+            // The last key moves to the hand, and is looked at next.
+            let key = self.ring.swap_remove(self.hand);
+            let Some(slot) = self.entries.remove(&key) else { continue };
+            self.bytes -= entry_cost(&key, &slot.value);
+            if slot.dirty {
+                if let Some(list) = self.dirty.get_mut(&key.bucket()) {
+                    list.live -= 1;
+                }
+                if slot.value.is_present() {
+                    self.dirty_puts -= 1;
+                }
+                writes.push(match slot.value.into_option() {
+                    Some(value) => StateWrite::Put(key.to_state_key(), value),
+                    None => StateWrite::Delete(key.to_state_key()),
+                });
+            }
+        }
+        if writes.is_empty() { Ok(()) } else { inner.write_many(writes) }
+    }
+
+    /// Forgets every entry of `buckets` without writing anything back.
+    fn forget_buckets(&mut self, buckets: &[BucketId]) {
+        let mut freed = 0;
+        let mut dirty_puts = 0;
+        self.entries.retain(|key, slot| {
+            let keep = !buckets.contains(&key.bucket());
+            if !keep {
+                freed += entry_cost(key, &slot.value);
+                dirty_puts += u64::from(slot.dirty && slot.value.is_present());
+            }
+            keep
+        });
+        self.bytes -= freed;
+        self.dirty_puts -= dirty_puts;
+        self.ring.retain(|key| !buckets.contains(&key.bucket()));
+        self.hand = 0;
+        for bucket in buckets {
+            self.dirty.remove(bucket);
+        }
+    }
+}
+
+/// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list.
+fn compact(list: &mut DirtyList, entries: &HashMap<CacheKey, Slot, KeyHash>) {
+    list.keys.retain(|key| entries.get(key).is_some_and(|slot| slot.dirty));
+    list.keys.sort_unstable();
+    list.keys.dedup();
+}
+
+fn write_of(key: &CacheKey, value: &CacheValue) -> StateWrite {
+    match value.get() {
+        Some(value) => StateWrite::Put(key.to_state_key(), value),
+        None => StateWrite::Delete(key.to_state_key()),
+    }
+}
+
+fn check_key(key: &StateKey) -> Result<(), LayoutError> {
+    if key.key.len() > MAX_USER_KEY_LEN {
+        return Err(LayoutError::KeyTooLong { len: key.key.len() });
+    }
+    Ok(())
+}
+
+impl StateBackend for CachedBackend {
+    fn task(&self) -> TaskId {
+        self.shared.task
+    }
+
+    fn get_many(&self, keys: &[StateKey]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        const OP: &str = "get_many";
+        let task = self.shared.task;
+        let mut cache = self.shared.lock(OP)?;
+        let mut out = Vec::with_capacity(keys.len());
+        let mut misses = Vec::new();
+        let mut miss_at = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            check_key(key).map_err(|source| StateError::Layout { task, op: OP, source })?;
+            let cached = CacheKey::new(key);
+            match cache.entries.get_mut(&cached) {
+                Some(slot) => {
+                    slot.referenced = true;
+                    out.push(slot.value.get());
+                }
+                None => {
+                    out.push(None);
+                    misses.push(key.clone());
+                    miss_at.push(i);
+                }
+            }
+        }
+        if misses.is_empty() {
+            return Ok(out);
+        }
+        let values = self.shared.inner.get_many(&misses)?;
+        for ((key, value), i) in misses.into_iter().zip(values).zip(miss_at) {
+            out[i].clone_from(&value);
+            // A key asked for twice in one call is cached once (the second insert overwrites
+            // an identical clean entry).
+            cache.set(CacheKey::new(&key), CacheValue::new(value), false);
+        }
+        cache.evict_if_full(self.shared.inner.as_ref())?;
+        Ok(out)
+    }
+
+    fn write_many(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+        const OP: &str = "write_many";
+        let task = self.shared.task;
+        // Check everything first so a rejected entry leaves the store untouched (atomic batch).
+        for write in &writes {
+            check_key(write.key())
+                .and_then(|()| match write {
+                    StateWrite::Put(_, value) => check_value(value),
+                    StateWrite::Delete(_) => Ok(()),
+                })
+                .map_err(|source| StateError::Layout { task, op: OP, source })?;
+        }
+        let mut cache = self.shared.lock(OP)?;
+        for write in writes {
+            match write {
+                StateWrite::Put(key, value) => {
+                    cache.set(CacheKey::new(&key), CacheValue::new(Some(value)), true)
+                }
+                StateWrite::Delete(key) => cache.set(CacheKey::new(&key), CacheValue::Absent, true),
+            }
+        }
+        cache.evict_if_full(self.shared.inner.as_ref())
+    }
+
+    fn scan_buckets(
+        &self,
+        buckets: &[BucketId],
+        chunk_bytes: usize,
+        sink: ScanSink<'_>,
+    ) -> Result<u64, StateError> {
+        const OP: &str = "scan_buckets";
+        self.shared.lock(OP)?.write_back_buckets(&sorted_buckets(buckets), self.shared.inner.as_ref())?;
+        // Without the lock: the sink may use this store. Writes it makes land in the cache and are
+        // not part of this scan, as with the inner store's snapshot.
+        self.shared.inner.scan_buckets(buckets, chunk_bytes, sink)
+    }
+
+    fn bucket_keys_after(
+        &self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> Result<Vec<StateKey>, StateError> {
+        const OP: &str = "bucket_keys_after";
+        let cache = &mut *self.shared.lock(OP)?;
+        cache.write_back_buckets(&[bucket], self.shared.inner.as_ref())?;
+        self.shared.inner.bucket_keys_after(bucket, after, limit)
+    }
+
+    fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
+        let mut cache = self.shared.lock("delete_buckets")?;
+        let buckets = sorted_buckets(buckets);
+        cache.forget_buckets(&buckets);
+        self.shared.inner.delete_buckets(&buckets)
+    }
+
+    fn approximate_len(&self) -> Result<u64, StateError> {
+        let cache = self.shared.lock("approximate_len")?;
+        Ok(self.shared.inner.approximate_len()? + cache.dirty_puts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryEnv;
+    use koala_types::OperatorId;
+
+    fn key(bucket: BucketId, user: u32) -> StateKey {
+        StateKey::new(bucket, 0, user.to_be_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_budget_and_writes_back_dirty_victims() -> Result<(), StateError> {
+        let budget = 100 * (ENTRY_OVERHEAD_BYTES + 16);
+        let env = CachedEnv::new(MemoryEnv::new(), budget);
+        let task = TaskId::new(OperatorId(1), 0);
+        let store = env.open_task(task)?;
+        let below = env.inner().open_task(task)?;
+        for i in 0..1000u32 {
+            store.write_many(vec![StateWrite::Put(key(1, i), i.to_le_bytes().to_vec())])?;
+            let cache = store_cache(&env, task)?;
+            assert!(cache <= budget, "cache holds {cache} bytes, budget {budget}");
+        }
+        // Most entries were evicted, so written below; all are readable through the cache.
+        let written_below = below.approximate_len()?;
+        assert!(written_below >= 800, "only {written_below} entries written back");
+        let keys: Vec<StateKey> = (0..1000).map(|i| key(1, i)).collect();
+        let values = store.get_many(&keys)?;
+        assert!(values.iter().enumerate().all(|(i, v)| *v == Some((i as u32).to_le_bytes().to_vec())));
+        // Nothing reaches the inner store before eviction or a range read.
+        store.write_many(vec![StateWrite::Put(key(2, 0), b"x".to_vec())])?;
+        assert_eq!(below.get_many(&[key(2, 0)])?, vec![None]);
+        assert_eq!(store.bucket_keys_after(2, None, 10)?, vec![key(2, 0)]);
+        assert_eq!(below.get_many(&[key(2, 0)])?, vec![Some(b"x".to_vec())]);
+        Ok(())
+    }
+
+    #[test]
+    fn the_charged_overhead_covers_the_real_layout() {
+        let slot = std::mem::size_of::<(CacheKey, Slot)>();
+        let key = std::mem::size_of::<CacheKey>();
+        assert!(ENTRY_OVERHEAD_BYTES >= slot * 8 / 7 + 1 + 2 * key, "slot {slot} B, key {key} B");
+    }
+
+    #[test]
+    fn persist_writes_back_every_dirty_entry() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let task = TaskId::new(OperatorId(1), 0);
+        {
+            let env = CachedEnv::new(crate::FjallEnv::open(dir.path())?, 1 << 20);
+            let store = env.open_task(task)?;
+            store.write_many(vec![StateWrite::Put(key(3, 1), b"a".to_vec())])?;
+            assert_eq!(env.inner().open_task(task)?.get_many(&[key(3, 1)])?, vec![None]);
+            env.persist()?;
+        }
+        let reopened = crate::FjallEnv::open(dir.path())?;
+        assert_eq!(reopened.open_task(task)?.get_many(&[key(3, 1)])?, vec![Some(b"a".to_vec())]);
+        Ok(())
+    }
+
+    fn store_cache(env: &CachedEnv<MemoryEnv>, task: TaskId) -> Result<usize, StateError> {
+        let tasks = env.tasks("test")?;
+        let shared = tasks.get(&task).ok_or(StateError::Dropped { task, op: "test" })?;
+        Ok(shared.lock("test")?.bytes)
+    }
+}
