@@ -21,7 +21,7 @@
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
 //!     placement: BTreeMap::new(), tasks: BTreeMap::from([(src, vec![0]), (op, vec![0])]), epoch: 0,
 //!     routing: BTreeMap::from([(op, vec![0, 0])]), num_buckets: 2, options,
-//!     protocol: Protocol::StopAndRestart, extra_keys: 0, finished: BTreeSet::new(),
+//!     protocol: Protocol::StopAndRestart, extra_keys: 0, drain_keys_per_sec: 0, finished: BTreeSet::new(),
 //! };
 //! let inputs = BTreeMap::from([(op, BTreeSet::from([src]))]);
 //! let mut engine = Engine::new(deployment.clone(), inputs).unwrap();

@@ -19,7 +19,7 @@
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
 //!     placement: BTreeMap::new(), tasks: BTreeMap::from([(op, vec![0, 1])]), epoch: 1,
 //!     routing: BTreeMap::new(), num_buckets: 4, options, protocol: Protocol::StopAndRestart,
-//!     extra_keys: 0, finished: Default::default(),
+//!     extra_keys: 0, drain_keys_per_sec: 0, finished: Default::default(),
 //! };
 //! let (t0, t1) = (TaskId::new(op, 0), TaskId::new(op, 1));
 //! let plan = ReconfigPlan {

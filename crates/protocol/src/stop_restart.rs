@@ -35,7 +35,7 @@
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
 //!     placement: BTreeMap::new(), tasks: BTreeMap::from([(op, vec![0, 1])]), epoch: 1,
 //!     routing: BTreeMap::new(), num_buckets: 4, options, protocol: Protocol::StopAndRestart,
-//!     extra_keys: 0, finished: Default::default(),
+//!     extra_keys: 0, drain_keys_per_sec: 0, finished: Default::default(),
 //! };
 //! let plan = Arc::new(ReconfigPlan {
 //!     epoch: 1, operator: op, deployment, moves: BTreeMap::from([((t0, t1), vec![3])]),
