@@ -132,11 +132,10 @@ impl KoalaTask {
             return false;
         }
         local.lookup(true, 0);
-        let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
-        let mut unresolved: BTreeMap<Vec<u8>, (BucketId, u64)> = BTreeMap::new();
-        let mut here: BTreeSet<&[u8]> = BTreeSet::new();
+        // Keys some old location may hold, each once, with where to ask: those the store misses.
+        let mut seen: BTreeSet<&[u8]> = BTreeSet::new();
+        let mut asked: Vec<(&[u8], BucketId, u64, Vec<TaskId>)> = Vec::new();
         let mut candidates = Vec::new();
-        let mut probed = 0;
         for InputRecord { record: r, .. } in &self.pipeline.inbox {
             let bucket = bucket_of(&r.key, self.num_buckets);
             if self.klt.is_settled(bucket) {
@@ -144,30 +143,34 @@ impl KoalaTask {
                 // out first, so an unowned one cannot happen; refuse to touch its state if it does.
                 if !self.klt.owns(bucket) {
                     debug_assert!(false, "unowned record in the inbox");
-                    local.lookup(false, probed);
+                    local.lookup(false, 0);
                     return false;
                 }
                 continue;
             }
-            if here.contains(r.key.as_slice()) || unresolved.contains_key(&r.key) {
+            if !seen.insert(r.key.as_slice()) {
                 continue;
             }
             let hash = key_hash(&r.key);
             self.klt.candidates(bucket, hash, &mut candidates);
-            if candidates.is_empty() {
-                continue;
+            if !candidates.is_empty() && !self.installing.contains(&hash) {
+                asked.push((r.key.as_slice(), bucket, hash, candidates.clone()));
             }
-            probed += 1;
-            if self.installing.contains(&hash) || local.contains(&r.key) {
-                here.insert(&r.key);
-                continue;
-            }
-            for &loc in &candidates {
-                remote.entry(loc).or_default().insert(r.key.clone());
-            }
-            unresolved.insert(r.key.clone(), (bucket, hash));
         }
-        local.lookup(false, probed);
+        let keys: Vec<&[u8]> = asked.iter().map(|a| a.0).collect();
+        let here = if keys.is_empty() { Vec::new() } else { local.contains_many(&keys) };
+        local.lookup(false, keys.len());
+        let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
+        let mut unresolved: BTreeMap<Vec<u8>, (BucketId, u64)> = BTreeMap::new();
+        for ((key, bucket, hash, candidates), local) in asked.into_iter().zip(here) {
+            if local {
+                continue;
+            }
+            for loc in candidates {
+                remote.entry(loc).or_default().insert(key.to_vec());
+            }
+            unresolved.insert(key.to_vec(), (bucket, hash));
+        }
         let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
         if remote.is_empty() {
             self.finish_batch(batch, out);

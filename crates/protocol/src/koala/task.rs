@@ -224,8 +224,8 @@ pub enum TaskAction {
 
 /// The task's own store, as the core's lookups need it: local first (docs/protocols.md §6).
 pub trait LocalKeys {
-    /// Whether the key has state in this task's store.
-    fn contains(&mut self, key: &[u8]) -> bool;
+    /// Which of `keys` have state in this task's store, in order (one call per batch).
+    fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool>;
     /// Called before (`started`) and after a batch's lookups, with the number of keys the store
     /// was asked about: the runtime times the lookup with it (metric `klt_lookup_mean_us`).
     fn lookup(&mut self, _started: bool, _probed: usize) {}
@@ -238,8 +238,8 @@ pub trait LocalKeys {
 pub struct NoLocalKeys;
 
 impl LocalKeys for NoLocalKeys {
-    fn contains(&mut self, _key: &[u8]) -> bool {
-        false
+    fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool> {
+        vec![false; keys.len()]
     }
 }
 

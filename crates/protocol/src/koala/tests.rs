@@ -309,8 +309,8 @@ fn self_join_ends_each_channel_on_its_own() {
 struct Store(BTreeSet<Vec<u8>>);
 
 impl LocalKeys for Store {
-    fn contains(&mut self, key: &[u8]) -> bool {
-        self.0.contains(key)
+    fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool> {
+        keys.iter().map(|k| self.0.contains(*k)).collect()
     }
 }
 

@@ -1008,8 +1008,8 @@ struct SimLocal<'a> {
 }
 
 impl LocalKeys for SimLocal<'_> {
-    fn contains(&mut self, key: &[u8]) -> bool {
-        self.probes += 1;
-        self.store.contains_key(key)
+    fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool> {
+        self.probes += keys.len() as u64;
+        keys.iter().map(|k| self.store.contains_key(*k)).collect()
     }
 }

@@ -129,15 +129,23 @@ impl<'a> StoreKeys<'a> {
 }
 
 impl LocalKeys for StoreKeys<'_> {
-    fn contains(&mut self, key: &[u8]) -> bool {
-        let bucket = bucket_of(key, self.num_buckets);
-        let wanted: Vec<StateKey> =
-            self.state_ids.iter().map(|&state| StateKey { bucket, state, key: key.to_vec() }).collect();
+    fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool> {
+        if self.state_ids.is_empty() {
+            return vec![false; keys.len()];
+        }
+        let ids = self.state_ids.len();
+        let wanted: Vec<StateKey> = keys
+            .iter()
+            .flat_map(|key| {
+                let bucket = bucket_of(key, self.num_buckets);
+                self.state_ids.iter().map(move |&state| StateKey { bucket, state, key: key.to_vec() })
+            })
+            .collect();
         match self.store.get_many(&wanted) {
-            Ok(values) => values.iter().any(Option::is_some),
+            Ok(values) => values.chunks(ids).map(|v| v.iter().any(Option::is_some)).collect(),
             Err(e) => {
                 self.error.get_or_insert(e.into());
-                false
+                vec![false; keys.len()]
             }
         }
     }
