@@ -118,19 +118,31 @@ pub struct PendingFilter {
     pub since: Epoch,
 }
 
+/// Keys the local-first memo holds at most; it is emptied between two events once fuller.
+const LOCAL_MEMO_MAX: usize = 4096;
+
 /// Where the state of every key of this task's owned buckets may be.
 #[derive(Clone, Debug)]
 pub struct KeyLookupTable {
     locations: Vec<TaskId>,
     index: BTreeMap<TaskId, u16>,
     buckets: BTreeMap<BucketId, BucketTable>,
+    /// Keys of buckets with layers known to be local (found in the store, or whose state arrived
+    /// here), hash → bucket: a bounded memo of the store's answer, so a hot key is not read from
+    /// the store on every batch. A key stays local while its bucket is owned (its state is here or
+    /// nowhere; only a hand-over of the bucket moves it), so entries go with their bucket.
+    memo: HashMap<u64, BucketId, BuildHasherDefault<Prehashed>>,
 }
 
 impl KeyLookupTable {
     /// A table for task `me` that owns `buckets` with all their state local.
     pub fn new(me: TaskId, buckets: impl IntoIterator<Item = BucketId>) -> Self {
-        let mut table =
-            Self { locations: vec![me], index: BTreeMap::from([(me, 0)]), buckets: BTreeMap::new() };
+        let mut table = Self {
+            locations: vec![me],
+            index: BTreeMap::from([(me, 0)]),
+            buckets: BTreeMap::new(),
+            memo: HashMap::default(),
+        };
         for b in buckets {
             table.buckets.insert(b, BucketTable::default());
         }
@@ -187,6 +199,27 @@ impl KeyLookupTable {
         }
     }
 
+    /// Whether the key is known to be local (see [`Self::note_local`]).
+    pub fn known_local(&self, hash: u64) -> bool {
+        self.memo.contains_key(&hash)
+    }
+
+    /// The key was found in this task's store, or its state arrived here, or it is new here:
+    /// remember it is local (bounded, see [`Self::trim_memo`]) while its bucket has layers.
+    pub fn note_local(&mut self, bucket: BucketId, hash: u64) {
+        if !self.is_settled(bucket) {
+            self.memo.insert(hash, bucket);
+        }
+    }
+
+    /// Empties the local memo if it outgrew its bound (between two events, never within one: the
+    /// store does not show what an event's own actions install until the runtime executes them).
+    pub fn trim_memo(&mut self) {
+        if self.memo.len() > LOCAL_MEMO_MAX {
+            self.memo = HashMap::default();
+        }
+    }
+
     /// The key's state is here now (fetched, pulled, or carried by a hand-over): an entry naming
     /// another location would send the next owner to the wrong place, so it names this task.
     /// No entry is added: the store answers first.
@@ -200,6 +233,7 @@ impl KeyLookupTable {
     /// with this task in front as the newest layer (its filter is built later, on request). The
     /// sender keeps no copy: one ground truth. Buckets not owned are skipped.
     pub fn take(&mut self, buckets: &[BucketId], epoch: Epoch) -> HandOver {
+        self.memo.retain(|_, b| !buckets.contains(b));
         let mut out = Vec::with_capacity(buckets.len());
         for b in buckets {
             if let Some(table) = self.buckets.remove(b) {
@@ -276,6 +310,7 @@ impl KeyLookupTable {
         // Their state came with the hand-over: an entry naming where it was before is stale.
         for &(bucket, hash) in &hand_over.carried {
             self.now_local(bucket, hash);
+            self.note_local(bucket, hash);
         }
         Ok(pending)
     }
@@ -377,18 +412,25 @@ impl KeyLookupTable {
         (all, pending)
     }
 
-    /// Approximate heap bytes: entry maps (slot = entry + control byte) and filters.
+    /// Approximate heap bytes: entry maps and the local memo (slot = entry + control byte),
+    /// filters and layers.
     pub fn approx_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(u64, u16)>() + 1;
-        self.buckets
+        let memo = if self.memo.capacity() == 0 { 0 } else { slots(self.memo.capacity()) * slot };
+        memo + self
+            .buckets
             .values()
             .map(|t| {
                 let entries = if t.keys.capacity() == 0 { 0 } else { slots(t.keys.capacity()) * slot };
-                let filters: usize =
-                    t.layers.iter().filter_map(|l| l.filter.as_ref()).map(KeyFilter::approx_bytes).sum();
+                let filters: usize = t
+                    .layers
+                    .iter()
+                    .filter_map(|l| l.filter.as_ref())
+                    .map(KeyFilter::approx_bytes)
+                    .sum::<usize>();
                 entries + filters + t.layers.len() * std::mem::size_of::<TableLayer>()
             })
-            .sum()
+            .sum::<usize>()
     }
 
     fn intern(&mut self, task: TaskId) -> u16 {

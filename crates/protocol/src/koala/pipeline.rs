@@ -131,8 +131,10 @@ impl KoalaTask {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
             return false;
         }
-        local.lookup(true, 0);
         // Keys some old location may hold, each once, with where to ask: those the store misses.
+        // A batch whose buckets all have their state here (no layers) makes no lookup: it counts
+        // for the lookup metric with no time.
+        let mut timed = false;
         let mut seen: BTreeSet<&[u8]> = BTreeSet::new();
         let mut asked: Vec<(&[u8], BucketId, u64, Vec<TaskId>)> = Vec::new();
         let mut candidates = Vec::new();
@@ -148,12 +150,19 @@ impl KoalaTask {
                 }
                 continue;
             }
+            if !timed {
+                timed = true;
+                local.lookup(true, 0);
+            }
             if !seen.insert(r.key.as_slice()) {
                 continue;
             }
             let hash = key_hash(&r.key);
+            if self.klt.known_local(hash) {
+                continue;
+            }
             self.klt.candidates(bucket, hash, &mut candidates);
-            if !candidates.is_empty() && !self.installing.contains(&hash) {
+            if !candidates.is_empty() {
                 asked.push((r.key.as_slice(), bucket, hash, candidates.clone()));
             }
         }
@@ -162,14 +171,19 @@ impl KoalaTask {
         local.lookup(false, keys.len());
         let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
         let mut unresolved: BTreeMap<Vec<u8>, (BucketId, u64)> = BTreeMap::new();
+        let mut found = Vec::new();
         for ((key, bucket, hash, candidates), local) in asked.into_iter().zip(here) {
             if local {
+                found.push((bucket, hash));
                 continue;
             }
             for loc in candidates {
                 remote.entry(loc).or_default().insert(key.to_vec());
             }
             unresolved.insert(key.to_vec(), (bucket, hash));
+        }
+        for (bucket, hash) in found {
+            self.klt.note_local(bucket, hash);
         }
         let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
         if remote.is_empty() {
@@ -191,8 +205,6 @@ impl KoalaTask {
     fn finish_batch(&mut self, batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {
         for r in &batch {
             self.held.remove(r.record.time);
-            // Processing may create the key's state here before the runtime's store shows it.
-            self.installing.insert(key_hash(&r.record.key));
         }
         for (input, records) in runs_by_input(batch) {
             out.push(TaskAction::Process { input, records });
@@ -329,13 +341,15 @@ impl KoalaTask {
             entries.push((key, value));
         }
         for (key, _) in &entries {
-            self.klt.now_local(bucket_of(key, self.num_buckets), key_hash(key));
+            let (bucket, hash) = (bucket_of(key, self.num_buckets), key_hash(key));
+            self.klt.now_local(bucket, hash);
+            // Local before the runtime installs it (later in this event's actions).
+            self.klt.note_local(bucket, hash);
         }
         for b in response.exhausted {
             self.klt.exhausted(b, from);
         }
         if !entries.is_empty() {
-            self.installing.extend(entries.iter().map(|(k, _)| key_hash(k)));
             out.push(TaskAction::InstallState { entries });
         }
         let ready = match self.pipeline.waiting.as_mut() {
@@ -349,6 +363,7 @@ impl KoalaTask {
             // Every location that may have held these keys said "not here": they are new.
             for (bucket, hash) in w.unresolved.into_values() {
                 self.klt.mark_local(bucket, hash);
+                self.klt.note_local(bucket, hash);
             }
             self.finish_batch(w.batch, out);
         }

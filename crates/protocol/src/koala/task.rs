@@ -227,7 +227,8 @@ pub trait LocalKeys {
     /// Which of `keys` have state in this task's store, in order (one call per batch).
     fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool>;
     /// Called before (`started`) and after a batch's lookups, with the number of keys the store
-    /// was asked about: the runtime times the lookup with it (metric `klt_lookup_mean_us`).
+    /// was asked about: the runtime times the lookup with it (metric `klt_lookup_mean_us`). A
+    /// batch whose buckets all hold their state here makes no lookup: only the call after.
     fn lookup(&mut self, _started: bool, _probed: usize) {}
 }
 
@@ -274,10 +275,6 @@ pub struct KoalaTask {
     pub(super) drained: BTreeMap<TaskId, Epoch>,
     pub(super) park_direct: bool,
     pub(super) started: bool,
-    /// Hashes of the keys whose state this event's actions install or create (`InstallState`, the
-    /// carried keys of `InstallMetadata`, the keys of `Process`), which the runtime's store does
-    /// not show until it executes them: local (here or nowhere) for the lookups of the same event.
-    pub(super) installing: BTreeSet<u64>,
 }
 
 impl KoalaTask {
@@ -306,7 +303,6 @@ impl KoalaTask {
             drain_keys_per_sec: 0,
             drained: BTreeMap::new(),
             park_direct: true,
-            installing: BTreeSet::new(),
         }
     }
 
@@ -382,7 +378,7 @@ impl KoalaTask {
     /// execute, in order.
     pub fn on_with(&mut self, event: TaskEvent, local: &mut dyn LocalKeys) -> Vec<TaskAction> {
         let mut out = Vec::new();
-        self.installing.clear();
+        self.klt.trim_memo();
         let result = match event {
             TaskEvent::Records { channel, records } => self.on_records(channel, records, &mut out),
             TaskEvent::Watermark { channel, time } => self.on_watermark(channel, time),

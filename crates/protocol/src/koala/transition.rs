@@ -242,9 +242,7 @@ impl KoalaTask {
                 let mut hand_over = *hand_over;
                 let metadata = std::mem::take(&mut hand_over.metadata);
                 let watermark = hand_over.watermark;
-                let carried: Vec<u64> = hand_over.carried.iter().map(|&(_, h)| h).collect();
                 let pending = self.klt.install(hand_over)?;
-                self.installing.extend(carried);
                 for p in pending {
                     out.push(TaskAction::RequestFilter {
                         from: p.location,

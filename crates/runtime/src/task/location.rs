@@ -153,8 +153,11 @@ impl LocalKeys for StoreKeys<'_> {
     fn lookup(&mut self, started: bool, _probed: usize) {
         if started {
             self.started = Some(Instant::now());
-        } else if let Some(t) = self.started.take() {
-            self.spent += t.elapsed();
+        } else {
+            // A batch without a lookup (every bucket settled) counts, with no time.
+            if let Some(t) = self.started.take() {
+                self.spent += t.elapsed();
+            }
             self.batches += 1;
         }
     }
