@@ -118,8 +118,9 @@ pub struct PendingFilter {
     pub since: Epoch,
 }
 
-/// Keys the local-first memo holds at most; it is emptied between two events once fuller.
-const LOCAL_MEMO_MAX: usize = 4096;
+/// Keys the local-first memo holds at most (≈ 35 KB, allocated when the first layer arrives);
+/// it is emptied between two events once fuller.
+const LOCAL_MEMO_MAX: usize = 1024;
 
 /// Where the state of every key of this task's owned buckets may be.
 #[derive(Clone, Debug)]
@@ -216,7 +217,7 @@ impl KeyLookupTable {
     /// store does not show what an event's own actions install until the runtime executes them).
     pub fn trim_memo(&mut self) {
         if self.memo.len() > LOCAL_MEMO_MAX {
-            self.memo = HashMap::default();
+            self.memo.clear();
         }
     }
 
@@ -305,6 +306,9 @@ impl KeyLookupTable {
             }
             let mut table = BucketTable { layers, keys };
             table.settle();
+            if !table.layers.is_empty() && self.memo.capacity() == 0 {
+                self.memo.reserve(LOCAL_MEMO_MAX);
+            }
             self.buckets.insert(bl.bucket, table);
         }
         // Their state came with the hand-over: an entry naming where it was before is stale.

@@ -135,7 +135,6 @@ impl KoalaTask {
         // A batch whose buckets all have their state here (no layers) makes no lookup: it counts
         // for the lookup metric with no time.
         let mut timed = false;
-        let mut seen: BTreeSet<&[u8]> = BTreeSet::new();
         let mut asked: Vec<(&[u8], BucketId, u64, Vec<TaskId>)> = Vec::new();
         let mut candidates = Vec::new();
         for InputRecord { record: r, .. } in &self.pipeline.inbox {
@@ -154,15 +153,13 @@ impl KoalaTask {
                 timed = true;
                 local.lookup(true, 0);
             }
-            if !seen.insert(r.key.as_slice()) {
-                continue;
-            }
             let hash = key_hash(&r.key);
             if self.klt.known_local(hash) {
                 continue;
             }
             self.klt.candidates(bucket, hash, &mut candidates);
-            if !candidates.is_empty() {
+            // A key asked about once per batch (few are: most keys are local or new).
+            if !candidates.is_empty() && !asked.iter().any(|a| a.2 == hash && a.0 == r.key.as_slice()) {
                 asked.push((r.key.as_slice(), bucket, hash, candidates.clone()));
             }
         }
