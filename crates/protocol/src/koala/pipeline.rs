@@ -8,8 +8,8 @@
 //!
 //! Progressive migration (§3.4): fetches to retired tasks piggyback up to N extra keys, and the
 //! task pulls more on its own, one pull outstanding per location, the next sent as the last one's
-//! answer arrives (no timer): the pull size doubles while no batch waits for state and halves when
-//! one does. A pull never holds up a batch: a batch's fetch goes out while a pull to the same
+//! answer arrives (no timer): the pull size doubles while the task keeps up with its input and
+//! halves when records queue up behind a batch waiting for state. A pull never holds up a batch: a batch's fetch goes out while a pull to the same
 //! location is in flight; answers from one location come back in request order (the fetch lane is
 //! FIFO), so a key a pull took is installed before a racing fetch's "not here" for it arrives.
 //!
@@ -30,6 +30,9 @@ use super::task::{KoalaTask, LocalKeys, TaskAction};
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
 pub(crate) const MAX_PULL_KEYS: usize = 2048;
+
+/// Records queued behind a batch waiting for state above which background pulls shrink.
+const PULL_BACKLOG: usize = 1024;
 
 /// A fetch sent and not answered.
 #[derive(Clone, Debug)]
@@ -314,9 +317,11 @@ impl KoalaTask {
             return Err(unknown);
         };
         if o.keys.is_empty() {
-            // A background pull came back: pull more while no batch waits for state, less if one does.
+            // A background pull came back: pull more while the task keeps up with its input, less
+            // once records queue up behind a batch waiting for state (it is falling behind).
             let size = self.pipeline.pull_size.max(self.extra_keys);
-            self.pipeline.pull_size = if self.pipeline.waiting.is_some() { size / 2 } else { size * 2 };
+            let behind = self.pipeline.inbox.len() > PULL_BACKLOG;
+            self.pipeline.pull_size = if behind { size / 2 } else { size * 2 };
         }
         let mut entries = Vec::new();
         let mut waiting = self.pipeline.waiting.as_mut();
