@@ -29,7 +29,7 @@ use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
 use super::task::{KoalaTask, LocalKeys, TaskAction};
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
-pub(crate) const MAX_PULL_KEYS: usize = 2048;
+pub(crate) const MAX_PULL_KEYS: usize = 512;
 
 /// Records queued behind a batch waiting for state above which background pulls shrink.
 const PULL_BACKLOG: usize = 1024;
