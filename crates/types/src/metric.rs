@@ -25,6 +25,16 @@ pub const BACKPRESSURE_MS: &str = "backpressure_ms";
 pub const LATE_DROPPED: &str = "late_dropped";
 /// Bytes of state this task sent to another task during a reconfiguration.
 pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
+/// Koala: the part of `state_bytes_moved` that progressive migration pulled as extra keys (moved
+/// in the background, not asked for by a record).
+pub const STATE_BYTES_PULLED: &str = "state_bytes_pulled";
+/// Throttled tasks (`task_records_per_sec`): milliseconds this second data input was held back by
+/// the task's processing budget.
+pub const THROTTLED_MS: &str = "throttled_ms";
+/// Throttled tasks, in seconds they processed at least half their budget: records per second of
+/// batch processing time (what the task could do with the CPU it got); below the budget means
+/// the machine cannot deliver the emulated capacity.
+pub const CAPACITY_RECORDS_PER_SEC: &str = "capacity_records_per_sec";
 
 /// External sources: records not yet read (Kafka: high watermark − next offset, summed).
 pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
@@ -49,6 +59,9 @@ pub const ALL: &[&str] = &[
     BACKPRESSURE_MS,
     LATE_DROPPED,
     STATE_BYTES_MOVED,
+    STATE_BYTES_PULLED,
+    THROTTLED_MS,
+    CAPACITY_RECORDS_PER_SEC,
     SOURCE_OFFSET_LAG,
     KLT_BYTES,
     KLT_ENTRIES,

@@ -120,12 +120,16 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let mut last_idle = Instant::now();
+    let closed = crossbeam_channel::never();
     loop {
         let now = Instant::now();
+        // The processing budget holds back data input only (`crate::throttle`).
+        let gate = task.op.data_closed_until(now);
         let deadline = outputs
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()))
-            .min(last_idle + IDLE_PULL);
+            .min(last_idle + IDLE_PULL)
+            .min(gate.unwrap_or(last_idle + IDLE_PULL));
         let timeout = deadline.saturating_duration_since(now);
         if task.outbox.has_waiting() {
             task.wait_for_peers(&setup, &mut outputs, timeout)?;
@@ -145,7 +149,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(setup.inbox) -> item => {
+                recv(if gate.is_some() { &closed } else { &setup.inbox }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
@@ -461,6 +465,7 @@ impl KoalaOperator {
         let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
         let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
         self.count_io(&location);
+        self.op.metrics.state_bytes_pulled += super::location::pulled_bytes(&response);
         Ok(response)
     }
 
@@ -623,6 +628,7 @@ mod tests {
                 linger_ms: 1,
                 channel_capacity: 64,
                 sink_dir: String::new(),
+                capacity: Default::default(),
             },
             protocol: Protocol::Koala,
             extra_keys: 0,

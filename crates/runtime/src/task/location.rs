@@ -102,6 +102,15 @@ impl LocationStore for StoreLocation<'_> {
     }
 }
 
+/// State bytes of a fetch answer's extra keys (progressive migration: moved in the background),
+/// counted as `bytes_moved` counts them (values only), for the `state_bytes_pulled` metric.
+pub(super) fn pulled_bytes(response: &koala_protocol::koala::FetchResponse) -> u64 {
+    let value_bytes = |(_, bundle): &(Vec<u8>, Vec<u8>)| {
+        koala_types::decode::<Bundle>(bundle).map_or(0, |b| b.iter().map(|(_, v)| v.len() as u64).sum())
+    };
+    response.extra.iter().map(value_bytes).sum()
+}
+
 /// A bundle that did not encode or decode.
 pub(super) fn codec(e: koala_types::CodecError) -> RuntimeError {
     RuntimeError::Codec { what: "a key's state bundle".into(), source: e }
