@@ -62,6 +62,11 @@ pub struct JobConfig {
     /// Reconfigurations to run while the job runs, in order.
     #[serde(default)]
     pub reconfigurations: Vec<ScheduledReconfiguration>,
+    /// Warm state written by `koala warmup`: a directory with a snapshot per stateful operator
+    /// (`<dir>/<operator name>`); `koala run` has every worker load its tasks' buckets from it
+    /// before the job starts.
+    #[serde(default)]
+    pub warm_state: Option<PathBuf>,
 }
 
 /// One entry of the reconfiguration schedule. Give exactly one of: `parallelism` (rescale),
@@ -135,6 +140,35 @@ pub struct RuntimeSection {
     /// job fails, naming the tasks it waits for. Generous, so a multi-GB stop-and-restart transfer
     /// (one step) is not cut off; raise it for larger state.
     pub reconfiguration_timeout_s: f64,
+    /// Emulated processing capacity: records per second each task of a stateful operator may
+    /// process, enforced per batch by a token bucket that sleeps (docs/architecture.md §4).
+    /// Unset = as fast as the CPU allows. Keep the total (tasks × this) at or below half of what
+    /// the machine really sustains (`koala bench`), or tasks cannot reach it.
+    pub task_records_per_sec: Option<f64>,
+    /// Emulated network: megabytes (10^6 bytes) per second each worker receives peer traffic from
+    /// other workers at — Koala fetches, pulls and hand-overs, stop-and-restart state. Unset =
+    /// unlimited (loopback speed).
+    pub link_mb_per_sec: Option<f64>,
+}
+
+impl RuntimeSection {
+    /// The capacity emulation workers apply.
+    pub fn capacity(&self) -> koala_protocol::EmulatedCapacity {
+        koala_protocol::EmulatedCapacity {
+            task_records_per_sec: self.task_records_per_sec,
+            link_mb_per_sec: self.link_mb_per_sec,
+        }
+    }
+
+    /// Both capacity settings as one line for reports and summaries.
+    pub fn capacity_line(&self) -> String {
+        let or_unlimited = |v: Option<f64>| v.map_or_else(|| "unlimited".to_string(), |v| format!("{v}"));
+        format!(
+            "task_records_per_sec = {}, link_mb_per_sec = {}",
+            or_unlimited(self.task_records_per_sec),
+            or_unlimited(self.link_mb_per_sec)
+        )
+    }
 }
 
 impl Default for RuntimeSection {
@@ -145,6 +179,8 @@ impl Default for RuntimeSection {
             channel_capacity: 64,
             heartbeat_timeout_s: 10.0,
             reconfiguration_timeout_s: 120.0,
+            task_records_per_sec: None,
+            link_mb_per_sec: None,
         }
     }
 }
@@ -292,6 +328,45 @@ impl JobConfig {
         }
         if self.state.cache_mb.is_some_and(|mb| mb > 1 << 20) {
             return Err(invalid("state.cache_mb", "more than 1 TiB per task; give MiB, e.g. cache_mb = 64"));
+        }
+        for (name, v, example) in [
+            ("runtime.task_records_per_sec", self.runtime.task_records_per_sec, "20000"),
+            ("runtime.link_mb_per_sec", self.runtime.link_mb_per_sec, "100"),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 0.0)
+            {
+                return Err(invalid(
+                    name,
+                    format!(
+                        "{v} is not a positive rate; give one (e.g. {name} = {example}) or remove the line for no limit"
+                    ),
+                ));
+            }
+        }
+        if let Some(v) = self.runtime.task_records_per_sec
+            && v < 1.0
+        {
+            return Err(invalid(
+                "runtime.task_records_per_sec",
+                format!("{v} is below one record per second; use 1 or more, or remove the line for no limit"),
+            ));
+        }
+        if let Some(dir) = &self.warm_state {
+            let stateful: Vec<&str> =
+                graph.operators.iter().filter(|o| o.is_stateful()).map(|o| o.name.as_str()).collect();
+            if !stateful.iter().any(|op| dir.join(op).join("manifest").exists()) {
+                return Err(invalid(
+                    "warm_state",
+                    format!(
+                        "{} holds no snapshot of a stateful operator of query {:?} (expected {}/<{}>/manifest); write one with `koala warmup`",
+                        dir.display(),
+                        self.query,
+                        dir.display(),
+                        stateful.join("|")
+                    ),
+                ));
+            }
         }
         let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
         for (name, p) in &self.parallelism {

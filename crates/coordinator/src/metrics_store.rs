@@ -358,6 +358,24 @@ impl MetricsStore {
         Ok(rows.into_iter().filter_map(|(t, v)| Some((t, v?))).collect())
     }
 
+    /// Every sample of `metric` in `run`, as `(task, unix second, value)`, by task and time.
+    pub fn task_samples(
+        &self,
+        run: &str,
+        metric: &str,
+    ) -> Result<Vec<(String, u64, f64)>, MetricsStoreError> {
+        let sql = "SELECT task, time, value FROM metrics WHERE run = ?1 AND metric = ?2 ORDER BY task, time";
+        let rows = (|| {
+            let mut stmt = self.conn.prepare_cached(sql)?;
+            let rows = stmt.query_map([run, metric], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, u64>(1)?, row.get::<_, Option<f64>>(2)?))
+            })?;
+            rows.collect::<Result<Vec<_>, _>>()
+        })()
+        .map_err(|e| self.fail(format!("read samples of {metric} of run {run:?}"), e))?;
+        Ok(rows.into_iter().filter_map(|(task, t, v)| Some((task, t, v?))).collect())
+    }
+
     /// The reconfigurations of `run`, by start time.
     pub fn reconfigurations(&self, run: &str) -> Result<Vec<Reconfiguration>, MetricsStoreError> {
         let result = (|| -> rusqlite::Result<Vec<Reconfiguration>> {

@@ -50,6 +50,7 @@ pub(crate) fn initial_deployment(
             linger_ms: config.runtime.linger_ms,
             channel_capacity: config.runtime.channel_capacity,
             sink_dir: config.output_dir.to_string_lossy().into_owned(),
+            capacity: config.runtime.capacity(),
         },
     }
 }

@@ -130,7 +130,7 @@ fn scale_out_dip_and_backlog_recovery() {
     assert_eq!(row.batch_latency_p99_us, Some(900.0), "max over non-source tasks");
 
     let dip = summary.worst_dip.unwrap();
-    assert_eq!((dip.baseline, dip.min, dip.at_t_s), (1000.0, 200.0, 60));
+    assert_eq!((dip.offered, dip.min, dip.at_t_s), (1000.0, 200.0, 60));
     assert!((dip.ratio() - 0.2).abs() < 1e-12);
     // Lag exceeds max(1.5 × 20, 20 + 50) = 70 ms from 60 s; 71–72 s are healthy but 73 s is not,
     // so recovery holds from 74 s on.

@@ -56,15 +56,16 @@ pub fn demo(duration_s: u64, output_dir: &Path, protocol: &str) -> anyhow::Resul
         other => anyhow::bail!("--protocol {other:?}: use koala or stop-and-restart"),
     };
     println!(
-        "koala demo: {} with {} workers for {duration_s} s (rate surge 20–45 s, scale-out at 25 s, {}); output in {}",
+        "koala demo: {} with {} workers for {duration_s} s (rate 30k/s, surge to 60k/s 20–45 s, aggregate scaled out 2 → 4 at 25 s, {}; {}); output in {}",
         config.query,
         config.workers,
         config.protocol.name(),
+        config.runtime.capacity_line(),
         output_dir.display()
     );
-    let summary = run_job_locally(config.clone())?;
-    let (outcome, _) = crate::compare::outcome(&config, &summary, output_dir)?;
-    crate::compare::print_outcome(&outcome);
+    let summary = run_job_locally(config)?;
+    let (outcome, report) = crate::compare::outcome(&summary, output_dir)?;
+    crate::compare::print_outcome(&outcome, &report);
     Ok(outcome)
 }
 
@@ -258,6 +259,9 @@ pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
             .arg(&addr)
             .arg("--data-dir")
             .arg(&data_dir)
+            .args(
+                config.warm_state.iter().flat_map(|w| [std::ffi::OsStr::new("--warm-state"), w.as_os_str()]),
+            )
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .spawn()

@@ -1,8 +1,10 @@
 //! `koala`: run stateful dataflow jobs that can be reconfigured while they run.
 
 mod compare;
+mod experiment;
 mod kafka;
 mod launch;
+mod warmup;
 
 use std::path::PathBuf;
 
@@ -20,11 +22,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the demo job locally: a coordinator and 2 worker processes, a keyed running aggregate
-    /// over the built-in generator for about a minute with a rate surge in the middle, scaled out
-    /// from 2 to 4 tasks during the surge. Prints one progress line per second, then a summary;
-    /// writes the metrics DB and PNG plots.
+    /// over the built-in generator for about a minute (20 000 records/s per aggregate task,
+    /// emulated), overloaded by a rate surge in the middle and scaled out from 2 to 4 tasks during
+    /// it. Prints one progress line per second, then the run's report summary; writes the metrics
+    /// DB and PNG plots.
     Demo {
-        /// Seconds to run (the surge is at 20–35 s).
+        /// Seconds to run (the surge is at 20–45 s).
         #[arg(long, default_value_t = 60)]
         duration_s: u64,
         /// Where metrics, plots and worker state go.
@@ -35,7 +38,9 @@ enum Command {
         protocol: String,
     },
     /// Run the demo workload once per protocol (Koala, stop-and-restart) and print a table: state
-    /// moved, backlog recovery time, worst throughput dip, per-batch latency before and after.
+    /// moved on demand and in the background, backlog recovery time, peak lag, lag p99 over the
+    /// last 5 s, worst throughput dip against the offered rate, per-batch latency before and
+    /// after, pause.
     Compare {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 60)]
@@ -73,6 +78,27 @@ enum Command {
         /// Host the data plane listens on (the port is chosen by the OS).
         #[arg(long, default_value = "127.0.0.1")]
         listen_host: String,
+        /// Warm state (`koala warmup`) the worker's stateful tasks load their buckets from before
+        /// the job starts (`koala run` passes the config's `warm_state`).
+        #[arg(long)]
+        warm_state: Option<PathBuf>,
+    },
+    /// Write warm state for a job: N keys of its keyed aggregate with values padded to a size,
+    /// straight into a snapshot (no records processed), for `warm_state = "<out>"` in the config.
+    /// Supports the keyed-aggregate query.
+    Warmup {
+        /// The job config (its query and num_buckets).
+        #[arg(long)]
+        config: PathBuf,
+        /// Warm keys (0..N).
+        #[arg(long)]
+        keys: u64,
+        /// Bytes per value (padding; the paper's Q6* uses 2048).
+        #[arg(long, default_value_t = 2048)]
+        value_bytes: usize,
+        /// Where the snapshot goes (must not hold one).
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Measure the keyed running aggregate at full speed (2 workers, discarding sink): steady
     /// records/s, the first vs the last 10 % of the run, and p99 per-batch latency.
@@ -150,6 +176,11 @@ enum Command {
     },
     /// Write Nexmark person / auction / bid topics to a Kafka broker at a scheduled rate.
     Produce(kafka::ProduceArgs),
+    /// Run an experiment of the paper's evaluation (see `koala experiment scale-out --help`).
+    Experiment {
+        #[command(subcommand)]
+        which: ExperimentKind,
+    },
     /// Print the per-second table of a run from a metrics DB and write PNG plots.
     Report {
         /// The metrics database (`<output_dir>/metrics.db`).
@@ -160,6 +191,22 @@ enum Command {
         /// Where the plots go (default: beside the database).
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ExperimentKind {
+    /// The paper's Figures 6–7 for the keyed aggregate: warm state (256 MB with --quick, else
+    /// 1 GB), 70 % of the emulated capacity, then a 2× surge, then a scale-out (2 → 4 with
+    /// --quick, else 4 → 8) under each protocol; overlay plots, a CSV and a table of backlog
+    /// recovery and state moved. About 3 minutes with --quick, 15 without.
+    ScaleOut {
+        /// 256 MB of state and 90 s per protocol instead of 1 GB and 7 minutes.
+        #[arg(long)]
+        quick: bool,
+        /// Where the warm state, each run and the results go.
+        #[arg(long, default_value = "koala-out/experiment-scale-out")]
+        output_dir: PathBuf,
     },
 }
 
@@ -198,12 +245,13 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Coordinator { config, listen, address_file } => {
             launch::coordinator(&config, &listen, address_file.as_deref())
         }
-        Command::Worker { coordinator, data_dir, listen_host } => {
+        Command::Worker { coordinator, data_dir, listen_host, warm_state } => {
             koala_runtime::run_worker(koala_runtime::WorkerOptions {
                 coordinator,
                 data_dir,
                 listen_host,
                 resolver: launch::resolver(),
+                warm_state,
             })
             .context("worker stopped")
         }
@@ -221,6 +269,20 @@ fn run(command: Command) -> anyhow::Result<()> {
             &output_dir,
         )
         .map(|_| ()),
+        Command::Warmup { config, keys, value_bytes, out } => {
+            let config = launch::load_config(&config)?;
+            let started = std::time::Instant::now();
+            let (entries, bytes) =
+                warmup::warmup(&config.query, config.num_buckets, keys, value_bytes, &out)?;
+            println!(
+                "warm state: {entries} keys, {} in {:.1} s in {}; add `warm_state = {:?}` to the config",
+                launch::human_bytes(bytes),
+                started.elapsed().as_secs_f64(),
+                out.join(warmup::OPERATOR).display(),
+                out.display()
+            );
+            Ok(())
+        }
         Command::Rescale { coordinator, operator, parallelism } => {
             launch::submit(&coordinator, koala_protocol::ReconfigRequest::Rescale { operator, parallelism })
         }
@@ -233,6 +295,9 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Broker { action } => kafka::broker(action),
         Command::Produce(args) => kafka::produce(args),
+        Command::Experiment { which: ExperimentKind::ScaleOut { quick, output_dir } } => {
+            experiment::scale_out(quick, &output_dir)
+        }
         Command::Report { db, run, out } => {
             let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());
             let summary = koala_coordinator::report::report(&db, run.as_deref(), &out)

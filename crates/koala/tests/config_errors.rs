@@ -71,3 +71,23 @@ fn bad_state_sections_are_named() {
     let err = rejected(&format!("{BASE}[state]\nbackend = \"none\"\n"));
     assert!(err.contains("state.backend") && err.contains("koala bench"), "{err}");
 }
+
+#[test]
+fn capacity_settings_that_are_not_positive_rates_are_named_with_the_fix() {
+    let err = rejected(&format!("{BASE}[runtime]\ntask_records_per_sec = 0\n"));
+    assert!(err.contains("runtime.task_records_per_sec") && err.contains("remove the line"), "{err}");
+    let err = rejected(&format!("{BASE}[runtime]\ntask_records_per_sec = 0.5\n"));
+    assert!(err.contains("runtime.task_records_per_sec") && err.contains("1 or more"), "{err}");
+    let err = rejected(&format!("{BASE}[runtime]\nlink_mb_per_sec = -100.0\n"));
+    assert!(
+        err.contains("runtime.link_mb_per_sec") && err.contains("e.g. runtime.link_mb_per_sec = 100"),
+        "{err}"
+    );
+}
+
+#[test]
+fn warm_state_without_a_snapshot_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = rejected(&format!("warm_state = {:?}\n{BASE}", dir.path().display().to_string()));
+    assert!(err.contains("warm_state") && err.contains("koala warmup"), "{err}");
+}

@@ -19,6 +19,22 @@ pub struct RuntimeOptions {
     pub channel_capacity: usize,
     /// Directory JSON-lines sinks write into.
     pub sink_dir: String,
+    /// Emulated capacity (`[runtime] task_records_per_sec`, `link_mb_per_sec`); unlimited by
+    /// default.
+    #[serde(default)]
+    pub capacity: EmulatedCapacity,
+}
+
+/// Capacity emulation for experiments on small machines (docs/architecture.md §4): without it,
+/// a scale-out on 2 cores adds no capacity and a transfer over loopback costs nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EmulatedCapacity {
+    /// Records per second each task of a stateful operator may process (`None` = as fast as
+    /// the CPU allows).
+    pub task_records_per_sec: Option<f64>,
+    /// Megabytes (10^6 bytes) per second a worker receives peer traffic from other workers at:
+    /// Koala fetches, pulls and hand-overs, stop-and-restart state (`None` = unlimited).
+    pub link_mb_per_sec: Option<f64>,
 }
 
 /// Which store holds the keyed state of a worker's tasks (`[state] backend` in the job config;
@@ -211,8 +227,13 @@ impl Deployment {
         num_buckets: u16,
         protocol: Protocol,
     ) -> Self {
-        let options =
-            RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+        let options = RuntimeOptions {
+            batch_records: 1,
+            linger_ms: 0,
+            channel_capacity: 1,
+            sink_dir: ".".into(),
+            capacity: Default::default(),
+        };
         Self {
             run: "r".into(),
             query: "q".into(),

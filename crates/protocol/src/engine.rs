@@ -16,7 +16,13 @@
 //! use koala_types::{OperatorId, TaskId};
 //!
 //! let (src, op) = (OperatorId(0), OperatorId(1));
-//! let options = RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+//! let options = RuntimeOptions {
+//!     batch_records: 1,
+//!     linger_ms: 0,
+//!     channel_capacity: 1,
+//!     sink_dir: ".".into(),
+//!     capacity: Default::default(),
+//! };
 //! let deployment = Deployment {
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
 //!     placement: BTreeMap::new(), tasks: BTreeMap::from([(src, vec![0]), (op, vec![0])]), epoch: 0,

@@ -14,8 +14,8 @@ pub mod stop_restart;
 pub mod watermark;
 
 pub use control::{
-    ClientReply, ControlHello, CoordinatorMessage, Deployment, Protocol, ReconfigPlan, ReconfigRequest,
-    RuntimeOptions, StateBackendKind, StateOptions, TaskAck, TaskSample, WorkerMessage,
+    ClientReply, ControlHello, CoordinatorMessage, Deployment, EmulatedCapacity, Protocol, ReconfigPlan,
+    ReconfigRequest, RuntimeOptions, StateBackendKind, StateOptions, TaskAck, TaskSample, WorkerMessage,
 };
 pub use moves::{AssignmentMismatch, Moves, moves_between};
 pub use watermark::WatermarkAligner;

@@ -14,7 +14,13 @@
 //! use koala_types::{OperatorId, TaskId};
 //!
 //! let (op, up) = (OperatorId(1), TaskId::new(OperatorId(0), 0));
-//! let options = RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+//! let options = RuntimeOptions {
+//!     batch_records: 1,
+//!     linger_ms: 0,
+//!     channel_capacity: 1,
+//!     sink_dir: ".".into(),
+//!     capacity: Default::default(),
+//! };
 //! let deployment = Deployment {
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
 //!     placement: BTreeMap::new(), tasks: BTreeMap::from([(op, vec![0, 1])]), epoch: 1,

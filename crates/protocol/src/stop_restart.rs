@@ -30,7 +30,13 @@
 //! // Operator 1 scales out from one task to two: task 0 gives bucket 3 to the new task 1.
 //! let (op, up) = (OperatorId(1), TaskId::new(OperatorId(0), 0));
 //! let (t0, t1) = (TaskId::new(op, 0), TaskId::new(op, 1));
-//! let options = RuntimeOptions { batch_records: 1, linger_ms: 0, channel_capacity: 1, sink_dir: ".".into() };
+//! let options = RuntimeOptions {
+//!     batch_records: 1,
+//!     linger_ms: 0,
+//!     channel_capacity: 1,
+//!     sink_dir: ".".into(),
+//!     capacity: Default::default(),
+//! };
 //! let deployment = Deployment {
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),
 //!     placement: BTreeMap::new(), tasks: BTreeMap::from([(op, vec![0, 1])]), epoch: 1,

@@ -14,6 +14,7 @@ mod peer;
 #[cfg(test)]
 mod scenarios;
 mod task;
+mod throttle;
 mod timers;
 mod worker;
 

@@ -6,6 +6,8 @@ use hdrhistogram::Histogram;
 use koala_protocol::TaskSample;
 use koala_types::{TaskId, metric};
 
+use crate::throttle::measured_capacity;
+
 /// Counters of one task for the current second.
 pub struct TaskMetrics {
     task: TaskId,
@@ -29,6 +31,14 @@ pub struct TaskMetrics {
     pub state_bytes_pulled: u64,
     /// Koala: keys asked of another task that it did not hold.
     pub fetch_not_here: u64,
+    /// Time data input was held back by the task's processing budget (`crate::throttle`).
+    pub throttled: Duration,
+    /// The task's processing budget, records/s, if it has one.
+    pub budget: Option<f64>,
+    /// Time spent processing batches and timer rounds.
+    busy: Duration,
+    /// When the task last warned that it cannot reach its budget.
+    warned_short: Option<std::time::Instant>,
     /// External sources: records behind the end of the input.
     pub offset_lag: Option<u64>,
     /// Koala: (KLT bytes, KLT entries) at the end of the second.
@@ -39,6 +49,21 @@ pub struct TaskMetrics {
     lag_ms: Histogram<u64>,
     reports_lag: bool,
     next_tick: std::time::Instant,
+    /// When the current sample's interval began (wall clock).
+    interval_start: SystemTime,
+}
+
+/// The instant of the next whole wall-clock second after `now`. A tick taken late makes a short
+/// next interval, never a skipped second; one that fires a hair before the boundary (the
+/// monotonic and wall clocks drift apart) goes on to the boundary after, instead of sending a
+/// sliver sample for the same second.
+fn next_whole_second(now: std::time::Instant) -> std::time::Instant {
+    let into_second = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let mut wait = Duration::from_secs(1) - Duration::from_nanos(u64::from(into_second));
+    if wait < Duration::from_millis(50) {
+        wait += Duration::from_secs(1);
+    }
+    now + wait
 }
 
 fn histogram() -> Histogram<u64> {
@@ -63,19 +88,25 @@ impl TaskMetrics {
             state_bytes_moved: 0,
             state_bytes_pulled: 0,
             fetch_not_here: 0,
+            throttled: Duration::ZERO,
+            budget: None,
+            busy: Duration::ZERO,
+            warned_short: None,
             klt_size: None,
             offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
-            next_tick: std::time::Instant::now() + Duration::from_secs(1),
+            next_tick: next_whole_second(std::time::Instant::now()),
+            interval_start: SystemTime::now(),
         }
     }
 
     /// Records one batch's processing latency.
     pub fn record_batch(&mut self, latency: Duration) {
         self.batches += 1;
+        self.busy += latency;
         let _ = self.batch_latency_us.record((latency.as_micros() as u64).max(1));
     }
 
@@ -94,13 +125,19 @@ impl TaskMetrics {
         if now < self.next_tick {
             return None;
         }
-        self.next_tick = now + Duration::from_secs(1);
+        self.next_tick = next_whole_second(now);
         Some(self.take())
     }
 
     /// The samples accumulated so far; resets the counters.
     pub fn take(&mut self) -> Vec<TaskSample> {
-        let time_s = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        // A sample is stamped with the second its interval's middle falls in: ticks are aligned to
+        // whole seconds, so a tick taken a little late (a task busy or blocked at the boundary)
+        // still stamps the second it covers, and two tasks' samples of one second line up.
+        let now = SystemTime::now();
+        let middle = self.interval_start + now.duration_since(self.interval_start).unwrap_or_default() / 2;
+        self.interval_start = now;
+        let time_s = middle.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let task = self.task;
         let mut out = Vec::with_capacity(12);
         let mut push = |metric: &str, value: f64| {
@@ -117,6 +154,22 @@ impl TaskMetrics {
         if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
             push(metric::STATE_BYTES_PULLED, self.state_bytes_pulled as f64);
             push(metric::FETCH_NOT_HERE, self.fetch_not_here as f64);
+        }
+        if let Some(budget) = self.budget {
+            push(metric::THROTTLED_MS, self.throttled.as_secs_f64() * 1000.0);
+            if let Some((capacity, short)) = measured_capacity(budget, self.records_in, self.busy) {
+                push(metric::CAPACITY_RECORDS_PER_SEC, capacity);
+                let now = std::time::Instant::now();
+                if short && self.warned_short.is_none_or(|w| now >= w + Duration::from_secs(10)) {
+                    self.warned_short = Some(now);
+                    tracing::warn!(
+                        task = %task,
+                        budget,
+                        capacity = capacity.round(),
+                        "task cannot reach its processing budget (task_records_per_sec): its batches took more CPU than the budget leaves room for; lower task_records_per_sec to at most half of what `koala bench` measures"
+                    );
+                }
+            }
         }
         if let Some(lag) = self.offset_lag {
             push(metric::SOURCE_OFFSET_LAG, lag as f64);
@@ -150,6 +203,8 @@ impl TaskMetrics {
         self.state_bytes_moved = 0;
         self.state_bytes_pulled = 0;
         self.fetch_not_here = 0;
+        self.throttled = Duration::ZERO;
+        self.busy = Duration::ZERO;
         self.batch_latency_us.reset();
         self.lag_ms.reset();
         out

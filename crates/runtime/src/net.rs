@@ -9,11 +9,12 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, RwLock};
 
 use crossbeam_channel::Sender;
-use koala_types::frame::read_frame;
+use koala_types::frame::{read_frame, read_frame_sized};
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::channel::{ChannelHello, TaskInput};
 use crate::links::{FETCH_INPUT, PEER_INPUT};
+use crate::throttle::SharedLink;
 
 /// The three input queues of a task (docs/architecture.md §4). Data and peer messages never
 /// share a queue, so state transfer and fetches never wait behind data.
@@ -45,15 +46,17 @@ impl TaskInboxes {
 /// Input queues of the tasks of this worker, by task.
 pub type Inboxes = Arc<RwLock<HashMap<TaskId, TaskInboxes>>>;
 
-/// Accepts data connections forever (until the process exits).
-pub fn serve(listener: TcpListener, inboxes: Inboxes) {
+/// Accepts data connections forever (until the process exits). Frames arriving on peer and fetch
+/// lanes cross `link`, the worker's emulated network link (`crate::throttle`).
+pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>) {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
                 let inboxes = inboxes.clone();
+                let link = link.clone();
                 let spawned = std::thread::Builder::new()
                     .name("koala-data-in".into())
-                    .spawn(move || read_channel(stream, &inboxes));
+                    .spawn(move || read_channel(stream, &inboxes, &link));
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot spawn a reader thread; connection dropped");
                 }
@@ -63,7 +66,7 @@ pub fn serve(listener: TcpListener, inboxes: Inboxes) {
     }
 }
 
-fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
+fn read_channel(stream: TcpStream, inboxes: &Inboxes, link: &SharedLink) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
@@ -83,9 +86,14 @@ fn read_channel(stream: TcpStream, inboxes: &Inboxes) {
         tracing::error!(%peer, to = %hello.to, "channel to a task this worker does not host; dropping connection");
         return;
     };
+    // Peer traffic between workers is what the emulated link carries; data channels are not.
+    let over_link = matches!(hello.channel.input, PEER_INPUT | FETCH_INPUT);
     loop {
-        match read_frame::<_, ChannelMessage>(&mut reader) {
-            Ok(Some(message)) => {
+        match read_frame_sized::<_, ChannelMessage>(&mut reader) {
+            Ok(Some((message, bytes))) => {
+                if over_link {
+                    link.pace(bytes);
+                }
                 let end = message == ChannelMessage::EndOfStream;
                 if inbox.send(TaskInput { channel: hello.channel, message }).is_err() || end {
                     return;

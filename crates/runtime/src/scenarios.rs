@@ -71,7 +71,7 @@ fn data_plane(id: u32) -> DataPlane {
     let addr = listener.local_addr().expect("the data address").to_string();
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let served = inboxes.clone();
-    std::thread::spawn(move || serve(listener, served));
+    std::thread::spawn(move || serve(listener, served, Default::default()));
     DataPlane { id: WorkerId(id), inboxes, addr }
 }
 
@@ -145,6 +145,7 @@ impl Scenario {
                 linger_ms: 1,
                 channel_capacity: 1,
                 sink_dir: ".".into(),
+                capacity: Default::default(),
             },
             protocol,
             extra_keys: 0,
@@ -459,6 +460,7 @@ fn fast_sender_stays_within_the_peer_bound(two_workers: bool) {
             linger_ms: 0,
             channel_capacity: capacity,
             sink_dir: ".".into(),
+            capacity: Default::default(),
         },
         protocol: Protocol::StopAndRestart,
         extra_keys: 0,

@@ -2,10 +2,10 @@
 //! places on it, forwards their events and metrics, relays reconfiguration phases to the tasks
 //! they concern, and serves its data-plane listener.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan,
 use koala_protocol::{StateBackendKind, StateOptions};
 use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, StateEnv};
 use koala_types::frame::{read_frame, write_frame};
-use koala_types::{Epoch, TaskId, WorkerId};
+use koala_types::{BucketId, Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
@@ -25,6 +25,7 @@ use crate::links::{Links, build_outputs, input_channels, live};
 use crate::net::{Inboxes, TaskInboxes, serve};
 use crate::peer::peer_capacity;
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
+use crate::throttle::SharedLink;
 
 /// How to start a worker.
 pub struct WorkerOptions {
@@ -36,6 +37,9 @@ pub struct WorkerOptions {
     pub listen_host: String,
     /// Builds the job graph from a query name and parameters.
     pub resolver: QueryResolver,
+    /// Warm state (`koala warmup`): before it reports `Deployed`, each stateful task of this
+    /// worker loads the buckets it owns from `<dir>/<operator name>`, if that holds a snapshot.
+    pub warm_state: Option<PathBuf>,
 }
 
 /// Opens the worker's state stores as the job's `[state]` section says.
@@ -75,11 +79,13 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
         .map_err(|e| RuntimeError::io(format!("binding the data plane on {}", options.listen_host), e))?;
     let data_addr = listener.local_addr().map_err(|e| RuntimeError::io("reading the data address", e))?;
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
+    let link = Arc::new(SharedLink::default());
     {
         let inboxes = inboxes.clone();
+        let link = link.clone();
         std::thread::Builder::new()
             .name("koala-data-listener".into())
-            .spawn(move || serve(listener, inboxes))
+            .spawn(move || serve(listener, inboxes, link))
             .map_err(|e| RuntimeError::io("spawning the data listener", e))?;
     }
     let stream = TcpStream::connect(&options.coordinator).map_err(|e| {
@@ -132,7 +138,14 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 if env.is_none() {
                     env = Some(open_state(&options.data_dir, state)?);
                 }
-                match prepare(me, *d, &options.resolver, &inboxes) {
+                link.set_rate(d.options.capacity.link_mb_per_sec);
+                let prepared = prepare(me, *d, &options.resolver, &inboxes).and_then(|j| {
+                    match (&options.warm_state, env.as_deref()) {
+                        (Some(dir), Some(env)) => restore_warm_state(&j, env, dir).map(|()| j),
+                        _ => Ok(j),
+                    }
+                });
+                match prepared {
                     Ok(j) => {
                         job = Some(j);
                         send(WorkerMessage::Deployed)?;
@@ -259,6 +272,42 @@ fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inbo
     }
     let links = Links { me, graph: Arc::new(graph), inboxes: inboxes.clone() };
     Ok(Job { initial: Arc::new(d), links, pending, commands, plans: HashMap::new() })
+}
+
+/// Loads the warm state of this worker's stateful tasks — the buckets each owns, from the
+/// snapshot `<dir>/<operator name>` — before the job starts, so every run of an experiment, under
+/// any protocol, starts from the same state (docs/architecture.md §5).
+fn restore_warm_state(job: &Job, env: &dyn StateEnv, dir: &Path) -> Result<(), String> {
+    let d = &job.initial;
+    for (task, _) in &job.pending {
+        let Some(op) = job.links.graph.operator(task.operator) else { continue };
+        let snapshot = dir.join(&op.name);
+        if !op.is_stateful() || !snapshot.join("manifest").exists() {
+            continue;
+        }
+        let manifest = koala_state::snapshot::read_manifest(&snapshot).map_err(|e| e.to_string())?;
+        if manifest.num_buckets != d.num_buckets {
+            return Err(format!(
+                "warm state {} was written for num_buckets = {}, the job has {}; write it again with the job's config",
+                snapshot.display(),
+                manifest.num_buckets,
+                d.num_buckets
+            ));
+        }
+        let owned: BTreeSet<BucketId> = d
+            .routing
+            .get(&task.operator)
+            .map(|t| {
+                t.iter().enumerate().filter(|(_, o)| **o == task.index).map(|(b, _)| b as BucketId).collect()
+            })
+            .unwrap_or_default();
+        let store = env.open_task(*task).map_err(|e| format!("{task}: opening its store: {e}"))?;
+        let started = std::time::Instant::now();
+        let loaded = koala_state::snapshot::restore(store.as_ref(), &snapshot, Some(&owned))
+            .map_err(|e| format!("{task}: restoring warm state: {e}"))?;
+        tracing::info!(%task, entries = loaded.entries, secs = started.elapsed().as_secs_f64(), from = %snapshot.display(), "warm state restored");
+    }
+    Ok(())
 }
 
 /// The receiving ends of a task's queues.

@@ -40,6 +40,7 @@ mod fjall_env;
 mod key;
 mod memory;
 mod scan;
+pub mod snapshot;
 
 use std::ops::Bound;
 

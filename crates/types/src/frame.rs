@@ -42,6 +42,12 @@ pub fn write_frame<W: Write, T: Serialize + ?Sized>(w: &mut W, msg: &T) -> io::R
 /// Reads one frame. `Ok(None)` on a clean end of stream at a frame boundary; `InvalidData` for a
 /// frame that does not decode or is larger than [`MAX_FRAME_BYTES`].
 pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<T>> {
+    Ok(read_frame_sized(r)?.map(|(message, _)| message))
+}
+
+/// [`read_frame`], also returning the frame's size on the wire (length prefix included), for
+/// whoever accounts for bytes (the runtime's emulated link).
+pub fn read_frame_sized<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<(T, usize)>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -61,7 +67,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<
         buf.resize(len, 0);
         let read = r.read_exact(&mut buf).and_then(|()| {
             postcard::from_bytes(&buf)
-                .map(Some)
+                .map(|message| Some((message, len + 4)))
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("undecodable frame: {e}")))
         });
         if buf.capacity() <= KEEP_SCRATCH_BYTES {
@@ -86,6 +92,10 @@ mod tests {
         assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), Some(msg));
         assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), Some(ChannelMessage::EndOfStream));
         assert_eq!(read_frame::<_, ChannelMessage>(&mut r).expect("read"), None);
+        let mut sized = Vec::new();
+        let written = write_frame(&mut sized, &ChannelMessage::EndOfStream).expect("write");
+        let read = read_frame_sized::<_, ChannelMessage>(&mut sized.as_slice()).expect("read");
+        assert_eq!(read, Some((ChannelMessage::EndOfStream, written)));
     }
 
     #[test]

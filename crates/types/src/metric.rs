@@ -31,6 +31,13 @@ pub const STATE_BYTES_PULLED: &str = "state_bytes_pulled";
 /// Koala: keys this task asked another for that it did not hold (filter false positives, and
 /// lookups while a filter was still being built).
 pub const FETCH_NOT_HERE: &str = "fetch_not_here";
+/// Throttled tasks (`task_records_per_sec`): milliseconds this second data input was held back by
+/// the task's processing budget.
+pub const THROTTLED_MS: &str = "throttled_ms";
+/// Throttled tasks, in seconds they processed at least half their budget: records per second of
+/// batch processing time (what the task could do with the CPU it got); below the budget means
+/// the machine cannot deliver the emulated capacity.
+pub const CAPACITY_RECORDS_PER_SEC: &str = "capacity_records_per_sec";
 
 /// External sources: records not yet read (Kafka: high watermark − next offset, summed).
 pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
@@ -57,6 +64,8 @@ pub const ALL: &[&str] = &[
     STATE_BYTES_MOVED,
     STATE_BYTES_PULLED,
     FETCH_NOT_HERE,
+    THROTTLED_MS,
+    CAPACITY_RECORDS_PER_SEC,
     SOURCE_OFFSET_LAG,
     KLT_BYTES,
     KLT_ENTRIES,

@@ -150,6 +150,28 @@ fn draw_plot(
     root.present().map_err(|e| err(&e))
 }
 
+/// Draws several runs' series of one metric on one plot (`koala experiment`), with vertical
+/// marks (red) at `marks`.
+pub(super) fn draw_overlay(
+    path: &Path,
+    title: &str,
+    unit: &str,
+    series: &[(&'static str, Vec<(f64, f64)>)],
+    marks: &[f64],
+) -> Result<(), String> {
+    const COLOURS: [RGBColor; 4] = [BLUE, MAGENTA, GREEN, BLACK];
+    let lines: Vec<Line> = series
+        .iter()
+        .zip(COLOURS.iter().cycle())
+        .map(|((name, points), colour)| (*name, *colour, points.clone()))
+        .collect();
+    let xs = lines.iter().flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x));
+    let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    let x_range = if lo < hi { lo..hi } else { 0.0..1.0 };
+    let marks: Vec<(f64, RGBColor)> = marks.iter().map(|m| (*m, RED)).collect();
+    draw_plot(path, title, unit, &lines, &marks, x_range, plot_font_ready())
+}
+
 fn escape_html(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }

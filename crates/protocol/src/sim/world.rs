@@ -257,6 +257,7 @@ impl World {
                 linger_ms: 0,
                 channel_capacity: 1,
                 sink_dir: String::new(),
+                capacity: Default::default(),
             },
             protocol: cfg.protocol,
             extra_keys,

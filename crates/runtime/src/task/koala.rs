@@ -129,12 +129,16 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         receiving: None,
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
+    let closed = crossbeam_channel::never();
     loop {
         let now = Instant::now();
+        // The processing budget holds back data input only (`crate::throttle`).
+        let gate = task.op.data_closed_until(now);
         let deadline = outputs
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
         let deadline = task.wake_at.map_or(deadline, |w| w.min(deadline));
+        let deadline = gate.map_or(deadline, |g| g.min(deadline));
         // A filter being built takes a step whenever no input is waiting.
         let timeout =
             if task.builds.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
@@ -156,7 +160,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(setup.inbox) -> item => {
+                recv(if gate.is_some() { &closed } else { &setup.inbox }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
@@ -680,6 +684,7 @@ mod tests {
                 linger_ms: 1,
                 channel_capacity: 64,
                 sink_dir: String::new(),
+                capacity: Default::default(),
             },
             protocol: Protocol::Koala,
             extra_keys: 0,

@@ -18,6 +18,7 @@ use crate::channel::InputChannel;
 use crate::links::PEER_INPUT;
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
+use crate::throttle::RecordBudget;
 use crate::timers::TimerService;
 
 /// Keys fetched per round of timer firing.
@@ -36,6 +37,8 @@ pub(super) struct OperatorTask {
     transfer: StateTransfer,
     /// This task as an upstream of a reconfigured operator (stop-and-restart).
     upstream: UpstreamCore,
+    /// Its processing budget (`[runtime] task_records_per_sec`, stateful operators only).
+    budget: Option<RecordBudget>,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -48,11 +51,13 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     if setup.inputs.is_empty() {
         return Err(RuntimeError::deployment(setup.task, "a transform without inputs"));
     }
+    let closed = crossbeam_channel::never();
     loop {
         let now = Instant::now();
+        let gate = task.data_closed_until(now);
         let deadline =
             outputs.next_deadline().map_or(task.metrics.next_tick(), |d| d.min(task.metrics.next_tick()));
-        let timeout = deadline.saturating_duration_since(now);
+        let timeout = gate.map_or(deadline, |g| g.min(deadline)).saturating_duration_since(now);
         // Whether every input ended (and no state is still arriving): the task is done.
         let done = select! {
             recv(setup.commands) -> cmd => match cmd {
@@ -63,7 +68,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 Ok(item) => task.on_message(&setup, &mut outputs, item.channel, item.message)?,
                 Err(_) => false,
             },
-            recv(setup.inbox) -> item => {
+            recv(if gate.is_some() { &closed } else { &setup.inbox }) -> item => {
                 let Ok(item) = item else {
                     return Err(RuntimeError::InputClosed(setup.task));
                 };
@@ -89,16 +94,33 @@ impl OperatorTask {
         else {
             return Err(RuntimeError::deployment(&setup.spec.name, "is not a transform"));
         };
+        let budget = setup
+            .options
+            .capacity
+            .task_records_per_sec
+            .filter(|_| setup.spec.is_stateful())
+            .map(|rate| RecordBudget::new(rate, Instant::now()));
+        let mut metrics = TaskMetrics::new(setup.task, false);
+        metrics.budget = budget.as_ref().map(RecordBudget::rate);
         Ok(Self {
             logic: factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism }),
             event_time,
             allowed_lateness,
             aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
             timers: TimerService::default(),
-            metrics: TaskMetrics::new(setup.task, false),
+            metrics,
             transfer: StateTransfer::new(setup.task),
             upstream: UpstreamCore::new(),
+            budget,
         })
+    }
+
+    /// Until when the processing budget holds data input back (`None`: take data now). The loop
+    /// then waits on everything but data input — commands, peer and fetch lanes — until then.
+    pub(super) fn data_closed_until(&mut self, now: Instant) -> Option<Instant> {
+        let (until, newly) = self.budget.as_mut()?.closed_until(now)?;
+        self.metrics.throttled += newly;
+        Some(until)
     }
 
     /// Applies a command; true if every input has ended since (the task is done).
@@ -223,7 +245,9 @@ impl OperatorTask {
         watermark: Option<Timestamp>,
     ) -> Result<(), RuntimeError> {
         let started = Instant::now();
-        self.metrics.records_in += records.len() as u64;
+        // The budget counts what `records_in` counts: records handed to the operator.
+        let taken = records.len() as u64;
+        self.metrics.records_in += taken;
         if self.event_time
             && let Some(w) = watermark
         {
@@ -266,6 +290,9 @@ impl OperatorTask {
         self.timers.register(timers);
         self.metrics.records_out += output.len() as u64;
         self.metrics.record_batch(started.elapsed());
+        if let Some(budget) = self.budget.as_mut() {
+            budget.charge(taken, Instant::now());
+        }
         outputs.emit(output)
     }
 

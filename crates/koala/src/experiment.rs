@@ -1,0 +1,271 @@
+//! `koala experiment scale-out`: the analogue of the paper's Figures 6–7 (§5.2) for the keyed
+//! aggregate. Warm state (`koala warmup`) restored into every run; phase 1 at 70 % of the
+//! emulated capacity, phase 2 at twice that (a backlog forms), then a scale-out that doubles the
+//! aggregate's tasks while the surge goes on (phase 3); once per protocol. Writes one overlay PNG
+//! per metric (throughput, lag; 10 s moving average as in the paper), a CSV of the per-second
+//! rows, and prints a table of backlog recovery and state moved per protocol — all figures from
+//! the runs' report summaries (`koala_coordinator::report`).
+//!
+//! The link cap is chosen so that moving the state takes as long, relative to the run, as in
+//! the paper: stop-and-restart paused ~45 s of a 10-minute run (7.5 %) for its 4 → 8 scale-out
+//! (Figure 22), so the cap = the state a scale-out moves (half of it) / (7.5 % of the run).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use koala_coordinator::JobConfig;
+use koala_coordinator::report::{ReportSummary, moving_average, write_overlay};
+
+/// Fraction of the run the paper's stop-and-restart paused for its scale-out (45 s of 600 s).
+const PAUSE_FRACTION: f64 = 45.0 / 600.0;
+
+/// One experiment's fixed settings.
+struct Setup {
+    warm_keys: u64,
+    value_bytes: usize,
+    phases_s: [u64; 3],
+    tasks: (u32, u32),
+    task_records_per_sec: f64,
+}
+
+impl Setup {
+    fn new(quick: bool) -> Self {
+        if quick {
+            // 256 MB, 90 s per protocol: the whole experiment in about 3 minutes.
+            Self {
+                warm_keys: 125_000,
+                value_bytes: 2048,
+                phases_s: [25, 20, 45],
+                tasks: (2, 4),
+                task_records_per_sec: 10_000.0,
+            }
+        } else {
+            // 1 GB, 7 minutes per protocol, 4 → 8 tasks (the paper's scale-out). 7 500 per task:
+            // with 30 % of records on 100 hot keys, a budget of 5 000 left the task with the most
+            // hot keys the bottleneck after the scale-out (8 × 5 000 was not 40 000 in practice).
+            Self {
+                warm_keys: 500_000,
+                value_bytes: 2048,
+                phases_s: [120, 60, 240],
+                tasks: (4, 8),
+                task_records_per_sec: 7_500.0,
+            }
+        }
+    }
+
+    fn duration_s(&self) -> u64 {
+        self.phases_s.iter().sum()
+    }
+
+    fn state_bytes(&self) -> f64 {
+        self.warm_keys as f64 * self.value_bytes as f64
+    }
+
+    /// The link cap (MB/s) that makes moving the scale-out's share of the state take
+    /// `PAUSE_FRACTION` of the run.
+    fn link_mb_per_sec(&self) -> f64 {
+        let moved = self.state_bytes() * (1.0 - f64::from(self.tasks.0) / f64::from(self.tasks.1));
+        let pause_s = PAUSE_FRACTION * self.duration_s() as f64;
+        (moved / 1e6 / pause_s * 10.0).round() / 10.0
+    }
+
+    fn config(&self, protocol: &str, out: &Path, warm: &Path) -> String {
+        let base = 0.7 * f64::from(self.tasks.0) * self.task_records_per_sec;
+        let [p1, p2, _] = self.phases_s;
+        format!(
+            r#"query = "keyed-aggregate"
+workers = 2
+duration_s = {duration}
+output_dir = {out:?}
+protocol = "{protocol}"
+warm_state = {warm:?}
+
+[parallelism]
+source = 2
+aggregate = {before}
+sink = 1
+
+[[reconfigurations]]
+at_s = {at}
+operator = "aggregate"
+parallelism = {after}
+
+[runtime]
+task_records_per_sec = {budget}
+link_mb_per_sec = {link}
+reconfiguration_timeout_s = 600.0
+
+[params]
+sink = "discard"
+
+[params.generator]
+key_space = {keys}
+hot_keys = 100
+hot_key_ratio = 0.3
+active_keys = 10000
+active_shift_records = 100
+seed = 7
+
+[params.source]
+max_disorder_ms = 50
+watermark_interval_ms = 200
+rate = [{{ at_ms = 0, records_per_sec = {base:.1} }}, {{ at_ms = {surge_ms}, records_per_sec = {surge:.1} }}]
+"#,
+            duration = self.duration_s(),
+            out = out.display().to_string(),
+            warm = warm.display().to_string(),
+            before = self.tasks.0,
+            after = self.tasks.1,
+            at = p1 + p2,
+            budget = self.task_records_per_sec,
+            link = self.link_mb_per_sec(),
+            keys = self.warm_keys,
+            surge_ms = p1 * 1000,
+            surge = 2.0 * base,
+        )
+    }
+}
+
+/// Runs the experiment into `out`.
+pub fn scale_out(quick: bool, out: &Path) -> anyhow::Result<()> {
+    let setup = Setup::new(quick);
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let warm = out.join("warm");
+    println!(
+        "koala experiment scale-out{}: keyed-aggregate, {} warm keys × {} B = {}, {} → {} aggregate tasks at {} s, \
+         phases {:?} s, task_records_per_sec = {}, link_mb_per_sec = {} (moving half the state takes {:.1} s = {:.1} % of the run, as in the paper)",
+        if quick { " --quick" } else { "" },
+        setup.warm_keys,
+        setup.value_bytes,
+        crate::launch::human_bytes(setup.state_bytes() as u64),
+        setup.tasks.0,
+        setup.tasks.1,
+        setup.phases_s[0] + setup.phases_s[1],
+        setup.phases_s,
+        setup.task_records_per_sec,
+        setup.link_mb_per_sec(),
+        PAUSE_FRACTION * setup.duration_s() as f64,
+        PAUSE_FRACTION * 100.0
+    );
+    if !warm.join(crate::warmup::OPERATOR).join("manifest").exists() {
+        let started = std::time::Instant::now();
+        let (_, bytes) = crate::warmup::warmup(
+            "keyed-aggregate",
+            koala_types::DEFAULT_NUM_BUCKETS,
+            setup.warm_keys,
+            setup.value_bytes,
+            &warm,
+        )?;
+        println!(
+            "warm state: {} written in {:.1} s",
+            crate::launch::human_bytes(bytes),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let mut runs: Vec<ReportSummary> = Vec::new();
+    for protocol in ["koala", "stop-and-restart"] {
+        let dir = out.join(protocol);
+        let config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
+        let summary = crate::launch::run_job_locally(config)?;
+        let (_, report) = crate::compare::outcome(&summary, &dir)?;
+        println!("{report}");
+        runs.push(report);
+    }
+    write_results(&runs, setup.phases_s[0] + setup.phases_s[1], out)
+}
+
+fn protocol_name(p: &str) -> &'static str {
+    match p {
+        "koala" => "koala",
+        "stop-and-restart" => "stop-and-restart",
+        _ => "other",
+    }
+}
+
+/// The overlay plots, the CSV and the table.
+fn write_results(runs: &[ReportSummary], scale_out_s: u64, out: &Path) -> anyhow::Result<()> {
+    let mut csv = String::from("protocol,t_s,throughput,lag_mean_ms,lag_p99_ms,state_bytes_moved\n");
+    for r in runs {
+        for row in &r.table.rows {
+            let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+            let _ = writeln!(
+                csv,
+                "{},{},{},{},{},{}",
+                r.run.protocol,
+                row.t_s,
+                row.throughput,
+                opt(row.lag_mean_ms),
+                opt(row.lag_p99_ms),
+                row.state_bytes_moved
+            );
+        }
+    }
+    let csv_path = out.join("scale_out.csv");
+    std::fs::write(&csv_path, csv).with_context(|| format!("writing {}", csv_path.display()))?;
+    let smoothed = |f: &dyn Fn(&koala_coordinator::report::SecondRow) -> Option<f64>| {
+        runs.iter()
+            .map(|r| {
+                let series: Vec<(i64, f64)> =
+                    r.table.rows.iter().filter_map(|row| Some((row.t_s, f(row)?))).collect();
+                let points = moving_average(&series, 10).into_iter().map(|(t, v)| (t as f64, v)).collect();
+                (protocol_name(&r.run.protocol), points)
+            })
+            .collect::<Vec<_>>()
+    };
+    let marks = [scale_out_s as f64];
+    write_overlay(
+        &out.join("throughput.png"),
+        "Throughput (10 s moving average)",
+        "records/s",
+        &smoothed(&|r| Some(r.throughput)),
+        &marks,
+    )?;
+    write_overlay(
+        &out.join("lag.png"),
+        "Source lag (10 s moving average)",
+        "ms",
+        &smoothed(&|r| r.lag_mean_ms),
+        &marks,
+    )?;
+    println!();
+    println!(
+        "{:<18} {:>10} {:>14} {:>14} {:>10} {:>10} {:>24}",
+        "protocol", "recovery", "on demand", "background", "pause", "peak lag", "worst dip (vs offered)"
+    );
+    for r in runs {
+        let first = r.reconfigurations.first();
+        println!(
+            "{:<18} {:>10} {:>14} {:>14} {:>7} ms {:>7} ms {:>24}",
+            r.run.protocol,
+            first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
+            crate::launch::human_bytes(r.state_moved.on_demand as u64),
+            crate::launch::human_bytes(r.state_moved.background as u64),
+            r.pause_ms_total,
+            r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
+            first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio()))
+        );
+    }
+    if let [k, s] = runs {
+        let rec = |r: &ReportSummary| r.reconfigurations.first().and_then(|c| c.backlog_recovery_s);
+        if let (Some(a), Some(b)) = (rec(k), rec(s)) {
+            println!(
+                "koala's backlog recovery is {:.2} of stop-and-restart's",
+                a as f64 / (b as f64).max(1.0)
+            );
+        }
+        if s.state_moved.on_demand > 0.0 {
+            println!(
+                "koala's on-demand state moved is {:.3} of stop-and-restart's",
+                k.state_moved.on_demand / s.state_moved.on_demand
+            );
+        }
+    }
+    println!(
+        "plots: {}, {}; rows: {}",
+        out.join("throughput.png").display(),
+        out.join("lag.png").display(),
+        csv_path.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Warm state end to end (docs/architecture.md §5): `koala warmup` writes padded keyed-aggregate
+//! state into a snapshot, `koala run` with `warm_state` has every worker load its tasks' buckets
+//! before the job starts, and the job continues from it: every key's first output counts the
+//! warm record too, and a stop-and-restart scale-out moves the padded state of keys no record
+//! touched.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::verify::RunRecord;
+use koala_workloads::KeyedTotal;
+
+const WARM_KEYS: u64 = 4_000;
+const VALUE_BYTES: u64 = 512;
+/// The generator draws keys from `0..400`: 3 600 warm keys are never touched.
+const KEY_SPACE: u64 = 400;
+
+#[test]
+fn a_job_continues_from_warm_state_and_moves_it_on_scale_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let warm = dir.path().join("warm");
+    let mut generator = common::generator(12_000, 5);
+    generator.key_space = KEY_SPACE;
+    let mut config = common::config_top(
+        dir.path(),
+        "keyed-aggregate",
+        &format!("protocol = \"stop-and-restart\"\nwarm_state = {:?}", warm.display().to_string()),
+        &[("source", 2), ("aggregate", 2), ("sink", 1)],
+        &generator,
+        "",
+    );
+    config.push_str(
+        "rate = [{ at_ms = 0, records_per_sec = 8000.0 }]\n\n[[reconfigurations]]\nat_s = 0.5\noperator = \"aggregate\"\nparallelism = 4\n",
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, &config).expect("write config");
+
+    let out = common::koala()
+        .args(["warmup", "--keys", &WARM_KEYS.to_string(), "--value-bytes", &VALUE_BYTES.to_string()])
+        .arg("--config")
+        .arg(&path)
+        .arg("--out")
+        .arg(&warm)
+        .output()
+        .expect("start koala warmup");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "warmup failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("{WARM_KEYS} keys")), "{stdout}");
+
+    let (out_dir, _) = common::run_job_logged(dir.path(), &config);
+    // Warm key k holds count 1 and sum k: its first output row counts 2 and sums k + the value.
+    let rows: Vec<KeyedTotal> = common::sink_output(&out_dir, "sink");
+    assert_eq!(rows.len(), 12_000);
+    let mut per_key: BTreeMap<u64, Vec<KeyedTotal>> = BTreeMap::new();
+    for row in rows {
+        per_key.entry(row.key).or_default().push(row);
+    }
+    for (key, rows) in &per_key {
+        let counts: Vec<u64> = rows.iter().map(|r| r.count).collect();
+        let expected: Vec<u64> = (2..rows.len() as u64 + 2).collect();
+        let mut sorted = counts.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, expected, "key {key}: counts do not continue from the warm count 1");
+    }
+    // Stop-and-restart moves whole buckets: about half of the untouched warm keys' padding.
+    let rec = RunRecord::read(&out_dir.join("metrics.db")).expect("run record");
+    assert_eq!(rec.completed(), 1);
+    let moved = rec.reconfigurations[0].bytes_moved;
+    let untouched = (WARM_KEYS - KEY_SPACE) * VALUE_BYTES;
+    assert!(moved >= untouched / 4, "moved {moved} B; the untouched warm state alone is {untouched} B");
+}
