@@ -6,7 +6,8 @@
 //!   cached, absent keys too (a new key then costs one LSM lookup, not one per batch).
 //! - **Writes** only change the cache and mark the entry dirty (a delete is a dirty "absent").
 //! - **Write-back** happens (a) on eviction: when the cache is over its byte budget, a CLOCK hand
-//!   evicts until it is at 7/8 of it, and the dirty victims go to the inner store in one batch;
+//!   evicts until it is at 63/64 of it (small steps: the write-back runs on the task thread), and
+//!   the dirty victims go to the inner store in one batch;
 //!   (b) before any operation that reads by range — [`StateBackend::scan_buckets`] and
 //!   [`StateBackend::bucket_keys_after`] first write back the dirty entries of the buckets they
 //!   read (found through a per-bucket dirty list, so a progressive pull costs O(its dirty keys),
@@ -413,14 +414,15 @@ impl TaskCache {
         Ok(())
     }
 
-    /// If over budget, evicts with a CLOCK hand down to 7/8 of it and writes the dirty victims
+    /// If over budget, evicts with a CLOCK hand down to 63/64 of it and writes the dirty victims
     /// below in one batch. A failed write loses them, but a store error is fatal anyway (the
     /// worker stops and recovers from a checkpoint, see [`StateError`]).
     fn evict_if_full(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
         if self.bytes <= self.capacity {
             return Ok(());
         }
-        let target = self.capacity - self.capacity / 8;
+        // Small steps: a write-back stalls the task thread, so evict ~1/64 of the budget at a time.
+        let target = self.capacity - self.capacity / 64;
         let mut writes = Vec::new();
         // Terminates: every step clears a reference bit or removes an entry.
         while self.bytes > target && !self.ring.is_empty() {
