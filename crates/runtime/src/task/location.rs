@@ -36,13 +36,7 @@ impl<'a> StoreLocation<'a> {
 
     /// Reads every state id of `keys` and deletes them here (one live copy).
     pub(super) fn take_bundles(&mut self, keys: &[Vec<u8>]) -> Result<Vec<Taken>, RuntimeError> {
-        let (ids, nb) = (self.state_ids, self.num_buckets);
-        let wanted: Vec<StateKey> = keys
-            .iter()
-            .flat_map(|k| {
-                ids.iter().map(move |s| StateKey { bucket: bucket_of(k, nb), state: *s, key: k.clone() })
-            })
-            .collect();
+        let wanted = state_keys(keys, self.state_ids, self.num_buckets);
         if wanted.is_empty() {
             return Ok(keys.iter().map(|k| (k.clone(), None)).collect());
         }
@@ -134,13 +128,7 @@ impl LocalKeys for StoreKeys<'_> {
             return vec![false; keys.len()];
         }
         let ids = self.state_ids.len();
-        let wanted: Vec<StateKey> = keys
-            .iter()
-            .flat_map(|key| {
-                let bucket = bucket_of(key, self.num_buckets);
-                self.state_ids.iter().map(move |&state| StateKey { bucket, state, key: key.to_vec() })
-            })
-            .collect();
+        let wanted = state_keys(keys, self.state_ids, self.num_buckets);
         match self.store.get_many(&wanted) {
             Ok(values) => values.chunks(ids).map(|v| v.iter().any(Option::is_some)).collect(),
             Err(e) => {
@@ -161,6 +149,17 @@ impl LocalKeys for StoreKeys<'_> {
             self.batches += 1;
         }
     }
+}
+
+/// The stored keys of `keys`' state: one per state id, key by key.
+fn state_keys<K: AsRef<[u8]>>(keys: &[K], state_ids: &[u8], num_buckets: u16) -> Vec<StateKey> {
+    keys.iter()
+        .flat_map(|key| {
+            let key = key.as_ref();
+            let bucket = bucket_of(key, num_buckets);
+            state_ids.iter().map(move |&state| StateKey { bucket, state, key: key.to_vec() })
+        })
+        .collect()
 }
 
 /// A bundle that did not encode or decode.
