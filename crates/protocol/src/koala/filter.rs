@@ -107,11 +107,6 @@ impl<P: Clone> FilterBuild<P> {
         Self { bucket, after: None, hashes: Vec::new() }
     }
 
-    /// The bucket.
-    pub fn bucket(&self) -> BucketId {
-        self.bucket
-    }
-
     /// Reads up to `max` more keys; returns the filter once the bucket's end is reached.
     pub fn step<S: LocationStore<Position = P>>(
         &mut self,

@@ -409,13 +409,6 @@ impl KeyLookupTable {
         self.buckets.values().map(|t| t.keys.len()).sum()
     }
 
-    /// Layers over all buckets, and how many still wait for their filter.
-    pub fn layers(&self) -> (usize, usize) {
-        let all = self.buckets.values().map(|t| t.layers.len()).sum();
-        let pending = self.buckets.values().flat_map(|t| &t.layers).filter(|l| l.filter.is_none()).count();
-        (all, pending)
-    }
-
     /// Approximate heap bytes: entry maps and the local memo (slot = entry + control byte),
     /// filters and layers.
     pub fn approx_bytes(&self) -> usize {
