@@ -288,6 +288,12 @@ impl JobConfig {
         if self.workers == 0 {
             return Err(invalid("workers", "0 workers cannot run a job; use 1 or more"));
         }
+        if self.protocol == koala_protocol::Protocol::Drrs {
+            return Err(invalid(
+                "protocol",
+                "\"drrs\" is not built yet in the runtime (its protocol core runs only in the simulator:                  `cargo test -p koala-protocol --test protocol_sim drrs`); use \"koala\" or \"stop-and-restart\"",
+            ));
+        }
         if self.num_buckets == 0 {
             return Err(invalid("num_buckets", "must be at least 1 (the default is 128)"));
         }

@@ -53,6 +53,9 @@ pub fn demo(duration_s: u64, output_dir: &Path, protocol: &str) -> anyhow::Resul
     config.protocol = match protocol {
         "koala" => koala_protocol::Protocol::Koala,
         "stop-and-restart" => koala_protocol::Protocol::StopAndRestart,
+        "drrs" => anyhow::bail!(
+            "--protocol drrs: not built yet in the runtime (its core runs only in the simulator); use koala or stop-and-restart"
+        ),
         other => anyhow::bail!("--protocol {other:?}: use koala or stop-and-restart"),
     };
     println!(

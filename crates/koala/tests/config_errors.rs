@@ -59,6 +59,13 @@ fn timeouts_below_a_second_are_named() {
     assert!(err.contains("runtime.reconfiguration_timeout_s"), "{err}");
 }
 
+/// DRRS runs in the simulator only so far: a job asking for it is refused, not half run.
+#[test]
+fn drrs_is_refused_as_not_built_yet() {
+    let err = rejected(&format!("protocol = \"drrs\"\n{BASE}"));
+    assert!(err.contains("protocol") && err.contains("not built yet"), "{err}");
+}
+
 #[test]
 fn bad_state_sections_are_named() {
     let err = rejected(&format!("{BASE}[state]\nbackend = \"rocksdb\"\n"));

@@ -120,6 +120,9 @@ pub enum Protocol {
     Koala,
     /// Pause upstreams, drain, move whole buckets, switch, resume.
     StopAndRestart,
+    /// DRRS live migration (docs/protocols.md §11): subscales, in-flight records rerouted over
+    /// peer channels, whole buckets pushed in the background, out-of-order processing.
+    Drrs,
 }
 
 impl Protocol {
@@ -128,6 +131,7 @@ impl Protocol {
         match self {
             Self::Koala => "koala",
             Self::StopAndRestart => "stop-and-restart",
+            Self::Drrs => "drrs",
         }
     }
 }
@@ -191,6 +195,9 @@ pub enum CoordinatorMessage {
         /// The reconfiguration's new tasks.
         tasks: Vec<TaskId>,
     },
+    /// DRRS: a subscale begins, or the upstreams switch to a subscale's routing table
+    /// ([`crate::drrs::DrrsControl`]).
+    Drrs(Box<crate::drrs::DrrsControl>),
     /// Exit.
     Shutdown,
 }

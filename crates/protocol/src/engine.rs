@@ -2,7 +2,8 @@
 //! that owns the deployment and runs one reconfiguration at a time under either protocol — the
 //! phase driver ([`crate::phases::Reconfiguring`]: Prepare, stop-and-restart's Drain → Resume, a
 //! stateless operator's Switch) and, for a keyed operator under Koala, the Koala coordinator core
-//! ([`crate::koala::KoalaCoordinator`]: Begin → PeerReady → Switch → Done, release per epoch).
+//! ([`crate::koala::KoalaCoordinator`]: Begin → PeerReady → Switch → Done, release per epoch) or,
+//! under DRRS, the DRRS coordinator core ([`crate::drrs::DrrsCoordinator`]: the same per subscale).
 //! It also decides what an upstream that finishes mid-reconfiguration means and when tasks
 //! whose input ended may be released. The job's coordinator (`crates/coordinator`) and the
 //! deterministic simulator (`koala::sim`) both drive this type, so the decisions they run are the
@@ -59,6 +60,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use koala_types::{Epoch, OperatorId, TaskId};
 
 use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, TaskAck};
+use crate::drrs::{DrrsCoordinator, DrrsOptions, DrrsStep};
 use crate::koala::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
 use crate::phases::{Participants, Phase, Reconfiguring};
 
@@ -141,6 +143,7 @@ pub struct Engine {
     inputs: BTreeMap<OperatorId, BTreeSet<OperatorId>>,
     active: Option<Active>,
     koala: KoalaCoordinator,
+    drrs: DrrsCoordinator,
     /// Koala: tasks whose every input ended, per operator (they serve state until released).
     inputs_ended: BTreeMap<OperatorId, BTreeSet<u32>>,
     /// Koala keyed tasks that reported `InputsEnded`: their outputs ended (end of stream sent
@@ -162,6 +165,7 @@ impl Engine {
             inputs,
             active: None,
             koala: KoalaCoordinator::new(),
+            drrs: DrrsCoordinator::default(),
             inputs_ended: BTreeMap::new(),
             outputs_ended: BTreeSet::new(),
             released: BTreeSet::new(),
@@ -189,6 +193,11 @@ impl Engine {
     #[doc(hidden)]
     pub fn inject_fault_release_without_epoch(&mut self) {
         self.koala.inject_fault_release_without_epoch();
+    }
+
+    /// DRRS knobs (subscales, wait buffer) for the reconfigurations started from now on.
+    pub fn set_drrs_options(&mut self, options: DrrsOptions) {
+        self.drrs = DrrsCoordinator::new(options);
     }
 
     /// The current deployment (the running reconfiguration's once it completes).
@@ -224,6 +233,7 @@ impl Engine {
     pub fn waiting_for(&self) -> Vec<(TaskId, String)> {
         let Some(a) = &self.active else { return Vec::new() };
         match a.driver.phase() {
+            Phase::Delegated if self.deployment.protocol == Protocol::Drrs => self.drrs.waiting_for(),
             Phase::Delegated => self
                 .koala
                 .waiting_for(a.driver.plan.operator)
@@ -273,6 +283,28 @@ impl Engine {
         ack: TaskAck,
     ) -> Result<Vec<EngineAction>, EngineError> {
         let mut out = Vec::new();
+        if self.deployment.protocol == Protocol::Drrs
+            && self.active.as_ref().is_some_and(|a| a.driver.phase() == Phase::Delegated)
+            && matches!(ack, TaskAck::PeerReady | TaskAck::Done | TaskAck::Switched)
+        {
+            // A DRRS subscale's acks (upstreams confirm switches, possibly late) belong to its core.
+            if let Some(a) = self.active.as_mut()
+                && ack == TaskAck::Switched
+            {
+                a.switched.insert(task);
+            }
+            let steps = self.drrs.on_ack(task, epoch, &ack).map_err(|e| self.bug(epoch, e))?;
+            self.drrs_steps(steps, &mut out);
+            return Ok(out);
+        }
+        if self.deployment.protocol == Protocol::Drrs
+            && ack == TaskAck::Switched
+            && crate::drrs::plan_epoch(epoch) > 0
+            && crate::drrs::plan_epoch(epoch) <= self.running_epoch()
+        {
+            // A late switch confirmation of a completed DRRS subscale.
+            return Ok(out);
+        }
         match ack {
             // Koala's keyed-operator epochs and its release bookkeeping belong to its core.
             TaskAck::PeerReady | TaskAck::Done | TaskAck::LocationDrained { .. } => {
@@ -340,6 +372,12 @@ impl Engine {
     fn upstream_ended(&mut self, task: TaskId, out: &mut Vec<EngineAction>) -> Result<(), EngineError> {
         self.refresh_consumer_upstreams(task.operator);
         let Some(a) = self.active.as_mut() else { return Ok(()) };
+        if self.deployment.protocol == Protocol::Drrs && a.driver.phase() == Phase::Delegated {
+            // The DRRS core knows which tasks will not hear the upstream's end of stream.
+            let steps = self.drrs.upstream_finished(task);
+            self.drrs_steps(steps, out);
+            return Ok(());
+        }
         if !a.driver.upstream().contains(&task) || a.switched.contains(&task) {
             return Ok(());
         }
@@ -373,6 +411,18 @@ impl Engine {
         out.extend(msg.map(EngineAction::Broadcast));
         let op = a.driver.plan.operator;
         match a.driver.phase() {
+            Phase::Delegated if self.deployment.protocol == Protocol::Drrs => {
+                if !self.drrs.is_idle() {
+                    return Ok(());
+                }
+                let old = assignment(&self.deployment, op);
+                let new = assignment(&a.driver.plan.deployment, op);
+                let upstreams = a.driver.upstream().iter().copied().collect();
+                let steps =
+                    self.drrs.start(op, epoch, old, new, upstreams).map_err(|e| self.bug(epoch, e))?;
+                self.drrs_steps(steps, out);
+                Ok(())
+            }
             // Once: when the phase driver has just handed over (later steps find the core busy).
             Phase::Delegated if self.koala.is_idle(op) => {
                 let d = &a.driver.plan.deployment;
@@ -448,6 +498,27 @@ impl Engine {
             self.complete(out);
         }
         Ok(())
+    }
+
+    /// Turns the DRRS core's steps into messages; completes the reconfiguration with the last.
+    fn drrs_steps(&mut self, steps: Vec<DrrsStep>, out: &mut Vec<EngineAction>) {
+        for step in steps {
+            match step {
+                DrrsStep::Broadcast(msg) => out.push(EngineAction::Broadcast(msg)),
+                DrrsStep::Completed => {
+                    // Every bucket of a cancelled task was pushed: nobody needs it any more.
+                    let cancelled: Vec<TaskId> = self.running().map_or_else(Vec::new, |p| {
+                        p.cancelled.iter().map(|i| TaskId::new(p.operator, *i)).collect()
+                    });
+                    self.complete(out);
+                    for task in cancelled {
+                        if self.released.insert(task) {
+                            out.push(EngineAction::Release(task));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The running reconfiguration completed: adopt its deployment.

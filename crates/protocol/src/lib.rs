@@ -1,10 +1,11 @@
 //! The control plane of koala-rs without I/O (docs/architecture.md §8): the typed messages
 //! coordinator and workers exchange, and the pure state machines both sides drive — the watermark
-//! aligner, the Koala protocol cores and the stop-and-restart task cores. Nothing here opens a
+//! aligner, the Koala protocol cores, the DRRS cores and the stop-and-restart task cores. Nothing here opens a
 //! socket or spawns a thread, so the same code runs under the real runtime and under a
 //! deterministic simulator.
 
 pub mod control;
+pub mod drrs;
 pub mod engine;
 pub mod koala;
 mod moves;

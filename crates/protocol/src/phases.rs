@@ -118,9 +118,9 @@ pub enum Phase {
     /// Koala, stateless operator: waiting for `Switched` from upstreams and `StateSent` from the
     /// old tasks (they passed every marker).
     Switching,
-    /// Koala, keyed operator: every task is prepared; the Koala coordinator core
-    /// (`koala_protocol::koala::KoalaCoordinator`, the one the simulator checks) drives the
-    /// epoch from here to its completion.
+    /// Koala or DRRS, keyed operator: every task is prepared; the protocol's coordinator core
+    /// (`koala_protocol::koala::KoalaCoordinator` or `koala_protocol::drrs::DrrsCoordinator`,
+    /// the ones the simulator checks) drives the epoch from here to its completion.
     Delegated,
     /// Finished.
     Complete,
@@ -207,7 +207,7 @@ impl Reconfiguring {
     fn advance(&mut self) -> Result<Option<CoordinatorMessage>, PhaseError> {
         let epoch = self.plan.epoch;
         let next = match self.phase {
-            Phase::Preparing if self.protocol == Protocol::Koala && !self.stateful => {
+            Phase::Preparing if self.protocol != Protocol::StopAndRestart && !self.stateful => {
                 // A stateless operator under Koala: nothing to hand over; upstreams switch with
                 // markers, and the old tasks are done once they passed every marker.
                 self.phase = Phase::Switching;
@@ -215,7 +215,7 @@ impl Reconfiguring {
                 self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::StateSent)));
                 Some(CoordinatorMessage::Switch { epoch })
             }
-            Phase::Preparing if self.protocol == Protocol::Koala => {
+            Phase::Preparing if self.protocol != Protocol::StopAndRestart => {
                 self.phase = Phase::Delegated;
                 None
             }

@@ -43,6 +43,10 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.filters_built += s.filters_built;
                 total.not_here += s.not_here;
                 total.fetches_racing_pulls += s.fetches_racing_pulls;
+                total.pushed_buckets += s.pushed_buckets;
+                total.subscale_acks += s.subscale_acks;
+                total.waited += s.waited;
+                total.pauses += s.pauses;
                 for (sum, n) in total.by_input.iter_mut().zip(s.by_input) {
                     *sum += n;
                 }
@@ -250,6 +254,92 @@ fn stop_and_restart_chain_and_mixed_schedules() {
     assert!(mixed.epochs > 3 * SEEDS, "{mixed:?}");
 }
 
+/// DRRS over every scenario (it ignores N, so `scale_in_n4` and `mixed_n8` replay `scale_in_n0`
+/// and `mixed_n0` seed for seed): every request completes or finds its input ended, whole
+/// buckets are pushed, records wait out of order and receivers stop taking direct input.
+#[test]
+fn drrs_every_scenario() {
+    let mut pauses = 0;
+    for scenario in [
+        Scenario::ScaleOut,
+        Scenario::ScaleIn { extra_keys: 0 },
+        Scenario::Rebalance,
+        Scenario::Migration,
+        Scenario::Chain,
+        Scenario::Mixed { extra_keys: 0 },
+    ] {
+        let s = sweep_with(scenario, Protocol::Drrs);
+        let expected = if scenario == Scenario::Chain { 4 * SEEDS } else { SEEDS };
+        assert!(s.epochs + s.skipped >= expected, "{scenario}: {s:?}");
+        assert!(s.pushed_buckets > 0 && s.moved_keys > 0, "{scenario}: state must be pushed: {s:?}");
+        assert_eq!(s.fetches, 0, "{scenario}: DRRS never fetches");
+        assert!(s.waited > 0, "{scenario}: records must wait out of order: {s:?}");
+        assert!(s.cleared > 0, "{scenario}: windows must fire and delete their keys' state");
+        pauses += s.pauses;
+    }
+    assert!(pauses > 0, "backpressure never set in");
+}
+
+/// DRRS with two subscales whatever the pairs (several pairs per subscale, a task sending and
+/// receiving in one) and a wait buffer that stops direct input at the first record waiting for
+/// state, and with a self-join's two inputs.
+#[test]
+fn drrs_grouped_subscales_and_two_inputs() {
+    for scenario in [Scenario::Rebalance, Scenario::Chain, Scenario::Mixed { extra_keys: 0 }] {
+        let config = SimConfig {
+            protocol: Protocol::Drrs,
+            subscales: 2,
+            wait_records: 0,
+            ..SimConfig::new(scenario, 0)
+        };
+        let s = sweep_configs(&config, SEEDS);
+        assert!(s.pushed_buckets > 0 && s.epochs > 0, "{scenario}: {s:?}");
+        assert!(s.pauses > 0, "{scenario}: backpressure must set in: {s:?}");
+    }
+    for scenario in
+        [Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }, Scenario::Mixed { extra_keys: 0 }]
+    {
+        let s = sweep_seeds(scenario, Protocol::Drrs, 2, SEEDS);
+        assert!(s.by_input.iter().all(|&n| n > 0), "{scenario}: {s:?}");
+    }
+}
+
+/// A DRRS receiver that processes records of a bucket whose state has not arrived: it works on
+/// state it does not hold.
+#[test]
+fn broken_drrs_process_before_state_is_caught() {
+    let failure = caught_drrs(Fault::ProcessBeforeState);
+    println!("{failure}");
+    assert!(
+        failure.contains("single owner")
+            || failure.contains("per-key order")
+            || failure.contains("one live copy"),
+        "{failure}"
+    );
+}
+
+/// A DRRS receiver that emits watermarks before a moved bucket's state and timers arrived (DRRS
+/// without the paper's watermark propagation): the timers arrive behind its event time.
+#[test]
+fn broken_drrs_watermark_before_state_is_caught() {
+    let failure = caught_drrs(Fault::WatermarkBeforeState);
+    println!("{failure}");
+    assert!(failure.contains("timers:") || failure.contains("watermark"), "{failure}");
+}
+
+fn caught_drrs(fault: Fault) -> String {
+    for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
+        for seed in 0..300 {
+            let config =
+                SimConfig { fault: Some(fault), protocol: Protocol::Drrs, ..SimConfig::new(scenario, seed) };
+            if let Err(f) = run(&config) {
+                return f.to_string();
+            }
+        }
+    }
+    panic!("the checks never caught {fault:?} under DRRS in 300 seeds per scenario");
+}
+
 fn caught(fault: Fault) -> String {
     for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
         for seed in 0..300 {
@@ -381,8 +471,9 @@ fn replay() {
     let scenario = Scenario::parse(&name).expect("KOALA_SIM_SCENARIO names a scenario");
     let protocol = match std::env::var("KOALA_SIM_PROTOCOL").as_deref() {
         Ok("stop-and-restart") => Protocol::StopAndRestart,
+        Ok("drrs") => Protocol::Drrs,
         Ok("koala") | Err(_) => Protocol::Koala,
-        Ok(other) => panic!("KOALA_SIM_PROTOCOL is koala or stop-and-restart, not {other}"),
+        Ok(other) => panic!("KOALA_SIM_PROTOCOL is koala, stop-and-restart or drrs, not {other}"),
     };
     let fault = std::env::var("KOALA_SIM_FAULT")
         .ok()
@@ -390,8 +481,9 @@ fn replay() {
     let inputs = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
     let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
-    let config =
+    let mut config =
         SimConfig { fault, protocol, inputs, state_outlives_timers, drain, ..SimConfig::new(scenario, seed) };
+    config.subscales = env_or("KOALA_SIM_SUBSCALES", config.subscales);
     match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
@@ -407,8 +499,9 @@ fn deep_sweep() {
     let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
     let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
-    for (scenario, protocol) in
-        Scenario::ALL.into_iter().flat_map(|s| [(s, Protocol::Koala), (s, Protocol::StopAndRestart)])
+    for (scenario, protocol) in Scenario::ALL
+        .into_iter()
+        .flat_map(|s| [(s, Protocol::Koala), (s, Protocol::StopAndRestart), (s, Protocol::Drrs)])
     {
         for seed in SEEDS..SEEDS + seeds {
             let mut config = SimConfig {

@@ -229,6 +229,10 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     send_to(j, &[task], || TaskCommand::Release);
                 }
             }
+            CoordinatorMessage::Drrs(_) => {
+                // The coordinator refuses `protocol = "drrs"` until the runtime runs DRRS tasks.
+                return Err(RuntimeError::Control("DRRS is not built yet in the runtime".into()));
+            }
             CoordinatorMessage::Shutdown => {
                 tracing::info!(worker = %me, "shutting down");
                 // Give the writer a moment to send what is queued; correctness does not depend on it.

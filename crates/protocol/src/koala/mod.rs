@@ -43,6 +43,7 @@ mod upstream;
 
 pub use coordinator::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
 pub use error::ProtocolError;
+pub(crate) use event_time::{ChannelWatermarks, HeldTimes};
 pub use filter::{FilterBuild, KeyFilter};
 pub use klt::{KeyLookupTable, PendingFilter, key_hash};
 pub use messages::{

@@ -421,8 +421,11 @@ impl World {
     /// After every event at `id`: the task's own view of its buckets equals its claims.
     pub(crate) fn check_claims(&self, id: TaskId) -> Result<(), String> {
         let task = self.tasks.get(&id).ok_or("claims of unknown task")?;
-        let super::world::Core::Koala(core) = &task.core else { return Ok(()) };
-        let own = core.owned_buckets();
+        let own = match &task.core {
+            super::world::Core::Koala(core) => core.owned_buckets(),
+            super::world::Core::Drrs(core) => core.owned_buckets(),
+            super::world::Core::StopAndRestart(..) => return Ok(()),
+        };
         let claimed: Vec<u16> =
             self.claims.iter().enumerate().filter(|(_, c)| **c == Some(id)).map(|(b, _)| b as u16).collect();
         if own != claimed {
@@ -462,6 +465,15 @@ impl World {
         }
         if let Some((id, t)) = self.tasks.iter().find(|(_, t)| !t.timers.is_empty()) {
             return Err(format!("timers: {id} ends with {} unfired timers", t.timers.len()));
+        }
+        if let Some((id, t)) = self.tasks.iter().find(|(_, t)| !t.aside.is_empty()) {
+            return Err(format!(
+                "timers: {id} ends with {} timers set aside and never pushed",
+                t.aside.len()
+            ));
+        }
+        if !self.paused.is_empty() {
+            return Err(format!("backpressure: {:?} never took direct input again", self.paused));
         }
         for (key, &n) in &self.emitted {
             let ledger = self.ledger.get(key).cloned().unwrap_or_default();

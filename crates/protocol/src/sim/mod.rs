@@ -48,6 +48,7 @@
 //! ```
 
 mod checks;
+mod drrs;
 mod rng;
 mod scenario;
 mod world;
@@ -82,6 +83,11 @@ pub enum Fault {
     /// A location's membership filter leaves out one key it holds (a false negative): the owner
     /// creates that key anew while its state sits at the location.
     FilterMissesKey,
+    /// DRRS: a receiver processes records of an incoming bucket without waiting for its state.
+    ProcessBeforeState,
+    /// DRRS: a receiver emits watermarks while a moved bucket's state and timers have not
+    /// arrived (the watermark propagation the paper adds to DRRS, left out).
+    WatermarkBeforeState,
 }
 
 impl Fault {
@@ -96,6 +102,8 @@ impl Fault {
             "serve_without_delete" => Some(Self::ServeWithoutDelete),
             "timers_without_state" => Some(Self::TimersWithoutState),
             "filter_misses_key" => Some(Self::FilterMissesKey),
+            "process_before_state" => Some(Self::ProcessBeforeState),
+            "watermark_before_state" => Some(Self::WatermarkBeforeState),
             _ => None,
         }
     }
@@ -111,6 +119,8 @@ impl Fault {
             Self::ServeWithoutDelete => "serve_without_delete",
             Self::TimersWithoutState => "timers_without_state",
             Self::FilterMissesKey => "filter_misses_key",
+            Self::ProcessBeforeState => "process_before_state",
+            Self::WatermarkBeforeState => "watermark_before_state",
         }
     }
 }
@@ -149,6 +159,10 @@ pub struct SimConfig {
     /// location is drained, and at the end no KLT names another task. The drain's rate-limit
     /// timer is a message to the task itself, delivered at a random later step.
     pub drain: bool,
+    /// DRRS: subscales per reconfiguration (0 = one per sender→receiver pair).
+    pub subscales: usize,
+    /// DRRS: direct records a receiver lets wait for state before it stops taking direct input.
+    pub wait_records: usize,
 }
 
 impl SimConfig {
@@ -167,6 +181,8 @@ impl SimConfig {
             protocol: Protocol::Koala,
             state_outlives_timers: false,
             drain: false,
+            subscales: 0,
+            wait_records: 2,
         }
     }
 }
@@ -205,6 +221,14 @@ pub struct SimStats {
     pub not_here: u64,
     /// Fetches for a batch sent to a location while a pull to it was unanswered.
     pub fetches_racing_pulls: u64,
+    /// DRRS: buckets pushed.
+    pub pushed_buckets: u64,
+    /// DRRS: `Done` acks of subscales (one per task taking part).
+    pub subscale_acks: u64,
+    /// DRRS: records that waited for their bucket's state (or for the peer channel's close).
+    pub waited: u64,
+    /// DRRS: times a receiver stopped taking direct input (backpressure).
+    pub pauses: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.

@@ -17,6 +17,7 @@ use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
 use super::{Fault, SimConfig, SimStats};
 use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
+use crate::drrs::{DrrsOptions, DrrsPeer, DrrsTask, Subscale};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
     FetchRequest, FetchResponse, FilterRequest, FilterResponse, KoalaTask, LocalKeys, PeerMessage,
@@ -85,6 +86,22 @@ pub(crate) enum Msg {
     Wake,
     /// The coordinator tells a new task that an upstream finished before it switched.
     EndedUpstream(TaskId),
+    /// DRRS: a peer-channel message.
+    DrrsPeer(DrrsPeer),
+    /// DRRS: a subscale starts at a task.
+    DrrsStart(Arc<Subscale>),
+    /// DRRS: a pushed bucket (key, counter) with the timers set aside for it, on the state lane.
+    Bucket {
+        epoch: Epoch,
+        bucket: BucketId,
+        entries: Vec<(Vec<u8>, u64)>,
+        timers: Vec<(Timestamp, Vec<u8>)>,
+    },
+    /// DRRS: the runtime sent a pushed bucket (to the sender itself, at a random later step).
+    Pushed {
+        to: TaskId,
+        bucket: BucketId,
+    },
 }
 
 type ChannelKey = (Node, Node, Kind);
@@ -120,6 +137,12 @@ impl Channels {
         self.nonempty.len()
     }
 
+    /// Whether the `i`-th non-empty channel is a data channel to a task in `paused`.
+    pub(crate) fn blocked(&self, i: usize, paused: &BTreeSet<TaskId>) -> bool {
+        let Some(&id) = self.nonempty.get(i) else { return false };
+        matches!(self.queues[id].0, (_, Node::Task(t), Kind::Data(_)) if paused.contains(&t))
+    }
+
     /// Pops the head of the `i`-th non-empty channel.
     pub(crate) fn pop(&mut self, i: usize) -> Option<(ChannelKey, Msg)> {
         let id = *self.nonempty.get(i)?;
@@ -142,6 +165,8 @@ pub(crate) enum Core {
     Koala(Box<KoalaTask>),
     /// Stop-and-restart: the core, and the watermark aligner the runtime keeps beside it.
     StopAndRestart(TargetCore<InputChannel>, WatermarkAligner<InputChannel>),
+    /// DRRS.
+    Drrs(Box<DrrsTask>),
 }
 
 impl Core {
@@ -150,6 +175,7 @@ impl Core {
         match self {
             Core::Koala(k) => k.in_transition() || k.is_busy(),
             Core::StopAndRestart(c, _) => c.busy(),
+            Core::Drrs(d) => d.in_transition() || d.is_busy(),
         }
     }
 }
@@ -168,6 +194,8 @@ pub(crate) struct SimTask {
     /// emits a watermark at or past them and travel with their bucket's hand-over, together with
     /// their keys' state.
     pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
+    /// DRRS: timers of buckets a sender stopped processing, set aside until their bucket's push.
+    pub(crate) aside: BTreeSet<(Timestamp, Vec<u8>)>,
 }
 
 /// An upstream task: a source of keyed records plus one router per operator input (all with the
@@ -222,6 +250,8 @@ pub(crate) struct World {
     pub(crate) finished: BTreeSet<TaskId>,
     /// Background pulls sent and not answered: (requester, location, request id).
     pub(crate) pulls_in_flight: BTreeSet<(TaskId, TaskId, u64)>,
+    /// DRRS: tasks that stopped taking direct input (backpressure); their data channels wait.
+    pub(crate) paused: BTreeSet<TaskId>,
 }
 
 impl World {
@@ -269,6 +299,7 @@ impl World {
         if cfg.fault == Some(Fault::ReleaseWithoutEpoch) {
             engine.inject_fault_release_without_epoch();
         }
+        engine.set_drrs_options(DrrsOptions { subscales: cfg.subscales, wait_records: cfg.wait_records });
         let mut tasks = BTreeMap::new();
         for &id in &live {
             let owned = (0..cfg.num_buckets).filter(|&b| initial[usize::from(b)] == id).collect();
@@ -316,6 +347,7 @@ impl World {
             early_switched: BTreeSet::new(),
             finished: BTreeSet::new(),
             pulls_in_flight: BTreeSet::new(),
+            paused: BTreeSet::new(),
             stats: SimStats { progressive, ..SimStats::default() },
         })
     }
@@ -341,6 +373,21 @@ impl World {
                 TargetCore::new(id),
                 WatermarkAligner::new(upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs))),
             ),
+            Protocol::Drrs => {
+                let config = crate::drrs::TaskConfig {
+                    id,
+                    num_buckets: cfg.num_buckets,
+                    owned,
+                    inputs: upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs)).collect(),
+                };
+                let mut core = DrrsTask::new(config);
+                match cfg.fault {
+                    Some(Fault::ProcessBeforeState) => core.inject_fault_process_before_state(),
+                    Some(Fault::WatermarkBeforeState) => core.inject_fault_watermark_before_state(),
+                    _ => {}
+                }
+                Core::Drrs(Box::new(core))
+            }
         };
         SimTask {
             core,
@@ -349,6 +396,7 @@ impl World {
             last_watermark: None,
             released: false,
             timers: BTreeSet::new(),
+            aside: BTreeSet::new(),
         }
     }
 
@@ -364,18 +412,29 @@ impl World {
             }
             let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
             let channels = self.channels.nonempty();
+            // DRRS backpressure: a paused task's data channels are not delivered.
+            let open: Option<Vec<usize>> = (!self.paused.is_empty())
+                .then(|| (0..channels).filter(|&i| !self.channels.blocked(i, &self.paused)).collect());
+            let deliverable = open.as_ref().map_or(channels, Vec::len);
             // No idle turns: a task's core pulls as answers arrive and needs no timer, so
             // quiescence with work left undone (a cancelled task never drained) fails the run.
-            if channels == 0 && sources.is_empty() {
+            if deliverable == 0 && sources.is_empty() {
+                if channels > 0 {
+                    return Err(format!(
+                        "backpressure deadlock: {:?} stopped taking direct input and nothing else can move",
+                        self.paused
+                    ));
+                }
                 return self.check_end();
             }
-            let pick = self.rng.below(channels + sources.len());
-            if pick < channels {
+            let pick = self.rng.below(deliverable + sources.len());
+            if pick < deliverable {
+                let pick = open.as_ref().map_or(pick, |o| o[pick]);
                 if let Some(((from, to, kind), msg)) = self.channels.pop(pick) {
                     self.deliver(from, to, kind, msg)?;
                 }
             } else {
-                self.emit(sources[pick - channels])?;
+                self.emit(sources[pick - deliverable])?;
             }
         }
     }
@@ -601,6 +660,13 @@ impl World {
                 }
                 Ok(())
             }
+            (Node::Task(id), Msg::DrrsPeer(crate::drrs::DrrsPeer::Prioritize { .. }))
+                if self.tasks.get(&id).is_some_and(|t| t.released) =>
+            {
+                // A DRRS push request that reaches a sender released after its last push: the
+                // runtime drops it (the request is advisory and everything was pushed).
+                Ok(())
+            }
             (Node::Task(id), msg) => {
                 if self.tasks.get(&id).is_none_or(|t| t.released) {
                     return Err(format!("message for released or unknown task {id}: {msg:?}"));
@@ -616,6 +682,9 @@ impl World {
                 };
                 if matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::StopAndRestart(..))) {
                     return self.deliver_stop_and_restart(id, src, channel, msg);
+                }
+                if matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::Drrs(..))) {
+                    return self.deliver_drrs(id, src, channel, msg);
                 }
                 let event = match (msg, channel) {
                     (Msg::Data(ChannelMessage::Batch(records)), Some(channel)) => {
@@ -901,6 +970,9 @@ impl World {
     }
 
     fn broadcast(&mut self, msg: CoordinatorMessage) -> Result<(), String> {
+        if let CoordinatorMessage::Drrs(control) = msg {
+            return self.broadcast_drrs(*control);
+        }
         // As a worker does, a phase message is read against the plan its `Prepare` carried.
         let epoch = match &msg {
             CoordinatorMessage::Prepare(plan) => plan.epoch,
@@ -926,7 +998,7 @@ impl World {
                 // A new task expects input from the live upstreams (under Koala it learns them
                 // from `Start`).
                 let ups = match self.cfg.protocol {
-                    Protocol::Koala => Vec::new(),
+                    Protocol::Koala | Protocol::Drrs => Vec::new(),
                     Protocol::StopAndRestart => self.engine.upstream_tasks(TARGET),
                 };
                 for i in tasks {

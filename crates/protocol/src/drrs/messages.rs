@@ -1,0 +1,121 @@
+//! What DRRS tasks, upstreams and the coordinator tell each other (docs/protocols.md §11). Every
+//! message that belongs to a subscale carries its epoch ([`super::subscale_epoch`]).
+
+use std::collections::BTreeSet;
+
+use koala_types::{BucketId, Epoch, OperatorId, Record, TaskId, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::moves::Moves;
+
+/// One subscale, as every task taking part receives it (every task owning buckets before or
+/// after it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscale {
+    /// The target operator.
+    pub operator: OperatorId,
+    /// The subscale's epoch.
+    pub epoch: Epoch,
+    /// Its position among the reconfiguration's subscales (0-based) and their number.
+    pub index: usize,
+    /// How many subscales the reconfiguration has.
+    pub count: usize,
+    /// The buckets moved in this subscale, per (sender, receiver).
+    pub moves: Moves,
+    /// The upstream tasks still running: each marks every channel to the operator when it
+    /// switches. A task without channels from one of them opens them.
+    pub upstreams: BTreeSet<TaskId>,
+    /// Direct records a receiver lets wait for state before it stops taking direct input.
+    pub wait_records: usize,
+}
+
+/// Coordinator → workers ([`crate::CoordinatorMessage::Drrs`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrrsControl {
+    /// Start `subscale` at `tasks`. Answers: `PeerReady`, then `Done`.
+    Begin {
+        /// The subscale.
+        subscale: Box<Subscale>,
+        /// The tasks taking part.
+        tasks: Vec<TaskId>,
+    },
+    /// Every task of the subscale is `PeerReady`: `upstreams` switch to `assignment` (bucket →
+    /// task index of `operator`), injecting a marker into every channel of the old and the new
+    /// table. Answer: `Switched`.
+    Switch {
+        /// The subscale's epoch.
+        epoch: Epoch,
+        /// The operator.
+        operator: OperatorId,
+        /// The routing table after the subscale: bucket → task index.
+        assignment: Vec<u32>,
+        /// The upstream tasks to switch.
+        upstreams: Vec<TaskId>,
+    },
+}
+
+/// A message on a DRRS peer channel. Bucket state does not travel here: the runtime pushes it
+/// on the state lane ([`super::TaskAction::PushBucket`]) and the receiver learns of it with
+/// [`super::TaskEvent::BucketArrived`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrrsPeer {
+    /// Receiver → sender when the receiver starts the subscale: the watermark it has emitted.
+    /// The sender fast-forwards once its own event time caught up with it.
+    Open {
+        /// The subscale.
+        epoch: Epoch,
+        /// The receiver's emitted watermark.
+        watermark: Option<Timestamp>,
+    },
+    /// Sender → receiver: from now on the moved buckets' records come on this channel; the
+    /// sender's event time, which the receiver inherits for the channel.
+    FastForward {
+        /// The subscale.
+        epoch: Epoch,
+        /// The sender's event time.
+        watermark: Option<Timestamp>,
+    },
+    /// Sender → receiver: records of moved buckets that reached the sender on operator input
+    /// `input`, in the order it received them.
+    Records {
+        /// The subscale.
+        epoch: Epoch,
+        /// The operator input.
+        input: usize,
+        /// The records.
+        records: Vec<Record>,
+    },
+    /// Sender → receiver: the sender's event time advanced.
+    Watermark {
+        /// The subscale.
+        epoch: Epoch,
+        /// The new event time.
+        time: Timestamp,
+    },
+    /// Sender → receiver: markers from every upstream arrived; nothing more comes here.
+    Close {
+        /// The subscale.
+        epoch: Epoch,
+    },
+    /// Receiver → sender: records wait for `bucket`; push it next (prioritised migration).
+    Prioritize {
+        /// The subscale.
+        epoch: Epoch,
+        /// The bucket.
+        bucket: BucketId,
+    },
+}
+
+impl DrrsPeer {
+    /// The subscale this message belongs to.
+    pub fn epoch(&self) -> Epoch {
+        match self {
+            Self::Open { epoch, .. }
+            | Self::FastForward { epoch, .. }
+            | Self::Records { epoch, .. }
+            | Self::Watermark { epoch, .. }
+            | Self::Close { epoch }
+            | Self::Prioritize { epoch, .. } => *epoch,
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! DRRS, the live-migration baseline (paper §5.1; the authors' `drrs` branches, artifact notes
+//! §5.6; docs/protocols.md §11), as sans-IO state machines on Koala's utilities: the upstream
+//! routers ([`crate::koala::UpstreamRouter`], markers and routing switches), the per-channel
+//! event time of a task, and peer channels between the operator's tasks.
+//!
+//! One reconfiguration, as implemented:
+//! 1. [`plan::subscales`] splits the moves into subscales — by default one per sender→receiver
+//!    pair ([`DrrsOptions::subscales`]) — ordered so that moves to new tasks come first and moves
+//!    from removed tasks last. They run one after another, each its own epoch
+//!    ([`subscale_epoch`]); [`DrrsCoordinator`] (inside [`crate::engine::Engine`]) drives them:
+//!    `Begin` → every `PeerReady` → upstreams `Switch` to the subscale's table with markers →
+//!    every `Done` → the next subscale.
+//! 2. A receiver sends `Open` with the watermark it emitted. The sender, once its event time
+//!    caught up, fires the moved buckets' due timers, sets their other timers aside and
+//!    *fast-forwards*: from then on it forwards the moved buckets' records (and its event time)
+//!    over the peer channel, and pushes the buckets' whole state with their timers in the
+//!    background, one bucket at a time, buckets the receiver has records waiting for first.
+//! 3. The receiver processes records out of order: records of a bucket whose state has not
+//!    arrived wait in a per-bucket buffer while every other record is processed. Direct records of
+//!    a moved bucket also wait until the peer channel closed (per-key order across the peer and
+//!    the direct path). When more than [`DrrsOptions::wait_records`] direct records wait for
+//!    state, the task stops taking direct input ([`TaskAction::PauseDirect`]) until none do.
+//! 4. Watermark propagation (the paper's extension of DRRS): a receiver emits no watermark while
+//!    its wait buffer holds records or a moved bucket's state and timers have not arrived.
+//! 5. A sender closes its peer channel after markers from every upstream; a task is `Done` once
+//!    markers, closes and every pushed bucket are through.
+
+mod coordinator;
+mod messages;
+pub mod plan;
+mod task;
+#[cfg(test)]
+mod tests;
+
+use koala_types::Epoch;
+
+pub use coordinator::{DrrsCoordinator, DrrsStep};
+pub use messages::{DrrsControl, DrrsPeer, Subscale};
+pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent};
+
+/// DRRS knobs (`[drrs]` in a job config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DrrsOptions {
+    /// Subscales a reconfiguration is split into; 0 = one per sender→receiver pair (the
+    /// default, the artifact's `NumSubscales: -1`). More than there are pairs also means one
+    /// per pair.
+    pub subscales: usize,
+    /// Direct records a receiver lets wait for their bucket's state before it stops taking
+    /// direct input (the artifact's `WaitBufferSize`, 2 batches there).
+    pub wait_records: usize,
+}
+
+impl Default for DrrsOptions {
+    fn default() -> Self {
+        Self { subscales: 0, wait_records: 2048 }
+    }
+}
+
+/// Bits of a subscale epoch that number the subscale within its reconfiguration.
+pub const SUBSCALE_BITS: u32 = 16;
+
+/// The epoch of subscale `index` of reconfiguration `epoch`: subscales are epochs of their own
+/// (markers, peer messages and acks carry it), above every epoch of earlier reconfigurations.
+///
+/// ```
+/// use koala_protocol::drrs::{plan_epoch, subscale_epoch};
+/// assert!(subscale_epoch(2, 0) > subscale_epoch(1, 9));
+/// assert_eq!(plan_epoch(subscale_epoch(7, 3)), 7);
+/// ```
+pub fn subscale_epoch(epoch: Epoch, index: usize) -> Epoch {
+    (epoch << SUBSCALE_BITS) | index as Epoch
+}
+
+/// The reconfiguration a subscale epoch belongs to.
+pub fn plan_epoch(subscale: Epoch) -> Epoch {
+    subscale >> SUBSCALE_BITS
+}
+
+/// The most subscales one reconfiguration may have.
+pub const MAX_SUBSCALES: usize = 1 << SUBSCALE_BITS;

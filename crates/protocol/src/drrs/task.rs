@@ -1,0 +1,891 @@
+//! The DRRS core of one target task (docs/protocols.md §11): per subscale, the sender's
+//! fast-forward and background bucket pushes, the receiver's out-of-order processing with its
+//! bounded wait buffer and backpressure, per-key order across the peer and the direct path, and
+//! the watermark hold. Events in, actions out; the runtime executes the actions in order.
+//!
+//! ```
+//! use std::collections::{BTreeMap, BTreeSet};
+//! use std::sync::Arc;
+//! use koala_protocol::drrs::{DrrsPeer, DrrsTask, Subscale, TaskAction, TaskConfig, TaskEvent};
+//! use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
+//!
+//! let op = OperatorId(1);
+//! let (up, old, new) = (TaskId::new(OperatorId(0), 0), TaskId::new(op, 0), TaskId::new(op, 1));
+//! let channel = InputChannel { input: 0, from: up };
+//! // The new task takes bucket 1 of 2; it learns its channel from the subscale's upstreams.
+//! let mut task = DrrsTask::new(TaskConfig { id: new, num_buckets: 2, owned: BTreeSet::new(), inputs: BTreeSet::new() });
+//! task.add_input(channel);
+//! let subscale = Subscale {
+//!     operator: op, epoch: 1 << 16, index: 0, count: 1,
+//!     moves: BTreeMap::from([((old, new), vec![1])]), upstreams: BTreeSet::from([up]), wait_records: 8,
+//! };
+//! let out = task.on(TaskEvent::Start(Arc::new(subscale)));
+//! assert!(matches!(out[0], TaskAction::SendToPeer { message: DrrsPeer::Open { .. }, .. }));
+//! let ff = DrrsPeer::FastForward { epoch: 1 << 16, watermark: Some(3) };
+//! task.on(TaskEvent::Peer { from: old, message: ff });
+//! // A forwarded record of bucket 1 waits: its state has not arrived. The core asks for it first.
+//! let key = (0..).map(|i: u32| i.to_string().into_bytes()).find(|k| bucket_of(k, 2) == 1).unwrap();
+//! let r = Record { key, value: vec![], time: 5 };
+//! let records = DrrsPeer::Records { epoch: 1 << 16, input: 0, records: vec![r.clone()] };
+//! let out = task.on(TaskEvent::Peer { from: old, message: records });
+//! assert!(matches!(out[..], [TaskAction::SendToPeer { message: DrrsPeer::Prioritize { bucket: 1, .. }, .. }]));
+//! let out = task.on(TaskEvent::BucketArrived { from: old, epoch: 1 << 16, bucket: 1 });
+//! assert_eq!(out[0], TaskAction::Process { input: 0, records: vec![r] });
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp, bucket_of};
+
+use super::messages::{DrrsPeer, Subscale};
+use crate::control::TaskAck;
+use crate::koala::{ChannelWatermarks, HeldTimes, InputSource, ProtocolError};
+
+/// How a target task starts.
+#[derive(Clone, Debug)]
+pub struct TaskConfig {
+    /// The task.
+    pub id: TaskId,
+    /// Buckets of the operator's key space.
+    pub num_buckets: u16,
+    /// Buckets whose state is here at deployment; empty for a new task.
+    pub owned: BTreeSet<BucketId>,
+    /// Data channels open to this task; empty for a new task.
+    pub inputs: BTreeSet<InputChannel>,
+}
+
+/// Input of a [`DrrsTask`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskEvent {
+    /// A batch on a data channel.
+    Records {
+        /// The channel.
+        channel: InputChannel,
+        /// The records, in channel order.
+        records: Vec<Record>,
+    },
+    /// A watermark on a data channel.
+    Watermark {
+        /// The channel.
+        channel: InputChannel,
+        /// Its event time.
+        time: Timestamp,
+    },
+    /// The upstream switched routing tables for subscale `epoch`.
+    Marker {
+        /// The channel.
+        channel: InputChannel,
+        /// The subscale.
+        epoch: Epoch,
+    },
+    /// A data channel ended.
+    EndOfStream {
+        /// The channel.
+        channel: InputChannel,
+    },
+    /// The coordinator starts a subscale.
+    Start(Arc<Subscale>),
+    /// A peer-channel message.
+    Peer {
+        /// The peer task.
+        from: TaskId,
+        /// The message.
+        message: DrrsPeer,
+    },
+    /// The runtime installed a bucket `from` pushed (its state and its timers).
+    BucketArrived {
+        /// The sender.
+        from: TaskId,
+        /// The subscale.
+        epoch: Epoch,
+        /// The bucket.
+        bucket: BucketId,
+    },
+    /// The runtime sent the bucket of [`TaskAction::PushBucket`]: the next may go.
+    Pushed {
+        /// The receiver.
+        to: TaskId,
+        /// The bucket.
+        bucket: BucketId,
+    },
+}
+
+/// Output of a [`DrrsTask`], executed in order by the runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskAction {
+    /// Run the operator on these records of input `input`, in this order; their buckets' state
+    /// is here.
+    Process {
+        /// The operator input.
+        input: usize,
+        /// The records.
+        records: Vec<Record>,
+    },
+    /// Send on the peer channel to `to`.
+    SendToPeer {
+        /// The peer.
+        to: TaskId,
+        /// The message.
+        message: DrrsPeer,
+    },
+    /// The task stops processing `buckets` (they go to another task): fire their timers due at
+    /// event time `up_to` (the task's inputs reached it), then set their other timers aside —
+    /// they travel with the bucket's push and never fire here.
+    DetachTimers {
+        /// The buckets.
+        buckets: Vec<BucketId>,
+        /// The sender's event time, if it has one.
+        up_to: Option<Timestamp>,
+    },
+    /// Push `bucket` to `to` on the state lane: read and delete its state here, send it with the
+    /// timers set aside for it; once sent (it counts against `link_mb_per_sec`), feed
+    /// [`TaskEvent::Pushed`]. The receiver installs it and feeds [`TaskEvent::BucketArrived`].
+    PushBucket {
+        /// The receiver.
+        to: TaskId,
+        /// The subscale.
+        epoch: Epoch,
+        /// The bucket.
+        bucket: BucketId,
+    },
+    /// Backpressure: stop taking records from data channels until [`TaskAction::ResumeDirect`]
+    /// (peer channels, state and control keep flowing).
+    PauseDirect,
+    /// Take records from data channels again.
+    ResumeDirect,
+    /// Emit this watermark downstream (monotone).
+    EmitWatermark(Timestamp),
+    /// Send to the coordinator.
+    Ack {
+        /// The subscale.
+        epoch: Epoch,
+        /// The ack.
+        ack: TaskAck,
+    },
+    /// The event was rejected; report it so the coordinator aborts the job.
+    Error(ProtocolError),
+}
+
+/// A sender's view of one receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Out {
+    AwaitOpen,
+    /// The receiver emitted up to this watermark; fast-forward once caught up.
+    Open(Option<Timestamp>),
+    /// Fast-forwarded; the last watermark forwarded.
+    Forwarding(Option<Timestamp>),
+    Closed,
+}
+
+#[derive(Debug)]
+struct Outbound {
+    buckets: Vec<BucketId>,
+    state: Out,
+    /// Buckets not pushed yet, in push order.
+    unpushed: VecDeque<BucketId>,
+    /// The bucket being pushed.
+    pushing: Option<BucketId>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum In {
+    Awaiting,
+    Forwarding,
+    Closed,
+}
+
+/// Records waiting for one incoming bucket: those forwarded by the sender, and those that came
+/// directly from upstreams after the switch (they go after every forwarded one).
+#[derive(Debug, Default)]
+struct Waiting {
+    peer: VecDeque<(usize, Record)>,
+    direct: VecDeque<(usize, Record)>,
+}
+
+/// The running subscale.
+#[derive(Debug)]
+struct Transition {
+    sub: Arc<Subscale>,
+    markers_pending: BTreeSet<InputChannel>,
+    markers_seen: BTreeSet<InputChannel>,
+    outbound: BTreeMap<TaskId, Outbound>,
+    forward: BTreeMap<BucketId, TaskId>,
+    inbound: BTreeMap<TaskId, (Vec<BucketId>, In)>,
+    incoming: BTreeMap<BucketId, TaskId>,
+    waiting: BTreeMap<BucketId, Waiting>,
+    /// Buckets the receiver asked its sender to push first.
+    asked: BTreeSet<BucketId>,
+    ready_sent: bool,
+}
+
+impl Transition {
+    fn epoch(&self) -> Epoch {
+        self.sub.epoch
+    }
+
+    fn is_receiver(&self) -> bool {
+        !self.inbound.is_empty()
+    }
+}
+
+/// Where a record that came directly from upstream goes.
+enum Route {
+    Local,
+    Wait,
+    Forward(TaskId),
+    Reject(ProtocolError),
+}
+
+/// The DRRS core of one target task.
+#[derive(Debug)]
+pub struct DrrsTask {
+    id: TaskId,
+    num_buckets: u16,
+    /// Buckets whose state is here (a sender's until it pushes them).
+    owned: BTreeSet<BucketId>,
+    inputs: BTreeSet<InputChannel>,
+    ended: BTreeSet<InputChannel>,
+    watermarks: ChannelWatermarks,
+    held: HeldTimes,
+    emitted: Option<Timestamp>,
+    epoch: Epoch,
+    started: bool,
+    sub: Option<Transition>,
+    early: Vec<(TaskId, DrrsPeer)>,
+    paused: bool,
+    /// Records that ever waited (metrics).
+    waited: u64,
+    fault_process_before_state: bool,
+    fault_watermark_before_state: bool,
+}
+
+impl DrrsTask {
+    /// A task as deployed: an initial task owns its buckets, a new one waits for its first
+    /// subscale.
+    pub fn new(config: TaskConfig) -> Self {
+        let mut watermarks = ChannelWatermarks::default();
+        for &c in &config.inputs {
+            watermarks.add(InputSource::Upstream(c));
+        }
+        Self {
+            id: config.id,
+            num_buckets: config.num_buckets.max(1),
+            started: !config.inputs.is_empty() || !config.owned.is_empty(),
+            owned: config.owned,
+            inputs: config.inputs,
+            ended: BTreeSet::new(),
+            watermarks,
+            held: HeldTimes::default(),
+            emitted: None,
+            epoch: 0,
+            sub: None,
+            early: Vec::new(),
+            paused: false,
+            waited: 0,
+            fault_process_before_state: false,
+            fault_watermark_before_state: false,
+        }
+    }
+
+    /// Expects records on one more data channel (a new task learns its channels with its first
+    /// subscale). A channel that ended stays ended.
+    pub fn add_input(&mut self, channel: InputChannel) {
+        if !self.ended.contains(&channel) && self.inputs.insert(channel) {
+            self.watermarks.add(InputSource::Upstream(channel));
+        }
+    }
+
+    /// The task id.
+    pub fn id(&self) -> TaskId {
+        self.id
+    }
+
+    /// Buckets whose state is here (processed here, or about to be pushed).
+    pub fn owned_buckets(&self) -> Vec<BucketId> {
+        self.owned.iter().copied().collect()
+    }
+
+    /// The open data channels from `upstream`.
+    pub fn inputs_from(&self, upstream: TaskId) -> Vec<InputChannel> {
+        self.inputs.iter().filter(|c| c.from == upstream).copied().collect()
+    }
+
+    /// Whether a subscale is running here.
+    pub fn in_transition(&self) -> bool {
+        self.sub.is_some()
+    }
+
+    /// Whether the task holds records it has not processed.
+    pub fn is_busy(&self) -> bool {
+        self.held.min().is_some()
+    }
+
+    /// Whether the task stopped taking direct input (backpressure).
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Records that waited in the wait buffer so far (for their bucket's state, or for the peer
+    /// channel's close).
+    pub fn waited_records(&self) -> u64 {
+        self.waited
+    }
+
+    /// The last watermark the task emitted.
+    pub fn emitted_watermark(&self) -> Option<Timestamp> {
+        self.emitted
+    }
+
+    /// Fault injection for the simulator's negative tests: process records of an incoming
+    /// bucket without waiting for its state.
+    #[doc(hidden)]
+    pub fn inject_fault_process_before_state(&mut self) {
+        self.fault_process_before_state = true;
+    }
+
+    /// Fault injection for the simulator's negative tests: emit watermarks while a moved
+    /// bucket's state and timers have not arrived.
+    #[doc(hidden)]
+    pub fn inject_fault_watermark_before_state(&mut self) {
+        self.fault_watermark_before_state = true;
+    }
+
+    /// Feeds one event; returns the actions to execute, in order.
+    pub fn on(&mut self, event: TaskEvent) -> Vec<TaskAction> {
+        let mut out = Vec::new();
+        let result = match event {
+            TaskEvent::Records { channel, records } => self.on_records(channel, records, &mut out),
+            TaskEvent::Watermark { channel, time } => {
+                if self.inputs.contains(&channel) {
+                    self.watermarks.set(InputSource::Upstream(channel), time)
+                } else {
+                    Err(ProtocolError::UnknownChannel { channel })
+                }
+            }
+            TaskEvent::Marker { channel, epoch } => self.on_marker(channel, epoch),
+            TaskEvent::EndOfStream { channel } => self.on_end_of_stream(channel),
+            TaskEvent::Start(sub) => self.on_start(sub, &mut out),
+            TaskEvent::Peer { from, message } => self.on_peer(from, message, &mut out),
+            TaskEvent::BucketArrived { from, epoch, bucket } => {
+                self.on_arrived(from, epoch, bucket, &mut out)
+            }
+            TaskEvent::Pushed { to, bucket } => self.on_pushed(to, bucket),
+        };
+        if let Err(e) = result {
+            out.push(TaskAction::Error(e));
+        }
+        self.pump(&mut out);
+        out
+    }
+
+    fn on_records(
+        &mut self,
+        channel: InputChannel,
+        records: Vec<Record>,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
+        if !self.inputs.contains(&channel) {
+            return Err(ProtocolError::UnknownChannel { channel });
+        }
+        let input = channel.input;
+        for record in records {
+            let bucket = bucket_of(&record.key, self.num_buckets);
+            match self.route_direct(channel, bucket) {
+                Route::Local => process(out, input, record),
+                Route::Wait => {
+                    self.held.add(record.time);
+                    self.waited += 1;
+                    let from = self.wait(bucket, out);
+                    if let Some(t) = self.sub.as_mut() {
+                        t.waiting.entry(bucket).or_default().direct.push_back((input, record));
+                    }
+                    debug_assert!(from.is_some(), "a waiting bucket has a sender");
+                }
+                Route::Forward(to) => forward(out, to, self.epoch, input, record),
+                Route::Reject(e) => out.push(TaskAction::Error(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether records of `bucket` may be processed here now (its state is here).
+    fn has_state(&self, bucket: BucketId) -> bool {
+        self.fault_process_before_state || self.owned.contains(&bucket)
+    }
+
+    fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {
+        let misrouted = || ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(channel) };
+        if let Some(t) = &self.sub {
+            if let Some(sender) = t.incoming.get(&bucket) {
+                return match t.inbound.get(sender).map(|(_, s)| *s) {
+                    Some(In::Closed)
+                        if self.has_state(bucket)
+                            && t.waiting
+                                .get(&bucket)
+                                .is_none_or(|w| w.peer.is_empty() && w.direct.is_empty()) =>
+                    {
+                        Route::Local
+                    }
+                    Some(In::Closed | In::Forwarding) => Route::Wait,
+                    _ => Route::Reject(misrouted()),
+                };
+            }
+            if let Some(&to) = t.forward.get(&bucket) {
+                if t.markers_seen.contains(&channel) {
+                    return Route::Reject(ProtocolError::RecordAfterMarker { channel, epoch: t.epoch() });
+                }
+                return Route::Forward(to);
+            }
+        }
+        if self.owned.contains(&bucket) { Route::Local } else { Route::Reject(misrouted()) }
+    }
+
+    /// A record of incoming `bucket` starts or keeps waiting: ask its sender to push the bucket
+    /// first if its state is not here. Returns the sender.
+    fn wait(&mut self, bucket: BucketId, out: &mut Vec<TaskAction>) -> Option<TaskId> {
+        let has_state = self.has_state(bucket);
+        let t = self.sub.as_mut()?;
+        let from = *t.incoming.get(&bucket)?;
+        if !has_state && t.asked.insert(bucket) {
+            let message = DrrsPeer::Prioritize { epoch: t.epoch(), bucket };
+            out.push(TaskAction::SendToPeer { to: from, message });
+        }
+        Some(from)
+    }
+
+    fn on_marker(&mut self, channel: InputChannel, epoch: Epoch) -> Result<(), ProtocolError> {
+        let unexpected = ProtocolError::UnexpectedMarker { channel, epoch };
+        let t = self.sub.as_mut().ok_or(unexpected.clone())?;
+        if t.epoch() != epoch || !t.markers_pending.remove(&channel) {
+            return Err(unexpected);
+        }
+        t.markers_seen.insert(channel);
+        Ok(())
+    }
+
+    fn on_end_of_stream(&mut self, channel: InputChannel) -> Result<(), ProtocolError> {
+        if !self.inputs.remove(&channel) {
+            return Err(ProtocolError::UnknownChannel { channel });
+        }
+        self.ended.insert(channel);
+        self.watermarks.close(InputSource::Upstream(channel));
+        if let Some(t) = self.sub.as_mut() {
+            // An ended channel carries no marker and nothing more routed by the old table.
+            t.markers_pending.remove(&channel);
+        }
+        Ok(())
+    }
+
+    fn on_start(&mut self, sub: Arc<Subscale>, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
+        if sub.epoch <= self.epoch || self.sub.is_some() {
+            return Err(ProtocolError::StaleEpoch { got: sub.epoch, current: self.epoch });
+        }
+        let invalid = |reason: String| ProtocolError::InvalidReconfiguration { epoch: sub.epoch, reason };
+        let mut outbound = BTreeMap::new();
+        let mut inbound = BTreeMap::new();
+        let mut incoming = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        for (&(from, to), buckets) in &sub.moves {
+            if from == to || from.operator != sub.operator || to.operator != sub.operator {
+                return Err(invalid(format!(
+                    "move {from}->{to} is not between two tasks of {}",
+                    sub.operator
+                )));
+            }
+            for &b in buckets {
+                if b >= self.num_buckets || !seen.insert(b) {
+                    return Err(invalid(format!("bucket {b} is out of range or moves twice")));
+                }
+            }
+            if from == self.id {
+                if let Some(b) = buckets.iter().find(|b| !self.owned.contains(b)) {
+                    return Err(invalid(format!(
+                        "{} moves bucket {b} to {to} but does not hold it",
+                        self.id
+                    )));
+                }
+                let unpushed = buckets.iter().copied().collect();
+                let o = Outbound { buckets: buckets.clone(), state: Out::AwaitOpen, unpushed, pushing: None };
+                outbound.insert(to, o);
+            }
+            if to == self.id {
+                if let Some(b) = buckets.iter().find(|b| self.owned.contains(b)) {
+                    return Err(invalid(format!("{} receives bucket {b} from {from} but holds it", self.id)));
+                }
+                incoming.extend(buckets.iter().map(|&b| (b, from)));
+                inbound.insert(from, (buckets.clone(), In::Awaiting));
+            }
+        }
+        self.epoch = sub.epoch;
+        self.started = true;
+        for &from in inbound.keys() {
+            self.watermarks.add(InputSource::Peer(from));
+            let message = DrrsPeer::Open { epoch: sub.epoch, watermark: self.emitted };
+            out.push(TaskAction::SendToPeer { to: from, message });
+        }
+        self.sub = Some(Transition {
+            markers_pending: self.inputs.clone(),
+            markers_seen: BTreeSet::new(),
+            outbound,
+            forward: BTreeMap::new(),
+            inbound,
+            incoming,
+            waiting: BTreeMap::new(),
+            asked: BTreeSet::new(),
+            ready_sent: false,
+            sub,
+        });
+        for (from, message) in std::mem::take(&mut self.early) {
+            if let Err(e) = self.on_peer(from, message, out) {
+                out.push(TaskAction::Error(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_peer(
+        &mut self,
+        from: TaskId,
+        message: DrrsPeer,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
+        let epoch = message.epoch();
+        let unexpected =
+            |reason: &str| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason: reason.into() };
+        if epoch > self.epoch {
+            // The peer started the subscale before this task did; replayed at our Start.
+            self.early.push((from, message));
+            return Ok(());
+        }
+        let has_state: BTreeSet<BucketId> = if self.fault_process_before_state {
+            (0..self.num_buckets).collect()
+        } else {
+            self.owned.clone()
+        };
+        let Some(t) = self.sub.as_mut().filter(|t| t.epoch() == epoch) else {
+            if matches!(message, DrrsPeer::Prioritize { .. }) {
+                // The sender pushed everything and finished the subscale before the request
+                // came: nothing is left to reorder.
+                return Ok(());
+            }
+            return Err(unexpected("no subscale of this epoch"));
+        };
+        match message {
+            DrrsPeer::Open { watermark, .. } => match t.outbound.get_mut(&from) {
+                Some(o) if o.state == Out::AwaitOpen => o.state = Out::Open(watermark),
+                _ => return Err(unexpected("open from a task this one does not send to")),
+            },
+            DrrsPeer::FastForward { watermark, .. } => {
+                let Some((_, state @ In::Awaiting)) = t.inbound.get_mut(&from) else {
+                    return Err(unexpected("fast-forward from a task that is not a pending sender"));
+                };
+                *state = In::Forwarding;
+                if let Some(w) = watermark {
+                    self.watermarks.set(InputSource::Peer(from), w)?;
+                }
+            }
+            DrrsPeer::Records { input, records, .. } => {
+                if !matches!(t.inbound.get(&from), Some((_, In::Forwarding))) {
+                    return Err(unexpected("records on a peer channel that is not open"));
+                }
+                for record in records {
+                    let bucket = bucket_of(&record.key, self.num_buckets);
+                    if t.incoming.get(&bucket) != Some(&from) {
+                        out.push(TaskAction::Error(ProtocolError::Misrouted {
+                            bucket,
+                            channel: InputSource::Peer(from),
+                        }));
+                        continue;
+                    }
+                    if has_state.contains(&bucket) && t.waiting.get(&bucket).is_none_or(|w| w.peer.is_empty())
+                    {
+                        // Direct records of the bucket may wait for the close: they come after.
+                        process(out, input, record);
+                        continue;
+                    }
+                    self.held.add(record.time);
+                    self.waited += 1;
+                    t.waiting.entry(bucket).or_default().peer.push_back((input, record));
+                    if !has_state.contains(&bucket) && t.asked.insert(bucket) {
+                        out.push(TaskAction::SendToPeer {
+                            to: from,
+                            message: DrrsPeer::Prioritize { epoch, bucket },
+                        });
+                    }
+                }
+            }
+            DrrsPeer::Watermark { time, .. } => {
+                if !matches!(t.inbound.get(&from), Some((_, In::Forwarding))) {
+                    return Err(unexpected("watermark on a peer channel that is not open"));
+                }
+                self.watermarks.set(InputSource::Peer(from), time)?;
+            }
+            DrrsPeer::Close { .. } => {
+                let Some((buckets, state @ In::Forwarding)) = t.inbound.get_mut(&from) else {
+                    return Err(unexpected("close of a peer channel that is not open"));
+                };
+                *state = In::Closed;
+                let buckets = buckets.clone();
+                self.watermarks.close(InputSource::Peer(from));
+                for b in buckets {
+                    self.release(b, out);
+                }
+            }
+            DrrsPeer::Prioritize { bucket, .. } => {
+                let Some(o) = t.outbound.get_mut(&from) else {
+                    return Err(unexpected("a push request from a task this one does not send to"));
+                };
+                if let Some(i) = o.unpushed.iter().position(|b| *b == bucket) {
+                    o.unpushed.remove(i);
+                    o.unpushed.push_front(bucket);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_arrived(
+        &mut self,
+        from: TaskId,
+        epoch: Epoch,
+        bucket: BucketId,
+        out: &mut Vec<TaskAction>,
+    ) -> Result<(), ProtocolError> {
+        let unexpected =
+            |reason: &str| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason: reason.into() };
+        let Some(t) = self.sub.as_ref().filter(|t| t.epoch() == epoch) else {
+            return Err(unexpected("a pushed bucket outside its subscale"));
+        };
+        if t.incoming.get(&bucket) != Some(&from) || self.owned.contains(&bucket) {
+            return Err(unexpected("a pushed bucket this task does not expect from that sender"));
+        }
+        self.owned.insert(bucket);
+        self.release(bucket, out);
+        Ok(())
+    }
+
+    fn on_pushed(&mut self, to: TaskId, bucket: BucketId) -> Result<(), ProtocolError> {
+        let o = self.sub.as_mut().and_then(|t| t.outbound.get_mut(&to));
+        match o {
+            Some(o) if o.pushing == Some(bucket) => {
+                o.pushing = None;
+                Ok(())
+            }
+            _ => Err(ProtocolError::UnexpectedPeerMessage {
+                peer: to,
+                epoch: self.epoch,
+                reason: format!("bucket {bucket} was not being pushed there"),
+            }),
+        }
+    }
+
+    /// Processes what waits for `bucket` and may go now: the forwarded records once its state is
+    /// here, then the direct ones once its peer channel also closed.
+    fn release(&mut self, bucket: BucketId, out: &mut Vec<TaskAction>) {
+        if !self.has_state(bucket) {
+            return;
+        }
+        let Some(t) = self.sub.as_mut() else { return };
+        let closed =
+            t.incoming.get(&bucket).and_then(|s| t.inbound.get(s)).is_some_and(|(_, s)| *s == In::Closed);
+        let Some(w) = t.waiting.get_mut(&bucket) else { return };
+        let mut go: Vec<(usize, Record)> = w.peer.drain(..).collect();
+        if closed {
+            go.extend(w.direct.drain(..));
+        }
+        if w.peer.is_empty() && w.direct.is_empty() {
+            t.waiting.remove(&bucket);
+        }
+        for (input, record) in go {
+            self.held.remove(record.time);
+            process(out, input, record);
+        }
+    }
+
+    /// Runs everything the last event may have unblocked.
+    fn pump(&mut self, out: &mut Vec<TaskAction>) {
+        loop {
+            let mut changed = self.try_fast_forward(out);
+            changed |= self.try_push(out);
+            self.advance_watermark(out);
+            changed |= self.check_ready_and_done(out);
+            if !changed {
+                break;
+            }
+        }
+        self.backpressure(out);
+    }
+
+    /// The event time the task may claim: the minimum over its channels, below every record it
+    /// holds.
+    fn frontier(&self) -> Option<Timestamp> {
+        self.below_held(self.watermarks.min()?)
+    }
+
+    /// What a sender promises on its peer channels: its upstream channels bound what it forwards.
+    fn sender_frontier(&self) -> Option<Timestamp> {
+        self.below_held(self.watermarks.min_upstream()?)
+    }
+
+    fn below_held(&self, channels: Timestamp) -> Option<Timestamp> {
+        match self.held.min() {
+            None => Some(channels),
+            Some(0) => None,
+            Some(h) => Some(channels.min(h - 1)),
+        }
+    }
+
+    fn try_fast_forward(&mut self, out: &mut Vec<TaskAction>) -> bool {
+        let frontier = self.sender_frontier();
+        let Some(t) = self.sub.as_mut() else { return false };
+        let epoch = t.epoch();
+        let mut changed = false;
+        for (&to, o) in t.outbound.iter_mut() {
+            let ready = match o.state {
+                Out::Open(None) => true,
+                Out::Open(Some(w)) => frontier.is_some_and(|f| f >= w),
+                _ => false,
+            };
+            if !ready {
+                continue;
+            }
+            o.state = Out::Forwarding(frontier);
+            t.forward.extend(o.buckets.iter().map(|&b| (b, to)));
+            out.push(TaskAction::DetachTimers { buckets: o.buckets.clone(), up_to: frontier });
+            out.push(TaskAction::SendToPeer {
+                to,
+                message: DrrsPeer::FastForward { epoch, watermark: frontier },
+            });
+            changed = true;
+        }
+        changed
+    }
+
+    /// Pushes the next bucket to every receiver with none in flight: a bucket records wait for
+    /// first, else in bucket order.
+    fn try_push(&mut self, out: &mut Vec<TaskAction>) -> bool {
+        let Some(t) = self.sub.as_mut() else { return false };
+        let epoch = t.epoch();
+        let mut changed = false;
+        for (&to, o) in t.outbound.iter_mut() {
+            if o.pushing.is_some() || matches!(o.state, Out::AwaitOpen | Out::Open(_)) {
+                continue;
+            }
+            let Some(bucket) = o.unpushed.pop_front() else { continue };
+            o.pushing = Some(bucket);
+            self.owned.remove(&bucket);
+            out.push(TaskAction::PushBucket { to, epoch, bucket });
+            changed = true;
+        }
+        changed
+    }
+
+    fn advance_watermark(&mut self, out: &mut Vec<TaskAction>) {
+        if let Some(f) = self.sender_frontier()
+            && let Some(t) = self.sub.as_mut()
+        {
+            let epoch = t.epoch();
+            for (&to, o) in t.outbound.iter_mut() {
+                if let Out::Forwarding(last) = &mut o.state
+                    && last.is_none_or(|l| f > l)
+                {
+                    *last = Some(f);
+                    out.push(TaskAction::SendToPeer { to, message: DrrsPeer::Watermark { epoch, time: f } });
+                }
+            }
+        }
+        let Some(f) = self.frontier() else { return };
+        // A receiver holds its event time until every marker arrived (as Koala does) and — the
+        // watermark propagation the paper adds to DRRS — while records wait or a moved bucket's
+        // state and timers have not arrived.
+        let gate_open = self.started
+            && self.sub.as_ref().is_none_or(|t| {
+                !t.is_receiver()
+                    || (t.markers_pending.is_empty()
+                        && (self.fault_watermark_before_state
+                            || (t.waiting.is_empty() && t.incoming.keys().all(|b| self.owned.contains(b)))))
+            });
+        if gate_open && self.emitted.is_none_or(|e| f > e) {
+            self.emitted = Some(f);
+            out.push(TaskAction::EmitWatermark(f));
+        }
+    }
+
+    fn check_ready_and_done(&mut self, out: &mut Vec<TaskAction>) -> bool {
+        let Some(t) = self.sub.as_mut() else { return false };
+        let epoch = t.epoch();
+        let mut changed = false;
+        if !t.ready_sent && t.inbound.values().all(|(_, s)| *s != In::Awaiting) {
+            t.ready_sent = true;
+            out.push(TaskAction::Ack { epoch, ack: TaskAck::PeerReady });
+            changed = true;
+        }
+        if t.markers_pending.is_empty() {
+            for (&to, o) in t.outbound.iter_mut() {
+                if matches!(o.state, Out::Forwarding(_)) {
+                    o.state = Out::Closed;
+                    out.push(TaskAction::SendToPeer { to, message: DrrsPeer::Close { epoch } });
+                    changed = true;
+                }
+            }
+        }
+        let done = t.ready_sent
+            && t.markers_pending.is_empty()
+            && t.outbound
+                .values()
+                .all(|o| o.state == Out::Closed && o.unpushed.is_empty() && o.pushing.is_none())
+            && t.inbound.values().all(|(_, s)| *s == In::Closed)
+            && t.incoming.keys().all(|b| self.owned.contains(b))
+            && t.waiting.is_empty();
+        if done {
+            self.sub = None;
+            out.push(TaskAction::Ack { epoch, ack: TaskAck::Done });
+            changed = true;
+        }
+        changed
+    }
+
+    /// Stops direct input while more direct records wait for state than the subscale allows;
+    /// takes it again once none do.
+    fn backpressure(&mut self, out: &mut Vec<TaskAction>) {
+        let waiting: usize = self.sub.as_ref().map_or(0, |t| {
+            t.waiting.iter().filter(|(b, _)| !self.owned.contains(b)).map(|(_, w)| w.direct.len()).sum()
+        });
+        let bound = self.sub.as_ref().map_or(usize::MAX, |t| t.sub.wait_records);
+        if !self.paused && waiting > bound {
+            self.paused = true;
+            out.push(TaskAction::PauseDirect);
+        } else if self.paused && waiting == 0 {
+            self.paused = false;
+            out.push(TaskAction::ResumeDirect);
+        }
+    }
+}
+
+/// Appends a record to the `Process` action at the end of `out` if it is of the same input.
+fn process(out: &mut Vec<TaskAction>, input: usize, record: Record) {
+    if let Some(TaskAction::Process { input: i, records }) = out.last_mut()
+        && *i == input
+    {
+        records.push(record);
+        return;
+    }
+    out.push(TaskAction::Process { input, records: vec![record] });
+}
+
+/// Appends a record to the forward at the end of `out` if it goes to the same peer and input.
+fn forward(out: &mut Vec<TaskAction>, to: TaskId, epoch: Epoch, input: usize, record: Record) {
+    if let Some(TaskAction::SendToPeer { to: t, message: DrrsPeer::Records { input: i, records, .. } }) =
+        out.last_mut()
+        && *t == to
+        && *i == input
+    {
+        records.push(record);
+        return;
+    }
+    out.push(TaskAction::SendToPeer {
+        to,
+        message: DrrsPeer::Records { epoch, input, records: vec![record] },
+    });
+}

@@ -1,0 +1,166 @@
+//! Unit tests of the DRRS task core: out-of-order processing, per-key order across the peer and
+//! the direct path, backpressure and the watermark hold.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
+
+use super::{DrrsPeer, DrrsTask, Subscale, TaskAction, TaskConfig, TaskEvent};
+use crate::control::TaskAck;
+
+const OP: OperatorId = OperatorId(1);
+const EPOCH: u64 = 1 << 16;
+
+fn key_in(bucket: u16, n: usize) -> Vec<u8> {
+    (0..)
+        .map(|i: u32| format!("k{i}").into_bytes())
+        .filter(|k| bucket_of(k, 4) == bucket)
+        .nth(n)
+        .expect("key")
+}
+
+fn rec(key: &[u8], time: u64) -> Record {
+    Record { key: key.to_vec(), value: vec![], time }
+}
+
+fn processed(out: &[TaskAction]) -> Vec<u64> {
+    out.iter()
+        .flat_map(|a| match a {
+            TaskAction::Process { records, .. } => records.iter().map(|r| r.time).collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// A receiver (task 1) that takes buckets 2 and 3 from task 0, fed by one upstream.
+fn receiver(wait_records: usize) -> (DrrsTask, InputChannel, TaskId) {
+    let (up, sender, me) = (TaskId::new(OperatorId(0), 0), TaskId::new(OP, 0), TaskId::new(OP, 1));
+    let channel = InputChannel { input: 0, from: up };
+    let mut task = DrrsTask::new(TaskConfig {
+        id: me,
+        num_buckets: 4,
+        owned: BTreeSet::from([0, 1]),
+        inputs: BTreeSet::from([channel]),
+    });
+    task.on(TaskEvent::Watermark { channel, time: 1 });
+    let sub = Subscale {
+        operator: OP,
+        epoch: EPOCH,
+        index: 0,
+        count: 1,
+        moves: BTreeMap::from([((sender, me), vec![2, 3])]),
+        upstreams: BTreeSet::from([up]),
+        wait_records,
+    };
+    let out = task.on(TaskEvent::Start(Arc::new(sub)));
+    assert_eq!(
+        out[0],
+        TaskAction::SendToPeer { to: sender, message: DrrsPeer::Open { epoch: EPOCH, watermark: Some(1) } }
+    );
+    let out = task.on(TaskEvent::Peer {
+        from: sender,
+        message: DrrsPeer::FastForward { epoch: EPOCH, watermark: Some(2) },
+    });
+    assert!(out.contains(&TaskAction::Ack { epoch: EPOCH, ack: TaskAck::PeerReady }), "{out:?}");
+    (task, channel, sender)
+}
+
+#[test]
+fn records_wait_for_state_others_go_on_and_order_holds_across_paths() {
+    let (mut task, channel, sender) = receiver(8);
+    let (k0, k2) = (key_in(0, 0), key_in(2, 0));
+    // A forwarded record of bucket 2 waits; its bucket is asked for first.
+    let out = task.on(TaskEvent::Peer {
+        from: sender,
+        message: DrrsPeer::Records { epoch: EPOCH, input: 0, records: vec![rec(&k2, 3)] },
+    });
+    assert_eq!(
+        out,
+        vec![TaskAction::SendToPeer {
+            to: sender,
+            message: DrrsPeer::Prioritize { epoch: EPOCH, bucket: 2 }
+        }]
+    );
+    // After the switch: a direct record of bucket 2 waits behind it, bucket 0 is processed.
+    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
+    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k2, 5), rec(&k0, 6)] });
+    assert_eq!(processed(&out), vec![6]);
+    // The state arrives: the forwarded record goes; the direct one still waits for the close.
+    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 2 });
+    assert_eq!(processed(&out), vec![3]);
+    task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 3 });
+    let out = task.on(TaskEvent::Peer { from: sender, message: DrrsPeer::Close { epoch: EPOCH } });
+    assert_eq!(processed(&out), vec![5]);
+    assert_eq!(out.last(), Some(&TaskAction::Ack { epoch: EPOCH, ack: TaskAck::Done }));
+}
+
+#[test]
+fn backpressure_stops_direct_input_until_the_buffer_drained() {
+    let (mut task, channel, sender) = receiver(1);
+    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
+    let k3 = key_in(3, 0);
+    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k3, 4)] });
+    assert!(!out.contains(&TaskAction::PauseDirect), "one waiting record is within the bound");
+    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k3, 5)] });
+    assert!(out.contains(&TaskAction::PauseDirect), "{out:?}");
+    assert!(task.is_paused());
+    // The direct records of bucket 3 still wait for the close; state alone does not resume.
+    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 3 });
+    assert!(out.contains(&TaskAction::ResumeDirect), "no direct record waits for state any more: {out:?}");
+    assert!(processed(&out).is_empty());
+}
+
+#[test]
+fn the_watermark_waits_for_every_moved_bucket() {
+    let (mut task, channel, sender) = receiver(8);
+    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
+    let out = task.on(TaskEvent::Watermark { channel, time: 10 });
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::EmitWatermark(_))), "{out:?}");
+    task.on(TaskEvent::Peer { from: sender, message: DrrsPeer::Watermark { epoch: EPOCH, time: 9 } });
+    task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 2 });
+    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 3 });
+    assert!(out.contains(&TaskAction::EmitWatermark(9)), "{out:?}");
+}
+
+#[test]
+fn a_sender_fast_forwards_then_pushes_requested_buckets_first() {
+    let (up, me, to) = (TaskId::new(OperatorId(0), 0), TaskId::new(OP, 0), TaskId::new(OP, 1));
+    let channel = InputChannel { input: 0, from: up };
+    let owned = BTreeSet::from([0, 1, 2, 3]);
+    let mut task =
+        DrrsTask::new(TaskConfig { id: me, num_buckets: 4, owned, inputs: BTreeSet::from([channel]) });
+    task.on(TaskEvent::Watermark { channel, time: 4 });
+    let sub = Subscale {
+        operator: OP,
+        epoch: EPOCH,
+        index: 0,
+        count: 1,
+        moves: BTreeMap::from([((me, to), vec![1, 2, 3])]),
+        upstreams: BTreeSet::from([up]),
+        wait_records: 8,
+    };
+    task.on(TaskEvent::Start(Arc::new(sub)));
+    // The receiver emitted 6: the sender waits until its own event time caught up.
+    let out =
+        task.on(TaskEvent::Peer { from: to, message: DrrsPeer::Open { epoch: EPOCH, watermark: Some(6) } });
+    assert!(
+        out.iter()
+            .all(|a| !matches!(a, TaskAction::SendToPeer { message: DrrsPeer::FastForward { .. }, .. }))
+    );
+    let out = task.on(TaskEvent::Watermark { channel, time: 7 });
+    assert_eq!(out[0], TaskAction::DetachTimers { buckets: vec![1, 2, 3], up_to: Some(7) });
+    assert_eq!(
+        out[1],
+        TaskAction::SendToPeer { to, message: DrrsPeer::FastForward { epoch: EPOCH, watermark: Some(7) } }
+    );
+    assert_eq!(out[2], TaskAction::PushBucket { to, epoch: EPOCH, bucket: 1 });
+    task.on(TaskEvent::Peer { from: to, message: DrrsPeer::Prioritize { epoch: EPOCH, bucket: 3 } });
+    let out = task.on(TaskEvent::Pushed { to, bucket: 1 });
+    assert_eq!(out, vec![TaskAction::PushBucket { to, epoch: EPOCH, bucket: 3 }]);
+    // A record of a moved bucket is forwarded, one of a kept bucket processed.
+    let out =
+        task.on(TaskEvent::Records { channel, records: vec![rec(&key_in(2, 0), 8), rec(&key_in(0, 0), 9)] });
+    assert!(matches!(&out[0], TaskAction::SendToPeer { message: DrrsPeer::Records { .. }, .. }), "{out:?}");
+    assert_eq!(processed(&out), vec![9]);
+}

@@ -1,0 +1,202 @@
+//! How the simulated runtime runs DRRS tasks (docs/testing.md §2): it delivers their events,
+//! executes their actions — set-aside timers, bucket pushes on the state lane, backpressure — and
+//! the coordinator's subscale messages, with the same checks as every protocol (single owner,
+//! one live copy, per-key order, watermarks, timers).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, bucket_of};
+
+use super::scenario::TARGET;
+use super::world::{Core, Kind, Msg, Node, World};
+use crate::drrs::{DrrsControl, TaskAction, TaskEvent};
+
+impl World {
+    /// A message reaches a DRRS target task.
+    pub(crate) fn deliver_drrs(
+        &mut self,
+        id: TaskId,
+        src: Option<TaskId>,
+        channel: Option<InputChannel>,
+        msg: Msg,
+    ) -> Result<(), String> {
+        let event = match (msg, channel, src) {
+            (Msg::Data(ChannelMessage::Batch(records)), Some(channel), _) => {
+                TaskEvent::Records { channel, records }
+            }
+            (Msg::Data(ChannelMessage::Watermark(time)), Some(channel), _) => {
+                TaskEvent::Watermark { channel, time }
+            }
+            (Msg::Data(ChannelMessage::Marker(epoch)), Some(channel), _) => {
+                TaskEvent::Marker { channel, epoch }
+            }
+            (Msg::Data(ChannelMessage::EndOfStream), Some(channel), _) => TaskEvent::EndOfStream { channel },
+            (Msg::DrrsPeer(message), _, Some(from)) => TaskEvent::Peer { from, message },
+            (Msg::Pushed { to, bucket }, _, Some(from)) if from == id => TaskEvent::Pushed { to, bucket },
+            (Msg::Bucket { epoch, bucket, entries, timers }, _, Some(from)) => {
+                // The state and timers are installed before the core hears of them.
+                for (key, count) in entries {
+                    self.install(id, key, count)?;
+                }
+                self.install_timers(from, id, timers)?;
+                let slot = self.claims.get_mut(usize::from(bucket)).ok_or("bucket out of range")?;
+                if slot.is_some() {
+                    return Err(format!("single owner: {id} takes bucket {bucket} claimed by {slot:?}"));
+                }
+                *slot = Some(id);
+                TaskEvent::BucketArrived { from, epoch, bucket }
+            }
+            (Msg::DrrsStart(sub), _, None) => {
+                // A task opens channels from upstreams it does not know yet with its subscale.
+                let inputs = self.cfg.inputs;
+                if let Some(Core::Drrs(core)) = self.tasks.get_mut(&id).map(|t| &mut t.core) {
+                    for &u in &sub.upstreams {
+                        for input in 0..inputs {
+                            core.add_input(InputChannel { input, from: u });
+                        }
+                    }
+                }
+                TaskEvent::Start(sub)
+            }
+            (Msg::Prepare(plan), _, None) => {
+                self.channels.push(
+                    (Node::Task(id), Node::Coordinator, Kind::Control),
+                    Msg::Ack(plan.epoch, crate::control::TaskAck::Prepared),
+                );
+                return Ok(());
+            }
+            (Msg::EndedUpstream(u), _, None) => {
+                let open = match self.tasks.get(&id).map(|t| &t.core) {
+                    Some(Core::Drrs(core)) => core.inputs_from(u),
+                    _ => Vec::new(),
+                };
+                for channel in open {
+                    self.feed_drrs(id, TaskEvent::EndOfStream { channel })?;
+                }
+                return Ok(());
+            }
+            (m, ..) => return Err(format!("unroutable message {m:?} to DRRS task {id}")),
+        };
+        self.feed_drrs(id, event)
+    }
+
+    /// Feeds an event to a DRRS task core and executes its actions.
+    fn feed_drrs(&mut self, id: TaskId, event: TaskEvent) -> Result<(), String> {
+        let Some(Core::Drrs(core)) = self.tasks.get_mut(&id).map(|t| &mut t.core) else {
+            return Err(format!("no DRRS task {id}"));
+        };
+        let before = core.waited_records();
+        let actions = core.on(event);
+        self.stats.waited += core.waited_records() - before;
+        for a in actions {
+            self.exec_drrs(id, a)?;
+        }
+        self.check_claims(id)
+    }
+
+    fn exec_drrs(&mut self, me: TaskId, action: TaskAction) -> Result<(), String> {
+        let nb = self.cfg.num_buckets;
+        match action {
+            TaskAction::Process { input, records } => {
+                for r in &records {
+                    self.process(me, input, r)?;
+                }
+            }
+            TaskAction::SendToPeer { to, message } => {
+                self.channels.push((Node::Task(me), Node::Task(to), Kind::Peer), Msg::DrrsPeer(message));
+            }
+            TaskAction::DetachTimers { buckets, up_to } => {
+                if let Some(up_to) = up_to {
+                    self.exec_task(
+                        me,
+                        crate::koala::TaskAction::FireTimers { buckets: buckets.clone(), up_to },
+                    )?;
+                }
+                let task = self.tasks.get_mut(&me).ok_or("timers of unknown task")?;
+                let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
+                    .into_iter()
+                    .partition(|(_, k)| buckets.contains(&bucket_of(k, nb)));
+                task.timers = kept;
+                task.aside.extend(moved);
+            }
+            TaskAction::PushBucket { to, epoch, bucket } => self.push_bucket(me, to, epoch, bucket)?,
+            TaskAction::PauseDirect => {
+                self.paused.insert(me);
+                self.stats.pauses += 1;
+            }
+            TaskAction::ResumeDirect => {
+                self.paused.remove(&me);
+            }
+            TaskAction::EmitWatermark(t) => self.exec_task(me, crate::koala::TaskAction::EmitWatermark(t))?,
+            TaskAction::Ack { epoch, ack } => {
+                if ack == crate::control::TaskAck::Done {
+                    self.stats.subscale_acks += 1;
+                }
+                self.channels.push((Node::Task(me), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
+            }
+            TaskAction::Error(e) => return Err(format!("protocol error at {me}: {e}")),
+        }
+        Ok(())
+    }
+
+    /// A sender pushes a whole bucket: its state and set-aside timers leave the store, travel on
+    /// the state lane, and the sender hears that the push went out at a random later step.
+    fn push_bucket(&mut self, me: TaskId, to: TaskId, epoch: Epoch, bucket: BucketId) -> Result<(), String> {
+        let nb = self.cfg.num_buckets;
+        let slot = self.claims.get_mut(usize::from(bucket)).ok_or("bucket out of range")?;
+        if *slot != Some(me) {
+            return Err(format!("single owner: {me} pushes bucket {bucket} claimed by {slot:?}"));
+        }
+        *slot = None;
+        let task = self.tasks.get_mut(&me).ok_or("push from unknown task")?;
+        let keys: Vec<Vec<u8>> = task.store.keys().filter(|k| bucket_of(k, nb) == bucket).cloned().collect();
+        let mut entries = Vec::new();
+        for key in keys {
+            if let Some(v) = task.store.remove(&key) {
+                self.holder.remove(&key);
+                entries.push((key, v));
+            }
+        }
+        let (timers, kept): (BTreeSet<_>, BTreeSet<_>) =
+            std::mem::take(&mut task.aside).into_iter().partition(|(_, k)| bucket_of(k, nb) == bucket);
+        task.aside = kept;
+        if task.timers.iter().any(|(_, k)| bucket_of(k, nb) == bucket) {
+            return Err(format!("timers: {me} pushes bucket {bucket} but kept some of its timers live"));
+        }
+        self.stats.pushed_buckets += 1;
+        let msg = Msg::Bucket { epoch, bucket, entries, timers: timers.into_iter().collect() };
+        self.channels.push((Node::Task(me), Node::Task(to), Kind::State), msg);
+        self.channels.push((Node::Task(me), Node::Task(me), Kind::Control), Msg::Pushed { to, bucket });
+        Ok(())
+    }
+
+    /// The DRRS coordinator's messages reach the tasks and upstreams they name.
+    pub(crate) fn broadcast_drrs(&mut self, control: DrrsControl) -> Result<(), String> {
+        match control {
+            DrrsControl::Begin { subscale, tasks } => {
+                let subscale = Arc::new(*subscale);
+                for to in tasks {
+                    self.channels.push(
+                        (Node::Coordinator, Node::Task(to), Kind::Control),
+                        Msg::DrrsStart(subscale.clone()),
+                    );
+                }
+            }
+            DrrsControl::Switch { epoch, operator, assignment, upstreams } => {
+                let assignment: Vec<TaskId> =
+                    assignment.into_iter().map(|i| TaskId::new(operator, i)).collect();
+                if operator != TARGET {
+                    return Err(format!(
+                        "a DRRS switch of operator {operator}, which the simulator does not run"
+                    ));
+                }
+                for up in upstreams {
+                    let msg = Msg::Switch { epoch, assignment: assignment.clone() };
+                    self.channels.push((Node::Coordinator, Node::Upstream(up), Kind::Control), msg);
+                }
+            }
+        }
+        Ok(())
+    }
+}
