@@ -42,6 +42,8 @@ struct Run {
     steps: Vec<Step>,
     /// `tables[0]` is the assignment before, `tables[i + 1]` the one after subscale `i`.
     tables: Vec<Vec<TaskId>>,
+    /// Tasks live before and after: upstreams keep channels to them in every table.
+    keep: BTreeSet<TaskId>,
     index: usize,
     phase: Phase,
     /// Upstream tasks still running.
@@ -57,8 +59,15 @@ struct Run {
 }
 
 impl Run {
+    /// The tasks upstreams have channels to when they route by `tables[t]`.
+    fn outputs(&self, t: usize) -> BTreeSet<TaskId> {
+        self.tables[t].iter().chain(&self.keep).copied().collect()
+    }
+
+    /// The tasks of subscale `i`: every output of the table before or after it (each gets a
+    /// marker from every upstream).
     fn participants(&self, i: usize) -> BTreeSet<TaskId> {
-        self.tables[i].iter().chain(&self.tables[i + 1]).copied().collect()
+        self.outputs(i).union(&self.outputs(i + 1)).copied().collect()
     }
 
     fn subscale_epoch(&self) -> Epoch {
@@ -109,11 +118,14 @@ impl DrrsCoordinator {
         let mut tables = vec![old.clone()];
         tables.extend(steps.iter().map(|s| s.assignment.clone()));
         let channels = old.iter().map(|t| (*t, upstreams.clone())).collect();
+        let before: BTreeSet<TaskId> = old.iter().copied().collect();
+        let keep = new.iter().copied().filter(|t| before.contains(t)).collect();
         let run = Run {
             operator,
             epoch,
             steps,
             tables,
+            keep,
             index: 0,
             phase: Phase::Done { pending: BTreeSet::new() },
             live: upstreams,
@@ -177,6 +189,7 @@ impl DrrsCoordinator {
             return Err(refused(&format!("subscale {current} is running")));
         }
         let i = r.index;
+        let participants = r.participants(i);
         match (ack, &mut r.phase) {
             (TaskAck::PeerReady, Phase::Ready { pending, done }) => {
                 if !pending.remove(&from) {
@@ -184,21 +197,23 @@ impl DrrsCoordinator {
                 }
                 if pending.is_empty() {
                     let done = std::mem::take(done);
-                    let pending = r.participants(i).difference(&done).copied().collect();
+                    let pending = participants.difference(&done).copied().collect();
                     r.phase = Phase::Done { pending };
+                    let table: BTreeSet<TaskId> = r.tables[i + 1].iter().copied().collect();
                     let control = DrrsControl::Switch {
                         epoch,
                         operator: r.operator,
                         assignment: r.tables[i + 1].iter().map(|t| t.index).collect(),
+                        keep: r.keep.difference(&table).map(|t| t.index).collect(),
                         upstreams: r.live.iter().copied().collect(),
+                        last: i + 1 == r.steps.len(),
                     };
                     out.push(DrrsStep::Broadcast(CoordinatorMessage::Drrs(Box::new(control))));
                 }
             }
             (TaskAck::Done, Phase::Ready { pending, done }) => {
                 // Done before the last PeerReady: the task sent its own PeerReady already.
-                if pending.contains(&from) || !r.tables[i].iter().chain(&r.tables[i + 1]).any(|t| *t == from)
-                {
+                if pending.contains(&from) || !participants.contains(&from) {
                     return Err(refused("Done before PeerReady"));
                 }
                 done.insert(from);
@@ -252,14 +267,15 @@ impl DrrsCoordinator {
         let mut notices: BTreeMap<TaskId, Vec<TaskId>> = BTreeMap::new();
         for &u in &r.finished {
             let at = r.switched.get(&u).copied().unwrap_or(0);
+            let outputs: Vec<BTreeSet<TaskId>> = (0..=at).map(|t| r.outputs(t)).collect();
             for (&task, ups) in r.channels.iter_mut() {
-                if !ups.contains(&u) || r.tables[at].contains(&task) {
+                if !ups.contains(&u) || outputs[at].contains(&task) {
                     continue;
                 }
-                // The last subscale whose marker `u` sent to the task (to the old and the new
-                // table of each subscale it switched).
+                // The last subscale whose marker `u` sent to the task (to the outputs before and
+                // after each subscale it switched).
                 let last =
-                    (0..at).rev().find(|&k| r.tables[k].contains(&task) || r.tables[k + 1].contains(&task));
+                    (0..at).rev().find(|&k| outputs[k].contains(&task) || outputs[k + 1].contains(&task));
                 if last.is_none_or(|k| r.done.contains(&(task, k))) {
                     ups.remove(&u);
                     notices.entry(u).or_default().push(task);

@@ -49,8 +49,13 @@ pub enum DrrsControl {
         operator: OperatorId,
         /// The routing table after the subscale: bucket → task index.
         assignment: Vec<u32>,
+        /// Task indices that own no bucket in `assignment` but are live before and after the
+        /// reconfiguration: upstreams keep their channels (markers, watermarks, no end of stream).
+        keep: Vec<u32>,
         /// The upstream tasks to switch.
         upstreams: Vec<TaskId>,
+        /// Whether this is the reconfiguration's last subscale.
+        last: bool,
     },
 }
 

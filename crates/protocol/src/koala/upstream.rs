@@ -24,6 +24,17 @@ pub enum RouterEvent {
         /// The new routing table.
         assignment: Vec<TaskId>,
     },
+    /// DRRS: switch to `assignment` like [`RouterEvent::SwitchRouting`], keeping channels to the
+    /// tasks `keep` (tasks live before and after the reconfiguration that own no bucket in this
+    /// intermediate table) as outputs: they get markers and watermarks, and no end of stream.
+    SwitchKeeping {
+        /// The subscale's epoch.
+        epoch: Epoch,
+        /// The new routing table.
+        assignment: Vec<TaskId>,
+        /// Tasks kept as outputs besides the table's.
+        keep: Vec<TaskId>,
+    },
     /// Stop-and-restart's drain: a marker into every output channel of the current table; the
     /// caller then pauses until [`RouterEvent::Reroute`].
     Mark {
@@ -120,7 +131,10 @@ impl UpstreamRouter {
             }
             // A finished upstream task is gone: it switches nothing. The coordinator learns that
             // it finished and tells the epoch's new tasks instead.
-            RouterEvent::SwitchRouting { .. } | RouterEvent::Reroute { .. } if self.ended => {}
+            RouterEvent::SwitchRouting { .. }
+            | RouterEvent::SwitchKeeping { .. }
+            | RouterEvent::Reroute { .. }
+                if self.ended => {}
             RouterEvent::Mark { .. } if self.ended => {}
             RouterEvent::SwitchRouting { epoch, assignment } => {
                 let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
@@ -129,6 +143,15 @@ impl UpstreamRouter {
                     out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
                 }
                 self.install(epoch, assignment, &mut out);
+            }
+            RouterEvent::SwitchKeeping { epoch, assignment, keep } => {
+                self.check_switch(epoch, &assignment)?;
+                let mut new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
+                new_outputs.extend(keep);
+                for &to in self.outputs.union(&new_outputs) {
+                    out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
+                }
+                self.install_outputs(epoch, assignment, new_outputs, &mut out);
             }
             RouterEvent::Mark { epoch } => {
                 if epoch <= self.epoch {
@@ -179,6 +202,17 @@ impl UpstreamRouter {
     /// carries after its marker (paper §3.2).
     fn install(&mut self, epoch: Epoch, assignment: Vec<TaskId>, out: &mut Vec<RouterAction>) {
         let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
+        self.install_outputs(epoch, assignment, new_outputs, out);
+    }
+
+    /// Installs a new table with these output channels (the table's tasks and any kept ones).
+    fn install_outputs(
+        &mut self,
+        epoch: Epoch,
+        assignment: Vec<TaskId>,
+        new_outputs: BTreeSet<TaskId>,
+        out: &mut Vec<RouterAction>,
+    ) {
         if let Some(w) = self.watermark {
             out.extend(
                 new_outputs
@@ -224,5 +258,22 @@ mod tests {
             [RouterAction::Error(_)]
         ));
         assert!(matches!(r.on(RouterEvent::Watermark(3))[..], [RouterAction::Error(_)]));
+    }
+
+    /// DRRS keeps channels to tasks that own nothing in an intermediate table.
+    #[test]
+    fn switch_keeping_marks_and_feeds_kept_outputs() {
+        let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
+        let mut r = UpstreamRouter::new(vec![a, b]).expect("table");
+        let out = r.on(RouterEvent::SwitchKeeping { epoch: 1, assignment: vec![b, b], keep: vec![a] });
+        assert_eq!(
+            out,
+            vec![
+                RouterAction::Send { to: a, message: ChannelMessage::Marker(1) },
+                RouterAction::Send { to: b, message: ChannelMessage::Marker(1) },
+            ]
+        );
+        let out = r.on(RouterEvent::Watermark(4));
+        assert_eq!(out.len(), 2, "the kept task still gets watermarks: {out:?}");
     }
 }

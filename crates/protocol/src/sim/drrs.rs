@@ -183,16 +183,17 @@ impl World {
                     );
                 }
             }
-            DrrsControl::Switch { epoch, operator, assignment, upstreams } => {
+            DrrsControl::Switch { epoch, operator, assignment, keep, upstreams, .. } => {
                 let assignment: Vec<TaskId> =
                     assignment.into_iter().map(|i| TaskId::new(operator, i)).collect();
+                let keep: Vec<TaskId> = keep.into_iter().map(|i| TaskId::new(operator, i)).collect();
                 if operator != TARGET {
                     return Err(format!(
                         "a DRRS switch of operator {operator}, which the simulator does not run"
                     ));
                 }
                 for up in upstreams {
-                    let msg = Msg::Switch { epoch, assignment: assignment.clone() };
+                    let msg = Msg::DrrsSwitch { epoch, assignment: assignment.clone(), keep: keep.clone() };
                     self.channels.push((Node::Coordinator, Node::Upstream(up), Kind::Control), msg);
                 }
             }

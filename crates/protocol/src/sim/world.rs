@@ -97,6 +97,12 @@ pub(crate) enum Msg {
         entries: Vec<(Vec<u8>, u64)>,
         timers: Vec<(Timestamp, Vec<u8>)>,
     },
+    /// DRRS: an upstream switches to a subscale's table, keeping channels to `keep`.
+    DrrsSwitch {
+        epoch: Epoch,
+        assignment: Vec<TaskId>,
+        keep: Vec<TaskId>,
+    },
     /// DRRS: the runtime sent a pushed bucket (to the sender itself, at a random later step).
     Pushed {
         to: TaskId,
@@ -582,6 +588,14 @@ impl World {
             Msg::Switch { epoch, assignment } => {
                 // One switch of the task, a marker on each of its channels, one `Switched`.
                 self.on_routers(u, |_| RouterEvent::SwitchRouting { epoch, assignment: assignment.clone() })?;
+                self.upstream_ack(u, epoch, TaskAck::Switched);
+            }
+            Msg::DrrsSwitch { epoch, assignment, keep } => {
+                self.on_routers(u, |_| RouterEvent::SwitchKeeping {
+                    epoch,
+                    assignment: assignment.clone(),
+                    keep: keep.clone(),
+                })?;
                 self.upstream_ack(u, epoch, TaskAck::Switched);
             }
             Msg::Drain(epoch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
