@@ -46,9 +46,15 @@ pub struct JobConfig {
     /// Where keyed state lives: `[state] backend` and `cache_mb`.
     #[serde(default)]
     pub state: StateSection,
-    /// The reconfiguration protocol: `koala` (lazy, the default) or `stop-and-restart`.
+    /// The reconfiguration protocol: `koala` (lazy, the default), `stop-and-restart` or `drrs`
+    /// (live migration; needs `partition_policy = "uniform"`).
     #[serde(default)]
     pub protocol: koala_protocol::Protocol,
+    /// `[drrs]`: `subscales` (0, the default, = one per sender→receiver pair) and
+    /// `wait_records` (direct records a receiver lets wait for state before it stops taking
+    /// direct input; default 2048). Only read under `protocol = "drrs"`.
+    #[serde(default)]
+    pub drrs: koala_protocol::drrs::DrrsOptions,
     /// Koala's progressive migration: extra keys each fetch from a cancelled task carries, and
     /// the batch size of the background pull when idle (0 = fetch on demand only).
     #[serde(default = "defaults::extra_keys")]
@@ -288,10 +294,20 @@ impl JobConfig {
         if self.workers == 0 {
             return Err(invalid("workers", "0 workers cannot run a job; use 1 or more"));
         }
-        if self.protocol == koala_protocol::Protocol::Drrs {
+        if self.protocol == koala_protocol::Protocol::Drrs && self.partition_policy != PolicyName::Uniform {
             return Err(invalid(
-                "protocol",
-                "\"drrs\" is not built yet in the runtime (its protocol core runs only in the simulator:                  `cargo test -p koala-protocol --test protocol_sim drrs`); use \"koala\" or \"stop-and-restart\"",
+                "partition_policy",
+                "protocol = \"drrs\" runs with the uniform partition policy, as the paper's DRRS does \
+                 (contiguous even bucket ranges); add partition_policy = \"uniform\"",
+            ));
+        }
+        if self.drrs.subscales > koala_protocol::drrs::MAX_SUBSCALES {
+            return Err(invalid(
+                "drrs.subscales",
+                format!(
+                    "at most {}; 0 (the default) runs one per sender→receiver pair",
+                    koala_protocol::drrs::MAX_SUBSCALES
+                ),
             ));
         }
         if self.num_buckets == 0 {

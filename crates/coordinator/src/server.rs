@@ -116,9 +116,10 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     tracing::info!(run = %job.run, tasks = deployment.placement.len(), "job started");
     let next_index =
         deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
-    let engine = Engine::new(deployment, operator_inputs(&graph)).map_err(|e| {
+    let mut engine = Engine::new(deployment, operator_inputs(&graph)).map_err(|e| {
         CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
     })?;
+    engine.set_drrs_options(config.drrs);
     let mut state = JobState {
         config,
         graph: &graph,

@@ -53,10 +53,12 @@ pub fn demo(duration_s: u64, output_dir: &Path, protocol: &str) -> anyhow::Resul
     config.protocol = match protocol {
         "koala" => koala_protocol::Protocol::Koala,
         "stop-and-restart" => koala_protocol::Protocol::StopAndRestart,
-        "drrs" => anyhow::bail!(
-            "--protocol drrs: not built yet in the runtime (its core runs only in the simulator); use koala or stop-and-restart"
-        ),
-        other => anyhow::bail!("--protocol {other:?}: use koala or stop-and-restart"),
+        "drrs" => {
+            // DRRS runs with the uniform policy, as the paper's does (docs/protocols.md §11).
+            config.partition_policy = koala_coordinator::config::PolicyName::Uniform;
+            koala_protocol::Protocol::Drrs
+        }
+        other => anyhow::bail!("--protocol {other:?}: use koala, stop-and-restart or drrs"),
     };
     println!(
         "koala demo: {} with {} workers for {duration_s} s (rate 30k/s, surge to 60k/s 20–45 s, aggregate scaled out 2 → 4 at 25 s, {}; {}); output in {}",

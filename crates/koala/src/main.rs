@@ -33,7 +33,7 @@ enum Command {
         /// Where metrics, plots and worker state go.
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
-        /// Reconfiguration protocol: koala or stop-and-restart.
+        /// Reconfiguration protocol: koala, stop-and-restart or drrs (with the uniform partition policy).
         #[arg(long, default_value = "koala")]
         protocol: String,
     },

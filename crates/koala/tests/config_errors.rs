@@ -59,11 +59,16 @@ fn timeouts_below_a_second_are_named() {
     assert!(err.contains("runtime.reconfiguration_timeout_s"), "{err}");
 }
 
-/// DRRS runs in the simulator only so far: a job asking for it is refused, not half run.
+/// DRRS runs with the uniform partition policy only; its knobs are checked by name.
 #[test]
-fn drrs_is_refused_as_not_built_yet() {
+fn drrs_needs_the_uniform_policy_and_known_knobs() {
     let err = rejected(&format!("protocol = \"drrs\"\n{BASE}"));
-    assert!(err.contains("protocol") && err.contains("not built yet"), "{err}");
+    assert!(err.contains("partition_policy") && err.contains("uniform"), "{err}");
+    let top = "protocol = \"drrs\"\npartition_policy = \"uniform\"\n";
+    let err = rejected(&format!("{top}{BASE}[drrs]\nsubscale = 2\n"));
+    assert!(err.contains("subscale"), "{err}");
+    let err = rejected(&format!("{top}{BASE}[drrs]\nsubscales = 100000\n"));
+    assert!(err.contains("drrs.subscales"), "{err}");
 }
 
 #[test]

@@ -229,9 +229,10 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     send_to(j, &[task], || TaskCommand::Release);
                 }
             }
-            CoordinatorMessage::Drrs(_) => {
-                // The coordinator refuses `protocol = "drrs"` until the runtime runs DRRS tasks.
-                return Err(RuntimeError::Control("DRRS is not built yet in the runtime".into()));
+            CoordinatorMessage::Drrs(control) => {
+                if let Some(j) = job.as_mut() {
+                    drrs_control(j, *control)?;
+                }
             }
             CoordinatorMessage::Shutdown => {
                 tracing::info!(worker = %me, "shutting down");
@@ -386,6 +387,36 @@ fn prepare_reconfiguration(
         }
     }
     job.plans.insert(plan.epoch, plan);
+    Ok(())
+}
+
+/// DRRS: a subscale's `Begin` goes to its tasks; its `Switch` to the upstreams, as a plan whose
+/// deployment routes by the subscale's table and keeps channels to the kept tasks
+/// (docs/protocols.md §11).
+fn drrs_control(job: &mut Job, control: koala_protocol::drrs::DrrsControl) -> Result<(), RuntimeError> {
+    use koala_protocol::drrs::{DrrsControl, plan_epoch};
+    match control {
+        DrrsControl::Begin { subscale, tasks } => {
+            let subscale = Arc::new(*subscale);
+            send_to(job, &tasks, || TaskCommand::DrrsBegin(subscale.clone()));
+        }
+        DrrsControl::Switch { epoch, operator, assignment, keep, upstreams, last } => {
+            let plan_at = plan_epoch(epoch);
+            let plan = if last { job.plans.remove(&plan_at) } else { job.plans.get(&plan_at).cloned() };
+            let Some(plan) = plan else {
+                return Err(RuntimeError::Control(format!("DRRS switch of unknown epoch {plan_at}")));
+            };
+            let mut step = (*plan).clone();
+            step.epoch = epoch;
+            let mut tasks: Vec<u32> = assignment.iter().chain(&keep).copied().collect();
+            tasks.sort_unstable();
+            tasks.dedup();
+            step.deployment.tasks.insert(operator, tasks);
+            step.deployment.routing.insert(operator, assignment);
+            let step = Arc::new(step);
+            send_to(job, &upstreams, || TaskCommand::Switch(step.clone()));
+        }
+    }
     Ok(())
 }
 

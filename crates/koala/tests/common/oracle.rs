@@ -141,7 +141,14 @@ fn case_generator(case: &Case<'_>) -> koala_dataflow::KeyedEventsConfig {
 
 /// The top-level config lines of a case: its protocol, then its own lines.
 fn top_lines(case: &Case<'_>) -> String {
-    format!("protocol = \"{}\"\n{}", case.protocol, case.top)
+    // DRRS runs with the uniform partition policy (docs/protocols.md §11); a case that sets a
+    // policy itself keeps it.
+    let policy = if case.protocol == "drrs" && !case.top.contains("partition_policy") {
+        "partition_policy = \"uniform\"\n"
+    } else {
+        ""
+    };
+    format!("protocol = \"{}\"\n{policy}{}", case.protocol, case.top)
 }
 
 /// Runs both deployments and asserts equal outputs; returns the reconfigured run's stdout. Both

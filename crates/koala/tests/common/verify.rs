@@ -236,6 +236,7 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
     // State moved: per reconfiguration under stop-and-restart (bytes_moved), over the run under
     // Koala (state_bytes_moved samples; state moves lazily, after completion).
     let mut koala_must_move = None;
+    let mut drrs_must_move = None;
     for (j, a) in applied.iter().enumerate() {
         if !model.is_stateful(&a.operator) {
             continue;
@@ -261,6 +262,20 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
         if expect.protocol == "koala" && (expect.permanent_state)(&a.operator) {
             koala_must_move.get_or_insert(row.epoch);
         }
+        if expect.protocol == "drrs" {
+            drrs_must_move.get_or_insert(row.epoch);
+        }
+    }
+    // DRRS pushes whole buckets eagerly: a reconfiguration that moved buckets holding keys made
+    // their senders report the state they pushed.
+    if let Some(epoch) = drrs_must_move {
+        if rec.total(metric::STATE_BYTES_MOVED) <= 0.0 {
+            return Err(format!(
+                "epoch {epoch} moved buckets holding keys under DRRS, but no task reported {}",
+                metric::STATE_BYTES_MOVED
+            ));
+        }
+        checked.push("state pushed".into());
     }
     if koala_must_move.is_some() {
         checked.push("state moved lazily".into());

@@ -40,6 +40,7 @@ pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent};
 
 /// DRRS knobs (`[drrs]` in a job config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct DrrsOptions {
     /// Subscales a reconfiguration is split into; 0 = one per sender→receiver pair (the
     /// default, the artifact's `NumSubscales: -1`). More than there are pairs also means one

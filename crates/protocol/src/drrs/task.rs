@@ -296,6 +296,11 @@ impl DrrsTask {
         }
     }
 
+    /// Whether a data channel is still open here.
+    pub fn has_inputs(&self) -> bool {
+        !self.inputs.is_empty()
+    }
+
     /// The task id.
     pub fn id(&self) -> TaskId {
         self.id

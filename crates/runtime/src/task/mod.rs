@@ -1,5 +1,6 @@
 //! Task loops: one thread per task, one loop per kind of operator.
 
+mod drrs;
 mod koala;
 mod location;
 mod operator;
@@ -51,6 +52,8 @@ pub enum TaskCommand {
     /// Koala: every task of the reconfiguration is prepared; start the hand-over of the
     /// reconfiguration the coordinator's Koala core planned.
     Begin(Arc<koala_protocol::koala::Reconfiguration>),
+    /// DRRS: start a subscale.
+    DrrsBegin(Arc<koala_protocol::drrs::Subscale>),
     /// Koala: switch to the plan's routing without pausing.
     Switch(Arc<ReconfigPlan>),
     /// Koala: stop serving state and exit.
@@ -76,6 +79,7 @@ impl TaskCommand {
             Self::Drain { .. } => "Drain",
             Self::Resume(_) => "Resume",
             Self::Begin(_) => "Begin",
+            Self::DrrsBegin(_) => "DrrsBegin",
             Self::Switch(_) => "Switch",
             Self::Release => "Release",
             Self::HandOver { .. } => "HandOver",

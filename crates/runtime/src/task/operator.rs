@@ -46,6 +46,9 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     if setup.spec.is_stateful() && setup.deployment.protocol == koala_protocol::Protocol::Koala {
         return super::koala::run_koala_operator(setup);
     }
+    if setup.spec.is_stateful() && setup.deployment.protocol == koala_protocol::Protocol::Drrs {
+        return super::drrs::run_drrs_operator(setup);
+    }
     let mut task = OperatorTask::new(&setup)?;
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     if setup.inputs.is_empty() {
@@ -161,7 +164,10 @@ impl OperatorTask {
             TaskCommand::HandOver { epoch } => {
                 self.on_transfer(setup, outputs, TargetEvent::Drain { epoch })?;
             }
-            TaskCommand::StopSource | TaskCommand::Release | TaskCommand::Begin(_) => {}
+            TaskCommand::StopSource
+            | TaskCommand::Release
+            | TaskCommand::Begin(_)
+            | TaskCommand::DrrsBegin(_) => {}
             TaskCommand::Resume(plan) => {
                 // Not paused (a pause takes its Resume itself): the core refuses it.
                 let event = UpstreamEvent::Resume { epoch: plan.epoch };

@@ -1,0 +1,453 @@
+//! The loop of a stateful task under DRRS (docs/protocols.md §11). Every input — records,
+//! watermarks, markers, peer messages, pushed buckets — goes through the protocol's sans-IO core
+//! ([`DrrsTask`], the one the simulator checks), which decides; this loop only executes its
+//! actions: process the records whose state is here, forward records and watermarks to a
+//! receiver, set a moved bucket's timers aside and push the bucket whole (its state by range
+//! scan, then its timers) on the peer lane, install what arrives, stop taking data input while
+//! the core says so (backpressure), emit watermarks, acknowledge.
+//!
+//! Pushed buckets travel on the peer lane, so between workers they pass the emulated link
+//! (`[runtime] link_mb_per_sec`, `crate::throttle`). A bucket is pushed once the previous one left
+//! (nothing of it waits in the outbox): the core then picks the next, a bucket records wait for
+//! first, and the loop keeps processing in between.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Select, TryRecvError, select};
+use koala_protocol::drrs::{DrrsPeer, DrrsTask, TaskAction, TaskConfig, TaskEvent};
+use koala_protocol::{Deployment, TaskAck};
+use koala_state::{StateKey, StateWrite};
+use koala_types::{
+    BucketId, ChannelMessage, Epoch, StateEntry, TaskId, Timestamp, bucket_of, decode, encode,
+};
+use serde::{Deserialize, Serialize};
+
+use super::location::codec;
+use super::operator::OperatorTask;
+use super::{TaskCommand, TaskSetup};
+use crate::RuntimeError;
+use crate::channel::InputChannel;
+use crate::links::open_peer;
+use crate::output::Outputs;
+use crate::peer::Outbox;
+
+/// Bytes of state per pushed message.
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// What one task sends another on the peer lane under DRRS.
+#[derive(Serialize, Deserialize)]
+enum Wire {
+    Peer(DrrsPeer),
+    /// Part of a pushed bucket's state.
+    Chunk {
+        bucket: BucketId,
+        entries: Vec<StateEntry>,
+    },
+    /// The end of a pushed bucket, with the timers set aside for it.
+    BucketEnd {
+        epoch: Epoch,
+        bucket: BucketId,
+        timers: Vec<(Timestamp, Vec<u8>)>,
+    },
+}
+
+struct DrrsOperator {
+    op: OperatorTask,
+    core: DrrsTask,
+    deployment: Arc<Deployment>,
+    outbox: Outbox,
+    /// A task a reconfiguration created, until its first subscale: the input channels it will
+    /// have, and those that ended already.
+    unstarted: Option<(BTreeSet<InputChannel>, BTreeSet<InputChannel>)>,
+    watermark: Option<Timestamp>,
+    epoch: u64,
+    /// The core stopped direct input (backpressure).
+    paused: bool,
+    /// Timers of buckets this task stopped processing, until their bucket's push.
+    aside: Vec<(Timestamp, Vec<u8>)>,
+    /// Pushes handed to the outbox; the core hears `Pushed` once nothing waits there.
+    pushed: VecDeque<(TaskId, BucketId)>,
+    /// A reconfiguration this task takes part in and has not finished: it must not end before.
+    taking_part: Option<Epoch>,
+    /// Whether that reconfiguration cancels this task.
+    cancelled: bool,
+    /// Whether the last subscale started here was its reconfiguration's last.
+    last_subscale: bool,
+    /// The coordinator released the task (everything it held was pushed).
+    released: bool,
+}
+
+/// Runs a stateful task under DRRS until its inputs ended and no reconfiguration needs it.
+pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
+    let op = OperatorTask::new(&setup)?;
+    let d = setup.deployment.clone();
+    let me = setup.task;
+    let owned: BTreeSet<BucketId> = d
+        .routing
+        .get(&me.operator)
+        .filter(|_| !setup.created_by_reconfiguration)
+        .map(|t| t.iter().enumerate().filter(|(_, o)| **o == me.index).map(|(b, _)| b as BucketId).collect())
+        .unwrap_or_default();
+    let core = DrrsTask::new(TaskConfig {
+        id: me,
+        num_buckets: setup.num_buckets,
+        owned,
+        // A new task's core learns its channels with its first subscale (as the simulator
+        // deploys it): before that it owns nothing and emits no watermark.
+        inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
+    });
+    let mut task = DrrsOperator {
+        op,
+        core,
+        deployment: d,
+        outbox: Outbox::default(),
+        unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
+        watermark: None,
+        epoch: 0,
+        paused: false,
+        aside: Vec::new(),
+        pushed: VecDeque::new(),
+        taking_part: None,
+        cancelled: false,
+        last_subscale: false,
+        released: false,
+    };
+    let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
+    let closed = crossbeam_channel::never();
+    loop {
+        let now = Instant::now();
+        let gate = task.op.data_closed_until(now);
+        let deadline = outputs
+            .next_deadline()
+            .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
+        let deadline = gate.map_or(deadline, |g| g.min(deadline));
+        let timeout = deadline.saturating_duration_since(now);
+        let data_closed = gate.is_some() || task.paused;
+        if task.outbox.has_waiting() {
+            task.wait_for_peers(&setup, &mut outputs, timeout)?;
+        } else {
+            select! {
+                recv(setup.commands) -> cmd => match cmd {
+                    Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
+                    Err(_) => return Err(RuntimeError::WorkerGone(me)),
+                },
+                recv(setup.peer_inbox) -> item => {
+                    if let Ok(item) = item {
+                        task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
+                    }
+                },
+                recv(if data_closed { &closed } else { &setup.inbox }) -> item => {
+                    let Ok(item) = item else {
+                        return Err(RuntimeError::InputClosed(me));
+                    };
+                    task.on_data(&setup, &mut outputs, item.channel, item.message)?;
+                },
+                default(timeout) => {}
+            }
+        }
+        // The last push left: the core may push the next bucket.
+        if !task.outbox.has_waiting()
+            && let Some((to, bucket)) = task.pushed.pop_front()
+        {
+            task.feed(&setup, &mut outputs, TaskEvent::Pushed { to, bucket })?;
+        }
+        task.check_taking_part();
+        if task.done() {
+            task.op.advance(&setup, &mut outputs, Timestamp::MAX)?;
+            outputs.flush_all()?;
+            outputs.broadcast(&ChannelMessage::EndOfStream)?;
+            setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+            return Ok(());
+        }
+        let now = Instant::now();
+        outputs.flush_due(now)?;
+        setup.report(&mut task.op.metrics, &mut outputs, now);
+    }
+}
+
+impl DrrsOperator {
+    /// One turn while messages wait for a full peer lane: serve a command or a peer message, or
+    /// move waiting messages into a lane that made room; no data input meanwhile.
+    fn wait_for_peers(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
+        let blocked = self.outbox.blocked();
+        let mut ready = Select::new();
+        let commands = ready.recv(&setup.commands);
+        let peers = ready.recv(&setup.peer_inbox);
+        for lane in &blocked {
+            ready.send(lane);
+        }
+        let started = Instant::now();
+        let which = ready.ready_timeout(timeout);
+        self.op.metrics.backpressure += started.elapsed();
+        match which {
+            Err(_) => Ok(()),
+            Ok(i) if i == commands => match setup.commands.try_recv() {
+                Ok(cmd) => self.on_command(setup, outputs, cmd),
+                Err(TryRecvError::Empty) => Ok(()),
+                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
+            },
+            Ok(i) if i == peers => match setup.peer_inbox.try_recv() {
+                Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
+                Err(_) => Ok(()),
+            },
+            Ok(_) => self.outbox.flush(),
+        }
+    }
+
+    /// Whether the task is done: every input ended, nothing held, no subscale running or to
+    /// come, nothing left to send.
+    fn done(&self) -> bool {
+        let idle = self.taking_part.is_none()
+            && self.unstarted.is_none()
+            && !self.core.in_transition()
+            && !self.core.is_busy()
+            && !self.outbox.has_waiting()
+            && self.pushed.is_empty();
+        idle && (!self.core.has_inputs() || (self.released && self.core.owned_buckets().is_empty()))
+    }
+
+    /// The reconfiguration this task takes part in is over for it: its last subscale finished,
+    /// or it was cancelled and pushed everything.
+    fn check_taking_part(&mut self) {
+        if self.taking_part.is_some()
+            && !self.core.in_transition()
+            && (self.last_subscale || (self.cancelled && self.core.owned_buckets().is_empty()))
+        {
+            self.taking_part = None;
+        }
+    }
+
+    fn on_command(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        cmd: TaskCommand,
+    ) -> Result<(), RuntimeError> {
+        match cmd {
+            TaskCommand::Prepare(plan) => {
+                self.epoch = plan.epoch;
+                self.deployment = Arc::new(plan.deployment.clone());
+                let me = setup.task;
+                let live = plan.deployment.tasks.get(&me.operator).is_some_and(|t| t.contains(&me.index));
+                self.cancelled = plan.cancelled.contains(&me.index);
+                if live || self.cancelled {
+                    self.taking_part = Some(plan.epoch);
+                    self.last_subscale = false;
+                }
+                setup.ack(plan.epoch, TaskAck::Prepared);
+            }
+            TaskCommand::DrrsBegin(subscale) => {
+                self.epoch = subscale.epoch;
+                self.last_subscale = subscale.index + 1 == subscale.count;
+                let (known, ended) = self.unstarted.take().unwrap_or_default();
+                for channel in known {
+                    self.core.add_input(channel);
+                }
+                self.feed(setup, outputs, TaskEvent::Start(subscale))?;
+                for channel in ended {
+                    self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
+                }
+            }
+            TaskCommand::Release => self.released = true,
+            TaskCommand::HandOver { .. } => {}
+            TaskCommand::Switch(plan) => setup.switch_and_ack(&plan, outputs)?,
+            TaskCommand::UpstreamEnded(upstream) => {
+                if let Some((known, ended)) = self.unstarted.as_mut() {
+                    ended.extend(known.iter().filter(|c| c.from == upstream));
+                    return Ok(());
+                }
+                for channel in self.core.inputs_from(upstream) {
+                    self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
+                }
+            }
+            TaskCommand::AddInputs { epoch, channels } => {
+                for c in channels {
+                    match self.unstarted.as_mut() {
+                        Some((known, _)) => {
+                            known.insert(c);
+                        }
+                        None => self.core.add_input(c),
+                    }
+                }
+                setup.ack(epoch, TaskAck::Prepared);
+            }
+            other => {
+                tracing::error!(task = %setup.task, command = other.name(), "command a DRRS task does not take; ignored");
+            }
+        }
+        Ok(())
+    }
+
+    fn on_data(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        channel: InputChannel,
+        message: ChannelMessage,
+    ) -> Result<(), RuntimeError> {
+        let event = match message {
+            ChannelMessage::Batch(records) => TaskEvent::Records { channel, records },
+            ChannelMessage::Watermark(time) => TaskEvent::Watermark { channel, time },
+            ChannelMessage::Marker(epoch) => TaskEvent::Marker { channel, epoch },
+            ChannelMessage::EndOfStream => TaskEvent::EndOfStream { channel },
+            other => {
+                let message = super::transfer::message_kind(&other);
+                return Err(RuntimeError::MisplacedMessage { task: setup.task, channel, message });
+            }
+        };
+        self.feed(setup, outputs, event)
+    }
+
+    fn on_peer(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        from: TaskId,
+        message: ChannelMessage,
+    ) -> Result<(), RuntimeError> {
+        let ChannelMessage::Protocol(bytes) = message else {
+            let reason = "a non-protocol message on the peer channel".into();
+            return Err(RuntimeError::Peer { task: setup.task, from, reason });
+        };
+        match decode::<Wire>(&bytes) {
+            Ok(Wire::Peer(message)) => self.feed(setup, outputs, TaskEvent::Peer { from, message }),
+            Ok(Wire::Chunk { bucket, entries }) => {
+                if let Some(e) = entries.iter().find(|e| e.bucket != bucket) {
+                    let reason = format!("a chunk of bucket {bucket} holds a key of bucket {}", e.bucket);
+                    return Err(RuntimeError::Peer { task: setup.task, from, reason });
+                }
+                let writes: Vec<StateWrite> = entries
+                    .into_iter()
+                    .map(|e| {
+                        StateWrite::Put(StateKey { bucket: e.bucket, state: e.state, key: e.key }, e.value)
+                    })
+                    .collect();
+                self.op.metrics.state_writes += writes.len() as u64;
+                if !writes.is_empty() {
+                    store(setup)?.write_many(writes)?;
+                }
+                Ok(())
+            }
+            Ok(Wire::BucketEnd { epoch, bucket, timers }) => {
+                self.op.timers.register(timers.into_iter().map(|(t, k)| (k, t)));
+                self.feed(setup, outputs, TaskEvent::BucketArrived { from, epoch, bucket })
+            }
+            Err(e) => {
+                let reason = format!("an undecodable peer message ({e})");
+                Err(RuntimeError::Peer { task: setup.task, from, reason })
+            }
+        }
+    }
+
+    fn feed(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        event: TaskEvent,
+    ) -> Result<(), RuntimeError> {
+        let actions = self.core.on(event);
+        self.execute(setup, outputs, actions)
+    }
+
+    fn execute(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        actions: Vec<TaskAction>,
+    ) -> Result<(), RuntimeError> {
+        let nb = setup.num_buckets;
+        for action in actions {
+            match action {
+                TaskAction::Process { input, records } => {
+                    self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                }
+                TaskAction::SendToPeer { to, message } => self.send(setup, to, &Wire::Peer(message))?,
+                TaskAction::DetachTimers { buckets, up_to } => {
+                    let buckets: BTreeSet<BucketId> = buckets.into_iter().collect();
+                    if let Some(up_to) = up_to {
+                        self.op
+                            .fire_due_where(setup, outputs, up_to, |k| buckets.contains(&bucket_of(k, nb)))?;
+                    }
+                    self.aside.extend(self.op.timers.take_where(|k| buckets.contains(&bucket_of(k, nb))));
+                    // What this task emitted for these keys goes out before anything the new
+                    // owner emits for them.
+                    outputs.flush_all()?;
+                }
+                TaskAction::PushBucket { to, epoch, bucket } => {
+                    self.push(setup, to, epoch, bucket)?;
+                    self.pushed.push_back((to, bucket));
+                }
+                TaskAction::PauseDirect => self.paused = true,
+                TaskAction::ResumeDirect => self.paused = false,
+                TaskAction::EmitWatermark(t) => {
+                    self.watermark = Some(t);
+                    self.op.advance(setup, outputs, t)?;
+                }
+                TaskAction::Ack { epoch, ack } => setup.ack(epoch, ack),
+                TaskAction::Error(error) => {
+                    tracing::error!(task = %setup.task, %error, "protocol surprise refused");
+                    setup.ack(self.epoch, TaskAck::ProtocolError { error });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes `bucket` whole to `to`: its state in chunks, then the timers set aside for it; it
+    /// is gone here afterwards (one live copy).
+    fn push(
+        &mut self,
+        setup: &TaskSetup,
+        to: TaskId,
+        epoch: Epoch,
+        bucket: BucketId,
+    ) -> Result<(), RuntimeError> {
+        let store = store(setup)?;
+        let mut chunks: Vec<Vec<StateEntry>> = Vec::new();
+        let bytes = store.scan_buckets(&[bucket], CHUNK_BYTES, &mut |chunk| {
+            chunks.push(
+                chunk
+                    .into_iter()
+                    .map(|(k, value)| StateEntry { bucket: k.bucket, state: k.state, key: k.key, value })
+                    .collect(),
+            );
+            Ok(())
+        })?;
+        let entries: usize = chunks.iter().map(Vec::len).sum();
+        for entries in chunks {
+            self.send(setup, to, &Wire::Chunk { bucket, entries })?;
+        }
+        let nb = setup.num_buckets;
+        let (timers, kept): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.aside).into_iter().partition(|(_, k)| bucket_of(k, nb) == bucket);
+        self.aside = kept;
+        self.send(setup, to, &Wire::BucketEnd { epoch, bucket, timers })?;
+        store.delete_buckets(&[bucket])?;
+        self.op.metrics.state_bytes_moved += bytes;
+        tracing::debug!(task = %setup.task, %to, bucket, bytes, entries, "bucket pushed");
+        Ok(())
+    }
+
+    /// Sends on the bounded peer lane through the outbox, which never blocks the task.
+    fn send(&mut self, setup: &TaskSetup, to: TaskId, wire: &Wire) -> Result<(), RuntimeError> {
+        let bytes = encode(wire).map_err(codec)?;
+        if !self.outbox.is_open(to) {
+            self.outbox.open(open_peer(&setup.links, &self.deployment, to, setup.task)?);
+        }
+        self.outbox.send(to, ChannelMessage::Protocol(bytes))
+    }
+}
+
+fn store(setup: &TaskSetup) -> Result<&dyn koala_state::StateBackend, RuntimeError> {
+    setup
+        .store
+        .as_deref()
+        .ok_or_else(|| RuntimeError::deployment(setup.task, "a keyed task without a state store"))
+}
