@@ -40,7 +40,10 @@ pub fn outcome(summary: &JobSummary, out: &Path) -> anyhow::Result<(Outcome, Rep
     let rows = &rep.table.rows;
     let in_range = |a: i64, b: i64| rows.iter().filter(|r| r.t_s >= a && r.t_s < b).collect::<Vec<_>>();
     let first = rep.reconfigurations.first();
-    let latency = first.map_or((None, None), |r| {
+    // Per-batch latency is not meaningful for DRRS (paper §5.1.3): a batch is processed in part
+    // while the rest waits for state.
+    let latency_applies = rep.run.protocol != "drrs";
+    let latency = first.filter(|_| latency_applies).map_or((None, None), |r| {
         let start = r.start_t_s;
         (
             mean(&in_range(start - 5, start), |r| r.batch_latency_mean_us),
@@ -90,11 +93,15 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
         Some(s) => println!("demo: backlog recovered {s} s after the reconfiguration started"),
         None => println!("demo: the backlog did not recover before the run ended"),
     }
-    println!(
-        "demo: per-batch latency {} before the reconfiguration, {} after",
-        opt_us(o.latency.0),
-        opt_us(o.latency.1)
-    );
+    if o.protocol == "drrs" {
+        println!("demo: per-batch latency n/a for DRRS (batches are processed in part while the rest waits)");
+    } else {
+        println!(
+            "demo: per-batch latency {} before the reconfiguration, {} after",
+            opt_us(o.latency.0),
+            opt_us(o.latency.1)
+        );
+    }
 }
 
 /// The `koala compare` table.
@@ -114,7 +121,11 @@ pub fn print_table(outcomes: &[Outcome]) {
     );
     for o in outcomes {
         let rec = o.recovery_s.map_or("never".into(), |s| format!("{s} s"));
-        let lat = format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1));
+        let lat = if o.protocol == "drrs" {
+            "n/a".to_string()
+        } else {
+            format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1))
+        };
         println!(
             "{:<18} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>6} ms",
             o.protocol,

@@ -164,9 +164,13 @@ pub fn scale_out(quick: bool, out: &Path) -> anyhow::Result<()> {
         );
     }
     let mut runs: Vec<ReportSummary> = Vec::new();
-    for protocol in ["koala", "stop-and-restart"] {
+    for protocol in ["koala", "stop-and-restart", "drrs"] {
         let dir = out.join(protocol);
-        let config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
+        let mut config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
+        if protocol == "drrs" {
+            // DRRS runs with the uniform policy, as the paper's does (docs/protocols.md §11).
+            config.partition_policy = koala_coordinator::config::PolicyName::Uniform;
+        }
         let summary = crate::launch::run_job_locally(config)?;
         let (_, report) = crate::compare::outcome(&summary, &dir)?;
         println!("{report}");
@@ -179,6 +183,7 @@ fn protocol_name(p: &str) -> &'static str {
     match p {
         "koala" => "koala",
         "stop-and-restart" => "stop-and-restart",
+        "drrs" => "drrs",
         _ => "other",
     }
 }
@@ -246,7 +251,7 @@ fn write_results(runs: &[ReportSummary], scale_out_s: u64, out: &Path) -> anyhow
             first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio()))
         );
     }
-    if let [k, s] = runs {
+    if let [k, s, ..] = runs {
         let rec = |r: &ReportSummary| r.reconfigurations.first().and_then(|c| c.backlog_recovery_s);
         if let (Some(a), Some(b)) = (rec(k), rec(s)) {
             println!(

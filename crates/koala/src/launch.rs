@@ -46,8 +46,17 @@ pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
 }
 
 /// `koala demo`.
-pub fn demo(duration_s: u64, output_dir: &Path, protocol: &str) -> anyhow::Result<crate::compare::Outcome> {
+/// `policy` overrides the demo config's partition policy (DRRS always runs with uniform).
+pub fn demo(
+    duration_s: u64,
+    output_dir: &Path,
+    protocol: &str,
+    policy: Option<koala_coordinator::config::PolicyName>,
+) -> anyhow::Result<crate::compare::Outcome> {
     let mut config = JobConfig::parse(DEMO_CONFIG, "examples/demo.toml")?;
+    if let Some(policy) = policy {
+        config.partition_policy = policy;
+    }
     config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
     config.protocol = match protocol {

@@ -37,14 +37,22 @@ enum Command {
         #[arg(long, default_value = "koala")]
         protocol: String,
     },
-    /// Run the demo workload once per protocol (Koala, stop-and-restart) and print a table: state
-    /// moved on demand and in the background, backlog recovery time, peak lag, lag p99 over the
-    /// last 5 s, worst throughput dip against the offered rate, per-batch latency before and
-    /// after, pause.
+    /// Run the demo workload once per protocol (default Koala, stop-and-restart) and print a
+    /// table: state moved on demand and in the background, backlog recovery time, peak lag, lag
+    /// p99 over the last 5 s, worst throughput dip against the offered rate, per-batch latency
+    /// before and after (n/a for DRRS), pause.
     Compare {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 60)]
         duration_s: u64,
+        /// Comma-separated protocols to run: koala, stop-and-restart, drrs (drrs always runs
+        /// with the uniform partition policy).
+        #[arg(long, default_value = "koala,stop-and-restart")]
+        protocols: String,
+        /// Partition policy of every run (consistent or uniform; default: the demo config's,
+        /// consistent). DRRS runs with uniform whatever this says.
+        #[arg(long)]
+        partition_policy: Option<String>,
         /// Where each run's metrics and plots go (`<dir>/<protocol>`).
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
@@ -231,12 +239,21 @@ fn main() {
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Demo { duration_s, output_dir, protocol } => {
-            launch::demo(duration_s, &output_dir, &protocol).map(|_| ())
+            launch::demo(duration_s, &output_dir, &protocol, None).map(|_| ())
         }
-        Command::Compare { duration_s, output_dir } => {
+        Command::Compare { duration_s, output_dir, protocols, partition_policy } => {
+            let policy = match partition_policy.as_deref() {
+                None => None,
+                Some("consistent") => Some(koala_coordinator::config::PolicyName::Consistent),
+                Some("uniform") => Some(koala_coordinator::config::PolicyName::Uniform),
+                Some(other) => anyhow::bail!("--partition-policy {other:?}: use consistent or uniform"),
+            };
             let mut outcomes = Vec::new();
-            for protocol in ["koala", "stop-and-restart"] {
-                outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol)?);
+            for protocol in protocols.split(',').map(str::trim) {
+                if !["koala", "stop-and-restart", "drrs"].contains(&protocol) {
+                    anyhow::bail!("--protocols: {protocol:?} is not one of koala, stop-and-restart, drrs");
+                }
+                outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol, policy)?);
             }
             compare::print_table(&outcomes);
             Ok(())

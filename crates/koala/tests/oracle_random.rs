@@ -6,8 +6,9 @@
 //! (1..=256), `channel_capacity` (1..=64), `linger_ms`, `partition_policy`, source, operator and
 //! sink parallelism, and the state backend (fjall behind the default cache, behind a 1 MiB one,
 //! without one, or memory). Every stateful query family runs, under Koala with `extra_keys = 0` (fetch on
-//! demand only), Koala with `extra_keys = 8`, and stop-and-restart. The schedule depends on the
-//! seed only, so one seed can be replayed under each protocol.
+//! demand only), Koala with `extra_keys = 8`, stop-and-restart, and DRRS (always with the uniform
+//! policy, as the paper's DRRS; random `[drrs] subscales` 0..=3 and `wait_records` 1..=64). The
+//! schedule depends on the seed only, so one seed can be replayed under each protocol.
 //!
 //! Requests are generated against a model of the coordinator's bookkeeping
 //! (`common::model`: live task indices, placement, routing), so every request is one the
@@ -20,7 +21,7 @@
 //! `random schedule failed: seed N, <variant>, <query>` and the first error line, then the full
 //! config text.
 //!
-//! The normal suite is 27 schedules (9 per protocol variant, one per query family), plus two
+//! The normal suite is 36 schedules (9 per protocol variant, one per query family), plus three
 //! late-data cases with `allowed_lateness_ms`. The soak set is `#[ignore]`d, one test per schedule
 //! (300 per variant, family `seed % 9`) so nextest's per-test time-out applies to each:
 //!
@@ -85,6 +86,8 @@ enum Variant {
     KoalaN8,
     /// The stop-and-restart baseline.
     StopAndRestart,
+    /// The DRRS baseline (uniform policy).
+    Drrs,
 }
 
 impl Variant {
@@ -92,6 +95,7 @@ impl Variant {
         match self {
             Self::KoalaN0 | Self::KoalaN8 => "koala",
             Self::StopAndRestart => "stop-and-restart",
+            Self::Drrs => "drrs",
         }
     }
 
@@ -101,6 +105,7 @@ impl Variant {
             Self::KoalaN0 => "protocol = \"koala\"\nextra_keys = 0\n".into(),
             Self::KoalaN8 => "protocol = \"koala\"\nextra_keys = 8\n".into(),
             Self::StopAndRestart => "protocol = \"stop-and-restart\"\n".into(),
+            Self::Drrs => "protocol = \"drrs\"\n".into(),
         }
     }
 }
@@ -223,6 +228,8 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
     }
     parallelism.push(("sink", rng.range(1, 2) as u32));
     let policy = rng.pick(&["consistent", "uniform"]);
+    // DRRS runs with the uniform policy only (the draw above keeps other seeds' schedules).
+    let policy = if matches!(variant, Variant::Drrs) { "uniform" } else { policy };
     let runtime = format!(
         "\n[runtime]\nbatch_records = {}\nchannel_capacity = {}\nlinger_ms = {}\n",
         rng.range(1, 256),
@@ -275,7 +282,14 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
         "\n[state]\ncache_mb = 0\n",
         "\n[state]\nbackend = \"memory\"\n",
     ]);
-    Case { text: base + state + &schedule, top, generator, sources, steps }
+    // DRRS knobs, from their own stream: subscales (0 = one per pair) and the wait buffer.
+    let drrs = if matches!(variant, Variant::Drrs) {
+        let mut r = Rng::new(seed ^ 0xD225_0000);
+        format!("\n[drrs]\nsubscales = {}\nwait_records = {}\n", r.range(0, 3), r.range(1, 64))
+    } else {
+        String::new()
+    };
+    Case { text: base + state + &drrs + &schedule, top, generator, sources, steps }
 }
 
 /// Draws one request of `op` that the coordinator accepts and applies it to the model.
@@ -438,6 +452,17 @@ random_suite! {
         seed_24_keyed_aggregate = (24, "keyed-aggregate"),
         seed_27_self_join = (27, "self-join"),
     ];
+    drrs: Variant::Drrs => [
+        seed_28_last_n = (28, "last-n"),
+        seed_29_tumbling_window = (29, "tumbling-window"),
+        seed_30_sliding_window = (30, "sliding-window"),
+        seed_31_window_join = (31, "window-join"),
+        seed_32_keyed_join = (32, "keyed-join"),
+        seed_33_two_stage_aggregate = (33, "two-stage-aggregate"),
+        seed_34_filtered_window = (34, "filtered-window"),
+        seed_35_keyed_aggregate = (35, "keyed-aggregate"),
+        seed_36_self_join = (36, "self-join"),
+    ];
 }
 
 #[test]
@@ -448,6 +473,11 @@ fn late_data_allowed_lateness_koala() {
 #[test]
 fn late_data_allowed_lateness_stop_and_restart() {
     run_case(Variant::StopAndRestart, &LATE, 501);
+}
+
+#[test]
+fn late_data_allowed_lateness_drrs() {
+    run_case(Variant::Drrs, &LATE, 501);
 }
 
 /// The harness itself: a run that does not end (an unbounded source) is killed at the time-out
@@ -477,7 +507,7 @@ fn a_hung_run_is_killed_with_its_workers() {
 fn generated_schedules_are_accepted_by_the_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     for seed in 1..=400 {
-        for variant in [Variant::KoalaN0, Variant::StopAndRestart] {
+        for variant in [Variant::KoalaN0, Variant::StopAndRestart, Variant::Drrs] {
             let f = &FAMILIES[seed as usize % FAMILIES.len()];
             let case = generate(dir.path(), variant, f, seed);
             let (_, applied) = common::model::apply_schedule(&case.text)
@@ -502,6 +532,10 @@ macro_rules! soak {
         mod soak_stop_and_restart {
             use super::*;
             $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::StopAndRestart, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
+        }
+        mod soak_drrs {
+            use super::*;
+            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::Drrs, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
         }
     };
 }

@@ -102,6 +102,13 @@ pub enum DrrsPeer {
         /// The subscale.
         epoch: Epoch,
     },
+    /// Receiver → sender: the channel closed and every bucket from the sender arrived; nothing
+    /// more comes from the receiver in this subscale (the sender is done only after it, so no
+    /// message of the receiver can reach a sender that finished and exited).
+    Received {
+        /// The subscale.
+        epoch: Epoch,
+    },
     /// Receiver → sender: records wait for `bucket`; push it next (prioritised migration).
     Prioritize {
         /// The subscale.
@@ -120,6 +127,7 @@ impl DrrsPeer {
             | Self::Records { epoch, .. }
             | Self::Watermark { epoch, .. }
             | Self::Close { epoch }
+            | Self::Received { epoch }
             | Self::Prioritize { epoch, .. } => *epoch,
         }
     }

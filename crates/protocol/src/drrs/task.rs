@@ -216,6 +216,10 @@ struct Transition {
     waiting: BTreeMap<BucketId, Waiting>,
     /// Buckets the receiver asked its sender to push first.
     asked: BTreeSet<BucketId>,
+    /// Senders this receiver told `Received`.
+    acked: BTreeSet<TaskId>,
+    /// Receivers that told this sender `Received`.
+    received: BTreeSet<TaskId>,
     ready_sent: bool,
 }
 
@@ -538,6 +542,8 @@ impl DrrsTask {
             incoming,
             waiting: BTreeMap::new(),
             asked: BTreeSet::new(),
+            acked: BTreeSet::new(),
+            received: BTreeSet::new(),
             ready_sent: false,
             sub,
         });
@@ -569,11 +575,6 @@ impl DrrsTask {
             self.owned.clone()
         };
         let Some(t) = self.sub.as_mut().filter(|t| t.epoch() == epoch) else {
-            if matches!(message, DrrsPeer::Prioritize { .. }) {
-                // The sender pushed everything and finished the subscale before the request
-                // came: nothing is left to reorder.
-                return Ok(());
-            }
             return Err(unexpected("no subscale of this epoch"));
         };
         match message {
@@ -635,6 +636,14 @@ impl DrrsTask {
                 self.watermarks.close(InputSource::Peer(from));
                 for b in buckets {
                     self.release(b, out);
+                }
+            }
+            DrrsPeer::Received { .. } => {
+                // Every bucket was handed to the runtime (the last `Pushed` may come later).
+                let pushed_all =
+                    t.outbound.get(&from).is_some_and(|o| o.state == Out::Closed && o.unpushed.is_empty());
+                if !pushed_all || !t.received.insert(from) {
+                    return Err(unexpected("received before the channel closed and every bucket was pushed"));
                 }
             }
             DrrsPeer::Prioritize { bucket, .. } => {
@@ -835,13 +844,18 @@ impl DrrsTask {
                 }
             }
         }
+        // A receiver tells each sender whose channel closed and whose buckets all arrived.
+        for (&from, (buckets, state)) in &t.inbound {
+            if *state == In::Closed && buckets.iter().all(|b| self.owned.contains(b)) && t.acked.insert(from)
+            {
+                out.push(TaskAction::SendToPeer { to: from, message: DrrsPeer::Received { epoch } });
+                changed = true;
+            }
+        }
         let done = t.ready_sent
             && t.markers_pending.is_empty()
-            && t.outbound
-                .values()
-                .all(|o| o.state == Out::Closed && o.unpushed.is_empty() && o.pushing.is_none())
-            && t.inbound.values().all(|(_, s)| *s == In::Closed)
-            && t.incoming.keys().all(|b| self.owned.contains(b))
+            && t.outbound.iter().all(|(to, o)| t.received.contains(to) && o.pushing.is_none())
+            && t.inbound.keys().all(|from| t.acked.contains(from))
             && t.waiting.is_empty();
         if done {
             self.sub = None;

@@ -674,13 +674,6 @@ impl World {
                 }
                 Ok(())
             }
-            (Node::Task(id), Msg::DrrsPeer(crate::drrs::DrrsPeer::Prioritize { .. }))
-                if self.tasks.get(&id).is_some_and(|t| t.released) =>
-            {
-                // A DRRS push request that reaches a sender released after its last push: the
-                // runtime drops it (the request is advisory and everything was pushed).
-                Ok(())
-            }
             (Node::Task(id), msg) => {
                 if self.tasks.get(&id).is_none_or(|t| t.released) {
                     return Err(format!("message for released or unknown task {id}: {msg:?}"));

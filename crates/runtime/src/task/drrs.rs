@@ -123,7 +123,9 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
-        let timeout = deadline.saturating_duration_since(now);
+        // A push that left lets the next one go at once (see below): no waiting then.
+        let timeout =
+            if task.pushed.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
         let data_closed = gate.is_some() || task.paused;
         if task.outbox.has_waiting() {
             task.wait_for_peers(&setup, &mut outputs, timeout)?;
