@@ -33,11 +33,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use koala_types::{BucketId, TaskId};
 
+use crate::compact::{CompactKey, CompactValue, KeyHash, check_key};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
-use crate::{
-    LayoutError, MAX_USER_KEY_LEN, ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite,
-};
+use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite};
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
 /// the hash table slot (inline key, inline value, flags: 72 bytes) at a load of 7/8 with its
@@ -144,134 +143,10 @@ impl std::fmt::Debug for CachedBackend {
     }
 }
 
-/// A cached key: `bucket | state | user key` like the stored key, inline (no heap allocation,
-/// no pointer to chase on lookup) when the user key is short, which it is for most operators.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum CacheKey {
-    /// `[bucket (BE, 2), state, user key length, user key …]`, zero padded.
-    Inline([u8; INLINE_KEY + 4]),
-    /// The encoded key, for user keys longer than [`INLINE_KEY`].
-    Heap(Box<[u8]>),
-}
-
-/// Longest user key kept inline in a [`CacheKey`].
-const INLINE_KEY: usize = 26;
-
-impl CacheKey {
-    fn new(key: &StateKey) -> Self {
-        if key.key.len() <= INLINE_KEY {
-            let mut bytes = [0u8; INLINE_KEY + 4];
-            bytes[..2].copy_from_slice(&key.bucket.to_be_bytes());
-            bytes[2] = key.state;
-            bytes[3] = key.key.len() as u8;
-            bytes[4..4 + key.key.len()].copy_from_slice(&key.key);
-            Self::Inline(bytes)
-        } else {
-            let mut bytes = Vec::with_capacity(key.encoded_len());
-            bytes.extend_from_slice(&key.bucket.to_be_bytes());
-            bytes.push(key.state);
-            bytes.extend_from_slice(&key.key);
-            Self::Heap(bytes.into_boxed_slice())
-        }
-    }
-
-    /// The hashed and compared bytes.
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline(b) => &b[..4 + usize::from(b[3])],
-            Self::Heap(b) => b,
-        }
-    }
-
-    fn bucket(&self) -> BucketId {
-        let b = self.bytes();
-        BucketId::from_be_bytes([b[0], b[1]])
-    }
-
-    fn to_state_key(&self) -> StateKey {
-        let b = self.bytes();
-        let user = match self {
-            Self::Inline(_) => &b[4..],
-            Self::Heap(_) => &b[3..],
-        };
-        StateKey { bucket: self.bucket(), state: b[2], key: user.to_vec() }
-    }
-
-    /// Heap bytes beyond the inline size.
-    fn heap_len(&self) -> usize {
-        match self {
-            Self::Inline(_) => 0,
-            Self::Heap(b) => b.len(),
-        }
-    }
-}
-
-impl std::hash::Hash for CacheKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write(self.bytes());
-    }
-}
-
-type KeyHash = koala_types::KeyHashBuilder;
-
-/// A cached value, inline when short (a counter, an accumulator).
-#[derive(Debug)]
-enum CacheValue {
-    /// Known to be absent (read as missing, or deleted).
-    Absent,
-    /// Length and bytes.
-    Inline(u8, [u8; INLINE_VALUE]),
-    Heap(Vec<u8>),
-}
-
-/// Longest value kept inline in a [`CacheValue`].
-const INLINE_VALUE: usize = 22;
-
-impl CacheValue {
-    fn new(value: Option<Vec<u8>>) -> Self {
-        match value {
-            None => Self::Absent,
-            Some(v) if v.len() <= INLINE_VALUE => {
-                let mut bytes = [0u8; INLINE_VALUE];
-                bytes[..v.len()].copy_from_slice(&v);
-                Self::Inline(v.len() as u8, bytes)
-            }
-            Some(v) => Self::Heap(v),
-        }
-    }
-
-    fn get(&self) -> Option<Vec<u8>> {
-        match self {
-            Self::Absent => None,
-            Self::Inline(len, bytes) => Some(bytes[..usize::from(*len)].to_vec()),
-            Self::Heap(v) => Some(v.clone()),
-        }
-    }
-
-    fn into_option(self) -> Option<Vec<u8>> {
-        match self {
-            Self::Absent => None,
-            Self::Inline(len, bytes) => Some(bytes[..usize::from(len)].to_vec()),
-            Self::Heap(v) => Some(v),
-        }
-    }
-
-    fn is_present(&self) -> bool {
-        !matches!(self, Self::Absent)
-    }
-
-    fn heap_len(&self) -> usize {
-        match self {
-            Self::Heap(v) => v.capacity(),
-            _ => 0,
-        }
-    }
-}
-
 /// One cached entry.
 #[derive(Debug)]
 struct Slot {
-    value: CacheValue,
+    value: CompactValue,
     /// Differs from the inner store; must be written before it is dropped.
     dirty: bool,
     /// Read or written since the CLOCK hand last passed.
@@ -280,14 +155,14 @@ struct Slot {
 
 /// What an entry costs: its map slot and index ([`ENTRY_OVERHEAD_BYTES`]), a dirty-list copy of
 /// its key, and whatever of key and value lives on the heap.
-fn entry_cost(key: &CacheKey, value: &CacheValue) -> usize {
+fn entry_cost(key: &CompactKey, value: &CompactValue) -> usize {
     ENTRY_OVERHEAD_BYTES + 2 * key.heap_len() + value.heap_len()
 }
 
 /// Keys of one bucket that turned dirty, maybe with stale repeats (checked when written back).
 #[derive(Debug, Default)]
 struct DirtyList {
-    keys: Vec<CacheKey>,
+    keys: Vec<CompactKey>,
     /// Entries of the bucket that are dirty now.
     live: usize,
 }
@@ -296,9 +171,9 @@ struct DirtyList {
 struct TaskCache {
     /// A hash map, not an ordered one: a lookup is one probe of the table, whose slot holds the
     /// inline key and value (two cache misses on a big cache, where an `IndexMap` takes three).
-    entries: HashMap<CacheKey, Slot, KeyHash>,
+    entries: HashMap<CompactKey, Slot, KeyHash>,
     /// Every cached key once, in no particular order: the CLOCK hand's circle.
-    ring: Vec<CacheKey>,
+    ring: Vec<CompactKey>,
     dirty: HashMap<BucketId, DirtyList>,
     /// Dirty entries holding a value (for `approximate_len`).
     dirty_puts: u64,
@@ -321,7 +196,7 @@ impl TaskCache {
     }
 
     /// Sets `key` (dirty if `dirty`), keeping the byte count and dirty bookkeeping.
-    fn set(&mut self, key: CacheKey, value: CacheValue, dirty: bool) {
+    fn set(&mut self, key: CompactKey, value: CompactValue, dirty: bool) {
         let new_cost = entry_cost(&key, &value);
         let turned_dirty = match self.entries.get_mut(&key) {
             Some(slot) => {
@@ -360,7 +235,7 @@ impl TaskCache {
     }
 
     /// Marks a written-back entry clean.
-    fn mark_clean(&mut self, key: &CacheKey) {
+    fn mark_clean(&mut self, key: &CompactKey) {
         if let Some(slot) = self.entries.get_mut(key)
             && slot.dirty
         {
@@ -393,14 +268,14 @@ impl TaskCache {
 
     /// Writes back every dirty entry (they stay cached, clean).
     fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
-        let keys: Vec<CacheKey> =
+        let keys: Vec<CompactKey> =
             self.entries.iter().filter(|(_, slot)| slot.dirty).map(|(key, _)| key.clone()).collect();
         self.dirty.clear();
         self.commit(keys, inner)
     }
 
     /// Writes the (dirty) entries of `keys` below and marks them clean.
-    fn commit(&mut self, keys: Vec<CacheKey>, inner: &dyn StateBackend) -> Result<(), StateError> {
+    fn commit(&mut self, keys: Vec<CompactKey>, inner: &dyn StateBackend) -> Result<(), StateError> {
         let writes: Vec<StateWrite> =
             keys.iter().filter_map(|k| self.entries.get(k).map(|slot| write_of(k, &slot.value))).collect();
         if writes.is_empty() {
@@ -482,24 +357,17 @@ impl TaskCache {
 }
 
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list.
-fn compact(list: &mut DirtyList, entries: &HashMap<CacheKey, Slot, KeyHash>) {
+fn compact(list: &mut DirtyList, entries: &HashMap<CompactKey, Slot, KeyHash>) {
     list.keys.retain(|key| entries.get(key).is_some_and(|slot| slot.dirty));
     list.keys.sort_unstable();
     list.keys.dedup();
 }
 
-fn write_of(key: &CacheKey, value: &CacheValue) -> StateWrite {
+fn write_of(key: &CompactKey, value: &CompactValue) -> StateWrite {
     match value.get() {
         Some(value) => StateWrite::Put(key.to_state_key(), value),
         None => StateWrite::Delete(key.to_state_key()),
     }
-}
-
-fn check_key(key: &StateKey) -> Result<(), LayoutError> {
-    if key.key.len() > MAX_USER_KEY_LEN {
-        return Err(LayoutError::KeyTooLong { len: key.key.len() });
-    }
-    Ok(())
 }
 
 impl StateBackend for CachedBackend {
@@ -516,7 +384,7 @@ impl StateBackend for CachedBackend {
         let mut miss_at = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             check_key(key).map_err(|source| StateError::Layout { task, op: OP, source })?;
-            let cached = CacheKey::new(key);
+            let cached = CompactKey::new(key);
             match cache.entries.get_mut(&cached) {
                 Some(slot) => {
                     slot.referenced = true;
@@ -537,7 +405,7 @@ impl StateBackend for CachedBackend {
             out[i].clone_from(&value);
             // A key asked for twice in one call is cached once (the second insert overwrites
             // an identical clean entry).
-            cache.set(CacheKey::new(&key), CacheValue::new(value), false);
+            cache.set(CompactKey::new(&key), CompactValue::new(value), false);
         }
         cache.evict_if_full(self.shared.inner.as_ref())?;
         Ok(out)
@@ -559,9 +427,9 @@ impl StateBackend for CachedBackend {
         for write in writes {
             match write {
                 StateWrite::Put(key, value) => {
-                    cache.set(CacheKey::new(&key), CacheValue::new(Some(value)), true)
+                    cache.set(CompactKey::new(&key), CompactValue::new(Some(value)), true)
                 }
-                StateWrite::Delete(key) => cache.set(CacheKey::new(&key), CacheValue::Absent, true),
+                StateWrite::Delete(key) => cache.set(CompactKey::new(&key), CompactValue::Absent, true),
             }
         }
         cache.evict_if_full(self.shared.inner.as_ref())
@@ -643,8 +511,8 @@ mod tests {
 
     #[test]
     fn the_charged_overhead_covers_the_real_layout() {
-        let slot = std::mem::size_of::<(CacheKey, Slot)>();
-        let key = std::mem::size_of::<CacheKey>();
+        let slot = std::mem::size_of::<(CompactKey, Slot)>();
+        let key = std::mem::size_of::<CompactKey>();
         assert!(ENTRY_OVERHEAD_BYTES >= slot * 8 / 7 + 1 + 2 * key, "slot {slot} B, key {key} B");
     }
 

@@ -34,6 +34,7 @@
 //! ```
 
 mod cache;
+mod compact;
 mod discard;
 mod error;
 mod fjall_env;
