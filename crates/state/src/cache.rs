@@ -36,6 +36,7 @@ use koala_types::{BucketId, TaskId};
 use crate::compact::{CompactKey, CompactValue, KeyHash, check_key};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
+use crate::written_keys::WrittenKeys;
 use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite};
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
@@ -84,10 +85,14 @@ impl<E: StateEnv> StateEnv for CachedEnv<E> {
         let shared = match tasks.get(&task) {
             Some(shared) => Arc::clone(shared),
             None => {
+                let inner = self.inner.open_task(task)?;
+                // Which keys are below is known only if nothing else writes there and it starts
+                // empty (a restarted worker's store holds keys this cache never wrote).
+                let known_empty = inner.exclusive() && inner.approximate_len()? == 0;
                 let shared = Arc::new(SharedCache {
                     task,
-                    inner: self.inner.open_task(task)?,
-                    cache: Mutex::new(TaskCache::new(self.cache_bytes)),
+                    inner,
+                    cache: Mutex::new(TaskCache::new(self.cache_bytes, known_empty)),
                     dropped: AtomicBool::new(false),
                 });
                 tasks.insert(task, Arc::clone(&shared));
@@ -175,6 +180,10 @@ struct TaskCache {
     /// Every cached key once, in no particular order: the CLOCK hand's circle.
     ring: Vec<CompactKey>,
     dirty: HashMap<BucketId, DirtyList>,
+    /// The keys written below (`written_keys.rs`), if the store below started empty and only
+    /// this cache writes it; `None` once its filters would take more than a quarter of the
+    /// budget (every miss then reads below).
+    written: Option<WrittenKeys>,
     /// Dirty entries holding a value (for `approximate_len`).
     dirty_puts: u64,
     bytes: usize,
@@ -183,11 +192,12 @@ struct TaskCache {
 }
 
 impl TaskCache {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, known_empty: bool) -> Self {
         Self {
             entries: HashMap::default(),
             ring: Vec::new(),
             dirty: HashMap::new(),
+            written: known_empty.then(WrittenKeys::default),
             dirty_puts: 0,
             bytes: 0,
             capacity,
@@ -281,6 +291,7 @@ impl TaskCache {
         if writes.is_empty() {
             return Ok(());
         }
+        self.note_written(&writes);
         inner.write_many(writes)?;
         for key in &keys {
             self.mark_clean(key);
@@ -293,11 +304,11 @@ impl TaskCache {
     /// below in one batch. A failed write loses them, but a store error is fatal anyway (the
     /// worker stops and recovers from a checkpoint, see [`StateError`]).
     fn evict_if_full(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
-        if self.bytes <= self.capacity {
+        if self.charged() <= self.capacity {
             return Ok(());
         }
         // Small steps: a write-back stalls the task thread, so evict ~1/64 of the budget at a time.
-        let target = self.capacity - self.capacity / 64;
+        let target = (self.capacity - self.capacity / 64).saturating_sub(self.charged() - self.bytes);
         let mut writes = Vec::new();
         // Terminates: every step clears a reference bit or removes an entry.
         while self.bytes > target && !self.ring.is_empty() {
@@ -331,7 +342,35 @@ impl TaskCache {
                 });
             }
         }
-        if writes.is_empty() { Ok(()) } else { inner.write_many(writes) }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.note_written(&writes);
+        inner.write_many(writes)
+    }
+
+    /// Remembers the keys of `writes` (about to go below) in the written-keys filters, or drops
+    /// the filters if they outgrew a quarter of the budget.
+    fn note_written(&mut self, writes: &[StateWrite]) {
+        let Some(written) = &mut self.written else { return };
+        for write in writes {
+            if let StateWrite::Put(key, _) = write {
+                written.insert(key.bucket, stored_key_hash(&CompactKey::new(key)));
+            }
+        }
+        if written.bytes() > self.capacity / 4 {
+            self.written = None;
+        }
+    }
+
+    /// Whether `key` may be below (false: a miss is certainly absent, no need to read below).
+    fn may_be_below(&self, key: &CompactKey) -> bool {
+        self.written.as_ref().is_none_or(|w| w.may_hold(key.bucket(), stored_key_hash(key)))
+    }
+
+    /// Bytes charged against the budget: entries and the written-keys filters.
+    fn charged(&self) -> usize {
+        self.bytes + self.written.as_ref().map_or(0, WrittenKeys::bytes)
     }
 
     /// Forgets every entry of `buckets` without writing anything back.
@@ -352,8 +391,17 @@ impl TaskCache {
         self.hand = 0;
         for bucket in buckets {
             self.dirty.remove(bucket);
+            if let Some(written) = &mut self.written {
+                written.clear_bucket(*bucket);
+            }
         }
     }
+}
+
+/// The hash of a key for the written-keys filters (the cache's own key hash).
+fn stored_key_hash(key: &CompactKey) -> u64 {
+    use std::hash::BuildHasher;
+    KeyHash::default().hash_one(key)
 }
 
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list.
@@ -400,8 +448,19 @@ impl StateBackend for CachedBackend {
         if misses.is_empty() {
             return Ok(out);
         }
-        let values = self.shared.inner.get_many(&misses)?;
-        for ((key, value), i) in misses.into_iter().zip(values).zip(miss_at) {
+        // A miss never written below is absent: cached as such without a read below.
+        let mut below = Vec::with_capacity(misses.len());
+        for (key, i) in misses.into_iter().zip(miss_at) {
+            let cached = CompactKey::new(&key);
+            if cache.may_be_below(&cached) {
+                below.push((key, i));
+            } else {
+                cache.set(cached, CompactValue::Absent, false);
+            }
+        }
+        let keys: Vec<StateKey> = below.iter().map(|(key, _)| key.clone()).collect();
+        let values = if keys.is_empty() { Vec::new() } else { self.shared.inner.get_many(&keys)? };
+        for ((key, i), value) in below.into_iter().zip(values) {
             out[i].clone_from(&value);
             // A key asked for twice in one call is cached once (the second insert overwrites
             // an identical clean entry).
@@ -529,6 +588,114 @@ mod tests {
         }
         let reopened = crate::FjallEnv::open(dir.path())?;
         assert_eq!(reopened.open_task(task)?.get_many(&[key(3, 1)])?, vec![Some(b"a".to_vec())]);
+        Ok(())
+    }
+
+    /// A memory env that counts the keys read from it.
+    #[derive(Default)]
+    struct CountingEnv {
+        inner: MemoryEnv,
+        reads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    struct CountingBackend {
+        inner: Box<dyn StateBackend>,
+        reads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl StateEnv for CountingEnv {
+        fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError> {
+            Ok(Box::new(CountingBackend { inner: self.inner.open_task(task)?, reads: self.reads.clone() }))
+        }
+        fn drop_task(&self, task: TaskId) -> Result<(), StateError> {
+            self.inner.drop_task(task)
+        }
+        fn persist(&self) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    impl StateBackend for CountingBackend {
+        fn task(&self) -> TaskId {
+            self.inner.task()
+        }
+        fn get_many(&self, keys: &[StateKey]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+            self.reads.fetch_add(keys.len(), Ordering::Relaxed);
+            self.inner.get_many(keys)
+        }
+        fn write_many(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+            self.inner.write_many(writes)
+        }
+        fn scan_buckets(
+            &self,
+            buckets: &[BucketId],
+            chunk: usize,
+            sink: ScanSink<'_>,
+        ) -> Result<u64, StateError> {
+            self.inner.scan_buckets(buckets, chunk, sink)
+        }
+        fn bucket_keys_after(
+            &self,
+            bucket: BucketId,
+            after: Option<&StateKey>,
+            limit: usize,
+        ) -> Result<Vec<StateKey>, StateError> {
+            self.inner.bucket_keys_after(bucket, after, limit)
+        }
+        fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
+            self.inner.delete_buckets(buckets)
+        }
+        fn approximate_len(&self) -> Result<u64, StateError> {
+            self.inner.approximate_len()
+        }
+        fn exclusive(&self) -> bool {
+            self.inner.exclusive()
+        }
+    }
+
+    #[test]
+    fn a_miss_of_a_key_never_written_below_reads_nothing_below() -> Result<(), StateError> {
+        let budget = 100 * (ENTRY_OVERHEAD_BYTES + 16);
+        let counting = CountingEnv::default();
+        let reads = counting.reads.clone();
+        let read_below = || reads.load(Ordering::Relaxed);
+        let env = CachedEnv::new(counting, budget);
+        let task = TaskId::new(OperatorId(1), 0);
+        let store = env.open_task(task)?;
+        let fresh: Vec<StateKey> = (0..50).map(|i| key(1, 1_000_000 + i)).collect();
+        assert_eq!(store.get_many(&fresh)?, vec![None; 50]);
+        assert_eq!(read_below(), 0, "new keys of an empty store are absent without a read");
+
+        // Most of 1 000 keys are evicted, so written below; each reads back.
+        for i in 0..1000u32 {
+            store.write_many(vec![StateWrite::Put(key(1, i), i.to_le_bytes().to_vec())])?;
+        }
+        let keys: Vec<StateKey> = (0..1000).map(|i| key(1, i)).collect();
+        let values = store.get_many(&keys)?;
+        assert!(values.iter().enumerate().all(|(i, v)| *v == Some((i as u32).to_le_bytes().to_vec())));
+        let after_written = read_below();
+        assert!(after_written >= 800, "evicted keys are read below: {after_written}");
+        // Keys never written: only false positives of the filter read below.
+        let strangers: Vec<StateKey> = (0..1000).map(|i| key(1, 2_000_000 + i)).collect();
+        assert_eq!(store.get_many(&strangers)?, vec![None; 1000]);
+        let false_positives = read_below() - after_written;
+        assert!(false_positives < 100, "{false_positives} of 1 000 new keys read below");
+        // A deleted bucket has nothing below.
+        store.delete_buckets(&[1])?;
+        let before = read_below();
+        assert_eq!(store.get_many(&keys[..100])?, vec![None; 100]);
+        assert_eq!(read_below(), before, "a deleted bucket's keys are absent without a read");
+        Ok(())
+    }
+
+    #[test]
+    fn a_cache_over_a_store_that_already_holds_data_reads_every_miss_below() -> Result<(), StateError> {
+        let counting = CountingEnv::default();
+        let task = TaskId::new(OperatorId(1), 0);
+        counting.open_task(task)?.write_many(vec![StateWrite::Put(key(4, 7), b"old".to_vec())])?;
+        let env = CachedEnv::new(counting, 1 << 20);
+        let store = env.open_task(task)?;
+        assert_eq!(store.get_many(&[key(4, 7), key(4, 8)])?, vec![Some(b"old".to_vec()), None]);
         Ok(())
     }
 

@@ -42,6 +42,7 @@ mod key;
 mod memory;
 mod scan;
 pub mod snapshot;
+mod written_keys;
 
 use std::ops::Bound;
 
@@ -125,6 +126,13 @@ pub trait StateBackend: Send + Sync {
     /// [`FjallEnv`] it counts stored versions, so it over-counts overwritten and deleted keys
     /// until compaction removes the old versions.
     fn approximate_len(&self) -> Result<u64, StateError>;
+
+    /// Whether this task's handles are the only writers of the store's entries, so a cache in
+    /// front of it may remember which keys it wrote (`cache.rs`). False (the default) for a
+    /// store other tasks write too, such as remote state shared by a bucket's owners over time.
+    fn exclusive(&self) -> bool {
+        false
+    }
 }
 
 /// The set of task stores of one worker process.
