@@ -216,6 +216,10 @@ pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
 pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> anyhow::Result<()> {
     let config = load_config(config)?;
     koala_coordinator::resolve(&config, &resolver())?;
+    anyhow::ensure!(
+        config.state.servers_to_start() == 0,
+        "state.server_addresses: `koala coordinator` starts no state servers; start them with `koala state-server` and list their addresses there (or use `koala run`, which starts [state] servers)"
+    );
     let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?.to_string();
     if let Some(f) = address_file {

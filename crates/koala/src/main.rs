@@ -214,8 +214,8 @@ enum Command {
 enum ExperimentKind {
     /// The paper's Figures 6–7 for the keyed aggregate: warm state (256 MB with --quick, else
     /// 1 GB), 70 % of the emulated capacity, then a 2× surge, then a scale-out (2 → 4 with
-    /// --quick, else 4 → 8) under each protocol; overlay plots, a CSV and a table of backlog
-    /// recovery and state moved. About 3 minutes with --quick, 15 without.
+    /// --quick, else 4 → 8) under Koala, stop-and-restart and remote; overlay plots, a CSV and a table of backlog
+    /// recovery, state moved and per-batch latency. About 5 minutes with --quick, 22 without.
     ScaleOut {
         /// 256 MB of state and 90 s per protocol instead of 1 GB and 7 minutes.
         #[arg(long)]
