@@ -235,7 +235,7 @@ impl StateSection {
         }
     }
 
-    /// Checks the section against the protocol (docs/protocols.md §8: `protocol = "remote"`
+    /// Checks the section against the protocol (docs/protocols.md §7.1: `protocol = "remote"`
     /// and `[state] backend = "remote"` go together).
     fn validate(&self, protocol: koala_protocol::Protocol) -> Result<(), ConfigError> {
         use koala_protocol::{Protocol, StateBackendKind as B};

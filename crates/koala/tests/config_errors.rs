@@ -93,7 +93,7 @@ fn warm_state_without_a_snapshot_is_named() {
 }
 
 /// The Remote baseline: `protocol = "remote"` and `[state] backend = "remote"` go together
-/// (docs/protocols.md §8); each mismatch names both fields and the fix.
+/// (docs/protocols.md §7.1); each mismatch names both fields and the fix.
 #[test]
 fn remote_protocol_and_backend_must_go_together() {
     let err = rejected(&format!("protocol = \"remote\"\n{BASE}"));

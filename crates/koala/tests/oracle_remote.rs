@@ -1,5 +1,5 @@
 //! The Remote baseline (`protocol = "remote"` over `[state] backend = "remote"`: stop-and-restart
-//! over state servers, docs/protocols.md §8) × {scale-out, scale-in, rebalance, task migration} ×
+//! over state servers, docs/protocols.md §7.1) × {scale-out, scale-in, rebalance, task migration} ×
 //! {keyed aggregate, last-N list state, tumbling window, sliding window, window join}, judged by
 //! the oracle: the output with the reconfiguration equals the output of the final deployment
 //! from the start. `common/verify.rs` proves each run used the remote protocol and backend (its

@@ -130,7 +130,7 @@ pub enum Protocol {
     StopAndRestart,
     /// The Remote baseline: stop-and-restart over state servers. Ownership moves, state does not:
     /// an old owner flushes what it buffered for its moved buckets to the servers before their
-    /// new owners may read (docs/protocols.md §8). Requires `[state] backend = "remote"`.
+    /// new owners may read (docs/protocols.md §7.1). Requires `[state] backend = "remote"`.
     Remote,
 }
 

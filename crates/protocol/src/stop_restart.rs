@@ -18,7 +18,7 @@
 //! must fail rather than lose state. Markers of other epochs pass through (they belong to other
 //! operators' reconfigurations, or are the switch markers of an epoch this task is done with).
 //!
-//! **Remote mode** ([`TargetCore::new_remote`], the `remote` protocol, docs/protocols.md §8):
+//! **Remote mode** ([`TargetCore::new_remote`], the `remote` protocol, docs/protocols.md §7.1):
 //! the same phases over state servers shared by every task of the operator, where ownership
 //! moves and state does not. Where a sender would send state it gets [`TargetAction::Flush`]:
 //! write back everything it buffered for the moved buckets (its cache's dirty entries) to the

@@ -21,7 +21,7 @@
 //! - [`StateBackend::approximate_len`] is the inner estimate plus the dirty puts not yet written.
 //! - [`StateBackend::release_buckets`] (shared inner stores only: the remote backend) writes back
 //!   the buckets' dirty entries and forgets them, leaving them in the shared store for the next
-//!   owner (the `remote` protocol's flush, docs/protocols.md §8).
+//!   owner (the `remote` protocol's flush, docs/protocols.md §7.1).
 //!
 //! All handles on one task share one cache (a store opened twice sees its own writes), guarded by
 //! one mutex that is held across inner calls except a scan's sink, which may use the store.

@@ -137,7 +137,7 @@ pub trait StateBackend: Send + Sync {
     }
 
     /// The task gives up `buckets` while their state stays in the shared store (the `remote`
-    /// protocol, docs/protocols.md §8): writes back everything it buffered for them and forgets
+    /// protocol, docs/protocols.md §7.1): writes back everything it buffered for them and forgets
     /// its local copies, so the next owner reads every write and a bucket that comes back later
     /// is never read stale. Returns the bytes written back. Only shared stores
     /// ([`is_shared`](Self::is_shared)) support it; the others refuse with

@@ -3,7 +3,7 @@
 //! marker, what it sends and which state it accepts; this module does the I/O — it streams the
 //! buckets the task gives away (state by range scan, then their timers, then `StateEnd`) to
 //! their new owners over peer channels, deletes them locally, and installs what arrives.
-//! Under the `remote` protocol (docs/protocols.md §8) the core asks for a flush instead: the
+//! Under the `remote` protocol (docs/protocols.md §7.1) the core asks for a flush instead: the
 //! task releases the moved buckets to the shared state servers (its cache's dirty entries are
 //! written back, its copies forgotten), sends their timers and `StateEnd`; no state moves.
 

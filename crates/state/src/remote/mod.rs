@@ -5,7 +5,7 @@
 //!
 //! - **Key space.** A server keeps one keyspace per *operator*, not per task: a key written by
 //!   task 0 is read by whichever task owns its bucket afterwards. That is what makes a
-//!   reconfiguration move ownership and no state (the `remote` protocol, docs/protocols.md §8).
+//!   reconfiguration move ownership and no state (the `remote` protocol, docs/protocols.md §7.1).
 //!   Opening a task opens a handle on its operator's key space; [`StateEnv::drop_task`]
 //!   invalidates the task's handles and keeps the data (another task owns it now).
 //! - **Partitioning.** Bucket `b` lives on server `b mod n` of the `n` servers the env was given
