@@ -363,8 +363,11 @@ fn server() -> Result<(StateServer, tempfile::TempDir), Box<dyn Error>> {
     Ok((StateServer::start("127.0.0.1:0", dir.path())?, dir))
 }
 
+/// Running state servers and their directories (kept alive as long as the test uses them).
+type Servers = Vec<(StateServer, tempfile::TempDir)>;
+
 /// An env on two fresh servers (so batches are split), and what keeps them alive.
-fn remote_env() -> Result<(RemoteEnv, Vec<(StateServer, tempfile::TempDir)>), Box<dyn Error>> {
+fn remote_env() -> Result<(RemoteEnv, Servers), Box<dyn Error>> {
     let servers = vec![server()?, server()?];
     let env = RemoteEnv::new(servers.iter().map(|(s, _)| s.addr().to_string()).collect());
     Ok((env, servers))
