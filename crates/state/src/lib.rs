@@ -35,6 +35,7 @@
 //! ```
 
 mod cache;
+mod compact;
 mod discard;
 mod error;
 mod fjall_env;
@@ -43,6 +44,7 @@ mod memory;
 pub mod remote;
 mod scan;
 pub mod snapshot;
+mod written_keys;
 
 use std::ops::Bound;
 
@@ -145,6 +147,13 @@ pub trait StateBackend: Send + Sync {
     fn release_buckets(&self, buckets: &[BucketId]) -> Result<u64, StateError> {
         let _ = buckets;
         Err(StateError::Unsupported { task: self.task(), op: "release_buckets" })
+    }
+
+    /// Whether this task's handles are the only writers of the store's entries, so a cache in
+    /// front of it may remember which keys it wrote (`cache.rs`). False (the default) for a
+    /// store other tasks write too, such as remote state shared by a bucket's owners over time.
+    fn exclusive(&self) -> bool {
+        false
     }
 }
 
