@@ -1,5 +1,6 @@
 //! Deterministic simulation of the protocol cores (docs/testing.md §2): the job's reconfiguration
-//! engine with Koala's and stop-and-restart's task cores, every scenario over many seeds with all
+//! engine with Koala's and stop-and-restart's task cores (and stop-and-restart's in remote mode
+//! over a shared store), every scenario over many seeds with all
 //! invariants checked on every step, plus broken variants that the checks must catch.
 //!
 //! A failure prints a one-line replay command, e.g.

@@ -1,6 +1,7 @@
 //! A deterministic simulator for the protocol cores (docs/testing.md §2): the job's
 //! reconfiguration engine (`crate::engine`, the one `crates/coordinator` runs) with Koala's task
-//! cores or stop-and-restart's, the upstream routers and pause cores.
+//! cores or stop-and-restart's (also in remote mode, over a shared store with per-task write-back
+//! buffers), the upstream routers and pause cores.
 //!
 //! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
