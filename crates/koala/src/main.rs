@@ -33,11 +33,11 @@ enum Command {
         /// Where metrics, plots and worker state go.
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
-        /// Reconfiguration protocol: koala or stop-and-restart.
+        /// Reconfiguration protocol: koala, stop-and-restart or remote.
         #[arg(long, default_value = "koala")]
         protocol: String,
     },
-    /// Run the demo workload once per protocol (Koala, stop-and-restart) and print a table: state
+    /// Run the demo workload once per protocol (`--protocols`) and print a table: state
     /// moved on demand and in the background, backlog recovery time, peak lag, lag p99 over the
     /// last 5 s, worst throughput dip against the offered rate, per-batch latency before and
     /// after, pause.
@@ -48,6 +48,10 @@ enum Command {
         /// Where each run's metrics and plots go (`<dir>/<protocol>`).
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
+        /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
+        /// stop-and-restart over a state server).
+        #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote")]
+        protocols: Vec<String>,
     },
     /// Run a job from a TOML config with local worker processes (see examples/*.toml).
     #[command(after_help = launch::QUERIES_HELP)]
@@ -66,6 +70,18 @@ enum Command {
         /// Write the address actually bound to this file (for scripts that start workers).
         #[arg(long)]
         address_file: Option<PathBuf>,
+    },
+    /// Run a state server for `[state] backend = "remote"` (the Remote baseline): an fjall
+    /// database with one key space per operator, shared by all its tasks, over framed TCP. Runs
+    /// until killed; prints `state server listening on ADDR` first. `koala run` starts the ones
+    /// a job needs; give addresses of others with `[state] server_addresses`.
+    StateServer {
+        /// Address to listen on (port 0 = any free port).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Where the server keeps its database.
+        #[arg(long, default_value = "koala-out/state/server")]
+        data_dir: PathBuf,
     },
     /// Run a worker process that hosts tasks placed on it by a coordinator.
     Worker {
@@ -198,8 +214,8 @@ enum Command {
 enum ExperimentKind {
     /// The paper's Figures 6–7 for the keyed aggregate: warm state (256 MB with --quick, else
     /// 1 GB), 70 % of the emulated capacity, then a 2× surge, then a scale-out (2 → 4 with
-    /// --quick, else 4 → 8) under each protocol; overlay plots, a CSV and a table of backlog
-    /// recovery and state moved. About 3 minutes with --quick, 15 without.
+    /// --quick, else 4 → 8) under Koala, stop-and-restart and remote; overlay plots, a CSV and a table of backlog
+    /// recovery, state moved and per-batch latency. About 5 minutes with --quick, 22 without.
     ScaleOut {
         /// 256 MB of state and 90 s per protocol instead of 1 GB and 7 minutes.
         #[arg(long)]
@@ -213,7 +229,7 @@ enum ExperimentKind {
 fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Worker { .. } | Command::Coordinator { .. } => "info",
+        Command::Worker { .. } | Command::Coordinator { .. } | Command::StateServer { .. } => "info",
         Command::Rescale { .. } | Command::Rebalance { .. } | Command::Migrate { .. } => "error",
         _ => "warn",
     };
@@ -233,9 +249,12 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Demo { duration_s, output_dir, protocol } => {
             launch::demo(duration_s, &output_dir, &protocol).map(|_| ())
         }
-        Command::Compare { duration_s, output_dir } => {
+        Command::Compare { duration_s, output_dir, protocols } => {
+            for protocol in &protocols {
+                launch::parse_protocol(protocol)?;
+            }
             let mut outcomes = Vec::new();
-            for protocol in ["koala", "stop-and-restart"] {
+            for protocol in &protocols {
                 outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol)?);
             }
             compare::print_table(&outcomes);
@@ -245,6 +264,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Coordinator { config, listen, address_file } => {
             launch::coordinator(&config, &listen, address_file.as_deref())
         }
+        Command::StateServer { listen, data_dir } => launch::state_server(&listen, &data_dir),
         Command::Worker { coordinator, data_dir, listen_host, warm_state } => {
             koala_runtime::run_worker(koala_runtime::WorkerOptions {
                 coordinator,

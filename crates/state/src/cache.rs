@@ -19,6 +19,9 @@
 //! - [`StateBackend::delete_buckets`] drops the buckets' cached entries (dirty ones are never
 //!   written) and deletes them below. It walks the whole cache once: it runs once per bucket move.
 //! - [`StateBackend::approximate_len`] is the inner estimate plus the dirty puts not yet written.
+//! - [`StateBackend::release_buckets`] (shared inner stores only: the remote backend) writes back
+//!   the buckets' dirty entries and forgets them, leaving them in the shared store for the next
+//!   owner (the `remote` protocol's flush, docs/protocols.md §7.1).
 //!
 //! All handles on one task share one cache (a store opened twice sees its own writes), guarded by
 //! one mutex that is held across inner calls except a scan's sink, which may use the store.
@@ -264,7 +267,7 @@ impl TaskCache {
         &mut self,
         buckets: &[BucketId],
         inner: &dyn StateBackend,
-    ) -> Result<(), StateError> {
+    ) -> Result<u64, StateError> {
         let mut keys = Vec::new();
         for bucket in buckets {
             if let Some(list) = self.dirty.remove(bucket) {
@@ -277,27 +280,35 @@ impl TaskCache {
     }
 
     /// Writes back every dirty entry (they stay cached, clean).
-    fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
+    fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<u64, StateError> {
         let keys: Vec<CompactKey> =
             self.entries.iter().filter(|(_, slot)| slot.dirty).map(|(key, _)| key.clone()).collect();
         self.dirty.clear();
         self.commit(keys, inner)
     }
 
-    /// Writes the (dirty) entries of `keys` below and marks them clean.
-    fn commit(&mut self, keys: Vec<CompactKey>, inner: &dyn StateBackend) -> Result<(), StateError> {
+    /// Writes the (dirty) entries of `keys` below and marks them clean; returns the bytes
+    /// written (key and value bytes, as scans count them).
+    fn commit(&mut self, keys: Vec<CompactKey>, inner: &dyn StateBackend) -> Result<u64, StateError> {
         let writes: Vec<StateWrite> =
             keys.iter().filter_map(|k| self.entries.get(k).map(|slot| write_of(k, &slot.value))).collect();
         if writes.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
+        let bytes = writes
+            .iter()
+            .map(|w| match w {
+                StateWrite::Put(k, v) => (k.encoded_len() + v.len()) as u64,
+                StateWrite::Delete(k) => k.encoded_len() as u64,
+            })
+            .sum();
         self.note_written(&writes);
         inner.write_many(writes)?;
         for key in &keys {
             self.mark_clean(key);
         }
         // Lists were removed by the caller; a key marked clean found no list to count down.
-        Ok(())
+        Ok(bytes)
     }
 
     /// If over budget, evicts with a CLOCK hand down to 63/64 of it and writes the dirty victims
@@ -529,6 +540,25 @@ impl StateBackend for CachedBackend {
     fn approximate_len(&self) -> Result<u64, StateError> {
         let cache = self.shared.lock("approximate_len")?;
         Ok(self.shared.inner.approximate_len()? + cache.dirty_puts)
+    }
+
+    fn is_shared(&self) -> bool {
+        self.shared.inner.is_shared()
+    }
+
+    /// Writes back the buckets' dirty entries, forgets every cached entry of them (absent ones
+    /// too: the next owner may write them), then lets the inner store release them.
+    fn release_buckets(&self, buckets: &[BucketId]) -> Result<u64, StateError> {
+        const OP: &str = "release_buckets";
+        if !self.shared.inner.is_shared() {
+            // Checked before anything is forgotten: a private store would lose the buckets.
+            return Err(StateError::Unsupported { task: self.shared.task, op: OP });
+        }
+        let buckets = sorted_buckets(buckets);
+        let mut cache = self.shared.lock(OP)?;
+        let bytes = cache.write_back_buckets(&buckets, self.shared.inner.as_ref())?;
+        cache.forget_buckets(&buckets);
+        Ok(bytes + self.shared.inner.release_buckets(&buckets)?)
     }
 }
 

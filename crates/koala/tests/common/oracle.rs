@@ -13,7 +13,7 @@ use super::{config_top, run_job_logged, sink_output};
 
 /// One oracle case.
 pub struct Case<'a> {
-    /// `koala` or `stop-and-restart`.
+    /// `koala`, `stop-and-restart` or `remote` (which adds `state.backend = "remote"`).
     pub protocol: &'a str,
     /// More top-level config lines (e.g. `extra_keys = 0`).
     pub top: &'a str,
@@ -141,7 +141,13 @@ fn case_generator(case: &Case<'_>) -> koala_dataflow::KeyedEventsConfig {
 
 /// The top-level config lines of a case: its protocol, then its own lines.
 fn top_lines(case: &Case<'_>) -> String {
-    format!("protocol = \"{}\"\n{}", case.protocol, case.top)
+    format!("protocol = \"{}\"\n{}{}", case.protocol, remote_state(case.protocol), case.top)
+}
+
+/// The state backend the `remote` protocol needs, as a top-level dotted key before the case's
+/// `top` (which may add e.g. `state.cache_mb = 1`, or open a table).
+pub fn remote_state(protocol: &str) -> &'static str {
+    if protocol == "remote" { "state.backend = \"remote\"\n" } else { "" }
 }
 
 /// Runs both deployments and asserts equal outputs; returns the reconfigured run's stdout. Both

@@ -1,6 +1,7 @@
 //! A deterministic simulator for the protocol cores (docs/testing.md §2): the job's
 //! reconfiguration engine (`crate::engine`, the one `crates/coordinator` runs) with Koala's task
-//! cores or stop-and-restart's, the upstream routers and pause cores.
+//! cores or stop-and-restart's (also in remote mode, over a shared store with per-task write-back
+//! buffers), the upstream routers and pause cores.
 //!
 //! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
@@ -82,6 +83,10 @@ pub enum Fault {
     /// A location's membership filter leaves out one key it holds (a false negative): the owner
     /// creates that key anew while its state sits at the location.
     FilterMissesKey,
+    /// Remote: an old owner sends `StateEnd` without writing back what it buffered for the moved
+    /// buckets first (they reach the shared store only at a later eviction), so the new owner
+    /// may read a stale value.
+    FlushAfterStateEnd,
 }
 
 impl Fault {
@@ -96,6 +101,7 @@ impl Fault {
             "serve_without_delete" => Some(Self::ServeWithoutDelete),
             "timers_without_state" => Some(Self::TimersWithoutState),
             "filter_misses_key" => Some(Self::FilterMissesKey),
+            "flush_after_state_end" => Some(Self::FlushAfterStateEnd),
             _ => None,
         }
     }
@@ -111,6 +117,7 @@ impl Fault {
             Self::ServeWithoutDelete => "serve_without_delete",
             Self::TimersWithoutState => "timers_without_state",
             Self::FilterMissesKey => "filter_misses_key",
+            Self::FlushAfterStateEnd => "flush_after_state_end",
         }
     }
 }
@@ -205,6 +212,9 @@ pub struct SimStats {
     pub not_here: u64,
     /// Fetches for a batch sent to a location while a pull to it was unanswered.
     pub fetches_racing_pulls: u64,
+    /// Remote: buffered (dirty) keys an old owner wrote back to the shared store when it gave
+    /// their bucket away.
+    pub flushed_keys: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.
