@@ -91,7 +91,7 @@ impl<E: StateEnv> StateEnv for CachedEnv<E> {
                 let inner = self.inner.open_task(task)?;
                 // Which keys are below is known only if nothing else writes there and it starts
                 // empty (a restarted worker's store holds keys this cache never wrote).
-                let known_empty = inner.exclusive() && inner.approximate_len()? == 0;
+                let known_empty = !inner.is_shared() && inner.approximate_len()? == 0;
                 let shared = Arc::new(SharedCache {
                     task,
                     inner,
@@ -677,9 +677,6 @@ mod tests {
         }
         fn approximate_len(&self) -> Result<u64, StateError> {
             self.inner.approximate_len()
-        }
-        fn exclusive(&self) -> bool {
-            self.inner.exclusive()
         }
     }
 

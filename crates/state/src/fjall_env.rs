@@ -306,10 +306,6 @@ impl StateBackend for FjallBackend {
     fn approximate_len(&self) -> Result<u64, StateError> {
         Ok(self.keyspace("approximate_len")?.approximate_len() as u64)
     }
-
-    fn exclusive(&self) -> bool {
-        true
-    }
 }
 
 /// Wraps a fjall error of `op` on `task`'s store.

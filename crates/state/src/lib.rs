@@ -148,13 +148,6 @@ pub trait StateBackend: Send + Sync {
         let _ = buckets;
         Err(StateError::Unsupported { task: self.task(), op: "release_buckets" })
     }
-
-    /// Whether this task's handles are the only writers of the store's entries, so a cache in
-    /// front of it may remember which keys it wrote (`cache.rs`). False (the default) for a
-    /// store other tasks write too, such as remote state shared by a bucket's owners over time.
-    fn exclusive(&self) -> bool {
-        false
-    }
 }
 
 /// The set of task stores of one worker process.

@@ -255,8 +255,4 @@ impl StateBackend for MemoryBackend {
     fn approximate_len(&self) -> Result<u64, StateError> {
         Ok(self.buckets("approximate_len")?.len)
     }
-
-    fn exclusive(&self) -> bool {
-        true
-    }
 }

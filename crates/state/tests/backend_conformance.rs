@@ -313,7 +313,7 @@ fn approximate_len_counts_written_keys(env: &dyn StateEnv) -> TestResult {
 fn tasks_of_an_operator_share_state(env: &dyn StateEnv) -> TestResult {
     let (t0, t1, other) = (task(1, 0), task(1, 1), task(2, 0));
     let stores = [env.open_task(t0)?, env.open_task(t1)?, env.open_task(other)?];
-    assert!(stores.iter().all(|s| s.is_shared() && !s.exclusive()));
+    assert!(stores.iter().all(|s| s.is_shared()));
     let k = key(9, 0, "shared-name");
     stores[0].write_many(vec![put(&k, "written by task 0")])?;
     stores[2].write_many(vec![put(&k, "another operator")])?;

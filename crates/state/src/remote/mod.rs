@@ -562,12 +562,6 @@ impl StateBackend for RemoteBackend {
         true
     }
 
-    /// Never: every owner of a bucket over time writes it, so a cache in front must not
-    /// conclude from its own writes that a key is absent below.
-    fn exclusive(&self) -> bool {
-        false
-    }
-
     /// Nothing is buffered here (every write is a round trip that the server acknowledged), so
     /// there is nothing to write back.
     fn release_buckets(&self, _buckets: &[BucketId]) -> Result<u64, StateError> {
