@@ -46,8 +46,9 @@ pub struct JobConfig {
     /// Where keyed state lives: `[state] backend` and `cache_mb`.
     #[serde(default)]
     pub state: StateSection,
-    /// The reconfiguration protocol: `koala` (lazy, the default), `stop-and-restart` or `drrs`
-    /// (live migration; needs `partition_policy = "uniform"`).
+    /// The reconfiguration protocol: `koala` (lazy, the default), `stop-and-restart`, `remote`
+    /// (stop-and-restart over state servers; needs `[state] backend = "remote"`) or `drrs` (live
+    /// migration; needs `partition_policy = "uniform"`).
     #[serde(default)]
     pub protocol: koala_protocol::Protocol,
     /// `[drrs]`: `subscales` (0, the default, = one per sender→receiver pair) and
@@ -195,11 +196,20 @@ impl Default for RuntimeSection {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StateSection {
-    /// `fjall` (the default), `memory`, or `none` (keeps nothing: the benchmark ceiling).
+    /// `fjall` (the default), `memory`, `none` (keeps nothing: the benchmark ceiling), or
+    /// `remote` (state servers shared by every task of an operator; needs `protocol = "remote"`).
     pub backend: koala_protocol::StateBackendKind,
-    /// MiB of the write-back cache of each task in front of fjall (0 = no cache); default
-    /// [`DEFAULT_CACHE_MB`]. Only the fjall backend has one.
+    /// MiB of the write-back cache of each task in front of fjall (default [`DEFAULT_CACHE_MB`])
+    /// or of the state servers (default 0: every batch reads and writes the servers); 0 = no
+    /// cache. The memory and none backends have none.
     pub cache_mb: Option<u64>,
+    /// `remote`: how many state servers `koala run` starts (default 1); bucket `b` lives on
+    /// server `b mod servers`.
+    pub servers: Option<u32>,
+    /// `remote`: addresses (`host:port`) of state servers started elsewhere (`koala
+    /// state-server`), instead of `servers`; `koala coordinator` needs them. `koala run` fills
+    /// this in with the servers it started.
+    pub server_addresses: Vec<String>,
 }
 
 /// The write-back cache per task in front of fjall when `[state] cache_mb` is not given.
@@ -210,9 +220,94 @@ impl StateSection {
     pub fn options(&self) -> koala_protocol::StateOptions {
         let cache_mb = match self.backend {
             koala_protocol::StateBackendKind::Fjall => self.cache_mb.unwrap_or(DEFAULT_CACHE_MB),
+            koala_protocol::StateBackendKind::Remote => self.cache_mb.unwrap_or(0),
             _ => 0,
         };
-        koala_protocol::StateOptions { backend: self.backend, cache_bytes: cache_mb.saturating_mul(1 << 20) }
+        koala_protocol::StateOptions {
+            backend: self.backend,
+            cache_bytes: cache_mb.saturating_mul(1 << 20),
+            servers: self.server_addresses.clone(),
+        }
+    }
+
+    /// How many state servers `koala run` starts: 0 unless the backend is remote and no
+    /// external addresses are given.
+    pub fn servers_to_start(&self) -> u32 {
+        match self.backend {
+            koala_protocol::StateBackendKind::Remote if self.server_addresses.is_empty() => {
+                self.servers.unwrap_or(1)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Checks the section against the protocol (docs/protocols.md §7.1: `protocol = "remote"`
+    /// and `[state] backend = "remote"` go together).
+    fn validate(&self, protocol: koala_protocol::Protocol) -> Result<(), ConfigError> {
+        use koala_protocol::{Protocol, StateBackendKind as B};
+        let remote = self.backend == B::Remote;
+        match (protocol, remote) {
+            (Protocol::Remote, false) => {
+                return Err(invalid(
+                    "protocol",
+                    format!(
+                        "\"remote\" keeps state on state servers, but state.backend is {:?}; set [state] backend = \"remote\" too",
+                        self.backend.name()
+                    ),
+                ));
+            }
+            (Protocol::Koala | Protocol::StopAndRestart, true) => {
+                return Err(invalid(
+                    "state.backend",
+                    format!(
+                        "\"remote\" state is shared by every task, so ownership moves and state must not; protocol {:?} {}; set protocol = \"remote\" (the Remote baseline) or use backend = \"fjall\"",
+                        protocol.name(),
+                        if protocol == Protocol::Koala {
+                            "fetches and moves state between tasks' own stores"
+                        } else {
+                            "moves state between tasks' own stores"
+                        }
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if !matches!(self.backend, B::Fjall | B::Remote) && self.cache_mb.is_some() {
+            return Err(invalid(
+                "state.cache_mb",
+                format!(
+                    "only the fjall and remote backends have a cache, and backend is {:?}; remove cache_mb or set backend = \"fjall\"",
+                    self.backend.name()
+                ),
+            ));
+        }
+        if !remote && (self.servers.is_some() || !self.server_addresses.is_empty()) {
+            return Err(invalid(
+                "state.servers",
+                format!(
+                    "state servers hold remote state, and backend is {:?}; remove servers/server_addresses or set backend = \"remote\"",
+                    self.backend.name()
+                ),
+            ));
+        }
+        if self.servers == Some(0) {
+            return Err(invalid("state.servers", "0 state servers cannot hold state; use 1 or more"));
+        }
+        if self.servers.is_some() && !self.server_addresses.is_empty() {
+            return Err(invalid(
+                "state.server_addresses",
+                "give either servers (koala run starts them) or server_addresses (started elsewhere), not both",
+            ));
+        }
+        if let Some(bad) = self.server_addresses.iter().find(|a| !a.contains(':')) {
+            return Err(invalid(
+                "state.server_addresses",
+                format!(
+                    "{bad:?} is not host:port (e.g. \"10.0.0.5:7000\", as `koala state-server` prints it)"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -339,15 +434,7 @@ impl JobConfig {
                  Use \"fjall\" (the default) or \"memory\"",
             ));
         }
-        if self.state.backend != koala_protocol::StateBackendKind::Fjall && self.state.cache_mb.is_some() {
-            return Err(invalid(
-                "state.cache_mb",
-                format!(
-                    "only the fjall backend has a cache, and backend is {:?}; remove cache_mb or set backend = \"fjall\"",
-                    self.state.backend.name()
-                ),
-            ));
-        }
+        self.state.validate(self.protocol)?;
         if self.state.cache_mb.is_some_and(|mb| mb > 1 << 20) {
             return Err(invalid("state.cache_mb", "more than 1 TiB per task; give MiB, e.g. cache_mb = 64"));
         }

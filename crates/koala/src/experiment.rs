@@ -1,9 +1,11 @@
 //! `koala experiment scale-out`: the analogue of the paper's Figures 6–7 (§5.2) for the keyed
 //! aggregate. Warm state (`koala warmup`) restored into every run; phase 1 at 70 % of the
 //! emulated capacity, phase 2 at twice that (a backlog forms), then a scale-out that doubles the
-//! aggregate's tasks while the surge goes on (phase 3); once per protocol. Writes one overlay PNG
+//! aggregate's tasks while the surge goes on (phase 3); once per protocol (Koala,
+//! stop-and-restart, and the Remote baseline on one state server). Writes one overlay PNG
 //! per metric (throughput, lag; 10 s moving average as in the paper), a CSV of the per-second
-//! rows, and prints a table of backlog recovery and state moved per protocol — all figures from
+//! rows, and prints a table of backlog recovery, state moved and per-batch latency before/after
+//! per protocol — all figures from
 //! the runs' report summaries (`koala_coordinator::report`).
 //!
 //! The link cap is chosen so that moving the state takes as long, relative to the run, as in
@@ -73,7 +75,9 @@ impl Setup {
     fn config(&self, protocol: &str, out: &Path, warm: &Path) -> String {
         let base = 0.7 * f64::from(self.tasks.0) * self.task_records_per_sec;
         let [p1, p2, _] = self.phases_s;
-        format!(
+        // The Remote baseline keeps its state on a state server (no client cache).
+        let state = if protocol == "remote" { "\n[state]\nbackend = \"remote\"\n" } else { "" };
+        let text = format!(
             r#"query = "keyed-aggregate"
 workers = 2
 duration_s = {duration}
@@ -123,9 +127,13 @@ rate = [{{ at_ms = 0, records_per_sec = {base:.1} }}, {{ at_ms = {surge_ms}, rec
             keys = self.warm_keys,
             surge_ms = p1 * 1000,
             surge = 2.0 * base,
-        )
+        );
+        text + state
     }
 }
+
+/// The protocols the experiment runs, in order.
+const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
 
 /// Runs the experiment into `out`.
 pub fn scale_out(quick: bool, out: &Path) -> anyhow::Result<()> {
@@ -164,7 +172,8 @@ pub fn scale_out(quick: bool, out: &Path) -> anyhow::Result<()> {
         );
     }
     let mut runs: Vec<ReportSummary> = Vec::new();
-    for protocol in ["koala", "stop-and-restart", "drrs"] {
+    let mut latencies = Vec::new();
+    for protocol in PROTOCOLS {
         let dir = out.join(protocol);
         let mut config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
         if protocol == "drrs" {
@@ -172,24 +181,26 @@ pub fn scale_out(quick: bool, out: &Path) -> anyhow::Result<()> {
             config.partition_policy = koala_coordinator::config::PolicyName::Uniform;
         }
         let summary = crate::launch::run_job_locally(config)?;
-        let (_, report) = crate::compare::outcome(&summary, &dir)?;
+        let (outcome, report) = crate::compare::outcome(&summary, &dir)?;
         println!("{report}");
         runs.push(report);
+        latencies.push(outcome.latency);
     }
-    write_results(&runs, setup.phases_s[0] + setup.phases_s[1], out)
+    write_results(&runs, &latencies, setup.phases_s[0] + setup.phases_s[1], out)
 }
 
 fn protocol_name(p: &str) -> &'static str {
-    match p {
-        "koala" => "koala",
-        "stop-and-restart" => "stop-and-restart",
-        "drrs" => "drrs",
-        _ => "other",
-    }
+    PROTOCOLS.into_iter().find(|name| *name == p).unwrap_or("other")
 }
 
-/// The overlay plots, the CSV and the table.
-fn write_results(runs: &[ReportSummary], scale_out_s: u64, out: &Path) -> anyhow::Result<()> {
+/// The overlay plots, the CSV and the table; `latencies`: each run's mean per-batch latency
+/// before and after its scale-out (`compare::Outcome::latency`).
+fn write_results(
+    runs: &[ReportSummary],
+    latencies: &[(Option<f64>, Option<f64>)],
+    scale_out_s: u64,
+    out: &Path,
+) -> anyhow::Result<()> {
     let mut csv = String::from("protocol,t_s,throughput,lag_mean_ms,lag_p99_ms,state_bytes_moved\n");
     for r in runs {
         for row in &r.table.rows {
@@ -235,20 +246,29 @@ fn write_results(runs: &[ReportSummary], scale_out_s: u64, out: &Path) -> anyhow
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>14} {:>14} {:>10} {:>10} {:>24}",
-        "protocol", "recovery", "on demand", "background", "pause", "peak lag", "worst dip (vs offered)"
+        "{:<18} {:>10} {:>14} {:>14} {:>10} {:>10} {:>24} {:>22}",
+        "protocol",
+        "recovery",
+        "on demand",
+        "background",
+        "pause",
+        "peak lag",
+        "worst dip (vs offered)",
+        "batch latency"
     );
-    for r in runs {
+    let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} µs"));
+    for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>14} {:>14} {:>7} ms {:>7} ms {:>24}",
+            "{:<18} {:>10} {:>14} {:>14} {:>7} ms {:>7} ms {:>24} {:>22}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             crate::launch::human_bytes(r.state_moved.on_demand as u64),
             crate::launch::human_bytes(r.state_moved.background as u64),
             r.pause_ms_total,
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
-            first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio()))
+            first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
+            format!("{} → {}", us(*before), us(*after))
         );
     }
     if let [k, s, ..] = runs {

@@ -59,16 +59,16 @@ pub fn demo(
     }
     config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
-    config.protocol = match protocol {
-        "koala" => koala_protocol::Protocol::Koala,
-        "stop-and-restart" => koala_protocol::Protocol::StopAndRestart,
-        "drrs" => {
-            // DRRS runs with the uniform policy, as the paper's does (docs/protocols.md §11).
-            config.partition_policy = koala_coordinator::config::PolicyName::Uniform;
-            koala_protocol::Protocol::Drrs
+    config.protocol = parse_protocol(protocol)?;
+    match config.protocol {
+        // The Remote baseline keeps state on state servers (one, started with the workers).
+        koala_protocol::Protocol::Remote => config.state.backend = koala_protocol::StateBackendKind::Remote,
+        // DRRS runs with the uniform policy, as the paper's does (docs/protocols.md §11).
+        koala_protocol::Protocol::Drrs => {
+            config.partition_policy = koala_coordinator::config::PolicyName::Uniform
         }
-        other => anyhow::bail!("--protocol {other:?}: use koala, stop-and-restart or drrs"),
-    };
+        _ => {}
+    }
     println!(
         "koala demo: {} with {} workers for {duration_s} s (rate 30k/s, surge to 60k/s 20–45 s, aggregate scaled out 2 → 4 at 25 s, {}; {}); output in {}",
         config.query,
@@ -81,6 +81,18 @@ pub fn demo(
     let (outcome, report) = crate::compare::outcome(&summary, output_dir)?;
     crate::compare::print_outcome(&outcome, &report);
     Ok(outcome)
+}
+
+/// A protocol named on the command line (`--protocol`, `--protocols`).
+pub fn parse_protocol(name: &str) -> anyhow::Result<koala_protocol::Protocol> {
+    use koala_protocol::Protocol;
+    Ok(match name {
+        "koala" => Protocol::Koala,
+        "stop-and-restart" => Protocol::StopAndRestart,
+        "remote" => Protocol::Remote,
+        "drrs" => Protocol::Drrs,
+        other => anyhow::bail!("--protocol {other:?}: use koala, stop-and-restart, remote or drrs"),
+    })
 }
 
 /// What `koala bench` runs.
@@ -219,6 +231,10 @@ pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
 pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> anyhow::Result<()> {
     let config = load_config(config)?;
     koala_coordinator::resolve(&config, &resolver())?;
+    anyhow::ensure!(
+        config.state.servers_to_start() == 0,
+        "state.server_addresses: `koala coordinator` starts no state servers; start them with `koala state-server` and list their addresses there (or use `koala run`, which starts [state] servers)"
+    );
     let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?.to_string();
     if let Some(f) = address_file {
@@ -253,17 +269,88 @@ impl Drop for WorkerProcesses {
     }
 }
 
-/// Runs a job with a coordinator in this process and `config.workers` worker processes.
-pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
+/// State server processes: they run until killed, which happens when the job is over.
+struct ServerProcesses(Vec<Child>);
+
+impl Drop for ServerProcesses {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `koala state-server`: serves remote state until killed. Prints `state server listening on
+/// ADDR` first (`koala run` reads the address from it).
+pub fn state_server(listen: &str, data_dir: &Path) -> anyhow::Result<()> {
+    let server = koala_state::StateServer::start(listen, data_dir)
+        .with_context(|| format!("starting a state server on {listen} in {}", data_dir.display()))?;
+    println!("state server listening on {}", server.addr());
+    std::io::Write::flush(&mut std::io::stdout())?;
+    // Serves on its own threads; this one only waits (the process ends when it is killed).
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Starts `n` state server processes (`koala state-server` on port 0) with their data under
+/// `out/state/server-<i>`; returns them and their addresses, read from their first line.
+fn start_state_servers(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(ServerProcesses, Vec<String>)> {
+    use std::io::BufRead;
+    let mut servers = ServerProcesses(Vec::new());
+    let mut addrs = Vec::new();
+    for i in 0..n {
+        let data_dir = out.join("state").join(format!("server-{i}"));
+        let mut child = Command::new(exe)
+            .arg("state-server")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting state server {i}"))?;
+        let stdout = child.stdout.take().context("the state server's stdout")?;
+        servers.0.push(child);
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .with_context(|| format!("reading state server {i}'s address"))?;
+        let addr = line
+            .trim()
+            .strip_prefix("state server listening on ")
+            .with_context(|| format!("state server {i} did not start (it printed {line:?})"))?;
+        addrs.push(addr.to_string());
+    }
+    Ok((servers, addrs))
+}
+
+/// Runs a job with a coordinator in this process and `config.workers` worker processes (and
+/// the state servers of a remote backend without external addresses, `[state] servers`).
+pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
     let resolver = resolver();
     koala_coordinator::resolve(&config, &resolver)?;
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;
     clear_previous_output(&out)?;
+    let exe = std::env::current_exe().context("locating the koala binary")?;
+    // Stopped (after the workers) when the job ends: dropped last.
+    let _servers = match config.state.servers_to_start() {
+        0 => None,
+        n => {
+            let (servers, addrs) = start_state_servers(&exe, &out, n)?;
+            println!("state servers at {}", addrs.join(", "));
+            config.state.server_addresses = addrs;
+            config.state.servers = None;
+            Some(servers)
+        }
+    };
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
     let addr = listener.local_addr()?.to_string();
     println!("coordinator at {addr} (koala rescale|rebalance|migrate --coordinator {addr} ...)");
-    let exe = std::env::current_exe().context("locating the koala binary")?;
     let mut workers = WorkerProcesses(Vec::new());
     for i in 0..config.workers {
         let data_dir = out.join("state").join(format!("worker-{i}"));

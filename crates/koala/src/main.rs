@@ -33,22 +33,19 @@ enum Command {
         /// Where metrics, plots and worker state go.
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
-        /// Reconfiguration protocol: koala, stop-and-restart or drrs (with the uniform partition policy).
+        /// Reconfiguration protocol: koala, stop-and-restart, remote or drrs (with the uniform
+        /// partition policy).
         #[arg(long, default_value = "koala")]
         protocol: String,
     },
-    /// Run the demo workload once per protocol (default Koala, stop-and-restart) and print a
-    /// table: state moved on demand and in the background, backlog recovery time, peak lag, lag
-    /// p99 over the last 5 s, worst throughput dip against the offered rate, per-batch latency
-    /// before and after (n/a for DRRS), pause.
+    /// Run the demo workload once per protocol (`--protocols`) and print a table: state
+    /// moved on demand and in the background, backlog recovery time, peak lag, lag p99 over the
+    /// last 5 s, worst throughput dip against the offered rate, per-batch latency before and
+    /// after (n/a for DRRS), pause.
     Compare {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 60)]
         duration_s: u64,
-        /// Comma-separated protocols to run: koala, stop-and-restart, drrs (drrs always runs
-        /// with the uniform partition policy).
-        #[arg(long, default_value = "koala,stop-and-restart")]
-        protocols: String,
         /// Partition policy of every run (consistent or uniform; default: the demo config's,
         /// consistent). DRRS runs with uniform whatever this says.
         #[arg(long)]
@@ -56,6 +53,10 @@ enum Command {
         /// Where each run's metrics and plots go (`<dir>/<protocol>`).
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
+        /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
+        /// stop-and-restart over a state server), drrs (always with the uniform partition policy).
+        #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
+        protocols: Vec<String>,
     },
     /// Run a job from a TOML config with local worker processes (see examples/*.toml).
     #[command(after_help = launch::QUERIES_HELP)]
@@ -74,6 +75,18 @@ enum Command {
         /// Write the address actually bound to this file (for scripts that start workers).
         #[arg(long)]
         address_file: Option<PathBuf>,
+    },
+    /// Run a state server for `[state] backend = "remote"` (the Remote baseline): an fjall
+    /// database with one key space per operator, shared by all its tasks, over framed TCP. Runs
+    /// until killed; prints `state server listening on ADDR` first. `koala run` starts the ones
+    /// a job needs; give addresses of others with `[state] server_addresses`.
+    StateServer {
+        /// Address to listen on (port 0 = any free port).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// Where the server keeps its database.
+        #[arg(long, default_value = "koala-out/state/server")]
+        data_dir: PathBuf,
     },
     /// Run a worker process that hosts tasks placed on it by a coordinator.
     Worker {
@@ -206,8 +219,8 @@ enum Command {
 enum ExperimentKind {
     /// The paper's Figures 6–7 for the keyed aggregate: warm state (256 MB with --quick, else
     /// 1 GB), 70 % of the emulated capacity, then a 2× surge, then a scale-out (2 → 4 with
-    /// --quick, else 4 → 8) under each protocol; overlay plots, a CSV and a table of backlog
-    /// recovery and state moved. About 3 minutes with --quick, 15 without.
+    /// --quick, else 4 → 8) under Koala, stop-and-restart and remote; overlay plots, a CSV and a table of backlog
+    /// recovery, state moved and per-batch latency. About 5 minutes with --quick, 22 without.
     ScaleOut {
         /// 256 MB of state and 90 s per protocol instead of 1 GB and 7 minutes.
         #[arg(long)]
@@ -221,7 +234,7 @@ enum ExperimentKind {
 fn main() {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Worker { .. } | Command::Coordinator { .. } => "info",
+        Command::Worker { .. } | Command::Coordinator { .. } | Command::StateServer { .. } => "info",
         Command::Rescale { .. } | Command::Rebalance { .. } | Command::Migrate { .. } => "error",
         _ => "warn",
     };
@@ -248,11 +261,11 @@ fn run(command: Command) -> anyhow::Result<()> {
                 Some("uniform") => Some(koala_coordinator::config::PolicyName::Uniform),
                 Some(other) => anyhow::bail!("--partition-policy {other:?}: use consistent or uniform"),
             };
+            for protocol in &protocols {
+                launch::parse_protocol(protocol)?;
+            }
             let mut outcomes = Vec::new();
-            for protocol in protocols.split(',').map(str::trim) {
-                if !["koala", "stop-and-restart", "drrs"].contains(&protocol) {
-                    anyhow::bail!("--protocols: {protocol:?} is not one of koala, stop-and-restart, drrs");
-                }
+            for protocol in &protocols {
                 outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol, policy)?);
             }
             compare::print_table(&outcomes);
@@ -262,6 +275,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Coordinator { config, listen, address_file } => {
             launch::coordinator(&config, &listen, address_file.as_deref())
         }
+        Command::StateServer { listen, data_dir } => launch::state_server(&listen, &data_dir),
         Command::Worker { coordinator, data_dir, listen_host, warm_state } => {
             koala_runtime::run_worker(koala_runtime::WorkerOptions {
                 coordinator,

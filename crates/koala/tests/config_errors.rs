@@ -103,3 +103,35 @@ fn warm_state_without_a_snapshot_is_named() {
     let err = rejected(&format!("warm_state = {:?}\n{BASE}", dir.path().display().to_string()));
     assert!(err.contains("warm_state") && err.contains("koala warmup"), "{err}");
 }
+
+/// The Remote baseline: `protocol = "remote"` and `[state] backend = "remote"` go together
+/// (docs/protocols.md §7.1); each mismatch names both fields and the fix.
+#[test]
+fn remote_protocol_and_backend_must_go_together() {
+    let err = rejected(&format!("protocol = \"remote\"\n{BASE}"));
+    assert!(
+        err.contains("protocol") && err.contains("state.backend") && err.contains("backend = \"remote\""),
+        "{err}"
+    );
+    for protocol in ["koala", "stop-and-restart"] {
+        let err = rejected(&format!("protocol = \"{protocol}\"\n{BASE}[state]\nbackend = \"remote\"\n"));
+        assert!(
+            err.contains("state.backend") && err.contains(protocol) && err.contains("protocol = \"remote\""),
+            "{err}"
+        );
+    }
+    // Koala is the default protocol: the remote backend alone is rejected too.
+    let err = rejected(&format!("{BASE}[state]\nbackend = \"remote\"\n"));
+    assert!(err.contains("state.backend") && err.contains("\"koala\""), "{err}");
+    let remote = "protocol = \"remote\"\nquery = \"keyed-aggregate\"\noutput_dir = \"unused\"\n[state]\nbackend = \"remote\"\n";
+    let err = rejected(&format!("{remote}servers = 0\n"));
+    assert!(err.contains("state.servers") && err.contains("1 or more"), "{err}");
+    let err = rejected(&format!("{remote}servers = 2\nserver_addresses = [\"127.0.0.1:7000\"]\n"));
+    assert!(err.contains("state.server_addresses") && err.contains("not both"), "{err}");
+    let err = rejected(&format!("{remote}server_addresses = [\"localhost\"]\n"));
+    assert!(err.contains("state.server_addresses") && err.contains("host:port"), "{err}");
+    let err = rejected(&format!("{BASE}[state]\nservers = 2\n"));
+    assert!(err.contains("state.servers") && err.contains("backend = \"remote\""), "{err}");
+    let err = rejected(&format!("{BASE}protocol = \"remot\"\n"));
+    assert!(err.contains("remot"), "{err}");
+}

@@ -5,10 +5,12 @@
 //! `at_s` (back to back), between 0.2 and 1.5 s — plus random `[runtime] batch_records`
 //! (1..=256), `channel_capacity` (1..=64), `linger_ms`, `partition_policy`, source, operator and
 //! sink parallelism, and the state backend (fjall behind the default cache, behind a 1 MiB one,
-//! without one, or memory). Every stateful query family runs, under Koala with `extra_keys = 0` (fetch on
-//! demand only), Koala with `extra_keys = 8`, stop-and-restart, and DRRS (always with the uniform
-//! policy, as the paper's DRRS; random `[drrs] subscales` 0..=3 and `wait_records` 1..=64). The
-//! schedule depends on the seed only, so one seed can be replayed under each protocol.
+//! without one, or memory; under `remote`, a state server without a client cache or behind a
+//! 1 MiB or 64 MiB one). Every stateful query family runs, under Koala with `extra_keys = 0`
+//! (fetch on demand only), Koala with `extra_keys = 8`, stop-and-restart, the Remote baseline
+//! (`remote`), and DRRS (always with the uniform policy, as the paper's DRRS; random `[drrs]
+//! subscales` 0..=3 and `wait_records` 1..=64). The schedule depends on the seed only, so one
+//! seed can be replayed under each protocol.
 //!
 //! Requests are generated against a model of the coordinator's bookkeeping
 //! (`common::model`: live task indices, placement, routing), so every request is one the
@@ -21,12 +23,12 @@
 //! `random schedule failed: seed N, <variant>, <query>` and the first error line, then the full
 //! config text.
 //!
-//! The normal suite is 36 schedules (9 per protocol variant, one per query family), plus three
+//! The normal suite is 45 schedules (9 per protocol variant, one per query family), plus three
 //! late-data cases with `allowed_lateness_ms`. The soak set is `#[ignore]`d, one test per schedule
 //! (300 per variant, family `seed % 9`) so nextest's per-test time-out applies to each:
 //!
 //! ```sh
-//! # everything (900 runs, ~20 min on 2 cores; 30 per variant take ~2 min)
+//! # everything (1200 runs, ~27 min on 2 cores; 30 per variant take ~3 min)
 //! cargo nextest run -p koala --cargo-profile ci --test oracle_random --run-ignored only
 //! # 30 schedules per variant
 //! cargo nextest run -p koala --cargo-profile ci --test oracle_random --run-ignored only \
@@ -86,6 +88,8 @@ enum Variant {
     KoalaN8,
     /// The stop-and-restart baseline.
     StopAndRestart,
+    /// The Remote baseline: stop-and-restart over a state server (`[state] backend = "remote"`).
+    Remote,
     /// The DRRS baseline (uniform policy).
     Drrs,
 }
@@ -95,6 +99,7 @@ impl Variant {
         match self {
             Self::KoalaN0 | Self::KoalaN8 => "koala",
             Self::StopAndRestart => "stop-and-restart",
+            Self::Remote => "remote",
             Self::Drrs => "drrs",
         }
     }
@@ -105,6 +110,8 @@ impl Variant {
             Self::KoalaN0 => "protocol = \"koala\"\nextra_keys = 0\n".into(),
             Self::KoalaN8 => "protocol = \"koala\"\nextra_keys = 8\n".into(),
             Self::StopAndRestart => "protocol = \"stop-and-restart\"\n".into(),
+            // Dotted, so it stands before any table; the client cache is drawn in `generate`.
+            Self::Remote => "protocol = \"remote\"\nstate.backend = \"remote\"\n".into(),
             Self::Drrs => "protocol = \"drrs\"\n".into(),
         }
     }
@@ -246,7 +253,15 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
         max_disorder_ms: f.max_disorder_ms,
         ..Default::default()
     };
-    let top = format!("{}partition_policy = \"{policy}\"\n", variant.top());
+    // Remote: one state server, without a client cache, behind a 1 MiB one, or a 64 MiB one
+    // (from the state backend's own stream, below).
+    let cache = match variant {
+        Variant::Remote => {
+            Rng::new(seed ^ 0x57A7_E000).pick(&["", "state.cache_mb = 1\n", "state.cache_mb = 64\n"])
+        }
+        _ => "",
+    };
+    let top = format!("{}{cache}partition_policy = \"{policy}\"\n", variant.top());
     let rate = format!("rate = [{{ at_ms = 0, records_per_sec = {}.0 }}]\n", f.rate);
     let base = config_top(dir, f.query, &top, &parallelism, &generator, f.params) + &rate + &runtime;
 
@@ -276,12 +291,15 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
     // The state backend, from its own stream so the schedules of existing seeds stay as they were:
     // fjall behind the default cache, behind a 1 MiB one (evicting on the larger key spaces),
     // without a cache, or memory.
-    let state = Rng::new(seed ^ 0x57A7_E000).pick(&[
-        "",
-        "\n[state]\ncache_mb = 1\n",
-        "\n[state]\ncache_mb = 0\n",
-        "\n[state]\nbackend = \"memory\"\n",
-    ]);
+    let state = match variant {
+        Variant::Remote => "",
+        _ => Rng::new(seed ^ 0x57A7_E000).pick(&[
+            "",
+            "\n[state]\ncache_mb = 1\n",
+            "\n[state]\ncache_mb = 0\n",
+            "\n[state]\nbackend = \"memory\"\n",
+        ]),
+    };
     // DRRS knobs, from their own stream: subscales (0 = one per pair) and the wait buffer.
     let drrs = if matches!(variant, Variant::Drrs) {
         let mut r = Rng::new(seed ^ 0xD225_0000);
@@ -452,6 +470,17 @@ random_suite! {
         seed_24_keyed_aggregate = (24, "keyed-aggregate"),
         seed_27_self_join = (27, "self-join"),
     ];
+    remote: Variant::Remote => [
+        seed_28_last_n = (28, "last-n"),
+        seed_29_tumbling_window = (29, "tumbling-window"),
+        seed_30_sliding_window = (30, "sliding-window"),
+        seed_31_window_join = (31, "window-join"),
+        seed_32_keyed_join = (32, "keyed-join"),
+        seed_33_two_stage_aggregate = (33, "two-stage-aggregate"),
+        seed_34_filtered_window = (34, "filtered-window"),
+        seed_35_keyed_aggregate = (35, "keyed-aggregate"),
+        seed_36_self_join = (36, "self-join"),
+    ];
     drrs: Variant::Drrs => [
         seed_28_last_n = (28, "last-n"),
         seed_29_tumbling_window = (29, "tumbling-window"),
@@ -507,7 +536,7 @@ fn a_hung_run_is_killed_with_its_workers() {
 fn generated_schedules_are_accepted_by_the_model() {
     let dir = tempfile::tempdir().expect("tempdir");
     for seed in 1..=400 {
-        for variant in [Variant::KoalaN0, Variant::StopAndRestart, Variant::Drrs] {
+        for variant in [Variant::KoalaN0, Variant::StopAndRestart, Variant::Remote, Variant::Drrs] {
             let f = &FAMILIES[seed as usize % FAMILIES.len()];
             let case = generate(dir.path(), variant, f, seed);
             let (_, applied) = common::model::apply_schedule(&case.text)
@@ -532,6 +561,10 @@ macro_rules! soak {
         mod soak_stop_and_restart {
             use super::*;
             $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::StopAndRestart, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
+        }
+        mod soak_remote {
+            use super::*;
+            $( #[test] #[ignore = "soak; see the module docs"] fn $name() { run_case(Variant::Remote, &FAMILIES[$seed % FAMILIES.len()], $seed) } )*
         }
         mod soak_drrs {
             use super::*;

@@ -51,6 +51,9 @@ pub enum StateBackendKind {
     /// Keeps nothing (reads miss, writes are dropped): the stateless ceiling of the same pipeline
     /// for `koala bench`; results are wrong by design.
     None,
+    /// State servers shared by every task of an operator (`koala state-server`; keys partitioned
+    /// over them by bucket): the Remote baseline's store, used with `protocol = "remote"`.
+    Remote,
 }
 
 impl StateBackendKind {
@@ -60,17 +63,22 @@ impl StateBackendKind {
             Self::Fjall => "fjall",
             Self::Memory => "memory",
             Self::None => "none",
+            Self::Remote => "remote",
         }
     }
 }
 
 /// How a worker stores keyed state: sent with [`CoordinatorMessage::Deploy`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StateOptions {
     /// The store.
     pub backend: StateBackendKind,
-    /// Bytes of the write-back cache of each task in front of fjall (0 = no cache).
+    /// Bytes of the write-back cache of each task in front of fjall or the state servers
+    /// (0 = no cache).
     pub cache_bytes: u64,
+    /// The state servers' addresses (`Remote` only; bucket `b` lives on `servers[b % len]`).
+    #[serde(default)]
+    pub servers: Vec<String>,
 }
 
 /// Everything a worker needs to instantiate its part of a job.
@@ -120,6 +128,10 @@ pub enum Protocol {
     Koala,
     /// Pause upstreams, drain, move whole buckets, switch, resume.
     StopAndRestart,
+    /// The Remote baseline: stop-and-restart over state servers. Ownership moves, state does not:
+    /// an old owner flushes what it buffered for its moved buckets to the servers before their
+    /// new owners may read (docs/protocols.md §7.1). Requires `[state] backend = "remote"`.
+    Remote,
     /// DRRS live migration (docs/protocols.md §11): subscales, in-flight records rerouted over
     /// peer channels, whole buckets pushed in the background, out-of-order processing.
     Drrs,
@@ -131,6 +143,7 @@ impl Protocol {
         match self {
             Self::Koala => "koala",
             Self::StopAndRestart => "stop-and-restart",
+            Self::Remote => "remote",
             Self::Drrs => "drrs",
         }
     }

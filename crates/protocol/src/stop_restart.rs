@@ -18,6 +18,16 @@
 //! must fail rather than lose state. Markers of other epochs pass through (they belong to other
 //! operators' reconfigurations, or are the switch markers of an epoch this task is done with).
 //!
+//! **Remote mode** ([`TargetCore::new_remote`], the `remote` protocol, docs/protocols.md §7.1):
+//! the same phases over state servers shared by every task of the operator, where ownership
+//! moves and state does not. Where a sender would send state it gets [`TargetAction::Flush`]:
+//! write back everything it buffered for the moved buckets (its cache's dirty entries) to the
+//! servers, forget its copies, send the buckets' timers, then `StateEnd`, which in this mode means
+//! "flushed". A `State` chunk is an error (state never moves); timers still do
+//! ([`TargetEvent::TimersChunk`]). In both modes a receiver may not read an incoming bucket
+//! until its sender's `StateEnd` arrived ([`TargetCore::may_read`]); the phase driver resumes
+//! the upstreams only after every receiver acked `StateReceived`, i.e. after every flush.
+//!
 //! ```
 //! use std::collections::BTreeMap;
 //! use std::sync::Arc;
@@ -186,6 +196,14 @@ pub enum StopRestartError {
         /// The epoch of the `Resume`.
         epoch: Epoch,
     },
+    /// A state chunk under the `remote` protocol, where state never moves (only timers do).
+    #[error("state of epoch {epoch} from {from}, but under the remote protocol state does not move")]
+    StateUnderRemote {
+        /// The sender.
+        from: TaskId,
+        /// The epoch.
+        epoch: Epoch,
+    },
     /// A `Resume` of another epoch than the one the upstream task is paused for.
     #[error("Resume of epoch {got} while paused for epoch {paused}")]
     ResumeOfOtherEpoch {
@@ -233,7 +251,16 @@ pub enum TargetEvent<C> {
         /// The chunk's epoch.
         epoch: Epoch,
     },
-    /// `from` sent everything it moves to this task in `epoch`.
+    /// A timers chunk of `epoch` from `from` arrived (timers of moved buckets move under both
+    /// modes): error if not expected.
+    TimersChunk {
+        /// The sender.
+        from: TaskId,
+        /// The chunk's epoch.
+        epoch: Epoch,
+    },
+    /// `from` sent everything it moves to this task in `epoch` (remote mode: it flushed the moved
+    /// buckets to the shared store and sent their timers).
     StateEnd {
         /// The sender.
         from: TaskId,
@@ -261,6 +288,17 @@ pub enum TargetAction {
         /// The buckets to send, per new owner.
         moves: Vec<(TaskId, Vec<BucketId>)>,
     },
+    /// Remote mode's `SendState`: every awaited marker arrived; flush outputs, then for each
+    /// (to, buckets): release the buckets to the shared store (write back everything buffered
+    /// for them, forget local copies — `StateBackend::release_buckets`), send their timers, then
+    /// `StateEnd`; then ack `StateSent { bytes: 0, entries: 0 }` (no state moved), also when
+    /// `moves` is empty.
+    Flush {
+        /// The reconfiguration.
+        epoch: Epoch,
+        /// The buckets given away, per new owner.
+        moves: Vec<(TaskId, Vec<BucketId>)>,
+    },
     /// The event was refused; the core is unchanged and the task must fail.
     Error(StopRestartError),
 }
@@ -276,6 +314,8 @@ struct Part<C> {
     moves: Option<Vec<(TaskId, Vec<BucketId>)>>,
     /// Tasks still sending state here.
     senders: BTreeSet<TaskId>,
+    /// Buckets arriving here, by sender (`may_read` is false for them until the sender ended).
+    incoming: Vec<(TaskId, BucketId)>,
     /// Tasks that sent `StateEnd` (to tell a late chunk from one of a stranger).
     ended: BTreeSet<TaskId>,
     /// Whether the coordinator's `Drain` arrived. Only then is every receiver prepared: a task
@@ -296,6 +336,8 @@ impl<C> Part<C> {
 #[derive(Clone, Debug)]
 pub struct TargetCore<C> {
     task: TaskId,
+    /// Remote mode (the `remote` protocol): flush instead of sending state.
+    remote: bool,
     running: Option<Part<C>>,
     /// The last epoch this task prepared (running or done).
     last: Option<Epoch>,
@@ -304,7 +346,22 @@ pub struct TargetCore<C> {
 impl<C: Ord + Clone + Debug> TargetCore<C> {
     /// The core of task `task`, in no reconfiguration.
     pub fn new(task: TaskId) -> Self {
-        Self { task, running: None, last: None }
+        Self { task, remote: false, running: None, last: None }
+    }
+
+    /// The core of task `task` under the `remote` protocol (see the module docs), in no
+    /// reconfiguration.
+    pub fn new_remote(task: TaskId) -> Self {
+        Self { task, remote: true, running: None, last: None }
+    }
+
+    /// Whether this task may read (or write) the state of `bucket` now: not while the bucket is
+    /// arriving from a sender whose `StateEnd` has not (under the remote protocol: whose flush
+    /// has not reached the shared store). The executor checks it before processing records.
+    pub fn may_read(&self, bucket: BucketId) -> bool {
+        self.running.as_ref().is_none_or(|part| {
+            !part.incoming.iter().any(|(from, b)| *b == bucket && part.senders.contains(from))
+        })
     }
 
     /// Feeds one event; returns what to do, in order.
@@ -314,7 +371,12 @@ impl<C: Ord + Clone + Debug> TargetCore<C> {
             TargetEvent::Drain { epoch } => self.drain(epoch),
             TargetEvent::Marker { channel, epoch } => self.marker(channel, epoch),
             TargetEvent::EndOfStream { channel } => Ok(self.end_of_stream(&channel)),
-            TargetEvent::StateChunk { from, epoch } => self.sender_part(from, epoch).map(|_| Vec::new()),
+            TargetEvent::StateChunk { from, epoch } if self.remote => {
+                self.sender_part(from, epoch).and(Err(StopRestartError::StateUnderRemote { from, epoch }))
+            }
+            TargetEvent::StateChunk { from, epoch } | TargetEvent::TimersChunk { from, epoch } => {
+                self.sender_part(from, epoch).map(|_| Vec::new())
+            }
             TargetEvent::StateEnd { from, epoch } => self.state_end(from, epoch),
         };
         result.unwrap_or_else(|e| vec![TargetAction::Error(e)])
@@ -354,6 +416,12 @@ impl<C: Ord + Clone + Debug> TargetCore<C> {
             moves: (!created)
                 .then(|| plan.outgoing(self.task).map(|(to, buckets)| (to, buckets.clone())).collect()),
             senders: plan.senders_to(self.task),
+            incoming: plan
+                .moves
+                .iter()
+                .filter(|((_, to), _)| *to == self.task)
+                .flat_map(|((from, _), buckets)| buckets.iter().map(move |b| (*from, *b)))
+                .collect(),
             ended: BTreeSet::new(),
             // A created task sends nothing, so it has nothing to hold back until the Drain.
             drained: created,
@@ -440,7 +508,12 @@ impl<C: Ord + Clone + Debug> TargetCore<C> {
             && part.drained
             && let Some(moves) = part.moves.take()
         {
-            actions.push(TargetAction::SendState { epoch: part.epoch, moves });
+            let epoch = part.epoch;
+            actions.push(if self.remote {
+                TargetAction::Flush { epoch, moves }
+            } else {
+                TargetAction::SendState { epoch, moves }
+            });
         }
         self.finish_if_done();
         actions
@@ -831,6 +904,47 @@ mod tests {
             error(core.on(chunk(task(0), 2))),
             StopRestartError::StateOutsideReconfiguration { .. }
         ));
+    }
+
+    /// Remote mode: the sender flushes instead of sending; a receiver may not read a moved
+    /// bucket until the sender's flush is acknowledged (`StateEnd`), nor ack `StateReceived`
+    /// (which the phase driver waits for before it resumes the upstreams); state chunks are
+    /// refused, timers pass.
+    #[test]
+    fn remote_mode_flushes_and_a_receiver_reads_only_after_the_flush() {
+        let p = plan(1, &[(0, 1, &[3]), (2, 1, &[5])], &[]);
+        let mut sender = TargetCore::new_remote(task(0));
+        let mut receiver = TargetCore::new_remote(task(1));
+        assert!(receiver.may_read(3), "no reconfiguration: everything it owns is readable");
+        prepare(&mut sender, &p, &[10]);
+        prepare(&mut receiver, &p, &[10]);
+        assert!(!receiver.may_read(3) && !receiver.may_read(5), "incoming buckets wait for flushes");
+        assert!(receiver.may_read(4), "a bucket that does not move is readable");
+        let flush = TargetAction::Flush { epoch: 1, moves: vec![(task(1), vec![3])] };
+        assert_eq!(sender.on(marker(10, 1)), vec![flush], "a flush, not a state transfer");
+        // The receiver's own marker: it gives nothing away, so an empty flush (it still acks).
+        assert_eq!(receiver.on(marker(10, 1)), vec![TargetAction::Flush { epoch: 1, moves: vec![] }]);
+        let e = error(receiver.on(TargetEvent::StateChunk { from: task(0), epoch: 1 }));
+        assert_eq!(e, StopRestartError::StateUnderRemote { from: task(0), epoch: 1 });
+        assert!(!receiver.may_read(3), "unchanged by the refused chunk");
+        assert_eq!(receiver.on(TargetEvent::TimersChunk { from: task(0), epoch: 1 }), vec![]);
+        assert!(!receiver.may_read(3), "timers arrived, the flush is not acknowledged yet");
+        assert_eq!(receiver.on(TargetEvent::StateEnd { from: task(0), epoch: 1 }), vec![]);
+        assert!(receiver.may_read(3), "task 0 flushed bucket 3");
+        assert!(!receiver.may_read(5), "task 2 has not flushed bucket 5: no StateReceived yet");
+        assert_eq!(
+            receiver.on(TargetEvent::StateEnd { from: task(2), epoch: 1 }),
+            vec![ack(1, TaskAck::StateReceived)]
+        );
+        assert!(receiver.may_read(5) && !receiver.busy());
+        // Under stop-and-restart the same gate holds until the state arrived.
+        let mut sr = TargetCore::new(task(1));
+        prepare(&mut sr, &p, &[]);
+        assert!(!sr.may_read(3));
+        assert_eq!(sr.on(TargetEvent::StateChunk { from: task(0), epoch: 1 }), vec![]);
+        assert!(!sr.may_read(3));
+        sr.on(TargetEvent::StateEnd { from: task(0), epoch: 1 });
+        assert!(sr.may_read(3));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Deterministic simulation of the protocol cores (docs/testing.md §2): the job's reconfiguration
-//! engine with Koala's and stop-and-restart's task cores, every scenario over many seeds with all
+//! engine with Koala's and stop-and-restart's task cores (and stop-and-restart's in remote mode
+//! over a shared store), every scenario over many seeds with all
 //! invariants checked on every step, plus broken variants that the checks must catch.
 //!
 //! A failure prints a one-line replay command, e.g.
@@ -47,6 +48,7 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.subscale_acks += s.subscale_acks;
                 total.waited += s.waited;
                 total.pauses += s.pauses;
+                total.flushed_keys += s.flushed_keys;
                 for (sum, n) in total.by_input.iter_mut().zip(s.by_input) {
                     *sum += n;
                 }
@@ -340,6 +342,56 @@ fn caught_drrs(fault: Fault) -> String {
     panic!("the checks never caught {fault:?} under DRRS in 300 seeds per scenario");
 }
 
+/// The Remote baseline: stop-and-restart's phases and cores in remote mode over a shared store
+/// (each task's store is its write-back buffer, overflowing at random steps): every epoch
+/// completes, no state moves between tasks, old owners flush buffered keys of the buckets they
+/// give away, and every record reads the count all earlier records of its key left.
+#[test]
+fn remote_every_scenario() {
+    for scenario in [
+        Scenario::ScaleOut,
+        Scenario::ScaleIn { extra_keys: 0 },
+        Scenario::Rebalance,
+        Scenario::Migration,
+        Scenario::Chain,
+        Scenario::Mixed { extra_keys: 0 },
+    ] {
+        let s = sweep_with(scenario, Protocol::Remote);
+        let per_seed = if scenario == Scenario::Chain { 4 } else { 1 };
+        assert!(s.epochs + s.skipped >= per_seed * SEEDS, "{scenario}: {s:?}");
+        assert_eq!((s.moved_keys, s.fetches), (0, 0), "{scenario}: remote moves and fetches no state");
+        assert!(s.flushed_keys > 0, "{scenario}: old owners must have flushed buffered keys: {s:?}");
+        assert!(s.cleared > 0, "{scenario}: windows must fire and delete their keys' state");
+    }
+    let two = sweep_seeds(Scenario::Mixed { extra_keys: 0 }, Protocol::Remote, 2, SEEDS);
+    assert!(two.flushed_keys > 0 && two.by_input.iter().all(|&n| n > 0), "{two:?}");
+}
+
+/// Remote whose old owners send `StateEnd` before writing back what they buffered: a new owner
+/// reads a key whose latest value is still in the old owner's buffer (or deletes it while the
+/// old owner's copy survives).
+#[test]
+fn broken_remote_flush_after_state_end_is_caught() {
+    let mut found = None;
+    'search: for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
+        for seed in 0..300 {
+            let config = SimConfig {
+                fault: Some(Fault::FlushAfterStateEnd),
+                protocol: Protocol::Remote,
+                ..SimConfig::new(scenario, seed)
+            };
+            if let Err(f) = run(&config) {
+                found = Some(f.to_string());
+                break 'search;
+            }
+        }
+    }
+    let failure = found.expect("the checks never caught a new owner reading before the old owner's flush");
+    println!("{failure}");
+    // The stale buffered copy is read ("one live copy", a wrong count) or outlives a delete.
+    assert!(["one live copy", "count", "deletes"].iter().any(|m| failure.contains(m)), "{failure}");
+}
+
 fn caught(fault: Fault) -> String {
     for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
         for seed in 0..300 {
@@ -472,8 +524,9 @@ fn replay() {
     let protocol = match std::env::var("KOALA_SIM_PROTOCOL").as_deref() {
         Ok("stop-and-restart") => Protocol::StopAndRestart,
         Ok("drrs") => Protocol::Drrs,
+        Ok("remote") => Protocol::Remote,
         Ok("koala") | Err(_) => Protocol::Koala,
-        Ok(other) => panic!("KOALA_SIM_PROTOCOL is koala, stop-and-restart or drrs, not {other}"),
+        Ok(other) => panic!("KOALA_SIM_PROTOCOL is koala, stop-and-restart, remote or drrs, not {other}"),
     };
     let fault = std::env::var("KOALA_SIM_FAULT")
         .ok()

@@ -15,7 +15,7 @@ use koala_dataflow::OperatorKind;
 use koala_dataflow::graph::QueryResolver;
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
 use koala_protocol::{StateBackendKind, StateOptions};
-use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, StateEnv};
+use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, RemoteEnv, StateEnv};
 use koala_types::frame::{read_frame, write_frame};
 use koala_types::{BucketId, Epoch, TaskId, WorkerId};
 
@@ -43,7 +43,12 @@ pub struct WorkerOptions {
 }
 
 /// Opens the worker's state stores as the job's `[state]` section says.
-fn open_state(data_dir: &std::path::Path, state: StateOptions) -> Result<Arc<dyn StateEnv>, RuntimeError> {
+/// Remote state crosses the worker's emulated link (`link`).
+fn open_state(
+    data_dir: &std::path::Path,
+    state: StateOptions,
+    link: &Arc<SharedLink>,
+) -> Result<Arc<dyn StateEnv>, RuntimeError> {
     Ok(match state.backend {
         StateBackendKind::Fjall => {
             std::fs::create_dir_all(data_dir)
@@ -57,6 +62,20 @@ fn open_state(data_dir: &std::path::Path, state: StateOptions) -> Result<Arc<dyn
         }
         StateBackendKind::Memory => Arc::new(MemoryEnv::new()),
         StateBackendKind::None => Arc::new(DiscardEnv),
+        StateBackendKind::Remote => {
+            if state.servers.is_empty() {
+                return Err(RuntimeError::Control(
+                    "the job's state backend is remote but names no state server".into(),
+                ));
+            }
+            let link = link.clone();
+            let remote = RemoteEnv::with_link(state.servers, Arc::new(move |bytes| link.pace(bytes)));
+            match usize::try_from(state.cache_bytes) {
+                Ok(0) => Arc::new(remote),
+                Ok(bytes) => Arc::new(CachedEnv::new(remote, bytes)),
+                Err(_) => Arc::new(CachedEnv::new(remote, usize::MAX)),
+            }
+        }
     })
 }
 
@@ -136,7 +155,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             }
             CoordinatorMessage::Deploy(d, state) => {
                 if env.is_none() {
-                    env = Some(open_state(&options.data_dir, state)?);
+                    env = Some(open_state(&options.data_dir, state, &link)?);
                 }
                 link.set_rate(d.options.capacity.link_mb_per_sec);
                 let prepared = prepare(me, *d, &options.resolver, &inboxes).and_then(|j| {

@@ -19,6 +19,9 @@
 //! - [`StateBackend::delete_buckets`] drops the buckets' cached entries (dirty ones are never
 //!   written) and deletes them below. It walks the whole cache once: it runs once per bucket move.
 //! - [`StateBackend::approximate_len`] is the inner estimate plus the dirty puts not yet written.
+//! - [`StateBackend::release_buckets`] (shared inner stores only: the remote backend) writes back
+//!   the buckets' dirty entries and forgets them, leaving them in the shared store for the next
+//!   owner (the `remote` protocol's flush, docs/protocols.md §7.1).
 //!
 //! All handles on one task share one cache (a store opened twice sees its own writes), guarded by
 //! one mutex that is held across inner calls except a scan's sink, which may use the store.
@@ -33,11 +36,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use koala_types::{BucketId, TaskId};
 
+use crate::compact::{CompactKey, CompactValue, KeyHash, check_key};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
-use crate::{
-    LayoutError, MAX_USER_KEY_LEN, ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite,
-};
+use crate::written_keys::WrittenKeys;
+use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite};
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
 /// the hash table slot (inline key, inline value, flags: 72 bytes) at a load of 7/8 with its
@@ -85,10 +88,14 @@ impl<E: StateEnv> StateEnv for CachedEnv<E> {
         let shared = match tasks.get(&task) {
             Some(shared) => Arc::clone(shared),
             None => {
+                let inner = self.inner.open_task(task)?;
+                // Which keys are below is known only if nothing else writes there and it starts
+                // empty (a restarted worker's store holds keys this cache never wrote).
+                let known_empty = !inner.is_shared() && inner.approximate_len()? == 0;
                 let shared = Arc::new(SharedCache {
                     task,
-                    inner: self.inner.open_task(task)?,
-                    cache: Mutex::new(TaskCache::new(self.cache_bytes)),
+                    inner,
+                    cache: Mutex::new(TaskCache::new(self.cache_bytes, known_empty)),
                     dropped: AtomicBool::new(false),
                 });
                 tasks.insert(task, Arc::clone(&shared));
@@ -144,134 +151,10 @@ impl std::fmt::Debug for CachedBackend {
     }
 }
 
-/// A cached key: `bucket | state | user key` like the stored key, inline (no heap allocation,
-/// no pointer to chase on lookup) when the user key is short, which it is for most operators.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum CacheKey {
-    /// `[bucket (BE, 2), state, user key length, user key …]`, zero padded.
-    Inline([u8; INLINE_KEY + 4]),
-    /// The encoded key, for user keys longer than [`INLINE_KEY`].
-    Heap(Box<[u8]>),
-}
-
-/// Longest user key kept inline in a [`CacheKey`].
-const INLINE_KEY: usize = 26;
-
-impl CacheKey {
-    fn new(key: &StateKey) -> Self {
-        if key.key.len() <= INLINE_KEY {
-            let mut bytes = [0u8; INLINE_KEY + 4];
-            bytes[..2].copy_from_slice(&key.bucket.to_be_bytes());
-            bytes[2] = key.state;
-            bytes[3] = key.key.len() as u8;
-            bytes[4..4 + key.key.len()].copy_from_slice(&key.key);
-            Self::Inline(bytes)
-        } else {
-            let mut bytes = Vec::with_capacity(key.encoded_len());
-            bytes.extend_from_slice(&key.bucket.to_be_bytes());
-            bytes.push(key.state);
-            bytes.extend_from_slice(&key.key);
-            Self::Heap(bytes.into_boxed_slice())
-        }
-    }
-
-    /// The hashed and compared bytes.
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline(b) => &b[..4 + usize::from(b[3])],
-            Self::Heap(b) => b,
-        }
-    }
-
-    fn bucket(&self) -> BucketId {
-        let b = self.bytes();
-        BucketId::from_be_bytes([b[0], b[1]])
-    }
-
-    fn to_state_key(&self) -> StateKey {
-        let b = self.bytes();
-        let user = match self {
-            Self::Inline(_) => &b[4..],
-            Self::Heap(_) => &b[3..],
-        };
-        StateKey { bucket: self.bucket(), state: b[2], key: user.to_vec() }
-    }
-
-    /// Heap bytes beyond the inline size.
-    fn heap_len(&self) -> usize {
-        match self {
-            Self::Inline(_) => 0,
-            Self::Heap(b) => b.len(),
-        }
-    }
-}
-
-impl std::hash::Hash for CacheKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write(self.bytes());
-    }
-}
-
-type KeyHash = koala_types::KeyHashBuilder;
-
-/// A cached value, inline when short (a counter, an accumulator).
-#[derive(Debug)]
-enum CacheValue {
-    /// Known to be absent (read as missing, or deleted).
-    Absent,
-    /// Length and bytes.
-    Inline(u8, [u8; INLINE_VALUE]),
-    Heap(Vec<u8>),
-}
-
-/// Longest value kept inline in a [`CacheValue`].
-const INLINE_VALUE: usize = 22;
-
-impl CacheValue {
-    fn new(value: Option<Vec<u8>>) -> Self {
-        match value {
-            None => Self::Absent,
-            Some(v) if v.len() <= INLINE_VALUE => {
-                let mut bytes = [0u8; INLINE_VALUE];
-                bytes[..v.len()].copy_from_slice(&v);
-                Self::Inline(v.len() as u8, bytes)
-            }
-            Some(v) => Self::Heap(v),
-        }
-    }
-
-    fn get(&self) -> Option<Vec<u8>> {
-        match self {
-            Self::Absent => None,
-            Self::Inline(len, bytes) => Some(bytes[..usize::from(*len)].to_vec()),
-            Self::Heap(v) => Some(v.clone()),
-        }
-    }
-
-    fn into_option(self) -> Option<Vec<u8>> {
-        match self {
-            Self::Absent => None,
-            Self::Inline(len, bytes) => Some(bytes[..usize::from(len)].to_vec()),
-            Self::Heap(v) => Some(v),
-        }
-    }
-
-    fn is_present(&self) -> bool {
-        !matches!(self, Self::Absent)
-    }
-
-    fn heap_len(&self) -> usize {
-        match self {
-            Self::Heap(v) => v.capacity(),
-            _ => 0,
-        }
-    }
-}
-
 /// One cached entry.
 #[derive(Debug)]
 struct Slot {
-    value: CacheValue,
+    value: CompactValue,
     /// Differs from the inner store; must be written before it is dropped.
     dirty: bool,
     /// Read or written since the CLOCK hand last passed.
@@ -280,14 +163,14 @@ struct Slot {
 
 /// What an entry costs: its map slot and index ([`ENTRY_OVERHEAD_BYTES`]), a dirty-list copy of
 /// its key, and whatever of key and value lives on the heap.
-fn entry_cost(key: &CacheKey, value: &CacheValue) -> usize {
+fn entry_cost(key: &CompactKey, value: &CompactValue) -> usize {
     ENTRY_OVERHEAD_BYTES + 2 * key.heap_len() + value.heap_len()
 }
 
 /// Keys of one bucket that turned dirty, maybe with stale repeats (checked when written back).
 #[derive(Debug, Default)]
 struct DirtyList {
-    keys: Vec<CacheKey>,
+    keys: Vec<CompactKey>,
     /// Entries of the bucket that are dirty now.
     live: usize,
 }
@@ -296,10 +179,14 @@ struct DirtyList {
 struct TaskCache {
     /// A hash map, not an ordered one: a lookup is one probe of the table, whose slot holds the
     /// inline key and value (two cache misses on a big cache, where an `IndexMap` takes three).
-    entries: HashMap<CacheKey, Slot, KeyHash>,
+    entries: HashMap<CompactKey, Slot, KeyHash>,
     /// Every cached key once, in no particular order: the CLOCK hand's circle.
-    ring: Vec<CacheKey>,
+    ring: Vec<CompactKey>,
     dirty: HashMap<BucketId, DirtyList>,
+    /// The keys written below (`written_keys.rs`), if the store below started empty and only
+    /// this cache writes it; `None` once its filters would take more than a quarter of the
+    /// budget (every miss then reads below).
+    written: Option<WrittenKeys>,
     /// Dirty entries holding a value (for `approximate_len`).
     dirty_puts: u64,
     bytes: usize,
@@ -308,11 +195,12 @@ struct TaskCache {
 }
 
 impl TaskCache {
-    fn new(capacity: usize) -> Self {
+    fn new(capacity: usize, known_empty: bool) -> Self {
         Self {
             entries: HashMap::default(),
             ring: Vec::new(),
             dirty: HashMap::new(),
+            written: known_empty.then(WrittenKeys::default),
             dirty_puts: 0,
             bytes: 0,
             capacity,
@@ -321,7 +209,7 @@ impl TaskCache {
     }
 
     /// Sets `key` (dirty if `dirty`), keeping the byte count and dirty bookkeeping.
-    fn set(&mut self, key: CacheKey, value: CacheValue, dirty: bool) {
+    fn set(&mut self, key: CompactKey, value: CompactValue, dirty: bool) {
         let new_cost = entry_cost(&key, &value);
         let turned_dirty = match self.entries.get_mut(&key) {
             Some(slot) => {
@@ -360,7 +248,7 @@ impl TaskCache {
     }
 
     /// Marks a written-back entry clean.
-    fn mark_clean(&mut self, key: &CacheKey) {
+    fn mark_clean(&mut self, key: &CompactKey) {
         if let Some(slot) = self.entries.get_mut(key)
             && slot.dirty
         {
@@ -379,7 +267,7 @@ impl TaskCache {
         &mut self,
         buckets: &[BucketId],
         inner: &dyn StateBackend,
-    ) -> Result<(), StateError> {
+    ) -> Result<u64, StateError> {
         let mut keys = Vec::new();
         for bucket in buckets {
             if let Some(list) = self.dirty.remove(bucket) {
@@ -392,37 +280,46 @@ impl TaskCache {
     }
 
     /// Writes back every dirty entry (they stay cached, clean).
-    fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
-        let keys: Vec<CacheKey> =
+    fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<u64, StateError> {
+        let keys: Vec<CompactKey> =
             self.entries.iter().filter(|(_, slot)| slot.dirty).map(|(key, _)| key.clone()).collect();
         self.dirty.clear();
         self.commit(keys, inner)
     }
 
-    /// Writes the (dirty) entries of `keys` below and marks them clean.
-    fn commit(&mut self, keys: Vec<CacheKey>, inner: &dyn StateBackend) -> Result<(), StateError> {
+    /// Writes the (dirty) entries of `keys` below and marks them clean; returns the bytes
+    /// written (key and value bytes, as scans count them).
+    fn commit(&mut self, keys: Vec<CompactKey>, inner: &dyn StateBackend) -> Result<u64, StateError> {
         let writes: Vec<StateWrite> =
             keys.iter().filter_map(|k| self.entries.get(k).map(|slot| write_of(k, &slot.value))).collect();
         if writes.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
+        let bytes = writes
+            .iter()
+            .map(|w| match w {
+                StateWrite::Put(k, v) => (k.encoded_len() + v.len()) as u64,
+                StateWrite::Delete(k) => k.encoded_len() as u64,
+            })
+            .sum();
+        self.note_written(&writes);
         inner.write_many(writes)?;
         for key in &keys {
             self.mark_clean(key);
         }
         // Lists were removed by the caller; a key marked clean found no list to count down.
-        Ok(())
+        Ok(bytes)
     }
 
     /// If over budget, evicts with a CLOCK hand down to 63/64 of it and writes the dirty victims
     /// below in one batch. A failed write loses them, but a store error is fatal anyway (the
     /// worker stops and recovers from a checkpoint, see [`StateError`]).
     fn evict_if_full(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
-        if self.bytes <= self.capacity {
+        if self.charged() <= self.capacity {
             return Ok(());
         }
         // Small steps: a write-back stalls the task thread, so evict ~1/64 of the budget at a time.
-        let target = self.capacity - self.capacity / 64;
+        let target = (self.capacity - self.capacity / 64).saturating_sub(self.charged() - self.bytes);
         let mut writes = Vec::new();
         // Terminates: every step clears a reference bit or removes an entry.
         while self.bytes > target && !self.ring.is_empty() {
@@ -456,7 +353,35 @@ impl TaskCache {
                 });
             }
         }
-        if writes.is_empty() { Ok(()) } else { inner.write_many(writes) }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        self.note_written(&writes);
+        inner.write_many(writes)
+    }
+
+    /// Remembers the keys of `writes` (about to go below) in the written-keys filters, or drops
+    /// the filters if they outgrew a quarter of the budget.
+    fn note_written(&mut self, writes: &[StateWrite]) {
+        let Some(written) = &mut self.written else { return };
+        for write in writes {
+            if let StateWrite::Put(key, _) = write {
+                written.insert(key.bucket, stored_key_hash(&CompactKey::new(key)));
+            }
+        }
+        if written.bytes() > self.capacity / 4 {
+            self.written = None;
+        }
+    }
+
+    /// Whether `key` may be below (false: a miss is certainly absent, no need to read below).
+    fn may_be_below(&self, key: &CompactKey) -> bool {
+        self.written.as_ref().is_none_or(|w| w.may_hold(key.bucket(), stored_key_hash(key)))
+    }
+
+    /// Bytes charged against the budget: entries and the written-keys filters.
+    fn charged(&self) -> usize {
+        self.bytes + self.written.as_ref().map_or(0, WrittenKeys::bytes)
     }
 
     /// Forgets every entry of `buckets` without writing anything back.
@@ -477,29 +402,31 @@ impl TaskCache {
         self.hand = 0;
         for bucket in buckets {
             self.dirty.remove(bucket);
+            if let Some(written) = &mut self.written {
+                written.clear_bucket(*bucket);
+            }
         }
     }
 }
 
+/// The hash of a key for the written-keys filters (the cache's own key hash).
+fn stored_key_hash(key: &CompactKey) -> u64 {
+    use std::hash::BuildHasher;
+    KeyHash::default().hash_one(key)
+}
+
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list.
-fn compact(list: &mut DirtyList, entries: &HashMap<CacheKey, Slot, KeyHash>) {
+fn compact(list: &mut DirtyList, entries: &HashMap<CompactKey, Slot, KeyHash>) {
     list.keys.retain(|key| entries.get(key).is_some_and(|slot| slot.dirty));
     list.keys.sort_unstable();
     list.keys.dedup();
 }
 
-fn write_of(key: &CacheKey, value: &CacheValue) -> StateWrite {
+fn write_of(key: &CompactKey, value: &CompactValue) -> StateWrite {
     match value.get() {
         Some(value) => StateWrite::Put(key.to_state_key(), value),
         None => StateWrite::Delete(key.to_state_key()),
     }
-}
-
-fn check_key(key: &StateKey) -> Result<(), LayoutError> {
-    if key.key.len() > MAX_USER_KEY_LEN {
-        return Err(LayoutError::KeyTooLong { len: key.key.len() });
-    }
-    Ok(())
 }
 
 impl StateBackend for CachedBackend {
@@ -516,7 +443,7 @@ impl StateBackend for CachedBackend {
         let mut miss_at = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             check_key(key).map_err(|source| StateError::Layout { task, op: OP, source })?;
-            let cached = CacheKey::new(key);
+            let cached = CompactKey::new(key);
             match cache.entries.get_mut(&cached) {
                 Some(slot) => {
                     slot.referenced = true;
@@ -532,12 +459,23 @@ impl StateBackend for CachedBackend {
         if misses.is_empty() {
             return Ok(out);
         }
-        let values = self.shared.inner.get_many(&misses)?;
-        for ((key, value), i) in misses.into_iter().zip(values).zip(miss_at) {
+        // A miss never written below is absent: cached as such without a read below.
+        let mut below = Vec::with_capacity(misses.len());
+        for (key, i) in misses.into_iter().zip(miss_at) {
+            let cached = CompactKey::new(&key);
+            if cache.may_be_below(&cached) {
+                below.push((key, i));
+            } else {
+                cache.set(cached, CompactValue::Absent, false);
+            }
+        }
+        let keys: Vec<StateKey> = below.iter().map(|(key, _)| key.clone()).collect();
+        let values = if keys.is_empty() { Vec::new() } else { self.shared.inner.get_many(&keys)? };
+        for ((key, i), value) in below.into_iter().zip(values) {
             out[i].clone_from(&value);
             // A key asked for twice in one call is cached once (the second insert overwrites
             // an identical clean entry).
-            cache.set(CacheKey::new(&key), CacheValue::new(value), false);
+            cache.set(CompactKey::new(&key), CompactValue::new(value), false);
         }
         cache.evict_if_full(self.shared.inner.as_ref())?;
         Ok(out)
@@ -559,9 +497,9 @@ impl StateBackend for CachedBackend {
         for write in writes {
             match write {
                 StateWrite::Put(key, value) => {
-                    cache.set(CacheKey::new(&key), CacheValue::new(Some(value)), true)
+                    cache.set(CompactKey::new(&key), CompactValue::new(Some(value)), true)
                 }
-                StateWrite::Delete(key) => cache.set(CacheKey::new(&key), CacheValue::Absent, true),
+                StateWrite::Delete(key) => cache.set(CompactKey::new(&key), CompactValue::Absent, true),
             }
         }
         cache.evict_if_full(self.shared.inner.as_ref())
@@ -603,6 +541,25 @@ impl StateBackend for CachedBackend {
         let cache = self.shared.lock("approximate_len")?;
         Ok(self.shared.inner.approximate_len()? + cache.dirty_puts)
     }
+
+    fn is_shared(&self) -> bool {
+        self.shared.inner.is_shared()
+    }
+
+    /// Writes back the buckets' dirty entries, forgets every cached entry of them (absent ones
+    /// too: the next owner may write them), then lets the inner store release them.
+    fn release_buckets(&self, buckets: &[BucketId]) -> Result<u64, StateError> {
+        const OP: &str = "release_buckets";
+        if !self.shared.inner.is_shared() {
+            // Checked before anything is forgotten: a private store would lose the buckets.
+            return Err(StateError::Unsupported { task: self.shared.task, op: OP });
+        }
+        let buckets = sorted_buckets(buckets);
+        let mut cache = self.shared.lock(OP)?;
+        let bytes = cache.write_back_buckets(&buckets, self.shared.inner.as_ref())?;
+        cache.forget_buckets(&buckets);
+        Ok(bytes + self.shared.inner.release_buckets(&buckets)?)
+    }
 }
 
 #[cfg(test)]
@@ -643,8 +600,8 @@ mod tests {
 
     #[test]
     fn the_charged_overhead_covers_the_real_layout() {
-        let slot = std::mem::size_of::<(CacheKey, Slot)>();
-        let key = std::mem::size_of::<CacheKey>();
+        let slot = std::mem::size_of::<(CompactKey, Slot)>();
+        let key = std::mem::size_of::<CompactKey>();
         assert!(ENTRY_OVERHEAD_BYTES >= slot * 8 / 7 + 1 + 2 * key, "slot {slot} B, key {key} B");
     }
 
@@ -661,6 +618,111 @@ mod tests {
         }
         let reopened = crate::FjallEnv::open(dir.path())?;
         assert_eq!(reopened.open_task(task)?.get_many(&[key(3, 1)])?, vec![Some(b"a".to_vec())]);
+        Ok(())
+    }
+
+    /// A memory env that counts the keys read from it.
+    #[derive(Default)]
+    struct CountingEnv {
+        inner: MemoryEnv,
+        reads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    struct CountingBackend {
+        inner: Box<dyn StateBackend>,
+        reads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl StateEnv for CountingEnv {
+        fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError> {
+            Ok(Box::new(CountingBackend { inner: self.inner.open_task(task)?, reads: self.reads.clone() }))
+        }
+        fn drop_task(&self, task: TaskId) -> Result<(), StateError> {
+            self.inner.drop_task(task)
+        }
+        fn persist(&self) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    impl StateBackend for CountingBackend {
+        fn task(&self) -> TaskId {
+            self.inner.task()
+        }
+        fn get_many(&self, keys: &[StateKey]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+            self.reads.fetch_add(keys.len(), Ordering::Relaxed);
+            self.inner.get_many(keys)
+        }
+        fn write_many(&self, writes: Vec<StateWrite>) -> Result<(), StateError> {
+            self.inner.write_many(writes)
+        }
+        fn scan_buckets(
+            &self,
+            buckets: &[BucketId],
+            chunk: usize,
+            sink: ScanSink<'_>,
+        ) -> Result<u64, StateError> {
+            self.inner.scan_buckets(buckets, chunk, sink)
+        }
+        fn bucket_keys_after(
+            &self,
+            bucket: BucketId,
+            after: Option<&StateKey>,
+            limit: usize,
+        ) -> Result<Vec<StateKey>, StateError> {
+            self.inner.bucket_keys_after(bucket, after, limit)
+        }
+        fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
+            self.inner.delete_buckets(buckets)
+        }
+        fn approximate_len(&self) -> Result<u64, StateError> {
+            self.inner.approximate_len()
+        }
+    }
+
+    #[test]
+    fn a_miss_of_a_key_never_written_below_reads_nothing_below() -> Result<(), StateError> {
+        let budget = 100 * (ENTRY_OVERHEAD_BYTES + 16);
+        let counting = CountingEnv::default();
+        let reads = counting.reads.clone();
+        let read_below = || reads.load(Ordering::Relaxed);
+        let env = CachedEnv::new(counting, budget);
+        let task = TaskId::new(OperatorId(1), 0);
+        let store = env.open_task(task)?;
+        let fresh: Vec<StateKey> = (0..50).map(|i| key(1, 1_000_000 + i)).collect();
+        assert_eq!(store.get_many(&fresh)?, vec![None; 50]);
+        assert_eq!(read_below(), 0, "new keys of an empty store are absent without a read");
+
+        // Most of 1 000 keys are evicted, so written below; each reads back.
+        for i in 0..1000u32 {
+            store.write_many(vec![StateWrite::Put(key(1, i), i.to_le_bytes().to_vec())])?;
+        }
+        let keys: Vec<StateKey> = (0..1000).map(|i| key(1, i)).collect();
+        let values = store.get_many(&keys)?;
+        assert!(values.iter().enumerate().all(|(i, v)| *v == Some((i as u32).to_le_bytes().to_vec())));
+        let after_written = read_below();
+        assert!(after_written >= 800, "evicted keys are read below: {after_written}");
+        // Keys never written: only false positives of the filter read below.
+        let strangers: Vec<StateKey> = (0..1000).map(|i| key(1, 2_000_000 + i)).collect();
+        assert_eq!(store.get_many(&strangers)?, vec![None; 1000]);
+        let false_positives = read_below() - after_written;
+        assert!(false_positives < 100, "{false_positives} of 1 000 new keys read below");
+        // A deleted bucket has nothing below.
+        store.delete_buckets(&[1])?;
+        let before = read_below();
+        assert_eq!(store.get_many(&keys[..100])?, vec![None; 100]);
+        assert_eq!(read_below(), before, "a deleted bucket's keys are absent without a read");
+        Ok(())
+    }
+
+    #[test]
+    fn a_cache_over_a_store_that_already_holds_data_reads_every_miss_below() -> Result<(), StateError> {
+        let counting = CountingEnv::default();
+        let task = TaskId::new(OperatorId(1), 0);
+        counting.open_task(task)?.write_many(vec![StateWrite::Put(key(4, 7), b"old".to_vec())])?;
+        let env = CachedEnv::new(counting, 1 << 20);
+        let store = env.open_task(task)?;
+        assert_eq!(store.get_many(&[key(4, 7), key(4, 8)])?, vec![Some(b"old".to_vec()), None]);
         Ok(())
     }
 

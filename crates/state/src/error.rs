@@ -75,6 +75,25 @@ pub enum StateError {
         /// The refused operation.
         op: &'static str,
     },
+    /// The store does not support this operation (e.g. releasing buckets to a shared store on a
+    /// store that belongs to one task); nothing was changed.
+    #[error("state store of task {task}: {op} is not supported by this backend")]
+    Unsupported {
+        /// The task owning the store.
+        task: TaskId,
+        /// The refused operation.
+        op: &'static str,
+    },
+    /// A state server could not be reached or answered with an error.
+    #[error("state server {server}: {op} failed: {message}")]
+    Remote {
+        /// The server's address.
+        server: String,
+        /// The failed operation.
+        op: &'static str,
+        /// What went wrong (I/O error or the server's own error message).
+        message: String,
+    },
     /// The sink of a bucket scan refused a chunk; the scan stopped there.
     #[error("bucket scan sink failed")]
     Sink(#[source] BackendError),

@@ -29,7 +29,7 @@ pub const MAX_VALUE_LEN: usize = u32::MAX as usize;
 ///
 /// The derived order (bucket, then state, then key bytes) is the order of the encoded keys,
 /// hence the order in which scans return entries.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct StateKey {
     /// The bucket of the record key (`koala_types::bucket_of` of the user key's bytes).
     pub bucket: BucketId,

@@ -4,7 +4,8 @@
 //! operator has its own store, a [`StateBackend`]. All tasks of one worker process share one
 //! [`StateEnv`], e.g. one fjall database directory with one keyspace per task ([`FjallEnv`], the
 //! default, normally behind a bounded write-back cache per task, [`CachedEnv`]) or an in-memory
-//! map per task ([`MemoryEnv`]).
+//! map per task ([`MemoryEnv`]), or — for the Remote baseline — state servers shared by every
+//! task of an operator ([`RemoteEnv`], [`StateServer`]; docs/architecture.md §5, "Remote state").
 //!
 //! Inside a store, keys are laid out as `bucket | state id | user key` (see [`encode_state_key`]),
 //! so a bucket is one contiguous key range that can be scanned in chunks (to migrate it) and
@@ -34,13 +35,16 @@
 //! ```
 
 mod cache;
+mod compact;
 mod discard;
 mod error;
 mod fjall_env;
 mod key;
 mod memory;
+pub mod remote;
 mod scan;
 pub mod snapshot;
+mod written_keys;
 
 use std::ops::Bound;
 
@@ -55,9 +59,10 @@ pub use key::{
     decode_state_key, encode_state_key,
 };
 pub use memory::{MemoryBackend, MemoryEnv};
+pub use remote::{RemoteEnv, StateServer};
 
 /// One change of a write batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StateWrite {
     /// Sets the value of a key (inserting or overwriting).
     Put(StateKey, Vec<u8>),
@@ -124,6 +129,25 @@ pub trait StateBackend: Send + Sync {
     /// [`FjallEnv`] it counts stored versions, so it over-counts overwritten and deleted keys
     /// until compaction removes the old versions.
     fn approximate_len(&self) -> Result<u64, StateError>;
+
+    /// Whether this store's key space is shared by every task of the operator (the remote
+    /// backend, [`RemoteEnv`]): a key written by one task is read by whichever task owns its
+    /// bucket later, so a reconfiguration moves ownership, not state. `false` for stores that
+    /// belong to one task (fjall, memory), whose state must be moved.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// The task gives up `buckets` while their state stays in the shared store (the `remote`
+    /// protocol, docs/protocols.md §7.1): writes back everything it buffered for them and forgets
+    /// its local copies, so the next owner reads every write and a bucket that comes back later
+    /// is never read stale. Returns the bytes written back. Only shared stores
+    /// ([`is_shared`](Self::is_shared)) support it; the others refuse with
+    /// [`StateError::Unsupported`] and change nothing (their state must be moved instead).
+    fn release_buckets(&self, buckets: &[BucketId]) -> Result<u64, StateError> {
+        let _ = buckets;
+        Err(StateError::Unsupported { task: self.task(), op: "release_buckets" })
+    }
 }
 
 /// The set of task stores of one worker process.

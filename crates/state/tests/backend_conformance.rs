@@ -1,12 +1,15 @@
 //! One conformance suite run against every backend — memory, fjall, fjall behind a write-back
 //! cache big enough for every test, and fjall behind a tiny one that evicts on nearly every
-//! write — all must give the same answers.
+//! write — all must give the same answers. The remote backend (state servers started in this
+//! process on port 0, alone and behind the caches) runs the same cases except the two about
+//! per-task key spaces, which it replaces by their shared-key-space counterparts: its key space
+//! belongs to the operator, not the task (docs/architecture.md §5, "Remote state").
 
 use std::error::Error;
 
 use koala_state::{
-    CachedEnv, ENTRY_OVERHEAD_BYTES, FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, StateBackend, StateEnv,
-    StateError, StateKey, StateWrite,
+    CachedEnv, ENTRY_OVERHEAD_BYTES, FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, RemoteEnv, StateBackend,
+    StateEnv, StateError, StateKey, StateServer, StateWrite,
 };
 use koala_types::{BucketId, OperatorId, TaskId};
 
@@ -305,6 +308,113 @@ fn approximate_len_counts_written_keys(env: &dyn StateEnv) -> TestResult {
     Ok(())
 }
 
+/// Remote: tasks of one operator share a key space, operators do not; releasing a bucket keeps
+/// it for the next owner.
+fn tasks_of_an_operator_share_state(env: &dyn StateEnv) -> TestResult {
+    let (t0, t1, other) = (task(1, 0), task(1, 1), task(2, 0));
+    let stores = [env.open_task(t0)?, env.open_task(t1)?, env.open_task(other)?];
+    assert!(stores.iter().all(|s| s.is_shared()));
+    let k = key(9, 0, "shared-name");
+    stores[0].write_many(vec![put(&k, "written by task 0")])?;
+    stores[2].write_many(vec![put(&k, "another operator")])?;
+    // Task 0 gives bucket 9 away: what it wrote (maybe only cached so far) reaches the server.
+    stores[0].release_buckets(&[9])?;
+    assert_eq!(stores[1].get_many(std::slice::from_ref(&k))?, vec![val("written by task 0")]);
+    stores[1].write_many(vec![put(&k, "written by task 1")])?;
+    stores[1].release_buckets(&[9])?;
+    // The bucket comes back to task 0, which must not read its own stale copy.
+    assert_eq!(stores[0].get_many(std::slice::from_ref(&k))?, vec![val("written by task 1")]);
+    assert_eq!(stores[2].get_many(std::slice::from_ref(&k))?, vec![val("another operator")]);
+    let (entries, _, _) = scan_all(stores[1].as_ref(), &[9], 1024)?;
+    assert_eq!(entries, vec![(k, b"written by task 1".to_vec())]);
+    Ok(())
+}
+
+/// Remote: dropping a task invalidates its handles but keeps the operator's data.
+fn drop_task_keeps_the_shared_state_and_invalidates_handles(env: &dyn StateEnv) -> TestResult {
+    let (gone, kept) = (task(5, 0), task(5, 1));
+    let store = env.open_task(gone)?;
+    let other = env.open_task(kept)?;
+    store.write_many(vec![put(&key(1, 0, "k"), "v")])?;
+    store.release_buckets(&[1])?;
+    env.drop_task(gone)?;
+    assert!(matches!(store.get_many(&[key(1, 0, "k")]), Err(StateError::Dropped { .. })));
+    assert!(matches!(store.write_many(vec![put(&key(1, 0, "k"), "x")]), Err(StateError::Dropped { .. })));
+    assert_eq!(other.get_many(&[key(1, 0, "k")])?, vec![val("v")]);
+    assert_eq!(env.open_task(gone)?.get_many(&[key(1, 0, "k")])?, vec![val("v")]);
+    env.drop_task(task(99, 99))?;
+    env.persist()?;
+    Ok(())
+}
+
+/// Stores of one task refuse to release buckets (their state must move) and keep them.
+fn private_stores_refuse_release(env: &dyn StateEnv) -> TestResult {
+    let store = env.open_task(task(7, 0))?;
+    assert!(!store.is_shared());
+    store.write_many(vec![put(&key(2, 0, "k"), "v")])?;
+    assert!(matches!(store.release_buckets(&[2]), Err(StateError::Unsupported { .. })));
+    assert_eq!(store.get_many(&[key(2, 0, "k")])?, vec![val("v")]);
+    Ok(())
+}
+
+/// A state server on port 0 in this process, and its directory.
+fn server() -> Result<(StateServer, tempfile::TempDir), Box<dyn Error>> {
+    let dir = tempfile::tempdir()?;
+    Ok((StateServer::start("127.0.0.1:0", dir.path())?, dir))
+}
+
+/// Running state servers and their directories (kept alive as long as the test uses them).
+type Servers = Vec<(StateServer, tempfile::TempDir)>;
+
+/// An env on two fresh servers (so batches are split), and what keeps them alive.
+fn remote_env() -> Result<(RemoteEnv, Servers), Box<dyn Error>> {
+    let servers = vec![server()?, server()?];
+    let env = RemoteEnv::new(servers.iter().map(|(s, _)| s.addr().to_string()).collect());
+    Ok((env, servers))
+}
+
+macro_rules! remote_conformance {
+    ($($case:ident),* $(,)?) => {
+        mod remote {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let (env, _servers) = super::remote_env()?;
+                super::$case(&env)
+            })*
+        }
+        mod remote_cached {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let (env, _servers) = super::remote_env()?;
+                super::$case(&super::CachedEnv::new(env, 64 << 20))
+            })*
+        }
+        mod remote_tiny_cache {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let (env, _servers) = super::remote_env()?;
+                let tiny = 2 * (super::ENTRY_OVERHEAD_BYTES + 32);
+                super::$case(&super::CachedEnv::new(env, tiny))
+            })*
+        }
+    };
+}
+
+remote_conformance!(
+    get_put_delete_and_missing_keys,
+    last_write_wins_within_a_batch,
+    rejected_batch_writes_nothing,
+    scan_returns_requested_buckets_in_key_order,
+    bucket_keys_after_pages_through_one_bucket,
+    chunking_packs_greedily_and_sends_oversized_entries_alone,
+    scan_stops_at_a_failing_sink,
+    delete_buckets_removes_only_those_buckets,
+    tasks_of_an_operator_share_state,
+    opening_a_task_twice_shares_its_data,
+    drop_task_keeps_the_shared_state_and_invalidates_handles,
+    approximate_len_counts_written_keys,
+);
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -351,4 +461,5 @@ conformance!(
     opening_a_task_twice_shares_its_data,
     drop_task_deletes_the_store_and_invalidates_handles,
     approximate_len_counts_written_keys,
+    private_stores_refuse_release,
 );

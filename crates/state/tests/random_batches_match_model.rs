@@ -24,11 +24,10 @@ enum Op {
 }
 
 fn state_key() -> impl Strategy<Value = StateKey> {
-    (0u16..6, 0u8..2, proptest::collection::vec(0u8..4, 0..3)).prop_map(|(bucket, state, key)| StateKey {
-        bucket,
-        state,
-        key,
-    })
+    // Mostly short keys (kept inline in memory), some longer than the inline size (26 bytes).
+    let long = proptest::collection::vec(0u8..4, 1..3).prop_map(|tail| [vec![0; 26], tail].concat());
+    let user_key = prop_oneof![4 => proptest::collection::vec(0u8..4, 0..3), 1 => long];
+    (0u16..6, 0u8..2, user_key).prop_map(|(bucket, state, key)| StateKey { bucket, state, key })
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -13,7 +13,7 @@ use super::{config_top, run_job_logged, sink_output};
 
 /// One oracle case.
 pub struct Case<'a> {
-    /// `koala` or `stop-and-restart`.
+    /// `koala`, `stop-and-restart` or `remote` (which adds `state.backend = "remote"`).
     pub protocol: &'a str,
     /// More top-level config lines (e.g. `extra_keys = 0`).
     pub top: &'a str,
@@ -141,14 +141,23 @@ fn case_generator(case: &Case<'_>) -> koala_dataflow::KeyedEventsConfig {
 
 /// The top-level config lines of a case: its protocol, then its own lines.
 fn top_lines(case: &Case<'_>) -> String {
-    // DRRS runs with the uniform partition policy (docs/protocols.md §11); a case that sets a
-    // policy itself keeps it.
-    let policy = if case.protocol == "drrs" && !case.top.contains("partition_policy") {
+    format!("protocol = \"{}\"\n{}{}{}", case.protocol, remote_state(case.protocol), drrs_policy(case), case.top)
+}
+
+/// DRRS runs with the uniform partition policy (docs/protocols.md §11); a case that sets a
+/// policy itself keeps it.
+fn drrs_policy(case: &Case<'_>) -> &'static str {
+    if case.protocol == "drrs" && !case.top.contains("partition_policy") {
         "partition_policy = \"uniform\"\n"
     } else {
         ""
-    };
-    format!("protocol = \"{}\"\n{policy}{}", case.protocol, case.top)
+    }
+}
+
+/// The state backend the `remote` protocol needs, as a top-level dotted key before the case's
+/// `top` (which may add e.g. `state.cache_mb = 1`, or open a table).
+pub fn remote_state(protocol: &str) -> &'static str {
+    if protocol == "remote" { "state.backend = \"remote\"\n" } else { "" }
 }
 
 /// Runs both deployments and asserts equal outputs; returns the reconfigured run's stdout. Both

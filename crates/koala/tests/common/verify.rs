@@ -83,7 +83,7 @@ impl RunRecord {
 pub struct Expect<'a> {
     /// The full config text the run used.
     pub config_text: &'a str,
-    /// `koala` or `stop-and-restart`.
+    /// `koala`, `stop-and-restart` or `remote`.
     pub protocol: &'a str,
     /// Koala's `extra_keys` the config set (8 when it sets none).
     pub extra_keys: usize,
@@ -137,6 +137,24 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
     let rec_protocol = recorded.get("protocol").and_then(toml::Value::as_str);
     if rec_protocol != Some(expect.protocol) {
         return Err(format!("runs.config has protocol {rec_protocol:?}, expected {:?}", expect.protocol));
+    }
+    // The remote protocol runs on the remote backend, whose servers `koala run` started (it
+    // records their addresses in the run's config).
+    let state = recorded.get("state").and_then(toml::Value::as_table);
+    let backend = state.and_then(|s| s.get("backend")).and_then(toml::Value::as_str).unwrap_or("fjall");
+    let servers =
+        state.and_then(|s| s.get("server_addresses")).and_then(toml::Value::as_array).map_or(0, Vec::len);
+    if (expect.protocol == "remote") != (backend == "remote") {
+        return Err(format!(
+            "runs.config has state.backend {backend:?} under protocol {:?}",
+            expect.protocol
+        ));
+    }
+    if backend == "remote" {
+        if servers == 0 {
+            return Err("runs.config has the remote backend but no state server addresses".into());
+        }
+        checked.push(format!("remote backend on {servers} state server(s)"));
     }
     let rec_extra = recorded.get("extra_keys").and_then(toml::Value::as_integer);
     if rec_extra != Some(expect.extra_keys as i64) {
@@ -279,6 +297,17 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
     }
     if koala_must_move.is_some() {
         checked.push("state moved lazily".into());
+    }
+    // Remote: ownership moves, state does not (the protocol's defining property).
+    if expect.protocol == "remote" {
+        if let Some(row) = rec.reconfigurations.iter().find(|r| r.bytes_moved != 0) {
+            return Err(format!("epoch {} under remote moved {} state bytes", row.epoch, row.bytes_moved));
+        }
+        let moved = rec.total(metric::STATE_BYTES_MOVED) + rec.total(metric::STATE_BYTES_PULLED);
+        if moved != 0.0 {
+            return Err(format!("tasks under remote reported {moved} state bytes moved or pulled"));
+        }
+        checked.push("no state moved between tasks".into());
     }
     // On demand (a batch needed the key) or in the background (progressive migration, which
     // may drain a cancelled task before any record of its keys arrives).

@@ -59,7 +59,7 @@ pub fn key_hash(key: &[u8]) -> u64 {
 
 /// Keys of the exception maps are already hashes; do not hash them again.
 #[derive(Default)]
-struct Prehashed(u64);
+pub(crate) struct Prehashed(u64);
 
 impl Hasher for Prehashed {
     fn finish(&self) -> u64 {

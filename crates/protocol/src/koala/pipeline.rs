@@ -19,20 +19,42 @@
 //! Every queued record keeps the operator input it arrived on; a batch goes to the operator as
 //! consecutive runs of one input, in arrival order.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use koala_types::{BucketId, Record, TaskId, bucket_of};
 
 use super::error::ProtocolError;
-use super::klt::key_hash;
+use super::klt::{Prehashed, key_hash};
 use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
 use super::task::{KoalaTask, LocalKeys, TaskAction};
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
 pub(crate) const MAX_PULL_KEYS: usize = 512;
 
+/// The most records one batch takes from the inbox. A backlog (records queued behind a batch
+/// waiting for state) is processed as several batches, in order, so one batch's wait and work stay
+/// bounded and the task answers control messages, markers and fetches in between; without it
+/// a task short of capacity took its whole backlog as one batch, each longer than the last (the
+/// 10 M-key scale-in: one batch per second of 50 k–500 k records, up to 7 s each).
+pub(crate) const MAX_BATCH_RECORDS: usize = 8192;
+
 /// Records queued behind a batch waiting for state above which background pulls shrink.
 const PULL_BACKLOG: usize = 1024;
+
+/// A key of a batch, hashed by its [`key_hash`] (equal keys have equal hashes; equality compares
+/// the bytes).
+#[derive(PartialEq, Eq)]
+struct AskedKey<'a> {
+    hash: u64,
+    key: &'a [u8],
+}
+
+impl Hash for AskedKey<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
 
 /// A fetch sent and not answered.
 #[derive(Clone, Debug)]
@@ -139,8 +161,12 @@ impl KoalaTask {
         // for the lookup metric with no time.
         let mut timed = false;
         let mut asked: Vec<(&[u8], BucketId, u64, Vec<TaskId>)> = Vec::new();
+        // The keys in `asked`, so a key repeated in a big batch (a backlog queued behind a
+        // fetch) is found in O(1): a scan of `asked` per record made such a batch quadratic.
+        let mut seen: HashSet<AskedKey<'_>, BuildHasherDefault<Prehashed>> = HashSet::default();
         let mut candidates = Vec::new();
-        for InputRecord { record: r, .. } in &self.pipeline.inbox {
+        let size = self.pipeline.inbox.len().min(MAX_BATCH_RECORDS);
+        for InputRecord { record: r, .. } in self.pipeline.inbox.iter().take(size) {
             let bucket = bucket_of(&r.key, self.num_buckets);
             if self.klt.is_settled(bucket) {
                 // Inbox records are owned when queued and a hand-over takes its buckets' records
@@ -162,7 +188,7 @@ impl KoalaTask {
             }
             self.klt.candidates(bucket, hash, &mut candidates);
             // A key asked about once per batch (few are: most keys are local or new).
-            if !candidates.is_empty() && !asked.iter().any(|a| a.2 == hash && a.0 == r.key.as_slice()) {
+            if !candidates.is_empty() && seen.insert(AskedKey { hash, key: r.key.as_slice() }) {
                 asked.push((r.key.as_slice(), bucket, hash, candidates.clone()));
             }
         }
@@ -185,7 +211,7 @@ impl KoalaTask {
         for (bucket, hash) in found {
             self.klt.note_local(bucket, hash);
         }
-        let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..).collect();
+        let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..size).collect();
         if remote.is_empty() {
             self.finish_batch(batch, out);
             return true;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
 
+use super::pipeline::MAX_BATCH_RECORDS;
 use super::*;
 
 const NB: u16 = 4;
@@ -375,4 +376,46 @@ fn local_keys_then_filters_decide_what_is_fetched() {
         matches!(&out[..], [TaskAction::FetchState { from, request }] if *from == t(0) && request.keys == vec![plain.clone()]),
         "{out:?}"
     );
+}
+
+/// A backlog is processed as batches of at most `MAX_BATCH_RECORDS`, in order: each waits for
+/// the state of its own keys only, so a task short of capacity never takes its whole (growing)
+/// backlog as one ever longer batch.
+#[test]
+fn a_backlog_is_processed_in_bounded_batches_in_order() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    deliver(&mut r, t(0), peer_messages(&deliver(&mut s, t(1), open)));
+    r.on(marker(ch(0)));
+    deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
+
+    // No filter from the sender yet: every key of bucket 3 may be there.
+    let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
+    let backlog: Vec<Record> =
+        keys_in(3).take(n).zip(0u64..).map(|(key, time)| Record { key, value: vec![], time }).collect();
+    let mut out = r.on(records(ch(0), backlog.clone()));
+    let mut done = Vec::new();
+    let mut asked = 0;
+    while let Some(TaskAction::FetchState { from, request }) =
+        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. })).cloned()
+    {
+        assert_eq!(from, t(0));
+        assert!(request.keys.len() <= MAX_BATCH_RECORDS, "{} keys in one fetch", request.keys.len());
+        let expected: Vec<Vec<u8>> =
+            backlog[asked..asked + request.keys.len()].iter().map(|r| r.key.clone()).collect();
+        let mut keys = request.keys.clone();
+        keys.sort();
+        let mut expected_sorted = expected.clone();
+        expected_sorted.sort();
+        assert_eq!(keys, expected_sorted, "a batch asks for its own records' keys, in order");
+        asked += request.keys.len();
+        let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
+        let response = FetchResponse { id: request.id, values, extra: vec![], exhausted: vec![] };
+        out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+        done.extend(processed(&out));
+    }
+    assert_eq!(asked, n, "two fetches: a full batch and the rest");
+    assert_eq!(done, (0..n as u64).collect::<Vec<_>>(), "every record once, in arrival order");
 }

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::Fault;
 use super::world::Core;
 use super::world::{Kind, Msg, Node, SimTask, World};
+use crate::control::Protocol;
 use crate::koala::{
     Answered, FilterBuild, FilterResponse, HandOver, KeyFilter, KeyPage, LocationStore, PeerMessage,
     TaskAction, key_hash, serve_fetch,
@@ -248,7 +249,9 @@ impl World {
                 show(key)
             ));
         }
-        let count = task.store.get(key).copied().unwrap_or(0);
+        // Remote: what the task has not buffered comes from the shared store.
+        let below = if self.cfg.protocol == Protocol::Remote { self.shared.get(key).copied() } else { None };
+        let count = task.store.get(key).copied().or(below).unwrap_or(0);
         let expected = ledger.processed - ledger.cleared_at;
         if count != expected {
             if ledger.clears > 0 && count > expected {
@@ -309,6 +312,9 @@ impl World {
             // elsewhere (it did not travel with its timers), that copy survives: the bug the
             // ledger catches when the copy is read again or still exists at the end.
             task.store.remove(&key);
+            if self.cfg.protocol == Protocol::Remote {
+                self.shared.remove(&key);
+            }
             if self.holder.get(&key) == Some(&me) {
                 self.holder.remove(&key);
             }
@@ -485,8 +491,22 @@ impl World {
                 ));
             }
             let live = ledger.processed - ledger.cleared_at;
+            let shared = self.shared.get(key).copied();
             match self.holder.get(key) {
+                None if live == 0 && shared.is_some() => {
+                    return Err(format!(
+                        "deletes: the state of {} was deleted after its last record, but the shared store holds {shared:?}",
+                        show(key)
+                    ));
+                }
                 None if live == 0 => {}
+                None if self.cfg.protocol == Protocol::Remote && shared == Some(live) => {}
+                None if self.cfg.protocol == Protocol::Remote => {
+                    return Err(format!(
+                        "final count of {} in the shared store is {shared:?}, expected {live}",
+                        show(key)
+                    ));
+                }
                 None => return Err(format!("state of {} lost", show(key))),
                 Some(at) => {
                     let count = self.tasks.get(at).and_then(|t| t.store.get(key)).copied();

@@ -1,6 +1,7 @@
 //! A deterministic simulator for the protocol cores (docs/testing.md §2): the job's
 //! reconfiguration engine (`crate::engine`, the one `crates/coordinator` runs) with Koala's task
-//! cores or stop-and-restart's, the upstream routers and pause cores.
+//! cores or stop-and-restart's (also in remote mode, over a shared store with per-task write-back
+//! buffers), the upstream routers and pause cores.
 //!
 //! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
@@ -88,6 +89,10 @@ pub enum Fault {
     /// DRRS: a receiver emits watermarks while a moved bucket's state and timers have not
     /// arrived (the watermark propagation the paper adds to DRRS, left out).
     WatermarkBeforeState,
+    /// Remote: an old owner sends `StateEnd` without writing back what it buffered for the moved
+    /// buckets first (they reach the shared store only at a later eviction), so the new owner
+    /// may read a stale value.
+    FlushAfterStateEnd,
 }
 
 impl Fault {
@@ -104,6 +109,7 @@ impl Fault {
             "filter_misses_key" => Some(Self::FilterMissesKey),
             "process_before_state" => Some(Self::ProcessBeforeState),
             "watermark_before_state" => Some(Self::WatermarkBeforeState),
+            "flush_after_state_end" => Some(Self::FlushAfterStateEnd),
             _ => None,
         }
     }
@@ -121,6 +127,7 @@ impl Fault {
             Self::FilterMissesKey => "filter_misses_key",
             Self::ProcessBeforeState => "process_before_state",
             Self::WatermarkBeforeState => "watermark_before_state",
+            Self::FlushAfterStateEnd => "flush_after_state_end",
         }
     }
 }
@@ -229,6 +236,9 @@ pub struct SimStats {
     pub waited: u64,
     /// DRRS: times a receiver stopped taking direct input (backpressure).
     pub pauses: u64,
+    /// Remote: buffered (dirty) keys an old owner wrote back to the shared store when it gave
+    /// their bucket away.
+    pub flushed_keys: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.

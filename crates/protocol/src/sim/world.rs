@@ -242,6 +242,9 @@ pub(crate) struct World {
     plans: BTreeMap<Epoch, Arc<ReconfigPlan>>,
     pub(crate) claims: Vec<Option<TaskId>>,
     pub(crate) holder: BTreeMap<Vec<u8>, TaskId>,
+    /// Remote: the state servers' store shared by every task (a task's `store` is then its
+    /// write-back buffer, and `holder` the task with a buffered, unwritten value).
+    pub(crate) shared: BTreeMap<Vec<u8>, u64>,
     /// Records emitted per key.
     pub(crate) emitted: BTreeMap<Vec<u8>, u64>,
     /// Records emitted per (key, input): the last sequence number of that lane.
@@ -345,6 +348,7 @@ impl World {
             skipped: 0,
             plans: BTreeMap::new(),
             holder: BTreeMap::new(),
+            shared: BTreeMap::new(),
             emitted: BTreeMap::new(),
             lane_emitted: BTreeMap::new(),
             ledger: BTreeMap::new(),
@@ -375,8 +379,12 @@ impl World {
                 }
                 Core::Koala(Box::new(core))
             }
-            Protocol::StopAndRestart => Core::StopAndRestart(
-                TargetCore::new(id),
+            Protocol::StopAndRestart | Protocol::Remote => Core::StopAndRestart(
+                if cfg.protocol == Protocol::Remote {
+                    TargetCore::new_remote(id)
+                } else {
+                    TargetCore::new(id)
+                },
                 WatermarkAligner::new(upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs))),
             ),
             Protocol::Drrs => {
@@ -432,6 +440,13 @@ impl World {
                     ));
                 }
                 return self.check_end();
+            }
+            // Remote: now and then a task's write-back buffer overflows (its own draws, so other
+            // protocols keep their seeds' schedules).
+            if self.cfg.protocol == Protocol::Remote && self.rng.below(8) == 0 {
+                let ids: Vec<TaskId> = self.tasks.keys().copied().collect();
+                let victim = ids[self.rng.below(ids.len())];
+                self.remote_evict(victim);
             }
             let pick = self.rng.below(deliverable + sources.len());
             if pick < deliverable {
@@ -803,7 +818,13 @@ impl World {
                 return self.sr_end(id, &channels);
             }
             (Msg::State { epoch, entries, timers }, _, Some(from)) => {
-                self.sr_event(id, TargetEvent::StateChunk { from, epoch })?;
+                // Under remote only timers travel (`remote_flush` sends no entries).
+                let event = if self.cfg.protocol == Protocol::Remote {
+                    TargetEvent::TimersChunk { from, epoch }
+                } else {
+                    TargetEvent::StateChunk { from, epoch }
+                };
+                self.sr_event(id, event)?;
                 return self.sr_install(id, from, entries, timers);
             }
             (Msg::StateEnd(epoch), _, Some(from)) => {
@@ -885,6 +906,7 @@ impl World {
                     .channels
                     .push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack)),
                 TargetAction::SendState { epoch, moves } => self.sr_send(id, epoch, moves)?,
+                TargetAction::Flush { epoch, moves } => self.remote_flush(id, epoch, moves)?,
                 TargetAction::Error(e) => return Err(format!("protocol error at {id}: {e}")),
             }
         }
@@ -932,6 +954,61 @@ impl World {
         let ack = TaskAck::StateSent { bytes: entries_sent * 8, entries: entries_sent };
         self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
         Ok(())
+    }
+
+    /// Remote: every marker arrived; the old owner writes back what it buffered for the moved
+    /// buckets to the shared store (a task's `store` is its write-back buffer under remote),
+    /// sends their timers and `StateEnd`; then `StateSent` with nothing moved. The broken
+    /// variant sends `StateEnd` with the buffer unwritten.
+    fn remote_flush(
+        &mut self,
+        id: TaskId,
+        epoch: Epoch,
+        moves: Vec<(TaskId, Vec<BucketId>)>,
+    ) -> Result<(), String> {
+        let nb = self.cfg.num_buckets;
+        for (to, buckets) in moves {
+            let wanted: BTreeSet<BucketId> = buckets.iter().copied().collect();
+            for &b in &buckets {
+                let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
+                if *slot != Some(id) {
+                    return Err(format!("single owner: {id} flushes bucket {b} claimed by {slot:?}"));
+                }
+                *slot = None;
+            }
+            let task = self.tasks.get_mut(&id).ok_or("flush from unknown task")?;
+            if self.cfg.fault != Some(Fault::FlushAfterStateEnd) {
+                let keys: Vec<Vec<u8>> =
+                    task.store.keys().filter(|k| wanted.contains(&bucket_of(k, nb))).cloned().collect();
+                for key in keys {
+                    if let Some(v) = task.store.remove(&key) {
+                        self.holder.remove(&key);
+                        self.shared.insert(key, v);
+                        self.stats.flushed_keys += 1;
+                    }
+                }
+            }
+            let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
+                .into_iter()
+                .partition(|(_, k)| wanted.contains(&bucket_of(k, nb)));
+            task.timers = kept;
+            let msg = Msg::State { epoch, entries: Vec::new(), timers: moved.into_iter().collect() };
+            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), msg);
+            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), Msg::StateEnd(epoch));
+        }
+        let ack = TaskAck::StateSent { bytes: 0, entries: 0 };
+        self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
+        Ok(())
+    }
+
+    /// Remote: a task's write-back buffer overflows; everything in it goes to the shared store.
+    fn remote_evict(&mut self, id: TaskId) {
+        if let Some(task) = self.tasks.get_mut(&id) {
+            for (key, v) in std::mem::take(&mut task.store) {
+                self.holder.remove(&key);
+                self.shared.insert(key, v);
+            }
+        }
     }
 
     /// Feeds an event to a Koala task core and executes its actions.
@@ -1006,7 +1083,7 @@ impl World {
                 // from `Start`).
                 let ups = match self.cfg.protocol {
                     Protocol::Koala | Protocol::Drrs => Vec::new(),
-                    Protocol::StopAndRestart => self.engine.upstream_tasks(TARGET),
+                    Protocol::StopAndRestart | Protocol::Remote => self.engine.upstream_tasks(TARGET),
                 };
                 for i in tasks {
                     let id = TaskId::new(TARGET, i);

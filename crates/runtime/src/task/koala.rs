@@ -801,19 +801,21 @@ mod tests {
         while until_end.last() != Some(&ChannelMessage::EndOfStream) {
             until_end.push(sink_rx.recv_timeout(WAIT).expect("the task's output").message);
         }
-        // Whatever the task still sends before it exits comes after its end of stream.
-        std::thread::sleep(Duration::from_millis(50));
+        // The task reports its inputs ended once it has processed them; then it is released, and
+        // whatever it still sends before it exits comes after its end of stream.
+        let ack_of = |e: WorkerMessage| match e {
+            WorkerMessage::TaskAck { ack, .. } => Some(ack),
+            _ => None,
+        };
+        let mut acks = Vec::new();
+        while acks.last() != Some(&TaskAck::InputsEnded) {
+            acks.extend(ack_of(events_rx.recv_timeout(WAIT).expect("the task's acks up to InputsEnded")));
+        }
         cmd_tx.send(TaskCommand::Release).expect("release");
         task.join().expect("task thread").expect("task");
         let after_end = sink_rx.try_iter().map(|i| i.message).collect();
         fetches += old_rx.try_iter().filter(is_fetch).count();
-        let acks = events_rx
-            .try_iter()
-            .filter_map(|e| match e {
-                WorkerMessage::TaskAck { ack, .. } => Some(ack),
-                _ => None,
-            })
-            .collect();
+        acks.extend(events_rx.try_iter().filter_map(ack_of));
         Outcome { key, until_end, after_end, acks, fetches }
     }
 

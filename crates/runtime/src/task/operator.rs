@@ -112,7 +112,10 @@ impl OperatorTask {
             aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
             timers: TimerService::default(),
             metrics,
-            transfer: StateTransfer::new(setup.task),
+            transfer: StateTransfer::new(
+                setup.task,
+                setup.deployment.protocol == koala_protocol::Protocol::Remote,
+            ),
             upstream: UpstreamCore::new(),
             budget,
         })
@@ -265,6 +268,18 @@ impl OperatorTask {
                 tracing::debug!(task = %setup.task, dropped, watermark = w, "dropped late records");
                 self.metrics.late_dropped += dropped;
             }
+        }
+        if self.transfer.busy()
+            && records
+                .iter()
+                .any(|r| !self.transfer.may_read(koala_types::bucket_of(&r.key, setup.num_buckets)))
+        {
+            // The core's gate: a bucket still arriving (remote: not flushed by its old owner)
+            // must not be read. Upstreams stay paused until then, so this never happens.
+            return Err(RuntimeError::Invariant {
+                task: setup.task,
+                what: "a record of a bucket whose state has not arrived (or not been flushed)",
+            });
         }
         let mut output = Vec::new();
         let mut timers = Vec::new();

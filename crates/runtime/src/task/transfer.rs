@@ -3,6 +3,9 @@
 //! marker, what it sends and which state it accepts; this module does the I/O — it streams the
 //! buckets the task gives away (state by range scan, then their timers, then `StateEnd`) to
 //! their new owners over peer channels, deletes them locally, and installs what arrives.
+//! Under the `remote` protocol (docs/protocols.md §7.1) the core asks for a flush instead: the
+//! task releases the moved buckets to the shared state servers (its cache's dirty entries are
+//! written back, its copies forgotten), sends their timers and `StateEnd`; no state moves.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -43,9 +46,15 @@ pub struct StateTransfer {
 }
 
 impl StateTransfer {
-    /// Task `task`, in no reconfiguration.
-    pub fn new(task: TaskId) -> Self {
-        Self { core: TargetCore::new(task), plan: None }
+    /// Task `task`, in no reconfiguration; `remote`: under the `remote` protocol.
+    pub fn new(task: TaskId, remote: bool) -> Self {
+        let core = if remote { TargetCore::new_remote(task) } else { TargetCore::new(task) };
+        Self { core, plan: None }
+    }
+
+    /// Whether the task may read the state of `bucket` now ([`TargetCore::may_read`]).
+    pub fn may_read(&self, bucket: BucketId) -> bool {
+        self.core.may_read(bucket)
     }
 
     /// Whether a reconfiguration part is running: the task must not exit yet.
@@ -74,6 +83,7 @@ impl StateTransfer {
             match action {
                 TargetAction::Ack { epoch, ack } => setup.ack(epoch, ack),
                 TargetAction::SendState { epoch, moves } => self.send_state(setup, epoch, &moves, io)?,
+                TargetAction::Flush { epoch, moves } => self.flush(setup, epoch, &moves, io)?,
                 TargetAction::Error(source) => {
                     return Err(RuntimeError::StopRestart { task: setup.task, source });
                 }
@@ -92,9 +102,8 @@ impl StateTransfer {
     ) -> Result<(), RuntimeError> {
         let from = channel.from;
         let event = match &message {
-            ChannelMessage::State { epoch, .. } | ChannelMessage::Timers { epoch, .. } => {
-                TargetEvent::StateChunk { from, epoch: *epoch }
-            }
+            ChannelMessage::State { epoch, .. } => TargetEvent::StateChunk { from, epoch: *epoch },
+            ChannelMessage::Timers { epoch, .. } => TargetEvent::TimersChunk { from, epoch: *epoch },
             ChannelMessage::StateEnd { epoch } => TargetEvent::StateEnd { from, epoch: *epoch },
             other => {
                 let message = message_kind(other);
@@ -188,6 +197,41 @@ impl StateTransfer {
 }
 
 impl StateTransfer {
+    /// The `remote` protocol's `SendState`: every awaited marker arrived; flushes outputs, then
+    /// per new owner releases its buckets to the state servers (whatever this task buffered for
+    /// them is written back before `StateEnd` leaves, so the new owner's first read sees it),
+    /// sends their timers and `StateEnd`; acks `StateSent` with no state moved.
+    fn flush(
+        &mut self,
+        setup: &TaskSetup,
+        epoch: Epoch,
+        moves: &[(TaskId, Vec<BucketId>)],
+        io: &mut TransferIo<'_>,
+    ) -> Result<(), RuntimeError> {
+        let Some(plan) = self.plan.clone().filter(|p| p.epoch == epoch) else {
+            debug_assert!(false, "Flush of epoch {epoch} without its plan");
+            return Err(RuntimeError::Invariant { task: setup.task, what: "Flush without its plan" });
+        };
+        io.outputs.flush_all()?;
+        let me = setup.task;
+        let mut flushed = 0u64;
+        for (to, buckets) in moves {
+            let peer = open_peer(&setup.links, &plan.deployment, *to, me)?;
+            if let Some(store) = setup.store.as_deref() {
+                flushed += store.release_buckets(buckets)?;
+            }
+            let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
+            let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
+            if !moving.is_empty() {
+                self.send(setup, &peer, ChannelMessage::Timers { epoch, timers: moving }, io)?;
+            }
+            self.send(setup, &peer, ChannelMessage::StateEnd { epoch }, io)?;
+        }
+        tracing::debug!(task = %me, epoch, flushed, "moved buckets released to the state servers");
+        setup.ack(epoch, TaskAck::StateSent { bytes: 0, entries: 0 });
+        Ok(())
+    }
+
     /// Sends on a peer lane; while it is full, takes in the state arriving for this task, so two
     /// tasks streaming state to each other both progress (`crate::peer`).
     fn send(

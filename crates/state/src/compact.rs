@@ -1,0 +1,151 @@
+//! Keys and values as the in-memory stores hold them — the write-back cache (`cache.rs`) and the
+//! memory backend (`memory.rs`): short keys and values inline, so a hash-table lookup is one probe
+//! with no pointer to chase and a write allocates nothing.
+
+use koala_types::BucketId;
+
+use crate::{LayoutError, MAX_USER_KEY_LEN, StateKey};
+
+/// A key held in memory: `bucket | state | user key` like the stored key, inline (no heap allocation,
+/// no pointer to chase on lookup) when the user key is short, which it is for most operators.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum CompactKey {
+    /// `[bucket (BE, 2), state, user key length, user key …]`, zero padded.
+    Inline([u8; INLINE_KEY + 4]),
+    /// The encoded key, for user keys longer than [`INLINE_KEY`].
+    Heap(Box<[u8]>),
+}
+
+/// Longest user key kept inline in a [`CompactKey`].
+const INLINE_KEY: usize = 26;
+
+impl CompactKey {
+    pub(crate) fn new(key: &StateKey) -> Self {
+        if key.key.len() <= INLINE_KEY {
+            let mut bytes = [0u8; INLINE_KEY + 4];
+            bytes[..2].copy_from_slice(&key.bucket.to_be_bytes());
+            bytes[2] = key.state;
+            bytes[3] = key.key.len() as u8;
+            bytes[4..4 + key.key.len()].copy_from_slice(&key.key);
+            Self::Inline(bytes)
+        } else {
+            let mut bytes = Vec::with_capacity(key.encoded_len());
+            bytes.extend_from_slice(&key.bucket.to_be_bytes());
+            bytes.push(key.state);
+            bytes.extend_from_slice(&key.key);
+            Self::Heap(bytes.into_boxed_slice())
+        }
+    }
+
+    /// The hashed and compared bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline(b) => &b[..4 + usize::from(b[3])],
+            Self::Heap(b) => b,
+        }
+    }
+
+    pub(crate) fn bucket(&self) -> BucketId {
+        let b = self.bytes();
+        BucketId::from_be_bytes([b[0], b[1]])
+    }
+
+    pub(crate) fn to_state_key(&self) -> StateKey {
+        let b = self.bytes();
+        let user = match self {
+            Self::Inline(_) => &b[4..],
+            Self::Heap(_) => &b[3..],
+        };
+        StateKey { bucket: self.bucket(), state: b[2], key: user.to_vec() }
+    }
+
+    /// Heap bytes beyond the inline size.
+    pub(crate) fn heap_len(&self) -> usize {
+        match self {
+            Self::Inline(_) => 0,
+            Self::Heap(b) => b.len(),
+        }
+    }
+}
+
+impl std::hash::Hash for CompactKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.bytes());
+    }
+}
+
+/// The hasher of compact keys (the runtime's key hash: fast, not DoS-resistant; keys are ours).
+pub(crate) type KeyHash = koala_types::KeyHashBuilder;
+
+/// A value held in memory, inline when short (a counter, an accumulator).
+#[derive(Debug)]
+pub(crate) enum CompactValue {
+    /// Known to be absent (read as missing, or deleted).
+    Absent,
+    /// Length and bytes.
+    Inline(u8, [u8; INLINE_VALUE]),
+    Heap(Vec<u8>),
+}
+
+/// Longest value kept inline in a [`CompactValue`].
+const INLINE_VALUE: usize = 22;
+
+impl CompactValue {
+    pub(crate) fn new(value: Option<Vec<u8>>) -> Self {
+        match value {
+            None => Self::Absent,
+            Some(v) if v.len() <= INLINE_VALUE => {
+                let mut bytes = [0u8; INLINE_VALUE];
+                bytes[..v.len()].copy_from_slice(&v);
+                Self::Inline(v.len() as u8, bytes)
+            }
+            Some(v) => Self::Heap(v),
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Absent => None,
+            Self::Inline(len, bytes) => Some(bytes[..usize::from(*len)].to_vec()),
+            Self::Heap(v) => Some(v.clone()),
+        }
+    }
+
+    pub(crate) fn into_option(self) -> Option<Vec<u8>> {
+        match self {
+            Self::Absent => None,
+            Self::Inline(len, bytes) => Some(bytes[..usize::from(len)].to_vec()),
+            Self::Heap(v) => Some(v),
+        }
+    }
+
+    pub(crate) fn is_present(&self) -> bool {
+        !matches!(self, Self::Absent)
+    }
+
+    pub(crate) fn heap_len(&self) -> usize {
+        match self {
+            Self::Heap(v) => v.capacity(),
+            _ => 0,
+        }
+    }
+}
+
+impl CompactKey {
+    /// The state id and user key: the stored order within a bucket (`bucket | state | user key`).
+    pub(crate) fn stored_order(&self) -> (u8, &[u8]) {
+        let b = self.bytes();
+        match self {
+            Self::Inline(_) => (b[2], &b[4..]),
+            Self::Heap(_) => (b[2], &b[3..]),
+        }
+    }
+}
+
+/// Rejects a user key the stored layout cannot hold (the same limit as the LSM's).
+pub(crate) fn check_key(key: &StateKey) -> Result<(), LayoutError> {
+    if key.key.len() > MAX_USER_KEY_LEN {
+        return Err(LayoutError::KeyTooLong { len: key.key.len() });
+    }
+    Ok(())
+}

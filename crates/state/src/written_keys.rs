@@ -1,0 +1,138 @@
+//! Which keys a task's store below the cache may hold (docs/architecture.md §5, "Cache"): per
+//! bucket, a Bloom filter of every key the cache wrote below since the store was empty. A cache
+//! miss on a key outside it is absent without a read of the LSM — the case of every new key
+//! (a sliding window of keys, a bucket a task just received and asks about before its state
+//! arrives), where an LSM read searches the memtables and each segment's filter for nothing.
+//! RocksDB's `memtable_whole_key_filtering` answers the same question for its memtable only.
+//!
+//! Each bucket's filter grows by adding a layer four times larger than the last, so a lookup
+//! reads one 64-byte block per layer (a handful at millions of keys per bucket); the blocked
+//! filter sets 6 bits per key in one block at 8 bits per key (about 3 % false positives, each
+//! costing the LSM read it would have cost anyway). Keys are never removed: a deleted key stays
+//! "maybe" until its whole bucket is deleted, which empties the bucket's filter.
+
+use std::collections::HashMap;
+
+use koala_types::BucketId;
+
+/// Keys the first layer of a bucket holds; each later layer holds four times the one before.
+const FIRST_LAYER_KEYS: usize = 1024;
+/// Filter bits per key.
+const BITS_PER_KEY: usize = 8;
+/// Bits set (and tested) per key, all in one 512-bit block.
+const PROBES: u32 = 6;
+
+/// One blocked Bloom filter of a fixed number of keys.
+#[derive(Debug)]
+struct Layer {
+    blocks: Vec<[u64; 8]>,
+    capacity: usize,
+    len: usize,
+}
+
+impl Layer {
+    fn new(capacity: usize) -> Self {
+        let blocks = (capacity * BITS_PER_KEY).div_ceil(512).max(1);
+        Self { blocks: vec![[0; 8]; blocks], capacity, len: 0 }
+    }
+
+    /// The block of `hash` and the bit positions in it.
+    fn probe(&self, hash: u64) -> (usize, impl Iterator<Item = usize> + use<>) {
+        // The high half picks the block (multiply-shift, no modulo); the low half, remixed,
+        // picks the bits (from the product's well-mixed top 54 bits).
+        let block = ((u128::from(hash >> 32) * self.blocks.len() as u128) >> 32) as usize;
+        let mixed = (hash & 0xffff_ffff).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let bits = (0..PROBES).map(move |i| ((mixed >> (64 - 9 * (i + 1))) & 511) as usize);
+        (block, bits)
+    }
+
+    fn insert(&mut self, hash: u64) {
+        let (block, bits) = self.probe(hash);
+        let words = &mut self.blocks[block];
+        for bit in bits {
+            words[bit / 64] |= 1 << (bit % 64);
+        }
+        self.len += 1;
+    }
+
+    fn may_hold(&self, hash: u64) -> bool {
+        let (block, mut bits) = self.probe(hash);
+        let words = &self.blocks[block];
+        bits.all(|bit| words[bit / 64] & (1 << (bit % 64)) != 0)
+    }
+
+    fn bytes(&self) -> usize {
+        self.blocks.len() * 64
+    }
+}
+
+/// The keys written below, per bucket (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct WrittenKeys {
+    buckets: HashMap<BucketId, Vec<Layer>>,
+    bytes: usize,
+}
+
+impl WrittenKeys {
+    /// Remembers that the key with this hash (of its stored bytes) was written below.
+    pub(crate) fn insert(&mut self, bucket: BucketId, hash: u64) {
+        let layers = self.buckets.entry(bucket).or_default();
+        if layers.last().is_none_or(|l| l.len >= l.capacity) {
+            let capacity = layers.last().map_or(FIRST_LAYER_KEYS, |l| l.capacity * 4);
+            let layer = Layer::new(capacity);
+            self.bytes += layer.bytes();
+            layers.push(layer);
+        }
+        if let Some(layer) = layers.last_mut() {
+            layer.insert(hash);
+        }
+    }
+
+    /// Whether the key may have been written below (false: it certainly was not).
+    pub(crate) fn may_hold(&self, bucket: BucketId, hash: u64) -> bool {
+        self.buckets.get(&bucket).is_some_and(|layers| layers.iter().rev().any(|l| l.may_hold(hash)))
+    }
+
+    /// The bucket's entries below were deleted: nothing of it is there any more.
+    pub(crate) fn clear_bucket(&mut self, bucket: BucketId) {
+        if let Some(layers) = self.buckets.remove(&bucket) {
+            self.bytes -= layers.iter().map(Layer::bytes).sum::<usize>();
+        }
+    }
+
+    /// Memory held by the filters.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(i: u64) -> u64 {
+        let mut h = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^ (h >> 31)
+    }
+
+    #[test]
+    fn holds_every_written_key_and_few_others_as_it_grows() {
+        let mut keys = WrittenKeys::default();
+        let n = 100_000;
+        for i in 0..n {
+            keys.insert(3, hash(i));
+        }
+        assert!((0..n).all(|i| keys.may_hold(3, hash(i))), "a written key was lost");
+        let strangers = (n..n + 100_000).filter(|&i| keys.may_hold(3, hash(i))).count();
+        // Several layers, each ~3 % false positives at most: far below "always maybe".
+        assert!(strangers < 15_000, "{strangers} false positives in 100 000");
+        assert!(!keys.may_hold(4, hash(0)), "another bucket holds nothing");
+        // 1 024 + 4 096 + 16 384 + 65 536 + 262 144 keys of room, 8 bits each.
+        assert_eq!(keys.bytes(), (1024 + 4096 + 16_384 + 65_536 + 262_144) * BITS_PER_KEY / 8);
+        keys.clear_bucket(3);
+        assert!(!keys.may_hold(3, hash(0)));
+        assert_eq!(keys.bytes(), 0);
+    }
+}
