@@ -147,6 +147,13 @@ impl Protocol {
             Self::Drrs => "drrs",
         }
     }
+
+    /// Whether the reconfigured operator keeps processing while it runs (Koala, DRRS: their own
+    /// coordinator cores take over after Prepare) rather than pausing its upstreams
+    /// (stop-and-restart and remote: the phase driver's Drain and Resume).
+    pub fn keeps_processing(self) -> bool {
+        matches!(self, Self::Koala | Self::Drrs)
+    }
 }
 
 /// Coordinator → worker.

@@ -207,7 +207,7 @@ impl Reconfiguring {
     fn advance(&mut self) -> Result<Option<CoordinatorMessage>, PhaseError> {
         let epoch = self.plan.epoch;
         let next = match self.phase {
-            Phase::Preparing if self.protocol != Protocol::StopAndRestart && !self.stateful => {
+            Phase::Preparing if self.protocol.keeps_processing() && !self.stateful => {
                 // A stateless operator under Koala: nothing to hand over; upstreams switch with
                 // markers, and the old tasks are done once they passed every marker.
                 self.phase = Phase::Switching;
@@ -215,7 +215,7 @@ impl Reconfiguring {
                 self.waiting.extend(self.old_targets.iter().map(|t| (*t, Expect::StateSent)));
                 Some(CoordinatorMessage::Switch { epoch })
             }
-            Phase::Preparing if self.protocol != Protocol::StopAndRestart => {
+            Phase::Preparing if self.protocol.keeps_processing() => {
                 self.phase = Phase::Delegated;
                 None
             }

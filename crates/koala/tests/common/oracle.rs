@@ -141,7 +141,13 @@ fn case_generator(case: &Case<'_>) -> koala_dataflow::KeyedEventsConfig {
 
 /// The top-level config lines of a case: its protocol, then its own lines.
 fn top_lines(case: &Case<'_>) -> String {
-    format!("protocol = \"{}\"\n{}{}{}", case.protocol, remote_state(case.protocol), drrs_policy(case), case.top)
+    format!(
+        "protocol = \"{}\"\n{}{}{}",
+        case.protocol,
+        remote_state(case.protocol),
+        drrs_policy(case),
+        case.top
+    )
 }
 
 /// DRRS runs with the uniform partition policy (docs/protocols.md §11); a case that sets a
