@@ -310,7 +310,7 @@ fn drrs_grouped_subscales_and_two_inputs() {
 /// state it does not hold.
 #[test]
 fn broken_drrs_process_before_state_is_caught() {
-    let failure = caught_drrs(Fault::ProcessBeforeState);
+    let failure = caught_under(Protocol::Drrs, Fault::ProcessBeforeState);
     println!("{failure}");
     assert!(
         failure.contains("single owner")
@@ -324,22 +324,9 @@ fn broken_drrs_process_before_state_is_caught() {
 /// without the paper's watermark propagation): the timers arrive behind its event time.
 #[test]
 fn broken_drrs_watermark_before_state_is_caught() {
-    let failure = caught_drrs(Fault::WatermarkBeforeState);
+    let failure = caught_under(Protocol::Drrs, Fault::WatermarkBeforeState);
     println!("{failure}");
     assert!(failure.contains("timers:") || failure.contains("watermark"), "{failure}");
-}
-
-fn caught_drrs(fault: Fault) -> String {
-    for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
-        for seed in 0..300 {
-            let config =
-                SimConfig { fault: Some(fault), protocol: Protocol::Drrs, ..SimConfig::new(scenario, seed) };
-            if let Err(f) = run(&config) {
-                return f.to_string();
-            }
-        }
-    }
-    panic!("the checks never caught {fault:?} under DRRS in 300 seeds per scenario");
 }
 
 /// The Remote baseline: stop-and-restart's phases and cores in remote mode over a shared store
@@ -372,36 +359,28 @@ fn remote_every_scenario() {
 /// old owner's copy survives).
 #[test]
 fn broken_remote_flush_after_state_end_is_caught() {
-    let mut found = None;
-    'search: for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
-        for seed in 0..300 {
-            let config = SimConfig {
-                fault: Some(Fault::FlushAfterStateEnd),
-                protocol: Protocol::Remote,
-                ..SimConfig::new(scenario, seed)
-            };
-            if let Err(f) = run(&config) {
-                found = Some(f.to_string());
-                break 'search;
-            }
-        }
-    }
-    let failure = found.expect("the checks never caught a new owner reading before the old owner's flush");
+    let failure = caught_under(Protocol::Remote, Fault::FlushAfterStateEnd);
     println!("{failure}");
     // The stale buffered copy is read ("one live copy", a wrong count) or outlives a delete.
     assert!(["one live copy", "count", "deletes"].iter().any(|m| failure.contains(m)), "{failure}");
 }
 
 fn caught(fault: Fault) -> String {
+    caught_under(Protocol::Koala, fault)
+}
+
+/// The first failure the checks report for `fault` under `protocol`, searching 300 seeds of the
+/// scenarios that move state.
+fn caught_under(protocol: Protocol, fault: Fault) -> String {
     for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
         for seed in 0..300 {
-            let config = SimConfig { fault: Some(fault), ..SimConfig::new(scenario, seed) };
+            let config = SimConfig { fault: Some(fault), protocol, ..SimConfig::new(scenario, seed) };
             if let Err(f) = run(&config) {
                 return f.to_string();
             }
         }
     }
-    panic!("the checks never caught {fault:?} in 300 seeds per scenario");
+    panic!("the checks never caught {fault:?} under {protocol:?} in 300 seeds per scenario");
 }
 
 #[test]
@@ -440,21 +419,7 @@ fn broken_release_without_epoch_is_caught() {
 /// moved state arrived: a receiver processes a moved bucket's records before its state.
 #[test]
 fn broken_stop_and_restart_reroute_at_drain_is_caught() {
-    let mut found = None;
-    'search: for scenario in [Scenario::Rebalance, Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }] {
-        for seed in 0..300 {
-            let config = SimConfig {
-                fault: Some(Fault::RerouteAtDrain),
-                protocol: Protocol::StopAndRestart,
-                ..SimConfig::new(scenario, seed)
-            };
-            if let Err(f) = run(&config) {
-                found = Some(f.to_string());
-                break 'search;
-            }
-        }
-    }
-    let failure = found.expect("the checks never caught rerouting at drain");
+    let failure = caught_under(Protocol::StopAndRestart, Fault::RerouteAtDrain);
     println!("{failure}");
     // Records of a moved bucket overtake its state (per-key order, or two owners), or its
     // timers arrive behind the receiver's event time.
