@@ -10,6 +10,7 @@ use koala_types::{ChannelMessage, TaskId};
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
+use crate::queue::DataSender;
 
 pub use koala_types::InputChannel;
 
@@ -39,7 +40,7 @@ pub enum ChannelSender {
         /// The receiver.
         to: TaskId,
         /// Its input queue.
-        inbox: Sender<TaskInput>,
+        inbox: LocalQueue,
         /// How the receiver names this channel.
         channel: InputChannel,
     },
@@ -69,18 +70,9 @@ impl ChannelSender {
     /// (backpressure).
     pub fn send(&mut self, message: ChannelMessage) -> Result<Duration, RuntimeError> {
         match self {
-            Self::Local { to, inbox, channel } => {
-                let item = TaskInput { channel: *channel, message };
-                match inbox.try_send(item) {
-                    Ok(()) => Ok(Duration::ZERO),
-                    Err(TrySendError::Full(item)) => {
-                        let started = Instant::now();
-                        inbox.send(item).map_err(|_| RuntimeError::ChannelClosed(*to))?;
-                        Ok(started.elapsed())
-                    }
-                    Err(TrySendError::Disconnected(_)) => Err(RuntimeError::ChannelClosed(*to)),
-                }
-            }
+            Self::Local { to, inbox, channel } => inbox
+                .send(TaskInput { channel: *channel, message })
+                .map_err(|_| RuntimeError::ChannelClosed(*to)),
             Self::Remote { to, stream } => {
                 let started = Instant::now();
                 write_frame(stream, &message)
@@ -91,6 +83,34 @@ impl ChannelSender {
                 let blocked = started.elapsed();
                 Ok(if blocked > Duration::from_micros(200) { blocked } else { Duration::ZERO })
             }
+        }
+    }
+}
+
+/// One of a co-located task's queues, as a channel's sender sees it.
+#[derive(Clone, Debug)]
+pub enum LocalQueue {
+    /// Its data queue (all data channels; room handed out in turn, `crate::queue`).
+    Data(DataSender),
+    /// Its peer lane (bounded) or fetch lane (unbounded: bounded by credit, `crate::peer`).
+    Lane(Sender<TaskInput>),
+}
+
+impl LocalQueue {
+    /// Puts one message in, blocking while there is no room for it. Returns how long it
+    /// blocked (backpressure); hands the message back if the receiving task is gone.
+    pub fn send(&self, item: TaskInput) -> Result<Duration, TaskInput> {
+        match self {
+            Self::Data(queue) => queue.send(item),
+            Self::Lane(lane) => match lane.try_send(item) {
+                Ok(()) => Ok(Duration::ZERO),
+                Err(TrySendError::Full(item)) => {
+                    let started = Instant::now();
+                    lane.send(item).map_err(|e| e.into_inner())?;
+                    Ok(started.elapsed())
+                }
+                Err(TrySendError::Disconnected(item)) => Err(item),
+            },
         }
     }
 }

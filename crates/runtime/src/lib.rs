@@ -11,6 +11,7 @@ mod metrics;
 mod net;
 mod output;
 mod peer;
+mod queue;
 #[cfg(test)]
 mod scenarios;
 mod task;

@@ -100,7 +100,7 @@ pub fn open_channel(
     debug_assert_ne!(channel.input, PEER_INPUT, "peer lanes are opened with open_peer");
     match place(links, d, to)? {
         Place::Local(inboxes) => {
-            Ok(ChannelSender::Local { to, inbox: inboxes.for_input(channel.input).clone(), channel })
+            Ok(ChannelSender::Local { to, inbox: inboxes.for_input(channel.input), channel })
         }
         Place::Remote(addr) => ChannelSender::connect(&addr, to, channel),
     }

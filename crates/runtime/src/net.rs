@@ -12,8 +12,9 @@ use crossbeam_channel::Sender;
 use koala_types::frame::{read_frame, read_frame_sized};
 use koala_types::{ChannelMessage, TaskId};
 
-use crate::channel::{ChannelHello, TaskInput};
+use crate::channel::{ChannelHello, LocalQueue, TaskInput};
 use crate::links::{FETCH_INPUT, PEER_INPUT};
+use crate::queue::DataSender;
 use crate::throttle::SharedLink;
 
 /// The three input queues of a task (docs/architecture.md §4). Data and peer messages never
@@ -21,7 +22,7 @@ use crate::throttle::SharedLink;
 #[derive(Clone)]
 pub struct TaskInboxes {
     /// Data channels from upstream tasks: bounded (`channel_capacity`), backpressure upstream.
-    pub data: Sender<TaskInput>,
+    pub data: DataSender,
     /// The peer lane from tasks of the same operator (hand-overs, forwarded records, state
     /// chunks): bounded ([`crate::peer::peer_capacity`]). Senders never block on it while not
     /// draining their own (see [`crate::peer`]).
@@ -34,11 +35,11 @@ pub struct TaskInboxes {
 
 impl TaskInboxes {
     /// The queue a channel with input index `input` feeds.
-    pub fn for_input(&self, input: usize) -> &Sender<TaskInput> {
+    pub fn for_input(&self, input: usize) -> LocalQueue {
         match input {
-            PEER_INPUT => &self.peer,
-            FETCH_INPUT => &self.fetch,
-            _ => &self.data,
+            PEER_INPUT => LocalQueue::Lane(self.peer.clone()),
+            FETCH_INPUT => LocalQueue::Lane(self.fetch.clone()),
+            _ => LocalQueue::Data(self.data.clone()),
         }
     }
 }
@@ -79,7 +80,7 @@ fn read_channel(stream: TcpStream, inboxes: &Inboxes, link: &SharedLink) {
         }
     };
     let inbox = match inboxes.read() {
-        Ok(map) => map.get(&hello.to).map(|i| i.for_input(hello.channel.input).clone()),
+        Ok(map) => map.get(&hello.to).map(|i| i.for_input(hello.channel.input)),
         Err(_) => None,
     };
     let Some(inbox) = inbox else {

@@ -22,6 +22,7 @@ use crate::channel::{InputChannel, TaskInput};
 use crate::links::{Links, open_peer};
 use crate::net::{Inboxes, serve};
 use crate::peer::peer_capacity;
+use crate::queue::DataSender;
 use crate::task::TaskCommand;
 use crate::worker::{create_inbox, spawn_task};
 
@@ -46,6 +47,12 @@ impl Watchdog {
         let left = self.deadline.saturating_duration_since(Instant::now());
         assert!(!left.is_zero(), "no progress within {WATCHDOG:?} while {what}: deadlocked");
         left
+    }
+
+    fn feed(&self, tx: &DataSender, item: TaskInput, what: &str) {
+        if tx.send_timeout(item, self.left(what)).is_err() {
+            panic!("stuck while {what}: deadlocked (or the receiver is gone)");
+        }
     }
 
     fn send<T>(&self, tx: &Sender<T>, item: T, what: &str) {
@@ -103,7 +110,7 @@ struct Scenario {
     tasks: [TaskId; 2],
     deployment: Deployment,
     commands: [Sender<TaskCommand>; 2],
-    data: [Sender<TaskInput>; 2],
+    data: [DataSender; 2],
     events: Receiver<WorkerMessage>,
     seen: Vec<WorkerMessage>,
     sink: Receiver<Vec<(u64, u64)>>,
@@ -239,7 +246,7 @@ impl Scenario {
 
     fn to_task(&self, i: usize, message: ChannelMessage) {
         let item = TaskInput { channel: InputChannel { input: 0, from: self.source }, message };
-        self.watchdog.send(&self.data[i], item, &format!("feeding {}", self.tasks[i]));
+        self.watchdog.feed(&self.data[i], item, &format!("feeding {}", self.tasks[i]));
     }
 
     fn to_both(&self, message: &ChannelMessage) {

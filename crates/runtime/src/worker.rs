@@ -24,6 +24,7 @@ use crate::channel::{InputChannel, TaskInput};
 use crate::links::{Links, build_outputs, input_channels, live};
 use crate::net::{Inboxes, TaskInboxes, serve};
 use crate::peer::peer_capacity;
+use crate::queue::{DataReceiver, data_queue};
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
 use crate::throttle::SharedLink;
 
@@ -336,7 +337,7 @@ fn restore_warm_state(job: &Job, env: &dyn StateEnv, dir: &Path) -> Result<(), S
 
 /// The receiving ends of a task's queues.
 pub(crate) struct TaskQueues {
-    pub(crate) data: Receiver<TaskInput>,
+    pub(crate) data: DataReceiver,
     pub(crate) peer: Receiver<TaskInput>,
     pub(crate) fetch: Receiver<TaskInput>,
     pub(crate) commands: Receiver<TaskCommand>,
@@ -348,7 +349,7 @@ pub(crate) fn create_inbox(
     capacity: usize,
     inboxes: &Inboxes,
 ) -> Result<(TaskQueues, Sender<TaskCommand>), String> {
-    let (data_tx, data) = bounded(capacity.max(1));
+    let (data_tx, data) = data_queue(capacity);
     let (peer_tx, peer) = bounded(peer_capacity(capacity));
     // Bounded by credit, not by the queue (crate::peer): nobody may ever wait for room here.
     let (fetch_tx, fetch) = unbounded();

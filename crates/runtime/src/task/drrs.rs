@@ -140,10 +140,11 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(if data_closed { &closed } else { &setup.inbox }) -> item => {
+                recv(if data_closed { &closed } else { setup.inbox.queue() }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
+                    setup.inbox.took();
                     task.on_data(&setup, &mut outputs, item.channel, item.message)?;
                 },
                 default(timeout) => {}

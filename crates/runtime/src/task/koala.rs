@@ -160,10 +160,11 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(if gate.is_some() { &closed } else { &setup.inbox }) -> item => {
+                recv(if gate.is_some() { &closed } else { setup.inbox.queue() }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
+                    setup.inbox.took();
                     task.on_data(&setup, &mut outputs, item.channel, item.message)?;
                 },
                 default(timeout) => {}
@@ -599,7 +600,7 @@ mod tests {
     use std::collections::{BTreeMap, HashMap};
     use std::sync::{Arc, RwLock};
 
-    use crossbeam_channel::{bounded, unbounded};
+    use crossbeam_channel::unbounded;
     use koala_dataflow::{Dataflow, JobGraph, KeyedStream, SourceOptions, ValueState, Window, WindowSpec};
     use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
@@ -610,6 +611,7 @@ mod tests {
     use crate::channel::TaskInput;
     use crate::links::{FETCH_INPUT, Links, PEER_INPUT, build_outputs, input_channels};
     use crate::net::TaskInboxes;
+    use crate::queue::data_queue;
 
     const WAIT: Duration = Duration::from_secs(10);
 
@@ -716,15 +718,17 @@ mod tests {
 
         // The sink's and count.0's queues are read by the test; count.1's are fed by it.
         let inboxes = Arc::new(RwLock::new(HashMap::new()));
-        let (sink_tx, sink_rx) = bounded::<TaskInput>(1024);
+        let (sink_tx, sink_rx) = data_queue(1024);
         let (old_tx, old_rx) = unbounded::<TaskInput>();
-        let (data_tx, data_rx) = bounded::<TaskInput>(64);
+        let (old_data, _old_data_rx) = data_queue(64);
+        let (data_tx, data_rx) = data_queue(64);
         let (peer_tx, peer_rx) = unbounded::<TaskInput>();
         let (fetch_tx, fetch_rx) = unbounded::<TaskInput>();
         {
             let mut map = inboxes.write().expect("registry");
-            map.insert(sink, TaskInboxes { data: sink_tx.clone(), peer: sink_tx.clone(), fetch: sink_tx });
-            map.insert(old, TaskInboxes { data: old_tx.clone(), peer: old_tx.clone(), fetch: old_tx });
+            let (unused, _unused_rx) = unbounded::<TaskInput>();
+            map.insert(sink, TaskInboxes { data: sink_tx, peer: unused.clone(), fetch: unused });
+            map.insert(old, TaskInboxes { data: old_data, peer: old_tx.clone(), fetch: old_tx });
             map.insert(new, TaskInboxes { data: data_tx, peer: peer_tx.clone(), fetch: fetch_tx.clone() });
         }
         let links = Links { me: w, graph: Arc::new(graph), inboxes };
@@ -813,7 +817,7 @@ mod tests {
         }
         cmd_tx.send(TaskCommand::Release).expect("release");
         task.join().expect("task thread").expect("task");
-        let after_end = sink_rx.try_iter().map(|i| i.message).collect();
+        let after_end = sink_rx.queue().try_iter().map(|i| i.message).collect();
         fetches += old_rx.try_iter().filter(is_fetch).count();
         acks.extend(events_rx.try_iter().filter_map(ack_of));
         Outcome { key, until_end, after_end, acks, fetches }

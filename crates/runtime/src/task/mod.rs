@@ -27,6 +27,7 @@ use crate::channel::{InputChannel, TaskInput};
 use crate::links::{Links, build_edge};
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
+use crate::queue::DataReceiver;
 
 /// Commands a worker sends to one of its tasks.
 #[derive(Debug)]
@@ -103,8 +104,9 @@ pub struct TaskSetup {
     pub created_by_reconfiguration: bool,
     /// What it needs to open channels later (reconfiguration).
     pub links: Links,
-    /// Its input queue (data channels).
-    pub inbox: Receiver<TaskInput>,
+    /// Its input queue (data channels): wait on `inbox.queue()`, then `inbox.took()` for each
+    /// message taken (`crate::queue`).
+    pub inbox: DataReceiver,
     /// Its peer lane (hand-overs, forwarded records, state transfer): bounded (`crate::peer`).
     pub peer_inbox: Receiver<TaskInput>,
     /// Its fetch lane (Koala fetch requests and responses): bounded by credit (`crate::peer`).

@@ -71,10 +71,11 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 Ok(item) => task.on_message(&setup, &mut outputs, item.channel, item.message)?,
                 Err(_) => false,
             },
-            recv(if gate.is_some() { &closed } else { &setup.inbox }) -> item => {
+            recv(if gate.is_some() { &closed } else { setup.inbox.queue() }) -> item => {
                 let Ok(item) = item else {
                     return Err(RuntimeError::InputClosed(setup.task));
                 };
+                setup.inbox.took();
                 task.on_message(&setup, &mut outputs, item.channel, item.message)?
             },
             default(timeout) => false,

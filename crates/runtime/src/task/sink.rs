@@ -84,10 +84,11 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                 Ok(other) => tracing::error!(task = %setup.task, command = ?other, "command a sink cannot apply; ignored"),
                 Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
             },
-            recv(setup.inbox) -> item => {
+            recv(setup.inbox.queue()) -> item => {
                 let Ok(item) = item else {
                     return Err(RuntimeError::InputClosed(setup.task));
                 };
+                setup.inbox.took();
                 match item.message {
                     ChannelMessage::Batch(records) => {
                         let started = Instant::now();
