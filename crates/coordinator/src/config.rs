@@ -320,6 +320,9 @@ pub enum PolicyName {
     Consistent,
     /// Contiguous, even bucket ranges (Flink key groups).
     Uniform,
+    /// Bucket `b` → the `(b mod n)`-th task: even shares (±1 bucket), and scaling `n → k·n`
+    /// tasks moves buckets only to the new tasks (`k·n → n`: only from the removed ones).
+    Interleaved,
 }
 
 mod defaults {

@@ -234,7 +234,7 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
         parallelism.push((op, rng.range(1, 4) as u32));
     }
     parallelism.push(("sink", rng.range(1, 2) as u32));
-    let policy = rng.pick(&["consistent", "uniform"]);
+    let policy = rng.pick(&["consistent", "uniform", "interleaved"]);
     // DRRS runs with the uniform policy only (the draw above keeps other seeds' schedules).
     let policy = if matches!(variant, Variant::Drrs) { "uniform" } else { policy };
     let runtime = format!(
