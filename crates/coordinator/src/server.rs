@@ -24,6 +24,8 @@ use crate::reconfig::operator_inputs;
 
 /// How long the coordinator waits for workers to register and to acknowledge a deployment.
 pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long it waits for the acknowledgement when workers first restore warm state (GBs).
+const WARM_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What a finished job reports.
 #[derive(Clone, Debug)]
@@ -82,7 +84,8 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     let mut deployed = 0;
     // Requests that arrive while the job starts are answered once it runs.
     let mut early_clients = Vec::new();
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    let wait = if config.warm_state.is_some() { WARM_STARTUP_TIMEOUT } else { STARTUP_TIMEOUT };
+    let deadline = Instant::now() + wait;
     while deployed < workers.len() {
         match events.recv_deadline(deadline) {
             Ok(Event::Worker(_, Some(WorkerMessage::Deployed))) => deployed += 1,
@@ -94,7 +97,11 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             Ok(Event::Client(request, reply)) => early_clients.push((request, reply)),
             Ok(_) => {}
             Err(_) => {
-                return Err(CoordinatorError::Timeout("workers did not acknowledge the deployment".into()));
+                return Err(CoordinatorError::Timeout(format!(
+                    "workers did not acknowledge the deployment within {} s{}",
+                    wait.as_secs(),
+                    if config.warm_state.is_some() { " (restoring warm state)" } else { "" }
+                )));
             }
         }
     }

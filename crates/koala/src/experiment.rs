@@ -188,17 +188,33 @@ pub fn scale_out(quick: bool, out: &Path, protocols: &[String]) -> anyhow::Resul
     }
     let mut runs: Vec<ReportSummary> = Vec::new();
     let mut latencies = Vec::new();
+    // A protocol whose run fails does not throw away the others' runs: the results are written
+    // for those that ran, then the experiment fails naming the ones that did not.
+    let mut failed = Vec::new();
     for protocol in protocols {
         let protocol = protocol.as_str();
         let dir = out.join(protocol);
         let config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
-        let summary = crate::launch::run_job_locally(config)?;
-        let (outcome, report) = crate::compare::outcome(&summary, &dir)?;
-        println!("{report}");
-        runs.push(report);
-        latencies.push(outcome.latency);
+        let ran = crate::launch::run_job_locally(config).and_then(|summary| crate::compare::outcome(&summary, &dir));
+        match ran {
+            Ok((outcome, report)) => {
+                println!("{report}");
+                runs.push(report);
+                latencies.push(outcome.latency);
+            }
+            Err(e) => {
+                eprintln!("the {protocol} run failed: {e:#}");
+                failed.push(format!("{protocol}: {e:#}"));
+            }
+        }
     }
-    write_results(&runs, &latencies, setup.phases_s[0] + setup.phases_s[1], out)
+    if !runs.is_empty() {
+        write_results(&runs, &latencies, setup.phases_s[0] + setup.phases_s[1], out)?;
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("{} of {} runs failed: {}", failed.len(), protocols.len(), failed.join("; "));
+    }
+    Ok(())
 }
 
 fn protocol_name(p: &str) -> &'static str {

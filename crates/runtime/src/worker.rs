@@ -158,13 +158,17 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 if env.is_none() {
                     env = Some(open_state(&options.data_dir, state, &link)?);
                 }
-                link.set_rate(d.options.capacity.link_mb_per_sec);
+                // Warm state is set-up, not the run: it is restored (into a remote backend's
+                // servers too) at full speed, and the emulated link applies from the start.
+                link.set_rate(None);
+                let rate = d.options.capacity.link_mb_per_sec;
                 let prepared = prepare(me, *d, &options.resolver, &inboxes).and_then(|j| {
                     match (&options.warm_state, env.as_deref()) {
                         (Some(dir), Some(env)) => restore_warm_state(&j, env, dir).map(|()| j),
                         _ => Ok(j),
                     }
                 });
+                link.set_rate(rate);
                 match prepared {
                     Ok(j) => {
                         job = Some(j);
