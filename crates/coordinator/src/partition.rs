@@ -25,9 +25,7 @@ pub fn assign(policy: PolicyName, num_buckets: u16, tasks: &[u32]) -> Vec<u32> {
             let n = tasks.len() as u64;
             (0..u64::from(num_buckets)).map(|b| tasks[(b * n / u64::from(num_buckets)) as usize]).collect()
         }
-        PolicyName::Interleaved => {
-            (0..usize::from(num_buckets)).map(|b| tasks[b % tasks.len()]).collect()
-        }
+        PolicyName::Interleaved => (0..usize::from(num_buckets)).map(|b| tasks[b % tasks.len()]).collect(),
         PolicyName::Consistent => (0..num_buckets)
             .map(|b| {
                 let score = |t: u32| {
@@ -66,7 +64,7 @@ mod tests {
             for a in [&old, &new] {
                 let n = a.iter().copied().max().unwrap_or(0) + 1;
                 let shares: Vec<usize> = (0..n).map(|t| a.iter().filter(|o| **o == t).count()).collect();
-                let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+                let (lo, hi) = (shares.iter().min().expect("a task"), shares.iter().max().expect("a task"));
                 prop_assert!(hi - lo <= 1, "uneven shares {:?}", shares);
             }
             let moved = old.iter().zip(&new).filter(|(o, n)| o != n).count();

@@ -86,7 +86,8 @@ impl Setup {
         // The Remote baseline keeps its state on a state server, with a client cache per task
         // that holds the working set (without one every record's 2 KB state would cross the
         // link scaled down for the transfer, which no real deployment would do).
-        let state = if protocol == "remote" { "\n[state]\nbackend = \"remote\"\ncache_mb = 32\n" } else { "" };
+        let state =
+            if protocol == "remote" { "\n[state]\nbackend = \"remote\"\ncache_mb = 32\n" } else { "" };
         let text = format!(
             r#"query = "keyed-aggregate"
 workers = {workers}
@@ -195,7 +196,8 @@ pub fn scale_out(quick: bool, out: &Path, protocols: &[String]) -> anyhow::Resul
         let protocol = protocol.as_str();
         let dir = out.join(protocol);
         let config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
-        let ran = crate::launch::run_job_locally(config).and_then(|summary| crate::compare::outcome(&summary, &dir));
+        let ran = crate::launch::run_job_locally(config)
+            .and_then(|summary| crate::compare::outcome(&summary, &dir));
         match ran {
             Ok((outcome, report)) => {
                 println!("{report}");

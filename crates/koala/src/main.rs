@@ -265,7 +265,9 @@ fn run(command: Command) -> anyhow::Result<()> {
                 Some("consistent") => Some(koala_coordinator::config::PolicyName::Consistent),
                 Some("uniform") => Some(koala_coordinator::config::PolicyName::Uniform),
                 Some("interleaved") => Some(koala_coordinator::config::PolicyName::Interleaved),
-                Some(other) => anyhow::bail!("--partition-policy {other:?}: use consistent, uniform or interleaved"),
+                Some(other) => {
+                    anyhow::bail!("--partition-policy {other:?}: use consistent, uniform or interleaved")
+                }
             };
             for protocol in &protocols {
                 launch::parse_protocol(protocol)?;
