@@ -18,9 +18,9 @@
 //!   answers "not here", and costs an entry.
 //!
 //! Bytes are [`KeyLookupTable::approx_bytes`] (filters, entry maps and per-bucket layers), per
-//! handed-over key (untouched, fetched) or per new key. A lookup is what the task does for a key
-//! of a batch: its own store first (here a hash set standing in for it, at B), then
-//! [`KeyLookupTable::candidates`] on a miss, for a pre-hashed key drawn at random from the shape's
+//! handed-over key (untouched, fetched) or per new key. A lookup is what a batch does for a key
+//! (`koala/pipeline.rs`): the KLT first, and for a key it names B's own store (here a hash set
+//! standing in for it), for a pre-hashed key drawn at random from the shape's
 //! keys (the handed-over ones, and for *new keys* the new ones too), timed over 1 M lookups, best
 //! of 5 rounds. Keys of K ≤ 10 M are record keys (a `u64`, in its canonical encoding) with the
 //! real bucket and key hash; above, their hashes are synthetic.
@@ -76,13 +76,15 @@ fn splitmix64(mut x: u64) -> u64 {
 /// B's store, as the lookups see it: the hashes of the keys it holds.
 type Local = HashSet<u64>;
 
-/// Whether a key must be asked of another location: not in B's store, and named by the KLT.
+/// Whether a key must be asked of another location, in the order a batch looks it up
+/// (`koala/pipeline.rs`): a bucket with no layer is local; otherwise the keys the KLT names are
+/// looked for in B's store, and a store miss is asked remotely.
 fn remote(klt: &KeyLookupTable, local: &Local, key: Key, out: &mut Vec<TaskId>) -> bool {
-    if local.contains(&key.hash) {
+    if klt.is_settled(key.bucket) || klt.known_local(key.hash) {
         return false;
     }
     klt.candidates(key.bucket, key.hash, out);
-    !out.is_empty()
+    !out.is_empty() && !local.contains(&key.hash)
 }
 
 /// Mean ns per lookup of `LOOKUPS` keys drawn from `keys`, best of 5 rounds.
