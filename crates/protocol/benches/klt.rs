@@ -80,10 +80,10 @@ type Local = HashSet<u64>;
 /// (`koala/pipeline.rs`): a bucket with no layer is local; otherwise the keys the KLT names are
 /// looked for in B's store, and a store miss is asked remotely.
 fn remote(klt: &KeyLookupTable, local: &Local, key: Key, out: &mut Vec<TaskId>) -> bool {
-    if klt.is_settled(key.bucket) || klt.known_local(key.hash) {
+    if klt.is_settled(key.bucket) {
         return false;
     }
-    klt.candidates(key.bucket, key.hash, out);
+    klt.lookup(key.bucket, key.hash, out);
     !out.is_empty() && !local.contains(&key.hash)
 }
 

@@ -33,13 +33,22 @@ pub struct KeyFilter {
     repr: Repr,
 }
 
+/// The length of a binary fuse filter's descriptor (seed and segment geometry) in bytes.
+const DESCRIPTOR_LEN: usize = <BinaryFuse8 as DmaSerializable>::DESCRIPTOR_LEN;
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Repr {
     /// The empty set.
     Empty,
     /// A binary fuse filter with 8-bit fingerprints (≈ 9 bits per key, false positives ≈ 2⁻⁸):
-    /// its descriptor and fingerprints as the `xorf` crate lays them out.
-    Fuse8 { descriptor: Vec<u8>, fingerprints: Vec<u8> },
+    /// its descriptor and fingerprints as the `xorf` crate lays them out. The descriptor is held
+    /// inline, so a lookup reads the three fingerprints and nothing else behind a pointer (on the
+    /// wire it is a byte sequence, as before).
+    Fuse8 {
+        #[serde(with = "descriptor_bytes")]
+        descriptor: [u8; DESCRIPTOR_LEN],
+        fingerprints: Box<[u8]>,
+    },
     /// The sorted hashes themselves (8 bytes per key, exact), if the fuse construction failed.
     Exact(Vec<u64>),
 }
@@ -55,9 +64,9 @@ impl KeyFilter {
         }
         let repr = match BinaryFuse8::try_from(&hashes) {
             Ok(f) => {
-                let mut descriptor = vec![0; BinaryFuse8::DESCRIPTOR_LEN];
+                let mut descriptor = [0; DESCRIPTOR_LEN];
                 f.dma_copy_descriptor_to(&mut descriptor);
-                Repr::Fuse8 { descriptor, fingerprints: f.dma_fingerprints().to_vec() }
+                Repr::Fuse8 { descriptor, fingerprints: f.fingerprints }
             }
             // Construction fails only with bad luck on distinct keys; exact is larger, still right.
             Err(_) => Repr::Exact(hashes),
@@ -66,6 +75,7 @@ impl KeyFilter {
     }
 
     /// Whether the key with this hash may be in the set (always true if it is).
+    #[inline]
     pub fn contains(&self, hash: u64) -> bool {
         match &self.repr {
             Repr::Empty => false,
@@ -85,9 +95,27 @@ impl KeyFilter {
     pub fn approx_bytes(&self) -> usize {
         match &self.repr {
             Repr::Empty => 0,
-            Repr::Fuse8 { descriptor, fingerprints } => descriptor.len() + fingerprints.len(),
+            Repr::Fuse8 { fingerprints, .. } => fingerprints.len(),
             Repr::Exact(hashes) => hashes.len() * 8,
         }
+    }
+}
+
+/// A descriptor on the wire: a byte sequence (as a `Vec<u8>` is), held as an array.
+mod descriptor_bytes {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::DESCRIPTOR_LEN;
+
+    pub(super) fn serialize<S: Serializer>(d: &[u8; DESCRIPTOR_LEN], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(d)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; DESCRIPTOR_LEN], D::Error> {
+        let bytes = Vec::<u8>::deserialize(d)?;
+        let len = bytes.len();
+        bytes.try_into().map_err(|_| D::Error::invalid_length(len, &"a binary fuse filter descriptor"))
     }
 }
 
@@ -147,5 +175,39 @@ mod tests {
             }
         }
         assert!(!KeyFilter::build(vec![]).contains(key_hash(b"k")));
+    }
+
+    /// The descriptor is held inline but encoded as the byte sequence it was before.
+    #[test]
+    fn the_wire_format_keeps_the_descriptor_a_byte_sequence() {
+        #[derive(Serialize)]
+        #[serde(rename = "KeyFilter")]
+        struct Before {
+            keys: u64,
+            repr: BeforeRepr,
+        }
+        #[derive(Serialize)]
+        #[serde(rename = "Repr")]
+        enum BeforeRepr {
+            #[allow(dead_code)]
+            Empty,
+            Fuse8 {
+                descriptor: Vec<u8>,
+                fingerprints: Vec<u8>,
+            },
+        }
+        let filter = KeyFilter::build((0..100u32).map(|i| key_hash(&i.to_le_bytes())).collect());
+        let Repr::Fuse8 { descriptor, fingerprints } = &filter.repr else { panic!("a fuse filter") };
+        let before = Before {
+            keys: filter.keys,
+            repr: BeforeRepr::Fuse8 { descriptor: descriptor.to_vec(), fingerprints: fingerprints.to_vec() },
+        };
+        assert_eq!(koala_types::encode(&filter).ok(), koala_types::encode(&before).ok());
+        let mut short = koala_types::encode(&before).expect("encode");
+        // Postcard: `keys` (100) and the variant (1) are one varint byte each, then the
+        // descriptor's length.
+        assert_eq!(short.get(2), Some(&(DESCRIPTOR_LEN as u8)));
+        short[2] = 19;
+        assert!(koala_types::decode::<KeyFilter>(&short).is_err(), "a descriptor of 19 bytes");
     }
 }
