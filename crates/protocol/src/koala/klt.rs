@@ -26,11 +26,11 @@
 //! Lookup cost: a batch looks up each of its keys, so the table is laid out for that path. It
 //! is an array indexed by bucket (buckets are `0..num_buckets`); a bucket owned outright is one
 //! read of that array, and a bucket after one hand-over, once its filter arrived, is that read
-//! plus the filter's three fingerprints (independent reads, the descriptor inline). Only other
+//! plus one cache line of the filter (a blocked Bloom filter, [`KeyFilter`]). Only other
 //! shapes (a layer waiting for its filter, several layers, entries) go through a table behind a
 //! pointer. The local-first memo is read only for a key some layer may hold.
 //!
-//! Size (the `klt` benchmark): a filter costs ≈ 1.1 bytes per key its location held; an explicit
+//! Size (the `klt` benchmark): a filter costs ≈ 1.5 bytes per key its location held; an explicit
 //! entry 28.5 bytes (a std `HashMap<u64, u16>` slot is 16 bytes plus a control byte, at most 7/8
 //! full, power-of-two sized). With the full 64-bit hash a collision (two keys sharing an entry)
 //! has probability ≈ 2e-8 at 10 M keys.
@@ -125,8 +125,8 @@ impl BucketTable {
 /// What the table knows of one bucket, in the form a lookup reads fastest: the table is an
 /// array of slots indexed by bucket (buckets are `0..num_buckets`), and the two common shapes —
 /// a bucket whose state is all here, and a bucket after one hand-over once its filter arrived —
-/// are held inline, so a lookup in them reads the slot and at most the filter's three
-/// fingerprints (independent reads). Every other shape is a [`BucketTable`] behind a pointer.
+/// are held inline, so a lookup in them reads the slot and at most one cache line of the
+/// filter. Every other shape is a [`BucketTable`] behind a pointer.
 /// [`Slot::of`] picks the form; every change of a bucket's layers or entries goes through it.
 #[derive(Clone, Debug, Default)]
 enum Slot {
@@ -274,8 +274,8 @@ impl KeyLookupTable {
 
     /// A batch's lookup of a key on the hot path: [`Self::candidates`], and none for a key
     /// known to be local ([`Self::known_local`]). The memo is read only when the layers name a
-    /// location, so a key no filter may hold (most new keys) costs the bucket's slot and its
-    /// filter's fingerprints.
+    /// location, so a key no filter may hold (most new keys) costs the bucket's slot and one
+    /// line of its filter.
     #[inline]
     pub fn lookup(&self, bucket: BucketId, hash: u64, out: &mut Vec<TaskId>) -> Option<()> {
         self.candidates(bucket, hash, out)?;
