@@ -2,12 +2,19 @@
 //! location builds — in the background, not during the hand-over's pause — an immutable filter of
 //! the keys of the bucket it still holds, and the bucket's owner consults it on a local miss. A key
 //! outside every filter of its bucket is new: it is created locally, with no round trip and no
-//! KLT entry. A filter never has a false negative; a false positive (≈ 2⁻⁸) costs one "not here".
+//! KLT entry. A filter never has a false negative; a false positive (≈ 0.4 %) costs one "not here".
 //!
 //! A filter built at any time after the hand-over is valid for as long as the location does not own
 //! the bucket again: until then the location's keys of the bucket only leave (fetched, pulled),
 //! never arrive, so a filter of a later content is a subset of the true content at the hand-over
 //! and a superset of everything the location still holds.
+//!
+//! The filter is consulted for most keys of most batches after a hand-over, so it is laid out for
+//! that: a split block Bloom filter (the layout of Apache Parquet's, with 64-bit words), whose
+//! blocks are one cache line each. A key's hash picks one block and one bit in each of its eight
+//! words: a lookup reads one cache line. At 12 bits per key it has the false-positive rate of an
+//! 8-bit binary fuse filter (≈ 0.4 %) for 1.5 bytes per key instead of 1.13, where the fuse filter
+//! reads three lines per lookup.
 //!
 //! ```
 //! use koala_protocol::koala::{KeyFilter, key_hash};
@@ -16,15 +23,55 @@
 //! assert!(hashes.iter().all(|&h| filter.contains(h)), "no false negative");
 //! let strangers = (1000..101_000u32).filter(|i| filter.contains(key_hash(&i.to_le_bytes()))).count();
 //! assert!(strangers < 1000, "about 0.4 % false positives, got {strangers} of 100 000");
-//! assert!(filter.approx_bytes() < 1500, "about 1.1 bytes per key");
+//! assert!(filter.approx_bytes() < 1600, "about 1.5 bytes per key");
 //! ```
 
 use serde::{Deserialize, Serialize};
-use xorf::{BinaryFuse8, BinaryFuse8Ref, DmaSerializable, Filter, FilterRef};
 
 use super::klt::key_hash;
 use super::serve::LocationStore;
 use koala_types::BucketId;
+
+/// Filter bits per distinct key. With 512-bit blocks and eight bits set per key this gives
+/// ≈ 0.40 % false positives (0.19 % at 14, 0.09 % at 16).
+const BITS_PER_KEY: usize = 12;
+
+/// Odd multipliers that pick a key's bit in each word of its block from the low half of its
+/// hash (Apache Parquet's split block Bloom filter uses these eight).
+const SALT: [u32; 8] =
+    [0x47b6_137b, 0x4497_4d91, 0x8824_ad5b, 0xa2b7_289d, 0x7054_95c7, 0x2df1_424b, 0x9efc_4947, 0x5c6b_fb31];
+
+/// One cache line of a filter: eight 64-bit words, in each of which a key sets one bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(align(64))]
+struct Block([u64; 8]);
+
+impl Block {
+    /// The bit of each word for `hash` (from its low 32 bits; the block comes from the high ones).
+    #[inline]
+    fn mask(hash: u64) -> [u64; 8] {
+        let low = hash as u32;
+        SALT.map(|salt| 1u64 << (low.wrapping_mul(salt) >> 26))
+    }
+
+    fn insert(&mut self, hash: u64) {
+        for (word, bit) in self.0.iter_mut().zip(Self::mask(hash)) {
+            *word |= bit;
+        }
+    }
+
+    #[inline]
+    fn contains(&self, hash: u64) -> bool {
+        // No early exit: the eight tests are cheaper than a mispredicted branch.
+        self.0.iter().zip(Self::mask(hash)).fold(true, |all, (word, bit)| all & (word & bit != 0))
+    }
+}
+
+/// The block of `hash` among `n` (from its high 32 bits, by multiply-shift: no division).
+#[inline]
+fn block_of(hash: u64, n: usize) -> usize {
+    (((hash >> 32) * n as u64) >> 32) as usize
+}
 
 /// An immutable set of key hashes ([`key_hash`]) with no false negatives.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,11 +84,9 @@ pub struct KeyFilter {
 enum Repr {
     /// The empty set.
     Empty,
-    /// A binary fuse filter with 8-bit fingerprints (≈ 9 bits per key, false positives ≈ 2⁻⁸):
-    /// its descriptor and fingerprints as the `xorf` crate lays them out.
-    Fuse8 { descriptor: Vec<u8>, fingerprints: Vec<u8> },
-    /// The sorted hashes themselves (8 bytes per key, exact), if the fuse construction failed.
-    Exact(Vec<u64>),
+    /// A split block Bloom filter of at least one block (on the wire: its words' bytes,
+    /// little-endian).
+    Blocked(#[serde(with = "block_bytes")] Box<[Block]>),
 }
 
 impl KeyFilter {
@@ -53,26 +98,25 @@ impl KeyFilter {
         if hashes.is_empty() {
             return Self { keys, repr: Repr::Empty };
         }
-        let repr = match BinaryFuse8::try_from(&hashes) {
-            Ok(f) => {
-                let mut descriptor = vec![0; BinaryFuse8::DESCRIPTOR_LEN];
-                f.dma_copy_descriptor_to(&mut descriptor);
-                Repr::Fuse8 { descriptor, fingerprints: f.dma_fingerprints().to_vec() }
+        let n = (hashes.len() * BITS_PER_KEY).div_ceil(512);
+        let mut blocks = vec![Block::default(); n].into_boxed_slice();
+        for h in hashes {
+            if let Some(block) = blocks.get_mut(block_of(h, n)) {
+                block.insert(h);
             }
-            // Construction fails only with bad luck on distinct keys; exact is larger, still right.
-            Err(_) => Repr::Exact(hashes),
-        };
-        Self { keys, repr }
+        }
+        Self { keys, repr: Repr::Blocked(blocks) }
     }
 
     /// Whether the key with this hash may be in the set (always true if it is).
+    #[inline]
     pub fn contains(&self, hash: u64) -> bool {
         match &self.repr {
             Repr::Empty => false,
-            Repr::Fuse8 { descriptor, fingerprints } => {
-                BinaryFuse8Ref::from_dma(descriptor, fingerprints).contains(&hash)
+            // Never out of range (`block_of` < n); a missing block would answer "may be".
+            Repr::Blocked(blocks) => {
+                blocks.get(block_of(hash, blocks.len())).is_none_or(|b| b.contains(hash))
             }
-            Repr::Exact(hashes) => hashes.binary_search(&hash).is_ok(),
         }
     }
 
@@ -85,9 +129,44 @@ impl KeyFilter {
     pub fn approx_bytes(&self) -> usize {
         match &self.repr {
             Repr::Empty => 0,
-            Repr::Fuse8 { descriptor, fingerprints } => descriptor.len() + fingerprints.len(),
-            Repr::Exact(hashes) => hashes.len() * 8,
+            Repr::Blocked(blocks) => std::mem::size_of_val::<[Block]>(blocks),
         }
+    }
+}
+
+/// A filter's blocks on the wire: a byte sequence, 64 bytes per block, words little-endian.
+mod block_bytes {
+    use serde::de::Error;
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Block;
+
+    pub(super) fn serialize<S: Serializer>(blocks: &[Block], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(std::mem::size_of_val(blocks)))?;
+        for word in blocks.iter().flat_map(|b| b.0) {
+            for byte in word.to_le_bytes() {
+                seq.serialize_element(&byte)?;
+            }
+        }
+        seq.end()
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<[Block]>, D::Error> {
+        let bytes = Vec::<u8>::deserialize(d)?;
+        if bytes.is_empty() || bytes.len() % 64 != 0 {
+            return Err(D::Error::invalid_length(bytes.len(), &"a positive multiple of 64 bytes"));
+        }
+        Ok(bytes
+            .chunks_exact(64)
+            .map(|line| {
+                let mut block = Block::default();
+                for (word, b) in block.0.iter_mut().zip(line.chunks_exact(8)) {
+                    *word = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+                }
+                block
+            })
+            .collect())
     }
 }
 
@@ -131,6 +210,7 @@ mod tests {
 
     #[test]
     fn a_filter_round_trips_and_keeps_every_member() {
+        assert_eq!(std::mem::align_of::<Block>(), 64, "a block is one cache line");
         for n in [0u64, 1, 2, 3, 10, 1000, 100_000] {
             let hashes: Vec<u64> = (0..n).map(|i| key_hash(&i.to_le_bytes())).collect();
             let filter = KeyFilter::build(hashes.iter().chain(hashes.iter()).copied().collect());
@@ -141,11 +221,37 @@ mod tests {
             assert!(hashes.iter().all(|&h| back.contains(h)), "n = {n}: a member is missing");
             if n >= 1000 {
                 let per_key = filter.approx_bytes() as f64 / n as f64;
-                let bound = if n >= 100_000 { 1.3 } else { 1.6 };
-                assert!(per_key < bound, "n = {n}: {per_key} bytes per key");
-                assert!(matches!(filter.repr, Repr::Fuse8 { .. }));
+                assert!(per_key < 1.57, "n = {n}: {per_key} bytes per key");
+                assert!(
+                    bytes.len() < filter.approx_bytes() + 16,
+                    "n = {n}: {} bytes on the wire",
+                    bytes.len()
+                );
             }
         }
         assert!(!KeyFilter::build(vec![]).contains(key_hash(b"k")));
+    }
+
+    #[test]
+    fn false_positives_are_about_four_in_a_thousand() {
+        let filter = KeyFilter::build((0..100_000u64).map(|i| key_hash(&i.to_le_bytes())).collect());
+        let strangers = 1_000_000u64;
+        let positives = (1u64 << 40..(1 << 40) + strangers)
+            .filter(|i| filter.contains(key_hash(&i.to_le_bytes())))
+            .count();
+        let rate = positives as f64 / strangers as f64;
+        assert!((0.002..0.006).contains(&rate), "false-positive rate {rate}");
+    }
+
+    #[test]
+    fn a_filter_of_no_whole_block_is_refused() {
+        let filter = KeyFilter::build(vec![key_hash(b"k")]);
+        let mut bytes = koala_types::encode(&filter).expect("encode");
+        // Postcard: `keys` (1) and the variant (1) are one byte each, then the length (64).
+        assert_eq!(bytes.get(2), Some(&64));
+        bytes[2] = 63;
+        assert!(koala_types::decode::<KeyFilter>(&bytes).is_err(), "63 bytes");
+        let empty = [1u8, 1, 0];
+        assert!(koala_types::decode::<KeyFilter>(&empty).is_err(), "no block");
     }
 }

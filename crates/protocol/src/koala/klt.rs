@@ -23,7 +23,14 @@
 //! hop whatever the number of earlier reconfigurations; the sender never scans its store.
 //! Locations are `u16` indices into a per-table list of task ids.
 //!
-//! Size (the `klt` benchmark): a filter costs ≈ 1.1 bytes per key its location held; an explicit
+//! Lookup cost: a batch looks up each of its keys, so the table is laid out for that path. It
+//! is an array indexed by bucket (buckets are `0..num_buckets`); a bucket owned outright is one
+//! read of that array, and a bucket after one hand-over, once its filter arrived, is that read
+//! plus one cache line of the filter (a blocked Bloom filter, [`KeyFilter`]). Only other
+//! shapes (a layer waiting for its filter, several layers, entries) go through a table behind a
+//! pointer. The local-first memo is read only for a key some layer may hold.
+//!
+//! Size (the `klt` benchmark): a filter costs ≈ 1.5 bytes per key its location held; an explicit
 //! entry 28.5 bytes (a std `HashMap<u64, u16>` slot is 16 bytes plus a control byte, at most 7/8
 //! full, power-of-two sized). With the full 64-bit hash a collision (two keys sharing an entry)
 //! has probability ≈ 2e-8 at 10 M keys.
@@ -91,7 +98,7 @@ impl TableLayer {
     }
 }
 
-/// Locations of the keys of one owned bucket.
+/// Locations of the keys of one owned bucket, in the general form (see [`Slot`]).
 #[derive(Clone, Debug, Default)]
 struct BucketTable {
     layers: Vec<TableLayer>,
@@ -99,11 +106,81 @@ struct BucketTable {
 }
 
 impl BucketTable {
-    /// No layer left: every key is local, entries are moot.
-    fn settle(&mut self) {
-        if self.layers.is_empty() {
-            self.keys = ExceptionMap::default();
+    /// The locations to ask for the key with hash `hash` (see [`KeyLookupTable::candidates`]).
+    fn candidates(&self, hash: u64, locations: &[TaskId], out: &mut Vec<TaskId>) {
+        if let Some(&idx) = self.keys.get(&hash) {
+            if idx != 0 {
+                out.extend(locations.get(usize::from(idx)));
+            }
+            return;
         }
+        for layer in &self.layers {
+            if layer.may_hold(hash) {
+                out.extend(locations.get(usize::from(layer.location)));
+            }
+        }
+    }
+}
+
+/// What the table knows of one bucket, in the form a lookup reads fastest: the table is an
+/// array of slots indexed by bucket (buckets are `0..num_buckets`), and the two common shapes —
+/// a bucket whose state is all here, and a bucket after one hand-over once its filter arrived —
+/// are held inline, so a lookup in them reads the slot and at most one cache line of the
+/// filter. Every other shape is a [`BucketTable`] behind a pointer.
+/// [`Slot::of`] picks the form; every change of a bucket's layers or entries goes through it.
+#[derive(Clone, Debug, Default)]
+enum Slot {
+    /// Not owned.
+    #[default]
+    NotOwned,
+    /// Owned, no layer: every key is local.
+    Local,
+    /// Owned, one layer whose filter arrived, no explicit entry.
+    Filtered { location: u16, since: Epoch, filter: KeyFilter },
+    /// Owned, any other shape (a layer waiting for its filter, several layers, entries).
+    Layered(Box<BucketTable>),
+}
+
+impl Slot {
+    /// The form of an owned bucket's table. No layer left: every key is local, entries are moot.
+    fn of(mut table: BucketTable) -> Self {
+        if table.layers.is_empty() {
+            return Slot::Local;
+        }
+        if table.keys.is_empty()
+            && let [layer] = table.layers.as_mut_slice()
+            && let Some(filter) = layer.filter.take()
+        {
+            return Slot::Filtered { location: layer.location, since: layer.since, filter };
+        }
+        Slot::Layered(Box::new(table))
+    }
+
+    /// Back in the form [`Slot::of`] picks, after a change of a general table.
+    fn normalize(&mut self) {
+        if let Slot::Layered(table) = self {
+            let table = std::mem::take(table.as_mut());
+            *self = Slot::of(table);
+        }
+    }
+
+    /// Whether a layer of the bucket is at location `idx`.
+    fn names(&self, idx: u16) -> bool {
+        match self {
+            Slot::NotOwned | Slot::Local => false,
+            Slot::Filtered { location, .. } => *location == idx,
+            Slot::Layered(t) => t.layers.iter().any(|l| l.location == idx),
+        }
+    }
+
+    /// The locations of the bucket's layers, newest first.
+    fn layer_locations(&self) -> impl Iterator<Item = u16> + '_ {
+        let (one, many) = match self {
+            Slot::NotOwned | Slot::Local => (None, &[][..]),
+            Slot::Filtered { location, .. } => (Some(*location), &[][..]),
+            Slot::Layered(t) => (None, t.layers.as_slice()),
+        };
+        one.into_iter().chain(many.iter().map(|l| l.location))
     }
 }
 
@@ -127,7 +204,8 @@ const LOCAL_MEMO_MAX: usize = 1024;
 pub struct KeyLookupTable {
     locations: Vec<TaskId>,
     index: BTreeMap<TaskId, u16>,
-    buckets: BTreeMap<BucketId, BucketTable>,
+    /// Indexed by bucket; buckets past the end are not owned.
+    slots: Vec<Slot>,
     /// Keys of buckets with layers known to be local (found in the store, or whose state arrived
     /// here), hash → bucket: a bounded memo of the store's answer, so a hot key is not read from
     /// the store on every batch. A key stays local while its bucket is owned (its state is here or
@@ -141,23 +219,39 @@ impl KeyLookupTable {
         let mut table = Self {
             locations: vec![me],
             index: BTreeMap::from([(me, 0)]),
-            buckets: BTreeMap::new(),
+            slots: Vec::new(),
             memo: HashMap::default(),
         };
         for b in buckets {
-            table.buckets.insert(b, BucketTable::default());
+            table.set(b, Slot::Local);
         }
         table
     }
 
+    fn slot(&self, bucket: BucketId) -> &Slot {
+        self.slots.get(usize::from(bucket)).unwrap_or(&Slot::NotOwned)
+    }
+
+    fn set(&mut self, bucket: BucketId, slot: Slot) {
+        let i = usize::from(bucket);
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, Slot::default);
+        }
+        self.slots[i] = slot;
+    }
+
     /// Whether the task owns `bucket`.
     pub fn owns(&self, bucket: BucketId) -> bool {
-        self.buckets.contains_key(&bucket)
+        !matches!(self.slot(bucket), Slot::NotOwned)
     }
 
     /// The owned buckets, ascending.
     pub fn owned(&self) -> impl Iterator<Item = BucketId> + '_ {
-        self.buckets.keys().copied()
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !matches!(s, Slot::NotOwned))
+            .map(|(b, _)| b as BucketId)
     }
 
     /// Where the state of the key with hash `hash` in `bucket` may be if it is not in the task's
@@ -165,27 +259,35 @@ impl KeyLookupTable {
     /// means the key is new. `None` if the bucket is not owned.
     pub fn candidates(&self, bucket: BucketId, hash: u64, out: &mut Vec<TaskId>) -> Option<()> {
         out.clear();
-        let table = self.buckets.get(&bucket)?;
-        if table.layers.is_empty() {
-            return Some(());
-        }
-        if let Some(&idx) = table.keys.get(&hash) {
-            if idx != 0 {
-                out.extend(self.locations.get(usize::from(idx)));
+        match self.slot(bucket) {
+            Slot::NotOwned => return None,
+            Slot::Local => {}
+            Slot::Filtered { location, filter, .. } => {
+                if filter.contains(hash) {
+                    out.extend(self.locations.get(usize::from(*location)));
+                }
             }
-            return Some(());
+            Slot::Layered(table) => table.candidates(hash, &self.locations, out),
         }
-        for layer in &table.layers {
-            if layer.may_hold(hash) {
-                out.extend(self.locations.get(usize::from(layer.location)));
-            }
+        Some(())
+    }
+
+    /// A batch's lookup of a key on the hot path: [`Self::candidates`], and none for a key
+    /// known to be local ([`Self::known_local`]). The memo is read only when the layers name a
+    /// location, so a key no filter may hold (most new keys) costs the bucket's slot and one
+    /// line of its filter.
+    #[inline]
+    pub fn lookup(&self, bucket: BucketId, hash: u64, out: &mut Vec<TaskId>) -> Option<()> {
+        self.candidates(bucket, hash, out)?;
+        if !out.is_empty() && self.known_local(hash) {
+            out.clear();
         }
         Some(())
     }
 
     /// Whether a local miss of any key of `bucket` is certainly a new key (no layer left).
     pub fn is_settled(&self, bucket: BucketId) -> bool {
-        self.buckets.get(&bucket).is_none_or(|t| t.layers.is_empty())
+        matches!(self.slot(bucket), Slot::NotOwned | Slot::Local)
     }
 
     /// Every candidate answered "not here" for the key: its state is here or nowhere. Recorded
@@ -193,7 +295,8 @@ impl KeyLookupTable {
     /// every lookup of the key there); a filter's false positive gets no entry: the key's state
     /// is created here when its record is processed, and the store answers first from then on.
     pub fn mark_local(&mut self, bucket: BucketId, hash: u64) {
-        if let Some(table) = self.buckets.get_mut(&bucket)
+        // Only the general form has a layer waiting for its filter.
+        if let Some(Slot::Layered(table)) = self.slots.get_mut(usize::from(bucket))
             && table.layers.iter().any(|l| l.filter.is_none())
         {
             table.keys.insert(hash, 0);
@@ -225,7 +328,10 @@ impl KeyLookupTable {
     /// another location would send the next owner to the wrong place, so it names this task.
     /// No entry is added: the store answers first.
     pub fn now_local(&mut self, bucket: BucketId, hash: u64) {
-        if let Some(l) = self.buckets.get_mut(&bucket).and_then(|t| t.keys.get_mut(&hash)) {
+        // Only the general form has entries.
+        if let Some(Slot::Layered(table)) = self.slots.get_mut(usize::from(bucket))
+            && let Some(l) = table.keys.get_mut(&hash)
+        {
             *l = 0;
         }
     }
@@ -237,17 +343,25 @@ impl KeyLookupTable {
         self.memo.retain(|_, b| !buckets.contains(b));
         let mut out = Vec::with_capacity(buckets.len());
         for b in buckets {
-            if let Some(table) = self.buckets.remove(b) {
-                let mut keys: Vec<(u64, u16)> = table.keys.into_iter().collect();
-                keys.sort_unstable();
-                let mut layers = vec![Layer { location: 0, since: epoch, filter: None }];
-                layers.extend(table.layers.into_iter().map(|l| Layer {
-                    location: l.location,
-                    since: l.since,
-                    filter: l.filter,
-                }));
-                out.push(BucketLocations { bucket: *b, layers, keys });
-            }
+            let Some(slot) = self.slots.get_mut(usize::from(*b)) else { continue };
+            let table = match std::mem::take(slot) {
+                Slot::NotOwned => continue,
+                Slot::Local => BucketTable::default(),
+                Slot::Filtered { location, since, filter } => BucketTable {
+                    layers: vec![TableLayer { location, since, filter: Some(filter) }],
+                    keys: ExceptionMap::default(),
+                },
+                Slot::Layered(table) => *table,
+            };
+            let mut keys: Vec<(u64, u16)> = table.keys.into_iter().collect();
+            keys.sort_unstable();
+            let mut layers = vec![Layer { location: 0, since: epoch, filter: None }];
+            layers.extend(table.layers.into_iter().map(|l| Layer {
+                location: l.location,
+                since: l.since,
+                filter: l.filter,
+            }));
+            out.push(BucketLocations { bucket: *b, layers, keys });
         }
         HandOver {
             locations: self.locations.clone(),
@@ -300,16 +414,17 @@ impl KeyLookupTable {
                 layers.push(TableLayer { location, since: l.since, filter: l.filter });
             }
             let mut keys = ExceptionMap::default();
-            keys.reserve(bl.keys.len());
-            for (h, l) in bl.keys {
-                keys.insert(h, remap[usize::from(l)]);
+            if !layers.is_empty() {
+                keys.reserve(bl.keys.len());
+                for (h, l) in bl.keys {
+                    keys.insert(h, remap[usize::from(l)]);
+                }
             }
-            let mut table = BucketTable { layers, keys };
-            table.settle();
-            if !table.layers.is_empty() && self.memo.capacity() == 0 {
+            let slot = Slot::of(BucketTable { layers, keys });
+            if !matches!(slot, Slot::Local) && self.memo.capacity() == 0 {
                 self.memo.reserve(LOCAL_MEMO_MAX);
             }
-            self.buckets.insert(bl.bucket, table);
+            self.set(bl.bucket, slot);
         }
         // Their state came with the hand-over: an entry naming where it was before is stale.
         for &(bucket, hash) in &hand_over.carried {
@@ -334,7 +449,11 @@ impl KeyLookupTable {
         let Some(&idx) = self.index.get(&location) else {
             return false;
         };
-        let Some(table) = self.buckets.get_mut(&bucket) else {
+        // Only the general form has a layer waiting for its filter.
+        let Some(slot) = self.slots.get_mut(usize::from(bucket)) else {
+            return false;
+        };
+        let Slot::Layered(table) = slot else {
             return false;
         };
         let Some(layer) =
@@ -349,6 +468,7 @@ impl KeyLookupTable {
                 table.keys = ExceptionMap::default();
             }
         }
+        slot.normalize();
         true
     }
 
@@ -360,19 +480,15 @@ impl KeyLookupTable {
         if idx == 0 {
             return Vec::new();
         }
-        self.buckets
-            .iter()
-            .filter(|(_, t)| t.layers.iter().any(|l| l.location == idx))
-            .map(|(&b, _)| b)
-            .collect()
+        self.slots.iter().enumerate().filter(|(_, s)| s.names(idx)).map(|(b, _)| b as BucketId).collect()
     }
 
     /// Every location some owned bucket's layers name (never `me`).
     pub fn locations_named(&self) -> BTreeSet<TaskId> {
-        self.buckets
-            .values()
-            .flat_map(|t| &t.layers)
-            .filter_map(|l| self.locations.get(usize::from(l.location)).copied())
+        self.slots
+            .iter()
+            .flat_map(Slot::layer_locations)
+            .filter_map(|l| self.locations.get(usize::from(l)).copied())
             .collect()
     }
 
@@ -381,7 +497,7 @@ impl KeyLookupTable {
         let Some(&idx) = self.index.get(&location) else {
             return false;
         };
-        idx != 0 && self.buckets.values().any(|t| t.layers.iter().any(|l| l.location == idx))
+        idx != 0 && self.slots.iter().any(|s| s.names(idx))
     }
 
     /// `location` reported that it holds no more state of `bucket`: its layer goes, and keys
@@ -393,41 +509,62 @@ impl KeyLookupTable {
         if idx == 0 {
             return;
         }
-        if let Some(table) = self.buckets.get_mut(&bucket) {
-            table.layers.retain(|l| l.location != idx);
-            for l in table.keys.values_mut() {
-                if *l == idx {
-                    *l = 0;
+        let Some(slot) = self.slots.get_mut(usize::from(bucket)) else {
+            return;
+        };
+        match slot {
+            Slot::NotOwned | Slot::Local => {}
+            Slot::Filtered { location, .. } => {
+                if *location == idx {
+                    *slot = Slot::Local;
                 }
             }
-            table.settle();
+            Slot::Layered(table) => {
+                table.layers.retain(|l| l.location != idx);
+                for l in table.keys.values_mut() {
+                    if *l == idx {
+                        *l = 0;
+                    }
+                }
+                slot.normalize();
+            }
         }
     }
 
     /// Number of explicit entries.
     pub fn entries(&self) -> usize {
-        self.buckets.values().map(|t| t.keys.len()).sum()
+        self.slots.iter().map(|s| if let Slot::Layered(t) = s { t.keys.len() } else { 0 }).sum()
     }
 
-    /// Approximate heap bytes: entry maps and the local memo (slot = entry + control byte),
-    /// filters and layers.
+    /// Approximate heap bytes: the slots, entry maps and the local memo (slot = entry + control
+    /// byte), filters and layers.
     pub fn approx_bytes(&self) -> usize {
         let slot = std::mem::size_of::<(u64, u16)>() + 1;
         let memo = if self.memo.capacity() == 0 { 0 } else { slots(self.memo.capacity()) * slot };
-        memo + self
-            .buckets
-            .values()
-            .map(|t| {
-                let entries = if t.keys.capacity() == 0 { 0 } else { slots(t.keys.capacity()) * slot };
-                let filters: usize = t
-                    .layers
-                    .iter()
-                    .filter_map(|l| l.filter.as_ref())
-                    .map(KeyFilter::approx_bytes)
-                    .sum::<usize>();
-                entries + filters + t.layers.len() * std::mem::size_of::<TableLayer>()
-            })
-            .sum::<usize>()
+        let array = self.slots.capacity() * std::mem::size_of::<Slot>();
+        memo + array
+            + self
+                .slots
+                .iter()
+                .map(|s| match s {
+                    Slot::NotOwned | Slot::Local => 0,
+                    Slot::Filtered { filter, .. } => filter.approx_bytes(),
+                    Slot::Layered(t) => {
+                        let entries =
+                            if t.keys.capacity() == 0 { 0 } else { slots(t.keys.capacity()) * slot };
+                        let filters: usize = t
+                            .layers
+                            .iter()
+                            .filter_map(|l| l.filter.as_ref())
+                            .map(KeyFilter::approx_bytes)
+                            .sum::<usize>();
+                        std::mem::size_of::<BucketTable>()
+                            + entries
+                            + filters
+                            + t.layers.capacity() * std::mem::size_of::<TableLayer>()
+                    }
+                })
+                .sum::<usize>()
     }
 
     fn intern(&mut self, task: TaskId) -> u16 {
@@ -529,6 +666,48 @@ mod tests {
         assert!(d4.filter_arrived(t(1), 1, 4, KeyFilter::build(vec![key_hash(b"k")])));
         d4.mark_local(1, key_hash(b"k"));
         assert_eq!(d4.entries(), 0);
+    }
+
+    /// The common shapes are held inline (see [`Slot`]), and every change goes back and forth
+    /// between the forms without changing an answer.
+    #[test]
+    fn one_hand_over_with_its_filter_is_held_inline() {
+        let mut d1 = KeyLookupTable::new(t(1), [1, 2]);
+        let mut d2 = KeyLookupTable::new(t(2), [0]);
+        assert!(matches!(d2.slot(0), Slot::Local));
+        assert!(matches!(d2.slot(1), Slot::NotOwned));
+        d2.install(d1.take(&[1, 2], 1)).expect("install");
+        assert!(matches!(d2.slot(1), Slot::Layered(_)), "waiting for its filter");
+        d2.mark_local(1, key_hash(b"new"));
+        assert!(d2.filter_arrived(t(1), 1, 1, KeyFilter::build(vec![key_hash(b"old")])));
+        assert!(d2.filter_arrived(t(1), 2, 1, KeyFilter::build(vec![key_hash(b"old")])));
+        assert!(matches!(d2.slot(1), Slot::Filtered { .. }), "the entry went with the last filter");
+        assert_eq!(d2.entries(), 0);
+        assert_eq!(cands(&d2, 1, b"old"), vec![t(1)]);
+        assert!(cands(&d2, 1, b"new").is_empty());
+        // The memo answers only for a key the filter names.
+        let mut out = Vec::new();
+        d2.note_local(1, key_hash(b"old"));
+        d2.lookup(1, key_hash(b"old"), &mut out).expect("owned");
+        assert!(out.is_empty(), "known local");
+        assert_eq!(cands(&d2, 1, b"old"), vec![t(1)], "candidates do not read the memo");
+        assert_eq!(d2.buckets_at(t(1)), vec![1, 2]);
+        assert_eq!(d2.locations_named(), BTreeSet::from([t(1)]));
+        assert_eq!(d2.owned().collect::<Vec<_>>(), vec![0, 1, 2]);
+        d2.exhausted(2, t(1));
+        assert!(matches!(d2.slot(2), Slot::Local));
+        // Handed on, the inline layer travels like any other.
+        let mut d3 = KeyLookupTable::new(t(3), []);
+        d3.install(d2.take(&[1], 2)).expect("install");
+        assert!(!d2.known_local(key_hash(b"old")), "the memo goes with the bucket");
+        assert!(matches!(d2.slot(1), Slot::NotOwned));
+        assert_eq!(cands(&d3, 1, b"old"), vec![t(2), t(1)]);
+        assert!(d3.filter_arrived(t(2), 1, 2, KeyFilter::build(vec![])));
+        assert!(matches!(d3.slot(1), Slot::Layered(_)), "two layers");
+        d3.exhausted(1, t(2));
+        assert!(matches!(d3.slot(1), Slot::Filtered { .. }));
+        assert_eq!(cands(&d3, 1, b"old"), vec![t(1)]);
+        assert!(d3.lookup(7, 0, &mut out).is_none(), "not owned");
     }
 
     #[test]

@@ -183,10 +183,7 @@ impl KoalaTask {
                 local.lookup(true, 0);
             }
             let hash = key_hash(&r.key);
-            if self.klt.known_local(hash) {
-                continue;
-            }
-            self.klt.candidates(bucket, hash, &mut candidates);
+            self.klt.lookup(bucket, hash, &mut candidates);
             // A key asked about once per batch (few are: most keys are local or new).
             if !candidates.is_empty() && seen.insert(AskedKey { hash, key: r.key.as_slice() }) {
                 asked.push((r.key.as_slice(), bucket, hash, candidates.clone()));
