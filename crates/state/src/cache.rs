@@ -308,7 +308,17 @@ impl SharedCache {
                 cache.writing = true;
                 std::mem::take(&mut cache.queued)
             };
-            let result = self.inner.write_stored(&sorted_batch(&runs));
+            // A panic below must not leave `writing` set: every waiter of the task would hang.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.inner.write_stored(&sorted_batch(&runs))
+            }))
+            .unwrap_or_else(|_| {
+                Err(StateError::Store {
+                    task: self.task,
+                    op: "write-back",
+                    source: "the store panicked while writing".into(),
+                })
+            });
             // In slices, releasing the lock in between: a batch holds tens of thousands of
             // keys, and the task thread must not wait for all of them (it reads the cache).
             let mut finished = runs.iter().flat_map(|run| run.keys.iter().map(move |key| (key, run.seq)));
@@ -331,12 +341,24 @@ impl SharedCache {
                 && !self.dropped.load(Ordering::Acquire)
                 && cache.write_back_failed.is_none()
             {
-                cache.write_back_failed = Some(e.to_string());
+                cache.write_back_failed = Some(error_chain(&e));
             }
             drop(cache);
             self.written_back.notify_all();
         }
     }
+}
+
+/// An error with its sources, for a message kept after the error is gone.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
 }
 
 /// The writes of `runs` in one batch, sorted by stored key; a key in several runs keeps the
@@ -940,6 +962,68 @@ mod tests {
 
     fn key_index(key: &StateKey) -> u32 {
         u32::from_be_bytes([key.key[0], key.key[1], key.key[2], key.key[3]])
+    }
+
+    /// A memory env whose stores refuse every write.
+    #[derive(Default)]
+    struct RefusingEnv(MemoryEnv);
+
+    struct RefusingBackend(Box<dyn StateBackend>);
+
+    impl StateEnv for RefusingEnv {
+        fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError> {
+            Ok(Box::new(RefusingBackend(self.0.open_task(task)?)))
+        }
+        fn drop_task(&self, task: TaskId) -> Result<(), StateError> {
+            self.0.drop_task(task)
+        }
+        fn persist(&self) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    impl StateBackend for RefusingBackend {
+        fn task(&self) -> TaskId {
+            self.0.task()
+        }
+        fn get_many(&self, keys: &[StateKey]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+            self.0.get_many(keys)
+        }
+        fn write_many(&self, _: Vec<StateWrite>) -> Result<(), StateError> {
+            Err(StateError::Unsupported { task: self.task(), op: "write_many" })
+        }
+        fn scan_buckets(&self, b: &[BucketId], c: usize, sink: ScanSink<'_>) -> Result<u64, StateError> {
+            self.0.scan_buckets(b, c, sink)
+        }
+        fn bucket_keys_after(
+            &self,
+            bucket: BucketId,
+            after: Option<&StateKey>,
+            limit: usize,
+        ) -> Result<Vec<StateKey>, StateError> {
+            self.0.bucket_keys_after(bucket, after, limit)
+        }
+        fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
+            self.0.delete_buckets(buckets)
+        }
+        fn approximate_len(&self) -> Result<u64, StateError> {
+            self.0.approximate_len()
+        }
+    }
+
+    #[test]
+    fn a_failed_background_write_back_fails_later_operations() -> Result<(), StateError> {
+        let env = CachedEnv::new(RefusingEnv::default(), 10 * (ENTRY_OVERHEAD_BYTES + 16));
+        let store = env.open_task(TaskId::new(OperatorId(1), 0))?;
+        let failed = (0..1000u32)
+            .find_map(|i| store.write_many(vec![StateWrite::Put(key(1, i), vec![1])]).err())
+            .map(|e| error_chain(&e));
+        let failed =
+            failed.ok_or(StateError::Unsupported { task: store.task(), op: "test: nothing failed" })?;
+        assert!(failed.contains("background write-back failed"), "{failed}");
+        assert!(failed.contains("write_many is not supported"), "the cause is kept: {failed}");
+        assert!(store.get_many(&[key(1, 0)]).is_err(), "the store stays failed");
+        Ok(())
     }
 
     #[test]
