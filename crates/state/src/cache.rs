@@ -6,33 +6,44 @@
 //!   cached, absent keys too (a new key then costs one LSM lookup, not one per batch).
 //! - **Writes** only change the cache and mark the entry dirty (a delete is a dirty "absent").
 //! - **Write-back** happens (a) on eviction: when the cache is over its byte budget, a CLOCK hand
-//!   evicts until it is at 63/64 of it (small steps: the write-back runs on the task thread), and
-//!   the dirty victims go to the inner store in one batch;
+//!   evicts cached entries until they are 1/256 of the budget below what is left of it; the
+//!   dirty victims move to an *in-flight* map (still charged, still read by lookups) and a
+//!   queued run, and the env's write-back thread writes all runs queued for the task as one
+//!   batch, sorted by key, then drops them from the in-flight map (in slices of 1 024 keys per
+//!   lock hold). The task thread never waits for the store below on eviction, unless the
+//!   in-flight bytes pass 1/16 of the budget (the writer cannot keep up: backpressure), so the
+//!   cache holds at most 17/16 of its budget;
 //!   (b) before any operation that reads by range — [`StateBackend::scan_buckets`] and
-//!   [`StateBackend::bucket_keys_after`] first write back the dirty entries of the buckets they
-//!   read (found through a per-bucket dirty list, so a progressive pull costs O(its dirty keys),
-//!   not O(cache)); (c) at [`StateEnv::persist`] (checkpoints), which writes back every task's
-//!   dirty entries before the inner store syncs.
-//!   There is no background flusher: write-back runs on the thread that overflows the cache (the
-//!   task's own), so it needs no second lock order against the task's reads, and dirty state is
-//!   bounded by the budget anyway.
-//! - [`StateBackend::delete_buckets`] drops the buckets' cached entries (dirty ones are never
-//!   written) and deletes them below. It walks the whole cache once: it runs once per bucket move.
-//! - [`StateBackend::approximate_len`] is the inner estimate plus the dirty puts not yet written.
+//!   [`StateBackend::bucket_keys_after`] first wait for the task's in-flight runs, then write
+//!   back the dirty entries of the buckets they read (found through a per-bucket dirty list, so
+//!   a progressive pull costs O(its dirty keys), not O(cache)); (c) at [`StateEnv::persist`]
+//!   (checkpoints), which waits for the in-flight runs and writes back every task's dirty entries
+//!   before the inner store syncs.
+//!   Every synchronous write below first waits for the task's in-flight runs, so writes of a key
+//!   reach the store below in the order they were made (last write wins there too).
+//! - [`StateBackend::delete_buckets`] waits for the in-flight runs, drops the buckets' cached
+//!   entries (dirty ones are never written) and deletes them below. It walks the whole cache
+//!   once: it runs once per bucket move.
+//! - [`StateBackend::approximate_len`] is the inner estimate plus the dirty and in-flight puts.
 //! - [`StateBackend::release_buckets`] (shared inner stores only: the remote backend) writes back
 //!   the buckets' dirty entries and forgets them, leaving them in the shared store for the next
 //!   owner (the `remote` protocol's flush, docs/protocols.md §7.1).
 //!
 //! All handles on one task share one cache (a store opened twice sees its own writes), guarded by
-//! one mutex that is held across inner calls except a scan's sink, which may use the store.
+//! one mutex that is held across inner calls except a scan's sink (which may use the store) and
+//! the writer thread's batches.
 //!
 //! Why write-back and not write-through: the workload that motivated it (a running aggregate over
 //! 1 M uniform keys) rewrites every key it reads, so write-through would keep one LSM insert per
 //! distinct key per batch on the hot path — the memtable skip-list search that dominated `perf`.
+//! Why a writer thread: an eviction step written on the task thread stalled its batch (~10 ms
+//! per MiB at 64 MiB), and fjall itself blocks a writer now and then (the journal lock is held
+//! across an fsync when a memtable is flushed; writes halt while level 0 is too deep).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
 
 use koala_types::{BucketId, TaskId};
 
@@ -40,12 +51,13 @@ use crate::compact::{CompactKey, CompactValue, KeyHash, check_key};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
 use crate::written_keys::WrittenKeys;
-use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite};
+use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch};
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
 /// the hash table slot (inline key, inline value, flags: 72 bytes) at a load of 7/8 with its
 /// control byte, the CLOCK ring's copy of the key (32) and a dirty-list copy (32), rounded up
-/// (a unit test checks it covers the real sizes).
+/// (a unit test checks it covers the real sizes). An in-flight entry (an in-flight map slot and
+/// its run's copy of the key) costs less and is charged the same.
 pub const ENTRY_OVERHEAD_BYTES: usize = 160;
 
 /// Stores of another env, each behind a write-back cache of `cache_bytes` (see the module docs).
@@ -53,12 +65,22 @@ pub struct CachedEnv<E> {
     inner: E,
     cache_bytes: usize,
     tasks: Mutex<HashMap<TaskId, Arc<SharedCache>>>,
+    writer: Arc<WriteBackQueue>,
+    writer_thread: Option<JoinHandle<()>>,
 }
 
 impl<E: StateEnv> CachedEnv<E> {
     /// Puts a cache of `cache_bytes` in front of every store of `inner`.
     pub fn new(inner: E, cache_bytes: usize) -> Self {
-        Self { inner, cache_bytes, tasks: Mutex::default() }
+        let writer = Arc::new(WriteBackQueue::default());
+        let queue = Arc::clone(&writer);
+        // Without the thread, every run is written by the task that queues it (see `enqueue`).
+        let writer_thread =
+            std::thread::Builder::new().name("koala-write-back".to_owned()).spawn(move || queue.run()).ok();
+        if writer_thread.is_none() {
+            writer.close();
+        }
+        Self { inner, cache_bytes, tasks: Mutex::default(), writer, writer_thread }
     }
 
     /// The wrapped env.
@@ -73,6 +95,16 @@ impl<E: StateEnv> CachedEnv<E> {
         self.tasks
             .lock()
             .map_err(|_| StateError::Poisoned { store: "state cache task registry".to_owned(), op })
+    }
+}
+
+impl<E> Drop for CachedEnv<E> {
+    /// Lets the writer finish the runs queued so far, then stops it.
+    fn drop(&mut self) {
+        self.writer.close();
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -96,6 +128,8 @@ impl<E: StateEnv> StateEnv for CachedEnv<E> {
                     task,
                     inner,
                     cache: Mutex::new(TaskCache::new(self.cache_bytes, known_empty)),
+                    written_back: Condvar::new(),
+                    writer: Arc::clone(&self.writer),
                     dropped: AtomicBool::new(false),
                 });
                 tasks.insert(task, Arc::clone(&shared));
@@ -115,10 +149,68 @@ impl<E: StateEnv> StateEnv for CachedEnv<E> {
     fn persist(&self) -> Result<(), StateError> {
         let shared: Vec<Arc<SharedCache>> = self.tasks("persist")?.values().cloned().collect();
         for shared in shared {
-            let mut cache = shared.lock("persist")?;
+            let mut cache = shared.idle(shared.lock("persist")?, "persist")?;
             cache.write_back_all(shared.inner.as_ref())?;
         }
         self.inner.persist()
+    }
+}
+
+/// The tasks whose caches queued runs for the write-back thread, oldest first.
+#[derive(Default)]
+struct WriteBackQueue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    tasks: VecDeque<Weak<SharedCache>>,
+    closed: bool,
+}
+
+impl WriteBackQueue {
+    /// Asks the writer to write `shared`'s queued runs; false if the writer is gone.
+    fn notify(&self, shared: &Arc<SharedCache>) -> bool {
+        let Ok(mut state) = self.state.lock() else { return false };
+        if state.closed {
+            return false;
+        }
+        state.tasks.push_back(Arc::downgrade(shared));
+        self.ready.notify_one();
+        true
+    }
+
+    fn close(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.closed = true;
+        }
+        self.ready.notify_all();
+    }
+
+    /// The writer thread: writes queued runs until closed and drained.
+    fn run(&self) {
+        loop {
+            let next = {
+                let Ok(mut state) = self.state.lock() else { return };
+                loop {
+                    if let Some(task) = state.tasks.pop_front() {
+                        break task;
+                    }
+                    if state.closed {
+                        return;
+                    }
+                    state = match self.ready.wait(state) {
+                        Ok(state) => state,
+                        Err(_) => return,
+                    };
+                }
+            };
+            // A dropped task's runs are not needed any more.
+            if let Some(shared) = next.upgrade() {
+                shared.write_queued_runs();
+            }
+        }
     }
 }
 
@@ -126,6 +218,9 @@ struct SharedCache {
     task: TaskId,
     inner: Box<dyn StateBackend>,
     cache: Mutex<TaskCache>,
+    /// Signalled whenever in-flight runs were written.
+    written_back: Condvar,
+    writer: Arc<WriteBackQueue>,
     dropped: AtomicBool,
 }
 
@@ -134,10 +229,148 @@ impl SharedCache {
         if self.dropped.load(Ordering::Acquire) {
             return Err(StateError::Dropped { task: self.task, op });
         }
-        self.cache
-            .lock()
-            .map_err(|_| StateError::Poisoned { store: format!("state cache of task {}", self.task), op })
+        let cache = self.cache.lock().map_err(|_| self.poisoned(op))?;
+        self.check_writer(&cache, op)?;
+        Ok(cache)
     }
+
+    fn poisoned(&self, op: &'static str) -> StateError {
+        StateError::Poisoned { store: format!("state cache of task {}", self.task), op }
+    }
+
+    /// A failed write-back fails every later operation (a store error is fatal, see [`StateError`]).
+    fn check_writer(&self, cache: &TaskCache, op: &'static str) -> Result<(), StateError> {
+        match &cache.write_back_failed {
+            Some(message) => Err(StateError::Store {
+                task: self.task,
+                op,
+                source: format!("an earlier background write-back failed: {message}").into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until the task has no in-flight runs (so a write below lands after them).
+    fn idle<'a>(
+        &'a self,
+        cache: MutexGuard<'a, TaskCache>,
+        op: &'static str,
+    ) -> Result<MutexGuard<'a, TaskCache>, StateError> {
+        if cache.is_idle() {
+            return Ok(cache);
+        }
+        let cache = self.written_back.wait_while(cache, |c| !c.is_idle()).map_err(|_| self.poisoned(op))?;
+        self.check_writer(&cache, op)?;
+        Ok(cache)
+    }
+
+    /// Evicts if over budget; hands a run of dirty victims to the writer (or, without one,
+    /// writes it here), and waits while too much is in flight.
+    fn evict(
+        self: &Arc<Self>,
+        mut cache: MutexGuard<'_, TaskCache>,
+        op: &'static str,
+    ) -> Result<(), StateError> {
+        if !cache.evict_if_full() {
+            return Ok(());
+        }
+        if !self.writer.notify(self) {
+            drop(cache);
+            self.write_queued_runs();
+            return self.lock(op).map(drop);
+        }
+        if cache.in_flight_bytes > cache.capacity / 16 {
+            cache = self
+                .written_back
+                .wait_while(cache, |c| c.in_flight_bytes > c.capacity / 16 && !c.is_idle())
+                .map_err(|_| self.poisoned(op))?;
+            self.check_writer(&cache, op)?;
+        }
+        Ok(())
+    }
+
+    /// Writes every run queued so far, oldest first, as one batch sorted by key.
+    fn write_queued_runs(&self) {
+        loop {
+            let runs = {
+                let Ok(mut cache) = self.cache.lock() else { return };
+                // One writer at a time per task, or runs could land out of order (only when the
+                // env's writer is closing while a task still queues and writes runs itself).
+                while cache.writing {
+                    cache = match self.written_back.wait(cache) {
+                        Ok(cache) => cache,
+                        Err(_) => return,
+                    };
+                }
+                if cache.queued.is_empty() {
+                    return;
+                }
+                cache.writing = true;
+                std::mem::take(&mut cache.queued)
+            };
+            // A panic below must not leave `writing` set: every waiter of the task would hang.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.inner.write_stored(&sorted_batch(&runs))
+            }))
+            .unwrap_or_else(|_| {
+                Err(StateError::Store {
+                    task: self.task,
+                    op: "write-back",
+                    source: "the store panicked while writing".into(),
+                })
+            });
+            // In slices, releasing the lock in between: a batch holds tens of thousands of
+            // keys, and the task thread must not wait for all of them (it reads the cache).
+            let mut finished = runs.iter().flat_map(|run| run.keys.iter().map(move |key| (key, run.seq)));
+            let mut cache = loop {
+                let Ok(mut cache) = self.cache.lock() else { return };
+                let mut slice = 0;
+                for (key, seq) in finished.by_ref() {
+                    cache.finish_in_flight(key, seq);
+                    slice += 1;
+                    if slice == 1024 {
+                        break;
+                    }
+                }
+                if slice < 1024 {
+                    break cache;
+                }
+            };
+            cache.writing = false;
+            if let Err(e) = result
+                && !self.dropped.load(Ordering::Acquire)
+                && cache.write_back_failed.is_none()
+            {
+                cache.write_back_failed = Some(error_chain(&e));
+            }
+            drop(cache);
+            self.written_back.notify_all();
+        }
+    }
+}
+
+/// An error with its sources, for a message kept after the error is gone.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// The writes of `runs` in one batch, sorted by stored key; a key in several runs keeps the
+/// order of the runs (the sort is stable), so the last write wins.
+fn sorted_batch(runs: &VecDeque<Run>) -> StoredBatch {
+    let mut writes: Vec<(&[u8], Option<&[u8]>)> = runs.iter().flat_map(|run| run.writes.iter()).collect();
+    writes.sort_by(|a, b| a.0.cmp(b.0));
+    let mut batch = StoredBatch::default();
+    for (key, value) in writes {
+        batch.push(|out| out.extend_from_slice(key), value);
+    }
+    batch
 }
 
 /// A handle on one task's cached store in a [`CachedEnv`].
@@ -159,6 +392,23 @@ struct Slot {
     dirty: bool,
     /// Read or written since the CLOCK hand last passed.
     referenced: bool,
+}
+
+/// A dirty entry evicted and queued for the writer, not yet below.
+#[derive(Debug)]
+struct InFlight {
+    /// The run that writes it (a key evicted again before the first run is written is in a
+    /// later run; only that one removes it).
+    run: u64,
+    value: CompactValue,
+}
+
+/// Dirty victims of one eviction step, for the writer.
+#[derive(Debug)]
+struct Run {
+    seq: u64,
+    keys: Vec<CompactKey>,
+    writes: StoredBatch,
 }
 
 /// What an entry costs: its map slot and index ([`ENTRY_OVERHEAD_BYTES`]), a dirty-list copy of
@@ -183,6 +433,19 @@ struct TaskCache {
     /// Every cached key once, in no particular order: the CLOCK hand's circle.
     ring: Vec<CompactKey>,
     dirty: HashMap<BucketId, DirtyList>,
+    /// Evicted dirty entries the writer has not written yet; an entry in `entries` is newer.
+    in_flight: HashMap<CompactKey, InFlight, KeyHash>,
+    /// Runs not yet taken by the writer, oldest first.
+    queued: VecDeque<Run>,
+    /// The writer is writing runs it took from `queued`.
+    writing: bool,
+    next_run: u64,
+    /// Bytes charged for in-flight entries (part of `bytes`).
+    in_flight_bytes: usize,
+    /// In-flight entries holding a value (for `approximate_len`).
+    in_flight_puts: u64,
+    /// Set by the writer when a write-back failed.
+    write_back_failed: Option<String>,
     /// The keys written below (`written_keys.rs`), if the store below started empty and only
     /// this cache writes it; `None` once its filters would take more than a quarter of the
     /// budget (every miss then reads below).
@@ -200,11 +463,35 @@ impl TaskCache {
             entries: HashMap::default(),
             ring: Vec::new(),
             dirty: HashMap::new(),
+            in_flight: HashMap::default(),
+            queued: VecDeque::new(),
+            writing: false,
+            next_run: 0,
+            in_flight_bytes: 0,
+            in_flight_puts: 0,
+            write_back_failed: None,
             written: known_empty.then(WrittenKeys::default),
             dirty_puts: 0,
             bytes: 0,
             capacity,
             hand: 0,
+        }
+    }
+
+    /// No run is queued or being written.
+    fn is_idle(&self) -> bool {
+        self.queued.is_empty() && !self.writing
+    }
+
+    /// The writer wrote `key` in run `seq`: forget it unless a later run holds it.
+    fn finish_in_flight(&mut self, key: &CompactKey, seq: u64) {
+        if self.in_flight.get(key).is_some_and(|f| f.run == seq)
+            && let Some(done) = self.in_flight.remove(key)
+        {
+            let cost = entry_cost(key, &done.value);
+            self.bytes -= cost;
+            self.in_flight_bytes -= cost;
+            self.in_flight_puts -= u64::from(done.value.is_present());
         }
     }
 
@@ -262,7 +549,8 @@ impl TaskCache {
         }
     }
 
-    /// Writes back the dirty entries of `buckets`; they stay cached, clean.
+    /// Writes back the dirty entries of `buckets`; they stay cached, clean. The caller waited
+    /// for the in-flight runs ([`SharedCache::idle`]).
     fn write_back_buckets(
         &mut self,
         buckets: &[BucketId],
@@ -279,10 +567,12 @@ impl TaskCache {
         self.commit(keys, inner)
     }
 
-    /// Writes back every dirty entry (they stay cached, clean).
+    /// Writes back every dirty entry (they stay cached, clean). The caller waited for the
+    /// in-flight runs.
     fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<u64, StateError> {
-        let keys: Vec<CompactKey> =
+        let mut keys: Vec<CompactKey> =
             self.entries.iter().filter(|(_, slot)| slot.dirty).map(|(key, _)| key.clone()).collect();
+        keys.sort_unstable();
         self.dirty.clear();
         self.commit(keys, inner)
     }
@@ -290,39 +580,48 @@ impl TaskCache {
     /// Writes the (dirty) entries of `keys` below and marks them clean; returns the bytes
     /// written (key and value bytes, as scans count them).
     fn commit(&mut self, keys: Vec<CompactKey>, inner: &dyn StateBackend) -> Result<u64, StateError> {
-        let writes: Vec<StateWrite> =
-            keys.iter().filter_map(|k| self.entries.get(k).map(|slot| write_of(k, &slot.value))).collect();
+        debug_assert!(self.is_idle(), "a synchronous write-back overtakes in-flight runs");
+        let mut writes = StoredBatch::default();
+        for key in &keys {
+            if let Some(slot) = self.entries.get(key) {
+                writes.push(|out| key.put_stored(out), slot.value.as_slice());
+                if slot.value.is_present()
+                    && let Some(written) = &mut self.written
+                {
+                    written.insert(key.bucket(), stored_key_hash(key));
+                }
+            }
+        }
         if writes.is_empty() {
             return Ok(0);
         }
-        let bytes = writes
-            .iter()
-            .map(|w| match w {
-                StateWrite::Put(k, v) => (k.encoded_len() + v.len()) as u64,
-                StateWrite::Delete(k) => k.encoded_len() as u64,
-            })
-            .sum();
-        self.note_written(&writes);
-        inner.write_many(writes)?;
+        self.check_written_size();
+        inner.write_stored(&writes)?;
         for key in &keys {
             self.mark_clean(key);
         }
         // Lists were removed by the caller; a key marked clean found no list to count down.
-        Ok(bytes)
+        Ok(writes.byte_len() as u64)
     }
 
-    /// If over budget, evicts with a CLOCK hand down to 63/64 of it and writes the dirty victims
-    /// below in one batch. A failed write loses them, but a store error is fatal anyway (the
-    /// worker stops and recovers from a checkpoint, see [`StateError`]).
-    fn evict_if_full(&mut self, inner: &dyn StateBackend) -> Result<(), StateError> {
+    /// If over budget, evicts with a CLOCK hand down to 255/256 of it; the dirty victims move
+    /// in flight and into a queued run. Returns whether it queued one. A failed write-back
+    /// loses them, but a store error is fatal anyway (the worker stops and recovers from a
+    /// checkpoint, see [`StateError`]).
+    fn evict_if_full(&mut self) -> bool {
         if self.charged() <= self.capacity {
-            return Ok(());
+            return false;
         }
-        // Small steps: a write-back stalls the task thread, so evict ~1/64 of the budget at a time.
-        let target = (self.capacity - self.capacity / 64).saturating_sub(self.charged() - self.bytes);
-        let mut writes = Vec::new();
+        // Small steps: each walks the CLOCK ring on the task thread (the writer batches them).
+        // The target is for cached entries: what is in flight stays charged until written, so
+        // the dirty victims of this step overshoot the budget until then (by at most what
+        // backpressure lets be in flight).
+        let target =
+            (self.capacity - self.capacity / 256).saturating_sub(self.charged() - self.cached_bytes());
+        let seq = self.next_run;
+        let mut run = Run { seq, keys: Vec::new(), writes: StoredBatch::default() };
         // Terminates: every step clears a reference bit or removes an entry.
-        while self.bytes > target && !self.ring.is_empty() {
+        while self.cached_bytes() > target && !self.ring.is_empty() {
             if self.hand >= self.ring.len() {
                 self.hand = 0;
             }
@@ -339,37 +638,51 @@ impl TaskCache {
             // The last key moves to the hand, and is looked at next.
             let key = self.ring.swap_remove(self.hand);
             let Some(slot) = self.entries.remove(&key) else { continue };
-            self.bytes -= entry_cost(&key, &slot.value);
-            if slot.dirty {
-                if let Some(list) = self.dirty.get_mut(&key.bucket()) {
-                    list.live -= 1;
+            let cost = entry_cost(&key, &slot.value);
+            if !slot.dirty {
+                self.bytes -= cost;
+                continue;
+            }
+            if let Some(list) = self.dirty.get_mut(&key.bucket()) {
+                list.live -= 1;
+            }
+            if slot.value.is_present() {
+                self.dirty_puts -= 1;
+                self.in_flight_puts += 1;
+                if let Some(written) = &mut self.written {
+                    written.insert(key.bucket(), stored_key_hash(&key));
                 }
-                if slot.value.is_present() {
-                    self.dirty_puts -= 1;
-                }
-                writes.push(match slot.value.into_option() {
-                    Some(value) => StateWrite::Put(key.to_state_key(), value),
-                    None => StateWrite::Delete(key.to_state_key()),
-                });
+            }
+            // Still charged (in `bytes`) until the writer wrote it.
+            self.in_flight_bytes += cost;
+            run.writes.push(|out| key.put_stored(out), slot.value.as_slice());
+            run.keys.push(key.clone());
+            if let Some(older) = self.in_flight.insert(key.clone(), InFlight { run: seq, value: slot.value })
+            {
+                // Evicted again before its first run was written: that run no longer owns it.
+                let cost = entry_cost(&key, &older.value);
+                self.bytes -= cost;
+                self.in_flight_bytes -= cost;
+                self.in_flight_puts -= u64::from(older.value.is_present());
             }
         }
-        if writes.is_empty() {
-            return Ok(());
+        self.check_written_size();
+        if run.keys.is_empty() {
+            return false;
         }
-        self.note_written(&writes);
-        inner.write_many(writes)
+        self.next_run += 1;
+        self.queued.push_back(run);
+        true
     }
 
-    /// Remembers the keys of `writes` (about to go below) in the written-keys filters, or drops
-    /// the filters if they outgrew a quarter of the budget.
-    fn note_written(&mut self, writes: &[StateWrite]) {
-        let Some(written) = &mut self.written else { return };
-        for write in writes {
-            if let StateWrite::Put(key, _) = write {
-                written.insert(key.bucket, stored_key_hash(&CompactKey::new(key)));
-            }
-        }
-        if written.bytes() > self.capacity / 4 {
+    /// Bytes charged for cached entries (not in flight).
+    fn cached_bytes(&self) -> usize {
+        self.bytes - self.in_flight_bytes
+    }
+
+    /// Drops the written-keys filters if they outgrew a quarter of the budget.
+    fn check_written_size(&mut self) {
+        if self.written.as_ref().is_some_and(|w| w.bytes() > self.capacity / 4) {
             self.written = None;
         }
     }
@@ -379,13 +692,19 @@ impl TaskCache {
         self.written.as_ref().is_none_or(|w| w.may_hold(key.bucket(), stored_key_hash(key)))
     }
 
-    /// Bytes charged against the budget: entries and the written-keys filters.
+    /// Bytes charged against the budget: entries (cached and in flight) and the written-keys
+    /// filters.
     fn charged(&self) -> usize {
         self.bytes + self.written.as_ref().map_or(0, WrittenKeys::bytes)
     }
 
-    /// Forgets every entry of `buckets` without writing anything back.
+    /// Forgets every entry of `buckets` without writing anything back. The caller waited for
+    /// the in-flight runs.
     fn forget_buckets(&mut self, buckets: &[BucketId]) {
+        debug_assert!(
+            self.is_idle() && self.in_flight.is_empty(),
+            "forgetting buckets with writes in flight"
+        );
         let mut freed = 0;
         let mut dirty_puts = 0;
         self.entries.retain(|key, slot| {
@@ -422,13 +741,6 @@ fn compact(list: &mut DirtyList, entries: &HashMap<CompactKey, Slot, KeyHash>) {
     list.keys.dedup();
 }
 
-fn write_of(key: &CompactKey, value: &CompactValue) -> StateWrite {
-    match value.get() {
-        Some(value) => StateWrite::Put(key.to_state_key(), value),
-        None => StateWrite::Delete(key.to_state_key()),
-    }
-}
-
 impl StateBackend for CachedBackend {
     fn task(&self) -> TaskId {
         self.shared.task
@@ -440,7 +752,6 @@ impl StateBackend for CachedBackend {
         let mut cache = self.shared.lock(OP)?;
         let mut out = Vec::with_capacity(keys.len());
         let mut misses = Vec::new();
-        let mut miss_at = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             check_key(key).map_err(|source| StateError::Layout { task, op: OP, source })?;
             let cached = CompactKey::new(key);
@@ -451,33 +762,38 @@ impl StateBackend for CachedBackend {
                 }
                 None => {
                     out.push(None);
-                    misses.push(key.clone());
-                    miss_at.push(i);
+                    misses.push((cached, i));
                 }
             }
         }
         if misses.is_empty() {
             return Ok(out);
         }
-        // A miss never written below is absent: cached as such without a read below.
+        // A miss in flight is read from there (cached clean: it equals what will be below once
+        // its run is written); one never written below is absent without a read below.
         let mut below = Vec::with_capacity(misses.len());
-        for (key, i) in misses.into_iter().zip(miss_at) {
-            let cached = CompactKey::new(&key);
-            if cache.may_be_below(&cached) {
-                below.push((key, i));
+        for (cached, i) in misses {
+            if let Some(in_flight) = cache.in_flight.get(&cached) {
+                let value = in_flight.value.get();
+                out[i].clone_from(&value);
+                cache.set(cached, CompactValue::new(value), false);
+            } else if cache.may_be_below(&cached) {
+                below.push((cached, i));
             } else {
                 cache.set(cached, CompactValue::Absent, false);
             }
         }
-        let keys: Vec<StateKey> = below.iter().map(|(key, _)| key.clone()).collect();
-        let values = if keys.is_empty() { Vec::new() } else { self.shared.inner.get_many(&keys)? };
-        for ((key, i), value) in below.into_iter().zip(values) {
-            out[i].clone_from(&value);
-            // A key asked for twice in one call is cached once (the second insert overwrites
-            // an identical clean entry).
-            cache.set(CompactKey::new(&key), CompactValue::new(value), false);
+        if !below.is_empty() {
+            let keys: Vec<StateKey> = below.iter().map(|&(_, i)| keys[i].clone()).collect();
+            let values = self.shared.inner.get_many(&keys)?;
+            for ((cached, i), value) in below.into_iter().zip(values) {
+                out[i].clone_from(&value);
+                // A key asked for twice in one call is cached once (the second insert
+                // overwrites an identical clean entry).
+                cache.set(cached, CompactValue::new(value), false);
+            }
         }
-        cache.evict_if_full(self.shared.inner.as_ref())?;
+        self.shared.evict(cache, OP)?;
         Ok(out)
     }
 
@@ -502,7 +818,8 @@ impl StateBackend for CachedBackend {
                 StateWrite::Delete(key) => cache.set(CompactKey::new(&key), CompactValue::Absent, true),
             }
         }
-        cache.evict_if_full(self.shared.inner.as_ref())
+        self.shared.evict(cache, OP)?;
+        Ok(())
     }
 
     fn scan_buckets(
@@ -512,7 +829,9 @@ impl StateBackend for CachedBackend {
         sink: ScanSink<'_>,
     ) -> Result<u64, StateError> {
         const OP: &str = "scan_buckets";
-        self.shared.lock(OP)?.write_back_buckets(&sorted_buckets(buckets), self.shared.inner.as_ref())?;
+        self.shared
+            .idle(self.shared.lock(OP)?, OP)?
+            .write_back_buckets(&sorted_buckets(buckets), self.shared.inner.as_ref())?;
         // Without the lock: the sink may use this store. Writes it makes land in the cache and are
         // not part of this scan, as with the inner store's snapshot.
         self.shared.inner.scan_buckets(buckets, chunk_bytes, sink)
@@ -525,13 +844,14 @@ impl StateBackend for CachedBackend {
         limit: usize,
     ) -> Result<Vec<StateKey>, StateError> {
         const OP: &str = "bucket_keys_after";
-        let cache = &mut *self.shared.lock(OP)?;
+        let mut cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
         cache.write_back_buckets(&[bucket], self.shared.inner.as_ref())?;
         self.shared.inner.bucket_keys_after(bucket, after, limit)
     }
 
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
-        let mut cache = self.shared.lock("delete_buckets")?;
+        const OP: &str = "delete_buckets";
+        let mut cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
         let buckets = sorted_buckets(buckets);
         cache.forget_buckets(&buckets);
         self.shared.inner.delete_buckets(&buckets)
@@ -539,7 +859,7 @@ impl StateBackend for CachedBackend {
 
     fn approximate_len(&self) -> Result<u64, StateError> {
         let cache = self.shared.lock("approximate_len")?;
-        Ok(self.shared.inner.approximate_len()? + cache.dirty_puts)
+        Ok(self.shared.inner.approximate_len()? + cache.dirty_puts + cache.in_flight_puts)
     }
 
     fn is_shared(&self) -> bool {
@@ -555,7 +875,7 @@ impl StateBackend for CachedBackend {
             return Err(StateError::Unsupported { task: self.shared.task, op: OP });
         }
         let buckets = sorted_buckets(buckets);
-        let mut cache = self.shared.lock(OP)?;
+        let mut cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
         let bytes = cache.write_back_buckets(&buckets, self.shared.inner.as_ref())?;
         cache.forget_buckets(&buckets);
         Ok(bytes + self.shared.inner.release_buckets(&buckets)?)
@@ -581,8 +901,9 @@ mod tests {
         let below = env.inner().open_task(task)?;
         for i in 0..1000u32 {
             store.write_many(vec![StateWrite::Put(key(1, i), i.to_le_bytes().to_vec())])?;
+            // Dirty victims stay charged while in flight: up to 1/16 of the budget more.
             let cache = store_cache(&env, task)?;
-            assert!(cache <= budget, "cache holds {cache} bytes, budget {budget}");
+            assert!(cache <= budget + budget / 16, "cache holds {cache} bytes, budget {budget}");
         }
         // Most entries were evicted, so written below; all are readable through the cache.
         let written_below = below.approximate_len()?;
@@ -595,6 +916,113 @@ mod tests {
         assert_eq!(below.get_many(&[key(2, 0)])?, vec![None]);
         assert_eq!(store.bucket_keys_after(2, None, 10)?, vec![key(2, 0)]);
         assert_eq!(below.get_many(&[key(2, 0)])?, vec![Some(b"x".to_vec())]);
+        Ok(())
+    }
+
+    #[test]
+    fn writes_in_flight_are_read_scanned_and_written_in_order() -> Result<(), StateError> {
+        // Room for 1 000 entries, so ~60 may be in flight before a writer must catch up.
+        let env = CachedEnv::new(MemoryEnv::new(), 1000 * (ENTRY_OVERHEAD_BYTES + 16));
+        let task = TaskId::new(OperatorId(1), 0);
+        let store = env.open_task(task)?;
+        let keys: Vec<StateKey> = (0..5000).map(|i| key(1 + (i % 3) as BucketId, i)).collect();
+        let value = |round: u32, i: u32| (round * 10_000 + i).to_le_bytes().to_vec();
+        for round in 0..4u32 {
+            // Every key is evicted (and queued again) in every round: runs overlap.
+            for chunk in keys.chunks(100) {
+                store.write_many(
+                    chunk.iter().map(|k| StateWrite::Put(k.clone(), value(round, key_index(k)))).collect(),
+                )?;
+            }
+            let read = store.get_many(&keys)?;
+            assert!(
+                read.iter().zip(&keys).all(|(v, k)| *v == Some(value(round, key_index(k)))),
+                "round {round}: a read missed the latest write"
+            );
+        }
+        store.write_many(vec![StateWrite::Delete(keys[0].clone())])?;
+        let mut scanned = Vec::new();
+        store.scan_buckets(&[1, 2, 3], 1 << 20, &mut |chunk| {
+            scanned.extend(chunk);
+            Ok(())
+        })?;
+        assert_eq!(scanned.len(), 4999);
+        assert!(scanned.iter().all(|(k, v)| *v == value(3, key_index(k))), "a scan read a stale value");
+        // Below, after a persist: the last write of every key.
+        env.persist()?;
+        let below = env.inner().open_task(task)?;
+        let read = below.get_many(&keys)?;
+        assert_eq!(read[0], None);
+        assert!(read[1..].iter().zip(&keys[1..]).all(|(v, k)| *v == Some(value(3, key_index(k)))));
+        store.delete_buckets(&[1, 2, 3])?;
+        assert_eq!(store.get_many(&keys[..10])?, vec![None; 10]);
+        assert_eq!(below.approximate_len()?, 0);
+        Ok(())
+    }
+
+    fn key_index(key: &StateKey) -> u32 {
+        u32::from_be_bytes([key.key[0], key.key[1], key.key[2], key.key[3]])
+    }
+
+    /// A memory env whose stores refuse every write.
+    #[derive(Default)]
+    struct RefusingEnv(MemoryEnv);
+
+    struct RefusingBackend(Box<dyn StateBackend>);
+
+    impl StateEnv for RefusingEnv {
+        fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError> {
+            Ok(Box::new(RefusingBackend(self.0.open_task(task)?)))
+        }
+        fn drop_task(&self, task: TaskId) -> Result<(), StateError> {
+            self.0.drop_task(task)
+        }
+        fn persist(&self) -> Result<(), StateError> {
+            Ok(())
+        }
+    }
+
+    impl StateBackend for RefusingBackend {
+        fn task(&self) -> TaskId {
+            self.0.task()
+        }
+        fn get_many(&self, keys: &[StateKey]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+            self.0.get_many(keys)
+        }
+        fn write_many(&self, _: Vec<StateWrite>) -> Result<(), StateError> {
+            Err(StateError::Unsupported { task: self.task(), op: "write_many" })
+        }
+        fn scan_buckets(&self, b: &[BucketId], c: usize, sink: ScanSink<'_>) -> Result<u64, StateError> {
+            self.0.scan_buckets(b, c, sink)
+        }
+        fn bucket_keys_after(
+            &self,
+            bucket: BucketId,
+            after: Option<&StateKey>,
+            limit: usize,
+        ) -> Result<Vec<StateKey>, StateError> {
+            self.0.bucket_keys_after(bucket, after, limit)
+        }
+        fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
+            self.0.delete_buckets(buckets)
+        }
+        fn approximate_len(&self) -> Result<u64, StateError> {
+            self.0.approximate_len()
+        }
+    }
+
+    #[test]
+    fn a_failed_background_write_back_fails_later_operations() -> Result<(), StateError> {
+        let env = CachedEnv::new(RefusingEnv::default(), 10 * (ENTRY_OVERHEAD_BYTES + 16));
+        let store = env.open_task(TaskId::new(OperatorId(1), 0))?;
+        let failed = (0..1000u32)
+            .find_map(|i| store.write_many(vec![StateWrite::Put(key(1, i), vec![1])]).err())
+            .map(|e| error_chain(&e));
+        let failed =
+            failed.ok_or(StateError::Unsupported { task: store.task(), op: "test: nothing failed" })?;
+        assert!(failed.contains("background write-back failed"), "{failed}");
+        assert!(failed.contains("write_many is not supported"), "the cause is kept: {failed}");
+        assert!(store.get_many(&[key(1, 0)]).is_err(), "the store stays failed");
         Ok(())
     }
 

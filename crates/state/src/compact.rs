@@ -66,6 +66,18 @@ impl CompactKey {
             Self::Heap(b) => b.len(),
         }
     }
+
+    /// Appends the stored key (`encode_state_key`'s bytes) to `out`.
+    pub(crate) fn put_stored(&self, out: &mut Vec<u8>) {
+        let b = self.bytes();
+        match self {
+            Self::Inline(_) => {
+                out.extend_from_slice(&b[..3]);
+                out.extend_from_slice(&b[4..]);
+            }
+            Self::Heap(_) => out.extend_from_slice(b),
+        }
+    }
 }
 
 impl std::hash::Hash for CompactKey {
@@ -111,10 +123,11 @@ impl CompactValue {
         }
     }
 
-    pub(crate) fn into_option(self) -> Option<Vec<u8>> {
+    /// The value's bytes, `None` if absent.
+    pub(crate) fn as_slice(&self) -> Option<&[u8]> {
         match self {
             Self::Absent => None,
-            Self::Inline(len, bytes) => Some(bytes[..usize::from(len)].to_vec()),
+            Self::Inline(len, bytes) => Some(&bytes[..usize::from(*len)]),
             Self::Heap(v) => Some(v),
         }
     }

@@ -16,8 +16,8 @@ use koala_types::{BucketId, TaskId};
 
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{
-    ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, bucket_bounds, decode_state_key,
-    encode_state_key, encode_write, keys_after_bounds,
+    ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch, bucket_bounds,
+    decode_state_key, encode_state_key, encode_write, keys_after_bounds,
 };
 
 /// How many tombstones `delete_buckets` commits per batch, bounding its memory on huge buckets.
@@ -234,6 +234,21 @@ impl StateBackend for FjallBackend {
         }
         // Within one batch all items share a sequence number and the memtable keeps the last
         // item of a key, which gives "last write wins".
+        batch.commit().map_err(store_error(task, OP))
+    }
+
+    fn write_stored(&self, writes: &StoredBatch) -> Result<(), StateError> {
+        const OP: &str = "write_stored";
+        let task = self.store.task;
+        let keyspace = self.keyspace(OP)?;
+        let mut batch = self.batch(writes.len());
+        for (key, value) in writes.iter() {
+            // Short keys and values are copied inline into fjall's slices: no allocation.
+            match value {
+                Some(value) => batch.insert(keyspace, key, value),
+                None => batch.remove(keyspace, key),
+            }
+        }
         batch.commit().map_err(store_error(task, OP))
     }
 

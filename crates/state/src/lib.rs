@@ -79,6 +79,55 @@ impl StateWrite {
     }
 }
 
+/// Writes in stored form (`bucket | state | user key`, see [`encode_state_key`]) in one flat
+/// buffer: what the write-back cache hands its store, so a write-back allocates nothing per entry.
+#[derive(Debug, Default)]
+pub struct StoredBatch {
+    bytes: Vec<u8>,
+    /// Per write: its stored key's end in `bytes`, and its value's end (`None`: a delete).
+    /// Each key starts where the previous write ends.
+    ends: Vec<(usize, Option<usize>)>,
+}
+
+impl StoredBatch {
+    /// Appends a put of `value` (`Some`) or a delete (`None`) of the stored key `key`, written
+    /// by `put_key` into the buffer it is given.
+    pub fn push(&mut self, put_key: impl FnOnce(&mut Vec<u8>), value: Option<&[u8]>) {
+        put_key(&mut self.bytes);
+        let key_end = self.bytes.len();
+        let value_end = value.map(|value| {
+            self.bytes.extend_from_slice(value);
+            self.bytes.len()
+        });
+        self.ends.push((key_end, value_end));
+    }
+
+    /// The writes in the order pushed: stored key and value (`None`: delete).
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], Option<&[u8]>)> {
+        let mut start = 0;
+        self.ends.iter().map(move |&(key_end, value_end)| {
+            let key = &self.bytes[start..key_end];
+            start = value_end.unwrap_or(key_end);
+            (key, value_end.map(|end| &self.bytes[key_end..end]))
+        })
+    }
+
+    /// Number of writes.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Whether there are no writes.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Key and value bytes (as scans count them).
+    pub fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
 /// The receiver of a bucket scan: called once per chunk; an error stops the scan.
 pub type ScanSink<'a> = &'a mut dyn FnMut(Vec<(StateKey, Vec<u8>)>) -> Result<(), StateError>;
 
@@ -95,6 +144,27 @@ pub trait StateBackend: Send + Sync {
     /// Applies `writes` as one atomic batch: all or none become visible. When a key appears more
     /// than once, the last write wins. Not fsynced; durability comes from [`StateEnv::persist`].
     fn write_many(&self, writes: Vec<StateWrite>) -> Result<(), StateError>;
+
+    /// [`write_many`](Self::write_many) of writes in stored form, in their order (last write
+    /// of a key wins). The default decodes them; fjall writes the bytes as they are.
+    fn write_stored(&self, writes: &StoredBatch) -> Result<(), StateError> {
+        let task = self.task();
+        let decoded = writes
+            .iter()
+            .map(|(key, value)| {
+                let key = decode_state_key(key).map_err(|source| StateError::Layout {
+                    task,
+                    op: "write_stored",
+                    source,
+                })?;
+                Ok(match value {
+                    Some(value) => StateWrite::Put(key, value.to_vec()),
+                    None => StateWrite::Delete(key),
+                })
+            })
+            .collect::<Result<Vec<_>, StateError>>()?;
+        self.write_many(decoded)
+    }
 
     /// Streams every entry of `buckets` to `sink` in key order (ascending bucket, then state id,
     /// then user key), in chunks of at most `chunk_bytes` (an entry counts
