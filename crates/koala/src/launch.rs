@@ -85,13 +85,18 @@ pub fn demo(
 
 /// A protocol named on the command line (`--protocol`, `--protocols`).
 pub fn parse_protocol(name: &str) -> anyhow::Result<koala_protocol::Protocol> {
+    parse_protocol_flag(name, "--protocol")
+}
+
+/// [`parse_protocol`] for the flag `flag` (named in the error).
+pub fn parse_protocol_flag(name: &str, flag: &str) -> anyhow::Result<koala_protocol::Protocol> {
     use koala_protocol::Protocol;
     Ok(match name {
         "koala" => Protocol::Koala,
         "stop-and-restart" => Protocol::StopAndRestart,
         "remote" => Protocol::Remote,
         "drrs" => Protocol::Drrs,
-        other => anyhow::bail!("--protocol {other:?}: use koala, stop-and-restart, remote or drrs"),
+        other => anyhow::bail!("{flag} {other:?}: use koala, stop-and-restart, remote or drrs"),
     })
 }
 

@@ -270,7 +270,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 }
             };
             for protocol in &protocols {
-                launch::parse_protocol(protocol)?;
+                launch::parse_protocol_flag(protocol, "--protocols")?;
             }
             let mut outcomes = Vec::new();
             for protocol in &protocols {
@@ -336,7 +336,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Produce(args) => kafka::produce(args),
         Command::Experiment { which: ExperimentKind::ScaleOut { quick, output_dir, protocols } } => {
             for protocol in &protocols {
-                launch::parse_protocol(protocol)?;
+                launch::parse_protocol_flag(protocol, "--protocols")?;
             }
             experiment::scale_out(quick, &output_dir, &protocols)
         }
