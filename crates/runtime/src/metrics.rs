@@ -29,6 +29,8 @@ pub struct TaskMetrics {
     pub state_bytes_moved: u64,
     /// Koala: bytes of state sent to other tasks in the background (progressive migration).
     pub state_bytes_pulled: u64,
+    /// Koala: keys sent to other tasks (fetched or pulled).
+    pub state_keys_sent: u64,
     /// Koala: keys asked of another task that it did not hold.
     pub fetch_not_here: u64,
     /// Time data input was held back by the task's processing budget (`crate::throttle`).
@@ -87,6 +89,7 @@ impl TaskMetrics {
             backpressure: Duration::ZERO,
             state_bytes_moved: 0,
             state_bytes_pulled: 0,
+            state_keys_sent: 0,
             fetch_not_here: 0,
             throttled: Duration::ZERO,
             budget: None,
@@ -153,6 +156,7 @@ impl TaskMetrics {
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
         if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
             push(metric::STATE_BYTES_PULLED, self.state_bytes_pulled as f64);
+            push(metric::STATE_KEYS_SENT, self.state_keys_sent as f64);
             push(metric::FETCH_NOT_HERE, self.fetch_not_here as f64);
         }
         if let Some(budget) = self.budget {
@@ -202,6 +206,7 @@ impl TaskMetrics {
         self.backpressure = Duration::ZERO;
         self.state_bytes_moved = 0;
         self.state_bytes_pulled = 0;
+        self.state_keys_sent = 0;
         self.fetch_not_here = 0;
         self.throttled = Duration::ZERO;
         self.busy = Duration::ZERO;

@@ -28,6 +28,9 @@ pub const LATE_DROPPED: &str = "late_dropped";
 pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
 /// Koala: bytes of state this task sent in the background (progressive migration's extra keys).
 pub const STATE_BYTES_PULLED: &str = "state_bytes_pulled";
+/// Koala: keys this location sent to other tasks, fetched on demand or pulled in the background
+/// (how fast a cancelled task drains).
+pub const STATE_KEYS_SENT: &str = "state_keys_sent";
 /// Koala: keys this task asked another for that it did not hold (filter false positives, and
 /// lookups while a filter was still being built).
 pub const FETCH_NOT_HERE: &str = "fetch_not_here";
@@ -63,6 +66,7 @@ pub const ALL: &[&str] = &[
     LATE_DROPPED,
     STATE_BYTES_MOVED,
     STATE_BYTES_PULLED,
+    STATE_KEYS_SENT,
     FETCH_NOT_HERE,
     THROTTLED_MS,
     CAPACITY_RECORDS_PER_SEC,

@@ -320,6 +320,15 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
             metric::STATE_BYTES_PULLED
         ));
     }
+    // Pulled state is keys sent in the background: the drain rate's metric counts them.
+    if rec.total(metric::STATE_BYTES_PULLED) > 0.0 && rec.total(metric::STATE_KEYS_SENT) <= 0.0 {
+        return Err(format!(
+            "tasks reported {} bytes of {} but no {}",
+            rec.total(metric::STATE_BYTES_PULLED),
+            metric::STATE_BYTES_PULLED,
+            metric::STATE_KEYS_SENT
+        ));
+    }
     // The background drain moves state of live old owners without any record asking for it.
     if let Some(epoch) = koala_must_move
         && drain > 0

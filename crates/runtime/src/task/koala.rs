@@ -520,9 +520,13 @@ impl KoalaOperator {
         let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
         let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
         self.op.metrics.state_reads += location.reads;
-        let answered = response.values.iter().filter_map(|(_, v)| v.as_ref());
-        self.op.metrics.state_bytes_moved += answered.map(|v| v.len() as u64).sum::<u64>();
-        self.op.metrics.state_bytes_pulled += response.extra.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        let metrics = &mut self.op.metrics;
+        for (_, value) in response.values.iter().filter_map(|(k, v)| Some((k, v.as_ref()?))) {
+            metrics.state_bytes_moved += value.len() as u64;
+            metrics.state_keys_sent += 1;
+        }
+        metrics.state_bytes_pulled += response.extra.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        metrics.state_keys_sent += response.extra.len() as u64;
         Ok(response)
     }
 
