@@ -13,14 +13,21 @@
 //!   lock hold). The task thread never waits for the store below on eviction, unless the
 //!   in-flight bytes pass 1/16 of the budget (the writer cannot keep up: backpressure), so the
 //!   cache holds at most 17/16 of its budget;
-//!   (b) before any operation that reads by range — [`StateBackend::scan_buckets`] and
-//!   [`StateBackend::bucket_keys_after`] first wait for the task's in-flight runs, then write
-//!   back the dirty entries of the buckets they read (found through a per-bucket dirty list, so
-//!   a progressive pull costs O(its dirty keys), not O(cache)); (c) at [`StateEnv::persist`]
+//!   (b) before a bucket scan — [`StateBackend::scan_buckets`] (hand-over, stop-and-restart
+//!   transfer) waits for the task's in-flight runs, then writes back the dirty entries of the
+//!   buckets it reads (found through a per-bucket dirty list, O(their dirty keys), not O(cache));
+//!   (c) at [`StateEnv::persist`]
 //!   (checkpoints), which waits for the in-flight runs and writes back every task's dirty entries
 //!   before the inner store syncs.
 //!   Every synchronous write below first waits for the task's in-flight runs, so writes of a key
 //!   reach the store below in the order they were made (last write wins there too).
+//! - [`StateBackend::bucket_keys_after`] (the key-only pages progressive pulls and membership
+//!   filters walk) writes nothing back: after waiting for the in-flight runs it merges the
+//!   bucket's dirty keys, kept in stored order (what turned dirty since the last page is sorted
+//!   and merged in), with the store's keys, a dirty entry deciding over the store (a deleted one
+//!   is skipped). Writing back first made a retired task holding 2.3 M dirty keys (a cache
+//!   sized to its state) write all of them to the LSM before its first filter could go out:
+//!   5 s in which every new key of its buckets cost a round trip (the 10 M-key scale-in).
 //! - [`StateBackend::delete_buckets`] waits for the in-flight runs, drops the buckets' cached
 //!   entries (dirty ones are never written) and deletes them below. It walks the whole cache
 //!   once: it runs once per bucket move.
@@ -417,12 +424,46 @@ fn entry_cost(key: &CompactKey, value: &CompactValue) -> usize {
     ENTRY_OVERHEAD_BYTES + 2 * key.heap_len() + value.heap_len()
 }
 
-/// Keys of one bucket that turned dirty, maybe with stale repeats (checked when written back).
+/// Keys of one bucket that turned dirty, maybe with stale repeats (checked when read or written
+/// back).
 #[derive(Debug, Default)]
 struct DirtyList {
     keys: Vec<CompactKey>,
+    /// `keys[..sorted]` is in stored order without repeats (what a key scan merges with the
+    /// store below); later keys turned dirty since.
+    sorted: usize,
     /// Entries of the bucket that are dirty now.
     live: usize,
+}
+
+impl DirtyList {
+    /// Sorts the keys that turned dirty since the last call and merges them into the sorted
+    /// part: O(keys) when some did, nothing otherwise.
+    fn sort(&mut self) {
+        if self.sorted == self.keys.len() {
+            return;
+        }
+        let mut tail = self.keys.split_off(self.sorted);
+        tail.sort_unstable_by(|a, b| a.stored_order().cmp(&b.stored_order()));
+        let head = std::mem::take(&mut self.keys);
+        let mut merged = Vec::with_capacity(head.len() + tail.len());
+        let (mut head, mut tail) = (head.into_iter().peekable(), tail.into_iter().peekable());
+        loop {
+            let next = match (head.peek(), tail.peek()) {
+                (Some(h), Some(t)) if h.stored_order() <= t.stored_order() => head.next(),
+                (_, Some(_)) => tail.next(),
+                (Some(_), None) => head.next(),
+                (None, None) => break,
+            };
+            if let Some(key) = next
+                && merged.last() != Some(&key)
+            {
+                merged.push(key);
+            }
+        }
+        self.keys = merged;
+        self.sorted = self.keys.len();
+    }
 }
 
 #[derive(Debug)]
@@ -675,6 +716,67 @@ impl TaskCache {
         true
     }
 
+    /// Up to `limit` keys of `bucket` after `after`, in stored order, as this cache and the store
+    /// below hold them together: the bucket's dirty keys merged with the store's (a dirty entry
+    /// decides: one holding a value is listed once, a deleted one not at all; clean entries equal
+    /// the store). The caller waited for the in-flight runs, so nothing is between the two.
+    fn keys_after(
+        &mut self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+        inner: &dyn StateBackend,
+    ) -> Result<Vec<StateKey>, StateError> {
+        debug_assert!(self.is_idle(), "a key scan with writes in flight");
+        let Self { dirty, entries, .. } = self;
+        let Some(list) = dirty.get_mut(&bucket).filter(|_| limit > 0) else {
+            return inner.bucket_keys_after(bucket, after, limit);
+        };
+        list.sort();
+        // Keys of another bucket compare by bucket first, as the store's cursor does.
+        let is_after = |key: &CompactKey| {
+            after.is_none_or(|a| (bucket, key.stored_order()) > (a.bucket, (a.state, a.key.as_slice())))
+        };
+        let mut dirty_at = list.keys.partition_point(|key| !is_after(key));
+        let mut below = inner.bucket_keys_after(bucket, after, limit)?;
+        let mut below_at = 0;
+        let mut out = Vec::new();
+        while out.len() < limit {
+            while dirty_at < list.keys.len() && !entries.get(&list.keys[dirty_at]).is_some_and(|s| s.dirty) {
+                dirty_at += 1;
+            }
+            if below_at == below.len() && below.len() == limit {
+                // The page below is used up and may have more after it.
+                let cursor = below.pop();
+                below = inner.bucket_keys_after(bucket, cursor.as_ref(), limit)?;
+                below_at = 0;
+            }
+            let stored = below.get(below_at);
+            let order = |key: &CompactKey| stored.map(|s| key.stored_order().cmp(&(s.state, s.key.as_slice())));
+            match list.keys.get(dirty_at) {
+                // The next dirty key comes first (or is the same key): the cache decides.
+                Some(key) if order(key).is_none_or(|o| o != std::cmp::Ordering::Greater) => {
+                    if order(key) == Some(std::cmp::Ordering::Equal) {
+                        below_at += 1;
+                    }
+                    if entries.get(key).is_some_and(|slot| slot.value.is_present()) {
+                        out.push(key.to_state_key());
+                    }
+                    dirty_at += 1;
+                }
+                // The store's next key comes first, and is not dirty here: the store is right.
+                _ => match stored {
+                    Some(stored) => {
+                        out.push(stored.clone());
+                        below_at += 1;
+                    }
+                    None => break,
+                },
+            }
+        }
+        Ok(out)
+    }
+
     /// Bytes charged for cached entries (not in flight).
     fn cached_bytes(&self) -> usize {
         self.bytes - self.in_flight_bytes
@@ -737,8 +839,9 @@ fn stored_key_hash(key: &CompactKey) -> u64 {
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list.
 fn compact(list: &mut DirtyList, entries: &HashMap<CompactKey, Slot, KeyHash>) {
     list.keys.retain(|key| entries.get(key).is_some_and(|slot| slot.dirty));
-    list.keys.sort_unstable();
+    list.keys.sort_unstable_by(|a, b| a.stored_order().cmp(&b.stored_order()));
     list.keys.dedup();
+    list.sorted = list.keys.len();
 }
 
 impl StateBackend for CachedBackend {
@@ -845,8 +948,7 @@ impl StateBackend for CachedBackend {
     ) -> Result<Vec<StateKey>, StateError> {
         const OP: &str = "bucket_keys_after";
         let mut cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
-        cache.write_back_buckets(&[bucket], self.shared.inner.as_ref())?;
-        self.shared.inner.bucket_keys_after(bucket, after, limit)
+        cache.keys_after(bucket, after, limit, self.shared.inner.as_ref())
     }
 
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {
@@ -911,11 +1013,59 @@ mod tests {
         let keys: Vec<StateKey> = (0..1000).map(|i| key(1, i)).collect();
         let values = store.get_many(&keys)?;
         assert!(values.iter().enumerate().all(|(i, v)| *v == Some((i as u32).to_le_bytes().to_vec())));
-        // Nothing reaches the inner store before eviction or a range read.
+        // Nothing reaches the inner store before eviction or a bucket scan; a key-only page lists
+        // the cached key without writing it back.
         store.write_many(vec![StateWrite::Put(key(2, 0), b"x".to_vec())])?;
         assert_eq!(below.get_many(&[key(2, 0)])?, vec![None]);
         assert_eq!(store.bucket_keys_after(2, None, 10)?, vec![key(2, 0)]);
+        assert_eq!(below.get_many(&[key(2, 0)])?, vec![None]);
+        store.scan_buckets(&[2], 1 << 20, &mut |_| Ok(()))?;
         assert_eq!(below.get_many(&[key(2, 0)])?, vec![Some(b"x".to_vec())]);
+        Ok(())
+    }
+
+    #[test]
+    fn key_pages_merge_dirty_entries_with_the_store_below() -> Result<(), StateError> {
+        let env = CachedEnv::new(MemoryEnv::new(), 1 << 20);
+        let task = TaskId::new(OperatorId(1), 0);
+        let store = env.open_task(task)?;
+        let below = env.inner().open_task(task)?;
+        // Keys 0, 2, …, 18 of bucket 3 below (a bucket scan writes them back), clean here.
+        store.write_many((0..10).map(|i| StateWrite::Put(key(3, 2 * i), vec![1])).collect())?;
+        store.scan_buckets(&[3], 1 << 20, &mut |_| Ok(()))?;
+        // Dirty here only: 2 and 6 deleted, 5 and 19 new, 4 rewritten, a key of bucket 4.
+        store.write_many(vec![
+            StateWrite::Delete(key(3, 2)),
+            StateWrite::Delete(key(3, 6)),
+            StateWrite::Put(key(3, 5), vec![2]),
+            StateWrite::Put(key(3, 19), vec![2]),
+            StateWrite::Put(key(3, 4), vec![2]),
+            StateWrite::Put(key(4, 1), vec![2]),
+        ])?;
+        let expected: Vec<StateKey> = [0, 4, 5, 8, 10, 12, 14, 16, 18, 19].map(|i| key(3, i)).to_vec();
+        for page in [1, 2, 3, 4, 100] {
+            let (mut keys, mut at) = (Vec::new(), None);
+            loop {
+                let got = store.bucket_keys_after(3, at.as_ref(), page)?;
+                assert!(got.len() <= page);
+                at = got.last().cloned().or(at);
+                let end = got.len() < page;
+                keys.extend(got);
+                if end {
+                    break;
+                }
+            }
+            assert_eq!(keys, expected, "pages of {page}");
+        }
+        assert_eq!(store.bucket_keys_after(3, Some(&key(3, 6)), 2)?, vec![key(3, 8), key(3, 10)]);
+        assert_eq!(store.bucket_keys_after(3, Some(&key(2, 99)), 2)?, vec![key(3, 0), key(3, 4)]);
+        assert_eq!(store.bucket_keys_after(3, Some(&key(4, 0)), 2)?, Vec::<StateKey>::new());
+        // Keys that turn dirty after a page are merged into the next one.
+        store.write_many(vec![StateWrite::Put(key(3, 1), vec![3]), StateWrite::Delete(key(3, 8))])?;
+        assert_eq!(store.bucket_keys_after(3, None, 4)?, [0, 1, 4, 5].map(|i| key(3, i)).to_vec());
+        assert_eq!(store.bucket_keys_after(3, Some(&key(3, 5)), 2)?, vec![key(3, 10), key(3, 12)]);
+        // None of it was written back: the store below still holds the ten keys it had.
+        assert_eq!(below.bucket_keys_after(3, None, 100)?, (0..10).map(|i| key(3, 2 * i)).collect::<Vec<_>>());
         Ok(())
     }
 
