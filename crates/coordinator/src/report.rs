@@ -147,9 +147,8 @@ pub struct ReportSummary {
     pub peak_lag_mean_ms: Option<f64>,
     /// Highest per-second p99 source lag, ms.
     pub peak_lag_p99_ms: Option<f64>,
-    /// Σ `state_bytes_moved` over all tasks and seconds.
-    pub state_bytes_moved: f64,
-    /// The same bytes, split into moved on demand and in the background.
+    /// State moved between tasks, on demand (Σ `state_bytes_moved`) and in the background
+    /// (Σ `state_bytes_pulled`).
     pub state_moved: StateMoved,
     /// Worst per-second p99 source lag over the last [`TAIL_S`] seconds with lag samples, ms.
     pub tail_lag_p99_ms: Option<f64>,
@@ -233,7 +232,6 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         mean_throughput: if table.rows.is_empty() { 0.0 } else { records_total / table.rows.len() as f64 },
         peak_lag_mean_ms: max_of(|r| r.lag_mean_ms),
         peak_lag_p99_ms: max_of(|r| r.lag_p99_ms),
-        state_bytes_moved: table.rows.iter().map(|r| r.state_bytes_moved).sum(),
         state_moved,
         tail_lag_p99_ms: tail.iter().rev().take(TAIL_S).copied().reduce(f64::max),
         capacity: config.as_ref().map(|c| c.runtime.capacity_line()),
@@ -444,7 +442,7 @@ impl fmt::Display for ReportSummary {
         writeln!(
             f,
             "state moved: {} ({} on demand, {} in the background); pause total: {} ms",
-            fmt_bytes(self.state_bytes_moved),
+            fmt_bytes(self.state_moved.total()),
             fmt_bytes(self.state_moved.on_demand),
             fmt_bytes(self.state_moved.background),
             self.pause_ms_total

@@ -66,6 +66,7 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
         }
         if (RECONFIG_AT..RECONFIG_AT + 5).contains(&t) {
             samples.push(at("aggregate.0", metric::STATE_BYTES_MOVED, 1_048_576.0));
+            samples.push(at("aggregate.0", metric::STATE_BYTES_PULLED, 524_288.0));
         }
         store.insert_samples(run, &samples).unwrap();
     }
@@ -123,7 +124,10 @@ fn scale_out_dip_and_backlog_recovery() {
     assert!((summary.mean_throughput - 121_000.0 / 120.0).abs() < 1e-9);
     assert_eq!(summary.peak_lag_mean_ms, Some(2000.0));
     assert_eq!(summary.peak_lag_p99_ms, Some(4000.0));
-    assert_eq!(summary.state_bytes_moved, 5.0 * 1_048_576.0);
+    assert_eq!(summary.state_moved.on_demand, 5.0 * 1_048_576.0);
+    assert_eq!(summary.state_moved.background, 2.5 * 1_048_576.0);
+    let text = summary.to_string();
+    assert!(text.contains("state moved: 7.50 MiB (5.00 MiB on demand, 2.50 MiB in the background)"), "{text}");
     assert_eq!(summary.pause_ms_total, 1_500);
     let row = &summary.table.rows[10];
     assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");
