@@ -405,7 +405,7 @@ struct Slot {
 /// Hash tables of the cache's entries, one picked per key by bits of its hash, so that a table
 /// that grows rehashes 1/[`SHARDS`] of the entries on the task thread: one table passing 1.8 M
 /// entries (a 2 GiB cache) stalled a batch for 1.9 s, the rehash and the page faults of the
-/// doubled table; 64 tables still stalled batches for 10–15 ms each. The tables grow at staggered fills (see [`Entries::insert_new`]), so a table's
+/// doubled table. The tables grow at staggered fills (see [`Entries::insert_new`]), so a table's
 /// load is between 1/4 and 7/8. A key is hashed once per operation.
 #[derive(Debug)]
 struct Entries {
@@ -445,7 +445,7 @@ impl Entries {
         let table = &mut self.shards[shard];
         debug_assert!(table.find(hash, |(k, _)| *k == key).is_none(), "inserted twice");
         // Tables fill at the same rate, so at the same fill they would all grow within the same
-        // few batches (64 tables of 57 k entries in 0.1 s stalled a task for 1.6 s). Table i
+        // few batches, as one table did. Table i
         // grows early, at (1 + i / SHARDS) / 2 of its room: one after another as the cache fills.
         let room = table.capacity();
         if room > 64 && table.len() >= room / 2 + room * shard / (2 * SHARDS) {
