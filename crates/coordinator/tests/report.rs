@@ -127,7 +127,10 @@ fn scale_out_dip_and_backlog_recovery() {
     assert_eq!(summary.state_moved.on_demand, 5.0 * 1_048_576.0);
     assert_eq!(summary.state_moved.background, 2.5 * 1_048_576.0);
     let text = summary.to_string();
-    assert!(text.contains("state moved: 7.50 MiB (5.00 MiB on demand, 2.50 MiB in the background)"), "{text}");
+    assert!(
+        text.contains("state moved: 7.50 MiB (5.00 MiB on demand, 2.50 MiB in the background)"),
+        "{text}"
+    );
     assert_eq!(summary.pause_ms_total, 1_500);
     let row = &summary.table.rows[10];
     assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");

@@ -58,8 +58,8 @@ use crate::compact::{CompactKey, CompactValue, KeyHash, check_key};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
 use crate::written_keys::WrittenKeys;
-use hashbrown::HashTable;
 use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch};
+use hashbrown::HashTable;
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
 /// the hash table slot (inline key, inline value, flags: 72 bytes) at a load of 7/8 with its
@@ -405,8 +405,8 @@ struct Slot {
 /// Hash tables of the cache's entries, one picked per key by bits of its hash, so that a table
 /// that grows rehashes 1/[`SHARDS`] of the entries on the task thread: one table passing 1.8 M
 /// entries (a 2 GiB cache) stalled a batch for 1.9 s, the rehash and the page faults of the
-/// doubled table. The tables grow at staggered fills (see [`Entries::insert_new`]), so a table's
-/// load is between 1/4 and 7/8. A key is hashed once per operation.
+/// doubled table. The tables grow at staggered fills (see [`Entries::insert_new`]), so a
+/// table's load is between 1/4 and 7/8. A key is hashed once per operation.
 #[derive(Debug)]
 struct Entries {
     shards: Box<[HashTable<(CompactKey, Slot)>]>,
@@ -824,7 +824,8 @@ impl TaskCache {
                 below_at = 0;
             }
             let stored = below.get(below_at);
-            let order = |key: &CompactKey| stored.map(|s| key.stored_order().cmp(&(s.state, s.key.as_slice())));
+            let order =
+                |key: &CompactKey| stored.map(|s| key.stored_order().cmp(&(s.state, s.key.as_slice())));
             match list.keys.get(dirty_at) {
                 // The next dirty key comes first (or is the same key): the cache decides.
                 Some(key) if order(key).is_none_or(|o| o != std::cmp::Ordering::Greater) => {
@@ -1137,7 +1138,10 @@ mod tests {
         assert_eq!(store.bucket_keys_after(3, None, 4)?, [0, 1, 4, 5].map(|i| key(3, i)).to_vec());
         assert_eq!(store.bucket_keys_after(3, Some(&key(3, 5)), 2)?, vec![key(3, 10), key(3, 12)]);
         // None of it was written back: the store below still holds the ten keys it had.
-        assert_eq!(below.bucket_keys_after(3, None, 100)?, (0..10).map(|i| key(3, 2 * i)).collect::<Vec<_>>());
+        assert_eq!(
+            below.bucket_keys_after(3, None, 100)?,
+            (0..10).map(|i| key(3, 2 * i)).collect::<Vec<_>>()
+        );
         Ok(())
     }
 
