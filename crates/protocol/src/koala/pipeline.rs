@@ -70,17 +70,21 @@ impl Outstanding {
     }
 }
 
-/// A record with the operator input it arrived on (0, or 1 for the right side of a join).
+/// A record with the operator input it arrived on (0, or 1 for the right side of a join), and
+/// its key's bucket, computed once where the record arrived (its routing needs it): the batch's
+/// lookup and a hand-over's removal of its buckets' records read it instead of hashing the key
+/// again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct InputRecord {
     pub(crate) input: usize,
+    pub(crate) bucket: BucketId,
     pub(crate) record: Record,
 }
 
 /// Splits records into consecutive runs of one input, keeping their order.
 pub(crate) fn runs_by_input(records: impl IntoIterator<Item = InputRecord>) -> Vec<(usize, Vec<Record>)> {
     let mut runs: Vec<(usize, Vec<Record>)> = Vec::new();
-    for InputRecord { input, record } in records {
+    for InputRecord { input, record, .. } in records {
         match runs.last_mut() {
             Some((i, run)) if *i == input => run.push(record),
             _ => runs.push((input, vec![record])),
@@ -166,8 +170,7 @@ impl KoalaTask {
         let mut seen: HashSet<AskedKey<'_>, BuildHasherDefault<Prehashed>> = HashSet::default();
         let mut candidates = Vec::new();
         let size = self.pipeline.inbox.len().min(MAX_BATCH_RECORDS);
-        for InputRecord { record: r, .. } in self.pipeline.inbox.iter().take(size) {
-            let bucket = bucket_of(&r.key, self.num_buckets);
+        for &InputRecord { bucket, record: ref r, .. } in self.pipeline.inbox.iter().take(size) {
             if self.klt.is_settled(bucket) {
                 // Inbox records are owned when queued and a hand-over takes its buckets' records
                 // out first, so an unowned one cannot happen; refuse to touch its state if it does.

@@ -426,11 +426,11 @@ impl KoalaTask {
         for record in records {
             let bucket = bucket_of(&record.key, self.num_buckets);
             match self.route_direct(channel, bucket) {
-                Route::Local => self.admit(InputRecord { input, record }),
+                Route::Local => self.admit(InputRecord { input, bucket, record }),
                 Route::Park => {
                     self.held.add(record.time);
                     if let Some(t) = self.transition.as_mut() {
-                        t.parked.entry(bucket).or_default().push_back(InputRecord { input, record });
+                        t.parked.entry(bucket).or_default().push_back(InputRecord { input, bucket, record });
                     }
                 }
                 Route::Forward(to) => forwards.entry(to).or_default().push(record),
@@ -559,9 +559,7 @@ impl KoalaTask {
     /// Records of the inbox that belong to `buckets`, removed in order (for a hand-over).
     pub(super) fn take_inbox(&mut self, buckets: &BTreeSet<BucketId>) -> Vec<InputRecord> {
         let (moved, kept): (VecDeque<InputRecord>, VecDeque<InputRecord>) =
-            std::mem::take(&mut self.pipeline.inbox)
-                .into_iter()
-                .partition(|r| buckets.contains(&bucket_of(&r.record.key, self.num_buckets)));
+            std::mem::take(&mut self.pipeline.inbox).into_iter().partition(|r| buckets.contains(&r.bucket));
         self.pipeline.inbox = kept;
         for r in &moved {
             self.held.remove(r.record.time);

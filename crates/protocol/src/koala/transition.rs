@@ -265,7 +265,7 @@ impl KoalaTask {
                     let bucket = bucket_of(&record.key, self.num_buckets);
                     if t.incoming.get(&bucket) == Some(&from) {
                         self.held.add(record.time);
-                        self.pipeline.inbox.push_back(InputRecord { input, record });
+                        self.pipeline.inbox.push_back(InputRecord { input, bucket, record });
                     } else {
                         out.push(TaskAction::Error(ProtocolError::Misrouted {
                             bucket,
