@@ -59,6 +59,7 @@ use crate::key::check_value;
 use crate::scan::sorted_buckets;
 use crate::written_keys::WrittenKeys;
 use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch};
+use hashbrown::HashTable;
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
 /// the hash table slot (inline key, inline value, flags: 72 bytes) at a load of 7/8 with its
@@ -401,6 +402,75 @@ struct Slot {
     referenced: bool,
 }
 
+/// Hash tables of the cache's entries, one picked per key by bits of its hash, so that a table
+/// that grows rehashes 1/[`SHARDS`] of the entries on the task thread: one table passing 1.8 M
+/// entries (a 2 GiB cache) stalled a batch for 1.9 s, the rehash and the page faults of the
+/// doubled table. The tables grow at staggered fills (see [`Entries::insert_new`]), so a
+/// table's load is between 1/4 and 7/8. A key is hashed once per operation.
+#[derive(Debug)]
+struct Entries {
+    shards: Box<[HashTable<(CompactKey, Slot)>]>,
+}
+
+/// Tables of [`Entries`].
+const SHARDS: usize = 1024;
+
+impl Default for Entries {
+    fn default() -> Self {
+        Self { shards: (0..SHARDS).map(|_| HashTable::new()).collect() }
+    }
+}
+
+impl Entries {
+    /// The key's hash and its table. The table is picked by middle bits: hashbrown places by the
+    /// low bits and tags by the top seven.
+    fn locate(&self, key: &CompactKey) -> (u64, usize) {
+        let hash = stored_key_hash(key);
+        (hash, (hash >> 32) as usize % SHARDS)
+    }
+
+    fn get(&self, key: &CompactKey) -> Option<&Slot> {
+        let (hash, shard) = self.locate(key);
+        self.shards[shard].find(hash, |(k, _)| k == key).map(|(_, slot)| slot)
+    }
+
+    fn get_mut(&mut self, key: &CompactKey) -> Option<&mut Slot> {
+        let (hash, shard) = self.locate(key);
+        self.shards[shard].find_mut(hash, |(k, _)| k == key).map(|(_, slot)| slot)
+    }
+
+    /// Adds a key that is not in the table (the callers looked it up first).
+    fn insert_new(&mut self, key: CompactKey, slot: Slot) {
+        let (hash, shard) = self.locate(&key);
+        let table = &mut self.shards[shard];
+        debug_assert!(table.find(hash, |(k, _)| *k == key).is_none(), "inserted twice");
+        // Tables fill at the same rate, so at the same fill they would all grow within the same
+        // few batches, as one table did. Table i
+        // grows early, at (1 + i / SHARDS) / 2 of its room: one after another as the cache fills.
+        let room = table.capacity();
+        if room > 64 && table.len() >= room / 2 + room * shard / (2 * SHARDS) {
+            table.reserve(room + 1 - table.len(), |(k, _)| stored_key_hash(k));
+        }
+        table.insert_unique(hash, (key, slot), |(k, _)| stored_key_hash(k));
+    }
+
+    fn remove(&mut self, key: &CompactKey) -> Option<Slot> {
+        let (hash, shard) = self.locate(key);
+        let entry = self.shards[shard].find_entry(hash, |(k, _)| k == key).ok()?;
+        Some(entry.remove().0.1)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&CompactKey, &mut Slot) -> bool) {
+        for shard in &mut self.shards {
+            shard.retain(|(key, slot)| keep(key, slot));
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&CompactKey, &Slot)> {
+        self.shards.iter().flat_map(|shard| shard.iter().map(|(key, slot)| (key, slot)))
+    }
+}
+
 /// A dirty entry evicted and queued for the writer, not yet below.
 #[derive(Debug)]
 struct InFlight {
@@ -470,7 +540,7 @@ impl DirtyList {
 struct TaskCache {
     /// A hash map, not an ordered one: a lookup is one probe of the table, whose slot holds the
     /// inline key and value (two cache misses on a big cache, where an `IndexMap` takes three).
-    entries: HashMap<CompactKey, Slot, KeyHash>,
+    entries: Entries,
     /// Every cached key once, in no particular order: the CLOCK hand's circle.
     ring: Vec<CompactKey>,
     dirty: HashMap<BucketId, DirtyList>,
@@ -501,8 +571,10 @@ struct TaskCache {
 impl TaskCache {
     fn new(capacity: usize, known_empty: bool) -> Self {
         Self {
-            entries: HashMap::default(),
-            ring: Vec::new(),
+            entries: Entries::default(),
+            // Reserved for a full cache: doubling copied the whole ring on the task thread. Pages
+            // become resident as it fills, in order.
+            ring: Vec::with_capacity(capacity / ENTRY_OVERHEAD_BYTES),
             dirty: HashMap::new(),
             in_flight: HashMap::default(),
             queued: VecDeque::new(),
@@ -561,7 +633,7 @@ impl TaskCache {
                 }
                 let listed = dirty.then(|| key.clone());
                 self.ring.push(key.clone());
-                self.entries.insert(key, Slot { value, dirty, referenced: true });
+                self.entries.insert_new(key, Slot { value, dirty, referenced: true });
                 listed
             }
         };
@@ -838,7 +910,7 @@ fn stored_key_hash(key: &CompactKey) -> u64 {
 }
 
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list.
-fn compact(list: &mut DirtyList, entries: &HashMap<CompactKey, Slot, KeyHash>) {
+fn compact(list: &mut DirtyList, entries: &Entries) {
     list.keys.retain(|key| entries.get(key).is_some_and(|slot| slot.dirty));
     list.keys.sort_unstable_by(|a, b| a.stored_order().cmp(&b.stored_order()));
     list.keys.dedup();
