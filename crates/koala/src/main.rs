@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 /// mimalloc instead of glibc's allocator for every koala process: the record path allocates per
 /// batch and per message, and glibc's `free`/`malloc_consolidate` took 13–18 % of an aggregate
 /// task (`perf`). `koala bench --cache-mb 256`, binaries back to back: 9.2–9.6 instead of
-/// 10.6–11.0 CPU-seconds for 10 M records (docs/architecture.md §11).
+/// 10.6–11.0 CPU-seconds for 10 M records. Built without transparent huge pages (feature
+/// `no_thp`), whose first-touch zeroing made 12–15 ms batches (docs/architecture.md §11).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -404,7 +404,7 @@ struct Slot {
 
 /// Hash tables of the cache's entries, one picked per key by bits of its hash, so that a table
 /// that grows rehashes 1/[`SHARDS`] of the entries on the task thread: one table passing 1.8 M
-/// entries (a 2 GiB cache) stalled a batch for 1.9 s, the rehash and the page faults of the
+/// entries (a 2 GiB cache) stalled a batch for 1.3 s, the rehash and the page faults of the
 /// doubled table. The tables grow at staggered fills (see [`Entries::insert_new`]), so a
 /// table's load is between 1/4 and 7/8. A key is hashed once per operation.
 #[derive(Debug)]
