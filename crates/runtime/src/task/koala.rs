@@ -521,7 +521,7 @@ impl KoalaOperator {
         let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
         self.op.metrics.state_reads += location.reads;
         let metrics = &mut self.op.metrics;
-        for (_, value) in response.values.iter().filter_map(|(k, v)| Some((k, v.as_ref()?))) {
+        for value in response.values.iter().filter_map(|(_, v)| v.as_ref()) {
             metrics.state_bytes_moved += value.len() as u64;
             metrics.state_keys_sent += 1;
         }
