@@ -28,6 +28,7 @@ fn demo_writes_progress_metrics_and_plots() {
         metric::RECORDS_OUT,
         metric::BATCH_LATENCY_MEAN_US,
         metric::BATCH_LATENCY_P99_US,
+        metric::BATCH_LATENCY_MAX_US,
         metric::SOURCE_LAG_MEAN_MS,
         metric::SOURCE_LAG_P99_MS,
         metric::STATE_READS,
@@ -36,6 +37,15 @@ fn demo_writes_progress_metrics_and_plots() {
     ] {
         let series = store.per_second(&run, m, Aggregate::Sum, TaskScope::All).expect("query");
         assert!(!series.is_empty(), "no samples of {m}");
+    }
+    // The longest batch of a second is at least its 99th percentile, in every second.
+    let p99 =
+        store.per_second(&run, metric::BATCH_LATENCY_P99_US, Aggregate::Max, TaskScope::All).expect("query");
+    let max =
+        store.per_second(&run, metric::BATCH_LATENCY_MAX_US, Aggregate::Max, TaskScope::All).expect("query");
+    assert_eq!(p99.len(), max.len(), "batch p99 and max cover different seconds");
+    for ((t, p), (_, m)) in p99.iter().zip(&max) {
+        assert!(m >= p, "second {t}: longest batch {m} µs below the p99 {p} µs");
     }
     let reads: f64 = store
         .per_second(&run, metric::STATE_READS, Aggregate::Sum, TaskScope::All)

@@ -192,6 +192,7 @@ impl TaskMetrics {
         if !self.batch_latency_us.is_empty() {
             push(metric::BATCH_LATENCY_MEAN_US, self.batch_latency_us.mean());
             push(metric::BATCH_LATENCY_P99_US, self.batch_latency_us.value_at_quantile(0.99) as f64);
+            push(metric::BATCH_LATENCY_MAX_US, self.batch_latency_us.max() as f64);
         }
         if self.reports_lag && !self.lag_ms.is_empty() {
             push(metric::SOURCE_LAG_MEAN_MS, self.lag_ms.mean());
