@@ -17,20 +17,17 @@
 use std::collections::HashMap;
 
 use koala_types::BucketId;
+use koala_types::bloom::{BloomBlock, block_of};
 
 /// Keys the first layer of a bucket holds; each later layer holds four times the one before.
 const FIRST_LAYER_KEYS: usize = 1024;
 /// Filter bits per key.
 const BITS_PER_KEY: usize = 12;
-/// Odd multipliers that pick a key's bit in each of its block's eight words (the split block
-/// Bloom filter's salts, as in Parquet).
-const SALTS: [u32; 8] =
-    [0x47b6_137b, 0x4497_4d91, 0x8824_ad5b, 0xa2b7_289d, 0x7054_95c7, 0x2df1_424b, 0x9efc_4947, 0x5c6b_fb31];
 
-/// One blocked Bloom filter of a fixed number of keys.
+/// One split block Bloom filter (`koala_types::bloom`) of a fixed number of keys.
 #[derive(Debug)]
 struct Layer {
-    blocks: Vec<[u64; 8]>,
+    blocks: Vec<BloomBlock>,
     capacity: usize,
     len: usize,
 }
@@ -38,29 +35,17 @@ struct Layer {
 impl Layer {
     fn new(capacity: usize) -> Self {
         let blocks = (capacity * BITS_PER_KEY).div_ceil(512).max(1);
-        Self { blocks: vec![[0; 8]; blocks], capacity, len: 0 }
-    }
-
-    /// The block of `hash` and its mask: one bit in each of the block's eight words.
-    fn probe(&self, hash: u64) -> (usize, [u64; 8]) {
-        // The high half picks the block (multiply-shift, no modulo); the low half, multiplied by
-        // each salt, picks a word's bit from the product's top six bits.
-        let block = ((u128::from(hash >> 32) * self.blocks.len() as u128) >> 32) as usize;
-        let low = hash as u32;
-        (block, SALTS.map(|salt| 1u64 << (low.wrapping_mul(salt) >> 26)))
+        Self { blocks: vec![BloomBlock::default(); blocks], capacity, len: 0 }
     }
 
     fn insert(&mut self, hash: u64) {
-        let (block, mask) = self.probe(hash);
-        for (word, bit) in self.blocks[block].iter_mut().zip(mask) {
-            *word |= bit;
-        }
+        let n = self.blocks.len();
+        self.blocks[block_of(hash, n)].insert(hash);
         self.len += 1;
     }
 
     fn may_hold(&self, hash: u64) -> bool {
-        let (block, mask) = self.probe(hash);
-        self.blocks[block].iter().zip(mask).all(|(word, bit)| word & bit != 0)
+        self.blocks[block_of(hash, self.blocks.len())].contains(hash)
     }
 
     fn bytes(&self) -> usize {

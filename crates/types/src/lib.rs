@@ -1,6 +1,7 @@
 //! Vocabulary shared by every koala-rs crate (docs/architecture.md §1): ids, the record, the one
 //! binary codec, bucket hashing and the in-band channel messages. Nothing here does I/O.
 
+pub mod bloom;
 mod bucket;
 mod codec;
 pub mod frame;

@@ -31,47 +31,11 @@ use serde::{Deserialize, Serialize};
 use super::klt::key_hash;
 use super::serve::LocationStore;
 use koala_types::BucketId;
+use koala_types::bloom::{BloomBlock as Block, block_of};
 
 /// Filter bits per distinct key. With 512-bit blocks and eight bits set per key this gives
 /// ≈ 0.40 % false positives (0.19 % at 14, 0.09 % at 16).
 const BITS_PER_KEY: usize = 12;
-
-/// Odd multipliers that pick a key's bit in each word of its block from the low half of its
-/// hash (Apache Parquet's split block Bloom filter uses these eight).
-const SALT: [u32; 8] =
-    [0x47b6_137b, 0x4497_4d91, 0x8824_ad5b, 0xa2b7_289d, 0x7054_95c7, 0x2df1_424b, 0x9efc_4947, 0x5c6b_fb31];
-
-/// One cache line of a filter: eight 64-bit words, in each of which a key sets one bit.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(align(64))]
-struct Block([u64; 8]);
-
-impl Block {
-    /// The bit of each word for `hash` (from its low 32 bits; the block comes from the high ones).
-    #[inline]
-    fn mask(hash: u64) -> [u64; 8] {
-        let low = hash as u32;
-        SALT.map(|salt| 1u64 << (low.wrapping_mul(salt) >> 26))
-    }
-
-    fn insert(&mut self, hash: u64) {
-        for (word, bit) in self.0.iter_mut().zip(Self::mask(hash)) {
-            *word |= bit;
-        }
-    }
-
-    #[inline]
-    fn contains(&self, hash: u64) -> bool {
-        // No early exit: the eight tests are cheaper than a mispredicted branch.
-        self.0.iter().zip(Self::mask(hash)).fold(true, |all, (word, bit)| all & (word & bit != 0))
-    }
-}
-
-/// The block of `hash` among `n` (from its high 32 bits, by multiply-shift: no division).
-#[inline]
-fn block_of(hash: u64, n: usize) -> usize {
-    (((hash >> 32) * n as u64) >> 32) as usize
-}
 
 /// An immutable set of key hashes ([`key_hash`]) with no false negatives.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
