@@ -1,5 +1,6 @@
 //! Vocabulary shared by every koala-rs crate (docs/architecture.md §1): ids, the record, the one
-//! binary codec, bucket hashing and the in-band channel messages. Nothing here does I/O.
+//! binary codec, bucket hashing, the in-band channel messages and the block of a split block Bloom
+//! filter. Nothing here does I/O.
 
 pub mod bloom;
 mod bucket;
