@@ -1,12 +1,15 @@
-//! Batched state I/O of one task on the fjall backend: 1000 keys × 100-byte values per batch,
-//! the shape of a task's state access at a batch boundary. Print-only, not part of the tests.
+//! Batched state I/O of one task: on the fjall backend, 1000 keys × 100-byte values per batch,
+//! the shape of a task's state access at a batch boundary; behind the state cache, a batch of
+//! 4096 distinct keys of 1 M resident ones with 8-byte values (a running count, the shape of
+//! `koala bench`: the cache's hash table is far bigger than the CPU caches), read and written
+//! back. Print-only, not part of the tests.
 
 #![expect(missing_docs, reason = "criterion_group! generates an undocumented pub fn")]
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use koala_state::{FjallEnv, StateEnv, StateKey, StateWrite};
+use koala_state::{CachedEnv, FjallEnv, StateEnv, StateKey, StateWrite};
 use koala_types::{DEFAULT_NUM_BUCKETS, OperatorId, TaskId, bucket_of};
 
 const KEYS: u64 = 1000;
@@ -53,5 +56,52 @@ fn bench_fjall(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_fjall);
+fn bench_cache(c: &mut Criterion) {
+    const RESIDENT: u64 = 1_000_000;
+    const BATCH: u64 = 4096;
+    let dir = tempfile::tempdir().expect("creating a temporary state directory");
+    let env = CachedEnv::new(
+        FjallEnv::open(dir.path()).expect("opening the fjall state directory"),
+        512 << 20,
+    );
+    let store = env.open_task(TaskId::new(OperatorId(1), 0)).expect("opening the task store");
+    let count = |i: u64| StateWrite::Put(state_key(i), (i % 1000).to_le_bytes().to_vec());
+    for start in (0..RESIDENT).step_by(BATCH as usize) {
+        store.write_many((start..(start + BATCH).min(RESIDENT)).map(count).collect()).expect("populating");
+    }
+    // Batches of keys spread over the whole key space, a different batch each iteration.
+    let mut next = 0u64;
+    let mut batch = move || {
+        next += 1;
+        (0..BATCH)
+            .map(|i| state_key((next.wrapping_mul(7919) + i.wrapping_mul(1_000_003)) % RESIDENT))
+            .collect::<Vec<_>>()
+    };
+    let mut group = c.benchmark_group("cache_1M_keys_batch_4096");
+    group.throughput(Throughput::Elements(BATCH));
+    group.bench_function("get_many_hits", |b| {
+        b.iter_batched(&mut batch, |keys| black_box(store.get_many(&keys).expect("get_many")), BatchSize::SmallInput);
+    });
+    group.bench_function("get_many_then_write_many", |b| {
+        b.iter_batched(
+            &mut batch,
+            |keys| {
+                let values = store.get_many(&keys).expect("get_many");
+                let writes = keys
+                    .into_iter()
+                    .zip(values)
+                    .map(|(key, value)| {
+                        let n = value.map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap_or_default()));
+                        StateWrite::Put(key, (n + 1).to_le_bytes().to_vec())
+                    })
+                    .collect();
+                store.write_many(writes).expect("write_many");
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_fjall, bench_cache);
 criterion_main!(benches);
