@@ -60,10 +60,8 @@ fn bench_cache(c: &mut Criterion) {
     const RESIDENT: u64 = 1_000_000;
     const BATCH: u64 = 4096;
     let dir = tempfile::tempdir().expect("creating a temporary state directory");
-    let env = CachedEnv::new(
-        FjallEnv::open(dir.path()).expect("opening the fjall state directory"),
-        512 << 20,
-    );
+    let env =
+        CachedEnv::new(FjallEnv::open(dir.path()).expect("opening the fjall state directory"), 512 << 20);
     let store = env.open_task(TaskId::new(OperatorId(1), 0)).expect("opening the task store");
     let count = |i: u64| StateWrite::Put(state_key(i), (i % 1000).to_le_bytes().to_vec());
     for start in (0..RESIDENT).step_by(BATCH as usize) {
@@ -80,7 +78,11 @@ fn bench_cache(c: &mut Criterion) {
     let mut group = c.benchmark_group("cache_1M_keys_batch_4096");
     group.throughput(Throughput::Elements(BATCH));
     group.bench_function("get_many_hits", |b| {
-        b.iter_batched(&mut batch, |keys| black_box(store.get_many(&keys).expect("get_many")), BatchSize::SmallInput);
+        b.iter_batched(
+            &mut batch,
+            |keys| black_box(store.get_many(&keys).expect("get_many")),
+            BatchSize::SmallInput,
+        );
     });
     group.bench_function("get_many_then_write_many", |b| {
         b.iter_batched(

@@ -62,11 +62,11 @@ use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, 
 use hashbrown::HashTable;
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
-/// the hash table slot (inline key, inline value, flags: one 64-byte line) at a load of 7/8 with its
-/// control byte, the CLOCK ring's copy of the key (32) and a dirty-list copy (32), rounded up
-/// (a unit test checks it covers the real sizes). An in-flight entry (an in-flight map slot and
-/// its run's copy of the key) costs less and is charged the same.
-pub const ENTRY_OVERHEAD_BYTES: usize = 160;
+/// the hash table slot (inline key, inline value, flags: one 64-byte line) at a load of 1/2 (the
+/// tables' load is between 1/4 and 7/8) with its control bytes, and a dirty-list copy of the key
+/// (32), rounded up (a unit test checks it covers the real sizes). An in-flight entry (an
+/// in-flight map slot and its run's copy of the key) costs less and is charged the same.
+pub const ENTRY_OVERHEAD_BYTES: usize = 168;
 
 /// Stores of another env, each behind a write-back cache of `cache_bytes` (see the module docs).
 pub struct CachedEnv<E> {
@@ -418,9 +418,17 @@ const _: () = assert!(std::mem::size_of::<Line>() == 64, "a cache entry is one c
 /// entries (a 2 GiB cache) stalled a batch for 1.3 s, the rehash and the page faults of the
 /// doubled table. The tables grow at staggered fills (see [`Entries::insert_new`]), so a
 /// table's load is between 1/4 and 7/8. A key is hashed once per operation.
+///
+/// The CLOCK hand walks the tables' slots in memory order (see [`Entries::evict_next`]): a
+/// victim costs a sequential read, not a lookup of a key from a separate ring (a random miss
+/// per visited entry, and 32 more bytes per entry for the ring's copy of the key).
 #[derive(Debug)]
 struct Entries {
     shards: Box<[HashTable<Line>]>,
+    /// Entries in all tables.
+    len: usize,
+    /// The CLOCK hand: the table and the slot it looks at next.
+    hand: (usize, usize),
 }
 
 /// Tables of [`Entries`].
@@ -428,7 +436,7 @@ const SHARDS: usize = 1024;
 
 impl Default for Entries {
     fn default() -> Self {
-        Self { shards: (0..SHARDS).map(|_| HashTable::new()).collect() }
+        Self { shards: (0..SHARDS).map(|_| HashTable::new()).collect(), len: 0, hand: (0, 0) }
     }
 }
 
@@ -476,18 +484,49 @@ impl Entries {
             table.reserve(room + 1 - table.len(), |line| stored_key_hash(&line.key));
         }
         table.insert_unique(hash, Line { key, slot }, |line| stored_key_hash(&line.key));
-    }
-
-    fn remove(&mut self, key: &CompactKey) -> Option<Slot> {
-        let (hash, shard) = self.locate(key);
-        let entry = self.shards[shard].find_entry(hash, |line| line.key == *key).ok()?;
-        Some(entry.remove().0.slot)
+        self.len += 1;
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&CompactKey, &mut Slot) -> bool) {
         for shard in &mut self.shards {
             shard.retain(|line| keep(&line.key, &mut line.slot));
         }
+        self.len = self.shards.iter().map(HashTable::len).sum();
+    }
+
+    /// The CLOCK hand's next victim, removed: the hand walks the slots of table after table,
+    /// clears the reference bit of each entry it passes that has one, and takes the first that
+    /// has none. `None` if the cache is empty. A table that grew since the hand entered it has
+    /// new places for its entries, so the hand may pass some twice or not at all in that round:
+    /// CLOCK is an approximation of LRU either way. At most two rounds: the first clears every
+    /// bit it does not stop at.
+    fn evict_next(&mut self) -> Option<(CompactKey, Slot)> {
+        let mut wraps = 0;
+        while self.len > 0 {
+            let (shard, index) = self.hand;
+            let table = &mut self.shards[shard];
+            if index >= table.num_buckets() {
+                self.hand = ((shard + 1) % SHARDS, 0);
+                if self.hand.0 == 0 {
+                    wraps += 1;
+                    if wraps > 2 {
+                        debug_assert!(false, "{} entries counted, none found in two rounds", self.len);
+                        return None;
+                    }
+                }
+                continue;
+            }
+            self.hand.1 += 1;
+            let Some(line) = table.get_bucket_mut(index) else { continue };
+            if std::mem::take(&mut line.slot.referenced) {
+                continue;
+            }
+            let Ok(entry) = table.get_bucket_entry(index) else { continue };
+            self.len -= 1;
+            let Line { key, slot } = entry.remove().0;
+            return Some((key, slot));
+        }
+        None
     }
 
     fn iter(&self) -> impl Iterator<Item = (&CompactKey, &Slot)> {
@@ -565,8 +604,6 @@ struct TaskCache {
     /// A hash map, not an ordered one: a lookup is one probe of the table, whose slot holds the
     /// inline key and value (two cache misses on a big cache, where an `IndexMap` takes three).
     entries: Entries,
-    /// Every cached key once, in no particular order: the CLOCK hand's circle.
-    ring: Vec<CompactKey>,
     dirty: HashMap<BucketId, DirtyList>,
     /// Evicted dirty entries the writer has not written yet; an entry in `entries` is newer.
     in_flight: HashMap<CompactKey, InFlight, KeyHash>,
@@ -589,16 +626,12 @@ struct TaskCache {
     dirty_puts: u64,
     bytes: usize,
     capacity: usize,
-    hand: usize,
 }
 
 impl TaskCache {
     fn new(capacity: usize, known_empty: bool) -> Self {
         Self {
             entries: Entries::default(),
-            // Reserved for a full cache: doubling copied the whole ring on the task thread. Pages
-            // become resident as it fills, in order.
-            ring: Vec::with_capacity(capacity / ENTRY_OVERHEAD_BYTES),
             dirty: HashMap::new(),
             in_flight: HashMap::default(),
             queued: VecDeque::new(),
@@ -611,7 +644,6 @@ impl TaskCache {
             dirty_puts: 0,
             bytes: 0,
             capacity,
-            hand: 0,
         }
     }
 
@@ -656,7 +688,6 @@ impl TaskCache {
                     self.dirty_puts += 1;
                 }
                 let listed = dirty.then(|| key.clone());
-                self.ring.push(key.clone());
                 self.entries.insert_new(key, Slot { value, dirty, referenced: true });
                 listed
             }
@@ -749,7 +780,7 @@ impl TaskCache {
         if self.charged() <= self.capacity {
             return false;
         }
-        // Small steps: each walks the CLOCK ring on the task thread (the writer batches them).
+        // Small steps: each walks the CLOCK hand on the task thread (the writer batches them).
         // The target is for cached entries: what is in flight stays charged until written, so
         // the dirty victims of this step overshoot the budget until then (by at most what
         // backpressure lets be in flight).
@@ -757,24 +788,8 @@ impl TaskCache {
             (self.capacity - self.capacity / 256).saturating_sub(self.charged() - self.cached_bytes());
         let seq = self.next_run;
         let mut run = Run { seq, keys: Vec::new(), writes: StoredBatch::default() };
-        // Terminates: every step clears a reference bit or removes an entry.
-        while self.cached_bytes() > target && !self.ring.is_empty() {
-            if self.hand >= self.ring.len() {
-                self.hand = 0;
-            }
-            let key = &self.ring[self.hand];
-            let Some(slot) = self.entries.get_mut(key) else {
-                debug_assert!(false, "the ring holds a key that is not cached");
-                self.ring.swap_remove(self.hand);
-                continue;
-            };
-            if std::mem::take(&mut slot.referenced) {
-                self.hand += 1;
-                continue;
-            }
-            // The last key moves to the hand, and is looked at next.
-            let key = self.ring.swap_remove(self.hand);
-            let Some(slot) = self.entries.remove(&key) else { continue };
+        while self.cached_bytes() > target {
+            let Some((key, slot)) = self.entries.evict_next() else { break };
             let cost = entry_cost(&key, &slot.value);
             if !slot.dirty {
                 self.bytes -= cost;
@@ -916,8 +931,6 @@ impl TaskCache {
         });
         self.bytes -= freed;
         self.dirty_puts -= dirty_puts;
-        self.ring.retain(|key| !buckets.contains(&key.bucket()));
-        self.hand = 0;
         for bucket in buckets {
             self.dirty.remove(bucket);
             if let Some(written) = &mut self.written {
@@ -1291,7 +1304,7 @@ mod tests {
     fn the_charged_overhead_covers_the_real_layout() {
         let slot = std::mem::size_of::<Line>();
         let key = std::mem::size_of::<CompactKey>();
-        assert!(ENTRY_OVERHEAD_BYTES >= slot * 8 / 7 + 1 + 2 * key, "slot {slot} B, key {key} B");
+        assert!(ENTRY_OVERHEAD_BYTES >= 2 * (slot + 1) + key, "slot {slot} B, key {key} B");
     }
 
     #[test]
@@ -1401,6 +1414,31 @@ mod tests {
         let before = read_below();
         assert_eq!(store.get_many(&keys[..100])?, vec![None; 100]);
         assert_eq!(read_below(), before, "a deleted bucket's keys are absent without a read");
+        Ok(())
+    }
+
+    #[test]
+    fn keys_read_between_evictions_stay_cached_and_the_rest_are_evicted() -> Result<(), StateError> {
+        // Room for about 100 entries; 10 hot keys are read after every 10 writes of new keys.
+        let budget = 100 * (ENTRY_OVERHEAD_BYTES + 16);
+        let counting = CountingEnv::default();
+        let reads = counting.reads.clone();
+        let read_below = || reads.load(Ordering::Relaxed);
+        let env = CachedEnv::new(counting, budget);
+        let task = TaskId::new(OperatorId(1), 0);
+        let store = env.open_task(task)?;
+        let hot: Vec<StateKey> = (0..10).map(|i| key(i as BucketId, i)).collect();
+        store.write_many(hot.iter().map(|k| StateWrite::Put(k.clone(), b"hot".to_vec())).collect())?;
+        for i in 0..5_000u32 {
+            store.write_many(vec![StateWrite::Put(key((i % 64) as BucketId, 1000 + i), vec![1])])?;
+            if i % 10 == 9 {
+                assert_eq!(store.get_many(&hot)?, vec![Some(b"hot".to_vec()); 10]);
+            }
+        }
+        assert_eq!(read_below(), 0, "a hot key was evicted: CLOCK gave it no second chance");
+        // The cold keys were evicted: an early one is read from below.
+        assert_eq!(store.get_many(&[key(0, 1000)])?, vec![Some(vec![1])]);
+        assert_eq!(read_below(), 1, "an early cold key was still cached");
         Ok(())
     }
 
