@@ -11,7 +11,9 @@
 //! - **lag** = mean over source tasks of `source_lag_mean_ms` (tasks weighted equally); lag p99 =
 //!   max over source tasks of `source_lag_p99_ms`.
 //! - **per-batch latency** = mean over processing tasks of `batch_latency_mean_us`; p99 = max over
-//!   processing tasks of `batch_latency_p99_us`.
+//!   processing tasks of `batch_latency_p99_us`; max = max over processing tasks of
+//!   `batch_latency_max_us` (the longest batch of the second: one stall among hundreds of batches
+//!   is above the p99).
 //! - **state moved** = Σ `state_bytes_moved` over all tasks; **backpressure** = max over tasks of
 //!   `backpressure_ms` (the worst task's blocked milliseconds in that second).
 //! - Times are seconds since the run's start second (`runs.started_ms / 1000`); a
@@ -106,6 +108,8 @@ pub struct SecondRow {
     pub batch_latency_mean_us: Option<f64>,
     /// Worst processing task's p99 per-batch latency, µs.
     pub batch_latency_p99_us: Option<f64>,
+    /// Longest batch of any processing task, µs.
+    pub batch_latency_max_us: Option<f64>,
     /// State bytes sent between tasks this second.
     pub state_bytes_moved: f64,
     /// Worst task's milliseconds blocked on backpressure.
@@ -298,6 +302,7 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         (metric::BATCH_LATENCY_P99_US, Aggregate::Max, processing),
         (metric::STATE_BYTES_MOVED, Aggregate::Sum, TaskScope::All),
         (metric::BACKPRESSURE_MS, Aggregate::Max, TaskScope::All),
+        (metric::BATCH_LATENCY_MAX_US, Aggregate::Max, processing),
     ];
     let run_start_s = secs_of_ms(info.started_ms);
     let mut series: Vec<BTreeMap<i64, f64>> = Vec::with_capacity(columns.len());
@@ -326,6 +331,7 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
             batch_latency_p99_us: at(4, t),
             state_bytes_moved: at(5, t).unwrap_or(0.0),
             backpressure_ms: at(6, t),
+            batch_latency_max_us: at(7, t),
         })
         .collect();
     Ok(PerSecondTable { rows })
@@ -333,10 +339,19 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
 
 impl fmt::Display for PerSecondTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header =
-            ["t_s", "rec/s", "lag_ms", "lag_p99_ms", "batch_us", "batch_p99_us", "moved_B/s", "bp_ms"];
+        let header = [
+            "t_s",
+            "rec/s",
+            "lag_ms",
+            "lag_p99_ms",
+            "batch_us",
+            "batch_p99_us",
+            "batch_max_us",
+            "moved_B/s",
+            "bp_ms",
+        ];
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
-        let cells: Vec<[String; 8]> = self
+        let cells: Vec<[String; 9]> = self
             .rows
             .iter()
             .map(|r| {
@@ -347,6 +362,7 @@ impl fmt::Display for PerSecondTable {
                     opt(r.lag_p99_ms),
                     opt(r.batch_latency_mean_us),
                     opt(r.batch_latency_p99_us),
+                    opt(r.batch_latency_max_us),
                     format!("{:.0}", r.state_bytes_moved),
                     opt(r.backpressure_ms),
                 ]
@@ -487,6 +503,7 @@ mod tests {
             lag_p99_ms: None,
             batch_latency_mean_us: None,
             batch_latency_p99_us: None,
+            batch_latency_max_us: None,
             state_bytes_moved: 0.0,
             backpressure_ms: None,
         };

@@ -62,6 +62,7 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
             samples.push(at(task, metric::RECORDS_IN, throughput(t)));
             samples.push(at(task, metric::BATCH_LATENCY_MEAN_US, base));
             samples.push(at(task, metric::BATCH_LATENCY_P99_US, base * 3.0));
+            samples.push(at(task, metric::BATCH_LATENCY_MAX_US, base * 5.0));
             samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
         }
         if (RECONFIG_AT..RECONFIG_AT + 5).contains(&t) {
@@ -135,6 +136,9 @@ fn scale_out_dip_and_backlog_recovery() {
     let row = &summary.table.rows[10];
     assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");
     assert_eq!(row.batch_latency_p99_us, Some(900.0), "max over non-source tasks");
+    assert_eq!(row.batch_latency_max_us, Some(1500.0), "the longest batch of any non-source task");
+    let table = summary.table.to_string();
+    assert!(table.lines().next().is_some_and(|h| h.contains("batch_max_us")), "{table}");
 
     let dip = summary.worst_dip.unwrap();
     assert_eq!((dip.offered, dip.min, dip.at_t_s), (1000.0, 200.0, 60));

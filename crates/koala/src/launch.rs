@@ -515,6 +515,7 @@ mod tests {
             lag_p99_ms: None,
             batch_latency_mean_us: Some(p99 / 10.0),
             batch_latency_p99_us: Some(p99),
+            batch_latency_max_us: Some(p99),
             state_bytes_moved: 0.0,
             backpressure_ms: None,
         }

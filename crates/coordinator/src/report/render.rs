@@ -73,6 +73,7 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
             vec![
                 ("mean", BLUE, line(&|r| r.batch_latency_mean_us)),
                 ("p99 (worst task)", MAGENTA, line(&|r| r.batch_latency_p99_us)),
+                ("max (longest batch)", GREEN, line(&|r| r.batch_latency_max_us)),
             ],
         ),
         (
