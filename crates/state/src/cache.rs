@@ -1382,15 +1382,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_miss_of_a_key_never_written_below_reads_nothing_below() -> Result<(), StateError> {
-        let budget = 100 * (ENTRY_OVERHEAD_BYTES + 16);
+    /// A cache of `budget` bytes over a [`CountingEnv`]: the env, a task's store, and the count
+    /// of keys read below.
+    fn counted_cache(
+        budget: usize,
+    ) -> Result<
+        (CachedEnv<CountingEnv>, Box<dyn StateBackend>, Arc<std::sync::atomic::AtomicUsize>),
+        StateError,
+    > {
         let counting = CountingEnv::default();
         let reads = counting.reads.clone();
-        let read_below = || reads.load(Ordering::Relaxed);
         let env = CachedEnv::new(counting, budget);
-        let task = TaskId::new(OperatorId(1), 0);
-        let store = env.open_task(task)?;
+        let store = env.open_task(TaskId::new(OperatorId(1), 0))?;
+        Ok((env, store, reads))
+    }
+
+    #[test]
+    fn a_miss_of_a_key_never_written_below_reads_nothing_below() -> Result<(), StateError> {
+        let (_env, store, reads) = counted_cache(100 * (ENTRY_OVERHEAD_BYTES + 16))?;
+        let read_below = || reads.load(Ordering::Relaxed);
         let fresh: Vec<StateKey> = (0..50).map(|i| key(1, 1_000_000 + i)).collect();
         assert_eq!(store.get_many(&fresh)?, vec![None; 50]);
         assert_eq!(read_below(), 0, "new keys of an empty store are absent without a read");
@@ -1420,13 +1430,8 @@ mod tests {
     #[test]
     fn keys_read_between_evictions_stay_cached_and_the_rest_are_evicted() -> Result<(), StateError> {
         // Room for about 100 entries; 10 hot keys are read after every 10 writes of new keys.
-        let budget = 100 * (ENTRY_OVERHEAD_BYTES + 16);
-        let counting = CountingEnv::default();
-        let reads = counting.reads.clone();
+        let (_env, store, reads) = counted_cache(100 * (ENTRY_OVERHEAD_BYTES + 16))?;
         let read_below = || reads.load(Ordering::Relaxed);
-        let env = CachedEnv::new(counting, budget);
-        let task = TaskId::new(OperatorId(1), 0);
-        let store = env.open_task(task)?;
         let hot: Vec<StateKey> = (0..10).map(|i| key(i as BucketId, i)).collect();
         store.write_many(hot.iter().map(|k| StateWrite::Put(k.clone(), b"hot".to_vec())).collect())?;
         for i in 0..5_000u32 {
