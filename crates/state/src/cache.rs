@@ -1382,14 +1382,11 @@ mod tests {
         }
     }
 
-    /// A cache of `budget` bytes over a [`CountingEnv`]: the env, a task's store, and the count
-    /// of keys read below.
-    fn counted_cache(
-        budget: usize,
-    ) -> Result<
-        (CachedEnv<CountingEnv>, Box<dyn StateBackend>, Arc<std::sync::atomic::AtomicUsize>),
-        StateError,
-    > {
+    /// A cache over a [`CountingEnv`], a task's store in it, and the count of keys read below.
+    type Counted = (CachedEnv<CountingEnv>, Box<dyn StateBackend>, Arc<std::sync::atomic::AtomicUsize>);
+
+    /// A cache of `budget` bytes over a [`CountingEnv`] (see [`Counted`]).
+    fn counted_cache(budget: usize) -> Result<Counted, StateError> {
         let counting = CountingEnv::default();
         let reads = counting.reads.clone();
         let env = CachedEnv::new(counting, budget);
