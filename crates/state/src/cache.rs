@@ -780,7 +780,7 @@ impl TaskCache {
         if self.charged() <= self.capacity {
             return false;
         }
-        // Small steps: each walks the CLOCK hand on the task thread (the writer batches them).
+        // Small steps: each moves the CLOCK hand on the task thread (the writer batches them).
         // The target is for cached entries: what is in flight stays charged until written, so
         // the dirty victims of this step overshoot the budget until then (by at most what
         // backpressure lets be in flight).
