@@ -84,6 +84,18 @@ impl KeyFilter {
         }
     }
 
+    /// Reads the first word of the cache line [`Self::contains`] reads for `hash` (0 if the
+    /// filter is empty): a batch touches every key's line first, in a loop of loads alone, so
+    /// their cache misses overlap (see
+    /// [`KeyLookupTable::lookup_batch`](super::KeyLookupTable::lookup_batch)).
+    #[inline]
+    pub fn touch(&self, hash: u64) -> u64 {
+        match &self.repr {
+            Repr::Empty => 0,
+            Repr::Blocked(blocks) => blocks.get(block_of(hash, blocks.len())).map_or(0, |b| b.0[0]),
+        }
+    }
+
     /// Distinct keys the filter was built from.
     pub fn keys(&self) -> u64 {
         self.keys

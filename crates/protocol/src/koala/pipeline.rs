@@ -25,7 +25,7 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use koala_types::{BucketId, Record, TaskId, bucket_of};
 
 use super::error::ProtocolError;
-use super::klt::{Prehashed, key_hash};
+use super::klt::{BatchLookup, Prehashed, key_hash};
 use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
 use super::task::{KoalaTask, LocalKeys, TaskAction};
 
@@ -114,6 +114,10 @@ pub(crate) struct Pipeline {
     pull_size: usize,
     /// The background drain sent a round and waits for its `Wake` (rate limit).
     pub(crate) drain_resting: bool,
+    /// A batch's lookup and the inbox positions of its keys' records, kept for their
+    /// allocations.
+    lookup: BatchLookup,
+    positions: Vec<usize>,
 }
 
 impl Default for Pipeline {
@@ -125,6 +129,8 @@ impl Default for Pipeline {
             next_id: 0,
             pull_size: 1,
             drain_resting: false,
+            lookup: BatchLookup::default(),
+            positions: Vec::new(),
         }
     }
 }
@@ -168,15 +174,23 @@ impl KoalaTask {
         // The keys in `asked`, so a key repeated in a big batch (a backlog queued behind a
         // fetch) is found in O(1): a scan of `asked` per record made such a batch quadratic.
         let mut seen: HashSet<AskedKey<'_>, BuildHasherDefault<Prehashed>> = HashSet::default();
-        let mut candidates = Vec::new();
         let size = self.pipeline.inbox.len().min(MAX_BATCH_RECORDS);
-        for &InputRecord { bucket, record: ref r, .. } in self.pipeline.inbox.iter().take(size) {
+        // The keys of buckets with layers, looked up together (`KeyLookupTable::lookup_batch`),
+        // with their records' positions in the inbox.
+        let mut lookup = std::mem::take(&mut self.pipeline.lookup);
+        let mut positions = std::mem::take(&mut self.pipeline.positions);
+        lookup.clear();
+        positions.clear();
+        for (i, &InputRecord { bucket, record: ref r, .. }) in
+            self.pipeline.inbox.iter().take(size).enumerate()
+        {
             if self.klt.is_settled(bucket) {
                 // Inbox records are owned when queued and a hand-over takes its buckets' records
                 // out first, so an unowned one cannot happen; refuse to touch its state if it does.
                 if !self.klt.owns(bucket) {
                     debug_assert!(false, "unowned record in the inbox");
                     local.lookup(false, 0);
+                    (self.pipeline.lookup, self.pipeline.positions) = (lookup, positions);
                     return false;
                 }
                 continue;
@@ -185,14 +199,23 @@ impl KoalaTask {
                 timed = true;
                 local.lookup(true, 0);
             }
-            let hash = key_hash(&r.key);
-            self.klt.lookup(bucket, hash, &mut candidates);
+            lookup.push(bucket, key_hash(&r.key));
+            positions.push(i);
+        }
+        self.klt.lookup_batch(&mut lookup);
+        for (k, candidates) in lookup.named() {
+            let (Some(&(bucket, hash)), Some(InputRecord { record: r, .. })) =
+                (lookup.keys().get(k), positions.get(k).and_then(|&i| self.pipeline.inbox.get(i)))
+            else {
+                continue;
+            };
             // A key asked about once per batch (few are: most keys are local or new).
-            if !candidates.is_empty() && seen.insert(AskedKey { hash, key: r.key.as_slice() }) {
-                asked.push((r.key.as_slice(), bucket, hash, candidates.clone()));
+            if seen.insert(AskedKey { hash, key: r.key.as_slice() }) {
+                asked.push((r.key.as_slice(), bucket, hash, candidates.to_vec()));
             }
         }
         let keys: Vec<&[u8]> = asked.iter().map(|a| a.0).collect();
+        (self.pipeline.lookup, self.pipeline.positions) = (lookup, positions);
         let here = if keys.is_empty() { Vec::new() } else { local.contains_many(&keys) };
         local.lookup(false, keys.len());
         let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
