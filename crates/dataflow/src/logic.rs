@@ -41,6 +41,19 @@ pub trait KeyedStateAccess {
     fn put(&mut self, state: StateId, key: &[u8], value: Vec<u8>) -> Result<(), DataflowError>;
     /// Removes `state` for `key`.
     fn delete(&mut self, state: StateId, key: &[u8]) -> Result<(), DataflowError>;
+    /// Sets the value of `state` for `key` to the bytes `encode` appends to an empty buffer. A
+    /// store that holds the value it replaces may hand over that value's buffer, cleared, so a
+    /// write reuses the read's allocation (the runtime's batch state does).
+    fn put_encoded(
+        &mut self,
+        state: StateId,
+        key: &[u8],
+        encode: &mut dyn FnMut(&mut Vec<u8>) -> Result<(), CodecError>,
+    ) -> Result<(), DataflowError> {
+        let mut value = Vec::new();
+        encode(&mut value)?;
+        self.put(state, key, value)
+    }
 }
 
 /// What an operator may do while processing.

@@ -3,7 +3,7 @@
 //! (docs/architecture.md §5): they are decoded once per key and batch, and written back at the
 //! end of the batch only if the operator changed them.
 
-use koala_types::{decode, encode};
+use koala_types::{decode, encode_into};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -106,7 +106,7 @@ impl<S: Serialize + DeserializeOwned> ValueState<S> {
     ) -> Result<(), DataflowError> {
         match (&self.value, self.dirty) {
             (_, false) => Ok(()),
-            (Some(value), true) => state.put(id, key, encode(value)?),
+            (Some(value), true) => state.put_encoded(id, key, &mut |buf| encode_into(value, buf)),
             (None, true) => state.delete(id, key),
         }
     }
@@ -203,7 +203,7 @@ impl<L: Serialize + DeserializeOwned> ListState<L> {
         } else if self.items.is_empty() {
             state.delete(id, key)
         } else {
-            state.put(id, key, encode(&self.items)?)
+            state.put_encoded(id, key, &mut |buf| encode_into(&self.items, buf))
         }
     }
 }

@@ -8,7 +8,7 @@
 use koala_dataflow::DataflowError;
 use koala_dataflow::logic::{KeyedStateAccess, StateId};
 use koala_state::{StateBackend, StateKey, StateWrite};
-use koala_types::{KeyHashMap, bucket_of};
+use koala_types::{CodecError, KeyHashMap, bucket_of};
 
 use crate::RuntimeError;
 
@@ -123,6 +123,23 @@ impl KeyedStateAccess for BatchState<'_> {
         slot.dirty = true;
         Ok(())
     }
+
+    /// Encodes into the buffer of the value read for the key (cleared), if it had one. An
+    /// encoding error fails the batch, and a failed batch writes nothing back.
+    fn put_encoded(
+        &mut self,
+        state: StateId,
+        key: &[u8],
+        encode: &mut dyn FnMut(&mut Vec<u8>) -> Result<(), CodecError>,
+    ) -> Result<(), DataflowError> {
+        let slot = self.slot(state, key)?;
+        let mut value = slot.value.take().unwrap_or_default();
+        value.clear();
+        encode(&mut value)?;
+        slot.value = Some(value);
+        slot.dirty = true;
+        Ok(())
+    }
 }
 
 /// State access for stateless operators: every access is a bug in the operator.
@@ -170,6 +187,25 @@ mod tests {
             store.get_many(&[read(b"a"), read(b"b"), read(b"c")])?,
             vec![Some(b"1".to_vec()), None, Some(b"3".to_vec())]
         );
+        Ok(())
+    }
+
+    /// An encoded put reuses the buffer of the value it replaces, and is written back like a put;
+    /// a failed encoding marks nothing dirty.
+    #[test]
+    fn an_encoded_put_reuses_the_read_value_buffer() -> Result<(), Box<dyn std::error::Error>> {
+        let store = MemoryEnv::new().open_task(TaskId::new(OperatorId(1), 0))?;
+        let key = |k: &[u8]| StateKey::new(bucket_of(k, 8), 0, k.to_vec());
+        store.write_many(vec![StateWrite::Put(key(b"a"), koala_types::encode(&1u64)?)])?;
+        let keys: Vec<&[u8]> = vec![b"a", b"b"];
+        let (mut state, _) = BatchState::fetch(store.as_ref(), 8, &[0], keys)?;
+        let before = state.get(0, b"a")?.map(<[u8]>::as_ptr);
+        state.put_encoded(0, b"a", &mut |buf| koala_types::encode_into(&2u64, buf))?;
+        assert_eq!(state.get(0, b"a")?.map(<[u8]>::as_ptr), before, "the read value's buffer");
+        let failing = &mut |_: &mut Vec<u8>| koala_types::decode::<u64>(&[]).map(|_| ());
+        assert!(matches!(state.put_encoded(0, b"b", failing), Err(DataflowError::Codec(_))));
+        assert_eq!(state.write_back(store.as_ref())?.writes, 1, "only the encoded put");
+        assert_eq!(store.get_many(&[key(b"a"), key(b"b")])?, vec![Some(koala_types::encode(&2u64)?), None]);
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ mod message;
 pub mod metric;
 
 pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of};
-pub use codec::{CodecError, decode, encode};
+pub use codec::{CodecError, decode, encode, encode_into};
 pub use ids::{Epoch, InputChannel, OperatorId, TaskId, Timestamp, WorkerId};
 pub use key_hash::{KeyHashBuilder, KeyHashMap, KeyHasher};
 pub use message::{ChannelMessage, Record, StateEntry};
