@@ -35,6 +35,7 @@
 //! full, power-of-two sized). With the full 64-bit hash a collision (two keys sharing an entry)
 //! has probability ≈ 2e-8 at 10 M keys.
 
+use hashbrown::HashTable;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -245,7 +246,9 @@ pub struct KeyLookupTable {
     /// here), hash → bucket: a bounded memo of the store's answer, so a hot key is not read from
     /// the store on every batch. A key stays local while its bucket is owned (its state is here or
     /// nowhere; only a hand-over of the bucket moves it), so entries go with their bucket.
-    memo: HashMap<u64, BucketId, BuildHasherDefault<Prehashed>>,
+    /// A hashbrown table of (hash, bucket) so that a batch can touch its lines before it reads
+    /// them ([`Self::lookup_batch`]).
+    memo: HashTable<(u64, BucketId)>,
 }
 
 impl KeyLookupTable {
@@ -255,7 +258,7 @@ impl KeyLookupTable {
             locations: vec![me],
             index: BTreeMap::from([(me, 0)]),
             slots: Vec::new(),
-            memo: HashMap::default(),
+            memo: HashTable::new(),
         };
         for b in buckets {
             table.set(b, Slot::Local);
@@ -347,13 +350,18 @@ impl KeyLookupTable {
             }
         });
         std::hint::black_box(touched);
+        let mut memo_touched = 0;
         for (i, &(bucket, hash)) in batch.keys.iter().enumerate() {
             let start = batch.locations.len();
             self.push_candidates(bucket, hash, &mut batch.locations);
             if batch.locations.len() > start {
                 batch.named.push((i, start..batch.locations.len()));
+                // The memo's control bytes and first matching entry for the key, so the last
+                // loop's probes find them in cache.
+                memo_touched ^= self.memo.iter_hash(hash).next().map_or(0, |&(h, _)| h);
             }
         }
+        std::hint::black_box(memo_touched);
         let keys = &batch.keys;
         batch.named.retain(|(i, _)| keys.get(*i).is_none_or(|&(_, hash)| !self.known_local(hash)));
     }
@@ -378,14 +386,19 @@ impl KeyLookupTable {
 
     /// Whether the key is known to be local (see [`Self::note_local`]).
     pub fn known_local(&self, hash: u64) -> bool {
-        self.memo.contains_key(&hash)
+        self.memo.find(hash, |&(h, _)| h == hash).is_some()
     }
 
     /// The key was found in this task's store, or its state arrived here, or it is new here:
     /// remember it is local (bounded, see [`Self::trim_memo`]) while its bucket has layers.
     pub fn note_local(&mut self, bucket: BucketId, hash: u64) {
         if !self.is_settled(bucket) {
-            self.memo.insert(hash, bucket);
+            match self.memo.entry(hash, |&(h, _)| h == hash, |&(h, _)| h) {
+                hashbrown::hash_table::Entry::Occupied(mut e) => e.get_mut().1 = bucket,
+                hashbrown::hash_table::Entry::Vacant(e) => {
+                    e.insert((hash, bucket));
+                }
+            }
         }
     }
 
@@ -413,7 +426,7 @@ impl KeyLookupTable {
     /// with this task in front as the newest layer (its filter is built later, on request). The
     /// sender keeps no copy: one ground truth. Buckets not owned are skipped.
     pub fn take(&mut self, buckets: &[BucketId], epoch: Epoch) -> HandOver {
-        self.memo.retain(|_, b| !buckets.contains(b));
+        self.memo.retain(|(_, b)| !buckets.contains(b));
         let mut out = Vec::with_capacity(buckets.len());
         for b in buckets {
             let Some(slot) = self.slots.get_mut(usize::from(*b)) else { continue };
@@ -495,7 +508,7 @@ impl KeyLookupTable {
             }
             let slot = Slot::of(BucketTable { layers, keys });
             if !matches!(slot, Slot::Local) && self.memo.capacity() == 0 {
-                self.memo.reserve(LOCAL_MEMO_MAX);
+                self.memo.reserve(LOCAL_MEMO_MAX, |&(h, _)| h);
             }
             self.set(bl.bucket, slot);
         }
