@@ -245,9 +245,9 @@ pub struct KeyLookupTable {
     /// Keys of buckets with layers known to be local (found in the store, or whose state arrived
     /// here), hash → bucket: a bounded memo of the store's answer, so a hot key is not read from
     /// the store on every batch. A key stays local while its bucket is owned (its state is here or
-    /// nowhere; only a hand-over of the bucket moves it), so entries go with their bucket.
-    /// A hashbrown table of (hash, bucket) so that a batch can touch its lines before it reads
-    /// them ([`Self::lookup_batch`]).
+    /// nowhere; only a hand-over of the bucket moves it), so entries go with their bucket. A
+    /// hashbrown table (not a std map) so that a batch can touch its lines before it reads them
+    /// ([`Self::lookup_batch`]).
     memo: HashTable<(u64, BucketId)>,
 }
 
@@ -331,8 +331,8 @@ impl KeyLookupTable {
 
     /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in three loops so that the
     /// batch's cache misses overlap instead of coming one by one: the first only loads the filter
-    /// line each key's lookup reads (its bucket's newest filter), the second reads the filters,
-    /// the third the local memo for the keys a filter names. A running worker's other tasks evict
+    /// line each key's lookup reads (its bucket's newest filter), the second reads the filters and
+    /// loads the memo's lines of each key a filter names, the third reads the memo for those keys. A running worker's other tasks evict
     /// the table between two batches of a task: in the demo, one key at a time, the filter line
     /// was 89 % of a lookup (`perf annotate`) and the memo most of the rest (a third of its keys
     /// are hot keys the old location held), ~150 ns per record. Keys of buckets not owned have
