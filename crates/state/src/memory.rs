@@ -22,6 +22,7 @@ use crate::compact::{CompactKey, CompactValue, KeyHash, check_key};
 use crate::key::check_value;
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite};
+use hashbrown::HashTable;
 
 /// A worker's stores kept in memory; data lives as long as the env.
 #[derive(Debug, Default)]
@@ -69,36 +70,77 @@ impl StateEnv for MemoryEnv {
     }
 }
 
-/// One bucket's entries.
+/// One bucket's entries: a hash table of inline keys and values, probed with a hash computed
+/// once per key ([`key_hash`]), so a batch can touch its keys' slots in one loop of loads
+/// before it reads them (as the cache does, `cache.rs`).
 #[derive(Debug, Default)]
 struct Bucket {
-    entries: HashMap<CompactKey, CompactValue, KeyHash>,
+    entries: HashTable<(CompactKey, CompactValue)>,
     /// The keys in stored order for the pull cursor, built on demand and dropped when a key is
     /// added; keys deleted since it was built stay in it and are skipped.
     sorted: Option<Vec<CompactKey>>,
 }
 
 impl Bucket {
-    /// The keys in stored order (rebuilt when a new key arrived or most listed keys are gone),
-    /// and the entries to check them against.
-    fn sorted(&mut self) -> (&[CompactKey], &HashMap<CompactKey, CompactValue, KeyHash>) {
+    fn get(&self, key: &CompactKey, hash: u64) -> Option<&CompactValue> {
+        self.entries.find(hash, |(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    fn contains(&self, key: &CompactKey) -> bool {
+        self.get(key, key_hash(key)).is_some()
+    }
+
+    /// Sets the key's value; true if the key is new.
+    fn put(&mut self, key: CompactKey, hash: u64, value: CompactValue) -> bool {
+        if let Some((_, old)) = self.entries.find_mut(hash, |(k, _)| *k == key) {
+            *old = value;
+            return false;
+        }
+        self.entries.insert_unique(hash, (key, value), |(k, _)| key_hash(k));
+        self.sorted = None;
+        true
+    }
+
+    /// Removes the key; true if it was there.
+    fn remove(&mut self, key: &CompactKey, hash: u64) -> bool {
+        match self.entries.find_entry(hash, |(k, _)| k == key) {
+            Ok(entry) => {
+                entry.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Reads the slot a lookup of `hash` reads and returns a byte of it.
+    fn touch(&self, hash: u64) -> u8 {
+        self.entries.iter_hash(hash).next().map_or(0, |(k, _)| k.bytes()[0])
+    }
+
+    /// The keys in stored order (rebuilt when a new key arrived or most listed keys are gone).
+    fn sorted(&mut self) -> (&[CompactKey], &Self) {
         let live = self.entries.len();
         if self.sorted.as_ref().is_some_and(|keys| keys.len() > 2 * live + 64) {
             self.sorted = None;
         }
-        let entries = &self.entries;
-        let sorted = self.sorted.get_or_insert_with(|| {
-            let mut keys: Vec<CompactKey> = entries.keys().cloned().collect();
+        if self.sorted.is_none() {
+            let mut keys: Vec<CompactKey> = self.entries.iter().map(|(k, _)| k.clone()).collect();
             keys.sort_unstable_by(|a, b| a.stored_order().cmp(&b.stored_order()));
-            keys
-        });
-        (sorted, entries)
+            self.sorted = Some(keys);
+        }
+        (self.sorted.as_deref().unwrap_or_default(), self)
     }
+}
+
+/// The hash a bucket's table uses for a key.
+fn key_hash(key: &CompactKey) -> u64 {
+    use std::hash::BuildHasher;
+    KeyHash::default().hash_one(key)
 }
 
 #[derive(Debug, Default)]
 struct Buckets {
-    by_id: HashMap<BucketId, Bucket>,
+    by_id: HashMap<BucketId, Bucket, KeyHash>,
     len: u64,
 }
 
@@ -141,12 +183,20 @@ impl StateBackend for MemoryBackend {
             check_key(key).map_err(|source| StateError::Layout { task, op: OP, source })?;
         }
         let buckets = self.buckets(OP)?;
-        Ok(keys
+        let located: Vec<(Option<&Bucket>, CompactKey, u64)> = keys
             .iter()
             .map(|key| {
-                let bucket = buckets.by_id.get(&key.bucket)?;
-                bucket.entries.get(&CompactKey::new(key)).and_then(CompactValue::get)
+                let compact = CompactKey::new(key);
+                let hash = key_hash(&compact);
+                (buckets.by_id.get(&key.bucket), compact, hash)
             })
+            .collect();
+        // A loop of loads alone, so that the keys wait for memory together.
+        let touched = located.iter().fold(0u8, |acc, (b, _, hash)| acc ^ b.map_or(0, |b| b.touch(*hash)));
+        std::hint::black_box(touched);
+        Ok(located
+            .iter()
+            .map(|(bucket, key, hash)| bucket.and_then(|b| b.get(key, *hash)).and_then(CompactValue::get))
             .collect())
     }
 
@@ -167,15 +217,16 @@ impl StateBackend for MemoryBackend {
             match write {
                 StateWrite::Put(key, value) => {
                     let bucket = by_id.entry(key.bucket).or_default();
-                    if bucket.entries.insert(CompactKey::new(&key), CompactValue::new(Some(value))).is_none()
-                    {
-                        bucket.sorted = None;
+                    let compact = CompactKey::new(&key);
+                    let hash = key_hash(&compact);
+                    if bucket.put(compact, hash, CompactValue::new(Some(value))) {
                         *len += 1;
                     }
                 }
                 StateWrite::Delete(key) => {
                     let Some(bucket) = by_id.get_mut(&key.bucket) else { continue };
-                    if bucket.entries.remove(&CompactKey::new(&key)).is_some() {
+                    let compact = CompactKey::new(&key);
+                    if bucket.remove(&compact, key_hash(&compact)) {
                         *len -= 1;
                         if bucket.entries.is_empty() {
                             by_id.remove(&key.bucket);
@@ -230,11 +281,11 @@ impl StateBackend for MemoryBackend {
         }
         let mut buckets = self.buckets(OP)?;
         let Some(b) = buckets.by_id.get_mut(&bucket) else { return Ok(Vec::new()) };
-        let (sorted, entries) = b.sorted();
+        let (sorted, bucket) = b.sorted();
         let start = after.map_or(0, |after| sorted.partition_point(|k| k.stored_order() <= after));
         let found: Vec<StateKey> = sorted[start..]
             .iter()
-            .filter(|k| entries.contains_key(*k))
+            .filter(|k| bucket.contains(k))
             .take(limit)
             .map(CompactKey::to_state_key)
             .collect();

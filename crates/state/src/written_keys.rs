@@ -56,7 +56,7 @@ impl Layer {
 /// The keys written below, per bucket (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct WrittenKeys {
-    buckets: HashMap<BucketId, Vec<Layer>>,
+    buckets: HashMap<BucketId, Vec<Layer>, koala_types::KeyHashBuilder>,
     bytes: usize,
 }
 
@@ -78,6 +78,14 @@ impl WrittenKeys {
     /// Whether the key may have been written below (false: it certainly was not).
     pub(crate) fn may_hold(&self, bucket: BucketId, hash: u64) -> bool {
         self.buckets.get(&bucket).is_some_and(|layers| layers.iter().rev().any(|l| l.may_hold(hash)))
+    }
+
+    /// Reads the filter blocks [`Self::may_hold`] reads for the key and returns a byte of them,
+    /// so that a batch's lookups can wait for memory together (see the cache's `touch`).
+    pub(crate) fn touch(&self, bucket: BucketId, hash: u64) -> u8 {
+        self.buckets.get(&bucket).map_or(0, |layers| {
+            layers.iter().fold(0u8, |acc, l| acc ^ l.blocks[block_of(hash, l.blocks.len())].0[0] as u8)
+        })
     }
 
     /// The bucket's entries below were deleted: nothing of it is there any more.
