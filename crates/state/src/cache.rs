@@ -444,7 +444,7 @@ impl Entries {
     /// The key's hash and its table. The table is picked by middle bits: hashbrown places by the
     /// low bits and tags by the top seven.
     fn locate(&self, key: &CompactKey) -> (u64, usize) {
-        let hash = stored_key_hash(key);
+        let hash = key.hash_value();
         (hash, (hash >> 32) as usize % SHARDS)
     }
 
@@ -486,9 +486,9 @@ impl Entries {
         // grows early, at (1 + i / SHARDS) / 2 of its room: one after another as the cache fills.
         let room = table.capacity();
         if room > 64 && table.len() >= room / 2 + room * shard / (2 * SHARDS) {
-            table.reserve(room + 1 - table.len(), |line| stored_key_hash(&line.key));
+            table.reserve(room + 1 - table.len(), |line| line.key.hash_value());
         }
-        table.insert_unique(hash, Line { key, slot }, |line| stored_key_hash(&line.key));
+        table.insert_unique(hash, Line { key, slot }, |line| line.key.hash_value());
         self.len += 1;
     }
 
@@ -767,7 +767,7 @@ impl TaskCache {
                 if slot.value.is_present()
                     && let Some(written) = &mut self.written
                 {
-                    written.insert(key.bucket(), stored_key_hash(key));
+                    written.insert(key.bucket(), key.hash_value());
                 }
             }
         }
@@ -813,7 +813,7 @@ impl TaskCache {
                 self.dirty_puts -= 1;
                 self.in_flight_puts += 1;
                 if let Some(written) = &mut self.written {
-                    written.insert(key.bucket(), stored_key_hash(&key));
+                    written.insert(key.bucket(), key.hash_value());
                 }
             }
             // Still charged (in `bytes`) until the writer wrote it.
@@ -952,12 +952,6 @@ impl TaskCache {
     }
 }
 
-/// The hash of a key for the written-keys filters (the cache's own key hash).
-fn stored_key_hash(key: &CompactKey) -> u64 {
-    use std::hash::BuildHasher;
-    KeyHash::default().hash_one(key)
-}
-
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list. The lines of all
 /// its keys are touched first, so their misses overlap; the sorted part stays sorted, and only
 /// the keys listed since the last sort are sorted and merged into it (`DirtyList::sort`): a
@@ -1018,14 +1012,14 @@ impl StateBackend for CachedBackend {
         if misses.is_empty() {
             return Ok(out);
         }
-        // A miss in flight is read from there (cached clean: it equals what will be below once
-        // its run is written); one never written below is absent without a read below.
         // The misses' written-keys filter blocks first, in one loop of loads (as above).
         if let Some(written) = &cache.written {
             let touched =
                 misses.iter().fold(0u8, |acc, &i| acc ^ written.touch(located[i].0.bucket(), located[i].1));
             std::hint::black_box(touched);
         }
+        // A miss in flight is read from there (cached clean: it equals what will be below once
+        // its run is written); one never written below is absent without a read below.
         let mut below = Vec::with_capacity(misses.len());
         for i in misses {
             let (hash, shard) = (located[i].1, located[i].2);

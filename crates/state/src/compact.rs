@@ -74,6 +74,13 @@ impl CompactKey {
         }
     }
 
+    /// The key's hash ([`KeyHash`]), as the cache's and the memory backend's tables and the
+    /// cache's written-keys filters use it: computed once per key and passed along.
+    pub(crate) fn hash_value(&self) -> u64 {
+        use std::hash::BuildHasher;
+        KeyHash::default().hash_one(self)
+    }
+
     /// Appends the stored key (`encode_state_key`'s bytes) to `out`.
     pub(crate) fn put_stored(&self, out: &mut Vec<u8>) {
         let b = self.bytes();

@@ -71,7 +71,7 @@ impl StateEnv for MemoryEnv {
 }
 
 /// One bucket's entries: a hash table of inline keys and values, probed with a hash computed
-/// once per key ([`key_hash`]), so a batch can touch its keys' slots in one loop of loads
+/// once per key ([`CompactKey::hash_value`]), so a batch can touch its keys' slots in one loop of loads
 /// before it reads them (as the cache does, `cache.rs`).
 #[derive(Debug, Default)]
 struct Bucket {
@@ -86,17 +86,13 @@ impl Bucket {
         self.entries.find(hash, |(k, _)| k == key).map(|(_, v)| v)
     }
 
-    fn contains(&self, key: &CompactKey) -> bool {
-        self.get(key, key_hash(key)).is_some()
-    }
-
     /// Sets the key's value; true if the key is new.
     fn put(&mut self, key: CompactKey, hash: u64, value: CompactValue) -> bool {
         if let Some((_, old)) = self.entries.find_mut(hash, |(k, _)| *k == key) {
             *old = value;
             return false;
         }
-        self.entries.insert_unique(hash, (key, value), |(k, _)| key_hash(k));
+        self.entries.insert_unique(hash, (key, value), |(k, _)| k.hash_value());
         self.sorted = None;
         true
     }
@@ -117,25 +113,21 @@ impl Bucket {
         self.entries.iter_hash(hash).next().map_or(0, |(k, _)| k.bytes()[0])
     }
 
-    /// The keys in stored order (rebuilt when a new key arrived or most listed keys are gone).
-    fn sorted(&mut self) -> (&[CompactKey], &Self) {
+    /// The keys in stored order (rebuilt when a new key arrived or most listed keys are gone),
+    /// and the entries to check them against.
+    fn sorted(&mut self) -> (&[CompactKey], &HashTable<(CompactKey, CompactValue)>) {
         let live = self.entries.len();
         if self.sorted.as_ref().is_some_and(|keys| keys.len() > 2 * live + 64) {
             self.sorted = None;
         }
-        if self.sorted.is_none() {
-            let mut keys: Vec<CompactKey> = self.entries.iter().map(|(k, _)| k.clone()).collect();
+        let entries = &self.entries;
+        let sorted = self.sorted.get_or_insert_with(|| {
+            let mut keys: Vec<CompactKey> = entries.iter().map(|(k, _)| k.clone()).collect();
             keys.sort_unstable_by(|a, b| a.stored_order().cmp(&b.stored_order()));
-            self.sorted = Some(keys);
-        }
-        (self.sorted.as_deref().unwrap_or_default(), self)
+            keys
+        });
+        (sorted, entries)
     }
-}
-
-/// The hash a bucket's table uses for a key.
-fn key_hash(key: &CompactKey) -> u64 {
-    use std::hash::BuildHasher;
-    KeyHash::default().hash_one(key)
 }
 
 #[derive(Debug, Default)]
@@ -187,7 +179,7 @@ impl StateBackend for MemoryBackend {
             .iter()
             .map(|key| {
                 let compact = CompactKey::new(key);
-                let hash = key_hash(&compact);
+                let hash = compact.hash_value();
                 (buckets.by_id.get(&key.bucket), compact, hash)
             })
             .collect();
@@ -218,7 +210,7 @@ impl StateBackend for MemoryBackend {
                 StateWrite::Put(key, value) => {
                     let bucket = by_id.entry(key.bucket).or_default();
                     let compact = CompactKey::new(&key);
-                    let hash = key_hash(&compact);
+                    let hash = compact.hash_value();
                     if bucket.put(compact, hash, CompactValue::new(Some(value))) {
                         *len += 1;
                     }
@@ -226,7 +218,7 @@ impl StateBackend for MemoryBackend {
                 StateWrite::Delete(key) => {
                     let Some(bucket) = by_id.get_mut(&key.bucket) else { continue };
                     let compact = CompactKey::new(&key);
-                    if bucket.remove(&compact, key_hash(&compact)) {
+                    if bucket.remove(&compact, compact.hash_value()) {
                         *len -= 1;
                         if bucket.entries.is_empty() {
                             by_id.remove(&key.bucket);
@@ -281,11 +273,11 @@ impl StateBackend for MemoryBackend {
         }
         let mut buckets = self.buckets(OP)?;
         let Some(b) = buckets.by_id.get_mut(&bucket) else { return Ok(Vec::new()) };
-        let (sorted, bucket) = b.sorted();
+        let (sorted, entries) = b.sorted();
         let start = after.map_or(0, |after| sorted.partition_point(|k| k.stored_order() <= after));
         let found: Vec<StateKey> = sorted[start..]
             .iter()
-            .filter(|k| bucket.contains(k))
+            .filter(|k| entries.find(k.hash_value(), |(e, _)| e == *k).is_some())
             .take(limit)
             .map(CompactKey::to_state_key)
             .collect();
