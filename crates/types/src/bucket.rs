@@ -17,8 +17,27 @@ pub const DEFAULT_NUM_BUCKETS: u16 = 128;
 /// assert_eq!(b, koala_types::bucket_of(b"user-42", 128));
 /// ```
 pub fn bucket_of(key: &[u8], num_buckets: u16) -> BucketId {
+    bucket_of_hash(placement_hash(key), num_buckets)
+}
+
+/// The hash a key is placed by: [`bucket_of`] is [`bucket_of_hash`] of it, and the Koala key
+/// lookup table derives its own key hash from it, so a record's key is hashed once on its way
+/// into a task. Part of the on-disk format, like [`bucket_of`].
+///
+/// ```
+/// let h = koala_types::placement_hash(b"user-42");
+/// assert_eq!(koala_types::bucket_of_hash(h, 128), koala_types::bucket_of(b"user-42", 128));
+/// ```
+#[inline]
+pub fn placement_hash(key: &[u8]) -> u64 {
+    xxh3_64(key)
+}
+
+/// The bucket of a key whose [`placement_hash`] is `hash`.
+#[inline]
+pub fn bucket_of_hash(hash: u64, num_buckets: u16) -> BucketId {
     debug_assert!(num_buckets > 0, "num_buckets is validated at job creation");
-    (xxh3_64(key) % u64::from(num_buckets.max(1))) as BucketId
+    (hash % u64::from(num_buckets.max(1))) as BucketId
 }
 
 #[cfg(test)]

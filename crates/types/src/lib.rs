@@ -11,7 +11,7 @@ mod key_hash;
 mod message;
 pub mod metric;
 
-pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of};
+pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of, bucket_of_hash, placement_hash};
 pub use codec::{CodecError, decode, encode, encode_into};
 pub use ids::{Epoch, InputChannel, OperatorId, TaskId, Timestamp, WorkerId};
 pub use key_hash::{KeyHashBuilder, KeyHashMap, KeyHasher};

@@ -28,7 +28,8 @@
 //! read of that array, and a bucket after one hand-over, once its filter arrived, is that read
 //! plus one cache line of the filter (a blocked Bloom filter, [`KeyFilter`]). Only other
 //! shapes (a layer waiting for its filter, several layers, entries) go through a table behind a
-//! pointer. The local-first memo is read only for a key some layer may hold.
+//! pointer. A single key's lookup reads the local-first memo only if some layer may hold the key;
+//! a batch's probes it for every key, overlapped with the filter loads ([`KeyLookupTable::lookup_batch`]).
 //!
 //! Size (the `klt` benchmark): a filter costs ≈ 1.5 bytes per key its location held; an explicit
 //! entry 28.5 bytes (a std `HashMap<u64, u16>` slot is 16 bytes plus a control byte, at most 7/8
@@ -39,27 +40,41 @@ use hashbrown::HashTable;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use koala_types::{BucketId, Epoch, TaskId};
+use koala_types::{BucketId, Epoch, TaskId, bucket_of_hash, placement_hash};
 
 use super::error::ProtocolError;
 use super::filter::KeyFilter;
 use super::messages::{BucketLocations, HandOver, Layer};
 
-/// Stable 64-bit hash of a key's canonical bytes (FNV-1a, then the splitmix64 finaliser).
+/// Stable 64-bit hash of a key's canonical bytes: the splitmix64 finaliser of its
+/// [`placement_hash`] (xxh3-64, of which its bucket is the remainder), so the hashes of one
+/// bucket's keys do not share their low bits.
 ///
-/// It is part of the hand-over wire format and of checkpoints, so it never changes.
+/// It is part of the hand-over wire format and of checkpoints, so it never changes. A record
+/// entering a task is hashed once: its bucket and this hash both come from
+/// the one placement hash ([`bucket_and_key_hash`]).
 ///
 /// ```
-/// use koala_protocol::koala::key_hash;
+/// use koala_protocol::koala::{key_hash, key_hash_of};
 /// assert_eq!(key_hash(b"k"), key_hash(b"k"));
 /// assert_ne!(key_hash(b"k"), key_hash(b"l"));
+/// assert_eq!(key_hash(b"k"), key_hash_of(koala_types::placement_hash(b"k")));
 /// ```
 pub fn key_hash(key: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
+    key_hash_of(placement_hash(key))
+}
+
+/// The bucket of `key` ([`koala_types::bucket_of`]) and its [`key_hash`], from one hash of it.
+#[inline]
+pub fn bucket_and_key_hash(key: &[u8], num_buckets: u16) -> (BucketId, u64) {
+    let placement = placement_hash(key);
+    (bucket_of_hash(placement, num_buckets), key_hash_of(placement))
+}
+
+/// [`key_hash`] of the key whose [`placement_hash`] is `placement`.
+#[inline]
+pub fn key_hash_of(placement: u64) -> u64 {
+    let mut h = placement;
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     h ^ (h >> 31)
@@ -204,6 +219,8 @@ pub struct BatchLookup {
     /// (position in `keys`, its range of `locations`).
     named: Vec<(usize, std::ops::Range<usize>)>,
     locations: Vec<TaskId>,
+    /// Per key: whether the memo knows it is local.
+    local: Vec<bool>,
 }
 
 impl BatchLookup {
@@ -212,6 +229,7 @@ impl BatchLookup {
         self.keys.clear();
         self.named.clear();
         self.locations.clear();
+        self.local.clear();
     }
 
     /// Adds the key with hash `hash` of `bucket`; its position is the number of keys before it.
@@ -329,41 +347,45 @@ impl KeyLookupTable {
         Some(())
     }
 
-    /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in three loops so that the
-    /// batch's cache misses overlap instead of coming one by one: the first only loads the filter
-    /// line each key's lookup reads (its bucket's newest filter), the second reads the filters and
-    /// loads the memo's lines of each key a filter names, the third reads the memo for those keys. A running worker's other tasks evict
-    /// the table between two batches of a task: in the demo, one key at a time, the filter line
-    /// was 89 % of a lookup (`perf annotate`) and the memo most of the rest (a third of its keys
-    /// are hot keys the old location held), ~150 ns per record. Keys of buckets not owned have
-    /// no candidate (callers check [`Self::owns`] first).
+    /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in two loops so that the
+    /// batch's cache misses overlap instead of coming one by one. The first loop only loads:
+    /// each key's filter line (its bucket's newest filter) and its probe of the memo, whose
+    /// answer it keeps; the second reads the filters, which are in cache by then, and names a
+    /// key only if some filter may hold it and the memo does not know it is local. A running
+    /// worker's other tasks evict the table between two batches of a task: in the demo, one key
+    /// at a time, the filter line was 89 % of a lookup (`perf annotate`). Probing the memo only
+    /// for the keys a filter names (a third of the demo's, hot keys the old location held), in
+    /// the second loop, made it a chain of two dependent misses per such key — half of the
+    /// lookup's time in an instrumented demo; in the first loop, for every key, those chains
+    /// overlap and a key the memo lacks mostly costs one line of its 2 KB of control bytes.
+    /// Keys of buckets not owned have no candidate (callers check [`Self::owns`] first).
     pub fn lookup_batch(&self, batch: &mut BatchLookup) {
         batch.named.clear();
         batch.locations.clear();
-        let touched = batch.keys.iter().fold(0, |acc, &(bucket, hash)| {
-            acc ^ match self.slot(bucket) {
+        batch.local.clear();
+        let mut touched = 0;
+        for &(bucket, hash) in &batch.keys {
+            touched ^= match self.slot(bucket) {
                 Slot::NotOwned | Slot::Local => 0,
                 Slot::Filtered { filter, .. } => filter.touch(hash),
                 Slot::Layered(table) => {
                     table.layers.first().and_then(|l| l.filter.as_ref()).map_or(0, |f| f.touch(hash))
                 }
-            }
-        });
+            };
+            batch.local.push(self.known_local(hash));
+        }
         std::hint::black_box(touched);
-        let mut memo_touched = 0;
-        for (i, &(bucket, hash)) in batch.keys.iter().enumerate() {
+        for (i, (&(bucket, hash), &local)) in batch.keys.iter().zip(&batch.local).enumerate() {
             let start = batch.locations.len();
             self.push_candidates(bucket, hash, &mut batch.locations);
             if batch.locations.len() > start {
-                batch.named.push((i, start..batch.locations.len()));
-                // The memo's control bytes and first matching entry for the key, so the last
-                // loop's probes find them in cache.
-                memo_touched ^= self.memo.iter_hash(hash).next().map_or(0, |&(h, _)| h);
+                if local {
+                    batch.locations.truncate(start);
+                } else {
+                    batch.named.push((i, start..batch.locations.len()));
+                }
             }
         }
-        std::hint::black_box(memo_touched);
-        let keys = &batch.keys;
-        batch.named.retain(|(i, _)| keys.get(*i).is_none_or(|&(_, hash)| !self.known_local(hash)));
     }
 
     /// Whether a local miss of any key of `bucket` is certainly a new key (no layer left).

@@ -25,7 +25,7 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 use koala_types::{BucketId, Record, TaskId, bucket_of};
 
 use super::error::ProtocolError;
-use super::klt::{BatchLookup, Prehashed, key_hash};
+use super::klt::{BatchLookup, Prehashed, bucket_and_key_hash};
 use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
 use super::task::{KoalaTask, LocalKeys, TaskAction};
 
@@ -70,15 +70,24 @@ impl Outstanding {
     }
 }
 
-/// A record with the operator input it arrived on (0, or 1 for the right side of a join), and
-/// its key's bucket, computed once where the record arrived (its routing needs it): the batch's
-/// lookup and a hand-over's removal of its buckets' records read it instead of hashing the key
-/// again.
+/// A record with the operator input it arrived on (0, or 1 for the right side of a join), its
+/// key's bucket and its key's [`key_hash`], both from one hash of the key where the record
+/// arrived (its routing needs the bucket): the batch's lookup and a hand-over's removal of its
+/// buckets' records read them instead of hashing the key again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct InputRecord {
     pub(crate) input: usize,
     pub(crate) bucket: BucketId,
+    pub(crate) hash: u64,
     pub(crate) record: Record,
+}
+
+impl InputRecord {
+    /// A record that arrived on `input`, its key hashed once.
+    pub(crate) fn arrived(input: usize, record: Record, num_buckets: u16) -> Self {
+        let (bucket, hash) = bucket_and_key_hash(&record.key, num_buckets);
+        Self { input, bucket, hash, record }
+    }
 }
 
 /// Splits records into consecutive runs of one input, keeping their order.
@@ -181,9 +190,7 @@ impl KoalaTask {
         let mut positions = std::mem::take(&mut self.pipeline.positions);
         lookup.clear();
         positions.clear();
-        for (i, &InputRecord { bucket, record: ref r, .. }) in
-            self.pipeline.inbox.iter().take(size).enumerate()
-        {
+        for (i, &InputRecord { bucket, hash, .. }) in self.pipeline.inbox.iter().take(size).enumerate() {
             if self.klt.is_settled(bucket) {
                 // Inbox records are owned when queued and a hand-over takes its buckets' records
                 // out first, so an unowned one cannot happen; refuse to touch its state if it does.
@@ -199,7 +206,7 @@ impl KoalaTask {
                 timed = true;
                 local.lookup(true, 0);
             }
-            lookup.push(bucket, key_hash(&r.key));
+            lookup.push(bucket, hash);
             positions.push(i);
         }
         self.klt.lookup_batch(&mut lookup);
@@ -392,7 +399,7 @@ impl KoalaTask {
             entries.push((key, value));
         }
         for (key, _) in &entries {
-            let (bucket, hash) = (bucket_of(key, self.num_buckets), key_hash(key));
+            let (bucket, hash) = bucket_and_key_hash(key, self.num_buckets);
             self.klt.now_local(bucket, hash);
             // Local before the runtime installs it (later in this event's actions).
             self.klt.note_local(bucket, hash);

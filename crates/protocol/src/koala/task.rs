@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp, bucket_of};
+use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp};
 
 use super::error::ProtocolError;
 use super::event_time::{ChannelWatermarks, HeldTimes};
@@ -424,16 +424,16 @@ impl KoalaTask {
         let input = channel.input;
         let mut forwards: BTreeMap<TaskId, Vec<Record>> = BTreeMap::new();
         for record in records {
-            let bucket = bucket_of(&record.key, self.num_buckets);
-            match self.route_direct(channel, bucket) {
-                Route::Local => self.admit(InputRecord { input, bucket, record }),
+            let r = InputRecord::arrived(input, record, self.num_buckets);
+            match self.route_direct(channel, r.bucket) {
+                Route::Local => self.admit(r),
                 Route::Park => {
-                    self.held.add(record.time);
+                    self.held.add(r.record.time);
                     if let Some(t) = self.transition.as_mut() {
-                        t.parked.entry(bucket).or_default().push_back(InputRecord { input, bucket, record });
+                        t.parked.entry(r.bucket).or_default().push_back(r);
                     }
                 }
-                Route::Forward(to) => forwards.entry(to).or_default().push(record),
+                Route::Forward(to) => forwards.entry(to).or_default().push(r.record),
                 Route::Reject(e) => out.push(TaskAction::Error(e)),
             }
         }

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp, bucket_of};
+use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp};
 
 use super::error::ProtocolError;
 use super::messages::{FilterRequest, InputSource, PeerMessage, Reconfiguration, TaskAck};
@@ -262,13 +262,13 @@ impl KoalaTask {
                     return Err(unexpected("records on a peer channel that is not open"));
                 }
                 for record in records {
-                    let bucket = bucket_of(&record.key, self.num_buckets);
-                    if t.incoming.get(&bucket) == Some(&from) {
-                        self.held.add(record.time);
-                        self.pipeline.inbox.push_back(InputRecord { input, bucket, record });
+                    let r = InputRecord::arrived(input, record, self.num_buckets);
+                    if t.incoming.get(&r.bucket) == Some(&from) {
+                        self.held.add(r.record.time);
+                        self.pipeline.inbox.push_back(r);
                     } else {
                         out.push(TaskAction::Error(ProtocolError::Misrouted {
-                            bucket,
+                            bucket: r.bucket,
                             channel: InputSource::Peer(from),
                         }));
                     }

@@ -32,7 +32,7 @@ use super::world::{Kind, Msg, Node, SimTask, World};
 use crate::control::Protocol;
 use crate::koala::{
     Answered, FilterBuild, FilterResponse, HandOver, KeyFilter, KeyPage, LocationStore, PeerMessage,
-    TaskAction, key_hash, serve_fetch,
+    TaskAction, bucket_and_key_hash, key_hash, serve_fetch,
 };
 
 /// What the operator has done to one key, as the harness saw it (never read from a store).
@@ -341,7 +341,7 @@ impl World {
         if self.cfg.fault != Some(Fault::TimersWithoutState) {
             let keys: BTreeSet<&Vec<u8>> = moved.iter().map(|(_, k)| k).collect();
             for key in keys {
-                hand_over.carried.push((bucket_of(key, nb), key_hash(key)));
+                hand_over.carried.push(bucket_and_key_hash(key, nb));
                 if let Some(count) = task.store.remove(key) {
                     self.holder.remove(key);
                     state.push((key.clone(), count));

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
     FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
-    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, key_hash, serve_fetch,
+    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, bucket_and_key_hash, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
@@ -563,7 +563,7 @@ impl KoalaOperator {
         let timers = self.op.timers.take_where(|key| buckets.contains(&bucket_of(key, nb)));
         let keys: Vec<Vec<u8>> =
             timers.iter().map(|(_, k)| k.clone()).collect::<BTreeSet<_>>().into_iter().collect();
-        hand_over.carried = keys.iter().map(|k| (bucket_of(k, nb), key_hash(k))).collect();
+        hand_over.carried = keys.iter().map(|k| bucket_and_key_hash(k, nb)).collect();
         let state =
             self.take_keys(setup, &keys)?.into_iter().filter_map(|(k, b)| b.map(|b| (k, b))).collect();
         hand_over.metadata = encode(&Metadata { timers, state }).map_err(codec)?;
@@ -606,7 +606,7 @@ mod tests {
 
     use crossbeam_channel::unbounded;
     use koala_dataflow::{Dataflow, JobGraph, KeyedStream, SourceOptions, ValueState, Window, WindowSpec};
-    use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
+    use koala_protocol::koala::{KeyLookupTable, Reconfiguration, key_hash};
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
     use koala_state::{MemoryEnv, StateEnv};
     use koala_types::{OperatorId, Record, WorkerId};
