@@ -28,8 +28,7 @@
 //! read of that array, and a bucket after one hand-over, once its filter arrived, is that read
 //! plus one cache line of the filter (a blocked Bloom filter, [`KeyFilter`]). Only other
 //! shapes (a layer waiting for its filter, several layers, entries) go through a table behind a
-//! pointer. A single key's lookup reads the local-first memo only if some layer may hold the key;
-//! a batch's probes it for every key, overlapped with the filter loads ([`KeyLookupTable::lookup_batch`]).
+//! pointer. The local-first memo is read only for a key some layer may hold.
 //!
 //! Size (the `klt` benchmark): a filter costs ≈ 1.5 bytes per key its location held; an explicit
 //! entry 28.5 bytes (a std `HashMap<u64, u16>` slot is 16 bytes plus a control byte, at most 7/8
@@ -219,8 +218,6 @@ pub struct BatchLookup {
     /// (position in `keys`, its range of `locations`).
     named: Vec<(usize, std::ops::Range<usize>)>,
     locations: Vec<TaskId>,
-    /// Per key: whether the memo knows it is local.
-    local: Vec<bool>,
 }
 
 impl BatchLookup {
@@ -229,7 +226,6 @@ impl BatchLookup {
         self.keys.clear();
         self.named.clear();
         self.locations.clear();
-        self.local.clear();
     }
 
     /// Adds the key with hash `hash` of `bucket`; its position is the number of keys before it.
@@ -347,45 +343,44 @@ impl KeyLookupTable {
         Some(())
     }
 
-    /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in two loops so that the
-    /// batch's cache misses overlap instead of coming one by one. The first loop only loads:
-    /// each key's filter line (its bucket's newest filter) and its probe of the memo, whose
-    /// answer it keeps; the second reads the filters, which are in cache by then, and names a
-    /// key only if some filter may hold it and the memo does not know it is local. A running
-    /// worker's other tasks evict the table between two batches of a task: in the demo, one key
-    /// at a time, the filter line was 89 % of a lookup (`perf annotate`). Probing the memo only
-    /// for the keys a filter names (a third of the demo's, hot keys the old location held), in
-    /// the second loop, made it a chain of two dependent misses per such key — half of the
-    /// lookup's time in an instrumented demo; in the first loop, for every key, those chains
-    /// overlap and a key the memo lacks mostly costs one line of its 2 KB of control bytes.
+    /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in three loops so that the
+    /// batch's cache misses overlap instead of coming one by one: the first only loads the filter
+    /// line each key's lookup reads (its bucket's newest filter), the second reads the filters and
+    /// loads the memo's lines of each key a filter names, the third reads the memo for those keys.
+    /// A running worker's other tasks evict the table between two batches of a task: in the demo,
+    /// one key at a time, the filter line was 89 % of a lookup (`perf annotate`) and the memo most
+    /// of the rest (a third of its keys are hot keys the old location held), ~150 ns per record.
+    /// Probing the memo for every key in the first loop instead measured 93–120 against 140–162 ns
+    /// per key in an instrumented demo (session 11) but made the lookups of a scale-in 3–5× slower
+    /// in the seconds after the hand-over (`examples/scale-in-10m.toml`), so it was not kept.
     /// Keys of buckets not owned have no candidate (callers check [`Self::owns`] first).
     pub fn lookup_batch(&self, batch: &mut BatchLookup) {
         batch.named.clear();
         batch.locations.clear();
-        batch.local.clear();
-        let mut touched = 0;
-        for &(bucket, hash) in &batch.keys {
-            touched ^= match self.slot(bucket) {
+        let touched = batch.keys.iter().fold(0, |acc, &(bucket, hash)| {
+            acc ^ match self.slot(bucket) {
                 Slot::NotOwned | Slot::Local => 0,
                 Slot::Filtered { filter, .. } => filter.touch(hash),
                 Slot::Layered(table) => {
                     table.layers.first().and_then(|l| l.filter.as_ref()).map_or(0, |f| f.touch(hash))
                 }
-            };
-            batch.local.push(self.known_local(hash));
-        }
+            }
+        });
         std::hint::black_box(touched);
-        for (i, (&(bucket, hash), &local)) in batch.keys.iter().zip(&batch.local).enumerate() {
+        let mut memo_touched = 0;
+        for (i, &(bucket, hash)) in batch.keys.iter().enumerate() {
             let start = batch.locations.len();
             self.push_candidates(bucket, hash, &mut batch.locations);
             if batch.locations.len() > start {
-                if local {
-                    batch.locations.truncate(start);
-                } else {
-                    batch.named.push((i, start..batch.locations.len()));
-                }
+                batch.named.push((i, start..batch.locations.len()));
+                // The memo's control bytes and first matching entry for the key, so the last
+                // loop's probes find them in cache.
+                memo_touched ^= self.memo.iter_hash(hash).next().map_or(0, |&(h, _)| h);
             }
         }
+        std::hint::black_box(memo_touched);
+        let keys = &batch.keys;
+        batch.named.retain(|(i, _)| keys.get(*i).is_none_or(|&(_, hash)| !self.known_local(hash)));
     }
 
     /// Whether a local miss of any key of `bucket` is certainly a new key (no layer left).
