@@ -28,7 +28,8 @@
 //! read of that array, and a bucket after one hand-over, once its filter arrived, is that read
 //! plus one cache line of the filter (a blocked Bloom filter, [`KeyFilter`]). Only other
 //! shapes (a layer waiting for its filter, several layers, entries) go through a table behind a
-//! pointer. The local-first memo is read only for a key some layer may hold.
+//! pointer. A single key's lookup reads the local-first memo only if some layer may hold the key;
+//! a batch's probes it for every key, overlapped with the filter loads ([`KeyLookupTable::lookup_batch`]).
 //!
 //! Size (the `klt` benchmark): a filter costs ≈ 1.5 bytes per key its location held; an explicit
 //! entry 28.5 bytes (a std `HashMap<u64, u16>` slot is 16 bytes plus a control byte, at most 7/8
@@ -218,6 +219,8 @@ pub struct BatchLookup {
     /// (position in `keys`, its range of `locations`).
     named: Vec<(usize, std::ops::Range<usize>)>,
     locations: Vec<TaskId>,
+    /// Per key: whether the memo knows it is local.
+    local: Vec<bool>,
 }
 
 impl BatchLookup {
@@ -226,6 +229,7 @@ impl BatchLookup {
         self.keys.clear();
         self.named.clear();
         self.locations.clear();
+        self.local.clear();
     }
 
     /// Adds the key with hash `hash` of `bucket`; its position is the number of keys before it.
@@ -343,44 +347,48 @@ impl KeyLookupTable {
         Some(())
     }
 
-    /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in three loops so that the
-    /// batch's cache misses overlap instead of coming one by one: the first only loads the filter
-    /// line each key's lookup reads (its bucket's newest filter), the second reads the filters and
-    /// loads the memo's lines of each key a filter names, the third reads the memo for those keys.
-    /// A running worker's other tasks evict the table between two batches of a task: in the demo,
-    /// one key at a time, the filter line was 89 % of a lookup (`perf annotate`) and the memo most
-    /// of the rest (a third of its keys are hot keys the old location held), ~150 ns per record.
-    /// Probing the memo for every key in the first loop instead measured 93–120 against 140–162 ns
-    /// per key in an instrumented demo (session 11) but made the lookups of a scale-in 3–5× slower
-    /// in the seconds after the hand-over (`examples/scale-in-10m.toml`), so it was not kept.
+    /// [`Self::lookup`] of a batch's keys ([`BatchLookup::push`]), in two loops so that the
+    /// batch's cache misses overlap instead of coming one by one. The first loop only loads:
+    /// each key's filter line (its bucket's newest filter) and its probe of the memo, whose
+    /// answer it keeps; the second reads the filters, which are in cache by then, and names a
+    /// key only if some filter may hold it and the memo does not know it is local. A running
+    /// worker's other tasks evict the table between two batches of a task: in the demo, one key
+    /// at a time, the filter line was 89 % of a lookup (`perf annotate`). Probing the memo only
+    /// for the keys a filter names (a third of the demo's, hot keys the old location held), in
+    /// the second loop, made it a chain of two dependent misses per such key — half of the
+    /// lookup's time in an instrumented demo; in the first loop, for every key, those chains
+    /// overlap and a key the memo lacks mostly costs one line of its 2 KB of control bytes —
+    /// as long as the memo is at its bound ([`Self::trim_memo`] shrinks it back: in a scale-in,
+    /// where every fetched key is noted, a memo left at the size one event had grown it to made
+    /// these probes 3–5× slower than the filters' alone).
     /// Keys of buckets not owned have no candidate (callers check [`Self::owns`] first).
     pub fn lookup_batch(&self, batch: &mut BatchLookup) {
         batch.named.clear();
         batch.locations.clear();
-        let touched = batch.keys.iter().fold(0, |acc, &(bucket, hash)| {
-            acc ^ match self.slot(bucket) {
+        batch.local.clear();
+        let mut touched = 0;
+        for &(bucket, hash) in &batch.keys {
+            touched ^= match self.slot(bucket) {
                 Slot::NotOwned | Slot::Local => 0,
                 Slot::Filtered { filter, .. } => filter.touch(hash),
                 Slot::Layered(table) => {
                     table.layers.first().and_then(|l| l.filter.as_ref()).map_or(0, |f| f.touch(hash))
                 }
-            }
-        });
+            };
+            batch.local.push(self.known_local(hash));
+        }
         std::hint::black_box(touched);
-        let mut memo_touched = 0;
-        for (i, &(bucket, hash)) in batch.keys.iter().enumerate() {
+        for (i, (&(bucket, hash), &local)) in batch.keys.iter().zip(&batch.local).enumerate() {
             let start = batch.locations.len();
             self.push_candidates(bucket, hash, &mut batch.locations);
             if batch.locations.len() > start {
-                batch.named.push((i, start..batch.locations.len()));
-                // The memo's control bytes and first matching entry for the key, so the last
-                // loop's probes find them in cache.
-                memo_touched ^= self.memo.iter_hash(hash).next().map_or(0, |&(h, _)| h);
+                if local {
+                    batch.locations.truncate(start);
+                } else {
+                    batch.named.push((i, start..batch.locations.len()));
+                }
             }
         }
-        std::hint::black_box(memo_touched);
-        let keys = &batch.keys;
-        batch.named.retain(|(i, _)| keys.get(*i).is_none_or(|&(_, hash)| !self.known_local(hash)));
     }
 
     /// Whether a local miss of any key of `bucket` is certainly a new key (no layer left).
@@ -419,11 +427,18 @@ impl KeyLookupTable {
         }
     }
 
-    /// Empties the local memo if it outgrew its bound (between two events, never within one: the
-    /// store does not show what an event's own actions install until the runtime executes them).
+    /// Empties the local memo if it outgrew its bound, and gives back the room an event grew it
+    /// to (between two events, never within one: the store does not show what an event's own
+    /// actions install until the runtime executes them, so within an event the memo holds every
+    /// key noted).
     pub fn trim_memo(&mut self) {
         if self.memo.len() > LOCAL_MEMO_MAX {
             self.memo.clear();
+            // An event can fill it far past the bound (every key a fetch brings is noted); the
+            // probes of the next events must not walk a table sized for that.
+            if self.memo.capacity() > 2 * LOCAL_MEMO_MAX {
+                self.memo.shrink_to(LOCAL_MEMO_MAX, |&(h, _)| h);
+            }
         }
     }
 
@@ -769,6 +784,34 @@ mod tests {
         assert!(d4.filter_arrived(t(1), 1, 4, KeyFilter::build(vec![key_hash(b"k")])));
         d4.mark_local(1, key_hash(b"k"));
         assert_eq!(d4.entries(), 0);
+    }
+
+    /// Within an event the memo answers for every key noted (a fetched key is local before the
+    /// runtime installs it), however many; between events it goes back to its bound, room
+    /// included, so the next batches do not probe a table sized for the fullest event.
+    #[test]
+    fn the_memo_holds_an_event_then_shrinks_back() {
+        let mut d1 = KeyLookupTable::new(t(1), [1]);
+        let mut d2 = KeyLookupTable::new(t(2), []);
+        d2.install(d1.take(&[1], 1)).expect("install");
+        let bound = d2.approx_bytes();
+        let hashes: Vec<u64> = (0..20 * LOCAL_MEMO_MAX as u64).map(|i| key_hash(&i.to_le_bytes())).collect();
+        for &h in &hashes {
+            d2.note_local(1, h);
+        }
+        assert!(hashes.iter().all(|&h| d2.known_local(h)), "every key noted in the event");
+        let mut batch = BatchLookup::default();
+        for &h in hashes.iter().take(64) {
+            batch.push(1, h);
+        }
+        d2.lookup_batch(&mut batch);
+        assert_eq!(batch.named().count(), 0, "the filter is still to come, the memo answers");
+        assert!(d2.approx_bytes() > 10 * bound);
+        d2.trim_memo();
+        assert!(!d2.known_local(hashes[0]));
+        assert!(d2.approx_bytes() <= 2 * bound, "{} bytes after the trim, {bound} before", d2.approx_bytes());
+        d2.lookup_batch(&mut batch);
+        assert_eq!(batch.named().count(), 64, "unknown again: every key may be at the old location");
     }
 
     /// The common shapes are held inline (see [`Slot`]), and every change goes back and forth
