@@ -360,7 +360,7 @@ impl KeyLookupTable {
     /// overlap and a key the memo lacks mostly costs one line of its 2 KB of control bytes —
     /// as long as the memo is at its bound ([`Self::trim_memo`] shrinks it back: in a scale-in,
     /// where every fetched key is noted, a memo left at the size one event had grown it to made
-    /// these probes 3–5× slower than the filters' alone).
+    /// the lookups after the hand-over 3–5× slower).
     /// Keys of buckets not owned have no candidate (callers check [`Self::owns`] first).
     pub fn lookup_batch(&self, batch: &mut BatchLookup) {
         batch.named.clear();
