@@ -33,11 +33,24 @@ pub struct FjallConfig {
     /// Hand every committed batch to the OS (`write(2)`, still no fsync), so that it survives a
     /// crash of the process but not of the machine. Off by default: recovery restores checkpoints.
     pub flush_batches_to_os: bool,
+    /// fjall's flush and compaction threads (at least 1). Four by default, whatever the cores:
+    /// with two, fjall 3.1.13's worker 0 re-sends a compaction request to the pool in a busy
+    /// loop for as long as worker 1 compacts (`worker_pool.rs`, the `Compact` arm: it leaves
+    /// compactions to the others), and with three or more an idle worker takes the re-sent
+    /// request at once. `perf` of the cached sliding-window bench: that loop was 7.8 % of all
+    /// samples with two (the fjall workers 9.2 CPU-seconds of 38.5), 0.1 % with four (6.2 of
+    /// 36.8). One can deadlock fjall 3.1 under write load (fjall PR #323).
+    pub worker_threads: usize,
 }
 
 impl Default for FjallConfig {
     fn default() -> Self {
-        Self { cache_bytes: 256 * 1024 * 1024, memtable_bytes: 16 * 1024 * 1024, flush_batches_to_os: false }
+        Self {
+            cache_bytes: 256 * 1024 * 1024,
+            memtable_bytes: 16 * 1024 * 1024,
+            flush_batches_to_os: false,
+            worker_threads: 4,
+        }
     }
 }
 
@@ -69,6 +82,7 @@ impl FjallEnv {
         let db = Database::builder(&path)
             .cache_size(config.cache_bytes)
             .manual_journal_persist(!config.flush_batches_to_os)
+            .worker_threads(config.worker_threads.max(1))
             .open()
             .map_err(|e| StateError::Open { path: path.clone(), source: Box::new(e) })?;
         Ok(Self { db, path, config, tasks: Mutex::default() })
