@@ -39,7 +39,7 @@ pub struct FjallConfig {
     /// compactions to the others), and with three or more an idle worker takes the re-sent
     /// request at once. `perf` of the cached sliding-window bench: that loop was 7.8 % of all
     /// samples with two (the fjall workers 9.2 CPU-seconds of 38.5), 0.1 % with four (6.2 of
-    /// 36.8). One can deadlock fjall 3.1 under write load (fjall PR #323).
+    /// 36.8). A single worker thread can deadlock fjall 3.1 under write load (fjall PR #323).
     pub worker_threads: usize,
 }
 
