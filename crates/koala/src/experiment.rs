@@ -12,10 +12,11 @@
 //! the paper: stop-and-restart paused ~45 s of a 10-minute run (7.5 %) for its 4 → 8 scale-out
 //! (Figure 22). As there, every new task runs on a machine of its own — one worker per task
 //! after the scale-out, so each new task's state crosses its worker's link — and every task
-//! gets an equal share of the buckets (the interleaved policy: doubling moves exactly the new
-//! tasks' shares), so the added capacity is real: the cap = one new task's share of the state /
-//! (7.5 % of the run). DRRS keeps the uniform policy (contiguous ranges) it requires, which
-//! moves more buckets.
+//! gets an equal share of the buckets, so the added capacity is real: the cap = one new task's
+//! share of the state / (7.5 % of the run). Every run gets the same policy and cache size
+//! (`crate::settings`): interleaved without DRRS (doubling moves exactly the new tasks' shares),
+//! uniform (contiguous ranges, which DRRS requires; old tasks also exchange buckets) with it, or
+//! `--partition-policy`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -23,6 +24,8 @@ use std::path::Path;
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 use koala_coordinator::report::{ReportSummary, moving_average, write_overlay};
+
+use crate::settings::SharedSettings;
 
 /// Fraction of the run the paper's stop-and-restart paused for its scale-out (45 s of 600 s).
 const PAUSE_FRACTION: f64 = 45.0 / 600.0;
@@ -84,15 +87,14 @@ impl Setup {
         let base = 0.7 * f64::from(self.tasks.0) * self.task_records_per_sec;
         let [p1, p2, _] = self.phases_s;
         // The Remote baseline keeps its state on a state server, with a client cache per task
-        // that holds the working set (without one every record's 2 KB state would cross the
-        // link scaled down for the transfer, which no real deployment would do).
-        let state =
-            if protocol == "remote" { "\n[state]\nbackend = \"remote\"\ncache_mb = 32\n" } else { "" };
+        // (the shared settings give it the others' cache size) that holds the working set:
+        // without one every record's 2 KB state would cross the link scaled down for the
+        // transfer, which no real deployment would do.
+        let state = if protocol == "remote" { "\n[state]\nbackend = \"remote\"\n" } else { "" };
         let text = format!(
             r#"query = "keyed-aggregate"
 workers = {workers}
 duration_s = {duration}
-partition_policy = "{policy}"
 output_dir = {out:?}
 protocol = "{protocol}"
 warm_state = {warm:?}
@@ -129,8 +131,6 @@ watermark_interval_ms = 200
 rate = [{{ at_ms = 0, records_per_sec = {base:.1} }}, {{ at_ms = {surge_ms}, records_per_sec = {surge:.1} }}]
 "#,
             workers = self.tasks.1,
-            // DRRS runs with contiguous ranges as in the paper (and as the config requires).
-            policy = if protocol == "drrs" { "uniform" } else { "interleaved" },
             duration = self.duration_s(),
             out = out.display().to_string(),
             warm = warm.display().to_string(),
@@ -150,14 +150,15 @@ rate = [{{ at_ms = 0, records_per_sec = {base:.1} }}, {{ at_ms = {surge_ms}, rec
 /// The protocols the experiment knows (and plots in these colours' order).
 const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
 
-/// Runs the experiment into `out` under `protocols` (validated by the caller), in that order.
-pub fn scale_out(quick: bool, out: &Path, protocols: &[String]) -> anyhow::Result<()> {
+/// Runs the experiment into `out` under `protocols` (validated by the caller), in that order,
+/// every run with the `shared` settings.
+pub fn scale_out(quick: bool, out: &Path, protocols: &[String], shared: SharedSettings) -> anyhow::Result<()> {
     let setup = Setup::new(quick);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let warm = out.join("warm");
     println!(
         "koala experiment scale-out{}: keyed-aggregate, {} warm keys × {} B = {}, {} → {} aggregate tasks at {} s, \
-         phases {:?} s, one worker per task after the scale-out, interleaved policy (DRRS: uniform), task_records_per_sec = {}, link_mb_per_sec = {} per worker (a new task's share, {}, takes {:.1} s = {:.1} % of the run to cross its link, as in the paper)",
+         phases {:?} s, one worker per task after the scale-out, {}, task_records_per_sec = {}, link_mb_per_sec = {} per worker (a new task's share, {}, takes {:.1} s = {:.1} % of the run to cross its link, as in the paper)",
         if quick { " --quick" } else { "" },
         setup.warm_keys,
         setup.value_bytes,
@@ -166,6 +167,7 @@ pub fn scale_out(quick: bool, out: &Path, protocols: &[String]) -> anyhow::Resul
         setup.tasks.1,
         setup.phases_s[0] + setup.phases_s[1],
         setup.phases_s,
+        shared.line(),
         setup.task_records_per_sec,
         setup.link_mb_per_sec(),
         crate::launch::human_bytes(setup.moved_per_link() as u64),
@@ -195,7 +197,8 @@ pub fn scale_out(quick: bool, out: &Path, protocols: &[String]) -> anyhow::Resul
     for protocol in protocols {
         let protocol = protocol.as_str();
         let dir = out.join(protocol);
-        let config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
+        let mut config = JobConfig::parse(&setup.config(protocol, &dir, &warm), "koala experiment")?;
+        shared.apply(&mut config);
         let ran = crate::launch::run_job_locally(config)
             .and_then(|summary| crate::compare::outcome(&summary, &dir));
         match ran {
@@ -211,6 +214,8 @@ pub fn scale_out(quick: bool, out: &Path, protocols: &[String]) -> anyhow::Resul
         }
     }
     if !runs.is_empty() {
+        println!();
+        println!("{}", shared.line());
         write_results(&runs, &latencies, setup.phases_s[0] + setup.phases_s[1], out)?;
     }
     if !failed.is_empty() {

@@ -45,29 +45,33 @@ pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
     Ok(JobConfig::parse(&text, &path.display().to_string())?)
 }
 
-/// `koala demo`.
-/// `policy` overrides the demo config's partition policy (DRRS always runs with uniform).
+/// `koala demo`. `shared`: the settings every run of a `koala compare` gets (partition policy,
+/// cache size); a lone demo keeps the demo config's, except that DRRS runs with the uniform policy.
 pub fn demo(
     duration_s: u64,
     output_dir: &Path,
     protocol: &str,
-    policy: Option<koala_coordinator::config::PolicyName>,
+    shared: Option<crate::settings::SharedSettings>,
 ) -> anyhow::Result<crate::compare::Outcome> {
     let mut config = JobConfig::parse(DEMO_CONFIG, "examples/demo.toml")?;
-    if let Some(policy) = policy {
-        config.partition_policy = policy;
-    }
     config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
     config.protocol = parse_protocol(protocol)?;
     match config.protocol {
-        // The Remote baseline keeps state on state servers (one, started with the workers).
-        koala_protocol::Protocol::Remote => config.state.backend = koala_protocol::StateBackendKind::Remote,
+        // The Remote baseline keeps state on state servers (one, started with the workers), with
+        // a client cache as large as the other protocols' write-back cache.
+        koala_protocol::Protocol::Remote => {
+            config.state.backend = koala_protocol::StateBackendKind::Remote;
+            config.state.cache_mb = Some(koala_coordinator::config::DEFAULT_CACHE_MB);
+        }
         // DRRS runs with the uniform policy, as the paper's does (docs/protocols.md §11).
         koala_protocol::Protocol::Drrs => {
             config.partition_policy = koala_coordinator::config::PolicyName::Uniform
         }
         _ => {}
+    }
+    if let Some(shared) = shared {
+        shared.apply(&mut config);
     }
     println!(
         "koala demo: {} with {} workers for {duration_s} s (rate 30k/s, surge to 60k/s 20–45 s, aggregate scaled out 2 → 4 at 25 s, {}; {}); output in {}",

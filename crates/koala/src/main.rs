@@ -2,6 +2,7 @@
 
 mod compare;
 mod experiment;
+mod settings;
 mod kafka;
 mod launch;
 mod warmup;
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use koala_coordinator::config::PolicyName;
 
 /// mimalloc instead of glibc's allocator for every koala process: the record path allocates per
 /// batch and per message, and glibc's `free`/`malloc_consolidate` took 13–18 % of an aggregate
@@ -54,15 +56,16 @@ enum Command {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 60)]
         duration_s: u64,
-        /// Partition policy of every run (consistent, uniform or interleaved; default: the demo config's,
-        /// consistent). DRRS runs with uniform whatever this says.
+        /// Partition policy of every run (consistent, uniform or interleaved; default: uniform when
+        /// drrs is among --protocols, which runs only with it, else the demo config's, consistent).
+        /// Every run also gets the same state cache size.
         #[arg(long)]
         partition_policy: Option<String>,
         /// Where each run's metrics and plots go (`<dir>/<protocol>`).
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
         /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
-        /// stop-and-restart over a state server), drrs (always with the uniform partition policy).
+        /// stop-and-restart over a state server), drrs (only with the uniform partition policy).
         #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
         protocols: Vec<String>,
     },
@@ -227,7 +230,8 @@ enum Command {
 enum ExperimentKind {
     /// The paper's Figures 6–7 for the keyed aggregate: warm state (256 MB with --quick, else
     /// 1 GB), 70 % of the emulated capacity, then a 2× surge, then a scale-out (2 → 4 with
-    /// --quick, else 4 → 8; one worker per task, uniform policy) under each protocol; overlay
+    /// --quick, else 4 → 8; one worker per task, one partition policy and cache size for every
+    /// run) under each protocol; overlay
     /// plots, a CSV and a table of backlog recovery, state moved and per-batch latency. About 7
     /// minutes with --quick, 30 without (all four protocols).
     ScaleOut {
@@ -241,6 +245,10 @@ enum ExperimentKind {
         /// are compared with stop-and-restart's when both ran.
         #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
         protocols: Vec<String>,
+        /// Partition policy of every run (consistent, uniform or interleaved; default: uniform
+        /// when drrs is among --protocols, which runs only with it, else interleaved).
+        #[arg(long)]
+        partition_policy: Option<String>,
     },
 }
 
@@ -268,22 +276,20 @@ fn run(command: Command) -> anyhow::Result<()> {
             launch::demo(duration_s, &output_dir, &protocol, None).map(|_| ())
         }
         Command::Compare { duration_s, output_dir, protocols, partition_policy } => {
-            let policy = match partition_policy.as_deref() {
-                None => None,
-                Some("consistent") => Some(koala_coordinator::config::PolicyName::Consistent),
-                Some("uniform") => Some(koala_coordinator::config::PolicyName::Uniform),
-                Some("interleaved") => Some(koala_coordinator::config::PolicyName::Interleaved),
-                Some(other) => {
-                    anyhow::bail!("--partition-policy {other:?}: use consistent, uniform or interleaved")
-                }
-            };
-            for protocol in &protocols {
-                launch::parse_protocol_flag(protocol, "--protocols")?;
-            }
+            let parsed = protocols
+                .iter()
+                .map(|p| launch::parse_protocol_flag(p, "--protocols"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
+            // The demo config's policy (consistent) unless DRRS is among the runs.
+            let shared = settings::SharedSettings::choose(&parsed, requested, PolicyName::Consistent)?;
+            println!("koala compare: {}", shared.line());
             let mut outcomes = Vec::new();
             for protocol in &protocols {
-                outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol, policy)?);
+                outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol, Some(shared))?);
             }
+            println!();
+            println!("{}", shared.line());
             compare::print_table(&outcomes);
             Ok(())
         }
@@ -342,11 +348,16 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Broker { action } => kafka::broker(action),
         Command::Produce(args) => kafka::produce(args),
-        Command::Experiment { which: ExperimentKind::ScaleOut { quick, output_dir, protocols } } => {
-            for protocol in &protocols {
-                launch::parse_protocol_flag(protocol, "--protocols")?;
-            }
-            experiment::scale_out(quick, &output_dir, &protocols)
+        Command::Experiment {
+            which: ExperimentKind::ScaleOut { quick, output_dir, protocols, partition_policy },
+        } => {
+            let parsed = protocols
+                .iter()
+                .map(|p| launch::parse_protocol_flag(p, "--protocols"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
+            let shared = settings::SharedSettings::choose(&parsed, requested, PolicyName::Interleaved)?;
+            experiment::scale_out(quick, &output_dir, &protocols, shared)
         }
         Command::Report { db, run, out } => {
             let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());
