@@ -14,7 +14,8 @@
 //!   processing tasks of `batch_latency_p99_us`; max = max over processing tasks of
 //!   `batch_latency_max_us` (the longest batch of the second: one stall among hundreds of batches
 //!   is above the p99).
-//! - **state moved** = Σ `state_bytes_moved` over all tasks; **backpressure** = max over tasks of
+//! - **state moved** = Σ over all tasks of `state_bytes_on_demand`, `state_bytes_background` and
+//!   `state_bytes_eager`; **backpressure** = max over tasks of
 //!   `backpressure_ms` (the worst task's blocked milliseconds in that second).
 //! - Times are seconds since the run's start second (`runs.started_ms / 1000`); a
 //!   reconfiguration belongs to the second its `started_ms` falls in.
@@ -110,7 +111,7 @@ pub struct SecondRow {
     pub batch_latency_p99_us: Option<f64>,
     /// Longest batch of any processing task, µs.
     pub batch_latency_max_us: Option<f64>,
-    /// State bytes sent between tasks this second.
+    /// State bytes moved this second: on demand, in the background and eagerly together.
     pub state_bytes_moved: f64,
     /// Worst task's milliseconds blocked on backpressure.
     pub backpressure_ms: Option<f64>,
@@ -151,8 +152,7 @@ pub struct ReportSummary {
     pub peak_lag_mean_ms: Option<f64>,
     /// Highest per-second p99 source lag, ms.
     pub peak_lag_p99_ms: Option<f64>,
-    /// State moved between tasks, on demand (Σ `state_bytes_moved`) and in the background
-    /// (Σ `state_bytes_pulled`).
+    /// State moved between tasks: on demand, in the background and eagerly ([`StateMoved`]).
     pub state_moved: StateMoved,
     /// Worst per-second p99 source lag over the last [`TAIL_S`] seconds with lag samples, ms.
     pub tail_lag_p99_ms: Option<f64>,
@@ -219,8 +219,11 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let total = |m: &str| -> Result<f64, ReportError> {
         Ok(store.per_second(&info.run, m, Aggregate::Sum, TaskScope::All)?.iter().map(|(_, v)| v).sum())
     };
-    let state_moved =
-        StateMoved::from_totals(total(metric::STATE_BYTES_MOVED)?, total(metric::STATE_BYTES_PULLED)?);
+    let state_moved = StateMoved::from_totals(
+        total(metric::STATE_BYTES_ON_DEMAND)?,
+        total(metric::STATE_BYTES_BACKGROUND)?,
+        total(metric::STATE_BYTES_EAGER)?,
+    );
     let budget = config.as_ref().and_then(|c| c.runtime.task_records_per_sec);
     let capacity_shortfall = match budget {
         Some(budget) => shortfall(&store.task_samples(&info.run, metric::CAPACITY_RECORDS_PER_SEC)?, budget),
@@ -300,9 +303,11 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         (metric::SOURCE_LAG_P99_MS, Aggregate::Max, sources),
         (metric::BATCH_LATENCY_MEAN_US, Aggregate::Mean, processing),
         (metric::BATCH_LATENCY_P99_US, Aggregate::Max, processing),
-        (metric::STATE_BYTES_MOVED, Aggregate::Sum, TaskScope::All),
+        (metric::STATE_BYTES_ON_DEMAND, Aggregate::Sum, TaskScope::All),
         (metric::BACKPRESSURE_MS, Aggregate::Max, TaskScope::All),
         (metric::BATCH_LATENCY_MAX_US, Aggregate::Max, processing),
+        (metric::STATE_BYTES_BACKGROUND, Aggregate::Sum, TaskScope::All),
+        (metric::STATE_BYTES_EAGER, Aggregate::Sum, TaskScope::All),
     ];
     let run_start_s = secs_of_ms(info.started_ms);
     let mut series: Vec<BTreeMap<i64, f64>> = Vec::with_capacity(columns.len());
@@ -329,7 +334,7 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
             lag_p99_ms: at(2, t),
             batch_latency_mean_us: at(3, t),
             batch_latency_p99_us: at(4, t),
-            state_bytes_moved: at(5, t).unwrap_or(0.0),
+            state_bytes_moved: at(5, t).unwrap_or(0.0) + at(8, t).unwrap_or(0.0) + at(9, t).unwrap_or(0.0),
             backpressure_ms: at(6, t),
             batch_latency_max_us: at(7, t),
         })
@@ -457,10 +462,11 @@ impl fmt::Display for ReportSummary {
         writeln!(f, "lag p99 over the last {TAIL_S} s: {}", fmt_opt(self.tail_lag_p99_ms, "ms"))?;
         writeln!(
             f,
-            "state moved: {} ({} on demand, {} in the background); pause total: {} ms",
+            "state moved: {} ({} on demand, {} in the background, {} eager); pause total: {} ms",
             fmt_bytes(self.state_moved.total()),
             fmt_bytes(self.state_moved.on_demand),
             fmt_bytes(self.state_moved.background),
+            fmt_bytes(self.state_moved.eager),
             self.pause_ms_total
         )?;
         writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;

@@ -66,8 +66,9 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
             samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
         }
         if (RECONFIG_AT..RECONFIG_AT + 5).contains(&t) {
-            samples.push(at("aggregate.0", metric::STATE_BYTES_MOVED, 1_048_576.0));
-            samples.push(at("aggregate.0", metric::STATE_BYTES_PULLED, 524_288.0));
+            samples.push(at("aggregate.0", metric::STATE_BYTES_ON_DEMAND, 1_048_576.0));
+            samples.push(at("aggregate.0", metric::STATE_BYTES_BACKGROUND, 524_288.0));
+            samples.push(at("aggregate.1", metric::STATE_BYTES_EAGER, 1024.0));
         }
         store.insert_samples(run, &samples).unwrap();
     }
@@ -127,12 +128,17 @@ fn scale_out_dip_and_backlog_recovery() {
     assert_eq!(summary.peak_lag_p99_ms, Some(4000.0));
     assert_eq!(summary.state_moved.on_demand, 5.0 * 1_048_576.0);
     assert_eq!(summary.state_moved.background, 2.5 * 1_048_576.0);
+    assert_eq!(summary.state_moved.eager, 5.0 * 1024.0);
     let text = summary.to_string();
     assert!(
-        text.contains("state moved: 7.50 MiB (5.00 MiB on demand, 2.50 MiB in the background)"),
+        text.contains(
+            "state moved: 7.50 MiB (5.00 MiB on demand, 2.50 MiB in the background, 5.0 KiB eager)"
+        ),
         "{text}"
     );
     assert_eq!(summary.pause_ms_total, 1_500);
+    let moving = &summary.table.rows[RECONFIG_AT as usize];
+    assert_eq!(moving.state_bytes_moved, 1_048_576.0 + 524_288.0 + 1024.0, "all three kinds per second");
     let row = &summary.table.rows[10];
     assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");
     assert_eq!(row.batch_latency_p99_us, Some(900.0), "max over non-source tasks");

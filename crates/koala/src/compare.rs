@@ -108,10 +108,11 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
 pub fn print_table(outcomes: &[Outcome]) {
     println!();
     println!(
-        "{:<18} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>9}",
+        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>9}",
         "protocol",
         "on demand",
         "background",
+        "eager",
         "recovery",
         "peak lag",
         "tail p99",
@@ -127,10 +128,11 @@ pub fn print_table(outcomes: &[Outcome]) {
             format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1))
         };
         println!(
-            "{:<18} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>6} ms",
+            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>6} ms",
             o.protocol,
             mib(o.state_moved.on_demand),
             mib(o.state_moved.background),
+            mib(o.state_moved.eager),
             rec,
             opt_ms(o.peak_lag_ms),
             opt_ms(o.tail_lag_p99_ms),

@@ -152,7 +152,12 @@ const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
 
 /// Runs the experiment into `out` under `protocols` (validated by the caller), in that order,
 /// every run with the `shared` settings.
-pub fn scale_out(quick: bool, out: &Path, protocols: &[String], shared: SharedSettings) -> anyhow::Result<()> {
+pub fn scale_out(
+    quick: bool,
+    out: &Path,
+    protocols: &[String],
+    shared: SharedSettings,
+) -> anyhow::Result<()> {
     let setup = Setup::new(quick);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let warm = out.join("warm");
@@ -281,11 +286,12 @@ fn write_results(
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>14} {:>14} {:>10} {:>10} {:>24} {:>22}",
+        "{:<18} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>24} {:>22}",
         "protocol",
         "recovery",
         "on demand",
         "background",
+        "eager",
         "pause",
         "peak lag",
         "worst dip (vs offered)",
@@ -295,11 +301,12 @@ fn write_results(
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>14} {:>14} {:>7} ms {:>7} ms {:>24} {:>22}",
+            "{:<18} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>24} {:>22}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             crate::launch::human_bytes(r.state_moved.on_demand as u64),
             crate::launch::human_bytes(r.state_moved.background as u64),
+            crate::launch::human_bytes(r.state_moved.eager as u64),
             r.pause_ms_total,
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
             first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
@@ -315,10 +322,10 @@ fn write_results(
                 a as f64 / (b as f64).max(1.0)
             );
         }
-        if s.state_moved.on_demand > 0.0 {
+        if s.state_moved.total() > 0.0 {
             println!(
-                "koala's on-demand state moved is {:.3} of stop-and-restart's",
-                k.state_moved.on_demand / s.state_moved.on_demand
+                "koala's state moved is {:.3} of stop-and-restart's (all kinds)",
+                k.state_moved.total() / s.state_moved.total()
             );
         }
     }

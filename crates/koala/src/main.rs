@@ -2,9 +2,9 @@
 
 mod compare;
 mod experiment;
-mod settings;
 mod kafka;
 mod launch;
+mod settings;
 mod warmup;
 
 use std::path::PathBuf;

@@ -25,10 +25,12 @@ pub struct TaskMetrics {
     pub late_dropped: u64,
     /// Time blocked on full downstream channels.
     pub backpressure: Duration,
-    /// Bytes of state sent to other tasks on request (fetches, stop-and-restart transfers).
-    pub state_bytes_moved: u64,
-    /// Koala: bytes of state sent to other tasks in the background (progressive migration).
-    pub state_bytes_pulled: u64,
+    /// Bytes of state sent to other tasks because a record there needed them (`metric::STATE_BYTES_ON_DEMAND`).
+    pub state_bytes_on_demand: u64,
+    /// Bytes of state sent to other tasks in the background (`metric::STATE_BYTES_BACKGROUND`).
+    pub state_bytes_background: u64,
+    /// Bytes of state given up with a hand-over (`metric::STATE_BYTES_EAGER`).
+    pub state_bytes_eager: u64,
     /// Koala: keys sent to other tasks (fetched or pulled).
     pub state_keys_sent: u64,
     /// Koala: keys asked of another task that it did not hold.
@@ -68,6 +70,17 @@ fn next_whole_second(now: std::time::Instant) -> std::time::Instant {
     now + wait
 }
 
+/// Bytes one moved state entry counts in the state-moved metrics (`metric::STATE_BYTES_EAGER` and
+/// its siblings): its stored key (header and user key) and its value, as scans count them.
+pub(crate) fn entry_bytes(user_key: usize, value: usize) -> u64 {
+    (koala_state::KEY_HEADER_LEN + user_key + value) as u64
+}
+
+/// Bytes one moved timer counts in the state-moved metrics: its key and its time.
+pub(crate) fn timer_bytes(key: &[u8]) -> u64 {
+    key.len() as u64 + 8
+}
+
 fn histogram() -> Histogram<u64> {
     // Three significant digits up to one hour; cannot fail for these bounds.
     Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
@@ -87,8 +100,9 @@ impl TaskMetrics {
             state_writes: 0,
             late_dropped: 0,
             backpressure: Duration::ZERO,
-            state_bytes_moved: 0,
-            state_bytes_pulled: 0,
+            state_bytes_on_demand: 0,
+            state_bytes_background: 0,
+            state_bytes_eager: 0,
             state_keys_sent: 0,
             fetch_not_here: 0,
             throttled: Duration::ZERO,
@@ -142,7 +156,7 @@ impl TaskMetrics {
         self.interval_start = now;
         let time_s = middle.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let task = self.task;
-        let mut out = Vec::with_capacity(12);
+        let mut out = Vec::with_capacity(16);
         let mut push = |metric: &str, value: f64| {
             out.push(TaskSample { time_s, task, metric: metric.to_string(), value });
         };
@@ -153,9 +167,10 @@ impl TaskMetrics {
         push(metric::STATE_WRITES, self.state_writes as f64);
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
-        push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
-        if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
-            push(metric::STATE_BYTES_PULLED, self.state_bytes_pulled as f64);
+        push(metric::STATE_BYTES_ON_DEMAND, self.state_bytes_on_demand as f64);
+        push(metric::STATE_BYTES_BACKGROUND, self.state_bytes_background as f64);
+        push(metric::STATE_BYTES_EAGER, self.state_bytes_eager as f64);
+        if self.state_keys_sent > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
             push(metric::STATE_KEYS_SENT, self.state_keys_sent as f64);
             push(metric::FETCH_NOT_HERE, self.fetch_not_here as f64);
         }
@@ -205,8 +220,9 @@ impl TaskMetrics {
         self.state_writes = 0;
         self.late_dropped = 0;
         self.backpressure = Duration::ZERO;
-        self.state_bytes_moved = 0;
-        self.state_bytes_pulled = 0;
+        self.state_bytes_on_demand = 0;
+        self.state_bytes_background = 0;
+        self.state_bytes_eager = 0;
         self.state_keys_sent = 0;
         self.fetch_not_here = 0;
         self.throttled = Duration::ZERO;

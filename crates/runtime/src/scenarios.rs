@@ -366,7 +366,7 @@ fn koala_tasks_fetching_from_each_other(two_workers: bool, keys: u64, payload: u
     s.check_output();
     // Each task served the other about half the keys' state: fetches really went both ways.
     for task in s.tasks {
-        let served = s.total(task, koala_types::metric::STATE_BYTES_MOVED);
+        let served = s.total(task, koala_types::metric::STATE_BYTES_ON_DEMAND);
         assert!(served >= (keys / 4 * payload as u64) as f64, "{task} served only {served} bytes of state");
     }
 }

@@ -26,11 +26,17 @@ pub const STATE_WRITES: &str = "state_writes";
 pub const BACKPRESSURE_MS: &str = "backpressure_ms";
 /// Records dropped because they were behind the watermark by more than the allowed lateness.
 pub const LATE_DROPPED: &str = "late_dropped";
-/// Bytes of state this task sent to another task because it asked for them: a Koala fetch of a
-/// key a batch needs, or a stop-and-restart transfer (the paper's "state moved").
-pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
-/// Koala: bytes of state this task sent in the background (progressive migration's extra keys).
-pub const STATE_BYTES_PULLED: &str = "state_bytes_pulled";
+/// Bytes of state this task sent to another task because a record there needed it now (a Koala
+/// fetch of a key a batch holds). State bytes count, per entry, its stored key (bucket, state id,
+/// user key) and its value; a timer counts its key and 8 bytes (docs/architecture.md §9).
+pub const STATE_BYTES_ON_DEMAND: &str = "state_bytes_on_demand";
+/// Bytes of state this task sent to another task while both kept processing, without a record
+/// asking for it: Koala's progressive migration and background drain, DRRS's bucket pushes.
+pub const STATE_BYTES_BACKGROUND: &str = "state_bytes_background";
+/// Bytes of state this task gave up as part of a hand-over, before the new owner could process
+/// the moved buckets: stop-and-restart's transfer, Remote's write-back of its buffered entries to
+/// the state servers, the state and timers a Koala hand-over carries.
+pub const STATE_BYTES_EAGER: &str = "state_bytes_eager";
 /// Koala: keys this location sent to other tasks, fetched on demand or pulled in the background
 /// (how fast a cancelled task drains).
 pub const STATE_KEYS_SENT: &str = "state_keys_sent";
@@ -68,8 +74,9 @@ pub const ALL: &[&str] = &[
     STATE_WRITES,
     BACKPRESSURE_MS,
     LATE_DROPPED,
-    STATE_BYTES_MOVED,
-    STATE_BYTES_PULLED,
+    STATE_BYTES_ON_DEMAND,
+    STATE_BYTES_BACKGROUND,
+    STATE_BYTES_EAGER,
     STATE_KEYS_SENT,
     FETCH_NOT_HERE,
     THROTTLED_MS,

@@ -8,9 +8,9 @@
 //! - [`backlog_recovery_s`]: seconds from a reconfiguration's start until source lag is back to
 //!   its level before the overload began (the last rate increase at or before the start), and
 //!   stays there [`RECOVERY_HOLD_S`] seconds.
-//! - [`StateMoved`]: state moved on demand (records wait for it: Koala fetches and the state
-//!   carried with hand-overs; stop-and-restart's whole transfer) vs in the background (Koala's
-//!   progressive pulls of extra keys).
+//! - [`StateMoved`]: state moved on demand (a record waits for it: Koala fetches), in the
+//!   background (Koala's progressive pulls and drain, DRRS's pushes) and eagerly with the hand-over
+//!   (stop-and-restart's transfer, Remote's write-back, what a Koala hand-over carries).
 
 use std::collections::BTreeMap;
 
@@ -216,27 +216,33 @@ pub fn moving_average(series: &[(i64, f64)], window: i64) -> Vec<(i64, f64)> {
         .collect()
 }
 
-/// State moved between tasks over a run, split by whether records waited for it.
+/// State moved between tasks over a run, split by when it moved (one definition for every
+/// protocol, docs/architecture.md §9: an entry counts its stored key and its value).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StateMoved {
-    /// Bytes records waited for: Koala fetches and state carried with hand-overs,
-    /// stop-and-restart's transfers (Σ `state_bytes_moved`; the paper's "state moved").
+    /// Bytes a record waited for: Koala's fetches (Σ `state_bytes_on_demand`).
     pub on_demand: f64,
-    /// Bytes Koala moved in the background: progressive migration's extra keys and the drain of
-    /// live old owners (Σ `state_bytes_pulled`).
+    /// Bytes moved while the job kept processing, without a record asking: Koala's progressive
+    /// migration and background drain, DRRS's pushes (Σ `state_bytes_background`).
     pub background: f64,
+    /// Bytes moved with the hand-over, before the moved buckets could be processed:
+    /// stop-and-restart's transfer, Remote's write-back to its state servers, the state and timers
+    /// a Koala hand-over carries (Σ `state_bytes_eager`).
+    pub eager: f64,
 }
 
 impl StateMoved {
-    /// From the run's totals of `state_bytes_moved` and `state_bytes_pulled` (disjoint).
-    pub fn from_totals(moved: f64, pulled: f64) -> Self {
+    /// From the run's totals of `state_bytes_on_demand`, `state_bytes_background` and
+    /// `state_bytes_eager` (disjoint).
+    pub fn from_totals(on_demand: f64, background: f64, eager: f64) -> Self {
         // `+ 0.0` turns the −0.0 an empty float sum gives into 0.
-        Self { on_demand: moved.max(0.0) + 0.0, background: pulled.max(0.0) + 0.0 }
+        let clean = |v: f64| v.max(0.0) + 0.0;
+        Self { on_demand: clean(on_demand), background: clean(background), eager: clean(eager) }
     }
 
-    /// Both together.
+    /// All three together.
     pub fn total(&self) -> f64 {
-        self.on_demand + self.background
+        self.on_demand + self.background + self.eager
     }
 }
 
@@ -361,9 +367,9 @@ mod tests {
     }
 
     #[test]
-    fn state_moved_splits_on_demand_from_background() {
-        let s = StateMoved::from_totals(1000.0, 300.0);
-        assert_eq!((s.on_demand, s.background, s.total()), (1000.0, 300.0, 1300.0));
-        assert_eq!(StateMoved::from_totals(0.0, 0.0), StateMoved::default());
+    fn state_moved_splits_on_demand_background_and_eager() {
+        let s = StateMoved::from_totals(1000.0, 300.0, 20.0);
+        assert_eq!((s.on_demand, s.background, s.eager, s.total()), (1000.0, 300.0, 20.0, 1320.0));
+        assert_eq!(StateMoved::from_totals(-0.0, 0.0, 0.0), StateMoved::default());
     }
 }

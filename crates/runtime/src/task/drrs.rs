@@ -30,6 +30,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::InputChannel;
 use crate::links::open_peer;
+use crate::metrics::timer_bytes;
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -431,9 +432,10 @@ impl DrrsOperator {
         let (timers, kept): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.aside).into_iter().partition(|(_, k)| bucket_of(k, nb) == bucket);
         self.aside = kept;
+        let timers_bytes = timers.iter().map(|(_, k)| timer_bytes(k)).sum::<u64>();
         self.send(setup, to, &Wire::BucketEnd { epoch, bucket, timers })?;
         store.delete_buckets(&[bucket])?;
-        self.op.metrics.state_bytes_moved += bytes;
+        self.op.metrics.state_bytes_background += bytes + timers_bytes;
         tracing::debug!(task = %setup.task, %to, bucket, bytes, entries, "bucket pushed");
         Ok(())
     }

@@ -40,6 +40,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
 use crate::links::{FETCH_INPUT, open_channel, open_peer};
+use crate::metrics::{entry_bytes, timer_bytes};
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -520,19 +521,22 @@ impl KoalaOperator {
         let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
         let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
         self.op.metrics.state_reads += location.reads;
+        // A key's state ids travel as one bundle: the key counts once, with the bundle
+        // (within a few bytes per state id of `entry_bytes` per entry).
         let metrics = &mut self.op.metrics;
-        for value in response.values.iter().filter_map(|(_, v)| v.as_ref()) {
-            metrics.state_bytes_moved += value.len() as u64;
+        for (key, value) in response.values.iter().filter_map(|(k, v)| Some((k, v.as_ref()?))) {
+            metrics.state_bytes_on_demand += entry_bytes(key.len(), value.len());
             metrics.state_keys_sent += 1;
         }
-        metrics.state_bytes_pulled += response.extra.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        metrics.state_bytes_background +=
+            response.extra.iter().map(|(k, v)| entry_bytes(k.len(), v.len())).sum::<u64>();
         metrics.state_keys_sent += response.extra.len() as u64;
         Ok(response)
     }
 
-    /// Adds what a fetch location read and answered to the task's metrics.
+    /// Adds what a hand-over took from the store to the task's metrics.
     fn count_io(&mut self, location: &StoreLocation<'_>) {
-        self.op.metrics.state_bytes_moved += location.bytes_moved;
+        self.op.metrics.state_bytes_eager += location.bytes_moved;
         self.op.metrics.state_reads += location.reads;
     }
 
@@ -564,6 +568,7 @@ impl KoalaOperator {
         let keys: Vec<Vec<u8>> =
             timers.iter().map(|(_, k)| k.clone()).collect::<BTreeSet<_>>().into_iter().collect();
         hand_over.carried = keys.iter().map(|k| bucket_and_key_hash(k, nb)).collect();
+        self.op.metrics.state_bytes_eager += timers.iter().map(|(_, k)| timer_bytes(k)).sum::<u64>();
         let state =
             self.take_keys(setup, &keys)?.into_iter().filter_map(|(k, b)| b.map(|b| (k, b))).collect();
         hand_over.metadata = encode(&Metadata { timers, state }).map_err(codec)?;

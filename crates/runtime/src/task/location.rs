@@ -23,7 +23,7 @@ pub(super) struct StoreLocation<'a> {
     /// The operator's state ids: a key's state is one entry per id.
     state_ids: &'a [u8],
     num_buckets: u16,
-    /// State bytes answered so far (values of the taken keys), for the task's metrics.
+    /// State bytes taken so far (`crate::metrics::entry_bytes` of every entry), for the task's metrics.
     pub(super) bytes_moved: u64,
     /// Entries read and deleted so far, for the task's metrics.
     pub(super) reads: u64,
@@ -49,7 +49,10 @@ impl<'a> StoreLocation<'a> {
                 deletes.push(StateWrite::Delete(k));
             }
         }
-        self.bytes_moved += bundles.values().flatten().map(|(_, v)| v.len() as u64).sum::<u64>();
+        self.bytes_moved += bundles
+            .iter()
+            .flat_map(|(k, b)| b.iter().map(|(_, v)| crate::metrics::entry_bytes(k.len(), v.len())))
+            .sum::<u64>();
         self.reads += deletes.len() as u64;
         if !deletes.is_empty() {
             self.store.write_many(deletes)?;

@@ -19,7 +19,7 @@ use super::TaskSetup;
 use crate::RuntimeError;
 use crate::channel::InputChannel;
 use crate::links::open_peer;
-use crate::metrics::TaskMetrics;
+use crate::metrics::{TaskMetrics, timer_bytes};
 use crate::output::Outputs;
 use crate::peer::PeerSender;
 use crate::timers::TimerService;
@@ -177,6 +177,7 @@ impl StateTransfer {
             let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
             let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
             if !moving.is_empty() {
+                bytes += moving.iter().map(|(_, k)| timer_bytes(k)).sum::<u64>();
                 self.send(setup, &peer, ChannelMessage::Timers { epoch, timers: moving }, io)?;
             }
             self.send(setup, &peer, ChannelMessage::StateEnd { epoch }, io)?;
@@ -189,7 +190,7 @@ impl StateTransfer {
             // never read a stale value.
             store.delete_buckets(&moved)?;
         }
-        io.metrics.state_bytes_moved += bytes;
+        io.metrics.state_bytes_eager += bytes;
         tracing::debug!(task = %me, epoch, bytes, entries, "moved state sent");
         setup.ack(epoch, TaskAck::StateSent { bytes, entries });
         Ok(())
@@ -200,7 +201,8 @@ impl StateTransfer {
     /// The `remote` protocol's `SendState`: every awaited marker arrived; flushes outputs, then
     /// per new owner releases its buckets to the state servers (whatever this task buffered for
     /// them is written back before `StateEnd` leaves, so the new owner's first read sees it),
-    /// sends their timers and `StateEnd`; acks `StateSent` with no state moved.
+    /// sends their timers and `StateEnd`; acks `StateSent` with the bytes written back and the
+    /// timers sent (the Remote baseline's eager state moved; no entry goes to a task).
     fn flush(
         &mut self,
         setup: &TaskSetup,
@@ -223,12 +225,14 @@ impl StateTransfer {
             let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
             let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
             if !moving.is_empty() {
+                flushed += moving.iter().map(|(_, k)| timer_bytes(k)).sum::<u64>();
                 self.send(setup, &peer, ChannelMessage::Timers { epoch, timers: moving }, io)?;
             }
             self.send(setup, &peer, ChannelMessage::StateEnd { epoch }, io)?;
         }
         tracing::debug!(task = %me, epoch, flushed, "moved buckets released to the state servers");
-        setup.ack(epoch, TaskAck::StateSent { bytes: 0, entries: 0 });
+        io.metrics.state_bytes_eager += flushed;
+        setup.ack(epoch, TaskAck::StateSent { bytes: flushed, entries: 0 });
         Ok(())
     }
 
