@@ -15,8 +15,11 @@ use crate::ValueFormat;
 use crate::kafka_sink::KafkaSinkSpec;
 use crate::kafka_source::KafkaSourceSpec;
 
-/// The queries this crate registers.
-pub const NAMES: &[&str] = &["bid-aggregate"];
+/// The queries this crate registers: name and what it computes, operators named.
+pub const QUERIES: &[(&str, &str)] = &[(
+    "bid-aggregate",
+    "\"bids\" (Nexmark bids from the generator or a Kafka topic) → key_by auction → \"aggregate\" (bids and price sum per auction) → sink (JSON lines, Kafka or discard)",
+)];
 
 /// Where bids come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +130,7 @@ impl Generator<Bid> for BidGenerator {
 
 /// source "bids" → key_by auction → "aggregate" (count, sum of prices) → sink "sink".
 pub fn bid_aggregate(p: &BidAggregateParams) -> Result<JobGraph, DataflowError> {
+    p.source.validate().map_err(|e| DataflowError::Other(format!("params: {e}")))?;
     let df = Dataflow::new();
     let bids: Stream<Bid> = match p.input {
         Input::Kafka => {

@@ -63,6 +63,30 @@ pub struct SourceOptions {
     pub watermark_interval_ms: u64,
 }
 
+impl SourceOptions {
+    /// Checks the schedule, naming the first step at fault (`source.rate[i]`) and the fix.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut last_at = None;
+        for (i, step) in self.rate.0.iter().enumerate() {
+            if !(step.records_per_sec.is_finite() && step.records_per_sec >= 0.0) {
+                return Err(format!(
+                    "source.rate[{i}].records_per_sec = {}: give a rate ≥ 0 records per second over all source tasks (0 = as fast as possible)",
+                    step.records_per_sec
+                ));
+            }
+            if last_at.is_some_and(|last| step.at_ms <= last) {
+                return Err(format!(
+                    "source.rate[{i}].at_ms = {}: the steps must start at increasing times (the step before starts at {} ms)",
+                    step.at_ms,
+                    last_at.unwrap_or(0)
+                ));
+            }
+            last_at = Some(step.at_ms);
+        }
+        Ok(())
+    }
+}
+
 impl Default for SourceOptions {
     fn default() -> Self {
         Self { rate: RateSchedule::unlimited(), max_disorder_ms: 0, watermark_interval_ms: 100 }
@@ -72,6 +96,30 @@ impl Default for SourceOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_negative_or_unordered_rate_is_refused_by_name() {
+        let with =
+            |steps: Vec<RateStep>| SourceOptions { rate: RateSchedule(steps), ..SourceOptions::default() };
+        let negative = with(vec![RateStep { at_ms: 0, records_per_sec: -50_000.0 }]);
+        let err = negative.validate().expect_err("negative rate");
+        assert!(err.contains("source.rate[0].records_per_sec = -50000"), "{err}");
+        let nan = with(vec![
+            RateStep { at_ms: 0, records_per_sec: 10.0 },
+            RateStep { at_ms: 5, records_per_sec: f64::NAN },
+        ]);
+        assert!(nan.validate().is_err_and(|e| e.contains("source.rate[1]")));
+        let unordered = with(vec![
+            RateStep { at_ms: 1000, records_per_sec: 10.0 },
+            RateStep { at_ms: 1000, records_per_sec: 20.0 },
+        ]);
+        assert!(unordered.validate().is_err_and(|e| e.contains("source.rate[1].at_ms = 1000")));
+        let fine = with(vec![
+            RateStep { at_ms: 0, records_per_sec: 0.0 },
+            RateStep { at_ms: 10, records_per_sec: 5.0 },
+        ]);
+        assert_eq!(fine.validate(), Ok(()));
+    }
 
     #[test]
     fn due_times_follow_the_steps() {

@@ -3,46 +3,23 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, ProgressEvent, run_job};
-use koala_dataflow::graph::QueryResolver;
 
 /// The demo job's config, also shipped as `examples/demo.toml`.
 pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
 
-/// Listed under `koala run --help`.
-pub const QUERIES_HELP: &str = "Queries: keyed-aggregate, last-n, tumbling-window, sliding-window, \
-window-join, keyed-join, self-join, two-stage-aggregate, bid-aggregate (Nexmark bids from the generator or \
-Kafka). A config names one with `query = \"...\"` and sets tasks per operator under \
-[parallelism]; see examples/demo.toml and examples/kafka-bids.toml.";
-
-/// Builds any registered query from its name and TOML parameters.
-pub fn resolver() -> QueryResolver {
-    Arc::new(|name: &str, params: &str| {
-        if let Some(graph) = koala_connectors::queries::build_query(name, params) {
-            return graph;
-        }
-        if !koala_workloads::query_names().contains(&name) {
-            let known: Vec<&str> = koala_workloads::query_names()
-                .iter()
-                .chain(koala_connectors::queries::NAMES)
-                .copied()
-                .collect();
-            return Err(format!("unknown query {name:?}; the queries are {}", known.join(", ")));
-        }
-        let params: koala_workloads::QueryParams =
-            toml::from_str(params).map_err(|e| format!("params: {e}"))?;
-        koala_workloads::build_query(name, &params).map_err(|e| e.to_string())
-    })
-}
-
 /// Reads and parses a config file.
 pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-    Ok(JobConfig::parse(&text, &path.display().to_string())?)
+    let config = JobConfig::parse(&text, &path.display().to_string())?;
+    // `[params]` checked where it stands in the file, so an error names its real line.
+    let query =
+        crate::queries::find(&config.query).map_err(|e| anyhow::anyhow!("{}: query: {e}", path.display()))?;
+    query.check_params(&text).map_err(|e| anyhow::anyhow!("{}: [params]: {e}", path.display()))?;
+    Ok(config)
 }
 
 /// `koala demo`. `shared`: the settings every run of a `koala compare` gets (partition policy,
@@ -239,7 +216,7 @@ pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
 /// `koala coordinator`: only the coordinator; workers are started by someone else.
 pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> anyhow::Result<()> {
     let config = load_config(config)?;
-    koala_coordinator::resolve(&config, &resolver())?;
+    koala_coordinator::resolve(&config, &crate::queries::resolver())?;
     anyhow::ensure!(
         config.state.servers_to_start() == 0,
         "state.server_addresses: `koala coordinator` starts no state servers; start them with `koala state-server` and list their addresses there (or use `koala run`, which starts [state] servers)"
@@ -250,7 +227,10 @@ pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> 
         std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
     }
     println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
-    let summary = run_job(listener, JobRun { config, resolver: resolver(), run: run_id(), progress: None })?;
+    let summary = run_job(
+        listener,
+        JobRun { config, resolver: crate::queries::resolver(), run: run_id(), progress: None },
+    )?;
     print_summary(&summary);
     Ok(())
 }
@@ -340,7 +320,7 @@ fn start_state_servers(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(Server
 /// Runs a job with a coordinator in this process and `config.workers` worker processes (and
 /// the state servers of a remote backend without external addresses, `[state] servers`).
 pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
-    let resolver = resolver();
+    let resolver = crate::queries::resolver();
     koala_coordinator::resolve(&config, &resolver)?;
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;

@@ -4,6 +4,7 @@ mod compare;
 mod experiment;
 mod kafka;
 mod launch;
+mod queries;
 mod settings;
 mod warmup;
 
@@ -70,7 +71,7 @@ enum Command {
         protocols: Vec<String>,
     },
     /// Run a job from a TOML config with local worker processes (see examples/*.toml).
-    #[command(after_help = launch::QUERIES_HELP)]
+    #[command(after_help = queries::help())]
     Run {
         /// The job config.
         config: PathBuf,
@@ -224,6 +225,12 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// List the queries a config can name: what each computes, its operators (the names
+    /// [parallelism], rescale, rebalance and migrate take) and its [params] with their defaults.
+    Queries {
+        /// Only this query.
+        name: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -303,7 +310,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 coordinator,
                 data_dir,
                 listen_host,
-                resolver: launch::resolver(),
+                resolver: queries::resolver(),
                 warm_state,
             })
             .context("worker stopped")
@@ -365,6 +372,10 @@ fn run(command: Command) -> anyhow::Result<()> {
                 .with_context(|| format!("reporting on {}", db.display()))?;
             println!("{}", summary.table);
             println!("{summary}");
+            Ok(())
+        }
+        Command::Queries { name } => {
+            print!("{}", queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?);
             Ok(())
         }
     }

@@ -52,6 +52,21 @@ fn unknown_query_parameter_is_named() {
 }
 
 #[test]
+fn a_typo_inside_params_names_the_file_and_its_real_line() {
+    let err = rejected(&format!(
+        "{BASE}workers = 2\n\n[parallelism]\naggregate = 2\n\n[params]\nsink = \"discard\"\nwindw_ms = 3\n"
+    ));
+    assert!(err.contains("job.toml") && err.contains("line 10") && err.contains("windw_ms"), "{err}");
+}
+
+#[test]
+fn a_negative_rate_is_refused_by_name() {
+    let err =
+        rejected(&format!("{BASE}[params.source]\nrate = [{{ at_ms = 0, records_per_sec = -50000.0 }}]\n"));
+    assert!(err.contains("job.toml") && err.contains("source.rate[0].records_per_sec = -50000"), "{err}");
+}
+
+#[test]
 fn timeouts_below_a_second_are_named() {
     let err = rejected(&format!("{BASE}[runtime]\nheartbeat_timeout_s = 0.0\n"));
     assert!(err.contains("runtime.heartbeat_timeout_s"), "{err}");

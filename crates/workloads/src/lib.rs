@@ -47,8 +47,13 @@ pub enum QueryError {
 }
 
 /// Every registered query name.
-pub fn query_names() -> &'static [&'static str] {
-    queries::NAMES
+pub fn query_names() -> Vec<&'static str> {
+    queries::names().collect()
+}
+
+/// Every registered query: its name and a line on what it computes, operators named.
+pub fn query_descriptions() -> Vec<(&'static str, &'static str)> {
+    queries::described().collect()
 }
 
 /// Builds the job graph of the query `name` with `params`.

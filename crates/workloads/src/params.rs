@@ -63,6 +63,7 @@ impl QueryParams {
     /// Checks the parameters `query` uses, naming the first inconsistent one.
     pub(crate) fn validate(&self, query: &str) -> Result<(), String> {
         self.generator.validate().map_err(|e| e.to_string())?;
+        self.source.validate()?;
         if self.generator.max_disorder_ms > self.source.max_disorder_ms {
             return Err(format!(
                 "generator.max_disorder_ms ({}) exceeds source.max_disorder_ms ({}): records \

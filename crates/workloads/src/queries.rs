@@ -15,35 +15,62 @@ mod tests;
 /// Builds one query's graph from (validated) parameters.
 type QueryBuilder = fn(&QueryParams) -> Result<JobGraph, DataflowError>;
 
-/// Every query, by name.
-const QUERIES: &[(&str, QueryBuilder)] = &[
-    ("keyed-aggregate", keyed_aggregate),
-    ("last-n", last_n),
-    ("tumbling-window", tumbling_window),
-    ("sliding-window", sliding_window),
-    ("window-join", window_join),
-    ("keyed-join", keyed_join),
-    ("self-join", self_join),
-    ("two-stage-aggregate", two_stage_aggregate),
-    ("filtered-window", filtered_window),
+/// Every query: its name, what it computes (its operators named as configs and reconfiguration
+/// requests name them), and its builder. The one list `koala queries`, `koala run --help` and
+/// [`crate::query_names`] come from.
+const QUERIES: &[(&str, &str, QueryBuilder)] = &[
+    (
+        "keyed-aggregate",
+        "source → key_by key → \"aggregate\" (running count and sum per key) → sink",
+        keyed_aggregate,
+    ),
+    ("last-n", "source → key_by key → \"last_n\" (the newest `last_n` values per key) → sink", last_n),
+    (
+        "tumbling-window",
+        "source → key_by key → \"window\" (count and sum per key and tumbling `window_ms` window) → sink",
+        tumbling_window,
+    ),
+    (
+        "sliding-window",
+        "source → key_by key → \"window\" (count and sum per key and sliding window of `window_ms`, every `slide_ms`) → sink",
+        sliding_window,
+    ),
+    (
+        "window-join",
+        "sources \"left\" and \"right\" → \"join\" (pairs per key and tumbling `window_ms` window) → sink",
+        window_join,
+    ),
+    (
+        "keyed-join",
+        "sources \"left\" and \"right\" → \"join\" (every pair per key, no window) → sink",
+        keyed_join,
+    ),
+    ("self-join", "source → \"join\" with itself (every ordered pair per key) → sink", self_join),
+    (
+        "two-stage-aggregate",
+        "source → \"aggregate\" (running count and sum per key) → \"rollup\" (records per key mod 16) → sink",
+        two_stage_aggregate,
+    ),
+    (
+        "filtered-window",
+        "source → \"sample\" (stateless: drops values divisible by 3) → key_by → \"window\" (tumbling `window_ms`) → sink",
+        filtered_window,
+    ),
 ];
 
 /// Every query name, in registry order.
-pub(crate) const NAMES: &[&str] = &[
-    "keyed-aggregate",
-    "last-n",
-    "tumbling-window",
-    "sliding-window",
-    "window-join",
-    "keyed-join",
-    "self-join",
-    "two-stage-aggregate",
-    "filtered-window",
-];
+pub(crate) fn names() -> impl Iterator<Item = &'static str> {
+    QUERIES.iter().map(|(name, _, _)| *name)
+}
+
+/// Every query's name and description, in registry order.
+pub(crate) fn described() -> impl Iterator<Item = (&'static str, &'static str)> {
+    QUERIES.iter().map(|(name, about, _)| (*name, *about))
+}
 
 /// The builder of `name`.
 pub(crate) fn lookup(name: &str) -> Option<QueryBuilder> {
-    QUERIES.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+    QUERIES.iter().find(|(n, _, _)| *n == name).map(|(_, _, b)| *b)
 }
 
 /// A keyed-event source `name` with `seed`, keyed by event key.

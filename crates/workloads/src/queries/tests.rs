@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use koala_dataflow::{KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions, local};
 use serde::de::DeserializeOwned;
 
-use super::NAMES;
 use crate::{
     JoinPair, KeyedJoinPair, KeyedTotal, LastN, QueryError, QueryParams, SinkKind, WindowTotal, build_query,
 };
@@ -53,12 +52,6 @@ fn per_key<T: Clone>(values: &[T], key: impl Fn(&T) -> u64) -> BTreeMap<u64, Vec
         out.entry(key(v)).or_default().push(v.clone());
     }
     out
-}
-
-#[test]
-fn registry_names_match_builders() {
-    let registered: Vec<&str> = super::QUERIES.iter().map(|(n, _)| *n).collect();
-    assert_eq!(registered, NAMES);
 }
 
 #[test]

@@ -1,0 +1,209 @@
+//! The query registry of the `koala` binary: every query a config can name, with what it
+//! computes, its operators (the names `[parallelism]`, `rescale`, `rebalance` and `migrate`
+//! take), its parameters and their defaults, and how to build it. `koala queries`, `koala run
+//! --help`, the resolver every process builds its graph with, and the check of a config's
+//! `[params]` all come from here, so none can list a query another does not know.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use koala_dataflow::graph::QueryResolver;
+use koala_dataflow::{JobGraph, OperatorKind};
+use serde::de::DeserializeOwned;
+
+/// Where a query's parameters come from (which type they deserialize into).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    /// `koala_workloads`: [`koala_workloads::QueryParams`].
+    Workloads,
+    /// `koala_connectors::queries`: [`koala_connectors::queries::BidAggregateParams`].
+    Kafka,
+}
+
+/// One registered query.
+#[derive(Clone, Copy, Debug)]
+pub struct Query {
+    /// The name a config gives as `query = "..."`.
+    pub name: &'static str,
+    /// What it computes, operators named.
+    pub about: &'static str,
+    family: Family,
+}
+
+/// Every query, in registry order.
+pub fn all() -> Vec<Query> {
+    let workloads = koala_workloads::query_descriptions().into_iter().map(|(name, about)| Query {
+        name,
+        about,
+        family: Family::Workloads,
+    });
+    let kafka = koala_connectors::queries::QUERIES.iter().map(|&(name, about)| Query {
+        name,
+        about,
+        family: Family::Kafka,
+    });
+    workloads.chain(kafka).collect()
+}
+
+/// The query `name`, or an error listing every query.
+pub fn find(name: &str) -> Result<Query, String> {
+    all().into_iter().find(|q| q.name == name).ok_or_else(|| {
+        let names: Vec<&str> = all().iter().map(|q| q.name).collect();
+        format!(
+            "unknown query {name:?}; the queries are {} (`koala queries` describes them)",
+            names.join(", ")
+        )
+    })
+}
+
+impl Query {
+    /// Builds the graph from the `[params]` table as TOML text (what workers receive).
+    pub fn build(&self, params: &str) -> Result<JobGraph, String> {
+        match self.family {
+            Family::Workloads => {
+                let params: koala_workloads::QueryParams =
+                    toml::from_str(params).map_err(|e| format!("params: {e}"))?;
+                koala_workloads::build_query(self.name, &params).map_err(|e| e.to_string())
+            }
+            Family::Kafka => koala_connectors::queries::build_query(self.name, params).unwrap_or_else(|| {
+                Err(format!("query {:?} is not a Kafka query (a registry bug)", self.name))
+            }),
+        }
+    }
+
+    /// Checks `[params]` inside the whole config `document`, so that a typo or a wrong type is
+    /// reported at its line in the file, not in a re-serialised copy of the table; then builds
+    /// the query with them, which checks their values.
+    pub fn check_params(&self, document: &str) -> Result<(), String> {
+        match self.family {
+            Family::Workloads => {
+                let params = params_in::<koala_workloads::QueryParams>(document)?;
+                koala_workloads::build_query(self.name, &params).map(drop).map_err(|e| e.to_string())
+            }
+            Family::Kafka => {
+                let params = params_in::<koala_connectors::queries::BidAggregateParams>(document)?;
+                koala_connectors::queries::bid_aggregate(&params).map(drop).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The parameters and their defaults, as the `[params]` tables a config would write.
+    pub fn default_params(&self) -> String {
+        let params = match self.family {
+            Family::Workloads => toml::Value::try_from(koala_workloads::QueryParams::default()),
+            Family::Kafka => toml::Value::try_from(koala_connectors::queries::BidAggregateParams::default()),
+        };
+        let text = params.and_then(|p| toml::to_string(&toml::Table::from_iter([("params".to_string(), p)])));
+        text.unwrap_or_else(|e| format!("# the defaults could not be written: {e}\n"))
+    }
+
+    /// The `[params]` table of its defaults as TOML text (what [`Self::build`] takes).
+    fn default_params_table(&self) -> String {
+        let document: toml::Table = toml::from_str(&self.default_params()).unwrap_or_default();
+        document.get("params").and_then(|p| toml::to_string(p).ok()).unwrap_or_default()
+    }
+
+    /// Its operators with their kinds, from the graph its default parameters build.
+    pub fn operators(&self) -> Result<Vec<(String, &'static str)>, String> {
+        let graph = self.build(&self.default_params_table())?;
+        Ok(graph
+            .operators
+            .iter()
+            .map(|op| {
+                let kind = match op.kind {
+                    OperatorKind::Source { .. } => "source",
+                    OperatorKind::Transform { stateful: true, .. } => "stateful",
+                    OperatorKind::Transform { stateful: false, .. } => "stateless",
+                    OperatorKind::Sink { .. } => "sink",
+                };
+                (op.name.clone(), kind)
+            })
+            .collect())
+    }
+}
+
+/// `[params]` of the config `document`, deserialised where it stands in the file.
+fn params_in<P: DeserializeOwned + Default>(document: &str) -> Result<P, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(bound = "P: DeserializeOwned + Default")]
+    struct Document<P> {
+        #[serde(default)]
+        params: P,
+    }
+    toml::from_str::<Document<P>>(document).map(|d| d.params).map_err(|e| e.to_string())
+}
+
+/// Builds any registered query from its name and TOML parameters.
+pub fn resolver() -> QueryResolver {
+    Arc::new(|name: &str, params: &str| find(name)?.build(params))
+}
+
+/// The query list under `koala run --help`.
+pub fn help() -> String {
+    let mut out = String::from("Queries (`koala queries` lists their operators and parameters):\n");
+    for q in all() {
+        let _ = writeln!(out, "  {:<20} {}", q.name, q.about);
+    }
+    out.push_str(
+        "A config names one with `query = \"...\"`, sets tasks per operator under [parallelism] and the \
+         query's parameters under [params]; see examples/demo.toml and examples/kafka-bids.toml.",
+    );
+    out
+}
+
+/// `koala queries [NAME]`: every query (or one) with its operators and its parameters' defaults.
+pub fn describe(only: Option<&str>) -> Result<String, String> {
+    let chosen = match only {
+        Some(name) => vec![find(name)?],
+        None => all(),
+    };
+    let mut out = String::new();
+    for q in chosen {
+        let _ = writeln!(out, "{}\n  {}", q.name, q.about);
+        let operators = q.operators()?;
+        let ops: Vec<String> = operators.iter().map(|(name, kind)| format!("{name} ({kind})")).collect();
+        let _ = writeln!(out, "  operators: {}", ops.join(", "));
+        let _ = writeln!(out, "  parameters and their defaults:");
+        for line in q.default_params().lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_query_builds_lists_its_operators_and_its_defaults_parse() {
+        let queries = all();
+        assert!(queries.iter().any(|q| q.name == "filtered-window"), "every workloads query is listed");
+        assert!(queries.iter().any(|q| q.name == "bid-aggregate"), "the Kafka queries are listed");
+        for q in queries {
+            let ops = q.operators().unwrap_or_else(|e| panic!("{}: {e}", q.name));
+            assert!(ops.iter().any(|(_, kind)| *kind == "source"), "{}: {ops:?}", q.name);
+            assert!(ops.iter().any(|(_, kind)| *kind == "sink"), "{}: {ops:?}", q.name);
+            let document = format!("query = {:?}\n{}", q.name, q.default_params());
+            assert_eq!(q.check_params(&document), Ok(()), "{}", q.name);
+            assert!(help().contains(q.name));
+        }
+        let text = describe(Some("keyed-aggregate")).expect("describe");
+        assert!(text.contains("aggregate (stateful)") && text.contains("window_ms"), "{text}");
+    }
+
+    #[test]
+    fn a_typo_inside_params_is_reported_at_its_line_in_the_file() {
+        let document = "query = \"tumbling-window\"\nworkers = 2\n\n[parallelism]\nwindow = 2\n\n[params]\nsink = \"jsonl\"\nwindw_ms = 1000\n";
+        let q = find("tumbling-window").expect("registered");
+        let err = q.check_params(document).expect_err("typo");
+        assert!(err.contains("line 9") && err.contains("windw_ms"), "{err}");
+        let negative = "query = \"keyed-aggregate\"\n[params.source]\nrate = [{ at_ms = 0, records_per_sec = -50000.0 }]\n";
+        let err =
+            find("keyed-aggregate").expect("registered").check_params(negative).expect_err("negative rate");
+        assert!(err.contains("source.rate[0].records_per_sec"), "{err}");
+        let err = find("no-such-query").expect_err("unknown");
+        assert!(err.contains("filtered-window") && err.contains("bid-aggregate"), "{err}");
+    }
+}
