@@ -56,6 +56,9 @@ pub struct JobRun {
     pub run: String,
     /// Receives one [`ProgressEvent::Second`] per second and reconfiguration events.
     pub progress: Option<Sender<ProgressEvent>>,
+    /// Once set (a signal handler sets it on Ctrl-C or SIGTERM), the sources end now, as at
+    /// `duration_s`: the job drains what is in flight and ends normally, with its summary.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Builds the graph and checks the config against it; returns tasks per operator.
@@ -70,6 +73,7 @@ pub fn resolve(config: &JobConfig, resolver: &QueryResolver) -> Result<(JobGraph
 pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, CoordinatorError> {
     let config = &job.config;
     let (graph, parallelism) = resolve(config, &job.resolver)?;
+    koala_types::name_operators(graph.operators.iter().map(|o| o.name.clone()).collect());
     let mut schedule: Vec<(f64, ReconfigRequest)> = Vec::new();
     for (i, r) in config.reconfigurations.iter().enumerate() {
         schedule.push((r.at_s, r.request(&format!("reconfigurations[{i}]"))?));
@@ -168,11 +172,15 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
                 });
             }
             state.check_stalled()?;
-            if let Some(d) = config.duration_s
-                && !stop_sent
-                && started.elapsed() >= Duration::from_secs(d)
-            {
+            let asked_to_stop =
+                job.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
+            let duration_over =
+                config.duration_s.is_some_and(|d| started.elapsed() >= Duration::from_secs(d));
+            if !stop_sent && (asked_to_stop || duration_over) {
                 stop_sent = true;
+                if asked_to_stop {
+                    tracing::warn!("asked to stop: the sources end now and the job drains what is in flight");
+                }
                 state.workers.broadcast(&CoordinatorMessage::StopSources)?;
             }
             while schedule.front().is_some_and(|(at, _)| started.elapsed().as_secs_f64() >= *at) {

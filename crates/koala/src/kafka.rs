@@ -105,19 +105,19 @@ pub fn broker(action: BrokerAction) -> anyhow::Result<()> {
             Ok(())
         }
         BrokerAction::Status { data_dir } => {
+            // Exits non-zero unless a broker runs, so scripts can test for one.
             match broker::status(&data_dir).context("reading the broker state")? {
-                BrokerStatus::NotRunning => println!("not running"),
+                BrokerStatus::NotRunning => anyhow::bail!("no broker running in {}", data_dir.display()),
                 BrokerStatus::Running(s) => {
-                    println!("running at {} (pid {}, {})", s.bootstrap, s.pid, s.engine)
+                    println!("running at {} (pid {}, {})", s.bootstrap, s.pid, s.engine);
+                    Ok(())
                 }
-                BrokerStatus::Stale(s) => {
-                    println!(
-                        "not running: pid {} recorded at {} is gone; `koala broker stop` clears it",
-                        s.pid, s.bootstrap
-                    );
-                }
+                BrokerStatus::Stale(s) => anyhow::bail!(
+                    "no broker running: pid {} recorded at {} is gone; `koala broker stop` clears it",
+                    s.pid,
+                    s.bootstrap
+                ),
             }
-            Ok(())
         }
     }
 }

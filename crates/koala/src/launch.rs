@@ -3,6 +3,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -10,6 +12,33 @@ use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, ProgressEvent, 
 
 /// The demo job's config, also shipped as `examples/demo.toml`.
 pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
+
+/// The flag Ctrl-C and SIGTERM set (registered once per process): the coordinator then ends the
+/// sources, the job drains and prints its summary, as at `duration_s`. A second signal, with the
+/// flag already set, ends the process at once (exit code 130).
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    if let Some(stop) = STOP.get() {
+        return Ok(stop.clone());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The conditional shutdown first: it sees the flag as the previous signal left it.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+            .context("installing the Ctrl-C / SIGTERM handler")?;
+        signal_hook::flag::register(signal, stop.clone())
+            .context("installing the Ctrl-C / SIGTERM handler")?;
+    }
+    Ok(STOP.get_or_init(|| stop).clone())
+}
+
+/// `--ignore-interrupt` of the processes `koala run` starts: Ctrl-C (SIGINT, sent to the whole
+/// terminal's process group) does not end them; the coordinator stops the job and then them.
+pub fn ignore_interrupt() -> anyhow::Result<()> {
+    let ignored = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, ignored).context("ignoring Ctrl-C")?;
+    Ok(())
+}
 
 /// Reads and parses a config file.
 pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
@@ -229,7 +258,13 @@ pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> 
     println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
     let summary = run_job(
         listener,
-        JobRun { config, resolver: crate::queries::resolver(), run: run_id(), progress: None },
+        JobRun {
+            config,
+            resolver: crate::queries::resolver(),
+            run: run_id(),
+            progress: None,
+            stop: Some(stop_on_signals()?),
+        },
     )?;
     print_summary(&summary);
     Ok(())
@@ -300,6 +335,8 @@ fn start_state_servers(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(Server
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
+            // The job drains against it after a Ctrl-C; it is stopped once the job ended.
+            .arg("--ignore-interrupt")
             .spawn()
             .with_context(|| format!("starting state server {i}"))?;
         let stdout = child.stdout.take().context("the state server's stdout")?;
@@ -322,6 +359,15 @@ fn start_state_servers(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(Server
 pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
     let resolver = crate::queries::resolver();
     koala_coordinator::resolve(&config, &resolver)?;
+    let stop = stop_on_signals()?;
+    if config.duration_s.is_none()
+        && crate::queries::find(&config.query).is_ok_and(|q| q.unbounded(&config.params))
+    {
+        println!(
+            "this job's input has no end (no `records` or `until_end` in [params], no `duration_s`): \
+             Ctrl-C or SIGTERM ends its sources, lets it drain and prints its summary (a second one ends it at once)"
+        );
+    }
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;
     clear_previous_output(&out)?;
@@ -353,13 +399,17 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
                 config.warm_state.iter().flat_map(|w| [std::ffi::OsStr::new("--warm-state"), w.as_os_str()]),
             )
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
+            // A Ctrl-C at the terminal reaches the whole process group: the workers ignore it and
+            // end when the coordinator, which stops the job cleanly, tells them to.
+            .arg("--ignore-interrupt")
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting worker {i}"))?;
         workers.0.push(child);
     }
     let (tx, rx) = crossbeam_channel::unbounded();
-    let job = JobRun { config: config.clone(), resolver, run: run_id(), progress: Some(tx) };
+    let job =
+        JobRun { config: config.clone(), resolver, run: run_id(), progress: Some(tx), stop: Some(stop) };
     let handle = std::thread::spawn(move || run_job(listener, job));
     for event in rx.iter() {
         match event {

@@ -99,6 +99,9 @@ enum Command {
         /// Where the server keeps its database.
         #[arg(long, default_value = "koala-out/state/server")]
         data_dir: PathBuf,
+        /// Ignore Ctrl-C (`koala run` passes it: the job drains before its servers stop).
+        #[arg(long, hide = true)]
+        ignore_interrupt: bool,
     },
     /// Run a worker process that hosts tasks placed on it by a coordinator.
     Worker {
@@ -115,6 +118,10 @@ enum Command {
         /// the job starts (`koala run` passes the config's `warm_state`).
         #[arg(long)]
         warm_state: Option<PathBuf>,
+        /// Ignore Ctrl-C (`koala run` passes it: its coordinator stops the job cleanly, then the
+        /// workers).
+        #[arg(long, hide = true)]
+        ignore_interrupt: bool,
     },
     /// Write warm state for a job: N keys of its keyed aggregate with values padded to a size,
     /// straight into a snapshot (no records processed), for `warm_state = "<out>"` in the config.
@@ -304,8 +311,16 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Coordinator { config, listen, address_file } => {
             launch::coordinator(&config, &listen, address_file.as_deref())
         }
-        Command::StateServer { listen, data_dir } => launch::state_server(&listen, &data_dir),
-        Command::Worker { coordinator, data_dir, listen_host, warm_state } => {
+        Command::StateServer { listen, data_dir, ignore_interrupt } => {
+            if ignore_interrupt {
+                launch::ignore_interrupt()?;
+            }
+            launch::state_server(&listen, &data_dir)
+        }
+        Command::Worker { coordinator, data_dir, listen_host, warm_state, ignore_interrupt } => {
+            if ignore_interrupt {
+                launch::ignore_interrupt()?;
+            }
             koala_runtime::run_worker(koala_runtime::WorkerOptions {
                 coordinator,
                 data_dir,

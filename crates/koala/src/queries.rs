@@ -87,6 +87,21 @@ impl Query {
         }
     }
 
+    /// Whether the query's input never ends by itself under `params` (then only `duration_s`, a
+    /// signal or an error ends the job).
+    pub fn unbounded(&self, params: &toml::Table) -> bool {
+        let text = toml::to_string(params).unwrap_or_default();
+        match self.family {
+            Family::Workloads => toml::from_str::<koala_workloads::QueryParams>(&text)
+                .is_ok_and(|p| p.generator.records.is_none()),
+            Family::Kafka => toml::from_str::<koala_connectors::queries::BidAggregateParams>(&text)
+                .is_ok_and(|p| match p.input {
+                    koala_connectors::queries::Input::Kafka => !p.kafka.until_end,
+                    koala_connectors::queries::Input::Generator => p.nexmark.events.is_none(),
+                }),
+        }
+    }
+
     /// The parameters and their defaults, as the `[params]` tables a config would write.
     pub fn default_params(&self) -> String {
         let params = match self.family {
@@ -189,6 +204,9 @@ mod tests {
             assert_eq!(q.check_params(&document), Ok(()), "{}", q.name);
             assert!(help().contains(q.name));
         }
+        let q = find("keyed-aggregate").expect("registered");
+        let bounded: toml::Table = toml::from_str("[generator]\nrecords = 10\n").expect("toml");
+        assert!(q.unbounded(&toml::Table::new()) && !q.unbounded(&bounded));
         let text = describe(Some("keyed-aggregate")).expect("describe");
         assert!(text.contains("aggregate (stateful)") && text.contains("window_ms"), "{text}");
     }

@@ -282,6 +282,7 @@ fn forward_to_coordinator(stream: TcpStream, rx: &Receiver<WorkerMessage>) {
 /// Builds the graph and the input queues of this worker's tasks.
 fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inboxes) -> Result<Job, String> {
     let graph = resolver(&d.query, &d.query_params)?;
+    koala_types::name_operators(graph.operators.iter().map(|o| o.name.clone()).collect());
     for (op, tasks) in &d.tasks {
         if graph.operator(*op).is_none() || tasks.is_empty() {
             return Err(format!(

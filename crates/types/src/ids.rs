@@ -1,4 +1,5 @@
 use std::fmt;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -42,9 +43,23 @@ pub struct InputChannel {
     pub from: TaskId,
 }
 
+/// The operators' names of the job this process runs, for display.
+static OPERATOR_NAMES: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Names this process's operators for display, so logs and errors say `window.0`, as configs,
+/// metrics and reports do, instead of `op1.0`. Called once per process by the coordinator and by
+/// each worker when they build the job's graph (indexed by `OperatorId.0`); a later call is
+/// ignored (a process runs one job; the operators of one query are named alike in every run).
+pub fn name_operators(names: Vec<String>) {
+    let _ = OPERATOR_NAMES.set(names);
+}
+
 impl fmt::Display for OperatorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "op{}", self.0)
+        match OPERATOR_NAMES.get().and_then(|names| names.get(self.0 as usize)) {
+            Some(name) => f.write_str(name),
+            None => write!(f, "op{}", self.0),
+        }
     }
 }
 
@@ -63,5 +78,20 @@ impl fmt::Display for InputChannel {
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "worker{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_display_with_their_operators_names_once_named() {
+        // The only test in this binary that names operators (the names are per process).
+        name_operators(vec!["source".into(), "window".into()]);
+        assert_eq!(TaskId::new(OperatorId(1), 0).to_string(), "window.0");
+        assert_eq!(OperatorId(7).to_string(), "op7", "an operator without a name keeps its number");
+        name_operators(vec!["other".into()]);
+        assert_eq!(OperatorId(0).to_string(), "source", "the first naming stands");
     }
 }
