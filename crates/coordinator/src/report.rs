@@ -68,12 +68,14 @@ pub enum ReportError {
         path: PathBuf,
     },
     /// The named run is not in the store.
-    #[error("metrics store {} has no run {run:?}", path.display())]
+    #[error("metrics store {} has no run {run:?}; its runs (oldest first): {}", path.display(), known.join(", "))]
     UnknownRun {
         /// The database file.
         path: PathBuf,
         /// The run asked for.
         run: String,
+        /// The runs it holds, oldest first (each with its query and protocol).
+        known: Vec<String>,
     },
     /// Creating the output directory or writing a file failed.
     #[error("report: writing {} failed", path.display())]
@@ -185,9 +187,17 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     }
     let store = MetricsStore::open(db)?;
     let info = match run {
-        Some(name) => store
-            .run(name)?
-            .ok_or_else(|| ReportError::UnknownRun { path: db.to_path_buf(), run: name.to_string() })?,
+        Some(name) => match store.run(name)? {
+            Some(info) => info,
+            None => {
+                let known = store
+                    .runs()?
+                    .iter()
+                    .map(|r| format!("{} ({}, {})", r.run, r.query, r.protocol))
+                    .collect();
+                return Err(ReportError::UnknownRun { path: db.to_path_buf(), run: name.to_string(), known });
+            }
+        },
         None => store.latest_run()?.ok_or_else(|| ReportError::NoRuns { path: db.to_path_buf() })?,
     };
     let table = read_table(&store, &info)?;
@@ -491,6 +501,15 @@ impl fmt::Display for ReportSummary {
                 fmt_dip(r.dip),
                 fmt_recovery(r.backlog_recovery_s)
             )?;
+        }
+        if let Some(dir) = self.files.first().and_then(|f| f.parent()) {
+            let names: Vec<String> = self
+                .files
+                .iter()
+                .filter_map(|f| f.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .collect();
+            writeln!(f, "plots and report written to {}: {}", dir.display(), names.join(", "))?;
         }
         Ok(())
     }

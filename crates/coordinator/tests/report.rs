@@ -167,6 +167,17 @@ fn scale_out_dip_and_backlog_recovery() {
     let older = report(&db, Some("older"), &out).unwrap();
     assert_eq!(older.run.run, "older");
     assert_eq!(older.backlog_recovery_s, Some(14));
+    let text = summary.to_string();
+    assert!(
+        text.contains(&format!("plots and report written to {}: throughput.png", out.display()))
+            && text.contains("report.html"),
+        "{text}"
+    );
+    let unknown = report(&db, Some("nope"), &out).unwrap_err().to_string();
+    assert!(
+        unknown.contains("its runs (oldest first): older (") && unknown.contains("scale-out ("),
+        "{unknown}"
+    );
 }
 
 #[test]
