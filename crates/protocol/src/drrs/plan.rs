@@ -51,7 +51,7 @@ pub fn subscales(old: &[TaskId], new: &[TaskId], count: usize) -> Result<Vec<Ste
     let before: BTreeSet<TaskId> = old.iter().copied().collect();
     let after: BTreeSet<TaskId> = new.iter().copied().collect();
     // Per pair, its slice of each subscale.
-    let mut slices: Vec<((TaskId, TaskId), Vec<Vec<BucketId>>)> = Vec::with_capacity(moves.len());
+    let mut slices: Vec<(Pair, Vec<Vec<BucketId>>)> = Vec::with_capacity(moves.len());
     for ((from, to), buckets) in moves {
         let mut split = even_slices(&buckets, n);
         if !before.contains(&to)
@@ -90,6 +90,9 @@ pub fn subscales(old: &[TaskId], new: &[TaskId], count: usize) -> Result<Vec<Ste
     }
     Ok(steps)
 }
+
+/// A sender and a receiver.
+type Pair = (TaskId, TaskId);
 
 /// `buckets` cut into `n` contiguous slices whose sizes differ by at most one, the larger first.
 fn even_slices(buckets: &[BucketId], n: usize) -> Vec<Vec<BucketId>> {
