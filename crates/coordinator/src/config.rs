@@ -51,9 +51,11 @@ pub struct JobConfig {
     /// migration; needs `partition_policy = "uniform"`).
     #[serde(default)]
     pub protocol: koala_protocol::Protocol,
-    /// `[drrs]`: `subscales` (0, the default, = one per sender→receiver pair) and
-    /// `wait_records` (direct records a receiver lets wait for state before it stops taking
-    /// direct input; default 2048). Only read under `protocol = "drrs"`.
+    /// `[drrs]`: `schedule` (`ported`, the default: the Koala authors' port, every subscale a
+    /// slice of every sender→receiver pair; `overlapping`, the original DRRS, is not built yet),
+    /// `subscales` (0, the default, = as many as there are pairs) and `wait_records` (direct
+    /// records a receiver lets wait for state before it stops taking direct input, until half of
+    /// them wait; default 2048). Only read under `protocol = "drrs"`.
     #[serde(default)]
     pub drrs: koala_protocol::drrs::DrrsOptions,
     /// Koala's progressive migration: extra keys each fetch from a cancelled task carries, and
@@ -399,11 +401,19 @@ impl JobConfig {
                  (contiguous even bucket ranges); add partition_policy = \"uniform\"",
             ));
         }
+        if self.drrs.schedule == koala_protocol::drrs::DrrsSchedule::Overlapping {
+            return Err(invalid(
+                "drrs.schedule",
+                "\"overlapping\" (the original DRRS: overlapping single-pair subscales) is not built \
+                 yet; use \"ported\" (the default: the Koala authors' port, each subscale a slice of \
+                 every sender→receiver pair)",
+            ));
+        }
         if self.drrs.subscales > koala_protocol::drrs::MAX_SUBSCALES {
             return Err(invalid(
                 "drrs.subscales",
                 format!(
-                    "at most {}; 0 (the default) runs one per sender→receiver pair",
+                    "at most {}; 0 (the default) runs as many as there are sender→receiver pairs",
                     koala_protocol::drrs::MAX_SUBSCALES
                 ),
             ));

@@ -84,6 +84,11 @@ fn drrs_needs_the_uniform_policy_and_known_knobs() {
     assert!(err.contains("subscale"), "{err}");
     let err = rejected(&format!("{top}{BASE}[drrs]\nsubscales = 100000\n"));
     assert!(err.contains("drrs.subscales"), "{err}");
+    // The original DRRS's overlapping schedule is named but not built; an unknown one lists both.
+    let err = rejected(&format!("{top}{BASE}[drrs]\nschedule = \"overlapping\"\n"));
+    assert!(err.contains("drrs.schedule") && err.contains("not built yet"), "{err}");
+    let err = rejected(&format!("{top}{BASE}[drrs]\nschedule = \"sequential\"\n"));
+    assert!(err.contains("schedule") && err.contains("ported") && err.contains("overlapping"), "{err}");
 }
 
 #[test]

@@ -35,3 +35,27 @@ fn out_out_in_keyed_aggregate_two_subscales() {
 fn self_join_rescaled_and_rebalanced() {
     common::oracle::self_join_rescaled_and_rebalanced("drrs", "partition_policy = \"uniform\"\n");
 }
+
+/// The schedule of issue 26's hang: three sources, one-record batches, data queues of four,
+/// 1 → 5 (four pairs: four subscales, each a slice of every pair), 5 → 4, a migration, a
+/// rebalance and 4 → 5.
+#[test]
+fn issue_26_schedule_three_sources_one_record_batches() {
+    check(&Case {
+        protocol: "drrs",
+        top: "[runtime]\nbatch_records = 1\nchannel_capacity = 4\n",
+        query: "keyed-aggregate",
+        start: &[("source", 3), ("aggregate", 1), ("sink", 1)],
+        end: &[("source", 3), ("aggregate", 5), ("sink", 1)],
+        schedule: "[[reconfigurations]]\nat_s = 0.3\noperator = \"aggregate\"\nparallelism = 5\n\
+                   [[reconfigurations]]\nat_s = 0.6\noperator = \"aggregate\"\nparallelism = 4\n\
+                   [[reconfigurations]]\nat_s = 0.9\noperator = \"aggregate\"\ntask = 1\nworker = 0\n\
+                   [[reconfigurations]]\nat_s = 1.2\noperator = \"aggregate\"\n\
+                   moves = [{ buckets = [1, 2, 3, 40, 41, 90], to = 2 }]\n\
+                   [[reconfigurations]]\nat_s = 1.5\noperator = \"aggregate\"\nparallelism = 5\n",
+        params: "",
+        records: 20_000,
+        seed: 26,
+        expect_reconfigurations: 5,
+    });
+}

@@ -168,6 +168,16 @@ impl Outbox {
         !self.waiting.is_empty()
     }
 
+    /// Whether some message waits for the lane to `to`.
+    pub fn is_waiting_for(&self, to: TaskId) -> bool {
+        self.waiting.contains_key(&to)
+    }
+
+    /// How many messages wait for full lanes.
+    pub fn waiting_len(&self) -> usize {
+        self.waiting.values().map(VecDeque::len).sum()
+    }
+
     /// Sends `message` to `to` now if its lane has room and nothing waits for it, else queues it.
     pub fn send(&mut self, to: TaskId, message: ChannelMessage) -> Result<(), RuntimeError> {
         if let Some(waiting) = self.waiting.get_mut(&to) {

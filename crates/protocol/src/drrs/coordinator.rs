@@ -15,7 +15,7 @@ use koala_types::{Epoch, OperatorId, TaskId};
 
 use super::messages::{DrrsControl, Subscale};
 use super::plan::{Step, subscales};
-use super::{DrrsOptions, plan_epoch, subscale_epoch};
+use super::{DrrsOptions, DrrsSchedule, plan_epoch, subscale_epoch};
 use crate::control::{CoordinatorMessage, TaskAck};
 
 /// What the DRRS coordinator asks the engine to do.
@@ -110,6 +110,10 @@ impl DrrsCoordinator {
     ) -> Result<Vec<DrrsStep>, String> {
         if let Some(r) = &self.run {
             return Err(format!("DRRS reconfiguration {} of {} is still running", r.epoch, r.operator));
+        }
+        if self.options.schedule != DrrsSchedule::Ported {
+            let name = self.options.schedule.name();
+            return Err(format!("the DRRS schedule \"{name}\" is not built yet; use \"ported\""));
         }
         let steps = subscales(&old, &new, self.options.subscales)?;
         if steps.is_empty() {

@@ -4,10 +4,12 @@
 //! event time of a task, and peer channels between the operator's tasks.
 //!
 //! One reconfiguration, as implemented:
-//! 1. [`plan::subscales`] splits the moves into subscales — by default one per sender→receiver
-//!    pair ([`DrrsOptions::subscales`]) — ordered so that moves to new tasks come first and moves
-//!    from removed tasks last. They run one after another, each its own epoch
-//!    ([`subscale_epoch`]); [`DrrsCoordinator`] (inside [`crate::engine::Engine`]) drives them:
+//! 1. [`plan::subscales`] splits the moves into subscales as the Koala authors' port does
+//!    ([`DrrsSchedule::Ported`]): by default as many as there are sender→receiver pairs
+//!    ([`DrrsOptions::subscales`]), each with a slice of every pair, a new task's first bucket in
+//!    the first and a removed task's last bucket in the last, so all links work at once. They
+//!    run one after another, each its own epoch ([`subscale_epoch`]); [`DrrsCoordinator`]
+//!    (inside [`crate::engine::Engine`]) drives them:
 //!    `Begin` → every `PeerReady` → upstreams `Switch` to the subscale's table with markers →
 //!    every `Done` → the next subscale.
 //! 2. A receiver sends `Open` with the watermark it emitted. The sender, once its event time
@@ -19,7 +21,8 @@
 //!    arrived wait in a per-bucket buffer while every other record is processed. Direct records of
 //!    a moved bucket also wait until the peer channel closed (per-key order across the peer and
 //!    the direct path). When more than [`DrrsOptions::wait_records`] direct records wait for
-//!    state, the task stops taking direct input ([`TaskAction::PauseDirect`]) until none do.
+//!    state, the task stops taking direct input ([`TaskAction::PauseDirect`]) until at most half
+//!    of that wait ([`low_water`]).
 //! 4. Watermark propagation (the paper's extension of DRRS): a receiver emits no watermark while
 //!    its wait buffer holds records or a moved bucket's state and timers have not arrived.
 //! 5. A sender closes its peer channel after markers from every upstream; a task is `Done` once
@@ -36,24 +39,51 @@ use koala_types::Epoch;
 
 pub use coordinator::{DrrsCoordinator, DrrsStep};
 pub use messages::{DrrsControl, DrrsPeer, Subscale};
-pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent};
+pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent, low_water};
 
 /// DRRS knobs (`[drrs]` in a job config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DrrsOptions {
-    /// Subscales a reconfiguration is split into; 0 = one per sender→receiver pair (the
-    /// default, the artifact's `NumSubscales: -1`). More than there are pairs also means one
-    /// per pair.
+    /// How the moves are split into subscales and run.
+    pub schedule: DrrsSchedule,
+    /// Subscales a reconfiguration is split into, each with a slice of every sender→receiver
+    /// pair; 0 = as many as there are pairs (the default, the artifact's `NumSubscales: -1`).
     pub subscales: usize,
     /// Direct records a receiver lets wait for their bucket's state before it stops taking
-    /// direct input (the artifact's `WaitBufferSize`, 2 batches there).
+    /// direct input (the artifact's `WaitBufferSize`, 2 batches there); it takes direct input
+    /// again at half of it ([`low_water`]).
     pub wait_records: usize,
 }
 
 impl Default for DrrsOptions {
     fn default() -> Self {
-        Self { subscales: 0, wait_records: 2048 }
+        Self { schedule: DrrsSchedule::Ported, subscales: 0, wait_records: 2048 }
+    }
+}
+
+/// `[drrs] schedule`: which DRRS runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrrsSchedule {
+    /// The Koala authors' port (the paper's baseline; their `drrs` branch,
+    /// `getDRRSSubscales`): subscales run one after another, each with a slice of every
+    /// sender→receiver pair, so all links work at once ([`plan::subscales`]).
+    #[default]
+    Ported,
+    /// The original DRRS (a Flink 1.17 fork): single-pair subscales that overlap, at most one
+    /// new one started per second and at most two active per task. Not built yet: the config
+    /// refuses it.
+    Overlapping,
+}
+
+impl DrrsSchedule {
+    /// The name in a config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ported => "ported",
+            Self::Overlapping => "overlapping",
+        }
     }
 }
 

@@ -1,9 +1,10 @@
-//! How DRRS splits a reconfiguration's moves into subscales (artifact notes §5.6,
-//! `getDRRSSubscales`; docs/protocols.md §11).
+//! How DRRS splits a reconfiguration's moves into subscales, as the Koala authors' port does
+//! (their `drrs` branch, `getDRRSSubscales`; artifact notes §5.6; docs/protocols.md §11): every
+//! subscale holds a slice of *every* sender→receiver pair, so all links work at once.
 
 use std::collections::BTreeSet;
 
-use koala_types::TaskId;
+use koala_types::{BucketId, TaskId};
 
 use crate::moves::{Moves, moves_between};
 
@@ -16,57 +17,88 @@ pub struct Step {
     pub assignment: Vec<TaskId>,
 }
 
-/// Splits the change from assignment `old` to `new` into at most `count` subscales (0 = one per
-/// sender→receiver pair). Pairs are ordered moves to new tasks first, moves from removed tasks
-/// last, the rest in between (each group by sender, then receiver), and cut into `count`
-/// contiguous groups of near-equal size; the last step's assignment is `new`.
+/// Splits the change from assignment `old` to `new` into `count` subscales (0 = as many as there
+/// are sender→receiver pairs, the artifact's `NumSubscales: -1`). Each pair's buckets (in bucket
+/// order) are cut into `count` contiguous slices as even as possible, the larger ones first, and
+/// subscale `i` moves slice `i` of every pair. A pair to a new task moves at least one bucket in
+/// the first subscale (the task takes part from then on) and a pair from a removed task at least
+/// one in the last (the task owns buckets until the end). Subscales left without a move are
+/// dropped; the last step's assignment is `new`.
 ///
 /// ```
 /// use koala_protocol::drrs::plan::subscales;
 /// use koala_types::{OperatorId, TaskId};
 /// let t = |i| TaskId::new(OperatorId(1), i);
-/// // Scale-in 3 → 2 with a rebalance: t2 is removed, t1 hands a bucket to t0.
-/// let steps = subscales(&[t(0), t(1), t(2), t(2)], &[t(0), t(0), t(1), t(0)], 0).unwrap();
-/// let pairs: Vec<_> = steps.iter().flat_map(|s| s.moves.keys().copied()).collect();
-/// assert_eq!(pairs, vec![(t(1), t(0)), (t(2), t(0)), (t(2), t(1))]);
-/// assert_eq!(steps.last().unwrap().assignment, vec![t(0), t(0), t(1), t(0)]);
+/// // Scale-out 1 → 3: two pairs, so two subscales, each with half of both pairs.
+/// let old = vec![t(0); 6];
+/// let new = vec![t(0), t(0), t(1), t(1), t(2), t(2)];
+/// let steps = subscales(&old, &new, 0).unwrap();
+/// assert_eq!(steps.len(), 2);
+/// assert_eq!(steps[0].moves.get(&(t(0), t(1))), Some(&vec![2]));
+/// assert_eq!(steps[0].moves.get(&(t(0), t(2))), Some(&vec![4]));
+/// assert_eq!(steps[1].moves.get(&(t(0), t(2))), Some(&vec![5]));
+/// assert_eq!(steps[1].assignment, new);
 /// ```
 pub fn subscales(old: &[TaskId], new: &[TaskId], count: usize) -> Result<Vec<Step>, String> {
     let moves = moves_between(old, new).map_err(|e| e.to_string())?;
+    let n = if count == 0 { moves.len() } else { count };
+    if n > super::MAX_SUBSCALES {
+        return Err(format!("{n} subscales; at most {} are possible", super::MAX_SUBSCALES));
+    }
+    if moves.is_empty() {
+        return Ok(Vec::new());
+    }
     let before: BTreeSet<TaskId> = old.iter().copied().collect();
     let after: BTreeSet<TaskId> = new.iter().copied().collect();
-    let class = |from: &TaskId, to: &TaskId| {
-        if !before.contains(to) {
-            0
-        } else if !after.contains(from) {
-            2
-        } else {
-            1
+    // Per pair, its slice of each subscale.
+    let mut slices: Vec<(Pair, Vec<Vec<BucketId>>)> = Vec::with_capacity(moves.len());
+    for ((from, to), buckets) in moves {
+        let mut split = even_slices(&buckets, n);
+        if !before.contains(&to)
+            && split[0].is_empty()
+            && let Some(j) = (1..n).find(|&j| !split[j].is_empty())
+        {
+            let b = split[j].remove(0);
+            split[0].push(b);
         }
-    };
-    let mut pairs: Vec<((TaskId, TaskId), Vec<u16>)> = moves.into_iter().collect();
-    pairs.sort_by_key(|((from, to), _)| (class(from, to), *from, *to));
-    let groups = if count == 0 || count >= pairs.len() { pairs.len() } else { count };
-    if groups > super::MAX_SUBSCALES {
-        return Err(format!("{groups} subscales; at most {} are possible", super::MAX_SUBSCALES));
+        if !after.contains(&from)
+            && split[n - 1].is_empty()
+            && let Some(j) = (0..n - 1).rev().find(|&j| !split[j].is_empty())
+            && let Some(b) = split[j].pop()
+        {
+            split[n - 1].push(b);
+        }
+        slices.push(((from, to), split));
     }
-    let mut steps = Vec::with_capacity(groups);
+    let mut steps = Vec::with_capacity(n);
     let mut assignment = old.to_vec();
-    let mut rest = pairs.into_iter();
-    let total = rest.len();
-    for g in 0..groups {
-        // Group g takes pairs [g*total/groups, (g+1)*total/groups).
-        let size = (g + 1) * total / groups - g * total / groups;
+    for i in 0..n {
         let mut moves = Moves::new();
-        for (pair, buckets) in rest.by_ref().take(size) {
+        for (pair, split) in &mut slices {
+            let buckets = std::mem::take(&mut split[i]);
+            if buckets.is_empty() {
+                continue;
+            }
             for &b in &buckets {
                 assignment[usize::from(b)] = pair.1;
             }
-            moves.insert(pair, buckets);
+            moves.insert(*pair, buckets);
         }
-        steps.push(Step { moves, assignment: assignment.clone() });
+        if !moves.is_empty() {
+            steps.push(Step { moves, assignment: assignment.clone() });
+        }
     }
     Ok(steps)
+}
+
+/// A sender and a receiver.
+type Pair = (TaskId, TaskId);
+
+/// `buckets` cut into `n` contiguous slices whose sizes differ by at most one, the larger first.
+fn even_slices(buckets: &[BucketId], n: usize) -> Vec<Vec<BucketId>> {
+    let (base, rem) = (buckets.len() / n, buckets.len() % n);
+    let mut rest = buckets.iter().copied();
+    (0..n).map(|i| rest.by_ref().take(base + usize::from(i < rem)).collect()).collect()
 }
 
 #[cfg(test)]
@@ -79,30 +111,44 @@ mod tests {
     }
 
     #[test]
-    fn new_destinations_first_removed_sources_last_and_grouping() {
-        let old = vec![t(0), t(0), t(1), t(1), t(2), t(2)];
-        // t3 is new, t2 is removed, t0 → t1 is a plain move.
-        let new = vec![t(3), t(1), t(1), t(3), t(0), t(1)];
+    fn every_subscale_holds_a_slice_of_every_pair() {
+        // 1 → 5 over 20 buckets: four pairs of four buckets, four subscales of one bucket each.
+        let old = vec![t(0); 20];
+        let new: Vec<TaskId> = (0..20).map(|b| t(b / 4)).collect();
         let steps = subscales(&old, &new, 0).expect("steps");
-        let pairs: Vec<Vec<(TaskId, TaskId)>> =
-            steps.iter().map(|s| s.moves.keys().copied().collect()).collect();
-        assert_eq!(
-            pairs,
-            vec![
-                vec![(t(0), t(3))],
-                vec![(t(1), t(3))],
-                vec![(t(0), t(1))],
-                vec![(t(2), t(0))],
-                vec![(t(2), t(1))]
-            ]
-        );
-        assert_eq!(steps[0].assignment, vec![t(3), t(0), t(1), t(1), t(2), t(2)]);
+        assert_eq!(steps.len(), 4);
+        for (i, step) in steps.iter().enumerate() {
+            let pairs: Vec<(TaskId, TaskId)> = step.moves.keys().copied().collect();
+            assert_eq!(pairs, vec![(t(0), t(1)), (t(0), t(2)), (t(0), t(3)), (t(0), t(4))], "subscale {i}");
+            assert!(step.moves.values().all(|b| b.len() == 1), "subscale {i}: {:?}", step.moves);
+        }
+        assert_eq!(steps[0].moves[&(t(0), t(1))], vec![4]);
+        assert_eq!(steps[3].moves[&(t(0), t(4))], vec![19]);
         assert_eq!(steps.last().map(|s| s.assignment.clone()), Some(new.clone()));
+        // Two subscales: each pair's first half, then its second.
         let two = subscales(&old, &new, 2).expect("steps");
         assert_eq!(two.len(), 2);
-        assert_eq!(two[0].moves.len() + two[1].moves.len(), 5);
-        assert_eq!(two[1].assignment, new);
+        assert_eq!(two[0].moves[&(t(0), t(3))], vec![12, 13]);
+        assert_eq!(two[1].moves[&(t(0), t(3))], vec![14, 15]);
         assert!(subscales(&old, &new[..5], 0).is_err());
         assert!(subscales(&old, &old, 0).expect("no moves").is_empty());
+    }
+
+    #[test]
+    fn removed_senders_keep_a_bucket_until_the_last_subscale_and_empty_ones_are_dropped() {
+        // 3 → 2: t2 is removed and hands one bucket to each of t0 and t1; t0 → t1 moves three.
+        let old = vec![t(0), t(0), t(0), t(0), t(1), t(1), t(2), t(2)];
+        let new = vec![t(0), t(1), t(1), t(1), t(1), t(1), t(0), t(1)];
+        let steps = subscales(&old, &new, 0).expect("steps");
+        // Three pairs, three subscales; t2's single-bucket pairs move in the last.
+        assert_eq!(steps.len(), 3);
+        let last = &steps[2].moves;
+        assert_eq!(last.get(&(t(2), t(0))), Some(&vec![6]));
+        assert_eq!(last.get(&(t(2), t(1))), Some(&vec![7]));
+        assert_eq!(steps[0].moves.keys().copied().collect::<Vec<_>>(), vec![(t(0), t(1))]);
+        // More subscales than any pair has buckets: those with no move are dropped.
+        let many = subscales(&old, &new, 6).expect("steps");
+        assert_eq!(many.len(), 4, "{many:?}");
+        assert_eq!(many.last().map(|s| s.assignment.clone()), Some(new));
     }
 }

@@ -526,6 +526,17 @@ impl DrrsTask {
                 inbound.insert(from, (buckets.clone(), In::Awaiting));
             }
         }
+        if !self.started {
+            // A task a reconfiguration created learned its channels when it was deployed; an
+            // upstream that finished since then is not among the subscale's running upstreams and
+            // never opens its channel here (it never switched to a table naming this task): the
+            // coordinator tells nobody, so expect nothing from it (no marker, no end of stream).
+            let gone: Vec<InputChannel> =
+                self.inputs.iter().filter(|c| !sub.upstreams.contains(&c.from)).copied().collect();
+            for channel in gone {
+                self.on_end_of_stream(channel)?;
+            }
+        }
         self.epoch = sub.epoch;
         self.started = true;
         for &from in inbound.keys() {
@@ -865,8 +876,9 @@ impl DrrsTask {
         changed
     }
 
-    /// Stops direct input while more direct records wait for state than the subscale allows;
-    /// takes it again once none do.
+    /// Stops direct input while more direct records wait for state than the subscale allows
+    /// (`wait_records`); takes it again as soon as no more than half of that wait (the low-water
+    /// mark), so arriving buckets free room while records keep coming.
     fn backpressure(&mut self, out: &mut Vec<TaskAction>) {
         let waiting: usize = self.sub.as_ref().map_or(0, |t| {
             t.waiting.iter().filter(|(b, _)| !self.owned.contains(b)).map(|(_, w)| w.direct.len()).sum()
@@ -875,11 +887,22 @@ impl DrrsTask {
         if !self.paused && waiting > bound {
             self.paused = true;
             out.push(TaskAction::PauseDirect);
-        } else if self.paused && waiting == 0 {
+        } else if self.paused && waiting <= low_water(bound) {
             self.paused = false;
             out.push(TaskAction::ResumeDirect);
         }
     }
+}
+
+/// How many direct records may still wait for state when a paused receiver takes direct input
+/// again: half of `wait_records`.
+///
+/// ```
+/// # use koala_protocol::drrs::low_water;
+/// assert_eq!((low_water(1), low_water(64), low_water(usize::MAX)), (0, 32, usize::MAX / 2));
+/// ```
+pub fn low_water(wait_records: usize) -> usize {
+    wait_records / 2
 }
 
 /// Appends a record to the `Process` action at the end of `out` if it is of the same input.

@@ -164,3 +164,49 @@ fn a_sender_fast_forwards_then_pushes_requested_buckets_first() {
     assert!(matches!(&out[0], TaskAction::SendToPeer { message: DrrsPeer::Records { .. }, .. }), "{out:?}");
     assert_eq!(processed(&out), vec![9]);
 }
+
+#[test]
+fn a_paused_receiver_resumes_at_the_low_water_mark() {
+    let (mut task, channel, sender) = receiver(4);
+    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
+    let (k2, k3) = (key_in(2, 0), key_in(3, 0));
+    let records = vec![rec(&k2, 4), rec(&k2, 5), rec(&k2, 6), rec(&k3, 7), rec(&k3, 8)];
+    let out = task.on(TaskEvent::Records { channel, records });
+    assert!(out.contains(&TaskAction::PauseDirect), "five wait, four may: {out:?}");
+    // Bucket 2 arrives: two records still wait for state, half of the four allowed.
+    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 2 });
+    assert!(out.contains(&TaskAction::ResumeDirect), "at the low-water mark: {out:?}");
+    assert!(!task.is_paused());
+}
+
+/// The hang of issue 26: a task a reconfiguration created learned its channels when deployed; an
+/// upstream finished before the task's first subscale, so it never opens its channel there and
+/// the coordinator tells nobody. The task must not wait for its marker.
+#[test]
+fn a_new_task_expects_nothing_from_an_upstream_that_finished_before_its_first_subscale() {
+    let (up0, up1) = (TaskId::new(OperatorId(0), 0), TaskId::new(OperatorId(0), 1));
+    let (sender, me) = (TaskId::new(OP, 0), TaskId::new(OP, 1));
+    let (c0, c1) = (InputChannel { input: 0, from: up0 }, InputChannel { input: 0, from: up1 });
+    let config = TaskConfig { id: me, num_buckets: 4, owned: BTreeSet::new(), inputs: BTreeSet::new() };
+    let mut task = DrrsTask::new(config);
+    task.add_input(c0);
+    task.add_input(c1);
+    let sub = Subscale {
+        operator: OP,
+        epoch: EPOCH,
+        index: 0,
+        count: 1,
+        moves: BTreeMap::from([((sender, me), vec![3])]),
+        upstreams: BTreeSet::from([up0]),
+        wait_records: 8,
+    };
+    task.on(TaskEvent::Start(Arc::new(sub)));
+    assert_eq!(task.inputs_from(up1), vec![], "up1 finished: no channel from it");
+    let ff = DrrsPeer::FastForward { epoch: EPOCH, watermark: Some(2) };
+    task.on(TaskEvent::Peer { from: sender, message: ff });
+    task.on(TaskEvent::Marker { channel: c0, epoch: EPOCH });
+    task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 3 });
+    let out = task.on(TaskEvent::Peer { from: sender, message: DrrsPeer::Close { epoch: EPOCH } });
+    assert!(out.contains(&TaskAction::Ack { epoch: EPOCH, ack: TaskAck::Done }), "{out:?}");
+    assert!(!task.in_transition());
+}

@@ -47,18 +47,8 @@ impl World {
                 *slot = Some(id);
                 TaskEvent::BucketArrived { from, epoch, bucket }
             }
-            (Msg::DrrsStart(sub), _, None) => {
-                // A task opens channels from upstreams it does not know yet with its subscale.
-                let inputs = self.cfg.inputs;
-                if let Some(Core::Drrs(core)) = self.tasks.get_mut(&id).map(|t| &mut t.core) {
-                    for &u in &sub.upstreams {
-                        for input in 0..inputs {
-                            core.add_input(InputChannel { input, from: u });
-                        }
-                    }
-                }
-                TaskEvent::Start(sub)
-            }
+            // A new task knows its channels since it was deployed (`World::broadcast`).
+            (Msg::DrrsStart(sub), _, None) => TaskEvent::Start(sub),
             (Msg::Prepare(plan), _, None) => {
                 self.channels.push(
                     (Node::Task(id), Node::Coordinator, Kind::Control),

@@ -308,7 +308,11 @@ impl World {
         if cfg.fault == Some(Fault::ReleaseWithoutEpoch) {
             engine.inject_fault_release_without_epoch();
         }
-        engine.set_drrs_options(DrrsOptions { subscales: cfg.subscales, wait_records: cfg.wait_records });
+        engine.set_drrs_options(DrrsOptions {
+            subscales: cfg.subscales,
+            wait_records: cfg.wait_records,
+            ..DrrsOptions::default()
+        });
         let mut tasks = BTreeMap::new();
         for &id in &live {
             let owned = (0..cfg.num_buckets).filter(|&b| initial[usize::from(b)] == id).collect();
@@ -1088,7 +1092,17 @@ impl World {
                 for i in tasks {
                     let id = TaskId::new(TARGET, i);
                     if plan.created.contains(&i) {
-                        let t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg);
+                        let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg);
+                        // A new DRRS task learns its channels when it is deployed, as the
+                        // runtime's does: from the plan's upstreams, some of which may finish
+                        // before its first subscale.
+                        if let Core::Drrs(core) = &mut t.core {
+                            for &u in &upstreams {
+                                for input in 0..self.cfg.inputs {
+                                    core.add_input(InputChannel { input, from: u });
+                                }
+                            }
+                        }
                         if self.tasks.insert(id, t).is_some() {
                             return Err(format!("task {id} deployed twice"));
                         }

@@ -7,15 +7,18 @@
 //! the core says so (backpressure), emit watermarks, acknowledge.
 //!
 //! Pushed buckets travel on the peer lane, so between workers they pass the emulated link
-//! (`[runtime] link_mb_per_sec`, `crate::throttle`). A bucket is pushed once the previous one left
-//! (nothing of it waits in the outbox): the core then picks the next, a bucket records wait for
-//! first, and the loop keeps processing in between.
+//! (`[runtime] link_mb_per_sec`, `crate::throttle`). A bucket being pushed is a stream of
+//! messages handed to its receiver's lane as the lane makes room; once the last one left (nothing
+//! of it waits in the outbox) the core picks the next, a bucket records wait for first. A push in
+//! progress never stops the task: it keeps taking input for the buckets it still owns and waits
+//! on its queues and on the lanes it pushes into with a real deadline. Only a full outbox
+//! (records forwarded faster than a receiver takes them, [`OUTBOX_BOUND`]) stops data input.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Select, TryRecvError, select};
+use crossbeam_channel::{Select, TryRecvError};
 use koala_protocol::drrs::{DrrsPeer, DrrsTask, TaskAction, TaskConfig, TaskEvent};
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
@@ -36,6 +39,18 @@ use crate::peer::Outbox;
 
 /// Bytes of state per pushed message.
 const CHUNK_BYTES: usize = 256 * 1024;
+
+/// Messages the outbox may hold for full peer lanes before the task stops taking data input
+/// (forwarded records wait there when a receiver is slower than the upstreams): the outbox stays
+/// bounded and the backlog goes upstream. Pushed buckets do not count: they wait in
+/// [`DrrsOperator::streams`], one bucket per receiver.
+const OUTBOX_BOUND: usize = 64;
+
+/// A bucket being pushed: what of it has not been handed to the receiver's lane yet.
+struct Stream {
+    bucket: BucketId,
+    messages: VecDeque<ChannelMessage>,
+}
 
 /// What one task sends another on the peer lane under DRRS.
 #[derive(Serialize, Deserialize)]
@@ -68,8 +83,9 @@ struct DrrsOperator {
     paused: bool,
     /// Timers of buckets this task stopped processing, until their bucket's push.
     aside: Vec<(Timestamp, Vec<u8>)>,
-    /// Pushes handed to the outbox; the core hears `Pushed` once nothing waits there.
-    pushed: VecDeque<(TaskId, BucketId)>,
+    /// The bucket being pushed to each receiver (the core pushes one at a time per receiver);
+    /// the core hears `Pushed` once all of it left (nothing of it waits in the outbox either).
+    streams: BTreeMap<TaskId, Stream>,
     /// A reconfiguration this task takes part in and has not finished: it must not end before.
     taking_part: Option<Epoch>,
     /// Whether that reconfiguration cancels this task.
@@ -109,14 +125,13 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         epoch: 0,
         paused: false,
         aside: Vec::new(),
-        pushed: VecDeque::new(),
+        streams: BTreeMap::new(),
         taking_part: None,
         cancelled: false,
         last_subscale: false,
         released: false,
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
-    let closed = crossbeam_channel::never();
     loop {
         let now = Instant::now();
         let gate = task.op.data_closed_until(now);
@@ -124,39 +139,10 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
-        // A push that left lets the next one go at once (see below): no waiting then.
-        let timeout =
-            if task.pushed.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
-        let data_closed = gate.is_some() || task.paused;
-        if task.outbox.has_waiting() {
-            task.wait_for_peers(&setup, &mut outputs, timeout)?;
-        } else {
-            select! {
-                recv(setup.commands) -> cmd => match cmd {
-                    Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
-                    Err(_) => return Err(RuntimeError::WorkerGone(me)),
-                },
-                recv(setup.peer_inbox) -> item => {
-                    if let Ok(item) = item {
-                        task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
-                    }
-                },
-                recv(if data_closed { &closed } else { setup.inbox.queue() }) -> item => {
-                    let Ok(item) = item else {
-                        return Err(RuntimeError::InputClosed(me));
-                    };
-                    setup.inbox.took();
-                    task.on_data(&setup, &mut outputs, item.channel, item.message)?;
-                },
-                default(timeout) => {}
-            }
-        }
-        // The last push left: the core may push the next bucket.
-        if !task.outbox.has_waiting()
-            && let Some((to, bucket)) = task.pushed.pop_front()
-        {
-            task.feed(&setup, &mut outputs, TaskEvent::Pushed { to, bucket })?;
-        }
+        let outbox_full = task.outbox.waiting_len() >= OUTBOX_BOUND;
+        let data_open = gate.is_none() && !task.paused && !outbox_full;
+        task.turn(&setup, &mut outputs, data_open, deadline.saturating_duration_since(now))?;
+        task.pump_streams(&setup, &mut outputs)?;
         task.check_taking_part();
         if task.done() {
             task.op.advance(&setup, &mut outputs, Timestamp::MAX)?;
@@ -172,24 +158,29 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl DrrsOperator {
-    /// One turn while messages wait for a full peer lane: serve a command or a peer message, or
-    /// move waiting messages into a lane that made room; no data input meanwhile.
-    fn wait_for_peers(
+    /// One turn: serve a command, a peer message or (if `data_open`) a data message, or move
+    /// waiting messages into a peer lane that made room; or nothing within `timeout`.
+    fn turn(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
+        data_open: bool,
         timeout: Duration,
     ) -> Result<(), RuntimeError> {
         let blocked = self.outbox.blocked();
         let mut ready = Select::new();
         let commands = ready.recv(&setup.commands);
         let peers = ready.recv(&setup.peer_inbox);
+        let data = data_open.then(|| ready.recv(setup.inbox.queue()));
         for lane in &blocked {
             ready.send(lane);
         }
         let started = Instant::now();
         let which = ready.ready_timeout(timeout);
-        self.op.metrics.backpressure += started.elapsed();
+        if data.is_none() && !blocked.is_empty() {
+            self.op.metrics.backpressure += started.elapsed();
+        }
+        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
         match which {
             Err(_) => Ok(()),
             Ok(i) if i == commands => match setup.commands.try_recv() {
@@ -201,7 +192,42 @@ impl DrrsOperator {
                 Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
                 Err(_) => Ok(()),
             },
+            Ok(i) if Some(i) == data => match setup.inbox.queue().try_recv() {
+                Ok(item) => {
+                    setup.inbox.took();
+                    self.on_data(setup, outputs, item.channel, item.message)
+                }
+                Err(TryRecvError::Empty) => Ok(()),
+                Err(TryRecvError::Disconnected) => Err(RuntimeError::InputClosed(setup.task)),
+            },
             Ok(_) => self.outbox.flush(),
+        }
+    }
+
+    /// Moves waiting messages into lanes with room, hands each push's next messages to its lane
+    /// while the lane takes them, and tells the core of every push that left (it may start the
+    /// next at once).
+    fn pump_streams(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
+        self.outbox.flush()?;
+        loop {
+            let mut left = Vec::new();
+            for (&to, stream) in &mut self.streams {
+                while !self.outbox.is_waiting_for(to)
+                    && let Some(message) = stream.messages.pop_front()
+                {
+                    self.outbox.send(to, message)?;
+                }
+                if stream.messages.is_empty() && !self.outbox.is_waiting_for(to) {
+                    left.push((to, stream.bucket));
+                }
+            }
+            if left.is_empty() {
+                return Ok(());
+            }
+            for (to, bucket) in left {
+                self.streams.remove(&to);
+                self.feed(setup, outputs, TaskEvent::Pushed { to, bucket })?;
+            }
         }
     }
 
@@ -213,7 +239,7 @@ impl DrrsOperator {
             && !self.core.in_transition()
             && !self.core.is_busy()
             && !self.outbox.has_waiting()
-            && self.pushed.is_empty();
+            && self.streams.is_empty();
         idle && (!self.core.has_inputs() || (self.released && self.core.owned_buckets().is_empty()))
     }
 
@@ -250,14 +276,14 @@ impl DrrsOperator {
             TaskCommand::DrrsBegin(subscale) => {
                 self.epoch = subscale.epoch;
                 self.last_subscale = subscale.index + 1 == subscale.count;
+                // A new task's channels: those it was deployed with, less those whose upstream
+                // ended since (the core drops the channels of upstreams the subscale does not
+                // list as running).
                 let (known, ended) = self.unstarted.take().unwrap_or_default();
-                for channel in known {
-                    self.core.add_input(channel);
+                for channel in known.difference(&ended) {
+                    self.core.add_input(*channel);
                 }
                 self.feed(setup, outputs, TaskEvent::Start(subscale))?;
-                for channel in ended {
-                    self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
-                }
             }
             TaskCommand::Release => self.released = true,
             TaskCommand::HandOver { .. } => {}
@@ -384,10 +410,7 @@ impl DrrsOperator {
                     // owner emits for them.
                     outputs.flush_all()?;
                 }
-                TaskAction::PushBucket { to, epoch, bucket } => {
-                    self.push(setup, to, epoch, bucket)?;
-                    self.pushed.push_back((to, bucket));
-                }
+                TaskAction::PushBucket { to, epoch, bucket } => self.push(setup, to, epoch, bucket)?,
                 TaskAction::PauseDirect => self.paused = true,
                 TaskAction::ResumeDirect => self.paused = false,
                 TaskAction::EmitWatermark(t) => {
@@ -404,7 +427,8 @@ impl DrrsOperator {
         Ok(())
     }
 
-    /// Pushes `bucket` whole to `to`: its state in chunks, then the timers set aside for it; it
+    /// Starts pushing `bucket` whole to `to`: reads its state in chunks, then the timers set
+    /// aside for it, into the receiver's stream (handed to the lane as it makes room); the bucket
     /// is gone here afterwards (one live copy).
     fn push(
         &mut self,
@@ -425,15 +449,21 @@ impl DrrsOperator {
             Ok(())
         })?;
         let entries: usize = chunks.iter().map(Vec::len).sum();
+        let mut messages = VecDeque::with_capacity(chunks.len() + 1);
         for entries in chunks {
-            self.send(setup, to, &Wire::Chunk { bucket, entries })?;
+            messages.push_back(wire_message(&Wire::Chunk { bucket, entries })?);
         }
         let nb = setup.num_buckets;
         let (timers, kept): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.aside).into_iter().partition(|(_, k)| bucket_of(k, nb) == bucket);
         self.aside = kept;
         let timers_bytes = timers.iter().map(|(_, k)| timer_bytes(k)).sum::<u64>();
-        self.send(setup, to, &Wire::BucketEnd { epoch, bucket, timers })?;
+        messages.push_back(wire_message(&Wire::BucketEnd { epoch, bucket, timers })?);
+        self.open_lane(setup, to)?;
+        if let Some(s) = self.streams.insert(to, Stream { bucket, messages }) {
+            let reason = format!("bucket {bucket} pushed while bucket {} still was", s.bucket);
+            return Err(RuntimeError::Peer { task: setup.task, from: to, reason });
+        }
         store.delete_buckets(&[bucket])?;
         self.op.metrics.state_bytes_background += bytes + timers_bytes;
         tracing::debug!(task = %setup.task, %to, bucket, bytes, entries, "bucket pushed");
@@ -442,12 +472,20 @@ impl DrrsOperator {
 
     /// Sends on the bounded peer lane through the outbox, which never blocks the task.
     fn send(&mut self, setup: &TaskSetup, to: TaskId, wire: &Wire) -> Result<(), RuntimeError> {
-        let bytes = encode(wire).map_err(codec)?;
+        self.open_lane(setup, to)?;
+        self.outbox.send(to, wire_message(wire)?)
+    }
+
+    fn open_lane(&mut self, setup: &TaskSetup, to: TaskId) -> Result<(), RuntimeError> {
         if !self.outbox.is_open(to) {
             self.outbox.open(open_peer(&setup.links, &self.deployment, to, setup.task)?);
         }
-        self.outbox.send(to, ChannelMessage::Protocol(bytes))
+        Ok(())
     }
+}
+
+fn wire_message(wire: &Wire) -> Result<ChannelMessage, RuntimeError> {
+    Ok(ChannelMessage::Protocol(encode(wire).map_err(codec)?))
 }
 
 fn store(setup: &TaskSetup) -> Result<&dyn koala_state::StateBackend, RuntimeError> {
