@@ -38,6 +38,7 @@ mod serve;
 mod task;
 #[cfg(test)]
 mod tests;
+mod timers;
 mod transition;
 mod upstream;
 
