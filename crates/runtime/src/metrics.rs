@@ -29,6 +29,8 @@ pub struct TaskMetrics {
     pub state_bytes_moved: u64,
     /// Koala: bytes of state sent to other tasks in the background (progressive migration).
     pub state_bytes_pulled: u64,
+    /// Bytes a hand-over shipped to a new owner before any record asked (`metric::STATE_BYTES_EAGER`).
+    pub state_bytes_eager: u64,
     /// Koala: keys sent to other tasks (fetched or pulled).
     pub state_keys_sent: u64,
     /// Koala: keys asked of another task that it did not hold.
@@ -89,6 +91,7 @@ impl TaskMetrics {
             backpressure: Duration::ZERO,
             state_bytes_moved: 0,
             state_bytes_pulled: 0,
+            state_bytes_eager: 0,
             state_keys_sent: 0,
             fetch_not_here: 0,
             throttled: Duration::ZERO,
@@ -154,6 +157,9 @@ impl TaskMetrics {
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
+        if self.state_bytes_eager > 0 {
+            push(metric::STATE_BYTES_EAGER, self.state_bytes_eager as f64);
+        }
         if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
             push(metric::STATE_BYTES_PULLED, self.state_bytes_pulled as f64);
             push(metric::STATE_KEYS_SENT, self.state_keys_sent as f64);
@@ -207,6 +213,7 @@ impl TaskMetrics {
         self.backpressure = Duration::ZERO;
         self.state_bytes_moved = 0;
         self.state_bytes_pulled = 0;
+        self.state_bytes_eager = 0;
         self.state_keys_sent = 0;
         self.fetch_not_here = 0;
         self.throttled = Duration::ZERO;

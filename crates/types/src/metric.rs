@@ -31,6 +31,11 @@ pub const LATE_DROPPED: &str = "late_dropped";
 pub const STATE_BYTES_MOVED: &str = "state_bytes_moved";
 /// Koala: bytes of state this task sent in the background (progressive migration's extra keys).
 pub const STATE_BYTES_PULLED: &str = "state_bytes_pulled";
+/// Bytes a hand-over shipped from an old owner to a new one before any record asked for them:
+/// stop-and-restart's and DRRS's moved state entries (keys + values) with the buckets' timers
+/// (key + 8 B each), Remote's timers, Koala's hand-over messages (key-lookup entries and timers;
+/// lazy windows: no state). Sampled only in seconds with a hand-over.
+pub const STATE_BYTES_EAGER: &str = "state_bytes_eager";
 /// Koala: keys this location sent to other tasks, fetched on demand or pulled in the background
 /// (how fast a cancelled task drains).
 pub const STATE_KEYS_SENT: &str = "state_keys_sent";
@@ -70,6 +75,7 @@ pub const ALL: &[&str] = &[
     LATE_DROPPED,
     STATE_BYTES_MOVED,
     STATE_BYTES_PULLED,
+    STATE_BYTES_EAGER,
     STATE_KEYS_SENT,
     FETCH_NOT_HERE,
     THROTTLED_MS,

@@ -431,6 +431,7 @@ impl DrrsOperator {
         let (timers, kept): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.aside).into_iter().partition(|(_, k)| bucket_of(k, nb) == bucket);
         self.aside = kept;
+        self.op.metrics.state_bytes_eager += bytes + super::transfer::timer_bytes(&timers);
         self.send(setup, to, &Wire::BucketEnd { epoch, bucket, timers })?;
         store.delete_buckets(&[bucket])?;
         self.op.metrics.state_bytes_moved += bytes;

@@ -176,6 +176,7 @@ impl StateTransfer {
             }
             let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
             let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
+            io.metrics.state_bytes_eager += timer_bytes(&moving);
             if !moving.is_empty() {
                 self.send(setup, &peer, ChannelMessage::Timers { epoch, timers: moving }, io)?;
             }
@@ -190,6 +191,7 @@ impl StateTransfer {
             store.delete_buckets(&moved)?;
         }
         io.metrics.state_bytes_moved += bytes;
+        io.metrics.state_bytes_eager += bytes;
         tracing::debug!(task = %me, epoch, bytes, entries, "moved state sent");
         setup.ack(epoch, TaskAck::StateSent { bytes, entries });
         Ok(())
@@ -222,6 +224,7 @@ impl StateTransfer {
             }
             let moved_here: BTreeSet<BucketId> = buckets.iter().copied().collect();
             let moving = io.timers.take_where(|key| moved_here.contains(&bucket_of(key, setup.num_buckets)));
+            io.metrics.state_bytes_eager += timer_bytes(&moving);
             if !moving.is_empty() {
                 self.send(setup, &peer, ChannelMessage::Timers { epoch, timers: moving }, io)?;
             }
@@ -259,4 +262,9 @@ pub(super) fn message_kind(message: &ChannelMessage) -> &'static str {
         ChannelMessage::StateEnd { .. } => "StateEnd",
         ChannelMessage::Protocol(_) => "Protocol",
     }
+}
+
+/// The bytes of timers a hand-over ships (`metric::STATE_BYTES_EAGER`): key and time of each.
+pub(super) fn timer_bytes(timers: &[(Timestamp, Vec<u8>)]) -> u64 {
+    timers.iter().map(|(_, k)| k.len() as u64 + 8).sum()
 }
