@@ -8,8 +8,8 @@
 //! - [`backlog_recovery_s`]: seconds from a reconfiguration's start until source lag is back to
 //!   its level before the overload began (the last rate increase at or before the start), and
 //!   stays there [`RECOVERY_HOLD_S`] seconds.
-//! - [`StateMoved`]: state moved on demand (records wait for it: Koala fetches and the state
-//!   carried with hand-overs; stop-and-restart's whole transfer) vs in the background (Koala's
+//! - [`StateMoved`]: state moved on demand (records wait for it: Koala fetches; stop-and-restart's
+//!   whole transfer) vs in the background (Koala's
 //!   progressive pulls of extra keys).
 
 use std::collections::BTreeMap;
@@ -219,8 +219,7 @@ pub fn moving_average(series: &[(i64, f64)], window: i64) -> Vec<(i64, f64)> {
 /// State moved between tasks over a run, split by whether records waited for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StateMoved {
-    /// Bytes records waited for: Koala fetches and state carried with hand-overs,
-    /// stop-and-restart's transfers (Σ `state_bytes_moved`; the paper's "state moved").
+    /// Bytes records waited for: Koala fetches, stop-and-restart's transfers (Σ `state_bytes_moved`; the paper's "state moved").
     pub on_demand: f64,
     /// Bytes Koala moved in the background: progressive migration's extra keys and the drain of
     /// live old owners (Σ `state_bytes_pulled`).
