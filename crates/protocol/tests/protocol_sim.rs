@@ -182,7 +182,9 @@ fn state_outliving_timers_mixed_progressive() {
 #[test]
 fn lazy_windows_timers_fire_before_and_after_first_access() {
     for inputs in [1, 2] {
-        for scenario in [Scenario::ScaleOut, Scenario::Rebalance, Scenario::Chain, Scenario::Mixed { extra_keys: 8 }] {
+        for scenario in
+            [Scenario::ScaleOut, Scenario::Rebalance, Scenario::Chain, Scenario::Mixed { extra_keys: 8 }]
+        {
             let s = sweep_seeds(scenario, Protocol::Koala, inputs, SEEDS / 4);
             assert!(
                 s.handed_timers_fired_first > 0 && s.handed_timers_record_first > 0,

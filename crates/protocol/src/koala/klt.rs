@@ -481,12 +481,7 @@ impl KeyLookupTable {
             }));
             out.push(BucketLocations { bucket: *b, layers, keys });
         }
-        HandOver {
-            locations: self.locations.clone(),
-            buckets: out,
-            timers: Vec::new(),
-            watermark: None,
-        }
+        HandOver { locations: self.locations.clone(), buckets: out, timers: Vec::new(), watermark: None }
     }
 
     /// Installs handed-over buckets and returns the filters still to be asked for; rejects a

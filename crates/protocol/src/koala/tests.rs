@@ -437,7 +437,9 @@ fn handed_timers_hold_the_watermark_until_their_key_is_accessed() {
     let out = deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
     assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
     let watermarks = |out: &[TaskAction]| -> Vec<u64> {
-        out.iter().filter_map(|a| if let TaskAction::EmitWatermark(w) = a { Some(*w) } else { None }).collect()
+        out.iter()
+            .filter_map(|a| if let TaskAction::EmitWatermark(w) = a { Some(*w) } else { None })
+            .collect()
     };
 
     // The upstream reaches 15: the timer at 10 is due, its key is fetched from the sender, and
@@ -457,7 +459,8 @@ fn handed_timers_hold_the_watermark_until_their_key_is_accessed() {
     let install = out.iter().position(|a| matches!(a, TaskAction::InstallState { .. }));
     let emit = out.iter().position(|a| matches!(a, TaskAction::EmitWatermark(15)));
     assert!(install.is_some() && install < emit, "the state is installed before the timer fires: {out:?}");
-    let Some(TaskAction::FetchState { request, .. }) = out.iter().find(|a| matches!(a, TaskAction::FetchState { .. }))
+    let Some(TaskAction::FetchState { request, .. }) =
+        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. }))
     else {
         panic!("the record's batch fetches its key: {out:?}")
     };

@@ -240,9 +240,13 @@ impl KoalaTask {
                 // Timers only of the moved buckets; their keys' state stays where the locations
                 // say (`super::timers`).
                 let nb = self.num_buckets;
-                if let Some((_, key)) = hand_over.timers.iter().find(|(_, k)| !got.contains(&bucket_of(k, nb))) {
+                if let Some((_, key)) =
+                    hand_over.timers.iter().find(|(_, k)| !got.contains(&bucket_of(k, nb)))
+                {
                     let b = bucket_of(key, nb);
-                    return Err(unexpected(&format!("hand-over of a timer of bucket {b}, which it does not move")));
+                    return Err(unexpected(&format!(
+                        "hand-over of a timer of bucket {b}, which it does not move"
+                    )));
                 }
                 // The locations as the sender had them, with the sender in front; ask for the
                 // filters that are still to be built.

@@ -318,7 +318,8 @@ impl World {
                 ));
             }
             let ledger = self.ledger.get(key).cloned().unwrap_or_default();
-            let (here, live) = (task.store.get(key).copied().unwrap_or(0), ledger.processed - ledger.cleared_at);
+            let (here, live) =
+                (task.store.get(key).copied().unwrap_or(0), ledger.processed - ledger.cleared_at);
             if here != live {
                 return Err(format!(
                     "lazy timers: {me} fires {}@{time} on count {here}, but {live} records were processed since its last delete",
