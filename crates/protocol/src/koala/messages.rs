@@ -194,7 +194,7 @@ pub enum PeerMessage {
         /// The receiver's emitted watermark.
         watermark: Option<Timestamp>,
     },
-    /// Sender → receiver: the key lookup entries of the moved buckets, metadata and watermark.
+    /// Sender → receiver: the key lookup entries and timers of the moved buckets, and watermark.
     HandOver {
         /// The epoch.
         epoch: Epoch,
