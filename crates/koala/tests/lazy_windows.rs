@@ -19,7 +19,9 @@ use koala_types::metric;
 struct HandOver {
     eager: f64,
     on_demand: f64,
-    window_records: f64,
+    /// Records the window tasks took in the seconds before the scale-out's: the keys of the first
+    /// 1 048 576 records are all distinct, so at least this many keys (up to that) had open windows.
+    before: f64,
     completed: usize,
 }
 
@@ -33,12 +35,19 @@ fn run(protocol: &str) -> HandOver {
     let run = run_koala(dir.path(), &config, Duration::from_secs(600));
     assert!(run.success(), "{protocol}: {}", run.failure());
     let rec = RunRecord::read(&out.join("metrics.db")).expect("metrics");
-    let window_records =
-        (0..4).map(|i| rec.task_sum(&format!("window.{i}"), metric::RECORDS_IN)).sum::<f64>();
+    let start_s = rec.reconfigurations.first().map_or(0, |r| r.started_ms / 1000);
+    let db = rusqlite::Connection::open(out.join("metrics.db")).expect("metrics db");
+    let before: f64 = db
+        .query_row(
+            "SELECT COALESCE(SUM(value), 0) FROM metrics WHERE run = ?1 AND metric = ?2 AND task LIKE 'window.%' AND time < ?3",
+            rusqlite::params![rec.run, metric::RECORDS_IN, start_s as i64],
+            |r| r.get(0),
+        )
+        .expect("records before the scale-out");
     HandOver {
         eager: rec.total(metric::STATE_BYTES_EAGER),
         on_demand: rec.total(metric::STATE_BYTES_MOVED),
-        window_records,
+        before,
         completed: rec.completed(),
     }
 }
@@ -51,17 +60,20 @@ fn koala_hand_over_ships_a_tenth_of_stop_and_restarts() {
     let koala = run("koala");
     for (name, r) in [("stop-and-restart", &sr), ("koala", &koala)] {
         println!(
-            "{name:>16}: hand-over {:>10.0} B ({:.1} MiB), on demand over the run {:.1} MiB, {} reconfiguration(s), {:.0} records into the windows",
+            "{name:>16}: hand-over {:>10.0} B ({:.1} MiB), on demand over the run {:.1} MiB, {} reconfiguration(s), {:.0} records into the windows before it",
             r.eager,
             mib(r.eager),
             mib(r.on_demand),
             r.completed,
-            r.window_records
+            r.before
         );
     }
     let ratio = koala.eager / sr.eager;
     println!("koala / stop-and-restart hand-over bytes: {:.2} %", ratio * 100.0);
     assert_eq!((sr.completed, koala.completed), (1, 1));
+    for r in [&sr, &koala] {
+        assert!(r.before >= 1_048_576.0, "only {} keys in open windows at the scale-out", r.before);
+    }
     // Half of 1 048 576 keys of ~1 KiB move under stop-and-restart.
     assert!(sr.eager > 400.0 * 1024.0 * 1024.0, "stop-and-restart moved only {:.1} MiB", mib(sr.eager));
     assert!(ratio <= 0.10, "koala shipped {:.2} % of stop-and-restart's hand-over", ratio * 100.0);
