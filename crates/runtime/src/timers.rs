@@ -1,5 +1,6 @@
 //! Event-time timers of one task, kept in memory in fire order. They are operator metadata: a
-//! reconfiguration moves the timers of moved buckets together with the keys' state.
+//! reconfiguration moves the timers of moved buckets with them (stop-and-restart and DRRS together
+//! with the keys' state; Koala without it, fetched when needed: docs/protocols.md §6).
 
 use std::collections::BTreeSet;
 

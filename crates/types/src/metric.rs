@@ -35,7 +35,8 @@ pub const STATE_BYTES_ON_DEMAND: &str = "state_bytes_on_demand";
 pub const STATE_BYTES_BACKGROUND: &str = "state_bytes_background";
 /// Bytes of state this task gave up as part of a hand-over, before the new owner could process
 /// the moved buckets: stop-and-restart's transfer, Remote's write-back of its buffered entries to
-/// the state servers, the state and timers a Koala hand-over carries.
+/// the state servers, a Koala hand-over's messages (key-lookup entries and timers: no state since
+/// lazy windows).
 pub const STATE_BYTES_EAGER: &str = "state_bytes_eager";
 /// Koala: keys this location sent to other tasks, fetched on demand or pulled in the background
 /// (how fast a cancelled task drains).

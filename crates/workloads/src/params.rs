@@ -41,6 +41,9 @@ pub struct QueryParams {
     pub last_n: usize,
     /// Allowed lateness of windows.
     pub allowed_lateness_ms: u64,
+    /// Bytes of padding in each open window's state (tumbling-window, sliding-window,
+    /// filtered-window), to make state as large as a real window's; the output does not change.
+    pub window_padding_bytes: usize,
     /// Where the sink writes.
     pub sink: SinkKind,
 }
@@ -54,6 +57,7 @@ impl Default for QueryParams {
             slide_ms: 500,
             last_n: 10,
             allowed_lateness_ms: 0,
+            window_padding_bytes: 0,
             sink: SinkKind::default(),
         }
     }

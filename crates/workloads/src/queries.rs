@@ -152,17 +152,37 @@ fn last_n(params: &QueryParams) -> Result<JobGraph, DataflowError> {
 fn window_totals(params: &QueryParams, spec: WindowSpec) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let events = keyed_events(&df, "source", params, params.generator.seed);
-    sink(&window_aggregate(&events, spec, params.allowed_lateness_ms), params.sink);
+    sink(&window_aggregate(&events, spec, params), params.sink);
     df.build()
 }
 
-/// The "window" operator: count and sum per key and window.
+/// The "window" operator: count and sum per key and window, its state padded to
+/// `window_padding_bytes` more.
 fn window_aggregate(
     events: &KeyedStream<u64, KeyedEvent>,
     spec: WindowSpec,
-    lateness: u64,
+    params: &QueryParams,
 ) -> Stream<WindowTotal> {
-    events.window(spec).allowed_lateness(lateness).aggregate(
+    let windows = events.window(spec).allowed_lateness(params.allowed_lateness_ms);
+    let padding = params.window_padding_bytes;
+    if padding > 0 {
+        return windows.aggregate(
+            "window",
+            move || (0u64, 0i64, vec![0u8; padding]),
+            |(count, sum, _): &mut (u64, i64, Vec<u8>), e: &KeyedEvent| {
+                *count += 1;
+                *sum = sum.wrapping_add(e.value);
+            },
+            |key: &u64, w: Window, (count, sum, _): (u64, i64, Vec<u8>)| WindowTotal {
+                key: *key,
+                start: w.start,
+                end: w.end,
+                count,
+                sum,
+            },
+        );
+    }
+    windows.aggregate(
         "window",
         || (0u64, 0i64),
         |(count, sum): &mut (u64, i64), e: &KeyedEvent| {
@@ -190,7 +210,7 @@ fn filtered_window(params: &QueryParams) -> Result<JobGraph, DataflowError> {
         .filter("sample", |e: &KeyedEvent| e.value % 3 != 0)
         .key_by(|e: &KeyedEvent| e.key);
     let spec = WindowSpec::tumbling(params.window_ms);
-    sink(&window_aggregate(&events, spec, params.allowed_lateness_ms), params.sink);
+    sink(&window_aggregate(&events, spec, params), params.sink);
     df.build()
 }
 

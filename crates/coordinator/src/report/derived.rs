@@ -10,7 +10,7 @@
 //!   stays there [`RECOVERY_HOLD_S`] seconds.
 //! - [`StateMoved`]: state moved on demand (a record waits for it: Koala fetches), in the
 //!   background (Koala's progressive pulls and drain, DRRS's pushes) and eagerly with the hand-over
-//!   (stop-and-restart's transfer, Remote's write-back, what a Koala hand-over carries).
+//!   (stop-and-restart's transfer, Remote's write-back, a Koala hand-over's messages).
 
 use std::collections::BTreeMap;
 
@@ -226,8 +226,8 @@ pub struct StateMoved {
     /// migration and background drain, DRRS's pushes (Σ `state_bytes_background`).
     pub background: f64,
     /// Bytes moved with the hand-over, before the moved buckets could be processed:
-    /// stop-and-restart's transfer, Remote's write-back to its state servers, the state and timers
-    /// a Koala hand-over carries (Σ `state_bytes_eager`).
+    /// stop-and-restart's transfer, Remote's write-back to its state servers, a Koala hand-over's
+    /// messages (Σ `state_bytes_eager`).
     pub eager: f64,
 }
 

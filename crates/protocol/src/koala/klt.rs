@@ -442,7 +442,7 @@ impl KeyLookupTable {
         }
     }
 
-    /// The key's state is here now (fetched, pulled, or carried by a hand-over): an entry naming
+    /// The key's state is here now (fetched or pulled): an entry naming
     /// another location would send the next owner to the wrong place, so it names this task.
     /// No entry is added: the store answers first.
     pub fn now_local(&mut self, bucket: BucketId, hash: u64) {
@@ -481,18 +481,11 @@ impl KeyLookupTable {
             }));
             out.push(BucketLocations { bucket: *b, layers, keys });
         }
-        HandOver {
-            locations: self.locations.clone(),
-            buckets: out,
-            metadata: Vec::new(),
-            carried: Vec::new(),
-            watermark: None,
-        }
+        HandOver { locations: self.locations.clone(), buckets: out, timers: Vec::new(), watermark: None }
     }
 
     /// Installs handed-over buckets and returns the filters still to be asked for; rejects a
-    /// bucket already owned, an index out of range or a carried key of a bucket not handed over,
-    /// in which case nothing is installed. A layer naming this task is dropped: its keys are in
+    /// bucket already owned or an index out of range, in which case nothing is installed. A layer naming this task is dropped: its keys are in
     /// its own store, which answers first.
     pub fn install(&mut self, hand_over: HandOver) -> Result<Vec<PendingFilter>, ProtocolError> {
         let bad = |reason: String| ProtocolError::InvalidAssignment { reason };
@@ -506,12 +499,6 @@ impl KeyLookupTable {
             {
                 return Err(bad(format!("hand-over of bucket {} names an unknown location", bl.bucket)));
             }
-        }
-        let moved: BTreeSet<BucketId> = hand_over.buckets.iter().map(|bl| bl.bucket).collect();
-        if let Some(&(b, _)) = hand_over.carried.iter().find(|(b, _)| !moved.contains(b)) {
-            return Err(bad(format!(
-                "hand-over carries the state of a key of bucket {b}, which it does not move"
-            )));
         }
         let remap: Vec<u16> = hand_over.locations.iter().map(|&t| self.intern(t)).collect();
         let mut pending = Vec::new();
@@ -543,11 +530,6 @@ impl KeyLookupTable {
                 self.memo.reserve(LOCAL_MEMO_MAX, |&(h, _)| h);
             }
             self.set(bl.bucket, slot);
-        }
-        // Their state came with the hand-over: an entry naming where it was before is stale.
-        for &(bucket, hash) in &hand_over.carried {
-            self.now_local(bucket, hash);
-            self.note_local(bucket, hash);
         }
         Ok(pending)
     }
@@ -904,11 +886,6 @@ mod tests {
         let mut h = KeyLookupTable::new(t(2), [4]).take(&[4], 1);
         h.buckets[0].layers[0].location = 7;
         assert!(a.install(h).is_err());
-        // A carried key of a bucket the hand-over does not move.
-        let mut h = KeyLookupTable::new(t(2), [4]).take(&[4], 1);
-        h.carried = vec![(4, key_hash(b"k")), (6, key_hash(b"l"))];
-        assert!(a.install(h).is_err());
-        assert!(!a.owns(4));
     }
 
     #[test]

@@ -172,15 +172,12 @@ pub struct HandOver {
     pub locations: Vec<TaskId>,
     /// Entries per bucket.
     pub buckets: Vec<BucketLocations>,
-    /// Operator metadata of the moved keys (timers, and the state of the keys that have them);
-    /// filled in by the runtime.
-    pub metadata: Vec<u8>,
-    /// Keys whose state travels in `metadata` (bucket, [`key_hash`](super::key_hash)): every key
-    /// with a timer in a moved bucket, whether or not it has state. The sender deleted them; the
-    /// receiver installs their state before any record of the bucket is processed, so its own
-    /// store answers for them (local first) whatever the bucket's layers say. Filled in by the
-    /// runtime with `metadata`; the receiver's KLT checks they belong to moved buckets.
-    pub carried: Vec<(BucketId, u64)>,
+    /// The timers of the moved buckets (time, key), taken from the sender's operator: filled in
+    /// by the runtime. Only the timers travel, not their keys' state (docs/protocols.md §6, lazy
+    /// windows): that stays where the bucket's locations say, and the receiver fetches a key's
+    /// state in one hop when a record needs it or its timer is about to fire. Every timer is of
+    /// a moved bucket and later than the watermark below (the sender fired the due ones first).
+    pub timers: Vec<(Timestamp, Vec<u8>)>,
     /// The sender's event time, which the receiver inherits for this peer channel (paper §3.2).
     pub watermark: Option<Timestamp>,
 }
@@ -197,7 +194,7 @@ pub enum PeerMessage {
         /// The receiver's emitted watermark.
         watermark: Option<Timestamp>,
     },
-    /// Sender → receiver: the key lookup entries of the moved buckets, metadata and watermark.
+    /// Sender → receiver: the key lookup entries and timers of the moved buckets, and watermark.
     HandOver {
         /// The epoch.
         epoch: Epoch,

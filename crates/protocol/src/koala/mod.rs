@@ -10,8 +10,9 @@
 //!    watermark it has emitted*. A sender, between two batches and once its event time has caught up
 //!    with that watermark*, hands over the KLT of the moved buckets (where their state may be, with
 //!    itself as the newest location — this is what makes every later fetch one hop, §3.3) with the
-//!    keys whose state travels with their timers*, then forwards their records. Idle senders do
-//!    this without input*. The receiver asks each old location for the membership filter of the
+//!    buckets' timers but not their keys' state (lazy windows: a handed-over timer holds the
+//!    receiver's event time until its key was accessed, `timers.rs`), then forwards their records.
+//!    Idle senders do this without input*. The receiver asks each old location for the membership filter of the
 //!    bucket's keys it holds, which that location builds in the background*.
 //! 3. A receiver acks `PeerReady` after all hand-overs (every other task at `Start`).
 //! 4. The coordinator switches the routing tables of all upstreams; each injects a marker and its
@@ -38,6 +39,7 @@ mod serve;
 mod task;
 #[cfg(test)]
 mod tests;
+mod timers;
 mod transition;
 mod upstream;
 

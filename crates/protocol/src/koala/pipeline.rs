@@ -28,6 +28,7 @@ use super::error::ProtocolError;
 use super::klt::{BatchLookup, Prehashed, bucket_and_key_hash};
 use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
 use super::task::{KoalaTask, LocalKeys, TaskAction};
+use super::timers::ACCESS;
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
 pub(crate) const MAX_PULL_KEYS: usize = 512;
@@ -258,10 +259,14 @@ impl KoalaTask {
         true
     }
 
-    fn finish_batch(&mut self, batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {
+    fn finish_batch(&mut self, mut batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {
         for r in &batch {
             self.held.remove(r.record.time);
         }
+        // Timer accesses (`super::timers`) only needed their key's state here: it is.
+        let records = batch.len();
+        batch.retain(|r| r.input != ACCESS);
+        self.timers.queued -= records - batch.len();
         for (input, records) in runs_by_input(batch) {
             out.push(TaskAction::Process { input, records });
         }

@@ -38,6 +38,7 @@ use super::messages::{
     TaskAck,
 };
 use super::pipeline::{InputRecord, Pipeline};
+use super::timers::{ACCESS, HandedTimers};
 use super::transition::Transition;
 
 /// How a target task starts.
@@ -175,10 +176,9 @@ pub enum TaskAction {
         /// The request.
         request: FilterRequest,
     },
-    /// Send on the peer channel to `to`. For [`PeerMessage::HandOver`], first move the operator
-    /// metadata of the handed-over buckets (their timers and the state of the keys that have
-    /// timers, deleted here) into `metadata`, and list those keys in
-    /// [`carried`](super::HandOver::carried): the receiver's KLT then names itself for them.
+    /// Send on the peer channel to `to`. For [`PeerMessage::HandOver`], first move the operator's
+    /// timers of the handed-over buckets into [`timers`](super::HandOver::timers) (deleted here;
+    /// their keys' state stays: the receiver fetches it when it needs it).
     SendToPeer {
         /// The peer.
         to: TaskId,
@@ -195,13 +195,15 @@ pub enum TaskAction {
         /// The sender's event time at the hand-over.
         up_to: Timestamp,
     },
-    /// Install operator metadata received with a hand-over (the core already recorded its
-    /// carried keys as local); comes before any `Process` of the handed-over buckets.
-    InstallMetadata {
+    /// Register the timers a hand-over brought with the operator; comes before any `Process`
+    /// of the handed-over buckets. They fire as usual when a watermark reaches them: the core
+    /// emits that watermark only once each one's key was accessed, so its state is here
+    /// ([`EmitWatermark`](Self::EmitWatermark)).
+    InstallTimers {
         /// The sender.
         from: TaskId,
-        /// Opaque operator metadata.
-        metadata: Vec<u8>,
+        /// (time, key).
+        timers: Vec<(Timestamp, Vec<u8>)>,
     },
     /// Feed [`TaskEvent::Wake`] once this many milliseconds have passed (the background drain's
     /// rate limit; the only timer the core asks for, and only while it drains).
@@ -274,6 +276,10 @@ pub struct KoalaTask {
     pub(super) drain_keys_per_sec: u64,
     pub(super) drained: BTreeMap<TaskId, Epoch>,
     pub(super) park_direct: bool,
+    /// Timers that came with hand-overs, held until their key is accessed ([`super::timers`]).
+    pub(super) timers: HandedTimers,
+    /// Fault injection: handed-over timers hold nothing (they fire on state that is elsewhere).
+    pub(super) hold_handed_timers: bool,
     pub(super) started: bool,
 }
 
@@ -303,6 +309,8 @@ impl KoalaTask {
             drain_keys_per_sec: 0,
             drained: BTreeMap::new(),
             park_direct: true,
+            timers: HandedTimers::default(),
+            hold_handed_timers: true,
         }
     }
 
@@ -358,7 +366,7 @@ impl KoalaTask {
 
     /// Whether the task holds records it has not processed or has a fetch outstanding.
     pub fn is_busy(&self) -> bool {
-        self.held.min().is_some() || !self.pipeline.is_quiet()
+        self.held.min().is_some() || !self.pipeline.is_quiet() || !self.timers.is_idle()
     }
 
     /// Fault injection for the simulator's negative tests: process records of a moved bucket that
@@ -366,6 +374,14 @@ impl KoalaTask {
     #[doc(hidden)]
     pub fn inject_fault_no_parking(&mut self) {
         self.park_direct = false;
+    }
+
+    /// Fault injection for the simulator's negative tests: timers that come with a hand-over
+    /// neither hold the event time nor have their keys accessed, so they fire on state that is
+    /// still at the sender.
+    #[doc(hidden)]
+    pub fn inject_fault_no_timer_access(&mut self) {
+        self.hold_handed_timers = false;
     }
 
     /// Feeds one event; returns the actions to execute, in order. Lookups treat the local store
@@ -492,6 +508,7 @@ impl KoalaTask {
     fn pump(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) {
         loop {
             let mut changed = self.try_hand_over(out);
+            changed |= self.queue_timer_accesses();
             changed |= self.try_process(out, local);
             self.advance_watermark(out);
             changed |= self.check_ready_and_done(out);
@@ -517,7 +534,11 @@ impl KoalaTask {
     }
 
     fn below_held(&self, channels: Timestamp) -> Option<Timestamp> {
-        match self.held.min() {
+        let held = match (self.held.min(), self.timers.hold()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match held {
             None => Some(channels),
             Some(0) => None,
             Some(h) => Some(channels.min(h - 1)),
@@ -556,7 +577,8 @@ impl KoalaTask {
         }
     }
 
-    /// Records of the inbox that belong to `buckets`, removed in order (for a hand-over).
+    /// Records of the inbox that belong to `buckets`, removed in order (for a hand-over). Timer
+    /// accesses of those buckets are dropped: the timers travel with the runtime's.
     pub(super) fn take_inbox(&mut self, buckets: &BTreeSet<BucketId>) -> Vec<InputRecord> {
         let (moved, kept): (VecDeque<InputRecord>, VecDeque<InputRecord>) =
             std::mem::take(&mut self.pipeline.inbox).into_iter().partition(|r| buckets.contains(&r.bucket));
@@ -564,6 +586,10 @@ impl KoalaTask {
         for r in &moved {
             self.held.remove(r.record.time);
         }
-        moved.into()
+        self.timers.drop_buckets(buckets, self.num_buckets);
+        let (accesses, records): (Vec<InputRecord>, Vec<InputRecord>) =
+            moved.into_iter().partition(|r| r.input == ACCESS);
+        self.timers.queued -= accesses.len();
+        records
     }
 }

@@ -315,8 +315,8 @@ impl LocalKeys for Store {
     }
 }
 
-/// Local first, then the filters: a key in the receiver's own store (here one whose state came
-/// with its timers in the hand-over's metadata) needs no fetch; until the sender's filter
+/// Local first, then the filters: a key in the receiver's own store (here one it kept from an
+/// earlier ownership) needs no fetch; until the sender's filter
 /// arrives any other key may be at the sender and is fetched from it, in one hop; afterwards a
 /// key outside the filter is new, with no round trip and no KLT entry.
 #[test]
@@ -325,17 +325,11 @@ fn local_keys_then_filters_decide_what_is_fetched() {
     s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
     let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
     s.on(TaskEvent::Start(reconf()));
-    let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let hand_over = peer_messages(&deliver(&mut s, t(1), open));
     let mut keys = keys_in(3);
-    let (timed, plain, fresh) =
+    let (kept, plain, fresh) =
         (keys.next().unwrap_or_default(), keys.next().unwrap_or_default(), keys.next().unwrap_or_default());
-    let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
-    // What the sender's runtime adds when it takes the metadata.
-    h.metadata = b"timers and state".to_vec();
-    h.carried = vec![(3, key_hash(&timed))];
     let out = deliver(&mut r, t(0), hand_over);
-    let metadata = TaskAction::InstallMetadata { from: t(0), metadata: b"timers and state".to_vec() };
-    assert!(out.contains(&metadata), "{out:?}");
     let ask = TaskAction::RequestFilter { from: t(0), request: FilterRequest { bucket: 3, since: 1 } };
     assert!(out.contains(&ask), "{out:?}");
     r.on(marker(ch(0)));
@@ -343,10 +337,9 @@ fn local_keys_then_filters_decide_what_is_fetched() {
     let out = deliver(&mut r, t(0), close);
     assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
 
-    // The runtime installed the metadata: the timed key is in the receiver's store.
-    let mut store = Store(BTreeSet::from([timed.clone()]));
+    let mut store = Store(BTreeSet::from([kept.clone()]));
     let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time };
-    let out = r.on_with(records(ch(0), vec![record(&timed, 5)]), &mut store);
+    let out = r.on_with(records(ch(0), vec![record(&kept, 5)]), &mut store);
     assert_eq!(processed(&out), vec![5], "{out:?}");
     assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
     let out = r.on_with(records(ch(0), vec![record(&fresh, 6)]), &mut store);
@@ -418,4 +411,108 @@ fn a_backlog_is_processed_in_bounded_batches_in_order() {
     }
     assert_eq!(asked, n, "two fetches: a full batch and the rest");
     assert_eq!(done, (0..n as u64).collect::<Vec<_>>(), "every record once, in arrival order");
+}
+
+/// Lazy windows: a hand-over brings timers, not their keys' state. Each holds the receiver's
+/// event time below it until its key was accessed: a timer the upstreams' event time reached is
+/// fetched like a record's key (one hop) and the watermark that fires it comes after the state
+/// is installed; a key a record accessed first is found local when its timer comes due.
+#[test]
+fn handed_timers_hold_the_watermark_until_their_key_is_accessed() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    r.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let mut keys = keys_in(3);
+    let (fired_first, record_first) = (keys.next().unwrap_or_default(), keys.next().unwrap_or_default());
+    let timers = vec![(10, fired_first.clone()), (20, record_first.clone()), (30, record_first.clone())];
+    let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
+    // What the sender's runtime adds: its timers of bucket 3.
+    h.timers = timers.clone();
+    let out = deliver(&mut r, t(0), hand_over);
+    assert!(out.contains(&TaskAction::InstallTimers { from: t(0), timers }), "{out:?}");
+    r.on(marker(ch(0)));
+    let out = deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
+    let watermarks = |out: &[TaskAction]| -> Vec<u64> {
+        out.iter()
+            .filter_map(|a| if let TaskAction::EmitWatermark(w) = a { Some(*w) } else { None })
+            .collect()
+    };
+
+    // The upstream reaches 15: the timer at 10 is due, its key is fetched from the sender, and
+    // the event time stops below it.
+    let out = r.on(TaskEvent::Watermark { channel: ch(0), time: 15 });
+    let [TaskAction::FetchState { from, request }, TaskAction::EmitWatermark(9)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((*from, &request.keys), (t(0), &vec![fired_first.clone()]));
+    assert!(r.is_busy());
+    // A record of the other key comes meanwhile (its timer, at 20, is not due).
+    let record = Record { key: record_first.clone(), value: vec![], time: 16 };
+    assert_eq!(r.on(records(ch(0), vec![record])), vec![], "one batch waits for state at a time");
+    let state = (fired_first.clone(), Some(b"window".to_vec()));
+    let response = FetchResponse { id: request.id, values: vec![state], extra: vec![], exhausted: vec![] };
+    let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    let install = out.iter().position(|a| matches!(a, TaskAction::InstallState { .. }));
+    let emit = out.iter().position(|a| matches!(a, TaskAction::EmitWatermark(15)));
+    assert!(install.is_some() && install < emit, "the state is installed before the timer fires: {out:?}");
+    let Some(TaskAction::FetchState { request, .. }) =
+        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. }))
+    else {
+        panic!("the record's batch fetches its key: {out:?}")
+    };
+    assert_eq!(request.keys, vec![record_first.clone()]);
+    let response = FetchResponse {
+        id: request.id,
+        values: vec![(record_first.clone(), None)],
+        extra: vec![],
+        exhausted: vec![],
+    };
+    let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    assert_eq!(processed(&out), vec![16]);
+    assert!(watermarks(&out).is_empty(), "held below the timer at 20: {out:?}");
+
+    // The timer at 20 comes due: its key is local since the record's batch, no round trip.
+    let out = r.on(TaskEvent::Watermark { channel: ch(0), time: 40 });
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
+    assert_eq!(watermarks(&out), vec![40], "{out:?}");
+    assert!(!r.is_busy());
+}
+
+/// Without the hold, the handed-over timer's watermark goes out with its key's state still at
+/// the sender (the broken variant the simulator must catch).
+#[test]
+fn without_the_hold_a_handed_timer_fires_before_its_state_is_here() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+    r.inject_fault_no_timer_access();
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    r.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
+    h.timers = vec![(10, key_in(3))];
+    deliver(&mut r, t(0), hand_over);
+    r.on(marker(ch(0)));
+    deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
+    let out = r.on(TaskEvent::Watermark { channel: ch(0), time: 15 });
+    assert_eq!(out, vec![TaskAction::EmitWatermark(15)]);
+}
+
+/// A hand-over's timer of a bucket it does not move is refused.
+#[test]
+fn a_handed_timer_of_another_bucket_is_refused() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
+    h.timers = vec![(10, key_in(2))];
+    let out = deliver(&mut r, t(0), hand_over);
+    assert!(matches!(&out[..], [TaskAction::Error(ProtocolError::UnexpectedPeerMessage { .. })]), "{out:?}");
+    assert!(!r.owns(3));
 }

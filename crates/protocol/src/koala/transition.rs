@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp};
+use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp, bucket_of};
 
 use super::error::ProtocolError;
 use super::messages::{FilterRequest, InputSource, PeerMessage, Reconfiguration, TaskAck};
@@ -237,10 +237,21 @@ impl KoalaTask {
                 if expected != got {
                     return Err(unexpected("hand-over of other buckets than the moves say"));
                 }
+                // Timers only of the moved buckets; their keys' state stays where the locations
+                // say (`super::timers`).
+                let nb = self.num_buckets;
+                if let Some((_, key)) =
+                    hand_over.timers.iter().find(|(_, k)| !got.contains(&bucket_of(k, nb)))
+                {
+                    let b = bucket_of(key, nb);
+                    return Err(unexpected(&format!(
+                        "hand-over of a timer of bucket {b}, which it does not move"
+                    )));
+                }
                 // The locations as the sender had them, with the sender in front; ask for the
                 // filters that are still to be built.
                 let mut hand_over = *hand_over;
-                let metadata = std::mem::take(&mut hand_over.metadata);
+                let timers = std::mem::take(&mut hand_over.timers);
                 let watermark = hand_over.watermark;
                 let pending = self.klt.install(hand_over)?;
                 for p in pending {
@@ -253,8 +264,11 @@ impl KoalaTask {
                 if let Some(w) = watermark {
                     self.watermarks.set(InputSource::Peer(from), w)?;
                 }
-                if !metadata.is_empty() {
-                    out.push(TaskAction::InstallMetadata { from, metadata });
+                if !timers.is_empty() {
+                    if self.hold_handed_timers {
+                        self.timers.add(&timers);
+                    }
+                    out.push(TaskAction::InstallTimers { from, timers });
                 }
             }
             PeerMessage::Records { input, records, .. } => {

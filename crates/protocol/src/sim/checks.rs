@@ -5,7 +5,7 @@
 //!   processes keys of buckets it claims;
 //! - one live copy: at most one store holds a key; state in flight is in no store;
 //! - one-hop fetch: a fetch goes to the store that holds the key, or the key exists nowhere
-//!   (never to the requester itself: state that came with a hand-over's timers is local);
+//!   (never to the requester itself);
 //! - exactly once and order per (key, input): record `#s` of a key on an input follows `#s-1` of
 //!   that input, and is processed as the input it came on;
 //! - state and deletes: the stored count equals the records processed since the key's state was
@@ -14,7 +14,9 @@
 //! - watermarks: each task's emitted watermarks strictly increase and no record at or below an
 //!   emitted watermark is processed by that task afterwards;
 //! - timers: a timer that travels with its bucket is later than every watermark its receiver
-//!   emitted when it arrives (else it would fire behind it), and no timer is left unfired at the end;
+//!   emitted when it arrives (else it would fire behind it), under Koala a timer fires where its
+//!   key's state is, on all of it (lazy windows: the state did not travel with the timer), and no
+//!   timer is left unfired at the end;
 //! - at the end: every record processed, every epoch done, every live key's count at its location,
 //!   every deleted key in no store, no store holding a key outside its location, and with
 //!   progressive migration every cancelled task released empty, and every owner's event time at
@@ -23,8 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
-use koala_types::{TaskId, Timestamp, bucket_of, decode, encode};
-use serde::{Deserialize, Serialize};
+use koala_types::{TaskId, Timestamp, bucket_of};
 
 use super::Fault;
 use super::world::Core;
@@ -32,7 +33,7 @@ use super::world::{Kind, Msg, Node, SimTask, World};
 use crate::control::Protocol;
 use crate::koala::{
     Answered, FilterBuild, FilterResponse, HandOver, KeyFilter, KeyPage, LocationStore, PeerMessage,
-    TaskAction, bucket_and_key_hash, key_hash, serve_fetch,
+    TaskAction, key_hash, serve_fetch,
 };
 
 /// What the operator has done to one key, as the harness saw it (never read from a store).
@@ -78,14 +79,6 @@ fn parse_value(value: &[u8]) -> Result<(u64, usize), String> {
         }
         [] => Err("empty record value".into()),
     }
-}
-
-/// What the simulated runtime puts into a hand-over's operator metadata, as the real one does
-/// (`runtime/src/task/koala.rs`): the moved buckets' timers and the state of their keys.
-#[derive(Serialize, Deserialize)]
-struct Metadata {
-    timers: Vec<(Timestamp, Vec<u8>)>,
-    state: Vec<(Vec<u8>, u64)>,
 }
 
 impl World {
@@ -184,11 +177,20 @@ impl World {
                         }
                         *slot = None;
                     }
-                    self.take_metadata(me, hand_over)?;
+                    self.take_timers(me, hand_over)?;
                 }
                 self.channels.push((Node::Task(me), Node::Task(to), Kind::Peer), Msg::Peer(message));
             }
-            TaskAction::InstallMetadata { from, metadata } => self.install_metadata(from, me, &metadata)?,
+            TaskAction::InstallTimers { from, timers } => {
+                // Lazy windows: note the keys whose state is not here yet, to count which comes
+                // first for each, a record of it or its timer.
+                for (_, key) in &timers {
+                    if self.holder.get(key) != Some(&me) {
+                        self.handed.insert((me, key.clone()));
+                    }
+                }
+                self.install_timers(from, me, timers)?;
+            }
             TaskAction::EmitWatermark(t) => {
                 let task = self.tasks.get_mut(&me).ok_or("watermark of unknown task")?;
                 if task.last_watermark.is_some_and(|w| t <= w) {
@@ -269,6 +271,9 @@ impl World {
         *last = seq;
         ledger.processed += 1;
         task.store.insert(key.to_vec(), count + 1);
+        if self.handed.remove(&(me, key.to_vec())) {
+            self.stats.handed_timers_record_first += 1;
+        }
         if self.cfg.state_outlives_timers || is_window_key(key) {
             task.timers.insert((time, key.to_vec()));
         }
@@ -291,12 +296,37 @@ impl World {
     }
 
     /// Fires `me`'s timers that are `due`; a window key whose last pending timer fired has its
-    /// state deleted here, and the ledger notes the clear.
+    /// state deleted here, and the ledger notes the clear. Under Koala a timer fires on its key's
+    /// whole state, here (lazy windows: a hand-over brought the timer without the state, and the
+    /// core holds the watermark until the key was accessed).
     fn fire_timers(&mut self, me: TaskId, due: impl Fn(&(Timestamp, Vec<u8>)) -> bool) -> Result<(), String> {
         let task = self.tasks.get_mut(&me).ok_or("timers of unknown task")?;
         let (fired, kept): (BTreeSet<_>, BTreeSet<_>) =
             std::mem::take(&mut task.timers).into_iter().partition(due);
         task.timers = kept;
+        for (time, key) in &fired {
+            if self.handed.remove(&(me, key.clone())) {
+                self.stats.handed_timers_fired_first += 1;
+            }
+            if self.cfg.protocol != Protocol::Koala {
+                continue;
+            }
+            if let Some(&at) = self.holder.get(key).filter(|&&at| at != me) {
+                return Err(format!(
+                    "lazy timers: {me} fires {}@{time} while its state lives at {at}",
+                    show(key)
+                ));
+            }
+            let ledger = self.ledger.get(key).cloned().unwrap_or_default();
+            let (here, live) =
+                (task.store.get(key).copied().unwrap_or(0), ledger.processed - ledger.cleared_at);
+            if here != live {
+                return Err(format!(
+                    "lazy timers: {me} fires {}@{time} on count {here}, but {live} records were processed since its last delete",
+                    show(key)
+                ));
+            }
+        }
         if self.cfg.state_outlives_timers {
             // The key's state stays here, at its KLT location, with no timer left to carry it
             // along at the next hand-over of its bucket.
@@ -326,10 +356,9 @@ impl World {
         Ok(())
     }
 
-    /// A hand-over's operator metadata, as the runtime builds it: the moved buckets' timers and
-    /// the state of their keys, both gone from the sender, and those keys listed as carried (the
-    /// receiver's KLT records them as local).
-    fn take_metadata(&mut self, me: TaskId, hand_over: &mut HandOver) -> Result<(), String> {
+    /// A hand-over's timers, as the runtime takes them: the moved buckets' timers, gone from the
+    /// sender; their keys' state stays here until the receiver fetches it.
+    fn take_timers(&mut self, me: TaskId, hand_over: &mut HandOver) -> Result<(), String> {
         let nb = self.cfg.num_buckets;
         let buckets: BTreeSet<u16> = hand_over.buckets.iter().map(|b| b.bucket).collect();
         let task = self.tasks.get_mut(&me).ok_or("hand-over from unknown task")?;
@@ -337,33 +366,11 @@ impl World {
             .into_iter()
             .partition(|(_, k)| buckets.contains(&bucket_of(k, nb)));
         task.timers = kept;
-        let mut state = Vec::new();
-        if self.cfg.fault != Some(Fault::TimersWithoutState) {
-            let keys: BTreeSet<&Vec<u8>> = moved.iter().map(|(_, k)| k).collect();
-            for key in keys {
-                hand_over.carried.push(bucket_and_key_hash(key, nb));
-                if let Some(count) = task.store.remove(key) {
-                    self.holder.remove(key);
-                    state.push((key.clone(), count));
-                }
-            }
+        for (_, key) in &moved {
+            self.handed.remove(&(me, key.clone()));
         }
-        if moved.is_empty() && state.is_empty() {
-            return Ok(());
-        }
-        let metadata = Metadata { timers: moved.into_iter().collect(), state };
-        hand_over.metadata = encode(&metadata).map_err(|e| format!("hand-over metadata: {e}"))?;
+        hand_over.timers = moved.into_iter().collect();
         Ok(())
-    }
-
-    /// A receiver installs a hand-over's metadata: its state (one live copy) and its timers, none
-    /// of which may be due at a watermark the receiver already emitted (it would fire late).
-    fn install_metadata(&mut self, from: TaskId, me: TaskId, bytes: &[u8]) -> Result<(), String> {
-        let metadata: Metadata = decode(bytes).map_err(|e| format!("hand-over metadata: {e}"))?;
-        for (key, count) in metadata.state {
-            self.install(me, key, count)?;
-        }
-        self.install_timers(from, me, metadata.timers)
     }
 
     /// Timers that travelled with their bucket arrive at `me`.

@@ -13,11 +13,13 @@
 //! key's state was last deleted. Half the keys are *window keys*: each record sets an event-time
 //! timer at its own time, and when the key's last pending timer fires (the task emits a watermark
 //! at or past it, or a sender fires due timers before a hand-over) the key's state is deleted, as
-//! a window operator purges a key whose windows all closed. As the runtime does, a hand-over
-//! carries the moved buckets' timers *and* the state of their keys, listed as carried so the
-//! receiver's KLT says they are local, and stop-and-restart's transfer carries both. The other
-//! keys are plain counters without timers whose state stays put until fetched (lazy fetch,
-//! progressive migration). With [`SimConfig::state_outlives_timers`] every key sets timers and
+//! a window operator purges a key whose windows all closed. As the runtime does, a Koala
+//! hand-over carries the moved buckets' timers but not their keys' state (lazy windows): the
+//! receiver's core holds its event time below each such timer until the key was accessed — by a
+//! record, or by the timer itself once its upstreams' event time reached it — and a check
+//! asserts every timer fires on its key's whole state, where it is. Stop-and-restart's transfer
+//! carries timers and state. The other keys are plain counters without timers whose state stays
+//! put until fetched (lazy fetch, progressive migration). With [`SimConfig::state_outlives_timers`] every key sets timers and
 //! none deletes state: a key whose timers all fired keeps its state where they fired, so its
 //! bucket's next hand-over must name that task as its location (one hop, nothing stranded).
 //!
@@ -77,10 +79,10 @@ pub enum Fault {
     RerouteAtDrain,
     /// A location answers a fetch without deleting what it answered (breaks one live copy).
     ServeWithoutDelete,
-    /// A hand-over carries the moved buckets' timers but not the state of their keys (nor lists
-    /// them as carried), so a window fires at the receiver on state that is not there and its
-    /// delete misses the copy the sender kept.
-    TimersWithoutState,
+    /// Koala: a receiver neither holds its event time for the timers a hand-over brought nor
+    /// accesses their keys, so a window fires at the receiver on state that is still at the
+    /// sender (lazy windows).
+    TimerBeforeAccess,
     /// A location's membership filter leaves out one key it holds (a false negative): the owner
     /// creates that key anew while its state sits at the location.
     FilterMissesKey,
@@ -105,7 +107,7 @@ impl Fault {
             "release_without_epoch" => Some(Self::ReleaseWithoutEpoch),
             "reroute_at_drain" => Some(Self::RerouteAtDrain),
             "serve_without_delete" => Some(Self::ServeWithoutDelete),
-            "timers_without_state" => Some(Self::TimersWithoutState),
+            "timer_before_access" => Some(Self::TimerBeforeAccess),
             "filter_misses_key" => Some(Self::FilterMissesKey),
             "process_before_state" => Some(Self::ProcessBeforeState),
             "watermark_before_state" => Some(Self::WatermarkBeforeState),
@@ -123,7 +125,7 @@ impl Fault {
             Self::ReleaseWithoutEpoch => "release_without_epoch",
             Self::RerouteAtDrain => "reroute_at_drain",
             Self::ServeWithoutDelete => "serve_without_delete",
-            Self::TimersWithoutState => "timers_without_state",
+            Self::TimerBeforeAccess => "timer_before_access",
             Self::FilterMissesKey => "filter_misses_key",
             Self::ProcessBeforeState => "process_before_state",
             Self::WatermarkBeforeState => "watermark_before_state",
@@ -239,6 +241,12 @@ pub struct SimStats {
     /// Remote: buffered (dirty) keys an old owner wrote back to the shared store when it gave
     /// their bucket away.
     pub flushed_keys: u64,
+    /// Koala: keys whose timers came with a hand-over without their state, first accessed by a
+    /// record (the record's batch fetched the state; the timer fired on it later).
+    pub handed_timers_record_first: u64,
+    /// Koala: such keys whose timer fired before any record of them came (the timer's access
+    /// fetched the state, and the watermark waited for it).
+    pub handed_timers_fired_first: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.

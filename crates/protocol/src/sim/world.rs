@@ -197,8 +197,8 @@ pub(crate) struct SimTask {
     pub(crate) released: bool,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
     /// state outlives timers) sets one at its own time (a window's end); they fire when the task
-    /// emits a watermark at or past them and travel with their bucket's hand-over, together with
-    /// their keys' state.
+    /// emits a watermark at or past them and travel with their bucket's hand-over (Koala: without
+    /// their keys' state).
     pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
     /// DRRS: timers of buckets a sender stopped processing, set aside until their bucket's push.
     pub(crate) aside: BTreeSet<(Timestamp, Vec<u8>)>,
@@ -261,6 +261,9 @@ pub(crate) struct World {
     pub(crate) pulls_in_flight: BTreeSet<(TaskId, TaskId, u64)>,
     /// DRRS: tasks that stopped taking direct input (backpressure); their data channels wait.
     pub(crate) paused: BTreeSet<TaskId>,
+    /// Koala: (task, key) whose timers a hand-over brought to the task while the key's state was
+    /// elsewhere, until a record of the key or its timer comes first (for the stats).
+    pub(crate) handed: BTreeSet<(TaskId, Vec<u8>)>,
 }
 
 impl World {
@@ -362,6 +365,7 @@ impl World {
             finished: BTreeSet::new(),
             pulls_in_flight: BTreeSet::new(),
             paused: BTreeSet::new(),
+            handed: BTreeSet::new(),
             stats: SimStats { progressive, ..SimStats::default() },
         })
     }
@@ -380,6 +384,9 @@ impl World {
                 let mut core = KoalaTask::new(config);
                 if cfg.fault == Some(Fault::NoParking) {
                     core.inject_fault_no_parking();
+                }
+                if cfg.fault == Some(Fault::TimerBeforeAccess) {
+                    core.inject_fault_no_timer_access();
                 }
                 Core::Koala(Box::new(core))
             }

@@ -8,13 +8,14 @@
 //! the channel, `TaskAction::Process` the input), and the core counts markers and ends of stream
 //! per channel, so a self-join (one upstream task on both inputs) needs nothing special here.
 //!
-//! Operator metadata travels with a hand-over: the timers of the moved buckets and, with them, the
-//! state of the keys that have timers (open windows), so a timer always fires on local state. The
-//! hand-over lists those keys (`HandOver::carried`); the receiver installs their state before any
-//! record of the bucket, so its store answers for them (the core looks keys up in the task's own
-//! store first: `StoreKeys`). Everything else stays where it is until first accessed. An old
-//! location builds the membership filter of a bucket it handed over when the owner asks, a few
-//! thousand keys per turn of the loop between its inputs, and sends it on the fetch lane.
+//! A hand-over carries the timers of the moved buckets (`HandOver::timers`), not their keys'
+//! state (lazy windows): the state of a key with an open window stays where it is, like any
+//! other key's, until a record of it or its timer needs it; the core holds the watermark that
+//! fires the timer until the key's state is here (`koala_protocol::koala` timers), so a timer
+//! always fires on local state. The core looks keys up in the task's own store first
+//! (`StoreKeys`). An old location builds the membership filter of a bucket it handed over when
+//! the owner asks, a few thousand keys per turn of the loop between its inputs, and sends it on
+//! the fetch lane.
 //!
 //! The loop never blocks on a peer (`crate::peer`): fetches and their answers go on the fetch
 //! lane, which nobody waits on; peer messages go on the bounded peer lane through an outbox, and
@@ -27,20 +28,20 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
     FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
-    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, bucket_and_key_hash, serve_fetch,
+    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
 use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
-use super::location::{Bundle, StoreKeys, StoreLocation, Taken, codec};
+use super::location::{Bundle, StoreKeys, StoreLocation, codec};
 use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
 use crate::links::{FETCH_INPUT, open_channel, open_peer};
-use crate::metrics::{entry_bytes, timer_bytes};
+use crate::metrics::entry_bytes;
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -55,13 +56,6 @@ enum Wire {
     Answer(FetchResponse),
     FilterRequest(FilterRequest),
     Filter(FilterResponse),
-}
-
-/// The runtime's part of a hand-over: timers of the moved buckets and the state of their keys.
-#[derive(Serialize, Deserialize, Default)]
-struct Metadata {
-    timers: Vec<(Timestamp, Vec<u8>)>,
-    state: Vec<(Vec<u8>, Bundle)>,
 }
 
 struct KoalaOperator {
@@ -394,7 +388,8 @@ impl KoalaOperator {
         };
         tracing::debug!(task = %setup.task, %to, bucket = request.bucket, keys = filter.keys(), bytes = filter.approx_bytes(), "filter built");
         let response = FilterResponse { bucket: request.bucket, since: request.since, filter };
-        self.send(setup, to, &Wire::Filter(response))
+        self.send(setup, to, &Wire::Filter(response))?;
+        Ok(())
     }
 
     /// Once every input ended and nothing is left to process — nor will be: no epoch this task
@@ -429,7 +424,9 @@ impl KoalaOperator {
                 TaskAction::Process { input, records } => {
                     self.op.on_batch(setup, outputs, input, records, self.watermark)?;
                 }
-                TaskAction::FetchState { from, request } => self.send(setup, from, &Wire::Fetch(request))?,
+                TaskAction::FetchState { from, request } => {
+                    self.send(setup, from, &Wire::Fetch(request))?;
+                }
                 TaskAction::RequestFilter { from, request } => {
                     self.send(setup, from, &Wire::FilterRequest(request))?;
                 }
@@ -447,10 +444,17 @@ impl KoalaOperator {
                     self.send(setup, to, &Wire::Answer(response))?;
                 }
                 TaskAction::SendToPeer { to, mut message } => {
-                    if let PeerMessage::HandOver { hand_over, .. } = &mut message {
-                        self.take_metadata(setup, hand_over)?;
+                    let hand_over = if let PeerMessage::HandOver { hand_over, .. } = &mut message {
+                        self.take_timers(setup, hand_over);
+                        true
+                    } else {
+                        false
+                    };
+                    let sent = self.send(setup, to, &Wire::Peer(message))?;
+                    if hand_over {
+                        // Everything the hand-over ships: key-lookup entries and timers.
+                        self.op.metrics.state_bytes_eager += sent;
                     }
-                    self.send(setup, to, &Wire::Peer(message))?;
                 }
                 TaskAction::FireTimers { buckets, up_to } => {
                     let buckets: BTreeSet<BucketId> = buckets.into_iter().collect();
@@ -458,7 +462,9 @@ impl KoalaOperator {
                     self.op
                         .fire_due_where(setup, outputs, up_to, |key| buckets.contains(&bucket_of(key, nb)))?;
                 }
-                TaskAction::InstallMetadata { metadata, .. } => self.install_metadata(setup, &metadata)?,
+                TaskAction::InstallTimers { timers, .. } => {
+                    self.op.timers.register(timers.into_iter().map(|(t, k)| (k, t)));
+                }
                 TaskAction::EmitWatermark(t) => {
                     self.watermark = Some(t);
                     self.op.advance(setup, outputs, t)?;
@@ -475,16 +481,18 @@ impl KoalaOperator {
 
     /// Sends on the lane the message belongs to (`crate::peer`): fetches on the fetch lane, which
     /// never waits for the receiver; everything else on the bounded peer lane through the outbox,
-    /// which never blocks the task.
-    fn send(&mut self, setup: &TaskSetup, to: TaskId, wire: &Wire) -> Result<(), RuntimeError> {
+    /// which never blocks the task. Returns the encoded message's size.
+    fn send(&mut self, setup: &TaskSetup, to: TaskId, wire: &Wire) -> Result<u64, RuntimeError> {
         let bytes = encode(wire)
             .map_err(|source| RuntimeError::Codec { what: "encoding a peer message".into(), source })?;
+        let size = bytes.len() as u64;
         let message = ChannelMessage::Protocol(bytes);
         if let Wire::Peer(_) = wire {
             if !self.outbox.is_open(to) {
                 self.outbox.open(open_peer(&setup.links, &self.deployment, to, setup.task)?);
             }
-            return self.outbox.send(to, message);
+            self.outbox.send(to, message)?;
+            return Ok(size);
         }
         if !self.fetch_lanes.contains_key(&to) {
             let channel = InputChannel { input: FETCH_INPUT, from: setup.task };
@@ -494,20 +502,11 @@ impl KoalaOperator {
         if let Some(lane) = self.fetch_lanes.get_mut(&to) {
             self.op.metrics.backpressure += lane.send(message)?;
         }
-        Ok(())
+        Ok(size)
     }
 
     fn state_ids(&self) -> Vec<u8> {
         self.op.logic.state_ids().to_vec()
-    }
-
-    /// Reads every state id of `keys` and deletes them here (one live copy).
-    fn take_keys(&mut self, setup: &TaskSetup, keys: &[Vec<u8>]) -> Result<Vec<Taken>, RuntimeError> {
-        let ids = self.state_ids();
-        let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
-        let taken = location.take_bundles(keys)?;
-        self.count_io(&location);
-        Ok(taken)
     }
 
     /// Answers `to`'s fetch from this task's store (the protocol's one serving function).
@@ -534,12 +533,6 @@ impl KoalaOperator {
         Ok(response)
     }
 
-    /// Adds what a hand-over took from the store to the task's metrics.
-    fn count_io(&mut self, location: &StoreLocation<'_>) {
-        self.op.metrics.state_bytes_eager += location.bytes_moved;
-        self.op.metrics.state_reads += location.reads;
-    }
-
     fn install(&mut self, setup: &TaskSetup, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RuntimeError> {
         let mut writes = Vec::new();
         for (key, bundle) in entries {
@@ -558,39 +551,12 @@ impl KoalaOperator {
         Ok(())
     }
 
-    /// Moves the timers of the handed-over buckets and the state of their keys from here into
-    /// the hand-over's metadata, and lists those keys as carried: the receiver's KLT records them
-    /// as local (their state, if any, is in the metadata; it is nowhere else).
-    fn take_metadata(&mut self, setup: &TaskSetup, hand_over: &mut HandOver) -> Result<(), RuntimeError> {
+    /// Moves the timers of the handed-over buckets from here into the hand-over; their keys'
+    /// state stays here until the receiver fetches it (or it is drained).
+    fn take_timers(&mut self, setup: &TaskSetup, hand_over: &mut HandOver) {
         let nb = setup.num_buckets;
         let buckets: BTreeSet<BucketId> = hand_over.buckets.iter().map(|b| b.bucket).collect();
-        let timers = self.op.timers.take_where(|key| buckets.contains(&bucket_of(key, nb)));
-        let keys: Vec<Vec<u8>> =
-            timers.iter().map(|(_, k)| k.clone()).collect::<BTreeSet<_>>().into_iter().collect();
-        hand_over.carried = keys.iter().map(|k| bucket_and_key_hash(k, nb)).collect();
-        self.op.metrics.state_bytes_eager += timers.iter().map(|(_, k)| timer_bytes(k)).sum::<u64>();
-        let state =
-            self.take_keys(setup, &keys)?.into_iter().filter_map(|(k, b)| b.map(|b| (k, b))).collect();
-        hand_over.metadata = encode(&Metadata { timers, state }).map_err(codec)?;
-        Ok(())
-    }
-
-    /// Registers a hand-over's timers and writes the state that came with them; the core has
-    /// already recorded the carried keys as local in its KLT (`TaskAction::InstallMetadata`
-    /// comes before any batch of the handed-over buckets).
-    fn install_metadata(&mut self, setup: &TaskSetup, metadata: &[u8]) -> Result<(), RuntimeError> {
-        if metadata.is_empty() {
-            return Ok(());
-        }
-        let m: Metadata = decode(metadata).map_err(codec)?;
-        self.op.timers.register(m.timers.into_iter().map(|(t, k)| (k, t)));
-        let entries = m
-            .state
-            .into_iter()
-            .map(|(k, b)| encode(&b).map(|b| (k, b)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(codec)?;
-        self.install(setup, entries)
+        hand_over.timers = self.op.timers.take_where(|key| buckets.contains(&bucket_of(key, nb)));
     }
 }
 
@@ -611,7 +577,7 @@ mod tests {
 
     use crossbeam_channel::unbounded;
     use koala_dataflow::{Dataflow, JobGraph, KeyedStream, SourceOptions, ValueState, Window, WindowSpec};
-    use koala_protocol::koala::{KeyLookupTable, Reconfiguration, key_hash};
+    use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
     use koala_state::{MemoryEnv, StateEnv};
     use koala_types::{OperatorId, Record, WorkerId};
@@ -672,10 +638,9 @@ mod tests {
     /// The soak's interleaving at a new task: count.1, created by epoch 1 to take buckets 2 and 3
     /// from count.0, hears that its only upstream finished (it never switched routing: the
     /// coordinator's `UpstreamEnded`) before it hears `Begin`. Count.0 then hands the buckets over
-    /// with a queued record of bucket 2 (time 7) and closes. With `carried_timer`, the hand-over
-    /// carries a timer of the record's key at that time, as count.0's `take_metadata` sends it
-    /// (the key has no state yet), and lists the key as carried.
-    fn upstream_ends_before_begin(graph: JobGraph, carried_timer: Option<Timestamp>) -> Outcome {
+    /// with a queued record of bucket 2 (time 7) and closes. With `handed_timer`, the hand-over
+    /// carries a timer of the record's key at that time, as count.0's `take_timers` sends it.
+    fn upstream_ends_before_begin(graph: JobGraph, handed_timer: Option<Timestamp>) -> Outcome {
         let (src, count, out) = (id(&graph, "src"), id(&graph, "count"), id(&graph, "out"));
         let (up, old, new, sink) =
             (TaskId::new(src, 0), TaskId::new(count, 0), TaskId::new(count, 1), TaskId::new(out, 0));
@@ -774,10 +739,8 @@ mod tests {
         let record = Record { key: encode(&key).expect("key"), value: encode(&key).expect("value"), time: 7 };
         let mut hand_over = KeyLookupTable::new(old, 0..4).take(&[2, 3], 1);
         hand_over.watermark = Some(5);
-        if let Some(time) = carried_timer {
-            let metadata = Metadata { timers: vec![(time, record.key.clone())], state: Vec::new() };
-            hand_over.metadata = encode(&metadata).expect("metadata");
-            hand_over.carried = vec![(2, key_hash(&record.key))];
+        if let Some(time) = handed_timer {
+            hand_over.timers = vec![(time, record.key.clone())];
         }
         for message in [
             PeerMessage::HandOver { epoch: 1, hand_over: Box::new(hand_over) },
@@ -791,8 +754,9 @@ mod tests {
             _ => false,
         };
         let mut fetches = 0;
-        if carried_timer.is_none() {
-            // The key's state location is still count.0: answer the fetch (count.0 holds none).
+        {
+            // The key's state location is still count.0: answer the fetch (count.0 holds none),
+            // whether the record or the handed-over timer asks first; the other finds it here.
             // The new task also asks count.0 for its filters of the buckets (left unanswered: the
             // task asks count.0 on a miss meanwhile).
             let request = loop {
@@ -877,12 +841,13 @@ mod tests {
         );
     }
 
-    /// A key whose timer came with the hand-over is local at the receiver: its record is
-    /// processed without a fetch from the sender, and its window fires once.
+    /// Lazy windows: a key whose timer came with the hand-over, without its state, is fetched
+    /// from the sender once (by its timer's access or its record, whichever comes first), and its
+    /// window fires once, with the record in it.
     #[test]
-    fn a_key_carried_with_its_timer_is_not_fetched_from_the_sender() {
+    fn a_key_with_a_handed_timer_is_fetched_once_and_its_window_fires_once() {
         let o = upstream_ends_before_begin(window_count(), Some(10));
-        assert_eq!(o.fetches, 0, "acks {:?}", o.acks);
+        assert_eq!(o.fetches, 1, "acks {:?}", o.acks);
         assert_eq!(o.outputs::<(u64, u64, u64)>(), vec![(o.key, 0, 1)], "{:?}", o.until_end);
         assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
     }

@@ -118,6 +118,19 @@ fn tumbling_window_matches_grouped_totals() -> Result<(), QueryError> {
     Ok(())
 }
 
+/// Padding makes the window state larger, not the output different.
+#[test]
+fn padded_window_state_gives_the_same_output() -> Result<(), QueryError> {
+    let p = QueryParams { window_padding_bytes: 1024, ..params() };
+    for (query, slide) in [("tumbling-window", 50), ("sliding-window", 20)] {
+        let p = QueryParams { slide_ms: 20, ..p.clone() };
+        let mut got: Vec<WindowTotal> = run(query, &p)?;
+        got.sort();
+        assert_eq!(got, expected_windows(&p, 50, slide), "{query}");
+    }
+    Ok(())
+}
+
 #[test]
 fn sliding_window_matches_grouped_totals() -> Result<(), QueryError> {
     let p = params();
