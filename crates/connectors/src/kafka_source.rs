@@ -377,7 +377,7 @@ impl KafkaSource {
         };
         match decoded {
             Ok((value, time)) => {
-                out.push(Record { key: Vec::new(), value, time: time.unwrap_or(kafka_ms) });
+                out.push(Record { key: Vec::new(), value, time: time.unwrap_or(kafka_ms), due_ms: kafka_ms });
                 self.lag_samples.push(now_ms().saturating_sub(kafka_ms));
             }
             Err(e) => {

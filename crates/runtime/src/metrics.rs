@@ -50,6 +50,11 @@ pub struct TaskMetrics {
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
+    /// Sources: the due time (unix ms) of the oldest record not yet emitted, sampled as lag at
+    /// every tick while overdue (a paused or blocked source emits nothing to measure).
+    pub pending_due_ms: Option<u64>,
+    /// Sinks: end-to-end latency (arrival − due time) of the records written, ms.
+    latency_ms: Histogram<u64>,
     next_tick: std::time::Instant,
     /// When the current sample's interval began (wall clock).
     interval_start: SystemTime,
@@ -66,6 +71,11 @@ fn next_whole_second(now: std::time::Instant) -> std::time::Instant {
         wait += Duration::from_secs(1);
     }
     now + wait
+}
+
+/// Wall-clock now, unix milliseconds (the clock of `Record::due_ms`).
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn histogram() -> Histogram<u64> {
@@ -101,6 +111,8 @@ impl TaskMetrics {
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
+            pending_due_ms: None,
+            latency_ms: histogram(),
             next_tick: next_whole_second(std::time::Instant::now()),
             interval_start: SystemTime::now(),
         }
@@ -116,6 +128,14 @@ impl TaskMetrics {
     /// Records one record's source lag.
     pub fn record_lag(&mut self, lag_ms: u64) {
         let _ = self.lag_ms.record(lag_ms);
+    }
+
+    /// Sinks: records the end-to-end latency of records written at `now_ms` (unix ms); records
+    /// with an unknown due time (0) are not counted.
+    pub fn record_arrivals(&mut self, records: &[koala_types::Record], now_ms: u64) {
+        for r in records.iter().filter(|r| r.due_ms > 0) {
+            let _ = self.latency_ms.record(now_ms.saturating_sub(r.due_ms));
+        }
     }
 
     /// When the next sample set is due.
@@ -194,6 +214,19 @@ impl TaskMetrics {
             push(metric::BATCH_LATENCY_P99_US, self.batch_latency_us.value_at_quantile(0.99) as f64);
             push(metric::BATCH_LATENCY_MAX_US, self.batch_latency_us.max() as f64);
         }
+        if self.reports_lag
+            && let Some(due) = self.pending_due_ms
+        {
+            let now_ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            if now_ms > due {
+                let _ = self.lag_ms.record(now_ms - due);
+            }
+        }
+        if !self.latency_ms.is_empty() {
+            push(metric::LATENCY_P50_MS, self.latency_ms.value_at_quantile(0.5) as f64);
+            push(metric::LATENCY_P99_MS, self.latency_ms.value_at_quantile(0.99) as f64);
+            push(metric::LATENCY_MAX_MS, self.latency_ms.max() as f64);
+        }
         if self.reports_lag && !self.lag_ms.is_empty() {
             push(metric::SOURCE_LAG_MEAN_MS, self.lag_ms.mean());
             push(metric::SOURCE_LAG_P99_MS, self.lag_ms.value_at_quantile(0.99) as f64);
@@ -213,6 +246,7 @@ impl TaskMetrics {
         self.busy = Duration::ZERO;
         self.batch_latency_us.reset();
         self.lag_ms.reset();
+        self.latency_ms.reset();
         out
     }
 }

@@ -35,7 +35,7 @@ fn keys_in(bucket: u16) -> impl Iterator<Item = Vec<u8>> {
 }
 
 fn rec(bucket: u16, time: u64) -> Record {
-    Record { key: key_in(bucket), value: time.to_le_bytes().to_vec(), time }
+    Record { key: key_in(bucket), value: time.to_le_bytes().to_vec(), time, due_ms: 0 }
 }
 
 fn task(id: TaskId, owned: &[u16]) -> KoalaTask {
@@ -345,7 +345,7 @@ fn local_keys_then_filters_decide_what_is_fetched() {
 
     // The runtime installed the metadata: the timed key is in the receiver's store.
     let mut store = Store(BTreeSet::from([timed.clone()]));
-    let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time };
+    let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time, due_ms: 0 };
     let out = r.on_with(records(ch(0), vec![record(&timed, 5)]), &mut store);
     assert_eq!(processed(&out), vec![5], "{out:?}");
     assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
@@ -393,8 +393,11 @@ fn a_backlog_is_processed_in_bounded_batches_in_order() {
 
     // No filter from the sender yet: every key of bucket 3 may be there.
     let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
-    let backlog: Vec<Record> =
-        keys_in(3).take(n).zip(0u64..).map(|(key, time)| Record { key, value: vec![], time }).collect();
+    let backlog: Vec<Record> = keys_in(3)
+        .take(n)
+        .zip(0u64..)
+        .map(|(key, time)| Record { key, value: vec![], time, due_ms: 0 })
+        .collect();
     let mut out = r.on(records(ch(0), backlog.clone()));
     let mut done = Vec::new();
     let mut asked = 0;
