@@ -250,3 +250,48 @@ impl TaskMetrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use koala_types::{OperatorId, Record};
+
+    use super::*;
+
+    fn value(samples: &[TaskSample], name: &str) -> Option<f64> {
+        samples.iter().find(|s| s.metric == name).map(|s| s.value)
+    }
+
+    fn task() -> TaskId {
+        TaskId { operator: OperatorId(3), index: 0 }
+    }
+
+    #[test]
+    fn a_sink_reports_the_end_to_end_latency_of_the_records_it_wrote() {
+        let mut m = TaskMetrics::new(task(), false);
+        let record = |due_ms| Record { key: Vec::new(), value: Vec::new(), time: 0, due_ms };
+        // Written at 100 000 ms: 98 records 10 ms after their due time, one 500 ms, one 2 s; one
+        // with an unknown due time, not counted.
+        let mut batch: Vec<Record> = (0..98).map(|_| record(99_990)).collect();
+        batch.extend([record(99_500), record(98_000), record(0)]);
+        m.record_arrivals(&batch, 100_000);
+        let samples = m.take();
+        assert_eq!(value(&samples, metric::LATENCY_P50_MS), Some(10.0));
+        assert_eq!(value(&samples, metric::LATENCY_P99_MS), Some(500.0));
+        assert_eq!(value(&samples, metric::LATENCY_MAX_MS), Some(2000.0));
+        assert_eq!(value(&samples, metric::SOURCE_LAG_MEAN_MS), None, "a sink reports no lag");
+        let next = m.take();
+        assert_eq!(value(&next, metric::LATENCY_P99_MS), None, "no record written, no latency sample");
+    }
+
+    #[test]
+    fn a_source_samples_the_lag_of_its_oldest_overdue_record_while_it_emits_nothing() {
+        let mut m = TaskMetrics::new(task(), true);
+        // Nothing overdue (its next record is due in an hour): no lag sample.
+        m.pending_due_ms = Some(unix_ms() + 3_600_000);
+        assert_eq!(value(&m.take(), metric::SOURCE_LAG_MEAN_MS), None);
+        // Paused with a record due 5 s ago: each second reports the lag growing.
+        m.pending_due_ms = Some(unix_ms() - 5_000);
+        let lag = value(&m.take(), metric::SOURCE_LAG_P99_MS).unwrap_or(0.0);
+        assert!((5_000.0..6_000.0).contains(&lag), "{lag}");
+    }
+}

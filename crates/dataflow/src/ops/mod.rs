@@ -24,3 +24,6 @@ pub(crate) fn keyed_output<O: Serialize>(
 ) -> Result<Record, DataflowError> {
     Ok(Record { key: key.to_vec(), value: encode(value)?, time, due_ms })
 }
+
+#[cfg(test)]
+mod tests;
