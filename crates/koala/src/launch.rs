@@ -518,6 +518,9 @@ mod tests {
             batch_latency_max_us: Some(p99),
             state_bytes_moved: 0.0,
             backpressure_ms: None,
+            latency_p50_ms: None,
+            latency_p99_ms: None,
+            latency_max_ms: None,
         }
     }
 
