@@ -146,6 +146,8 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         setup.report(&mut metrics, &mut outputs, now);
     }
+    // Nothing is pending once the source ended (the schedule would name a record never made).
+    metrics.pending_due_ms = None;
     outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
     outputs.broadcast(&ChannelMessage::EndOfStream)?;
     // The last sample carries the final offset lag (a short run may never have reached a tick).
