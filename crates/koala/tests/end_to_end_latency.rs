@@ -86,3 +86,27 @@ fn the_sinks_latency_covers_the_source_lag_and_a_stop_and_restart_pause() {
         max(&before)
     );
 }
+
+/// Window results come from timers: they carry the latest due time their task processed (never
+/// 0 = unknown once a task has processed records), so the sink measures them like any record,
+/// with a latency of the order of the window's wait, not of the unix epoch.
+#[test]
+fn window_results_carry_due_times_their_sink_measures() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let generator = common::generator(RECORDS, 6);
+    let mut config = common::config(
+        dir.path(),
+        "tumbling-window",
+        &[("source", 2), ("window", 2), ("sink", 1)],
+        &generator,
+        "window_ms = 500\n",
+    );
+    config.push_str(&format!("rate = [{{ at_ms = 0, records_per_sec = {RATE} }}]\n"));
+    let (out, stdout) = common::run_job_logged(dir.path(), &config);
+    let db = out.join("metrics.db");
+    let rec = RunRecord::read(&db).expect("run record");
+    let latency_max = samples(&db, &rec.run, "sink", metric::LATENCY_MAX_MS);
+    println!("tumbling-window sink latency max {latency_max:?}");
+    assert!(!latency_max.is_empty(), "the sink measured no window result:\n{stdout}");
+    assert!(max(&latency_max) < 60_000.0, "a window result without its due time: {latency_max:?}");
+}
