@@ -125,6 +125,13 @@ pub trait SourceLogic: Send {
         let _ = out;
     }
 
+    /// Self-paced sources: the due time (unix ms, as they stamp `Record::due_ms`) of the oldest
+    /// record they hold and have not returned yet, if any (Kafka: the earliest timestamp among
+    /// the fetched, unread records). The runtime samples it as lag while the source is paused.
+    fn pending_due_ms(&self) -> Option<u64> {
+        None
+    }
+
     /// External sources: records between the source's position and the end of its input
     /// (Kafka: the Fetch high watermark minus the next offset, over its partitions).
     fn offset_lag(&self) -> Option<u64> {

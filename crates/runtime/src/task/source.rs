@@ -32,15 +32,12 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let started = Instant::now();
     // Wall-clock start in unix ms, to turn schedule offsets into due times.
     let started_unix_ms = crate::metrics::unix_ms() as f64;
+    // Paced sources: the due time of the `emitted`-th record, the oldest not yet emitted.
     let pending_due = |emitted: u64| {
-        if paced {
-            options.rate.due_ms(emitted, setup.parallelism).map(|due| (started_unix_ms + due) as u64)
-        } else {
-            None
-        }
+        options.rate.due_ms(emitted, setup.parallelism).map(|due| (started_unix_ms + due) as u64)
     };
     let mut emitted: u64 = 0;
-    metrics.pending_due_ms = pending_due(emitted);
+    metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
     let mut max_time: Option<Timestamp> = None;
     let mut last_wm: Option<Timestamp> = None;
     let mut next_wm = started + wm_interval;
@@ -109,7 +106,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 }
             }
             emitted += buf.len() as u64;
-            metrics.pending_due_ms = pending_due(emitted);
+            metrics.pending_due_ms = if paced { pending_due(emitted) } else { logic.pending_due_ms() };
             metrics.records_in += buf.len() as u64;
             metrics.records_out += buf.len() as u64;
             if let Some(t) = buf.iter().map(|r| r.time).max() {
