@@ -8,7 +8,9 @@
 //!   is what a checkpoint records and [`KafkaSourceSpec::resume`] starts from it, so a resumed
 //!   source reads no record twice and misses none. Without a position a partition starts at its
 //!   earliest retained offset.
-//! - **Lag.** Every emitted record yields a lag sample `now − record timestamp` (ms, not sampled);
+//! - **Lag.** Every emitted record yields a lag sample `now − record timestamp` (ms, not sampled),
+//!   and its `Record::due_ms` is that timestamp; the earliest timestamp of the fetched records not
+//!   yet returned is the source's pending due time (sampled once a second while it is paused);
 //!   [`KafkaSource::offset_lag`] is the high watermark of the last Fetch minus the next offset
 //!   (never ListOffsets, which tansu's memory engine answers wrongly).
 //! - **Bad records** are counted ([`KafkaSource::undecodable`]), logged and skipped; they never
@@ -377,7 +379,7 @@ impl KafkaSource {
         };
         match decoded {
             Ok((value, time)) => {
-                out.push(Record { key: Vec::new(), value, time: time.unwrap_or(kafka_ms) });
+                out.push(Record { key: Vec::new(), value, time: time.unwrap_or(kafka_ms), due_ms: kafka_ms });
                 self.lag_samples.push(now_ms().saturating_sub(kafka_ms));
             }
             Err(e) => {
@@ -475,5 +477,11 @@ impl SourceLogic for KafkaSource {
 
     fn drain_lag_samples(&mut self, out: &mut Vec<u64>) {
         out.append(&mut self.lag_samples);
+    }
+
+    fn pending_due_ms(&self) -> Option<u64> {
+        // The front of each partition's buffer is its oldest unread record.
+        let fronts = self.readers.iter().flatten().filter_map(|r| r.buffer.front());
+        fronts.filter_map(|r| u64::try_from(r.record.timestamp.timestamp_millis()).ok()).min()
     }
 }

@@ -19,6 +19,7 @@ fn records() -> Vec<Record> {
                 key: koala_types::encode(&r.sensor).unwrap(),
                 value: koala_types::encode(&r).unwrap(),
                 time: i,
+                due_ms: 0,
             }
         })
         .collect()

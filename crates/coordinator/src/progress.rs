@@ -52,6 +52,8 @@ pub struct Progress {
     pub lag_mean_ms: Option<f64>,
     /// Worst task's p99 source lag (ms).
     pub lag_p99_ms: Option<f64>,
+    /// Worst sink's p99 end-to-end latency (ms).
+    pub latency_p99_ms: Option<f64>,
     /// Worst task's p99 per-batch latency (µs) over non-source tasks.
     pub batch_p99_us: Option<f64>,
     /// Milliseconds tasks spent blocked on full channels, summed.
@@ -127,6 +129,9 @@ impl SecondAggregator {
                 }
                 metric::SOURCE_LAG_P99_MS => {
                     p.lag_p99_ms = Some(p.lag_p99_ms.map_or(s.value, |v| v.max(s.value)))
+                }
+                metric::LATENCY_P99_MS => {
+                    p.latency_p99_ms = Some(p.latency_p99_ms.map_or(s.value, |v| v.max(s.value)));
                 }
                 metric::BATCH_LATENCY_P99_US if !source => {
                     p.batch_p99_us = Some(p.batch_p99_us.map_or(s.value, |v| v.max(s.value)));

@@ -10,6 +10,9 @@
 //!   paused source that does not report has consumed nothing).
 //! - **lag** = mean over source tasks of `source_lag_mean_ms` (tasks weighted equally); lag p99 =
 //!   max over source tasks of `source_lag_p99_ms`.
+//! - **end-to-end latency** (records written by sinks: arrival − due at the source) = max over
+//!   tasks of `latency_p50_ms` (the worst sink's median; the series backlog recovery is measured
+//!   on), p99 = max of `latency_p99_ms`, max = max of `latency_max_ms`.
 //! - **per-batch latency** = mean over processing tasks of `batch_latency_mean_us`; p99 = max over
 //!   processing tasks of `batch_latency_p99_us`; max = max over processing tasks of
 //!   `batch_latency_max_us` (the longest batch of the second: one stall among hundreds of batches
@@ -117,6 +120,12 @@ pub struct SecondRow {
     pub state_bytes_moved: f64,
     /// Worst task's milliseconds blocked on backpressure.
     pub backpressure_ms: Option<f64>,
+    /// Worst sink's median end-to-end latency, ms.
+    pub latency_p50_ms: Option<f64>,
+    /// Worst sink's p99 end-to-end latency, ms.
+    pub latency_p99_ms: Option<f64>,
+    /// Largest end-to-end latency of any sink, ms.
+    pub latency_max_ms: Option<f64>,
 }
 
 /// The per-second table of a run, one row for every second from its first to its last sample.
@@ -137,8 +146,10 @@ pub struct ReconfigurationSummary {
     pub end_t_s: Option<i64>,
     /// See [`throughput_dip`].
     pub dip: Option<ThroughputDip>,
-    /// See [`backlog_recovery_s`].
+    /// See [`backlog_recovery_s`]: on end-to-end latency ([`SecondRow::latency_p50_ms`]).
     pub backlog_recovery_s: Option<u64>,
+    /// The same on source lag ([`SecondRow::lag_mean_ms`]), which misses records inside the job.
+    pub lag_recovery_s: Option<u64>,
 }
 
 /// Everything `koala report` computed for one run.
@@ -154,6 +165,10 @@ pub struct ReportSummary {
     pub peak_lag_mean_ms: Option<f64>,
     /// Highest per-second p99 source lag, ms.
     pub peak_lag_p99_ms: Option<f64>,
+    /// Highest per-second median end-to-end latency (worst sink), ms.
+    pub peak_latency_p50_ms: Option<f64>,
+    /// Highest per-second p99 end-to-end latency (worst sink), ms.
+    pub peak_latency_p99_ms: Option<f64>,
     /// State moved between tasks: on demand, in the background and eagerly ([`StateMoved`]).
     pub state_moved: StateMoved,
     /// Worst per-second p99 source lag over the last [`TAIL_S`] seconds with lag samples, ms.
@@ -167,8 +182,11 @@ pub struct ReportSummary {
     pub pause_ms_total: u64,
     /// The dip with the lowest [`ThroughputDip::ratio`] over all reconfigurations.
     pub worst_dip: Option<ThroughputDip>,
-    /// The longest backlog recovery; `None` without reconfigurations or if any never recovered.
+    /// The longest backlog recovery (end-to-end latency); `None` without reconfigurations or if
+    /// any never recovered.
     pub backlog_recovery_s: Option<u64>,
+    /// The longest recovery of source lag, likewise.
+    pub lag_recovery_s: Option<u64>,
     /// Each reconfiguration, by start time.
     pub reconfigurations: Vec<ReconfigurationSummary>,
     /// The per-second table.
@@ -180,7 +198,8 @@ pub struct ReportSummary {
 }
 
 /// Reports on `run` (the latest run if `None`) of the store at `db`, writing `throughput.png`,
-/// `lag.png`, `batch_latency.png`, `state_moved.png` and `report.html` into `out_dir`.
+/// `lag.png`, `latency.png`, `batch_latency.png`, `state_moved.png` and `report.html` into
+/// `out_dir`.
 pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSummary, ReportError> {
     if !db.exists() {
         return Err(ReportError::MissingDatabase { path: db.to_path_buf() });
@@ -204,6 +223,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let run_start_s = secs_of_ms(info.started_ms);
     let throughput: Vec<(i64, f64)> = table.rows.iter().map(|r| (r.t_s, r.throughput)).collect();
     let lag: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.lag_mean_ms)).collect();
+    let latency: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.latency_p50_ms)).collect();
     let config = JobConfig::parse(&info.config, "runs.config").ok();
     let offered = OfferedRate::from_config(&info.config, info.started_ms);
     let offered_at = offered.as_ref().map(|o| move |t: i64| o.in_second(run_start_s + t));
@@ -221,7 +241,8 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
                 start_t_s,
                 end_t_s: r.completed_ms.map(|c| secs_of_ms(c) - run_start_s),
                 dip: throughput_dip(&throughput, start_t_s, offered_fn),
-                backlog_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s),
+                backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s),
+                lag_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s),
                 reconfiguration: r,
             }
         })
@@ -243,12 +264,16 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
 
     let records_total: f64 = throughput.iter().map(|(_, v)| v).sum();
     let max_of = |f: fn(&SecondRow) -> Option<f64>| table.rows.iter().filter_map(f).reduce(f64::max);
-    let recoveries: Option<Vec<u64>> = reconfigurations.iter().map(|r| r.backlog_recovery_s).collect();
+    let longest = |f: fn(&ReconfigurationSummary) -> Option<u64>| {
+        reconfigurations.iter().map(f).collect::<Option<Vec<u64>>>().and_then(|r| r.into_iter().max())
+    };
     let mut summary = ReportSummary {
         records_total,
         mean_throughput: if table.rows.is_empty() { 0.0 } else { records_total / table.rows.len() as f64 },
         peak_lag_mean_ms: max_of(|r| r.lag_mean_ms),
         peak_lag_p99_ms: max_of(|r| r.lag_p99_ms),
+        peak_latency_p50_ms: max_of(|r| r.latency_p50_ms),
+        peak_latency_p99_ms: max_of(|r| r.latency_p99_ms),
         state_moved,
         tail_lag_p99_ms: tail.iter().rev().take(TAIL_S).copied().reduce(f64::max),
         capacity: config.as_ref().map(|c| c.runtime.capacity_line()),
@@ -258,7 +283,8 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
             .iter()
             .filter_map(|r| r.dip)
             .min_by(|a, b| a.ratio().total_cmp(&b.ratio())),
-        backlog_recovery_s: recoveries.and_then(|r| r.into_iter().max()),
+        backlog_recovery_s: longest(|r| r.backlog_recovery_s),
+        lag_recovery_s: longest(|r| r.lag_recovery_s),
         reconfigurations,
         table,
         plots_have_text: render::plot_font_ready(),
@@ -318,6 +344,9 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         (metric::BATCH_LATENCY_MAX_US, Aggregate::Max, processing),
         (metric::STATE_BYTES_BACKGROUND, Aggregate::Sum, TaskScope::All),
         (metric::STATE_BYTES_EAGER, Aggregate::Sum, TaskScope::All),
+        (metric::LATENCY_P50_MS, Aggregate::Max, TaskScope::All),
+        (metric::LATENCY_P99_MS, Aggregate::Max, TaskScope::All),
+        (metric::LATENCY_MAX_MS, Aggregate::Max, TaskScope::All),
     ];
     let run_start_s = secs_of_ms(info.started_ms);
     let mut series: Vec<BTreeMap<i64, f64>> = Vec::with_capacity(columns.len());
@@ -347,6 +376,9 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
             state_bytes_moved: at(5, t).unwrap_or(0.0) + at(8, t).unwrap_or(0.0) + at(9, t).unwrap_or(0.0),
             backpressure_ms: at(6, t),
             batch_latency_max_us: at(7, t),
+            latency_p50_ms: at(10, t),
+            latency_p99_ms: at(11, t),
+            latency_max_ms: at(12, t),
         })
         .collect();
     Ok(PerSecondTable { rows })
@@ -359,6 +391,8 @@ impl fmt::Display for PerSecondTable {
             "rec/s",
             "lag_ms",
             "lag_p99_ms",
+            "e2e_p50_ms",
+            "e2e_p99_ms",
             "batch_us",
             "batch_p99_us",
             "batch_max_us",
@@ -366,7 +400,7 @@ impl fmt::Display for PerSecondTable {
             "bp_ms",
         ];
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
-        let cells: Vec<[String; 9]> = self
+        let cells: Vec<[String; 11]> = self
             .rows
             .iter()
             .map(|r| {
@@ -375,6 +409,8 @@ impl fmt::Display for PerSecondTable {
                     format!("{:.0}", r.throughput),
                     opt(r.lag_mean_ms),
                     opt(r.lag_p99_ms),
+                    opt(r.latency_p50_ms),
+                    opt(r.latency_p99_ms),
                     opt(r.batch_latency_mean_us),
                     opt(r.batch_latency_p99_us),
                     opt(r.batch_latency_max_us),
@@ -454,7 +490,9 @@ impl fmt::Display for ReportSummary {
         )?;
         writeln!(
             f,
-            "peak lag: mean {}, p99 {}",
+            "peak end-to-end latency: p50 {}, p99 {}; peak source lag: mean {}, p99 {}",
+            fmt_opt(self.peak_latency_p50_ms, "ms"),
+            fmt_opt(self.peak_latency_p99_ms, "ms"),
             fmt_opt(self.peak_lag_mean_ms, "ms"),
             fmt_opt(self.peak_lag_p99_ms, "ms")
         )?;
@@ -480,7 +518,12 @@ impl fmt::Display for ReportSummary {
             self.pause_ms_total
         )?;
         writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
-        writeln!(f, "backlog recovery (longest): {}", fmt_recovery(self.backlog_recovery_s))?;
+        writeln!(
+            f,
+            "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
+            fmt_recovery(self.backlog_recovery_s),
+            fmt_recovery(self.lag_recovery_s)
+        )?;
         if !self.plots_have_text {
             writeln!(f, "plots drawn without text: no font in {:?}", render::FONT_CANDIDATES)?;
         }
@@ -488,7 +531,7 @@ impl fmt::Display for ReportSummary {
             let c = &r.reconfiguration;
             writeln!(
                 f,
-                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, {} transferred, pause {}; dip {}; recovery {}",
+                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, {} transferred, pause {}; dip {}; recovery {} (source lag: {})",
                 c.epoch,
                 c.kind,
                 c.operator,
@@ -499,7 +542,8 @@ impl fmt::Display for ReportSummary {
                 fmt_bytes(c.bytes_moved as f64),
                 c.pause_ms.map_or_else(|| "-".to_string(), |p| format!("{p} ms")),
                 fmt_dip(r.dip),
-                fmt_recovery(r.backlog_recovery_s)
+                fmt_recovery(r.backlog_recovery_s),
+                fmt_recovery(r.lag_recovery_s)
             )?;
         }
         if let Some(dir) = self.files.first().and_then(|f| f.parent()) {
@@ -531,6 +575,9 @@ mod tests {
             batch_latency_max_us: None,
             state_bytes_moved: 0.0,
             backpressure_ms: None,
+            latency_p50_ms: None,
+            latency_p99_ms: None,
+            latency_max_ms: None,
         };
         let text = PerSecondTable { rows: vec![row(0, 5.0), row(1, 123_456.0)] }.to_string();
         let lines: Vec<&str> = text.lines().collect();

@@ -1,5 +1,6 @@
 //! `koala report` on a synthetic run: steady input, one scale-out that dips throughput and spikes
-//! lag, then recovery. Checks the summary numbers and that the plots are real PNGs.
+//! lag and end-to-end latency, then recovery (latency after lag: records still inside the job).
+//! Checks the summary numbers and that the plots are real PNGs.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -38,6 +39,15 @@ fn lag(t: u64) -> f64 {
     }
 }
 
+/// The sink's median end-to-end latency: 30 ms steady; 3 s from the scale-out until 79 s, while
+/// the backlog the sources already emitted drains through the job; healthy from 80 s.
+fn latency(t: u64) -> f64 {
+    match t {
+        60..=79 => 3000.0,
+        _ => 30.0,
+    }
+}
+
 fn write_run(db: &Path, run: &str, started_s: u64) {
     let mut store = MetricsStore::open(db).unwrap();
     store
@@ -65,6 +75,14 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
             samples.push(at(task, metric::BATCH_LATENCY_MAX_US, base * 5.0));
             samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
         }
+        samples.push(at("sink.0", metric::RECORDS_IN, throughput(t)));
+        samples.push(at("sink.0", metric::LATENCY_P50_MS, latency(t)));
+        samples.push(at("sink.0", metric::LATENCY_P99_MS, latency(t) * 2.0));
+        samples.push(at("sink.0", metric::LATENCY_MAX_MS, latency(t) * 3.0));
+        // A second sink, faster: the columns take the worst sink.
+        samples.push(at("sink.1", metric::LATENCY_P50_MS, 10.0));
+        samples.push(at("sink.1", metric::LATENCY_P99_MS, 10.0));
+        samples.push(at("sink.1", metric::LATENCY_MAX_MS, 10.0));
         if (RECONFIG_AT..RECONFIG_AT + 5).contains(&t) {
             samples.push(at("aggregate.0", metric::STATE_BYTES_ON_DEMAND, 1_048_576.0));
             samples.push(at("aggregate.0", metric::STATE_BYTES_BACKGROUND, 524_288.0));
@@ -140,33 +158,49 @@ fn scale_out_dip_and_backlog_recovery() {
     let moving = &summary.table.rows[RECONFIG_AT as usize];
     assert_eq!(moving.state_bytes_moved, 1_048_576.0 + 524_288.0 + 1024.0, "all three kinds per second");
     let row = &summary.table.rows[10];
-    assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");
+    assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks (sinks report none)");
     assert_eq!(row.batch_latency_p99_us, Some(900.0), "max over non-source tasks");
+    assert_eq!(
+        (row.latency_p50_ms, row.latency_p99_ms, row.latency_max_ms),
+        (Some(30.0), Some(60.0), Some(90.0))
+    );
+    assert_eq!(summary.peak_latency_p50_ms, Some(3000.0));
+    assert_eq!(summary.peak_latency_p99_ms, Some(6000.0));
     assert_eq!(row.batch_latency_max_us, Some(1500.0), "the longest batch of any non-source task");
     let table = summary.table.to_string();
-    assert!(table.lines().next().is_some_and(|h| h.contains("batch_max_us")), "{table}");
+    assert!(
+        table.lines().next().is_some_and(|h| h.contains("batch_max_us") && h.contains("e2e_p99_ms")),
+        "{table}"
+    );
 
     let dip = summary.worst_dip.unwrap();
     assert_eq!((dip.offered, dip.min, dip.at_t_s), (1000.0, 200.0, 60));
     assert!((dip.ratio() - 0.2).abs() < 1e-12);
     // Lag exceeds max(1.5 × 20, 20 + 50) = 70 ms from 60 s; 71–72 s are healthy but 73 s is not,
-    // so recovery holds from 74 s on.
-    assert_eq!(summary.backlog_recovery_s, Some(14));
+    // so lag recovery holds from 74 s on. End-to-end latency is back under max(45, 80) ms only at
+    // 80 s: backlog recovery is 20 s, the records the sources had emitted still inside the job.
+    assert_eq!(summary.lag_recovery_s, Some(14));
+    assert_eq!(summary.backlog_recovery_s, Some(20));
     let reconfig = &summary.reconfigurations[0];
     assert_eq!((reconfig.start_t_s, reconfig.end_t_s), (60, Some(65)));
     assert_eq!(reconfig.reconfiguration.bytes_moved, 5 * 1_048_576);
+    assert_eq!((reconfig.backlog_recovery_s, reconfig.lag_recovery_s), (Some(20), Some(14)));
 
-    for name in ["throughput.png", "lag.png", "batch_latency.png", "state_moved.png"] {
+    for name in ["throughput.png", "lag.png", "latency.png", "batch_latency.png", "state_moved.png"] {
         assert_png(&out.join(name));
     }
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<img src=\"throughput.png\""));
-    assert!(html.contains("backlog recovery (longest): 14 s"));
-    assert_eq!(summary.files.len(), 5);
+    assert!(
+        html.contains("backlog recovery (longest, end-to-end latency): 20 s; by source lag: 14 s"),
+        "{html}"
+    );
+    assert!(html.contains("<img src=\"latency.png\""));
+    assert_eq!(summary.files.len(), 6);
 
     let older = report(&db, Some("older"), &out).unwrap();
     assert_eq!(older.run.run, "older");
-    assert_eq!(older.backlog_recovery_s, Some(14));
+    assert_eq!(older.backlog_recovery_s, Some(20));
     let text = summary.to_string();
     assert!(
         text.contains(&format!("plots and report written to {}: throughput.png", out.display()))
@@ -198,7 +232,8 @@ fn run_without_reconfigurations_or_samples() {
     assert!(summary.table.rows.is_empty());
     assert_eq!(summary.records_total, 0.0);
     assert_eq!(summary.worst_dip, None);
-    assert_eq!(summary.backlog_recovery_s, None);
+    assert_eq!((summary.backlog_recovery_s, summary.lag_recovery_s), (None, None));
+    assert_eq!(summary.peak_latency_p99_ms, None);
     assert_png(&dir.path().join("out").join("throughput.png"));
 }
 

@@ -67,7 +67,7 @@ impl<T: Data, G: Generator<T>> SourceLogic for GeneratorSource<T, G> {
                 self.finished = true;
                 return Ok(SourcePoll::Finished);
             };
-            out.push(Record { key: Vec::new(), value: encode(&value)?, time });
+            out.push(Record { key: Vec::new(), value: encode(&value)?, time, due_ms: 0 });
         }
         Ok(SourcePoll::More)
     }

@@ -15,7 +15,7 @@ use koala_types::{Record, Timestamp};
 use crate::graph::{JobGraph, OperatorKind, Partitioning, TaskInstance};
 use crate::logic::{
     DataflowError, KeyedStateAccess, OperatorContext, OperatorLogic, SinkFormat, SinkLogic, SourceLogic,
-    SourcePoll, StateId,
+    SourcePoll, StateId, TimerDue,
 };
 
 /// What each sink received, by sink name, as JSON values in arrival order (discard and custom
@@ -78,6 +78,8 @@ struct TransformTask {
     allowed_lateness: u64,
     state: BTreeMap<StateId, HashMap<Vec<u8>, Vec<u8>>>,
     timers: BTreeSet<(Timestamp, Vec<u8>)>,
+    /// The due time its timer outputs get.
+    timer_due: TimerDue,
 }
 
 /// One sink task.
@@ -138,6 +140,7 @@ impl<'g> Executor<'g> {
                         allowed_lateness: *allowed_lateness,
                         state: BTreeMap::new(),
                         timers: BTreeSet::new(),
+                        timer_due: TimerDue::default(),
                     })
                 }
                 OperatorKind::Sink { format } => {
@@ -226,7 +229,14 @@ impl<'g> Executor<'g> {
                 (Message::Records(records), Partitioning::Key(key_fn)) => Message::Records(
                     records
                         .iter()
-                        .map(|r| Ok(Record { key: key_fn(&r.value)?, value: r.value.clone(), time: r.time }))
+                        .map(|r| {
+                            Ok(Record {
+                                key: key_fn(&r.value)?,
+                                value: r.value.clone(),
+                                time: r.time,
+                                due_ms: r.due_ms,
+                            })
+                        })
                         .collect::<Result<_, DataflowError>>()?,
                 ),
                 _ => message.clone(),
@@ -271,6 +281,7 @@ impl<'g> Executor<'g> {
                 if let (true, Some(w)) = (task.event_time, watermark) {
                     records.retain(|r| r.time.saturating_add(task.allowed_lateness) >= w);
                 }
+                task.timer_due.saw(&records);
                 let fetched: HashSet<Vec<u8>> = records.iter().map(|r| r.key.clone()).collect();
                 let mut output = Vec::new();
                 task.call(&fetched, watermark, &mut output, |logic, ctx| {
@@ -344,6 +355,7 @@ fn fire_timers(
         let fetched = HashSet::from([key.clone()]);
         task.call(&fetched, watermark, &mut output, |logic, ctx| logic.on_timer(&key, time, ctx))?;
     }
+    task.timer_due.stamp(&mut output);
     Ok(vec![Message::Records(output)])
 }
 

@@ -74,7 +74,8 @@ pub struct OperatorContext<'a> {
 pub trait OperatorLogic: Send {
     /// The state ids the runtime must fetch for each key of a batch (empty for stateless).
     fn state_ids(&self) -> &[StateId];
-    /// Processes records of input `input` in order.
+    /// Processes records of input `input` in order. An output record carries the `due_ms` of the
+    /// input record that produced it (end-to-end latency, docs/architecture.md §9).
     fn on_records(
         &mut self,
         input: usize,
@@ -82,7 +83,8 @@ pub trait OperatorLogic: Send {
         ctx: &mut OperatorContext<'_>,
     ) -> Result<(), DataflowError>;
     /// A timer registered for `key` at `time` fired (the watermark reached `time`). The key's
-    /// state is fetched before the call.
+    /// state is fetched before the call. The runner overwrites the `due_ms` of what it emits with
+    /// [`TimerDue::due_ms`]: the latest due time among records the task processed before.
     fn on_timer(
         &mut self,
         key: &[u8],
@@ -123,6 +125,13 @@ pub trait SourceLogic: Send {
         let _ = out;
     }
 
+    /// Self-paced sources: the due time (unix ms, as they stamp `Record::due_ms`) of the oldest
+    /// record they hold and have not returned yet, if any (Kafka: the earliest timestamp among
+    /// the fetched, unread records). The runtime samples it as lag while the source is paused.
+    fn pending_due_ms(&self) -> Option<u64> {
+        None
+    }
+
     /// External sources: records between the source's position and the end of its input
     /// (Kafka: the Fetch high watermark minus the next offset, over its partitions).
     fn offset_lag(&self) -> Option<u64> {
@@ -160,3 +169,36 @@ pub enum SinkFormat {
 
 /// Renders an encoded value as one line of JSON (the typed `T: Serialize`, erased).
 pub type ValueToJson = std::sync::Arc<dyn Fn(&[u8]) -> Result<String, DataflowError> + Send + Sync>;
+
+/// The due time a task's timer outputs get: the latest `due_ms` among records the task handed to
+/// its operator so far. An approximation of the due time of the watermark that fired the timer
+/// (watermarks carry no due time): a watermark follows the records its source emitted before it on
+/// every channel, so this is never earlier than that due time, and it can be later when another
+/// input ran ahead — end-to-end latency of timer outputs is then underestimated, never inflated
+/// (docs/architecture.md §9). A task that has processed no record yet (e.g. one that received its
+/// timers in a hand-over) stamps 0: unknown, not measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimerDue {
+    latest: u64,
+}
+
+impl TimerDue {
+    /// Notes the records handed to the operator.
+    pub fn saw(&mut self, records: &[Record]) {
+        if let Some(max) = records.iter().map(|r| r.due_ms).max() {
+            self.latest = self.latest.max(max);
+        }
+    }
+
+    /// The due time of timer outputs now (0: unknown).
+    pub fn due_ms(&self) -> u64 {
+        self.latest
+    }
+
+    /// Stamps the records a timer round emitted.
+    pub fn stamp(&self, outputs: &mut [Record]) {
+        for r in outputs {
+            r.due_ms = self.latest;
+        }
+    }
+}

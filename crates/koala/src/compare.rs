@@ -1,7 +1,8 @@
 //! What the demo's reconfiguration did to the job, for `koala demo` and `koala compare`. Every
 //! figure comes from the run's [`ReportSummary`] (`koala_coordinator::report`, one definition of
-//! each: dip against the offered rate, backlog recovery, state moved on demand vs in the
-//! background), so the demo, `compare` and `koala report <db>` print the same numbers.
+//! each: dip against the offered rate, backlog recovery on end-to-end latency (and on source lag
+//! beside it), state moved on demand vs in the background), so the demo, `compare` and
+//! `koala report <db>` print the same numbers.
 
 use std::path::Path;
 
@@ -15,8 +16,12 @@ pub struct Outcome {
     pub protocol: String,
     /// State moved between tasks over the whole run.
     pub state_moved: StateMoved,
-    /// Backlog recovery of the first reconfiguration, seconds.
+    /// Backlog recovery of the first reconfiguration (end-to-end latency), seconds.
     pub recovery_s: Option<u64>,
+    /// The same on source lag, seconds.
+    pub lag_recovery_s: Option<u64>,
+    /// Highest per-second median end-to-end latency of the run (worst sink), ms.
+    pub peak_latency_ms: Option<f64>,
     /// Throughput dip of the first reconfiguration.
     pub dip: Option<ThroughputDip>,
     /// Mean per-batch latency (µs) in the 5 s before the reconfiguration and 1–11 s after.
@@ -54,6 +59,8 @@ pub fn outcome(summary: &JobSummary, out: &Path) -> anyhow::Result<(Outcome, Rep
         protocol: rep.run.protocol.clone(),
         state_moved: rep.state_moved,
         recovery_s: first.and_then(|r| r.backlog_recovery_s),
+        lag_recovery_s: first.and_then(|r| r.lag_recovery_s),
+        peak_latency_ms: rep.peak_latency_p50_ms,
         dip: first.and_then(|r| r.dip),
         latency,
         peak_lag_ms: rep.peak_lag_mean_ms,
@@ -85,13 +92,19 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
     println!();
     print!("{rep}");
     println!(
-        "demo: peak lag {} (overloaded if above 1 s), lag p99 over the last {TAIL_S} s {} (drained if below 200 ms)",
+        "demo: peak end-to-end latency {}, peak lag {} (overloaded if above 1 s), lag p99 over the last {TAIL_S} s {} (drained if below 200 ms)",
+        opt_ms(o.peak_latency_ms),
         opt_ms(o.peak_lag_ms),
         opt_ms(o.tail_lag_p99_ms)
     );
+    let lag_recovery = o.lag_recovery_s.map_or("never".into(), |s| format!("{s} s"));
     match o.recovery_s {
-        Some(s) => println!("demo: backlog recovered {s} s after the reconfiguration started"),
-        None => println!("demo: the backlog did not recover before the run ended"),
+        Some(s) => println!(
+            "demo: backlog recovered {s} s after the reconfiguration started (end-to-end latency; source lag: {lag_recovery})"
+        ),
+        None => println!(
+            "demo: the backlog (end-to-end latency) did not recover before the run ended (source lag: {lag_recovery})"
+        ),
     }
     if o.protocol == "drrs" {
         println!("demo: per-batch latency n/a for DRRS (batches are processed in part while the rest waits)");
@@ -108,12 +121,14 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
 pub fn print_table(outcomes: &[Outcome]) {
     println!();
     println!(
-        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>9}",
+        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>22} {:>22} {:>9}",
         "protocol",
         "on demand",
         "background",
         "eager",
         "recovery",
+        "lag rec.",
+        "peak e2e",
         "peak lag",
         "tail p99",
         "worst dip (vs offered)",
@@ -122,18 +137,21 @@ pub fn print_table(outcomes: &[Outcome]) {
     );
     for o in outcomes {
         let rec = o.recovery_s.map_or("never".into(), |s| format!("{s} s"));
+        let lag_rec = o.lag_recovery_s.map_or("never".into(), |s| format!("{s} s"));
         let lat = if o.protocol == "drrs" {
             "n/a".to_string()
         } else {
             format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1))
         };
         println!(
-            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>22} {:>22} {:>6} ms",
+            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>22} {:>22} {:>6} ms",
             o.protocol,
             mib(o.state_moved.on_demand),
             mib(o.state_moved.background),
             mib(o.state_moved.eager),
             rec,
+            lag_rec,
+            opt_ms(o.peak_latency_ms),
             opt_ms(o.peak_lag_ms),
             opt_ms(o.tail_lag_p99_ms),
             fmt_dip(o.dip),

@@ -3,9 +3,10 @@
 //! emulated capacity, phase 2 at twice that (a backlog forms), then a scale-out that doubles the
 //! aggregate's tasks while the surge goes on (phase 3); once per protocol (Koala,
 //! stop-and-restart, Remote on one state server, DRRS). Writes one overlay PNG
-//! per metric (throughput, lag; 10 s moving average as in the paper), a CSV of the per-second
-//! rows, and prints a table of backlog recovery, state moved and per-batch latency before/after
-//! per protocol — all figures from
+//! per metric (throughput, end-to-end latency, source lag; 10 s moving average as in the paper),
+//! a CSV of the per-second rows, and prints a table of backlog recovery (on end-to-end latency,
+//! and on source lag beside it), state moved and per-batch latency before/after per protocol —
+//! all figures from
 //! the runs' report summaries (`koala_coordinator::report`).
 //!
 //! The link cap is chosen so that moving the state takes as long, relative to the run, as in
@@ -241,18 +242,22 @@ fn write_results(
     scale_out_s: u64,
     out: &Path,
 ) -> anyhow::Result<()> {
-    let mut csv = String::from("protocol,t_s,throughput,lag_mean_ms,lag_p99_ms,state_bytes_moved\n");
+    let mut csv = String::from(
+        "protocol,t_s,throughput,lag_mean_ms,lag_p99_ms,latency_p50_ms,latency_p99_ms,state_bytes_moved\n",
+    );
     for r in runs {
         for row in &r.table.rows {
             let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
             let _ = writeln!(
                 csv,
-                "{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{}",
                 r.run.protocol,
                 row.t_s,
                 row.throughput,
                 opt(row.lag_mean_ms),
                 opt(row.lag_p99_ms),
+                opt(row.latency_p50_ms),
+                opt(row.latency_p99_ms),
                 row.state_bytes_moved
             );
         }
@@ -278,6 +283,13 @@ fn write_results(
         &marks,
     )?;
     write_overlay(
+        &out.join("latency.png"),
+        "End-to-end latency, worst sink's median (10 s moving average)",
+        "ms",
+        &smoothed(&|r| r.latency_p50_ms),
+        &marks,
+    )?;
+    write_overlay(
         &out.join("lag.png"),
         "Source lag (10 s moving average)",
         "ms",
@@ -286,13 +298,15 @@ fn write_results(
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>24} {:>22}",
+        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>24} {:>22}",
         "protocol",
         "recovery",
+        "lag rec.",
         "on demand",
         "background",
         "eager",
         "pause",
+        "peak e2e",
         "peak lag",
         "worst dip (vs offered)",
         "batch latency"
@@ -301,13 +315,15 @@ fn write_results(
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>24} {:>22}",
+            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>24} {:>22}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
+            first.and_then(|c| c.lag_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             crate::launch::human_bytes(r.state_moved.on_demand as u64),
             crate::launch::human_bytes(r.state_moved.background as u64),
             crate::launch::human_bytes(r.state_moved.eager as u64),
             r.pause_ms_total,
+            r.peak_latency_p50_ms.map_or(0.0, |l| l.round()),
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
             first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
             format!("{} → {}", us(*before), us(*after))
@@ -318,7 +334,7 @@ fn write_results(
         let rec = |r: &ReportSummary| r.reconfigurations.first().and_then(|c| c.backlog_recovery_s);
         if let (Some(a), Some(b)) = (rec(k), rec(s)) {
             println!(
-                "koala's backlog recovery is {:.2} of stop-and-restart's",
+                "koala's backlog recovery (end-to-end latency) is {:.2} of stop-and-restart's",
                 a as f64 / (b as f64).max(1.0)
             );
         }
@@ -330,8 +346,9 @@ fn write_results(
         }
     }
     println!(
-        "plots: {}, {}; rows: {}",
+        "plots: {}, {}, {}; rows: {}",
         out.join("throughput.png").display(),
+        out.join("latency.png").display(),
         out.join("lag.png").display(),
         csv_path.display()
     );

@@ -461,12 +461,13 @@ fn clear_previous_output(out: &Path) -> anyhow::Result<()> {
 fn progress_line(p: &Progress) -> String {
     let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
     format!(
-        "[{:>4}s] in {:>8.0} rec/s | out {:>8.0} rec/s | lag mean {:>7} p99 {:>7} | batch p99 {:>9} | backpressure {:>5.0} ms",
+        "[{:>4}s] in {:>8.0} rec/s | out {:>8.0} rec/s | lag mean {:>7} p99 {:>7} | e2e p99 {:>8} | batch p99 {:>9} | backpressure {:>5.0} ms",
         p.second,
         p.input_per_s,
         p.output_per_s,
         opt(p.lag_mean_ms, "ms"),
         opt(p.lag_p99_ms, "ms"),
+        opt(p.latency_p99_ms, "ms"),
         opt(p.batch_p99_us, "µs"),
         p.backpressure_ms
     )
@@ -552,6 +553,9 @@ mod tests {
             batch_latency_max_us: Some(p99),
             state_bytes_moved: 0.0,
             backpressure_ms: None,
+            latency_p50_ms: None,
+            latency_p99_ms: None,
+            latency_max_ms: None,
         }
     }
 

@@ -31,6 +31,9 @@ fn demo_writes_progress_metrics_and_plots() {
         metric::BATCH_LATENCY_MAX_US,
         metric::SOURCE_LAG_MEAN_MS,
         metric::SOURCE_LAG_P99_MS,
+        metric::LATENCY_P50_MS,
+        metric::LATENCY_P99_MS,
+        metric::LATENCY_MAX_MS,
         metric::STATE_READS,
         metric::STATE_WRITES,
         metric::BACKPRESSURE_MS,
@@ -54,7 +57,13 @@ fn demo_writes_progress_metrics_and_plots() {
         .map(|(_, v)| v)
         .sum();
     assert!(reads > 0.0, "the keyed aggregate read no state");
-    for png in ["throughput.png", "lag.png", "batch_latency.png", "state_moved.png"] {
+    // A sink's slowest record of a second is at least its 99th percentile.
+    let p99 = store.per_second(&run, metric::LATENCY_P99_MS, Aggregate::Max, TaskScope::All).expect("query");
+    let max = store.per_second(&run, metric::LATENCY_MAX_MS, Aggregate::Max, TaskScope::All).expect("query");
+    for ((t, p), (_, m)) in p99.iter().zip(&max) {
+        assert!(m >= p, "second {t}: end-to-end latency max {m} ms below the p99 {p} ms");
+    }
+    for png in ["throughput.png", "lag.png", "latency.png", "batch_latency.png", "state_moved.png"] {
         let bytes = std::fs::read(out_dir.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
         assert!(bytes.starts_with(b"\x89PNG"), "{png} is not a PNG");
     }

@@ -49,6 +49,10 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
         .per_second(&run, metric::SOURCE_OFFSET_LAG, Aggregate::Sum, TaskScope::All)
         .expect("offset lag");
     assert!(!offsets.is_empty(), "no offset-lag samples (Fetch high watermark) in the metrics DB");
+    // The Kafka sink (a custom sink) is measured too, against the input records' timestamps.
+    let latency =
+        store.per_second(&run, metric::LATENCY_P99_MS, Aggregate::Max, TaskScope::All).expect("latency");
+    assert!(!latency.is_empty(), "no end-to-end latency samples from the Kafka sink");
     drop(broker);
 }
 

@@ -52,6 +52,11 @@ pub struct TaskMetrics {
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
+    /// Sources: the due time (unix ms) of the oldest record not yet emitted, sampled as lag at
+    /// every tick while overdue (a paused or blocked source emits nothing to measure).
+    pub pending_due_ms: Option<u64>,
+    /// Sinks: end-to-end latency (arrival − due time) of the records written, ms.
+    latency_ms: Histogram<u64>,
     next_tick: std::time::Instant,
     /// When the current sample's interval began (wall clock).
     interval_start: SystemTime,
@@ -79,6 +84,11 @@ pub(crate) fn entry_bytes(user_key: usize, value: usize) -> u64 {
 /// Bytes one moved timer counts in the state-moved metrics: its key and its time.
 pub(crate) fn timer_bytes(key: &[u8]) -> u64 {
     key.len() as u64 + 8
+}
+
+/// Wall-clock now, unix milliseconds (the clock of `Record::due_ms`).
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn histogram() -> Histogram<u64> {
@@ -115,6 +125,8 @@ impl TaskMetrics {
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
+            pending_due_ms: None,
+            latency_ms: histogram(),
             next_tick: next_whole_second(std::time::Instant::now()),
             interval_start: SystemTime::now(),
         }
@@ -130,6 +142,14 @@ impl TaskMetrics {
     /// Records one record's source lag.
     pub fn record_lag(&mut self, lag_ms: u64) {
         let _ = self.lag_ms.record(lag_ms);
+    }
+
+    /// Sinks: records the end-to-end latency of records written at `now_ms` (unix ms); records
+    /// with an unknown due time (0) are not counted.
+    pub fn record_arrivals(&mut self, records: &[koala_types::Record], now_ms: u64) {
+        for r in records.iter().filter(|r| r.due_ms > 0) {
+            let _ = self.latency_ms.record(now_ms.saturating_sub(r.due_ms));
+        }
     }
 
     /// When the next sample set is due.
@@ -209,6 +229,19 @@ impl TaskMetrics {
             push(metric::BATCH_LATENCY_P99_US, self.batch_latency_us.value_at_quantile(0.99) as f64);
             push(metric::BATCH_LATENCY_MAX_US, self.batch_latency_us.max() as f64);
         }
+        if self.reports_lag
+            && let Some(due) = self.pending_due_ms
+        {
+            let now_ms = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            if now_ms > due {
+                let _ = self.lag_ms.record(now_ms - due);
+            }
+        }
+        if !self.latency_ms.is_empty() {
+            push(metric::LATENCY_P50_MS, self.latency_ms.value_at_quantile(0.5) as f64);
+            push(metric::LATENCY_P99_MS, self.latency_ms.value_at_quantile(0.99) as f64);
+            push(metric::LATENCY_MAX_MS, self.latency_ms.max() as f64);
+        }
         if self.reports_lag && !self.lag_ms.is_empty() {
             push(metric::SOURCE_LAG_MEAN_MS, self.lag_ms.mean());
             push(metric::SOURCE_LAG_P99_MS, self.lag_ms.value_at_quantile(0.99) as f64);
@@ -229,6 +262,52 @@ impl TaskMetrics {
         self.busy = Duration::ZERO;
         self.batch_latency_us.reset();
         self.lag_ms.reset();
+        self.latency_ms.reset();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use koala_types::{OperatorId, Record};
+
+    use super::*;
+
+    fn value(samples: &[TaskSample], name: &str) -> Option<f64> {
+        samples.iter().find(|s| s.metric == name).map(|s| s.value)
+    }
+
+    fn task() -> TaskId {
+        TaskId { operator: OperatorId(3), index: 0 }
+    }
+
+    #[test]
+    fn a_sink_reports_the_end_to_end_latency_of_the_records_it_wrote() {
+        let mut m = TaskMetrics::new(task(), false);
+        let record = |due_ms| Record { key: Vec::new(), value: Vec::new(), time: 0, due_ms };
+        // Written at 100 000 ms: 98 records 10 ms after their due time, one 500 ms, one 2 s; one
+        // with an unknown due time, not counted.
+        let mut batch: Vec<Record> = (0..98).map(|_| record(99_990)).collect();
+        batch.extend([record(99_500), record(98_000), record(0)]);
+        m.record_arrivals(&batch, 100_000);
+        let samples = m.take();
+        assert_eq!(value(&samples, metric::LATENCY_P50_MS), Some(10.0));
+        assert_eq!(value(&samples, metric::LATENCY_P99_MS), Some(500.0));
+        assert_eq!(value(&samples, metric::LATENCY_MAX_MS), Some(2000.0));
+        assert_eq!(value(&samples, metric::SOURCE_LAG_MEAN_MS), None, "a sink reports no lag");
+        let next = m.take();
+        assert_eq!(value(&next, metric::LATENCY_P99_MS), None, "no record written, no latency sample");
+    }
+
+    #[test]
+    fn a_source_samples_the_lag_of_its_oldest_overdue_record_while_it_emits_nothing() {
+        let mut m = TaskMetrics::new(task(), true);
+        // Nothing overdue (its next record is due in an hour): no lag sample.
+        m.pending_due_ms = Some(unix_ms() + 3_600_000);
+        assert_eq!(value(&m.take(), metric::SOURCE_LAG_MEAN_MS), None);
+        // Paused with a record due 5 s ago: each second reports the lag growing.
+        m.pending_due_ms = Some(unix_ms() - 5_000);
+        let lag = value(&m.take(), metric::SOURCE_LAG_P99_MS).unwrap_or(0.0);
+        assert!((5_000.0..6_000.0).contains(&lag), "{lag}");
     }
 }

@@ -230,7 +230,7 @@ impl Scenario {
             let key = encode(&k).expect("a key");
             let to = owner(bucket_of(&key, BUCKETS));
             let value = encode(&(k, vec![k as u8; payload])).expect("a value");
-            batches[to].push(Record { key, value, time: 1 });
+            batches[to].push(Record { key, value, time: 1, due_ms: 0 });
             *self.sent.entry(k).or_default() += 1;
             if batches[to].len() == BATCH {
                 let batch = std::mem::take(&mut batches[to]);

@@ -84,7 +84,12 @@ mod tests {
 
     #[test]
     fn round_trip_and_clean_eof() {
-        let msg = ChannelMessage::Batch(vec![Record { key: vec![1], value: vec![2, 3], time: 9 }]);
+        let msg = ChannelMessage::Batch(vec![Record {
+            key: vec![1],
+            value: vec![2, 3],
+            time: 9,
+            due_ms: 1_700_000_000_123,
+        }]);
         let mut buf = Vec::new();
         write_frame(&mut buf, &msg).expect("write");
         write_frame(&mut buf, &ChannelMessage::EndOfStream).expect("write");

@@ -2,7 +2,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Epoch, Timestamp};
 
-/// One data item: the encoded key (empty on unkeyed streams), the encoded value and its event time.
+/// One data item: the encoded key (empty on unkeyed streams), the encoded value, its event time
+/// and the wall-clock time it was due at its source.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// Canonical encoded key bytes; the bucket is computed from these.
@@ -11,6 +12,12 @@ pub struct Record {
     pub value: Vec<u8>,
     /// Event time in milliseconds.
     pub time: Timestamp,
+    /// When the record was due at its source, unix milliseconds (docs/architecture.md §9): the
+    /// generator's rate schedule or the Kafka record's timestamp; an operator's output carries the
+    /// due time of the input record that produced it, a timer's output the latest due time its
+    /// task processed before the timer fired. Sinks measure end-to-end latency against it.
+    /// 0 = unknown (not measured).
+    pub due_ms: u64,
 }
 
 /// What a channel between two tasks carries, in FIFO order (docs/architecture.md §4).

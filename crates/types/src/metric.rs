@@ -14,10 +14,20 @@ pub const BATCH_LATENCY_P99_US: &str = "batch_latency_p99_us";
 /// Longest batch of the second, microseconds: a single stall (one batch among hundreds) is above
 /// the 99th percentile and shows only here and in the mean.
 pub const BATCH_LATENCY_MAX_US: &str = "batch_latency_max_us";
-/// Mean source lag (now − the time the record was due or entered the topic), milliseconds; every record counts.
+/// Mean source lag (now − the time the record was due or entered the topic), milliseconds; every
+/// record counts when emitted, and a paced source adds one sample per second for its oldest
+/// overdue record not yet emitted (so a paused or blocked source shows its lag growing).
 pub const SOURCE_LAG_MEAN_MS: &str = "source_lag_mean_ms";
 /// 99th percentile source lag, milliseconds.
 pub const SOURCE_LAG_P99_MS: &str = "source_lag_p99_ms";
+/// Sinks: median end-to-end latency of the records written this second, milliseconds: arrival at
+/// the sink − the time the record was due at its source (`Record::due_ms`; a timer's output: the
+/// latest due time its task had processed). Records queued anywhere in the job count.
+pub const LATENCY_P50_MS: &str = "latency_p50_ms";
+/// Sinks: 99th percentile end-to-end latency, milliseconds.
+pub const LATENCY_P99_MS: &str = "latency_p99_ms";
+/// Sinks: largest end-to-end latency of the second, milliseconds.
+pub const LATENCY_MAX_MS: &str = "latency_max_ms";
 /// State entries read from the store.
 pub const STATE_READS: &str = "state_reads";
 /// State entries written or deleted in the store.
@@ -71,6 +81,9 @@ pub const ALL: &[&str] = &[
     BATCH_LATENCY_MAX_US,
     SOURCE_LAG_MEAN_MS,
     SOURCE_LAG_P99_MS,
+    LATENCY_P50_MS,
+    LATENCY_P99_MS,
+    LATENCY_MAX_MS,
     STATE_READS,
     STATE_WRITES,
     BACKPRESSURE_MS,

@@ -5,9 +5,12 @@
 //!   rate the sources were *offered* that second (the config's rate schedule, [`OfferedRate`]),
 //!   so a scheduled rate drop is not a dip; without a schedule, against the mean of the
 //!   [`BASELINE_S`] seconds before the start.
-//! - [`backlog_recovery_s`]: seconds from a reconfiguration's start until source lag is back to
-//!   its level before the overload began (the last rate increase at or before the start), and
-//!   stays there [`RECOVERY_HOLD_S`] seconds.
+//! - [`backlog_recovery_s`]: seconds from a reconfiguration's start until end-to-end latency (the
+//!   worst sink's per-second median, arrival − due at the source) is back to its level before the
+//!   overload began (the last rate increase at or before the start), and stays there
+//!   [`RECOVERY_HOLD_S`] seconds. The same function over mean source lag gives the *lag recovery*
+//!   printed beside it, which misses records queued inside the job (issue 26).
+//! - **peak latency**: the highest per-second median and p99 end-to-end latency.
 //! - [`StateMoved`]: state moved on demand (a record waits for it: Koala fetches), in the
 //!   background (Koala's progressive pulls and drain, DRRS's pushes) and eagerly with the hand-over
 //!   (stop-and-restart's transfer, Remote's write-back, a Koala hand-over's messages).
@@ -168,8 +171,9 @@ pub fn throughput_dip(
 }
 
 /// Backlog recovery time (paper §5.1.3: "from the start of reconfiguration until lag returns to
-/// zero") of a reconfiguration starting at second `start_t_s`, in seconds, from the per-second
-/// mean source `lag` (ms; `None` = no sample that second). "Zero" is the lag before the
+/// zero") of a reconfiguration starting at second `start_t_s`, in seconds, from a per-second
+/// latency series `lag` (ms; `None` = no sample that second): the report passes end-to-end latency
+/// (the worst sink's median) for backlog recovery and mean source lag for lag recovery. "Zero" is the lag before the
 /// overload: pre = mean lag over the [`BASELINE_S`] seconds before `overload_t_s` (the second the
 /// offered rate last went up at or before the start; the start itself if none or unknown), and
 /// threshold = max(1.5 × pre, pre + 50 ms). A second is *healthy* if it has a lag sample at or

@@ -50,7 +50,7 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
         marks.push((r.start_t_s as f64, RED));
         marks.extend(r.end_t_s.map(|t| (t as f64, GREEN)));
     }
-    let plots: [(&str, &str, &str, Vec<Line>); 4] = [
+    let plots: [(&str, &str, &str, Vec<Line>); 5] = [
         (
             "throughput.png",
             "Throughput (source records in)",
@@ -64,6 +64,15 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
             vec![
                 ("mean", BLUE, line(&|r| r.lag_mean_ms)),
                 ("p99 (worst source)", MAGENTA, line(&|r| r.lag_p99_ms)),
+            ],
+        ),
+        (
+            "latency.png",
+            "End-to-end latency (sink arrival - due at source)",
+            "ms",
+            vec![
+                ("p50 (worst sink)", BLUE, line(&|r| r.latency_p50_ms)),
+                ("p99 (worst sink)", MAGENTA, line(&|r| r.latency_p99_ms)),
             ],
         ),
         (

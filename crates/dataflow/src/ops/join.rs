@@ -72,14 +72,14 @@ where
                 let l: L = decode(&record.value)?;
                 for r in sides.right.items() {
                     let out = (self.f)(&sides.key, &l, r);
-                    ctx.output.push(keyed_output(&record.key, &out, record.time)?);
+                    ctx.output.push(keyed_output(&record.key, &out, record.time, record.due_ms)?);
                 }
                 sides.left.push(l);
             } else {
                 let r: R = decode(&record.value)?;
                 for l in sides.left.items() {
                     let out = (self.f)(&sides.key, l, &r);
-                    ctx.output.push(keyed_output(&record.key, &out, record.time)?);
+                    ctx.output.push(keyed_output(&record.key, &out, record.time, record.due_ms)?);
                 }
                 sides.right.push(r);
             }

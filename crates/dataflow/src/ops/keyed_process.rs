@@ -99,7 +99,7 @@ impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic for KeyedProcess
             })?;
             (self.f)(&entry.key, value, &mut entry.value, &mut entry.list, &mut self.out);
             for o in self.out.drain(..) {
-                ctx.output.push(keyed_output(&record.key, &o, record.time)?);
+                ctx.output.push(keyed_output(&record.key, &o, record.time, record.due_ms)?);
             }
         }
         for (key, entry) in batch.into_entries() {

@@ -13,7 +13,17 @@ use serde::Serialize;
 
 use crate::logic::DataflowError;
 
-/// Encodes `value` into a record that keeps the input's key (keyed outputs keep their key).
-pub(crate) fn keyed_output<O: Serialize>(key: &[u8], value: &O, time: u64) -> Result<Record, DataflowError> {
-    Ok(Record { key: key.to_vec(), value: encode(value)?, time })
+/// Encodes `value` into a record that keeps the input's key (keyed outputs keep their key) and
+/// the due time of the input record that produced it (timer outputs: 0 here, the runner stamps
+/// them, [`crate::logic::OperatorLogic::on_timer`]).
+pub(crate) fn keyed_output<O: Serialize>(
+    key: &[u8],
+    value: &O,
+    time: u64,
+    due_ms: u64,
+) -> Result<Record, DataflowError> {
+    Ok(Record { key: key.to_vec(), value: encode(value)?, time, due_ms })
 }
+
+#[cfg(test)]
+mod tests;

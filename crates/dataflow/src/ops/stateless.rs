@@ -35,12 +35,12 @@ impl OperatorLogic for StatelessLogic {
     }
 }
 
-/// `map`: one output per input, same key and time.
+/// `map`: one output per input, same key, time and due time.
 pub(crate) fn map_fn<T: Data, O: Data>(f: impl Fn(T) -> O + Send + Sync + 'static) -> StatelessLogic {
     StatelessLogic {
         f: Arc::new(move |r: &Record, out: &mut Vec<Record>| {
             let value: T = decode(&r.value)?;
-            out.push(keyed_output(&r.key, &f(value), r.time)?);
+            out.push(keyed_output(&r.key, &f(value), r.time, r.due_ms)?);
             Ok(())
         }),
     }
@@ -59,7 +59,7 @@ pub(crate) fn filter_fn<T: Data>(f: impl Fn(&T) -> bool + Send + Sync + 'static)
     }
 }
 
-/// `flat_map`: every returned value becomes a record with the input's key and time.
+/// `flat_map`: every returned value becomes a record with the input's key, time and due time.
 pub(crate) fn flat_map_fn<T: Data, O: Data, I: IntoIterator<Item = O>>(
     f: impl Fn(T) -> I + Send + Sync + 'static,
 ) -> StatelessLogic {
@@ -67,7 +67,7 @@ pub(crate) fn flat_map_fn<T: Data, O: Data, I: IntoIterator<Item = O>>(
         f: Arc::new(move |r: &Record, out: &mut Vec<Record>| {
             let value: T = decode(&r.value)?;
             for o in f(value) {
-                out.push(keyed_output(&r.key, &o, r.time)?);
+                out.push(keyed_output(&r.key, &o, r.time, r.due_ms)?);
             }
             Ok(())
         }),

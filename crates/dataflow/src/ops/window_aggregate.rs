@@ -96,7 +96,7 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic for WindowAggrega
                     // watermark); emit the updated result now.
                     slot.fired = true;
                     let result = (self.fns.finish)(key, window, slot.acc.clone());
-                    ctx.output.push(keyed_output(&record.key, &result, result_time(window))?);
+                    ctx.output.push(keyed_output(&record.key, &result, result_time(window), record.due_ms)?);
                 } else if is_new {
                     ctx.timers.push((record.key.clone(), window.end));
                 }
@@ -152,7 +152,7 @@ impl<K: Data, T: Data, A: Data + Clone, O: Data> OperatorLogic for WindowAggrega
                 }
             };
             if let Some(result) = result {
-                ctx.output.push(keyed_output(key_bytes, &result, result_time(window))?);
+                ctx.output.push(keyed_output(key_bytes, &result, result_time(window), 0)?);
             }
         }
         if !open.is_empty() {

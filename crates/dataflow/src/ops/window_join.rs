@@ -118,7 +118,7 @@ impl<K: Data, L: Data, R: Data, O: Data> OperatorLogic for WindowJoinLogic<K, L,
             for l in &buffers.left {
                 for r in &buffers.right {
                     let pair = (self.f)(&key, window, l, r);
-                    ctx.output.push(keyed_output(key_bytes, &pair, result_time(window))?);
+                    ctx.output.push(keyed_output(key_bytes, &pair, result_time(window), 0)?);
                 }
             }
         }

@@ -25,7 +25,7 @@
 //! task.on(TaskEvent::Peer { from: old, message: ff });
 //! // A forwarded record of bucket 1 waits: its state has not arrived. The core asks for it first.
 //! let key = (0..).map(|i: u32| i.to_string().into_bytes()).find(|k| bucket_of(k, 2) == 1).unwrap();
-//! let r = Record { key, value: vec![], time: 5 };
+//! let r = Record { key, value: vec![], time: 5, due_ms: 0 };
 //! let records = DrrsPeer::Records { epoch: 1 << 16, input: 0, records: vec![r.clone()] };
 //! let out = task.on(TaskEvent::Peer { from: old, message: records });
 //! assert!(matches!(out[..], [TaskAction::SendToPeer { message: DrrsPeer::Prioritize { bucket: 1, .. }, .. }]));

@@ -21,7 +21,7 @@ fn key_in(bucket: u16, n: usize) -> Vec<u8> {
 }
 
 fn rec(key: &[u8], time: u64) -> Record {
-    Record { key: key.to_vec(), value: vec![], time }
+    Record { key: key.to_vec(), value: vec![], time, due_ms: 0 }
 }
 
 fn processed(out: &[TaskAction]) -> Vec<u64> {

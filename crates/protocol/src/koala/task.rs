@@ -16,7 +16,7 @@
 //!     owned: (0..4).collect(),
 //!     inputs: BTreeSet::from([left, right]),
 //! });
-//! let r = Record { key: b"k".to_vec(), value: vec![], time: 5 };
+//! let r = Record { key: b"k".to_vec(), value: vec![], time: 5, due_ms: 0 };
 //! let out = task.on(TaskEvent::Records { channel: right, records: vec![r.clone()] });
 //! assert_eq!(out, vec![TaskAction::Process { input: 1, records: vec![r] }]);
 //! // The event time is the minimum over both channels.

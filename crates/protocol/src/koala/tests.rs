@@ -35,7 +35,7 @@ fn keys_in(bucket: u16) -> impl Iterator<Item = Vec<u8>> {
 }
 
 fn rec(bucket: u16, time: u64) -> Record {
-    Record { key: key_in(bucket), value: time.to_le_bytes().to_vec(), time }
+    Record { key: key_in(bucket), value: time.to_le_bytes().to_vec(), time, due_ms: 0 }
 }
 
 fn task(id: TaskId, owned: &[u16]) -> KoalaTask {
@@ -338,7 +338,7 @@ fn local_keys_then_filters_decide_what_is_fetched() {
     assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
 
     let mut store = Store(BTreeSet::from([kept.clone()]));
-    let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time };
+    let record = |key: &[u8], time| Record { key: key.to_vec(), value: vec![], time, due_ms: 0 };
     let out = r.on_with(records(ch(0), vec![record(&kept, 5)]), &mut store);
     assert_eq!(processed(&out), vec![5], "{out:?}");
     assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
@@ -386,8 +386,11 @@ fn a_backlog_is_processed_in_bounded_batches_in_order() {
 
     // No filter from the sender yet: every key of bucket 3 may be there.
     let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
-    let backlog: Vec<Record> =
-        keys_in(3).take(n).zip(0u64..).map(|(key, time)| Record { key, value: vec![], time }).collect();
+    let backlog: Vec<Record> = keys_in(3)
+        .take(n)
+        .zip(0u64..)
+        .map(|(key, time)| Record { key, value: vec![], time, due_ms: 0 })
+        .collect();
     let mut out = r.on(records(ch(0), backlog.clone()));
     let mut done = Vec::new();
     let mut asked = 0;
@@ -451,7 +454,7 @@ fn handed_timers_hold_the_watermark_until_their_key_is_accessed() {
     assert_eq!((*from, &request.keys), (t(0), &vec![fired_first.clone()]));
     assert!(r.is_busy());
     // A record of the other key comes meanwhile (its timer, at 20, is not due).
-    let record = Record { key: record_first.clone(), value: vec![], time: 16 };
+    let record = Record { key: record_first.clone(), value: vec![], time: 16, due_ms: 0 };
     assert_eq!(r.on(records(ch(0), vec![record])), vec![], "one batch waits for state at a time");
     let state = (fired_first.clone(), Some(b"window".to_vec()));
     let response = FetchResponse { id: request.id, values: vec![state], extra: vec![], exhausted: vec![] };

@@ -72,8 +72,11 @@ impl KoalaTask {
             && self.timers.pending.first().is_some_and(|(t, _)| *t <= up_to)
         {
             let Some((time, key)) = self.timers.pending.pop_first() else { break };
-            let access =
-                InputRecord::arrived(ACCESS, Record { key, value: Vec::new(), time }, self.num_buckets);
+            let access = InputRecord::arrived(
+                ACCESS,
+                Record { key, value: Vec::new(), time, due_ms: 0 },
+                self.num_buckets,
+            );
             self.held.add(time);
             self.pipeline.inbox.push_front(access);
             self.timers.queued += 1;

@@ -505,7 +505,7 @@ impl World {
             let up = &mut self.upstreams[u];
             up.clock += 1 + self.rng.below(3) as u64;
             up.remaining -= 1;
-            records[input].push(Record { key, value, time: up.clock });
+            records[input].push(Record { key, value, time: up.clock, due_ms: 0 });
             self.emitted_total += 1;
         }
         for (input, batch) in records.into_iter().enumerate().filter(|(_, b)| !b.is_empty()) {

@@ -736,7 +736,12 @@ mod tests {
 
         // Count.0's side: hand-over (its event time 5), its queued record of bucket 2, close.
         let key = (0u64..).find(|k| bucket_of(&encode(k).expect("key"), 4) == 2).expect("a key of bucket 2");
-        let record = Record { key: encode(&key).expect("key"), value: encode(&key).expect("value"), time: 7 };
+        let record = Record {
+            key: encode(&key).expect("key"),
+            value: encode(&key).expect("value"),
+            time: 7,
+            due_ms: 0,
+        };
         let mut hand_over = KeyLookupTable::new(old, 0..4).take(&[2, 3], 1);
         hand_over.watermark = Some(5);
         if let Some(time) = handed_timer {

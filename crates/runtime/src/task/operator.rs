@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::select;
 use koala_dataflow::logic::OperatorLogic;
-use koala_dataflow::{OperatorContext, OperatorKind, TaskInstance};
+use koala_dataflow::{OperatorContext, OperatorKind, TaskInstance, TimerDue};
 use koala_protocol::WatermarkAligner;
 use koala_protocol::stop_restart::{TargetEvent, UpstreamCore, UpstreamEvent};
 use koala_types::{ChannelMessage, Record, Timestamp};
@@ -39,6 +39,8 @@ pub(super) struct OperatorTask {
     upstream: UpstreamCore,
     /// Its processing budget (`[runtime] task_records_per_sec`, stateful operators only).
     budget: Option<RecordBudget>,
+    /// The due time its timer outputs get (docs/architecture.md §9).
+    timer_due: TimerDue,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -119,6 +121,7 @@ impl OperatorTask {
             ),
             upstream: UpstreamCore::new(),
             budget,
+            timer_due: TimerDue::default(),
         })
     }
 
@@ -270,6 +273,7 @@ impl OperatorTask {
                 self.metrics.late_dropped += dropped;
             }
         }
+        self.timer_due.saw(&records);
         if self.transfer.busy()
             && records
                 .iter()
@@ -402,6 +406,7 @@ impl OperatorTask {
             }
         }
         self.timers.register(timers);
+        self.timer_due.stamp(&mut output);
         self.metrics.records_out += output.len() as u64;
         self.metrics.record_batch(started.elapsed());
         outputs.emit(output)

@@ -1,4 +1,5 @@
-//! The loop of a sink task: write every record out in arrival order until every input has ended.
+//! The loop of a sink task: write every record out in arrival order until every input has ended,
+//! measuring each record's end-to-end latency (written − due at its source).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -93,6 +94,7 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                     ChannelMessage::Batch(records) => {
                         let started = Instant::now();
                         writer.write(&records)?;
+                        metrics.record_arrivals(&records, crate::metrics::unix_ms());
                         metrics.records_in += records.len() as u64;
                         metrics.records_out += records.len() as u64;
                         metrics.record_batch(started.elapsed());

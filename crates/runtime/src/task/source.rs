@@ -1,5 +1,6 @@
-//! The loop of a source task: pace the source by its rate schedule, measure every record's lag
-//! against the time it was due, emit periodic watermarks (maximum event time − bounded disorder).
+//! The loop of a source task: pace the source by its rate schedule, stamp every record with the
+//! time it was due (unix ms, `Record::due_ms`) and measure its lag against it, emit periodic
+//! watermarks (maximum event time − bounded disorder).
 
 use std::time::{Duration, Instant};
 
@@ -29,8 +30,14 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let batch = setup.options.batch_records.max(1);
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
     let started = Instant::now();
-    // Wall-clock start in unix ms, to turn schedule offsets into lag.
+    // Wall-clock start in unix ms, to turn schedule offsets into due times.
+    let started_unix_ms = crate::metrics::unix_ms() as f64;
+    // Paced sources: the due time of the `emitted`-th record, the oldest not yet emitted.
+    let pending_due = |emitted: u64| {
+        options.rate.due_ms(emitted, setup.parallelism).map(|due| (started_unix_ms + due) as u64)
+    };
     let mut emitted: u64 = 0;
+    metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
     let mut max_time: Option<Timestamp> = None;
     let mut last_wm: Option<Timestamp> = None;
     let mut next_wm = started + wm_interval;
@@ -80,18 +87,26 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             let poll = logic.poll(allowed, &mut buf)?;
             if paced {
                 let now_ms = Instant::now().duration_since(started).as_secs_f64() * 1000.0;
-                for i in 0..buf.len() {
+                for (i, record) in buf.iter_mut().enumerate() {
                     // An unlimited schedule makes every record due the moment it is generated.
                     let due = options.rate.due_ms(emitted + i as u64, setup.parallelism).unwrap_or(now_ms);
                     metrics.record_lag((now_ms - due).max(0.0) as u64);
+                    record.due_ms = (started_unix_ms + due) as u64;
                 }
             } else {
+                // Self-paced sources stamp their records (Kafka: the record's timestamp); one
+                // that does not gets the time it was read.
+                let now_unix_ms = crate::metrics::unix_ms();
+                for record in buf.iter_mut().filter(|r| r.due_ms == 0) {
+                    record.due_ms = now_unix_ms;
+                }
                 logic.drain_lag_samples(&mut lag_samples);
                 for lag in lag_samples.drain(..) {
                     metrics.record_lag(lag);
                 }
             }
             emitted += buf.len() as u64;
+            metrics.pending_due_ms = if paced { pending_due(emitted) } else { logic.pending_due_ms() };
             metrics.records_in += buf.len() as u64;
             metrics.records_out += buf.len() as u64;
             if let Some(t) = buf.iter().map(|r| r.time).max() {
@@ -128,6 +143,8 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         setup.report(&mut metrics, &mut outputs, now);
     }
+    // Nothing is pending once the source ended (the schedule would name a record never made).
+    metrics.pending_due_ms = None;
     outputs.broadcast(&ChannelMessage::Watermark(Timestamp::MAX))?;
     outputs.broadcast(&ChannelMessage::EndOfStream)?;
     // The last sample carries the final offset lag (a short run may never have reached a tick).
