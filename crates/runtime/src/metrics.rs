@@ -47,6 +47,13 @@ pub struct TaskMetrics {
     pub klt_size: Option<(u64, u64)>,
     /// Koala: time the protocol core spent looking up batches' keys this second, and how many batches.
     pub klt_lookup: (Duration, u64),
+    /// Stateful operators: records taken and not yet processed, at the end of the second (the
+    /// task's loop sets it before each tick).
+    pub queued_records: Option<u64>,
+    /// Time input waited while the protocol held it back, this second (`Self::input_paused`).
+    input_paused: Duration,
+    /// Since when input has been held back, if it is.
+    paused_since: Option<std::time::Instant>,
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
@@ -98,6 +105,9 @@ impl TaskMetrics {
             klt_size: None,
             offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
+            queued_records: None,
+            input_paused: Duration::ZERO,
+            paused_since: None,
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
@@ -108,9 +118,34 @@ impl TaskMetrics {
 
     /// Records one batch's processing latency.
     pub fn record_batch(&mut self, latency: Duration) {
+        self.record_busy(latency);
+        self.record_batch_latency(latency);
+    }
+
+    /// Counts one batch processed in `busy` (its latency is recorded by the caller, who knows
+    /// when its first record was taken: `Self::record_batch_latency`).
+    pub fn record_busy(&mut self, busy: Duration) {
         self.batches += 1;
-        self.busy += latency;
+        self.busy += busy;
+    }
+
+    /// Records one batch's latency: first record taken → last output (docs/architecture.md §9).
+    pub fn record_batch_latency(&mut self, latency: Duration) {
         let _ = self.batch_latency_us.record((latency.as_micros() as u64).max(1));
+    }
+
+    /// Whether, at `now`, the task has input waiting that its protocol holds back (a pause: see
+    /// `metric::INPUT_PAUSED_MS`). Called at every turn of the task's loop; the time from a call
+    /// with `true` to the next with `false` counts, split at the second's boundary.
+    pub fn input_paused(&mut self, paused: bool, now: std::time::Instant) {
+        match (paused, self.paused_since) {
+            (true, None) => self.paused_since = Some(now),
+            (false, Some(since)) => {
+                self.input_paused += now.saturating_duration_since(since);
+                self.paused_since = None;
+            }
+            _ => {}
+        }
     }
 
     /// Records one record's source lag.
@@ -129,6 +164,13 @@ impl TaskMetrics {
             return None;
         }
         self.next_tick = next_whole_second(now);
+        // A pause that goes on counts up to the tick in this second (a last report is asked for
+        // with a time in the future: never past the present).
+        if let Some(since) = self.paused_since {
+            let until = now.min(std::time::Instant::now());
+            self.input_paused += until.saturating_duration_since(since);
+            self.paused_since = Some(until.max(since));
+        }
         Some(self.take())
     }
 
@@ -153,6 +195,10 @@ impl TaskMetrics {
         push(metric::STATE_WRITES, self.state_writes as f64);
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
+        push(metric::INPUT_PAUSED_MS, self.input_paused.as_secs_f64() * 1000.0);
+        if let Some(queued) = self.queued_records {
+            push(metric::QUEUED_RECORDS, queued as f64);
+        }
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
         if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
             push(metric::STATE_BYTES_PULLED, self.state_bytes_pulled as f64);
@@ -205,6 +251,7 @@ impl TaskMetrics {
         self.state_writes = 0;
         self.late_dropped = 0;
         self.backpressure = Duration::ZERO;
+        self.input_paused = Duration::ZERO;
         self.state_bytes_moved = 0;
         self.state_bytes_pulled = 0;
         self.state_keys_sent = 0;
@@ -214,5 +261,69 @@ impl TaskMetrics {
         self.batch_latency_us.reset();
         self.lag_ms.reset();
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn value(samples: &[TaskSample], name: &str) -> Option<f64> {
+        samples.iter().find(|s| s.metric == name).map(|s| s.value)
+    }
+
+    fn task() -> TaskId {
+        TaskId::new(koala_types::OperatorId(1), 0)
+    }
+
+    /// Paused time counts from a call with `true` to the next with `false`; a pause still on at
+    /// the tick counts up to the tick and goes on in the next second; a last report asked for with
+    /// a time in the future counts no further than the present; a task that sets no queue gauge
+    /// reports none.
+    #[test]
+    fn input_paused_counts_held_back_time_split_at_the_tick() {
+        let mut m = TaskMetrics::new(task(), false);
+        let t0 = Instant::now() - Duration::from_secs(3);
+        m.input_paused(true, t0);
+        m.input_paused(true, t0 + Duration::from_millis(100));
+        m.input_paused(false, t0 + Duration::from_millis(250));
+        m.input_paused(false, t0 + Duration::from_millis(300));
+        m.input_paused(true, t0 + Duration::from_millis(400));
+        let first = m.take();
+        assert_eq!(value(&first, metric::INPUT_PAUSED_MS), Some(250.0));
+        assert_eq!(value(&first, metric::QUEUED_RECORDS), None);
+        // Still paused at the tick (t0 + 1 s): 600 ms of it in this second.
+        let tick = t0 + Duration::from_secs(1);
+        m.next_tick = tick;
+        m.queued_records = Some(7);
+        let second = m.take_if_due(tick).unwrap_or_default();
+        assert_eq!(value(&second, metric::INPUT_PAUSED_MS), Some(600.0));
+        assert_eq!(value(&second, metric::QUEUED_RECORDS), Some(7.0));
+        // The pause goes on from the tick: the next second counts only what follows it.
+        m.input_paused(false, tick + Duration::from_millis(30));
+        assert_eq!(value(&m.take(), metric::INPUT_PAUSED_MS), Some(30.0));
+        // The last report (a time 1 s ahead) counts a pause up to now, not up to that time.
+        let before = Instant::now();
+        m.input_paused(true, before - Duration::from_millis(10));
+        m.next_tick = before;
+        let last = m.take_if_due(before + Duration::from_secs(1)).unwrap_or_default();
+        let ms = value(&last, metric::INPUT_PAUSED_MS).unwrap_or_default();
+        let bound = Instant::now().duration_since(before).as_secs_f64() * 1000.0 + 10.0;
+        assert!((10.0..=bound).contains(&ms), "{ms} ms, at most {bound}");
+    }
+
+    /// Batch latency and busy time are separate: a caller that knows when a batch's first record
+    /// was taken records the latency itself.
+    #[test]
+    fn batch_latency_is_recorded_apart_from_busy_time() {
+        let mut m = TaskMetrics::new(task(), false);
+        m.record_busy(Duration::from_micros(100));
+        m.record_batch_latency(Duration::from_millis(40));
+        let s = m.take();
+        assert_eq!(value(&s, metric::BATCHES), Some(1.0));
+        let max = value(&s, metric::BATCH_LATENCY_MAX_US).unwrap_or_default();
+        assert!((39_900.0..=40_100.0).contains(&max), "{max}");
     }
 }

@@ -298,6 +298,7 @@ impl World {
                 channel_capacity: 1,
                 sink_dir: String::new(),
                 capacity: Default::default(),
+                max_queued_records: crate::koala::DEFAULT_MAX_QUEUED_RECORDS,
             },
             protocol: cfg.protocol,
             extra_keys,

@@ -77,11 +77,14 @@ struct DrrsOperator {
     last_subscale: bool,
     /// The coordinator released the task (everything it held was pushed).
     released: bool,
+    /// The core's intake tags are microseconds since this instant (per-batch latency).
+    clock: Instant,
 }
 
 /// Runs a stateful task under DRRS until its inputs ended and no reconfiguration needs it.
 pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
-    let op = OperatorTask::new(&setup)?;
+    let mut op = OperatorTask::new(&setup)?;
+    op.latency_by_caller = true;
     let d = setup.deployment.clone();
     let me = setup.task;
     let owned: BTreeSet<BucketId> = d
@@ -113,6 +116,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         cancelled: false,
         last_subscale: false,
         released: false,
+        clock: Instant::now(),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let closed = crossbeam_channel::never();
@@ -127,6 +131,8 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let timeout =
             if task.pushed.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
         let data_closed = gate.is_some() || task.paused;
+        let held_back = task.paused && gate.is_none() && !task.outbox.has_waiting();
+        task.op.metrics.input_paused(held_back && !setup.inbox.queue().is_empty(), now);
         if task.outbox.has_waiting() {
             task.wait_for_peers(&setup, &mut outputs, timeout)?;
         } else {
@@ -166,6 +172,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         let now = Instant::now();
         outputs.flush_due(now)?;
+        task.op.metrics.queued_records = Some(task.core.queued_records() as u64);
         setup.report(&mut task.op.metrics, &mut outputs, now);
     }
 }
@@ -355,8 +362,10 @@ impl DrrsOperator {
         outputs: &mut Outputs,
         event: TaskEvent,
     ) -> Result<(), RuntimeError> {
+        self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
         let actions = self.core.on(event);
-        self.execute(setup, outputs, actions)
+        let tags = self.core.take_process_tags();
+        self.execute(setup, outputs, actions, tags)
     }
 
     fn execute(
@@ -364,12 +373,19 @@ impl DrrsOperator {
         setup: &TaskSetup,
         outputs: &mut Outputs,
         actions: Vec<TaskAction>,
+        tags: Vec<u64>,
     ) -> Result<(), RuntimeError> {
         let nb = setup.num_buckets;
+        // Per `Process`, when its oldest record was taken: the batch's latency includes the wait
+        // for its bucket's state (`DrrsTask::take_process_tags`).
+        let mut tags = tags.into_iter();
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
-                    self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    let started = Instant::now();
+                    let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    let taken = tags.next().map_or(started, |t| self.clock + Duration::from_micros(t));
+                    self.op.metrics.record_batch_latency(done.saturating_duration_since(taken));
                 }
                 TaskAction::SendToPeer { to, message } => self.send(setup, to, &Wire::Peer(message))?,
                 TaskAction::DetachTimers { buckets, up_to } => {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
-    FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
+    BatchTaken, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
     PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, bucket_and_key_hash, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
@@ -89,6 +89,8 @@ struct KoalaOperator {
     /// An epoch this task was prepared for and takes buckets in, until its `Begin`: the hand-over
     /// may still bring records and timers, so the task's inputs have not ended.
     receiving: Option<u64>,
+    /// The core's intake tags are microseconds since this instant (per-batch latency).
+    clock: Instant,
 }
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
@@ -103,7 +105,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         .filter(|_| !setup.created_by_reconfiguration)
         .map(|t| t.iter().enumerate().filter(|(_, o)| **o == me.index).map(|(b, _)| b as BucketId).collect())
         .unwrap_or_default();
-    let core = KoalaTask::new(TaskConfig {
+    let mut core = KoalaTask::new(TaskConfig {
         id: me,
         num_buckets: setup.num_buckets,
         owned,
@@ -112,6 +114,9 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         // records without waiting for its event time.
         inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
     });
+    core.set_max_queued_records(setup.options.max_queued_records);
+    let mut op = op;
+    op.latency_by_caller = true;
     let mut task = KoalaOperator {
         op,
         core,
@@ -127,6 +132,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         inputs_ended: false,
         released: false,
         receiving: None,
+        clock: Instant::now(),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let closed = crossbeam_channel::never();
@@ -134,6 +140,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let now = Instant::now();
         // The processing budget holds back data input only (`crate::throttle`).
         let gate = task.op.data_closed_until(now);
+        // So does a full inbox: what the task holds drains without data input (`takes_data`).
+        let full = !task.core.takes_data();
+        let paused = full && gate.is_none() && !task.outbox.has_waiting() && !setup.inbox.queue().is_empty();
+        task.op.metrics.input_paused(paused, now);
         let deadline = outputs
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
@@ -160,7 +170,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(if gate.is_some() { &closed } else { setup.inbox.queue() }) -> item => {
+                recv(if gate.is_some() || full { &closed } else { setup.inbox.queue() }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
@@ -192,10 +202,11 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl KoalaOperator {
-    /// Records the KLT's size for the next metrics sample.
+    /// Records the KLT's size and the records the core holds for the next metrics sample.
     fn sample_klt(&mut self) {
         let klt = self.core.klt();
         self.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+        self.op.metrics.queued_records = Some(self.core.queued_records() as u64);
     }
 
     /// One turn while messages wait for a full peer lane: serve a command, a fetch or a peer
@@ -337,6 +348,8 @@ impl KoalaOperator {
         event: TaskEvent,
     ) -> Result<(), RuntimeError> {
         let mut local = StoreKeys::new(store(setup)?, self.op.logic.state_ids(), setup.num_buckets);
+        // Records this event brings are taken now (per-batch latency starts here).
+        self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
         let actions = self.core.on_with(event, &mut local);
         let (spent, batches, error) = local.finish();
         self.op.metrics.klt_lookup.0 += spent;
@@ -344,7 +357,8 @@ impl KoalaOperator {
         if let Some(e) = error {
             return Err(e);
         }
-        self.execute(setup, outputs, actions)
+        let batches = self.core.take_batches();
+        self.execute(setup, outputs, actions, batches)
     }
 
     fn on_peer(
@@ -417,16 +431,28 @@ impl KoalaOperator {
         Ok(())
     }
 
+    /// Executes the core's actions; `batches` are the batches among its `Process` actions, in
+    /// order (`KoalaTask::take_batches`): each one's latency runs from when its first record was
+    /// taken to the end of its last `Process`, so it includes the wait for fetched state.
     fn execute(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
         actions: Vec<TaskAction>,
+        batches: Vec<BatchTaken>,
     ) -> Result<(), RuntimeError> {
+        let mut batches = batches.into_iter().peekable();
+        let mut runs = 0;
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
-                    self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    runs += 1;
+                    if let Some(batch) = batches.next_if(|b| b.actions <= runs) {
+                        runs = 0;
+                        let taken = self.clock + Duration::from_micros(batch.taken);
+                        self.op.metrics.record_batch_latency(done.saturating_duration_since(taken));
+                    }
                 }
                 TaskAction::FetchState { from, request } => self.send(setup, from, &Wire::Fetch(request))?,
                 TaskAction::RequestFilter { from, request } => {
@@ -691,6 +717,7 @@ mod tests {
                 channel_capacity: 64,
                 sink_dir: String::new(),
                 capacity: Default::default(),
+                max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
             },
             protocol: Protocol::Koala,
             extra_keys: 0,
