@@ -64,6 +64,18 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
             samples.push(at(task, metric::BATCH_LATENCY_P99_US, base * 3.0));
             samples.push(at(task, metric::BATCH_LATENCY_MAX_US, base * 5.0));
             samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
+            samples.push(at(task, metric::QUEUED_RECORDS, if t == 61 { 40.0 * (i + 1) as f64 } else { 0.0 }));
+            samples.push(at(task, metric::INPUT_PAUSED_MS, 0.0));
+        }
+        // Both sources paused 800 ms in one second and 700 ms in the next (the longest task counts
+        // per second, not the sum over tasks).
+        for (source, ms) in [("source.0", [800.0, 700.0]), ("source.1", [600.0, 700.0])] {
+            let paused = match t {
+                60 => ms[0],
+                61 => ms[1],
+                _ => 0.0,
+            };
+            samples.push(at(source, metric::INPUT_PAUSED_MS, paused));
         }
         if (RECONFIG_AT..RECONFIG_AT + 5).contains(&t) {
             samples.push(at("aggregate.0", metric::STATE_BYTES_MOVED, 1_048_576.0));
@@ -94,7 +106,8 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
                 operator: "aggregate".into(),
                 completed_ms: start_ms + 5_000,
                 bytes_moved: 5 * 1_048_576,
-                pause_ms: Some(1_500),
+                // The coordinator's Drain-to-completion figure: not the report's pause.
+                pause_ms: Some(2_000),
             },
         )
         .unwrap();
@@ -132,7 +145,13 @@ fn scale_out_dip_and_backlog_recovery() {
         text.contains("state moved: 7.50 MiB (5.00 MiB on demand, 2.50 MiB in the background)"),
         "{text}"
     );
-    assert_eq!(summary.pause_ms_total, 1_500);
+    assert_eq!(summary.pause_ms_total, 1_500, "Σ over seconds of the longest task's input_paused_ms");
+    assert_eq!(summary.max_queued_records, Some(("aggregate.1".to_string(), 80.0)));
+    assert!(
+        text.contains("input paused: 1500 ms")
+            && text.contains("queued records: at most 80 (task aggregate.1)"),
+        "{text}"
+    );
     let row = &summary.table.rows[10];
     assert_eq!(row.batch_latency_mean_us, Some(200.0), "mean over non-source tasks");
     assert_eq!(row.batch_latency_p99_us, Some(900.0), "max over non-source tasks");

@@ -276,7 +276,7 @@ fn write_results(
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>14} {:>14} {:>10} {:>10} {:>24} {:>22}",
+        "{:<18} {:>10} {:>14} {:>14} {:>10} {:>10} {:>24} {:>22} {:>10}",
         "protocol",
         "recovery",
         "on demand",
@@ -284,13 +284,14 @@ fn write_results(
         "pause",
         "peak lag",
         "worst dip (vs offered)",
-        "batch latency"
+        "batch latency",
+        "max queued"
     );
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} µs"));
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>14} {:>14} {:>7} ms {:>7} ms {:>24} {:>22}",
+            "{:<18} {:>10} {:>14} {:>14} {:>7} ms {:>7} ms {:>24} {:>22} {:>10}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             crate::launch::human_bytes(r.state_moved.on_demand as u64),
@@ -298,7 +299,8 @@ fn write_results(
             r.pause_ms_total,
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
             first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
-            format!("{} → {}", us(*before), us(*after))
+            format!("{} → {}", us(*before), us(*after)),
+            r.max_queued_records.as_ref().map_or("-".into(), |(_, n)| format!("{n:.0}"))
         );
     }
     let ran = |p: &str| runs.iter().find(|r| r.run.protocol == p);
