@@ -379,7 +379,7 @@ impl KoalaTask {
         self.held.len()
     }
 
-    /// Whether the task takes data-channel input now (bounded memory, docs/protocols.md §6):
+    /// Whether the task takes data-channel input now (bounded memory, docs/architecture.md §4):
     /// not once the records it holds reach `max_queued_records`; then the backlog waits upstream
     /// (backpressure, source lag). Commands, peer and fetch lanes keep flowing, and what the task
     /// holds drains without data input: queued records need only fetch answers (every task serves
