@@ -75,6 +75,36 @@ fn next_whole_second(now: std::time::Instant) -> std::time::Instant {
     now + wait
 }
 
+/// Per-batch latency of a loop whose protocol core keeps records (Koala, DRRS): the core tags the
+/// records of each event with microseconds since `clock` (its intake tag), and reports per batch
+/// the tag of its oldest record and how many `Process` actions carry it, in action order. Fed the
+/// end of each `Process`, it gives the latency of every batch that ended there.
+pub(crate) struct BatchEnds {
+    clock: std::time::Instant,
+    batches: std::collections::VecDeque<(u64, usize)>,
+    runs: usize,
+}
+
+impl BatchEnds {
+    /// Batches of one event's actions: (oldest intake tag, `Process` actions), in order.
+    pub(crate) fn new(clock: std::time::Instant, batches: impl IntoIterator<Item = (u64, usize)>) -> Self {
+        Self { clock, batches: batches.into_iter().collect(), runs: 0 }
+    }
+
+    /// One `Process` ended at `done`: the latency of the batch it completed, if it did. A
+    /// `Process` the core reported no batch for has none.
+    pub(crate) fn processed(&mut self, done: std::time::Instant) -> Option<Duration> {
+        let &(taken, actions) = self.batches.front()?;
+        self.runs += 1;
+        if self.runs < actions {
+            return None;
+        }
+        self.batches.pop_front();
+        self.runs = 0;
+        Some(done.saturating_duration_since(self.clock + Duration::from_micros(taken)))
+    }
+}
+
 fn histogram() -> Histogram<u64> {
     // Three significant digits up to one hour; cannot fail for these bounds.
     Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
@@ -312,6 +342,19 @@ mod tests {
         let ms = value(&last, metric::INPUT_PAUSED_MS).unwrap_or_default();
         let bound = Instant::now().duration_since(before).as_secs_f64() * 1000.0 + 10.0;
         assert!((10.0..=bound).contains(&ms), "{ms} ms, at most {bound}");
+    }
+
+    /// A batch's latency ends with its last `Process` and starts at its oldest record's tag.
+    #[test]
+    fn batch_ends_time_each_batch_from_its_oldest_record_to_its_last_action() {
+        let clock = Instant::now();
+        let at = |ms: u64| clock + Duration::from_millis(ms);
+        // A batch taken at 5 ms in one action, then one taken at 7 ms in two (two inputs).
+        let mut ends = BatchEnds::new(clock, [(5_000, 1), (7_000, 2)]);
+        assert_eq!(ends.processed(at(40)), Some(Duration::from_millis(35)));
+        assert_eq!(ends.processed(at(41)), None, "the second batch has one more action");
+        assert_eq!(ends.processed(at(50)), Some(Duration::from_millis(43)));
+        assert_eq!(ends.processed(at(60)), None, "no batch reported");
     }
 
     /// Batch latency and busy time are separate: a caller that knows when a batch's first record

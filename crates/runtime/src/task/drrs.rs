@@ -30,6 +30,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::InputChannel;
 use crate::links::open_peer;
+use crate::metrics::BatchEnds;
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -378,14 +379,14 @@ impl DrrsOperator {
         let nb = setup.num_buckets;
         // Per `Process`, when its oldest record was taken: the batch's latency includes the wait
         // for its bucket's state (`DrrsTask::take_process_tags`).
-        let mut tags = tags.into_iter();
+        let mut ends = BatchEnds::new(self.clock, tags.into_iter().map(|t| (t, 1)));
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
                     let started = Instant::now();
                     let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
-                    let taken = tags.next().map_or(started, |t| self.clock + Duration::from_micros(t));
-                    self.op.metrics.record_batch_latency(done.saturating_duration_since(taken));
+                    let latency = ends.processed(done).unwrap_or(done - started);
+                    self.op.metrics.record_batch_latency(latency);
                 }
                 TaskAction::SendToPeer { to, message } => self.send(setup, to, &Wire::Peer(message))?,
                 TaskAction::DetachTimers { buckets, up_to } => {

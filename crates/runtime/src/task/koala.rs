@@ -40,6 +40,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
 use crate::links::{FETCH_INPUT, open_channel, open_peer};
+use crate::metrics::BatchEnds;
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -441,17 +442,13 @@ impl KoalaOperator {
         actions: Vec<TaskAction>,
         batches: Vec<BatchTaken>,
     ) -> Result<(), RuntimeError> {
-        let mut batches = batches.into_iter().peekable();
-        let mut runs = 0;
+        let mut ends = BatchEnds::new(self.clock, batches.iter().map(|b| (b.taken, b.actions)));
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
                     let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
-                    runs += 1;
-                    if let Some(batch) = batches.next_if(|b| b.actions <= runs) {
-                        runs = 0;
-                        let taken = self.clock + Duration::from_micros(batch.taken);
-                        self.op.metrics.record_batch_latency(done.saturating_duration_since(taken));
+                    if let Some(latency) = ends.processed(done) {
+                        self.op.metrics.record_batch_latency(latency);
                     }
                 }
                 TaskAction::FetchState { from, request } => self.send(setup, from, &Wire::Fetch(request))?,
