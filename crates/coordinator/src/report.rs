@@ -19,7 +19,7 @@
 //! - **pause** (of the run) = Σ over seconds of the max over tasks of `input_paused_ms`: the time
 //!   some task held input back for its protocol (stop-and-restart's Drain, DRRS's wait buffer,
 //!   Koala's `max_queued_records`), the same ruler for every protocol; **queued records** = the
-//!   largest `queued_records` sample of any task.
+//!   largest `queued_records_max` sample of any task (the most records one task held at once).
 //! - Times are seconds since the run's start second (`runs.started_ms / 1000`); a
 //!   reconfiguration belongs to the second its `started_ms` falls in.
 //!
@@ -167,8 +167,8 @@ pub struct ReportSummary {
     pub capacity_shortfall: Vec<(String, u64, f64)>,
     /// Σ over seconds of the max over tasks of `input_paused_ms`, ms (see the module docs).
     pub pause_ms_total: u64,
-    /// The largest `queued_records` sample of the run and its task (`None` if no task reported
-    /// one).
+    /// The largest `queued_records_max` sample of the run and its task (`None` if no task
+    /// reported one).
     pub max_queued_records: Option<(String, f64)>,
     /// The dip with the lowest [`ThroughputDip::ratio`] over all reconfigurations.
     pub worst_dip: Option<ThroughputDip>,
@@ -235,11 +235,13 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     };
     let tail: Vec<f64> = table.rows.iter().filter_map(|r| r.lag_p99_ms).collect();
     let paused = store.per_second(&info.run, metric::INPUT_PAUSED_MS, Aggregate::Max, TaskScope::All)?;
-    let max_queued_records = store
-        .task_samples(&info.run, metric::QUEUED_RECORDS)?
-        .into_iter()
-        .map(|(task, _, v)| (task, v))
-        .reduce(|a, b| if b.1 > a.1 { b } else { a });
+    // The peak within each second; a run recorded before it existed has the end-of-second gauge.
+    let mut queued = store.task_samples(&info.run, metric::QUEUED_RECORDS_MAX)?;
+    if queued.is_empty() {
+        queued = store.task_samples(&info.run, metric::QUEUED_RECORDS)?;
+    }
+    let max_queued_records =
+        queued.into_iter().map(|(task, _, v)| (task, v)).reduce(|a, b| if b.1 > a.1 { b } else { a });
 
     let records_total: f64 = throughput.iter().map(|(_, v)| v).sum();
     let max_of = |f: fn(&SecondRow) -> Option<f64>| table.rows.iter().filter_map(f).reduce(f64::max);

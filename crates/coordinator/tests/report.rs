@@ -65,6 +65,11 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
             samples.push(at(task, metric::BATCH_LATENCY_MAX_US, base * 5.0));
             samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
             samples.push(at(task, metric::QUEUED_RECORDS, if t == 61 { 40.0 * (i + 1) as f64 } else { 0.0 }));
+            samples.push(at(
+                task,
+                metric::QUEUED_RECORDS_MAX,
+                if t == 61 { 40.0 * (i + 1) as f64 } else { 1.0 },
+            ));
             samples.push(at(task, metric::INPUT_PAUSED_MS, 0.0));
         }
         // Both sources paused 800 ms in one second and 700 ms in the next (the longest task counts

@@ -28,7 +28,7 @@ pub struct Outcome {
     /// How long some task held input back for its protocol, ms (the report's pause: Σ over
     /// seconds of the longest `input_paused_ms`, for every protocol).
     pub pause_ms: u64,
-    /// The most records any task held unprocessed at the end of a second (`queued_records`).
+    /// The most records any task held unprocessed at once (`queued_records_max`).
     pub max_queued: Option<f64>,
 }
 

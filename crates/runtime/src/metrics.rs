@@ -50,6 +50,8 @@ pub struct TaskMetrics {
     /// Stateful operators: records taken and not yet processed, at the end of the second (the
     /// task's loop sets it before each tick).
     pub queued_records: Option<u64>,
+    /// The most records held at any moment of the second (`Self::held`).
+    queued_peak: u64,
     /// Time input waited while the protocol held it back, this second (`Self::input_paused`).
     input_paused: Duration,
     /// Since when input has been held back, if it is.
@@ -136,6 +138,7 @@ impl TaskMetrics {
             offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
             queued_records: None,
+            queued_peak: 0,
             input_paused: Duration::ZERO,
             paused_since: None,
             batch_latency_us: histogram(),
@@ -162,6 +165,11 @@ impl TaskMetrics {
     /// Records one batch's latency: first record taken → last output (docs/architecture.md §9).
     pub fn record_batch_latency(&mut self, latency: Duration) {
         let _ = self.batch_latency_us.record((latency.as_micros() as u64).max(1));
+    }
+
+    /// The task holds `records` now (after an event): the second's peak of `queued_records`.
+    pub fn held(&mut self, records: u64) {
+        self.queued_peak = self.queued_peak.max(records);
     }
 
     /// Whether, at `now`, the task has input waiting that its protocol holds back (a pause: see
@@ -228,6 +236,9 @@ impl TaskMetrics {
         push(metric::INPUT_PAUSED_MS, self.input_paused.as_secs_f64() * 1000.0);
         if let Some(queued) = self.queued_records {
             push(metric::QUEUED_RECORDS, queued as f64);
+            push(metric::QUEUED_RECORDS_MAX, self.queued_peak.max(queued) as f64);
+            // The next second's peak is at least what is held as it starts.
+            self.queued_peak = queued;
         }
         push(metric::STATE_BYTES_MOVED, self.state_bytes_moved as f64);
         if self.state_bytes_pulled > 0 || self.fetch_not_here > 0 || self.klt_size.is_some() {
@@ -327,13 +338,18 @@ mod tests {
         // Still paused at the tick (t0 + 1 s): 600 ms of it in this second.
         let tick = t0 + Duration::from_secs(1);
         m.next_tick = tick;
+        m.held(40);
+        m.held(12);
         m.queued_records = Some(7);
         let second = m.take_if_due(tick).unwrap_or_default();
         assert_eq!(value(&second, metric::INPUT_PAUSED_MS), Some(600.0));
         assert_eq!(value(&second, metric::QUEUED_RECORDS), Some(7.0));
+        assert_eq!(value(&second, metric::QUEUED_RECORDS_MAX), Some(40.0), "the peak within the second");
         // The pause goes on from the tick: the next second counts only what follows it.
         m.input_paused(false, tick + Duration::from_millis(30));
-        assert_eq!(value(&m.take(), metric::INPUT_PAUSED_MS), Some(30.0));
+        let third = m.take();
+        assert_eq!(value(&third, metric::INPUT_PAUSED_MS), Some(30.0));
+        assert_eq!(value(&third, metric::QUEUED_RECORDS_MAX), Some(7.0), "held since the tick");
         // The last report (a time 1 s ahead) counts a pause up to now, not up to that time.
         let before = Instant::now();
         m.input_paused(true, before - Duration::from_millis(10));

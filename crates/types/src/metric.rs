@@ -52,6 +52,10 @@ pub const CAPACITY_RECORDS_PER_SEC: &str = "capacity_records_per_sec";
 /// stop-and-restart and Remote, which process what they take (records still in the task's input
 /// queue are not counted). Stateful operators only.
 pub const QUEUED_RECORDS: &str = "queued_records";
+/// The most records the task held as `queued_records` counts them at any moment of the second
+/// (after each event its protocol core handled): a second's peak, which the end-of-second gauge
+/// misses when the queue drains before the tick.
+pub const QUEUED_RECORDS_MAX: &str = "queued_records_max";
 /// Milliseconds this second the task had input waiting and took none because its protocol held
 /// it back: stop-and-restart's pause between `Drain` and `Resume` (upstream tasks; a source always
 /// has input waiting), DRRS's full wait buffer, Koala's `max_queued_records`. Not the capacity
@@ -89,6 +93,7 @@ pub const ALL: &[&str] = &[
     THROTTLED_MS,
     CAPACITY_RECORDS_PER_SEC,
     QUEUED_RECORDS,
+    QUEUED_RECORDS_MAX,
     INPUT_PAUSED_MS,
     SOURCE_OFFSET_LAG,
     KLT_BYTES,

@@ -365,6 +365,7 @@ impl DrrsOperator {
     ) -> Result<(), RuntimeError> {
         self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
         let actions = self.core.on(event);
+        self.op.metrics.held(self.core.queued_records() as u64);
         let tags = self.core.take_process_tags();
         self.execute(setup, outputs, actions, tags)
     }

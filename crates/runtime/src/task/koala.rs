@@ -358,6 +358,7 @@ impl KoalaOperator {
         if let Some(e) = error {
             return Err(e);
         }
+        self.op.metrics.held(self.core.queued_records() as u64);
         let batches = self.core.take_batches();
         self.execute(setup, outputs, actions, batches)
     }
