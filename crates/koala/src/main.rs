@@ -49,7 +49,7 @@ enum Command {
     /// Run the demo workload once per protocol (`--protocols`) and print a table: state
     /// moved on demand and in the background, backlog recovery time, peak lag, lag p99 over the
     /// last 5 s, worst throughput dip against the offered rate, per-batch latency before and
-    /// after (n/a for DRRS), pause.
+    /// after, pause (input paused, every protocol), the most records a task held.
     Compare {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 60)]
