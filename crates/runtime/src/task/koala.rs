@@ -143,8 +143,9 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let gate = task.op.data_closed_until(now);
         // So does a full inbox: what the task holds drains without data input (`takes_data`).
         let full = !task.core.takes_data();
-        let paused = full && gate.is_none() && !task.outbox.has_waiting() && !setup.inbox.queue().is_empty();
-        task.op.metrics.input_paused(paused, now);
+        let held_back = full && gate.is_none() && !task.outbox.has_waiting();
+        let data_waiting = held_back && !setup.inbox.queue().is_empty();
+        task.op.metrics.input_paused(data_waiting, now);
         let deadline = outputs
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
@@ -155,6 +156,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             if task.builds.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
         if task.outbox.has_waiting() {
             task.wait_for_peers(&setup, &mut outputs, timeout)?;
+        } else if held_back && !data_waiting {
+            // Full, and nothing waits upstream yet: also wake when data arrives (the pause
+            // starts then), without taking it.
+            task.wait_while_full(&setup, &mut outputs, timeout)?;
         } else {
             select! {
                 recv(setup.commands) -> cmd => match cmd {
@@ -247,6 +252,46 @@ impl KoalaOperator {
                 }
             }
             Ok(_) => self.outbox.flush(),
+        }
+    }
+
+    /// One turn while the core holds `max_queued_records` and no data waits: serve a command, a
+    /// fetch or a peer message, or notice data arriving — left in the queue — and start counting
+    /// `input_paused_ms` then (the loop does not wake for data it does not take otherwise, so a
+    /// pause would count only from the next event).
+    fn wait_while_full(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
+        let mut ready = Select::new();
+        let commands = ready.recv(&setup.commands);
+        let fetches = ready.recv(&setup.fetch_inbox);
+        let peers = ready.recv(&setup.peer_inbox);
+        let data = ready.recv(setup.inbox.queue());
+        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
+        match ready.ready_timeout(timeout) {
+            Err(_) => Ok(()),
+            Ok(i) if i == data => {
+                if !setup.inbox.queue().is_empty() {
+                    self.op.metrics.input_paused(true, Instant::now());
+                }
+                Ok(())
+            }
+            Ok(i) if i == commands => match setup.commands.try_recv() {
+                Ok(cmd) => self.on_command(setup, outputs, cmd),
+                Err(TryRecvError::Empty) => Ok(()),
+                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
+            },
+            Ok(i) => {
+                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
+                debug_assert!(i == fetches || i == peers);
+                match lane.try_recv() {
+                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
+                    Err(_) => Ok(()),
+                }
+            }
         }
     }
 
