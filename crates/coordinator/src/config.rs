@@ -158,6 +158,11 @@ pub struct RuntimeSection {
     /// other workers at — Koala fetches, pulls and hand-overs, stop-and-restart state. Unset =
     /// unlimited (loopback speed).
     pub link_mb_per_sec: Option<f64>,
+    /// Koala: records a task may hold — queued behind a batch waiting for state, parked until a
+    /// sender's peer channel closes — before it stops taking data input, so a backlog waits
+    /// upstream (backpressure, source lag) instead of in memory (docs/architecture.md §4). The
+    /// default (4 batches of the core's largest size) never needs changing.
+    pub max_queued_records: usize,
 }
 
 impl RuntimeSection {
@@ -190,6 +195,7 @@ impl Default for RuntimeSection {
             reconfiguration_timeout_s: 120.0,
             task_records_per_sec: None,
             link_mb_per_sec: None,
+            max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
         }
     }
 }
@@ -426,6 +432,15 @@ impl JobConfig {
         }
         if self.runtime.batch_records == 0 || self.runtime.channel_capacity == 0 {
             return Err(invalid("runtime", "batch_records and channel_capacity must be at least 1"));
+        }
+        if self.runtime.max_queued_records == 0 {
+            return Err(invalid(
+                "runtime.max_queued_records",
+                format!(
+                    "must be at least 1 (the default, {}, never needs changing)",
+                    koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS
+                ),
+            ));
         }
         for (name, v, min) in [
             ("runtime.heartbeat_timeout_s", self.runtime.heartbeat_timeout_s, 1.0),

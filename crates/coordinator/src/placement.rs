@@ -51,6 +51,7 @@ pub(crate) fn initial_deployment(
             channel_capacity: config.runtime.channel_capacity,
             sink_dir: config.output_dir.to_string_lossy().into_owned(),
             capacity: config.runtime.capacity(),
+            max_queued_records: config.runtime.max_queued_records,
         },
     }
 }

@@ -20,6 +20,10 @@
 //! - **state moved** = Σ over all tasks of `state_bytes_on_demand`, `state_bytes_background` and
 //!   `state_bytes_eager`; **backpressure** = max over tasks of
 //!   `backpressure_ms` (the worst task's blocked milliseconds in that second).
+//! - **pause** (of the run) = Σ over seconds of the max over tasks of `input_paused_ms`: the time
+//!   some task held input back for its protocol (stop-and-restart's Drain, DRRS's wait buffer,
+//!   Koala's `max_queued_records`), the same ruler for every protocol; **queued records** = the
+//!   largest `queued_records_max` sample of any task (the most records one task held at once).
 //! - Times are seconds since the run's start second (`runs.started_ms / 1000`); a
 //!   reconfiguration belongs to the second its `started_ms` falls in.
 //!
@@ -178,8 +182,11 @@ pub struct ReportSummary {
     /// Tasks that could not reach their processing budget: (task, seconds short, lowest measured
     /// capacity in records/s), from `capacity_records_per_sec` samples below the budget.
     pub capacity_shortfall: Vec<(String, u64, f64)>,
-    /// Σ `pause_ms` over the reconfigurations that recorded one.
+    /// Σ over seconds of the max over tasks of `input_paused_ms`, ms (see the module docs).
     pub pause_ms_total: u64,
+    /// The largest `queued_records_max` sample of the run and its task (`None` if no task
+    /// reported one).
+    pub max_queued_records: Option<(String, f64)>,
     /// The dip with the lowest [`ThroughputDip::ratio`] over all reconfigurations.
     pub worst_dip: Option<ThroughputDip>,
     /// The longest backlog recovery (end-to-end latency); `None` without reconfigurations or if
@@ -261,6 +268,14 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         None => Vec::new(),
     };
     let tail: Vec<f64> = table.rows.iter().filter_map(|r| r.lag_p99_ms).collect();
+    let paused = store.per_second(&info.run, metric::INPUT_PAUSED_MS, Aggregate::Max, TaskScope::All)?;
+    // The peak within each second; a run recorded before it existed has the end-of-second gauge.
+    let mut queued = store.task_samples(&info.run, metric::QUEUED_RECORDS_MAX)?;
+    if queued.is_empty() {
+        queued = store.task_samples(&info.run, metric::QUEUED_RECORDS)?;
+    }
+    let max_queued_records =
+        queued.into_iter().map(|(task, _, v)| (task, v)).reduce(|a, b| if b.1 > a.1 { b } else { a });
 
     let records_total: f64 = throughput.iter().map(|(_, v)| v).sum();
     let max_of = |f: fn(&SecondRow) -> Option<f64>| table.rows.iter().filter_map(f).reduce(f64::max);
@@ -278,7 +293,8 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         tail_lag_p99_ms: tail.iter().rev().take(TAIL_S).copied().reduce(f64::max),
         capacity: config.as_ref().map(|c| c.runtime.capacity_line()),
         capacity_shortfall,
-        pause_ms_total: reconfigurations.iter().filter_map(|r| r.reconfiguration.pause_ms).sum(),
+        pause_ms_total: paused.iter().map(|(_, ms)| ms).sum::<f64>().round() as u64,
+        max_queued_records,
         worst_dip: reconfigurations
             .iter()
             .filter_map(|r| r.dip)
@@ -510,13 +526,16 @@ impl fmt::Display for ReportSummary {
         writeln!(f, "lag p99 over the last {TAIL_S} s: {}", fmt_opt(self.tail_lag_p99_ms, "ms"))?;
         writeln!(
             f,
-            "state moved: {} ({} on demand, {} in the background, {} eager); pause total: {} ms",
+            "state moved: {} ({} on demand, {} in the background, {} eager); input paused: {} ms",
             fmt_bytes(self.state_moved.total()),
             fmt_bytes(self.state_moved.on_demand),
             fmt_bytes(self.state_moved.background),
             fmt_bytes(self.state_moved.eager),
             self.pause_ms_total
         )?;
+        if let Some((task, n)) = &self.max_queued_records {
+            writeln!(f, "queued records: at most {n:.0} (task {task})")?;
+        }
         writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
         writeln!(
             f,

@@ -74,6 +74,23 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
             samples.push(at(task, metric::BATCH_LATENCY_P99_US, base * 3.0));
             samples.push(at(task, metric::BATCH_LATENCY_MAX_US, base * 5.0));
             samples.push(at(task, metric::BACKPRESSURE_MS, 0.0));
+            samples.push(at(task, metric::QUEUED_RECORDS, if t == 61 { 40.0 * (i + 1) as f64 } else { 0.0 }));
+            samples.push(at(
+                task,
+                metric::QUEUED_RECORDS_MAX,
+                if t == 61 { 40.0 * (i + 1) as f64 } else { 1.0 },
+            ));
+            samples.push(at(task, metric::INPUT_PAUSED_MS, 0.0));
+        }
+        // Both sources paused 800 ms in one second and 700 ms in the next (the longest task counts
+        // per second, not the sum over tasks).
+        for (source, ms) in [("source.0", [800.0, 700.0]), ("source.1", [600.0, 700.0])] {
+            let paused = match t {
+                60 => ms[0],
+                61 => ms[1],
+                _ => 0.0,
+            };
+            samples.push(at(source, metric::INPUT_PAUSED_MS, paused));
         }
         samples.push(at("sink.0", metric::RECORDS_IN, throughput(t)));
         samples.push(at("sink.0", metric::LATENCY_P50_MS, latency(t)));
@@ -113,7 +130,8 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
                 operator: "aggregate".into(),
                 completed_ms: start_ms + 5_000,
                 bytes_moved: 5 * 1_048_576,
-                pause_ms: Some(1_500),
+                // The coordinator's Drain-to-completion figure: not the report's pause.
+                pause_ms: Some(2_000),
             },
         )
         .unwrap();
@@ -154,7 +172,13 @@ fn scale_out_dip_and_backlog_recovery() {
         ),
         "{text}"
     );
-    assert_eq!(summary.pause_ms_total, 1_500);
+    assert_eq!(summary.pause_ms_total, 1_500, "Σ over seconds of the longest task's input_paused_ms");
+    assert_eq!(summary.max_queued_records, Some(("aggregate.1".to_string(), 80.0)));
+    assert!(
+        text.contains("input paused: 1500 ms")
+            && text.contains("queued records: at most 80 (task aggregate.1)"),
+        "{text}"
+    );
     let moving = &summary.table.rows[RECONFIG_AT as usize];
     assert_eq!(moving.state_bytes_moved, 1_048_576.0 + 524_288.0 + 1024.0, "all three kinds per second");
     let row = &summary.table.rows[10];

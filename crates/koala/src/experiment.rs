@@ -298,7 +298,7 @@ fn write_results(
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>24} {:>22}",
+        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>24} {:>22} {:>10}",
         "protocol",
         "recovery",
         "lag rec.",
@@ -309,13 +309,14 @@ fn write_results(
         "peak e2e",
         "peak lag",
         "worst dip (vs offered)",
-        "batch latency"
+        "batch latency",
+        "max queued"
     );
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} µs"));
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>24} {:>22}",
+            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>24} {:>22} {:>10}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             first.and_then(|c| c.lag_recovery_s).map_or("never".into(), |s| format!("{s} s")),
@@ -326,7 +327,8 @@ fn write_results(
             r.peak_latency_p50_ms.map_or(0.0, |l| l.round()),
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
             first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
-            format!("{} → {}", us(*before), us(*after))
+            format!("{} → {}", us(*before), us(*after)),
+            r.max_queued_records.as_ref().map_or("-".into(), |(_, n)| format!("{n:.0}"))
         );
     }
     let ran = |p: &str| runs.iter().find(|r| r.run.protocol == p);

@@ -50,9 +50,10 @@ enum Command {
         protocol: String,
     },
     /// Run the demo workload once per protocol (`--protocols`) and print a table: state
-    /// moved on demand and in the background, backlog recovery time on end-to-end latency and on
-    /// source lag, peak end-to-end latency, peak lag, lag p99 over the last 5 s, worst throughput
-    /// dip against the offered rate, per-batch latency before and after (n/a for DRRS), pause.
+    /// moved on demand, in the background and eagerly, backlog recovery time on end-to-end
+    /// latency and on source lag, peak end-to-end latency, peak lag, lag p99 over the last 5 s,
+    /// worst throughput dip against the offered rate, per-batch latency before and after, pause
+    /// (input paused, every protocol), the most records a task held.
     Compare {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 60)]

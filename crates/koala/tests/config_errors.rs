@@ -74,6 +74,12 @@ fn timeouts_below_a_second_are_named() {
     assert!(err.contains("runtime.reconfiguration_timeout_s"), "{err}");
 }
 
+#[test]
+fn a_zero_queue_bound_is_named() {
+    let err = rejected(&format!("{BASE}[runtime]\nmax_queued_records = 0\n"));
+    assert!(err.contains("runtime.max_queued_records") && err.contains("at least 1"), "{err}");
+}
+
 /// DRRS runs with the uniform partition policy only; its knobs are checked by name.
 #[test]
 fn drrs_needs_the_uniform_policy_and_known_knobs() {

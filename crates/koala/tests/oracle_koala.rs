@@ -104,3 +104,41 @@ fn self_join_rescaled_and_rebalanced_on_demand_only() {
 fn self_join_rescaled_and_rebalanced_progressive() {
     common::oracle::self_join_rescaled_and_rebalanced("koala", "extra_keys = 8\n");
 }
+
+/// The self-join with a bound of 2 held records per task (`max_queued_records`): a task stops
+/// taking data input while it holds two, and its rebalance, in which tasks hand buckets to each
+/// other with two channels from each upstream, completes (the simulator deadlocked exactly this
+/// at bound 1 when parked records counted before a task's own markers were in).
+#[test]
+fn self_join_rescaled_and_rebalanced_with_a_queue_bound_of_two() {
+    common::oracle::self_join_rescaled_and_rebalanced(
+        "koala",
+        "extra_keys = 0\n[runtime]\nmax_queued_records = 2\n",
+    );
+}
+
+/// Every bucket swapped between two tasks on two workers with one held record per task and
+/// one-message queues: each task fetches all of its state from the other while it takes one
+/// record at a time; the output is the reference run's.
+#[test]
+fn every_bucket_swapped_with_a_queue_bound_of_one() {
+    let buckets = |r: std::ops::Range<u32>| r.map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
+    let schedule = format!(
+        "[[reconfigurations]]\nat_s = 0.6\noperator = \"last_n\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [{}], to = 0 }}]\n",
+        buckets(0..64),
+        buckets(64..128)
+    );
+    let tasks = [("source", 2), ("last_n", 2), ("sink", 1)];
+    check(&Case {
+        protocol: "koala",
+        top: "partition_policy = \"uniform\"\n[runtime]\nchannel_capacity = 1\nmax_queued_records = 1\n",
+        query: "last-n",
+        start: &tasks,
+        end: &tasks,
+        schedule: &schedule,
+        params: "last_n = 3\n",
+        records: 16_000,
+        seed: 13,
+        expect_reconfigurations: 1,
+    });
+}

@@ -64,6 +64,23 @@ fn throttled_run(protocol: &str) {
     assert!(busiest >= 0.7 * BUDGET, "{protocol}: no task got near its budget (max {busiest}/s)");
     let throttled = rec.total(koala_types::metric::THROTTLED_MS);
     assert!(throttled > 0.0, "{protocol}: no task was ever held back by its budget");
+    // The throttle is not a pause (`input_paused_ms` and `throttled_ms` never count the same
+    // time): the aggregate's tasks, throttled all along, are never paused under stop-and-restart,
+    // whose pause is at the sources, the scale-out's upstreams; Koala never pauses a source.
+    let paused = |prefix: &str| -> f64 {
+        let samples = rec
+            .sums
+            .iter()
+            .filter(|((t, m), _)| t.starts_with(prefix) && m == koala_types::metric::INPUT_PAUSED_MS);
+        samples.map(|(_, v)| *v).sum()
+    };
+    let (sources, aggregates) = (paused("source."), paused("aggregate."));
+    if protocol == "stop-and-restart" {
+        assert!(sources > 0.0, "the sources paused for the scale-out but report no input_paused_ms");
+        assert_eq!(aggregates, 0.0, "{protocol}: a throttled task reported a pause");
+    } else {
+        assert_eq!(sources, 0.0, "{protocol}: a source reported a pause");
+    }
     // New tasks are throttled too: records kept flowing to them and their rate stayed bounded.
     for new in ["aggregate.2", "aggregate.3"] {
         assert!(rec.task_sum(new, koala_types::metric::RECORDS_IN) > 0.0, "{protocol}: {new} idle");

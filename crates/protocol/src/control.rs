@@ -23,6 +23,14 @@ pub struct RuntimeOptions {
     /// default.
     #[serde(default)]
     pub capacity: EmulatedCapacity,
+    /// Koala: records a task may hold (queued, parked, waiting for state) before it stops taking
+    /// data input (`[runtime] max_queued_records`; `KoalaTask::takes_data`).
+    #[serde(default = "default_max_queued_records")]
+    pub max_queued_records: usize,
+}
+
+fn default_max_queued_records() -> usize {
+    crate::koala::DEFAULT_MAX_QUEUED_RECORDS
 }
 
 /// Capacity emulation for experiments on small machines (docs/architecture.md §4): without it,
@@ -260,6 +268,7 @@ impl Deployment {
             channel_capacity: 1,
             sink_dir: ".".into(),
             capacity: Default::default(),
+            max_queued_records: crate::koala::DEFAULT_MAX_QUEUED_RECORDS,
         };
         Self {
             run: "r".into(),

@@ -20,6 +20,7 @@
 //!     channel_capacity: 1,
 //!     sink_dir: ".".into(),
 //!     capacity: Default::default(),
+//!     max_queued_records: 1024,
 //! };
 //! let deployment = Deployment {
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),

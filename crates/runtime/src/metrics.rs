@@ -49,6 +49,15 @@ pub struct TaskMetrics {
     pub klt_size: Option<(u64, u64)>,
     /// Koala: time the protocol core spent looking up batches' keys this second, and how many batches.
     pub klt_lookup: (Duration, u64),
+    /// Stateful operators: records taken and not yet processed, at the end of the second (the
+    /// task's loop sets it before each tick).
+    pub queued_records: Option<u64>,
+    /// The most records held at any moment of the second (`Self::held`).
+    queued_peak: u64,
+    /// Time input waited while the protocol held it back, this second (`Self::input_paused`).
+    input_paused: Duration,
+    /// Since when input has been held back, if it is.
+    paused_since: Option<std::time::Instant>,
     batch_latency_us: Histogram<u64>,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
@@ -91,6 +100,36 @@ pub fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Per-batch latency of a loop whose protocol core keeps records (Koala, DRRS): the core tags the
+/// records of each event with microseconds since `clock` (its intake tag), and reports per batch
+/// the tag of its oldest record and how many `Process` actions carry it, in action order. Fed the
+/// end of each `Process`, it gives the latency of every batch that ended there.
+pub(crate) struct BatchEnds {
+    clock: std::time::Instant,
+    batches: std::collections::VecDeque<(u64, usize)>,
+    runs: usize,
+}
+
+impl BatchEnds {
+    /// Batches of one event's actions: (oldest intake tag, `Process` actions), in order.
+    pub(crate) fn new(clock: std::time::Instant, batches: impl IntoIterator<Item = (u64, usize)>) -> Self {
+        Self { clock, batches: batches.into_iter().collect(), runs: 0 }
+    }
+
+    /// One `Process` ended at `done`: the latency of the batch it completed, if it did. A
+    /// `Process` the core reported no batch for has none.
+    pub(crate) fn processed(&mut self, done: std::time::Instant) -> Option<Duration> {
+        let &(taken, actions) = self.batches.front()?;
+        self.runs += 1;
+        if self.runs < actions {
+            return None;
+        }
+        self.batches.pop_front();
+        self.runs = 0;
+        Some(done.saturating_duration_since(self.clock + Duration::from_micros(taken)))
+    }
+}
+
 fn histogram() -> Histogram<u64> {
     // Three significant digits up to one hour; cannot fail for these bounds.
     Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap_or_else(|_| {
@@ -122,6 +161,10 @@ impl TaskMetrics {
             klt_size: None,
             offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
+            queued_records: None,
+            queued_peak: 0,
+            input_paused: Duration::ZERO,
+            paused_since: None,
             batch_latency_us: histogram(),
             lag_ms: histogram(),
             reports_lag,
@@ -134,9 +177,39 @@ impl TaskMetrics {
 
     /// Records one batch's processing latency.
     pub fn record_batch(&mut self, latency: Duration) {
+        self.record_busy(latency);
+        self.record_batch_latency(latency);
+    }
+
+    /// Counts one batch processed in `busy` (its latency is recorded by the caller, who knows
+    /// when its first record was taken: `Self::record_batch_latency`).
+    pub fn record_busy(&mut self, busy: Duration) {
         self.batches += 1;
-        self.busy += latency;
+        self.busy += busy;
+    }
+
+    /// Records one batch's latency: first record taken → last output (docs/architecture.md §9).
+    pub fn record_batch_latency(&mut self, latency: Duration) {
         let _ = self.batch_latency_us.record((latency.as_micros() as u64).max(1));
+    }
+
+    /// The task holds `records` now (after an event): the second's peak of `queued_records`.
+    pub fn held(&mut self, records: u64) {
+        self.queued_peak = self.queued_peak.max(records);
+    }
+
+    /// Whether, at `now`, the task has input waiting that its protocol holds back (a pause: see
+    /// `metric::INPUT_PAUSED_MS`). Called at every turn of the task's loop; the time from a call
+    /// with `true` to the next with `false` counts, split at the second's boundary.
+    pub fn input_paused(&mut self, paused: bool, now: std::time::Instant) {
+        match (paused, self.paused_since) {
+            (true, None) => self.paused_since = Some(now),
+            (false, Some(since)) => {
+                self.input_paused += now.saturating_duration_since(since);
+                self.paused_since = None;
+            }
+            _ => {}
+        }
     }
 
     /// Records one record's source lag.
@@ -163,6 +236,13 @@ impl TaskMetrics {
             return None;
         }
         self.next_tick = next_whole_second(now);
+        // A pause that goes on counts up to the tick in this second (a last report is asked for
+        // with a time in the future: never past the present).
+        if let Some(since) = self.paused_since {
+            let until = now.min(std::time::Instant::now());
+            self.input_paused += until.saturating_duration_since(since);
+            self.paused_since = Some(until.max(since));
+        }
         Some(self.take())
     }
 
@@ -187,6 +267,13 @@ impl TaskMetrics {
         push(metric::STATE_WRITES, self.state_writes as f64);
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
+        push(metric::INPUT_PAUSED_MS, self.input_paused.as_secs_f64() * 1000.0);
+        if let Some(queued) = self.queued_records {
+            push(metric::QUEUED_RECORDS, queued as f64);
+            push(metric::QUEUED_RECORDS_MAX, self.queued_peak.max(queued) as f64);
+            // The next second's peak is at least what is held as it starts.
+            self.queued_peak = queued;
+        }
         push(metric::STATE_BYTES_ON_DEMAND, self.state_bytes_on_demand as f64);
         push(metric::STATE_BYTES_BACKGROUND, self.state_bytes_background as f64);
         push(metric::STATE_BYTES_EAGER, self.state_bytes_eager as f64);
@@ -253,6 +340,7 @@ impl TaskMetrics {
         self.state_writes = 0;
         self.late_dropped = 0;
         self.backpressure = Duration::ZERO;
+        self.input_paused = Duration::ZERO;
         self.state_bytes_on_demand = 0;
         self.state_bytes_background = 0;
         self.state_bytes_eager = 0;
@@ -270,6 +358,7 @@ impl TaskMetrics {
 #[cfg(test)]
 mod tests {
     use koala_types::{OperatorId, Record};
+    use std::time::Instant;
 
     use super::*;
 
@@ -309,5 +398,72 @@ mod tests {
         m.pending_due_ms = Some(unix_ms() - 5_000);
         let lag = value(&m.take(), metric::SOURCE_LAG_P99_MS).unwrap_or(0.0);
         assert!((5_000.0..6_000.0).contains(&lag), "{lag}");
+    }
+
+    /// Paused time counts from a call with `true` to the next with `false`; a pause still on at
+    /// the tick counts up to the tick and goes on in the next second; a last report asked for with
+    /// a time in the future counts no further than the present; a task that sets no queue gauge
+    /// reports none.
+    #[test]
+    fn input_paused_counts_held_back_time_split_at_the_tick() {
+        let mut m = TaskMetrics::new(task(), false);
+        let t0 = Instant::now() - Duration::from_secs(3);
+        m.input_paused(true, t0);
+        m.input_paused(true, t0 + Duration::from_millis(100));
+        m.input_paused(false, t0 + Duration::from_millis(250));
+        m.input_paused(false, t0 + Duration::from_millis(300));
+        m.input_paused(true, t0 + Duration::from_millis(400));
+        let first = m.take();
+        assert_eq!(value(&first, metric::INPUT_PAUSED_MS), Some(250.0));
+        assert_eq!(value(&first, metric::QUEUED_RECORDS), None);
+        // Still paused at the tick (t0 + 1 s): 600 ms of it in this second.
+        let tick = t0 + Duration::from_secs(1);
+        m.next_tick = tick;
+        m.held(40);
+        m.held(12);
+        m.queued_records = Some(7);
+        let second = m.take_if_due(tick).unwrap_or_default();
+        assert_eq!(value(&second, metric::INPUT_PAUSED_MS), Some(600.0));
+        assert_eq!(value(&second, metric::QUEUED_RECORDS), Some(7.0));
+        assert_eq!(value(&second, metric::QUEUED_RECORDS_MAX), Some(40.0), "the peak within the second");
+        // The pause goes on from the tick: the next second counts only what follows it.
+        m.input_paused(false, tick + Duration::from_millis(30));
+        let third = m.take();
+        assert_eq!(value(&third, metric::INPUT_PAUSED_MS), Some(30.0));
+        assert_eq!(value(&third, metric::QUEUED_RECORDS_MAX), Some(7.0), "held since the tick");
+        // The last report (a time 1 s ahead) counts a pause up to now, not up to that time.
+        let before = Instant::now();
+        m.input_paused(true, before - Duration::from_millis(10));
+        m.next_tick = before;
+        let last = m.take_if_due(before + Duration::from_secs(1)).unwrap_or_default();
+        let ms = value(&last, metric::INPUT_PAUSED_MS).unwrap_or_default();
+        let bound = Instant::now().duration_since(before).as_secs_f64() * 1000.0 + 10.0;
+        assert!((10.0..=bound).contains(&ms), "{ms} ms, at most {bound}");
+    }
+
+    /// A batch's latency ends with its last `Process` and starts at its oldest record's tag.
+    #[test]
+    fn batch_ends_time_each_batch_from_its_oldest_record_to_its_last_action() {
+        let clock = Instant::now();
+        let at = |ms: u64| clock + Duration::from_millis(ms);
+        // A batch taken at 5 ms in one action, then one taken at 7 ms in two (two inputs).
+        let mut ends = BatchEnds::new(clock, [(5_000, 1), (7_000, 2)]);
+        assert_eq!(ends.processed(at(40)), Some(Duration::from_millis(35)));
+        assert_eq!(ends.processed(at(41)), None, "the second batch has one more action");
+        assert_eq!(ends.processed(at(50)), Some(Duration::from_millis(43)));
+        assert_eq!(ends.processed(at(60)), None, "no batch reported");
+    }
+
+    /// Batch latency and busy time are separate: a caller that knows when a batch's first record
+    /// was taken records the latency itself.
+    #[test]
+    fn batch_latency_is_recorded_apart_from_busy_time() {
+        let mut m = TaskMetrics::new(task(), false);
+        m.record_busy(Duration::from_micros(100));
+        m.record_batch_latency(Duration::from_millis(40));
+        let s = m.take();
+        assert_eq!(value(&s, metric::BATCHES), Some(1.0));
+        let max = value(&s, metric::BATCH_LATENCY_MAX_US).unwrap_or_default();
+        assert!((39_900.0..=40_100.0).contains(&max), "{max}");
     }
 }

@@ -7,7 +7,9 @@ pub const RECORDS_IN: &str = "records_in";
 pub const RECORDS_OUT: &str = "records_out";
 /// Batches processed.
 pub const BATCHES: &str = "batches";
-/// Mean per-batch latency (state fetch + compute + write-back), microseconds.
+/// Mean per-batch latency, microseconds: from when the task took the batch's first record from its
+/// inputs to the end of the batch's last output, including every wait for state (a Koala fetch, a
+/// DRRS bucket's arrival, a remote round trip), excluding only the capacity emulation's throttle.
 pub const BATCH_LATENCY_MEAN_US: &str = "batch_latency_mean_us";
 /// 99th percentile per-batch latency, microseconds.
 pub const BATCH_LATENCY_P99_US: &str = "batch_latency_p99_us";
@@ -62,6 +64,22 @@ pub const THROTTLED_MS: &str = "throttled_ms";
 /// the machine cannot deliver the emulated capacity.
 pub const CAPACITY_RECORDS_PER_SEC: &str = "capacity_records_per_sec";
 
+/// Records the task took from its inputs and has not handed to its operator yet, at the end of
+/// the second: Koala's queued, parked and waiting-for-state records, DRRS's wait buffer; 0 under
+/// stop-and-restart and Remote, which process what they take (records still in the task's input
+/// queue are not counted). Stateful operators only.
+pub const QUEUED_RECORDS: &str = "queued_records";
+/// The most records the task held as `queued_records` counts them at any moment of the second
+/// (after each event its protocol core handled): a second's peak, which the end-of-second gauge
+/// misses when the queue drains before the tick.
+pub const QUEUED_RECORDS_MAX: &str = "queued_records_max";
+/// Milliseconds this second the task had input waiting and took none because its protocol held
+/// it back: stop-and-restart's pause between `Drain` and `Resume` (upstream tasks; a source always
+/// has input waiting), DRRS's full wait buffer, Koala's `max_queued_records`. Not the capacity
+/// emulation's throttle (`throttled_ms`) nor a full downstream queue or peer lane
+/// (`backpressure_ms`).
+pub const INPUT_PAUSED_MS: &str = "input_paused_ms";
+
 /// External sources: records not yet read (Kafka: high watermark − next offset, summed).
 pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
 /// Koala: memory of the task's key lookup table, bytes.
@@ -95,6 +113,9 @@ pub const ALL: &[&str] = &[
     FETCH_NOT_HERE,
     THROTTLED_MS,
     CAPACITY_RECORDS_PER_SEC,
+    QUEUED_RECORDS,
+    QUEUED_RECORDS_MAX,
+    INPUT_PAUSED_MS,
     SOURCE_OFFSET_LAG,
     KLT_BYTES,
     KLT_ENTRIES,

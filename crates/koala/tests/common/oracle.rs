@@ -194,8 +194,9 @@ pub fn check(case: &Case<'_>) -> String {
         sources: source_parallelism(case.start),
         input_ms,
     };
-    if let Err(e) = verify_run(&out_a, &text, &spec) {
-        panic!("{} ({}): {e}\nconfig:\n{text}\nlog:\n{log}", case.query, case.protocol);
+    match verify_run(&out_a, &text, &spec) {
+        Ok(rec) => println!("{} ({}): checked {}", case.query, case.protocol, rec.checked.join(", ")),
+        Err(e) => panic!("{} ({}): {e}\nconfig:\n{text}\nlog:\n{log}", case.query, case.protocol),
     }
 
     let reference = tempfile::tempdir().expect("tempdir");

@@ -29,6 +29,8 @@ pub struct RunRecord {
     pub reconfigurations: Vec<Reconfiguration>,
     /// (task, metric) → sum over the run's samples.
     pub sums: BTreeMap<(String, String), f64>,
+    /// (task, metric) → largest sample of the run.
+    pub maxes: BTreeMap<(String, String), f64>,
     /// What [`check_run`] checked beyond protocol, config and counts (for the test's output).
     pub checked: Vec<String>,
 }
@@ -49,18 +51,20 @@ impl RunRecord {
         let fail = |what: &str, e: rusqlite::Error| format!("metrics db {}: {what}: {e}", db.display());
         let conn =
             Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(|e| fail("open", e))?;
-        let sums = {
-            let mut stmt = conn
-                .prepare("SELECT task, metric, SUM(value) FROM metrics WHERE run = ?1 GROUP BY task, metric")
-                .map_err(|e| fail("read metrics", e))?;
+        let per_task = |aggregate: &str| -> Result<BTreeMap<(String, String), f64>, String> {
+            let sql = format!(
+                "SELECT task, metric, {aggregate}(value) FROM metrics WHERE run = ?1 GROUP BY task, metric"
+            );
+            let mut stmt = conn.prepare(&sql).map_err(|e| fail("read metrics", e))?;
             let rows = stmt
                 .query_map([&run], |r| {
                     Ok(((r.get(0)?, r.get(1)?), r.get::<_, Option<f64>>(2)?.unwrap_or(0.0)))
                 })
                 .map_err(|e| fail("read metrics", e))?;
-            rows.collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| fail("read metrics", e))?
+            rows.collect::<Result<BTreeMap<_, _>, _>>().map_err(|e| fail("read metrics", e))
         };
-        Ok(Self { run, started_ms, protocol, config, reconfigurations, sums, checked: Vec::new() })
+        let (sums, maxes) = (per_task("SUM")?, per_task("MAX")?);
+        Ok(Self { run, started_ms, protocol, config, reconfigurations, sums, maxes, checked: Vec::new() })
     }
 
     /// Sum of `metric` over the run for `task` (e.g. `aggregate.3`); 0 if never sampled.
@@ -71,6 +75,11 @@ impl RunRecord {
     /// Sum of `metric` over the run and every task.
     pub fn total(&self, metric: &str) -> f64 {
         self.sums.iter().filter(|((_, m), _)| m == metric).map(|(_, v)| *v).sum()
+    }
+
+    /// The tasks that reported `metric`, with their largest sample.
+    pub fn task_maxes(&self, metric: &str) -> Vec<(&str, f64)> {
+        self.maxes.iter().filter(|((_, m), _)| m == metric).map(|((t, _), v)| (t.as_str(), *v)).collect()
     }
 
     /// Completed reconfigurations.
@@ -348,8 +357,55 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
         }
         checked.push("state drained in the background".into());
     }
+    // Stop-and-restart pauses the upstreams of a keyed operator it reconfigures.
+    let must_pause = expect.protocol == "stop-and-restart"
+        && rec
+            .reconfigurations
+            .iter()
+            .zip(&applied)
+            .any(|(r, a)| model.is_stateful(&a.operator) && r.started_ms + MIN_LIFE_MS <= input_end);
+    check_queues_and_pauses(&rec, expect, must_pause, &mut checked)?;
     rec.checked = checked;
     Ok(rec)
+}
+
+/// `queued_records` and `input_paused_ms` mean the same for every protocol (docs/architecture.md
+/// §9): every stateful task reports what it holds, stop-and-restart and remote never hold
+/// anything, a pause never exceeds its second (a late tick makes an interval a little longer),
+/// and stop-and-restart's upstreams report the pause of every reconfiguration that ran while the
+/// input did.
+fn check_queues_and_pauses(
+    rec: &RunRecord,
+    expect: &Expect<'_>,
+    must_pause: bool,
+    checked: &mut Vec<String>,
+) -> Result<(), String> {
+    let holds = matches!(expect.protocol, "koala" | "drrs");
+    let mut most = 0.0;
+    for name in [metric::QUEUED_RECORDS, metric::QUEUED_RECORDS_MAX] {
+        let queued = rec.task_maxes(name);
+        if queued.is_empty() {
+            return Err(format!("no task reported {name}"));
+        }
+        if let Some((task, n)) = queued.iter().find(|(_, n)| *n < 0.0 || (!holds && *n > 0.0)) {
+            return Err(format!("{task} reported {n} {name} under {}", expect.protocol));
+        }
+        most = queued.iter().map(|(_, n)| *n).fold(most, f64::max);
+    }
+    checked.push(format!("at most {most} records queued in a task"));
+    let paused = rec.task_maxes(metric::INPUT_PAUSED_MS);
+    if let Some((task, ms)) = paused.iter().find(|(_, ms)| !(0.0..=1_500.0).contains(ms)) {
+        return Err(format!("{task} reported {ms} {} in one second", metric::INPUT_PAUSED_MS));
+    }
+    let total = rec.total(metric::INPUT_PAUSED_MS);
+    if must_pause && total <= 0.0 {
+        return Err(format!(
+            "stop-and-restart reconfigured while the input ran, but no upstream reported {}",
+            metric::INPUT_PAUSED_MS
+        ));
+    }
+    checked.push(format!("input paused {total:.0} ms in all"));
+    Ok(())
 }
 
 /// Names of the tasks a schedule creates, for messages.

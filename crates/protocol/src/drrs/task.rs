@@ -201,6 +201,19 @@ enum In {
 struct Waiting {
     peer: VecDeque<(usize, Record)>,
     direct: VecDeque<(usize, Record)>,
+    /// The intake tag of the oldest record waiting (per-batch latency, `DrrsTask::take_process_tags`).
+    since: u64,
+}
+
+impl Waiting {
+    /// The wait of `bucket` in `waiting`, started with intake tag `tag` if nothing waited.
+    fn of(waiting: &mut BTreeMap<BucketId, Waiting>, bucket: BucketId, tag: u64) -> &mut Waiting {
+        let w = waiting.entry(bucket).or_default();
+        if w.peer.is_empty() && w.direct.is_empty() {
+            w.since = tag;
+        }
+        w
+    }
 }
 
 /// The running subscale.
@@ -260,6 +273,12 @@ pub struct DrrsTask {
     paused: bool,
     /// Records that ever waited (metrics).
     waited: u64,
+    /// The tag records taken from now on carry (`Self::set_intake_tag`).
+    intake_tag: u64,
+    /// Ranges of this event's actions that hold released waiting records, with their oldest tag.
+    released: Vec<(usize, usize, u64)>,
+    /// Per `Process` action of the last event, the oldest intake tag of its records.
+    process_tags: Vec<u64>,
     fault_process_before_state: bool,
     fault_watermark_before_state: bool,
 }
@@ -287,6 +306,9 @@ impl DrrsTask {
             early: Vec::new(),
             paused: false,
             waited: 0,
+            intake_tag: 0,
+            released: Vec::new(),
+            process_tags: Vec::new(),
             fault_process_before_state: false,
             fault_watermark_before_state: false,
         }
@@ -341,6 +363,24 @@ impl DrrsTask {
         self.waited
     }
 
+    /// Records the task took and has not processed: its wait buffer (the metric `queued_records`).
+    pub fn queued_records(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Sets the tag records taken from now on carry: an opaque, nondecreasing number from the
+    /// runtime (its clock), so the core stays free of I/O.
+    pub fn set_intake_tag(&mut self, tag: u64) {
+        self.intake_tag = tag;
+    }
+
+    /// Per `Process` action of the last event's actions, in order, the oldest intake tag of its
+    /// records: a record that waited for its bucket's state carries the tag it was taken with, so
+    /// the runtime's per-batch latency includes the wait.
+    pub fn take_process_tags(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.process_tags)
+    }
+
     /// The last watermark the task emitted.
     pub fn emitted_watermark(&self) -> Option<Timestamp> {
         self.emitted
@@ -385,7 +425,20 @@ impl DrrsTask {
             out.push(TaskAction::Error(e));
         }
         self.pump(&mut out);
+        self.tag_processes(&out);
         out
+    }
+
+    /// The oldest intake tag of each `Process` action in `out` (`Self::take_process_tags`).
+    fn tag_processes(&mut self, out: &[TaskAction]) {
+        let released = std::mem::take(&mut self.released);
+        self.process_tags.clear();
+        for (i, a) in out.iter().enumerate() {
+            if matches!(a, TaskAction::Process { .. }) {
+                let waited = released.iter().filter(|(from, to, _)| (*from..*to).contains(&i)).map(|r| r.2);
+                self.process_tags.push(waited.fold(self.intake_tag, u64::min));
+            }
+        }
     }
 
     fn on_records(
@@ -407,7 +460,9 @@ impl DrrsTask {
                     self.waited += 1;
                     let from = self.wait(bucket, out);
                     if let Some(t) = self.sub.as_mut() {
-                        t.waiting.entry(bucket).or_default().direct.push_back((input, record));
+                        Waiting::of(&mut t.waiting, bucket, self.intake_tag)
+                            .direct
+                            .push_back((input, record));
                     }
                     debug_assert!(from.is_some(), "a waiting bucket has a sender");
                 }
@@ -623,7 +678,7 @@ impl DrrsTask {
                     }
                     self.held.add(record.time);
                     self.waited += 1;
-                    t.waiting.entry(bucket).or_default().peer.push_back((input, record));
+                    Waiting::of(&mut t.waiting, bucket, self.intake_tag).peer.push_back((input, record));
                     if !has_state.contains(&bucket) && t.asked.insert(bucket) {
                         out.push(TaskAction::SendToPeer {
                             to: from,
@@ -719,13 +774,20 @@ impl DrrsTask {
         if closed {
             go.extend(w.direct.drain(..));
         }
+        let since = w.since;
         if w.peer.is_empty() && w.direct.is_empty() {
             t.waiting.remove(&bucket);
         }
+        if go.is_empty() {
+            return;
+        }
+        // The first released record may join the last `Process` action.
+        let first = out.len() - usize::from(matches!(out.last(), Some(TaskAction::Process { .. })));
         for (input, record) in go {
             self.held.remove(record.time);
             process(out, input, record);
         }
+        self.released.push((first, out.len(), since));
     }
 
     /// Runs everything the last event may have unblocked.

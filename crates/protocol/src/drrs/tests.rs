@@ -210,3 +210,28 @@ fn a_new_task_expects_nothing_from_an_upstream_that_finished_before_its_first_su
     assert!(out.contains(&TaskAction::Ack { epoch: EPOCH, ack: TaskAck::Done }), "{out:?}");
     assert!(!task.in_transition());
 }
+
+/// Per-batch latency: a `Process` of records that waited for their bucket carries the intake tag
+/// the oldest of them was taken with, so the runtime's latency includes the wait; records
+/// processed at once carry the event's tag. `queued_records` counts the wait buffer.
+#[test]
+fn process_tags_name_when_the_oldest_record_was_taken() {
+    let (mut task, channel, sender) = receiver(8);
+    let (k0, k2) = (key_in(0, 0), key_in(2, 0));
+    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
+    task.set_intake_tag(10);
+    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k2, 5), rec(&k0, 6)] });
+    assert_eq!((processed(&out), task.take_process_tags()), (vec![6], vec![10]));
+    assert_eq!(task.queued_records(), 1);
+    task.set_intake_tag(20);
+    for bucket in [2, 3] {
+        task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket });
+    }
+    task.set_intake_tag(30);
+    let out = task.on(TaskEvent::Peer { from: sender, message: DrrsPeer::Close { epoch: EPOCH } });
+    assert_eq!(processed(&out), vec![5]);
+    assert_eq!(task.take_process_tags(), vec![10], "the record waited since it was taken at 10");
+    assert_eq!(task.queued_records(), 0);
+    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k2, 7)] });
+    assert_eq!((processed(&out), task.take_process_tags()), (vec![7], vec![30]));
+}

@@ -67,18 +67,21 @@ impl ChannelWatermarks {
 }
 
 /// Multiset of event times of records a task holds but has not processed (inbox, parked, waiting
-/// for state): the task's event time must stay below all of them.
+/// for state): the task's event time must stay below all of them. Its size is the task's
+/// `queued_records` (docs/architecture.md §9).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct HeldTimes(BTreeMap<Timestamp, usize>);
+pub(crate) struct HeldTimes(BTreeMap<Timestamp, usize>, usize);
 
 impl HeldTimes {
     pub(crate) fn add(&mut self, time: Timestamp) {
         *self.0.entry(time).or_insert(0) += 1;
+        self.1 += 1;
     }
 
     pub(crate) fn remove(&mut self, time: Timestamp) {
         if let Some(n) = self.0.get_mut(&time) {
             *n -= 1;
+            self.1 -= 1;
             if *n == 0 {
                 self.0.remove(&time);
             }
@@ -87,6 +90,11 @@ impl HeldTimes {
 
     pub(crate) fn min(&self) -> Option<Timestamp> {
         self.0.keys().next().copied()
+    }
+
+    /// How many records are held.
+    pub(crate) fn len(&self) -> usize {
+        self.1
     }
 }
 

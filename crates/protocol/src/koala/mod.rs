@@ -39,6 +39,8 @@ mod serve;
 mod task;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bounded;
 mod timers;
 mod transition;
 mod upstream;
@@ -52,6 +54,7 @@ pub use messages::{
     BucketLocations, ExtraKeys, FetchRequest, FetchResponse, FilterRequest, FilterResponse, HandOver,
     InputSource, Layer, PeerMessage, Reconfiguration, Role, TaskAck,
 };
+pub use pipeline::{BatchTaken, DEFAULT_MAX_QUEUED_RECORDS};
 pub use serve::{Answered, KeyPage, LocationStore, PullCursors, serve_fetch};
 pub use task::{KoalaTask, LocalKeys, NoLocalKeys, TaskAction, TaskConfig, TaskEvent};
 pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};

@@ -40,6 +40,11 @@ pub(crate) const MAX_PULL_KEYS: usize = 512;
 /// 10 M-key scale-in: one batch per second of 50 k–500 k records, up to 7 s each).
 pub(crate) const MAX_BATCH_RECORDS: usize = 8192;
 
+/// The default of `[runtime] max_queued_records`: the records a Koala task may hold (queued, parked,
+/// waiting for state) before it stops taking data input ([`KoalaTask::takes_data`]). Four full
+/// batches: one waiting for state and a backlog that keeps the next ones full.
+pub const DEFAULT_MAX_QUEUED_RECORDS: usize = 4 * MAX_BATCH_RECORDS;
+
 /// Records queued behind a batch waiting for state above which background pulls shrink.
 const PULL_BACKLOG: usize = 1024;
 
@@ -81,14 +86,32 @@ pub(crate) struct InputRecord {
     pub(crate) bucket: BucketId,
     pub(crate) hash: u64,
     pub(crate) record: Record,
+    /// The intake tag the task had when it took the record ([`KoalaTask::set_intake_tag`]).
+    pub(crate) taken: u64,
 }
 
 impl InputRecord {
     /// A record that arrived on `input`, its key hashed once.
     pub(crate) fn arrived(input: usize, record: Record, num_buckets: u16) -> Self {
         let (bucket, hash) = bucket_and_key_hash(&record.key, num_buckets);
-        Self { input, bucket, hash, record }
+        Self { input, bucket, hash, record, taken: 0 }
     }
+
+    /// The record, taken with intake tag `tag`.
+    pub(crate) fn taken_at(mut self, tag: u64) -> Self {
+        self.taken = tag;
+        self
+    }
+}
+
+/// A batch the core handed to the operator ([`KoalaTask::take_batches`]): the runtime measures
+/// its latency from when its first record was taken to when its last `Process` action ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchTaken {
+    /// The smallest intake tag of the batch's records.
+    pub taken: u64,
+    /// How many consecutive `Process` actions carry the batch (one per run of one input).
+    pub actions: usize,
 }
 
 /// Splits records into consecutive runs of one input, keeping their order.
@@ -118,6 +141,8 @@ struct Waiting {
 pub(crate) struct Pipeline {
     pub(crate) inbox: VecDeque<InputRecord>,
     waiting: Option<Waiting>,
+    /// Batches handed to the operator since the runtime last asked.
+    pub(crate) batches: Vec<BatchTaken>,
     outstanding: BTreeMap<u64, Outstanding>,
     next_id: u64,
     /// Keys the next background pull asks for.
@@ -135,6 +160,7 @@ impl Default for Pipeline {
         Self {
             inbox: VecDeque::new(),
             waiting: None,
+            batches: Vec::new(),
             outstanding: BTreeMap::new(),
             next_id: 0,
             pull_size: 1,
@@ -267,7 +293,12 @@ impl KoalaTask {
         let records = batch.len();
         batch.retain(|r| r.input != ACCESS);
         self.timers.queued -= records - batch.len();
-        for (input, records) in runs_by_input(batch) {
+        let taken = batch.iter().map(|r| r.taken).min().unwrap_or(u64::MAX);
+        let runs = runs_by_input(batch);
+        if !runs.is_empty() {
+            self.pipeline.batches.push(BatchTaken { taken, actions: runs.len() });
+        }
+        for (input, records) in runs {
             out.push(TaskAction::Process { input, records });
         }
     }

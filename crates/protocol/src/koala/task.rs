@@ -281,6 +281,10 @@ pub struct KoalaTask {
     /// Fault injection: handed-over timers hold nothing (they fire on state that is elsewhere).
     pub(super) hold_handed_timers: bool,
     pub(super) started: bool,
+    /// Records held ([`Self::queued_records`]) at which the task stops taking data input.
+    pub(super) max_queued: usize,
+    /// The tag records taken from now on carry ([`Self::set_intake_tag`]).
+    pub(super) intake_tag: u64,
 }
 
 impl KoalaTask {
@@ -311,6 +315,8 @@ impl KoalaTask {
             park_direct: true,
             timers: HandedTimers::default(),
             hold_handed_timers: true,
+            max_queued: super::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
+            intake_tag: 0,
         }
     }
 
@@ -367,6 +373,55 @@ impl KoalaTask {
     /// Whether the task holds records it has not processed or has a fetch outstanding.
     pub fn is_busy(&self) -> bool {
         self.held.min().is_some() || !self.pipeline.is_quiet() || !self.timers.is_idle()
+    }
+
+    /// Sets `[runtime] max_queued_records` (at least 1): see [`Self::takes_data`].
+    pub fn set_max_queued_records(&mut self, max: usize) {
+        self.max_queued = max.max(1);
+    }
+
+    /// Records the task took from its inputs (data channels and peer lanes) and has not handed to
+    /// the operator yet: queued, parked for per-key order, or in a batch waiting for state (the
+    /// metric `queued_records`).
+    pub fn queued_records(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether the task takes data-channel input now (bounded memory, docs/architecture.md §4):
+    /// not once the records it holds reach `max_queued_records`; then the backlog waits upstream
+    /// (backpressure, source lag). Commands, peer and fetch lanes keep flowing, and what the task
+    /// holds drains without data input: queued records need only fetch answers (every task serves
+    /// fetches whatever it is waiting for). Parked records do not count while a marker (or end of
+    /// stream) is still to come on one of this task's data channels: they wait for a sender's
+    /// `Close`, which waits for the *sender's* markers, so two tasks that send to each other, each
+    /// full of the other's parked records, must still reach their own markers to close.
+    pub fn takes_data(&self) -> bool {
+        let held = self.held.len();
+        if held < self.max_queued {
+            return true;
+        }
+        match &self.transition {
+            Some(t) if !t.markers_pending.is_empty() => {
+                let parked: usize = t.parked.values().map(VecDeque::len).sum();
+                held - parked.min(held) < self.max_queued
+            }
+            _ => false,
+        }
+    }
+
+    /// Sets the tag records taken from now on carry: an opaque, nondecreasing number from the
+    /// runtime (its clock; the simulator's step), so the core stays free of I/O. A batch reports
+    /// the smallest tag of its records ([`Self::take_batches`]).
+    pub fn set_intake_tag(&mut self, tag: u64) {
+        self.intake_tag = tag;
+    }
+
+    /// The batches handed to the operator (`TaskAction::Process`) since the last call, in the
+    /// order of their actions: per batch, the smallest intake tag of its records and how many
+    /// `Process` actions carry it. The runtime's per-batch latency runs from that tag to the end of
+    /// the batch's last action, so it includes every wait for state (fetches, hand-overs).
+    pub fn take_batches(&mut self) -> Vec<super::pipeline::BatchTaken> {
+        std::mem::take(&mut self.pipeline.batches)
     }
 
     /// Fault injection for the simulator's negative tests: process records of a moved bucket that
@@ -440,7 +495,7 @@ impl KoalaTask {
         let input = channel.input;
         let mut forwards: BTreeMap<TaskId, Vec<Record>> = BTreeMap::new();
         for record in records {
-            let r = InputRecord::arrived(input, record, self.num_buckets);
+            let r = InputRecord::arrived(input, record, self.num_buckets).taken_at(self.intake_tag);
             match self.route_direct(channel, r.bucket) {
                 Route::Local => self.admit(r),
                 Route::Park => {

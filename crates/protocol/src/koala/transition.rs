@@ -276,7 +276,7 @@ impl KoalaTask {
                     return Err(unexpected("records on a peer channel that is not open"));
                 }
                 for record in records {
-                    let r = InputRecord::arrived(input, record, self.num_buckets);
+                    let r = InputRecord::arrived(input, record, self.num_buckets).taken_at(self.intake_tag);
                     if t.incoming.get(&r.bucket) == Some(&from) {
                         self.held.add(r.record.time);
                         self.pipeline.inbox.push_back(r);

@@ -172,6 +172,9 @@ pub struct SimConfig {
     pub subscales: usize,
     /// DRRS: direct records a receiver lets wait for state before it stops taking direct input.
     pub wait_records: usize,
+    /// Koala: `[runtime] max_queued_records`, the records a task holds before it stops taking
+    /// data input (its data channels then wait, as DRRS's do).
+    pub max_queued_records: usize,
 }
 
 impl SimConfig {
@@ -192,6 +195,7 @@ impl SimConfig {
             drain: false,
             subscales: 0,
             wait_records: 2,
+            max_queued_records: usize::MAX,
         }
     }
 }
@@ -236,8 +240,13 @@ pub struct SimStats {
     pub subscale_acks: u64,
     /// DRRS: records that waited for their bucket's state (or for the peer channel's close).
     pub waited: u64,
-    /// DRRS: times a receiver stopped taking direct input (backpressure).
+    /// Times a task stopped taking data input (DRRS: backpressure from its wait buffer; Koala:
+    /// `max_queued_records` held).
     pub pauses: u64,
+    /// Koala: the most records one task held at once (`queued_records`).
+    pub max_queued: usize,
+    /// Koala: the most steps a batch's first record waited before the batch was processed.
+    pub max_batch_wait: u64,
     /// Remote: buffered (dirty) keys an old owner wrote back to the shared store when it gave
     /// their bucket away.
     pub flushed_keys: u64,
@@ -266,6 +275,8 @@ pub struct SimFailure {
     pub state_outlives_timers: bool,
     /// Whether the background drain was on ([`SimConfig::drain`]).
     pub drain: bool,
+    /// Koala's bound on held records ([`SimConfig::max_queued_records`]).
+    pub max_queued_records: usize,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -281,9 +292,14 @@ impl fmt::Display for SimFailure {
             if self.inputs == 1 { String::new() } else { format!(" KOALA_SIM_INPUTS={}", self.inputs) };
         let outlive = if self.state_outlives_timers { " KOALA_SIM_STATE_OUTLIVES_TIMERS=1" } else { "" };
         let drain = if self.drain { " KOALA_SIM_DRAIN=1" } else { "" };
+        let bound = if self.max_queued_records == usize::MAX {
+            String::new()
+        } else {
+            format!(" KOALA_SIM_MAX_QUEUED={}", self.max_queued_records)
+        };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{bound}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -299,6 +315,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         inputs: config.inputs,
         state_outlives_timers: config.state_outlives_timers,
         drain: config.drain,
+        max_queued_records: config.max_queued_records,
         step,
         message,
     };

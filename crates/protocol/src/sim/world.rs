@@ -259,7 +259,8 @@ pub(crate) struct World {
     pub(crate) finished: BTreeSet<TaskId>,
     /// Background pulls sent and not answered: (requester, location, request id).
     pub(crate) pulls_in_flight: BTreeSet<(TaskId, TaskId, u64)>,
-    /// DRRS: tasks that stopped taking direct input (backpressure); their data channels wait.
+    /// Tasks that stopped taking data input (DRRS: a full wait buffer; Koala: `max_queued_records`
+    /// held); their data channels wait.
     pub(crate) paused: BTreeSet<TaskId>,
     /// Koala: (task, key) whose timers a hand-over brought to the task while the key's state was
     /// elsewhere, until a record of the key or its timer comes first (for the stats).
@@ -300,6 +301,7 @@ impl World {
                 channel_capacity: 1,
                 sink_dir: String::new(),
                 capacity: Default::default(),
+                max_queued_records: crate::koala::DEFAULT_MAX_QUEUED_RECORDS,
             },
             protocol: cfg.protocol,
             extra_keys,
@@ -382,6 +384,7 @@ impl World {
                     inputs: upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs)).collect(),
                 };
                 let mut core = KoalaTask::new(config);
+                core.set_max_queued_records(cfg.max_queued_records);
                 if cfg.fault == Some(Fault::NoParking) {
                     core.inject_fault_no_parking();
                 }
@@ -1028,8 +1031,19 @@ impl World {
             return Err(format!("no Koala task {id}"));
         };
         let mut local = SimLocal { store, probes: 0 };
+        core.set_intake_tag(self.step);
         let actions = core.on_with(event, &mut local);
         self.stats.local_probes += local.probes;
+        // The runtime's rule: a task holding `max_queued_records` takes no data input.
+        if core.takes_data() {
+            self.paused.remove(&id);
+        } else if self.paused.insert(id) {
+            self.stats.pauses += 1;
+        }
+        for b in core.take_batches() {
+            self.stats.max_batch_wait = self.stats.max_batch_wait.max(self.step - b.taken);
+        }
+        self.stats.max_queued = self.stats.max_queued.max(core.queued_records());
         // Buckets the core took over in this event came with a hand-over the sender let go of.
         for b in core.owned_buckets() {
             match self.claims.get_mut(usize::from(b)) {

@@ -33,7 +33,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::InputChannel;
 use crate::links::open_peer;
-use crate::metrics::timer_bytes;
+use crate::metrics::{BatchEnds, timer_bytes};
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -94,11 +94,14 @@ struct DrrsOperator {
     last_subscale: bool,
     /// The coordinator released the task (everything it held was pushed).
     released: bool,
+    /// The core's intake tags are microseconds since this instant (per-batch latency).
+    clock: Instant,
 }
 
 /// Runs a stateful task under DRRS until its inputs ended and no reconfiguration needs it.
 pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
-    let op = OperatorTask::new(&setup)?;
+    let mut op = OperatorTask::new(&setup)?;
+    op.latency_by_caller = true;
     let d = setup.deployment.clone();
     let me = setup.task;
     let owned: BTreeSet<BucketId> = d
@@ -130,6 +133,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         cancelled: false,
         last_subscale: false,
         released: false,
+        clock: Instant::now(),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     loop {
@@ -141,6 +145,9 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
         let outbox_full = task.outbox.waiting_len() >= OUTBOX_BOUND;
         let data_open = gate.is_none() && !task.paused && !outbox_full;
+        // Held back by the protocol (`PauseDirect`); a full outbox counts as backpressure.
+        let held_back = task.paused && gate.is_none();
+        task.op.metrics.input_paused(held_back && !setup.inbox.queue().is_empty(), now);
         task.turn(&setup, &mut outputs, data_open, deadline.saturating_duration_since(now))?;
         task.pump_streams(&setup, &mut outputs)?;
         task.check_taking_part();
@@ -153,6 +160,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         let now = Instant::now();
         outputs.flush_due(now)?;
+        task.op.metrics.queued_records = Some(task.core.queued_records() as u64);
         setup.report(&mut task.op.metrics, &mut outputs, now);
     }
 }
@@ -382,8 +390,11 @@ impl DrrsOperator {
         outputs: &mut Outputs,
         event: TaskEvent,
     ) -> Result<(), RuntimeError> {
+        self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
         let actions = self.core.on(event);
-        self.execute(setup, outputs, actions)
+        self.op.metrics.held(self.core.queued_records() as u64);
+        let tags = self.core.take_process_tags();
+        self.execute(setup, outputs, actions, tags)
     }
 
     fn execute(
@@ -391,12 +402,19 @@ impl DrrsOperator {
         setup: &TaskSetup,
         outputs: &mut Outputs,
         actions: Vec<TaskAction>,
+        tags: Vec<u64>,
     ) -> Result<(), RuntimeError> {
         let nb = setup.num_buckets;
+        // Per `Process`, when its oldest record was taken: the batch's latency includes the wait
+        // for its bucket's state (`DrrsTask::take_process_tags`).
+        let mut ends = BatchEnds::new(self.clock, tags.into_iter().map(|t| (t, 1)));
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
-                    self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    let started = Instant::now();
+                    let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    let latency = ends.processed(done).unwrap_or(done - started);
+                    self.op.metrics.record_batch_latency(latency);
                 }
                 TaskAction::SendToPeer { to, message } => self.send(setup, to, &Wire::Peer(message))?,
                 TaskAction::DetachTimers { buckets, up_to } => {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
-    FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
+    BatchTaken, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
     PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
@@ -41,7 +41,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
 use crate::links::{FETCH_INPUT, open_channel, open_peer};
-use crate::metrics::entry_bytes;
+use crate::metrics::{BatchEnds, entry_bytes};
 use crate::output::Outputs;
 use crate::peer::Outbox;
 
@@ -84,6 +84,8 @@ struct KoalaOperator {
     /// An epoch this task was prepared for and takes buckets in, until its `Begin`: the hand-over
     /// may still bring records and timers, so the task's inputs have not ended.
     receiving: Option<u64>,
+    /// The core's intake tags are microseconds since this instant (per-batch latency).
+    clock: Instant,
 }
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
@@ -98,7 +100,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         .filter(|_| !setup.created_by_reconfiguration)
         .map(|t| t.iter().enumerate().filter(|(_, o)| **o == me.index).map(|(b, _)| b as BucketId).collect())
         .unwrap_or_default();
-    let core = KoalaTask::new(TaskConfig {
+    let mut core = KoalaTask::new(TaskConfig {
         id: me,
         num_buckets: setup.num_buckets,
         owned,
@@ -107,6 +109,9 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         // records without waiting for its event time.
         inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
     });
+    core.set_max_queued_records(setup.options.max_queued_records);
+    let mut op = op;
+    op.latency_by_caller = true;
     let mut task = KoalaOperator {
         op,
         core,
@@ -122,6 +127,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         inputs_ended: false,
         released: false,
         receiving: None,
+        clock: Instant::now(),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let closed = crossbeam_channel::never();
@@ -129,6 +135,11 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let now = Instant::now();
         // The processing budget holds back data input only (`crate::throttle`).
         let gate = task.op.data_closed_until(now);
+        // So does a full inbox: what the task holds drains without data input (`takes_data`).
+        let full = !task.core.takes_data();
+        let held_back = full && gate.is_none() && !task.outbox.has_waiting();
+        let data_waiting = held_back && !setup.inbox.queue().is_empty();
+        task.op.metrics.input_paused(data_waiting, now);
         let deadline = outputs
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
@@ -139,6 +150,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             if task.builds.is_empty() { deadline.saturating_duration_since(now) } else { Duration::ZERO };
         if task.outbox.has_waiting() {
             task.wait_for_peers(&setup, &mut outputs, timeout)?;
+        } else if held_back && !data_waiting {
+            // Full, and nothing waits upstream yet: also wake when data arrives (the pause
+            // starts then), without taking it.
+            task.wait_while_full(&setup, &mut outputs, timeout)?;
         } else {
             select! {
                 recv(setup.commands) -> cmd => match cmd {
@@ -155,7 +170,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(if gate.is_some() { &closed } else { setup.inbox.queue() }) -> item => {
+                recv(if gate.is_some() || full { &closed } else { setup.inbox.queue() }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
@@ -187,10 +202,11 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl KoalaOperator {
-    /// Records the KLT's size for the next metrics sample.
+    /// Records the KLT's size and the records the core holds for the next metrics sample.
     fn sample_klt(&mut self) {
         let klt = self.core.klt();
         self.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
+        self.op.metrics.queued_records = Some(self.core.queued_records() as u64);
     }
 
     /// One turn while messages wait for a full peer lane: serve a command, a fetch or a peer
@@ -230,6 +246,46 @@ impl KoalaOperator {
                 }
             }
             Ok(_) => self.outbox.flush(),
+        }
+    }
+
+    /// One turn while the core holds `max_queued_records` and no data waits: serve a command, a
+    /// fetch or a peer message, or notice data arriving — left in the queue — and start counting
+    /// `input_paused_ms` then (the loop does not wake for data it does not take otherwise, so a
+    /// pause would count only from the next event).
+    fn wait_while_full(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
+        let mut ready = Select::new();
+        let commands = ready.recv(&setup.commands);
+        let fetches = ready.recv(&setup.fetch_inbox);
+        let peers = ready.recv(&setup.peer_inbox);
+        let data = ready.recv(setup.inbox.queue());
+        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
+        match ready.ready_timeout(timeout) {
+            Err(_) => Ok(()),
+            Ok(i) if i == data => {
+                if !setup.inbox.queue().is_empty() {
+                    self.op.metrics.input_paused(true, Instant::now());
+                }
+                Ok(())
+            }
+            Ok(i) if i == commands => match setup.commands.try_recv() {
+                Ok(cmd) => self.on_command(setup, outputs, cmd),
+                Err(TryRecvError::Empty) => Ok(()),
+                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
+            },
+            Ok(i) => {
+                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
+                debug_assert!(i == fetches || i == peers);
+                match lane.try_recv() {
+                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
+                    Err(_) => Ok(()),
+                }
+            }
         }
     }
 
@@ -332,6 +388,8 @@ impl KoalaOperator {
         event: TaskEvent,
     ) -> Result<(), RuntimeError> {
         let mut local = StoreKeys::new(store(setup)?, self.op.logic.state_ids(), setup.num_buckets);
+        // Records this event brings are taken now (per-batch latency starts here).
+        self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
         let actions = self.core.on_with(event, &mut local);
         let (spent, batches, error) = local.finish();
         self.op.metrics.klt_lookup.0 += spent;
@@ -339,7 +397,9 @@ impl KoalaOperator {
         if let Some(e) = error {
             return Err(e);
         }
-        self.execute(setup, outputs, actions)
+        self.op.metrics.held(self.core.queued_records() as u64);
+        let batches = self.core.take_batches();
+        self.execute(setup, outputs, actions, batches)
     }
 
     fn on_peer(
@@ -413,16 +473,24 @@ impl KoalaOperator {
         Ok(())
     }
 
+    /// Executes the core's actions; `batches` are the batches among its `Process` actions, in
+    /// order (`KoalaTask::take_batches`): each one's latency runs from when its first record was
+    /// taken to the end of its last `Process`, so it includes the wait for fetched state.
     fn execute(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
         actions: Vec<TaskAction>,
+        batches: Vec<BatchTaken>,
     ) -> Result<(), RuntimeError> {
+        let mut ends = BatchEnds::new(self.clock, batches.iter().map(|b| (b.taken, b.actions)));
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
-                    self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
+                    if let Some(latency) = ends.processed(done) {
+                        self.op.metrics.record_batch_latency(latency);
+                    }
                 }
                 TaskAction::FetchState { from, request } => {
                     self.send(setup, from, &Wire::Fetch(request))?;
@@ -661,6 +729,7 @@ mod tests {
                 channel_capacity: 64,
                 sink_dir: String::new(),
                 capacity: Default::default(),
+                max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
             },
             protocol: Protocol::Koala,
             extra_keys: 0,

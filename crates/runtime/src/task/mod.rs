@@ -168,7 +168,11 @@ impl TaskSetup {
     ) -> Result<bool, RuntimeError> {
         self.on_upstream(upstream, UpstreamEvent::Drain { epoch }, None, outputs)?;
         let mut stop = false;
+        // Input paused: a source always has input waiting (its schedule or topic goes on); an
+        // operator when its data queue holds something.
+        let waiting = || self.spec.is_source() || !self.inbox.queue().is_empty();
         while upstream.paused().is_some() {
+            metrics.input_paused(waiting(), Instant::now());
             let wait = metrics.next_tick().saturating_duration_since(Instant::now());
             match self.commands.recv_timeout(wait) {
                 Ok(TaskCommand::Resume(plan)) => {
@@ -195,8 +199,10 @@ impl TaskSetup {
                     return Err(RuntimeError::WorkerGone(self.task));
                 }
             }
+            metrics.input_paused(waiting(), Instant::now());
             self.report(metrics, outputs, Instant::now());
         }
+        metrics.input_paused(false, Instant::now());
         Ok(stop)
     }
 

@@ -41,6 +41,9 @@ pub(super) struct OperatorTask {
     budget: Option<RecordBudget>,
     /// The due time its timer outputs get (docs/architecture.md §9).
     timer_due: TimerDue,
+    /// The loop records each batch's latency itself, from when its first record was taken (Koala,
+    /// DRRS: records wait inside the protocol core); `on_batch` counts only its busy time.
+    pub(super) latency_by_caller: bool,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -108,6 +111,8 @@ impl OperatorTask {
             .map(|rate| RecordBudget::new(rate, Instant::now()));
         let mut metrics = TaskMetrics::new(setup.task, false);
         metrics.budget = budget.as_ref().map(RecordBudget::rate);
+        // Stop-and-restart and Remote process what they take: nothing is ever queued inside.
+        metrics.queued_records = setup.spec.is_stateful().then_some(0);
         Ok(Self {
             logic: factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism }),
             event_time,
@@ -122,6 +127,7 @@ impl OperatorTask {
             upstream: UpstreamCore::new(),
             budget,
             timer_due: TimerDue::default(),
+            latency_by_caller: false,
         })
     }
 
@@ -248,7 +254,9 @@ impl OperatorTask {
     }
 
     /// Runs the operator on a batch of one input, in order: drop late records, fetch the keys'
-    /// state, process, write back what changed, register timers, emit.
+    /// state, process, write back what changed, register timers, emit. Returns when the output was
+    /// ready to emit: the end of the batch's latency (emitting may wait for room downstream,
+    /// which is backpressure).
     pub(super) fn on_batch(
         &mut self,
         setup: &TaskSetup,
@@ -256,7 +264,7 @@ impl OperatorTask {
         input: usize,
         mut records: Vec<Record>,
         watermark: Option<Timestamp>,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<Instant, RuntimeError> {
         let started = Instant::now();
         // The budget counts what `records_in` counts: records handed to the operator.
         let taken = records.len() as u64;
@@ -315,11 +323,17 @@ impl OperatorTask {
         }
         self.timers.register(timers);
         self.metrics.records_out += output.len() as u64;
-        self.metrics.record_batch(started.elapsed());
-        if let Some(budget) = self.budget.as_mut() {
-            budget.charge(taken, Instant::now());
+        let done = Instant::now();
+        if self.latency_by_caller {
+            self.metrics.record_busy(done - started);
+        } else {
+            self.metrics.record_batch(done - started);
         }
-        outputs.emit(output)
+        if let Some(budget) = self.budget.as_mut() {
+            budget.charge(taken, done);
+        }
+        outputs.emit(output)?;
+        Ok(done)
     }
 
     /// Event time reached `watermark`: fire due timers, then forward the watermark.

@@ -1,0 +1,171 @@
+//! The bounded inbox (`[runtime] max_queued_records`): a task that holds the bound stops taking
+//! data input and takes it again once what it holds drains, which needs no data input; parked
+//! records count only once the task's own markers are all in; and batches report the intake tag
+//! of their first record (per-batch latency includes the wait for state).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
+
+use super::*;
+
+const NB: u16 = 4;
+
+fn up() -> TaskId {
+    TaskId::new(OperatorId(0), 0)
+}
+
+fn ch(input: usize) -> InputChannel {
+    InputChannel { input, from: up() }
+}
+
+fn t(i: u32) -> TaskId {
+    TaskId::new(OperatorId(1), i)
+}
+
+fn key_in(bucket: u16) -> Vec<u8> {
+    (0..).map(|i| format!("k{i}").into_bytes()).find(|k| bucket_of(k, NB) == bucket).unwrap_or_default()
+}
+
+fn rec(bucket: u16, time: u64) -> Record {
+    Record { key: key_in(bucket), value: vec![], time, due_ms: 0 }
+}
+
+/// A task owning `owned`, fed by the upstream on inputs 0 and 1 (two channels, so a marker can
+/// be pending on one while records arrive on the other).
+fn task(id: TaskId, owned: &[u16]) -> KoalaTask {
+    KoalaTask::new(TaskConfig {
+        id,
+        num_buckets: NB,
+        owned: owned.iter().copied().collect(),
+        inputs: BTreeSet::from([ch(0), ch(1)]),
+    })
+}
+
+/// Bucket 3 moves from t0 to t1.
+fn reconf() -> Arc<Reconfiguration> {
+    Arc::new(Reconfiguration {
+        operator: OperatorId(1),
+        epoch: 1,
+        moves: BTreeMap::from([((t(0), t(1)), vec![3])]),
+        upstreams: BTreeSet::from([up()]),
+        new_tasks: BTreeSet::new(),
+        cancelled: BTreeSet::new(),
+        retired: BTreeSet::new(),
+        extra_keys: 0,
+        drain_keys_per_sec: 0,
+    })
+}
+
+fn peer_messages(out: &[TaskAction]) -> Vec<PeerMessage> {
+    out.iter()
+        .filter_map(|a| match a {
+            TaskAction::SendToPeer { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deliver(to: &mut KoalaTask, from: TaskId, messages: Vec<PeerMessage>) -> Vec<TaskAction> {
+    messages.into_iter().flat_map(|message| to.on(TaskEvent::Peer { from, message })).collect()
+}
+
+fn processed(out: &[TaskAction]) -> Vec<u64> {
+    out.iter()
+        .filter_map(|a| match a {
+            TaskAction::Process { records, .. } => Some(records.iter().map(|r| r.time).collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// Sender t0 and receiver t1 (bound 3) after the hand-over of bucket 3; the sender has not
+/// closed the peer channel yet.
+fn handed_over() -> (KoalaTask, KoalaTask) {
+    let (mut s, mut r) = (task(t(0), &[1, 2, 3]), task(t(1), &[0]));
+    r.set_max_queued_records(3);
+    for i in [0, 1] {
+        s.on(TaskEvent::Watermark { channel: ch(i), time: 1 });
+        r.on(TaskEvent::Watermark { channel: ch(i), time: 1 });
+    }
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let hand_over = peer_messages(&s.on(TaskEvent::Peer { from: t(1), message: open[0].clone() }));
+    let out = deliver(&mut r, t(0), hand_over);
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::PeerReady }), "{out:?}");
+    (s, r)
+}
+
+/// Queued records that wait for state fill the bound: intake stops, and resumes once the fetch is
+/// answered (on the fetch lane, with no data input) and the batch ran.
+#[test]
+fn a_full_inbox_stops_data_intake_until_a_fetch_answer_drains_it() {
+    let (mut s, mut r) = handed_over();
+    for i in [0, 1] {
+        r.on(TaskEvent::Marker { channel: ch(i), epoch: 1 });
+    }
+    // The sender forwards an in-flight record of bucket 3: its key's state is still at the sender.
+    let forwarded = peer_messages(&s.on(TaskEvent::Records { channel: ch(0), records: vec![rec(3, 5)] }));
+    r.set_intake_tag(100);
+    let out = deliver(&mut r, t(0), forwarded);
+    let Some(TaskAction::FetchState { request, .. }) = out.last().cloned() else { panic!("{out:?}") };
+    assert_eq!((r.queued_records(), r.takes_data()), (1, true));
+    // Records of the receiver's own bucket queue behind the batch waiting for state.
+    r.set_intake_tag(200);
+    assert!(processed(&r.on(TaskEvent::Records { channel: ch(0), records: vec![rec(0, 6)] })).is_empty());
+    assert!(r.takes_data(), "2 of 3");
+    assert!(processed(&r.on(TaskEvent::Records { channel: ch(1), records: vec![rec(0, 7)] })).is_empty());
+    assert_eq!((r.queued_records(), r.takes_data()), (3, false));
+    // The answer drains what the task holds: it takes data again.
+    r.set_intake_tag(300);
+    let response =
+        FetchResponse { id: request.id, values: vec![(key_in(3), None)], extra: vec![], exhausted: vec![] };
+    let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    assert_eq!(processed(&out), vec![5, 6, 7]);
+    assert_eq!((r.queued_records(), r.takes_data()), (0, true));
+    // Two batches: the one that waited for state (taken at 100), then the records queued behind
+    // it (taken at 200; one run per input).
+    assert_eq!(
+        r.take_batches(),
+        vec![BatchTaken { taken: 100, actions: 1 }, BatchTaken { taken: 200, actions: 2 }]
+    );
+    assert!(r.take_batches().is_empty());
+}
+
+/// Parked records wait for the sender's `Close`, which waits for the sender's markers: they do not
+/// stop intake while one of the receiver's own markers is still to come (it must reach it), and
+/// they do once every marker arrived; the `Close` releases them.
+#[test]
+fn parked_records_count_once_the_markers_are_in() {
+    let (mut s, mut r) = handed_over();
+    // The upstream switched: its marker on input 0, then records of bucket 3 directly to t1.
+    r.on(TaskEvent::Marker { channel: ch(0), epoch: 1 });
+    let parked = (5..9).map(|time| rec(3, time)).collect();
+    assert!(processed(&r.on(TaskEvent::Records { channel: ch(0), records: parked })).is_empty());
+    assert_eq!(r.queued_records(), 4);
+    assert!(r.takes_data(), "input 1's marker is still to come: parked records do not count");
+    r.on(TaskEvent::Marker { channel: ch(1), epoch: 1 });
+    assert!(!r.takes_data(), "every marker is in: 4 parked records ≥ 3");
+    // The sender's markers close the peer channel; the parked records run (a fetch first: the
+    // key's state may be at the sender).
+    let mut close = Vec::new();
+    for i in [0, 1] {
+        close.extend(peer_messages(&s.on(TaskEvent::Marker { channel: ch(i), epoch: 1 })));
+    }
+    assert!(matches!(close[..], [PeerMessage::Close { epoch: 1 }]), "{close:?}");
+    let out = deliver(&mut r, t(0), close);
+    assert!(out.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{out:?}");
+    let Some(TaskAction::FetchState { request, .. }) =
+        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. })).cloned()
+    else {
+        panic!("{out:?}")
+    };
+    assert!(!r.takes_data(), "the released records wait for state");
+    let response =
+        FetchResponse { id: request.id, values: vec![(key_in(3), None)], extra: vec![], exhausted: vec![] };
+    let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    assert_eq!(processed(&out), vec![5, 6, 7, 8]);
+    assert!(r.takes_data());
+}
