@@ -13,20 +13,20 @@ use super::*;
 
 const NB: u16 = 4;
 
-fn up() -> TaskId {
+pub(super) fn up() -> TaskId {
     TaskId::new(OperatorId(0), 0)
 }
 
 /// Input `input` from the upstream task.
-fn ch(input: usize) -> InputChannel {
+pub(super) fn ch(input: usize) -> InputChannel {
     InputChannel { input, from: up() }
 }
 
-fn t(i: u32) -> TaskId {
+pub(super) fn t(i: u32) -> TaskId {
     TaskId::new(OperatorId(1), i)
 }
 
-fn key_in(bucket: u16) -> Vec<u8> {
+pub(super) fn key_in(bucket: u16) -> Vec<u8> {
     keys_in(bucket).next().unwrap_or_default()
 }
 
@@ -34,7 +34,7 @@ fn keys_in(bucket: u16) -> impl Iterator<Item = Vec<u8>> {
     (0..).map(|i| format!("k{i}").into_bytes()).filter(move |k| bucket_of(k, NB) == bucket)
 }
 
-fn rec(bucket: u16, time: u64) -> Record {
+pub(super) fn rec(bucket: u16, time: u64) -> Record {
     Record { key: key_in(bucket), value: time.to_le_bytes().to_vec(), time, due_ms: 0 }
 }
 
@@ -43,7 +43,7 @@ fn task(id: TaskId, owned: &[u16]) -> KoalaTask {
 }
 
 /// A task fed by the one upstream task on each of `inputs` (`[0, 1]`: a self-join).
-fn task_with_inputs(id: TaskId, owned: &[u16], inputs: &[usize]) -> KoalaTask {
+pub(super) fn task_with_inputs(id: TaskId, owned: &[u16], inputs: &[usize]) -> KoalaTask {
     KoalaTask::new(TaskConfig {
         id,
         num_buckets: NB,
@@ -53,7 +53,7 @@ fn task_with_inputs(id: TaskId, owned: &[u16], inputs: &[usize]) -> KoalaTask {
 }
 
 /// Bucket 3 moves from t0 to the existing task t1.
-fn reconf() -> Arc<Reconfiguration> {
+pub(super) fn reconf() -> Arc<Reconfiguration> {
     Arc::new(Reconfiguration {
         operator: OperatorId(1),
         epoch: 1,
@@ -67,7 +67,7 @@ fn reconf() -> Arc<Reconfiguration> {
     })
 }
 
-fn peer_messages(out: &[TaskAction]) -> Vec<PeerMessage> {
+pub(super) fn peer_messages(out: &[TaskAction]) -> Vec<PeerMessage> {
     out.iter()
         .filter_map(|a| match a {
             TaskAction::SendToPeer { message, .. } => Some(message.clone()),
@@ -76,7 +76,7 @@ fn peer_messages(out: &[TaskAction]) -> Vec<PeerMessage> {
         .collect()
 }
 
-fn processed(out: &[TaskAction]) -> Vec<u64> {
+pub(super) fn processed(out: &[TaskAction]) -> Vec<u64> {
     processed_with_input(out).into_iter().map(|(_, time)| time).collect()
 }
 
@@ -101,7 +101,7 @@ fn marker(channel: InputChannel) -> TaskEvent {
     TaskEvent::Marker { channel, epoch: 1 }
 }
 
-fn deliver(to: &mut KoalaTask, from: TaskId, messages: Vec<PeerMessage>) -> Vec<TaskAction> {
+pub(super) fn deliver(to: &mut KoalaTask, from: TaskId, messages: Vec<PeerMessage>) -> Vec<TaskAction> {
     messages.into_iter().flat_map(|message| to.on(TaskEvent::Peer { from, message })).collect()
 }
 

@@ -3,82 +3,15 @@
 //! records count only once the task's own markers are all in; and batches report the intake tag
 //! of their first record (per-batch latency includes the wait for state).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use koala_types::TaskId;
 
-use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
-
+use super::tests::{ch, deliver, key_in, peer_messages, processed, rec, reconf, t, task_with_inputs};
 use super::*;
-
-const NB: u16 = 4;
-
-fn up() -> TaskId {
-    TaskId::new(OperatorId(0), 0)
-}
-
-fn ch(input: usize) -> InputChannel {
-    InputChannel { input, from: up() }
-}
-
-fn t(i: u32) -> TaskId {
-    TaskId::new(OperatorId(1), i)
-}
-
-fn key_in(bucket: u16) -> Vec<u8> {
-    (0..).map(|i| format!("k{i}").into_bytes()).find(|k| bucket_of(k, NB) == bucket).unwrap_or_default()
-}
-
-fn rec(bucket: u16, time: u64) -> Record {
-    Record { key: key_in(bucket), value: vec![], time, due_ms: 0 }
-}
 
 /// A task owning `owned`, fed by the upstream on inputs 0 and 1 (two channels, so a marker can
 /// be pending on one while records arrive on the other).
 fn task(id: TaskId, owned: &[u16]) -> KoalaTask {
-    KoalaTask::new(TaskConfig {
-        id,
-        num_buckets: NB,
-        owned: owned.iter().copied().collect(),
-        inputs: BTreeSet::from([ch(0), ch(1)]),
-    })
-}
-
-/// Bucket 3 moves from t0 to t1.
-fn reconf() -> Arc<Reconfiguration> {
-    Arc::new(Reconfiguration {
-        operator: OperatorId(1),
-        epoch: 1,
-        moves: BTreeMap::from([((t(0), t(1)), vec![3])]),
-        upstreams: BTreeSet::from([up()]),
-        new_tasks: BTreeSet::new(),
-        cancelled: BTreeSet::new(),
-        retired: BTreeSet::new(),
-        extra_keys: 0,
-        drain_keys_per_sec: 0,
-    })
-}
-
-fn peer_messages(out: &[TaskAction]) -> Vec<PeerMessage> {
-    out.iter()
-        .filter_map(|a| match a {
-            TaskAction::SendToPeer { message, .. } => Some(message.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn deliver(to: &mut KoalaTask, from: TaskId, messages: Vec<PeerMessage>) -> Vec<TaskAction> {
-    messages.into_iter().flat_map(|message| to.on(TaskEvent::Peer { from, message })).collect()
-}
-
-fn processed(out: &[TaskAction]) -> Vec<u64> {
-    out.iter()
-        .filter_map(|a| match a {
-            TaskAction::Process { records, .. } => Some(records.iter().map(|r| r.time).collect::<Vec<_>>()),
-            _ => None,
-        })
-        .flatten()
-        .collect()
+    task_with_inputs(id, owned, &[0, 1])
 }
 
 /// Sender t0 and receiver t1 (bound 3) after the hand-over of bucket 3; the sender has not
