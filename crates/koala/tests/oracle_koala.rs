@@ -122,23 +122,5 @@ fn self_join_rescaled_and_rebalanced_with_a_queue_bound_of_two() {
 /// record at a time; the output is the reference run's.
 #[test]
 fn every_bucket_swapped_with_a_queue_bound_of_one() {
-    let buckets = |r: std::ops::Range<u32>| r.map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
-    let schedule = format!(
-        "[[reconfigurations]]\nat_s = 0.6\noperator = \"last_n\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [{}], to = 0 }}]\n",
-        buckets(0..64),
-        buckets(64..128)
-    );
-    let tasks = [("source", 2), ("last_n", 2), ("sink", 1)];
-    check(&Case {
-        protocol: "koala",
-        top: "partition_policy = \"uniform\"\n[runtime]\nchannel_capacity = 1\nmax_queued_records = 1\n",
-        query: "last-n",
-        start: &tasks,
-        end: &tasks,
-        schedule: &schedule,
-        params: "last_n = 3\n",
-        records: 16_000,
-        seed: 13,
-        expect_reconfigurations: 1,
-    });
+    common::oracle::swap_with_one_message_queues("koala", "max_queued_records = 1\n");
 }

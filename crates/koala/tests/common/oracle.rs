@@ -338,7 +338,7 @@ macro_rules! oracle_matrix {
 
         #[test]
         fn every_bucket_swapped_between_workers_with_one_message_queues() {
-            common::oracle::swap_with_one_message_queues($protocol);
+            common::oracle::swap_with_one_message_queues($protocol, "");
         }
     };
 }
@@ -386,8 +386,8 @@ pub fn stateless_operator_rescaled(protocol: &str) {
 /// so one-message peer lanes too): afterwards each task needs all of its state from the other, so
 /// state moves both ways over TCP at once (Koala: fetches and forwarded records; stop-and-restart:
 /// two transfers). With a blocking send into a bounded peer lane this could deadlock
-/// (docs/architecture.md §4).
-pub fn swap_with_one_message_queues(protocol: &str) {
+/// (docs/architecture.md §4). `runtime` adds `[runtime]` lines (e.g. a queue bound).
+pub fn swap_with_one_message_queues(protocol: &str, runtime: &str) {
     let buckets = |r: std::ops::Range<u32>| r.map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
     let schedule = format!(
         "[[reconfigurations]]\nat_s = 0.6\noperator = \"last_n\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [{}], to = 0 }}]\n",
@@ -395,9 +395,10 @@ pub fn swap_with_one_message_queues(protocol: &str) {
         buckets(64..128)
     );
     let tasks = [("source", 2), ("last_n", 2), ("sink", 1)];
+    let top = format!("partition_policy = \"uniform\"\n[runtime]\nchannel_capacity = 1\n{runtime}");
     check(&Case {
         protocol,
-        top: "partition_policy = \"uniform\"\n[runtime]\nchannel_capacity = 1\n",
+        top: &top,
         query: "last-n",
         start: &tasks,
         end: &tasks,
