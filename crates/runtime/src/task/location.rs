@@ -23,15 +23,13 @@ pub(super) struct StoreLocation<'a> {
     /// The operator's state ids: a key's state is one entry per id.
     state_ids: &'a [u8],
     num_buckets: u16,
-    /// State bytes taken so far (`crate::metrics::entry_bytes` of every entry), for the task's metrics.
-    pub(super) bytes_moved: u64,
     /// Entries read and deleted so far, for the task's metrics.
     pub(super) reads: u64,
 }
 
 impl<'a> StoreLocation<'a> {
     pub(super) fn new(store: &'a dyn StateBackend, state_ids: &'a [u8], num_buckets: u16) -> Self {
-        Self { store, state_ids, num_buckets, bytes_moved: 0, reads: 0 }
+        Self { store, state_ids, num_buckets, reads: 0 }
     }
 
     /// Reads every state id of `keys` and deletes them here (one live copy).
@@ -49,10 +47,6 @@ impl<'a> StoreLocation<'a> {
                 deletes.push(StateWrite::Delete(k));
             }
         }
-        self.bytes_moved += bundles
-            .iter()
-            .flat_map(|(k, b)| b.iter().map(|(_, v)| crate::metrics::entry_bytes(k.len(), v.len())))
-            .sum::<u64>();
         self.reads += deletes.len() as u64;
         if !deletes.is_empty() {
             self.store.write_many(deletes)?;
