@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 use koala_dataflow::OperatorSpec;
 use koala_protocol::stop_restart::{UpstreamAction, UpstreamCore, UpstreamEvent};
 use koala_protocol::{Deployment, ReconfigPlan, RuntimeOptions, TaskAck, WorkerMessage};
@@ -171,10 +171,32 @@ impl TaskSetup {
         // Input paused: a source always has input waiting (its schedule or topic goes on); an
         // operator when its data queue holds something.
         let waiting = || self.spec.is_source() || !self.inbox.queue().is_empty();
+        // Stops watching the data queue once it reads ready while empty (every sender gone).
+        let mut watch_data = true;
         while upstream.paused().is_some() {
-            metrics.input_paused(waiting(), Instant::now());
+            let held = waiting();
+            metrics.input_paused(held, Instant::now());
             let wait = metrics.next_tick().saturating_duration_since(Instant::now());
-            match self.commands.recv_timeout(wait) {
+            // Until input is held back, its arrival also wakes the loop: the pause counts from
+            // the moment the first message waits, not from the next command or tick.
+            let mut select = Select::new();
+            select.recv(&self.commands);
+            if !held && watch_data {
+                select.recv(self.inbox.queue());
+            }
+            let command = match select.ready_timeout(wait) {
+                Ok(0) => match self.commands.try_recv() {
+                    Ok(command) => Ok(command),
+                    Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                    Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                },
+                Ok(_) => {
+                    watch_data = !self.inbox.queue().is_empty();
+                    Err(RecvTimeoutError::Timeout)
+                }
+                Err(_) => Err(RecvTimeoutError::Timeout),
+            };
+            match command {
                 Ok(TaskCommand::Resume(plan)) => {
                     self.on_upstream(
                         upstream,
