@@ -238,6 +238,21 @@ mod tests {
     }
 
     #[test]
+    fn every_nexmark_query_has_an_example_config_that_checks() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        for q in all().into_iter().filter(|q| q.family == Family::Nexmark) {
+            let path = dir.join(format!("{}.toml", q.name));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(text.contains(&format!("query = {:?}", q.name)), "{}", path.display());
+            let config = koala_coordinator::config::JobConfig::parse(&text, &path.display().to_string())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(q.check_params(&text), Ok(()), "{}", path.display());
+            let graph = q.build(&config.params_text()).expect("builds");
+            config.validate(&graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
+
+    #[test]
     fn a_typo_inside_params_is_reported_at_its_line_in_the_file() {
         let document = "query = \"tumbling-window\"\nworkers = 2\n\n[parallelism]\nwindow = 2\n\n[params]\nsink = \"jsonl\"\nwindw_ms = 1000\n";
         let q = find("tumbling-window").expect("registered");

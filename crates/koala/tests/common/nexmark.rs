@@ -310,12 +310,16 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     }
 }
 
+/// A key's running rows reduced to what no interleaving changes: sorted counts, sorted
+/// (auction, price) pairs, the last row's sum.
+type Facets = (Vec<u64>, Vec<(u64, u64)>, Option<u64>);
+
 /// [`Compare::Running`]: per key, counts 1..=n, equal (auction, price) multisets, equal final sum.
 fn compare_running(
     expected: &BTreeMap<String, Vec<String>>,
     got: &BTreeMap<String, Vec<String>>,
 ) -> Result<(), String> {
-    let facets = |rows: &[String]| -> Result<(Vec<u64>, Vec<(u64, u64)>, Option<u64>), String> {
+    let facets = |rows: &[String]| -> Result<Facets, String> {
         let mut counts = Vec::new();
         let mut closed = Vec::new();
         let mut last: Option<(u64, Option<u64>)> = None;

@@ -262,7 +262,7 @@ fn q7_finds_the_highest_bid_per_tumbling_window() {
     for b in bids(&events(&p)) {
         let end = b.date_time / p.window_ms * p.window_ms + p.window_ms;
         let candidate = (b.price, std::cmp::Reverse((b.bidder, b.auction)));
-        let e = best.entry(end).or_insert(candidate.clone());
+        let e = best.entry(end).or_insert(candidate);
         if candidate > *e {
             *e = candidate;
         }
