@@ -135,39 +135,41 @@ pub struct NewUserState {
 }
 
 /// Q8's "new_users": a person joined with the auctions it opens within `period` ms of
-/// registering; a timer at registration + `period` ends the person's state.
+/// registering, as the paper's window join: the auctions collect in the person's list and are
+/// emitted when the period ends (a timer at registration + `period`), which also ends the
+/// person's state.
 pub mod new_users {
     use super::*;
     use crate::nexmark::queries::NewSeller;
 
-    /// An auction (id, event time) that arrived before its seller.
-    pub type Waiting = (u64, u64);
+    /// An auction (id, event time): waiting for its seller, or matched to it once it is here.
+    pub type Listed = (u64, u64);
 
     /// A person or an auction of the key's person.
     pub fn on_event(
-        person: u64,
         e: Event,
         period: u64,
-        c: &mut KeyContext<NewUserState, Waiting>,
-        out: &mut Vec<NewSeller>,
+        c: &mut KeyContext<NewUserState, Listed>,
+        _out: &mut Vec<NewSeller>,
     ) {
         match e {
             Event::Person(p) => {
-                let end = p.date_time + period;
-                for &(auction, time) in c.list.items() {
+                let since = p.date_time;
+                let waiting: Vec<Listed> = c.list.items().to_vec();
+                c.list.clear();
+                for (auction, time) in waiting {
                     c.timers.delete(time + 1);
-                    if (p.date_time..end).contains(&time) {
-                        out.push(NewSeller { key: person, name: p.name.clone(), auction });
+                    if (since..since + period).contains(&time) {
+                        c.list.push((auction, time));
                     }
                 }
-                c.list.clear();
-                c.timers.register(end);
-                c.value.set(NewUserState { person: Some((p.name, p.date_time)) });
+                c.timers.register(since + period);
+                c.value.set(NewUserState { person: Some((p.name, since)) });
             }
             Event::Auction(a) => match c.value.get().and_then(|s| s.person.as_ref()) {
-                Some((name, since)) => {
+                Some((_, since)) => {
                     if (*since..since + period).contains(&a.date_time) {
-                        out.push(NewSeller { key: person, name: name.clone(), auction: a.id });
+                        c.list.push((a.id, a.date_time));
                     }
                 }
                 None => {
@@ -179,20 +181,31 @@ pub mod new_users {
         }
     }
 
-    /// A timer of the key: the end of the person's period, or the clean-up of waiting auctions.
+    /// A timer of the key: the end of the person's period (emit its auctions), or the clean-up
+    /// of auctions that waited for a seller whose period had ended.
     pub fn on_timer(
+        person: u64,
         time: u64,
         period: u64,
-        c: &mut KeyContext<NewUserState, Waiting>,
-        _out: &mut Vec<NewSeller>,
+        c: &mut KeyContext<NewUserState, Listed>,
+        out: &mut Vec<NewSeller>,
     ) {
-        let since = c.value.get().and_then(|s| s.person.as_ref()).map(|(_, since)| *since);
-        // With the person here, its only timer is the end of its period (the clean-up timers of
-        // waiting auctions were deleted when it arrived); without it, waiting auctions go.
-        if since.is_none_or(|since| since + period == time) {
-            c.value.clear();
-            c.list.clear();
-            c.timers.delete_all();
+        let registered = c.value.get().and_then(|s| s.person.clone());
+        match registered {
+            // With the person here, its only timer is the end of its period (the clean-up
+            // timers of waiting auctions were deleted when it arrived).
+            Some((name, since)) if since + period == time => {
+                out.extend(c.list.items().iter().map(|(auction, _)| NewSeller {
+                    key: person,
+                    name: name.clone(),
+                    auction: *auction,
+                }));
+            }
+            Some(_) => return,
+            None => {}
         }
+        c.value.clear();
+        c.list.clear();
+        c.timers.delete_all();
     }
 }

@@ -9,8 +9,8 @@
 
 use koala_dataflow::ListState;
 use koala_dataflow::{
-    Data, Dataflow, DataflowError, Generator, JobGraph, KeyedStream, SourceOptions, Stream, TaskInstance,
-    ValueState, Window, WindowSpec,
+    Data, Dataflow, DataflowError, Generator, JobGraph, KeyContext, KeyedStream, SourceOptions, Stream,
+    TaskInstance, ValueState, Window, WindowSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -236,7 +236,7 @@ pub const QUERIES: &[(&str, &str, Builder)] = &[
     ),
     (
         "nexmark-q8",
-        "Nexmark Q8: \"events\" (people, auctions) → \"new_users\" (person by id with auctions by seller opened within new_user_period_ms of registering; a timer ends the period) → sink",
+        "Nexmark Q8: \"events\" (people, auctions) → \"new_users\" (person by id with the auctions it opens within new_user_period_ms of registering, emitted by a timer at the period's end) → sink",
         q8,
     ),
     (
@@ -423,14 +423,12 @@ fn closed_auctions(df: &Dataflow, p: &NexmarkParams) -> Stream<ClosedAuction> {
         })
         .process_with_timers(
             "closed_auction",
-            |_: &u64,
-             e: Event,
-             c: &mut koala_dataflow::KeyContext<AuctionClosing, (u64, u64)>,
-             out: &mut Vec<_>| { close_auctions::on_event(e, c, out) },
-            |_: &u64,
-             time,
-             c: &mut koala_dataflow::KeyContext<AuctionClosing, (u64, u64)>,
-             out: &mut Vec<_>| { close_auctions::on_timer(time, c, out) },
+            |_: &u64, e: Event, c: &mut KeyContext<AuctionClosing, (u64, u64)>, out: &mut Vec<_>| {
+                close_auctions::on_event(e, c, out)
+            },
+            |_: &u64, time, c: &mut KeyContext<AuctionClosing, (u64, u64)>, out: &mut Vec<_>| {
+                close_auctions::on_timer(time, c, out)
+            },
         )
 }
 
@@ -592,14 +590,13 @@ fn q8(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let period = p.new_user_period_ms;
     let out = source(&df, "events", p, person_or_auction).key_by(person_key).process_with_timers(
         "new_users",
-        move |person: &u64,
-              e: Event,
-              c: &mut koala_dataflow::KeyContext<NewUserState, (u64, u64)>,
-              out: &mut Vec<NewSeller>| { new_users::on_event(*person, e, period, c, out) },
         move |_person: &u64,
-              time,
-              c: &mut koala_dataflow::KeyContext<NewUserState, (u64, u64)>,
-              out: &mut Vec<NewSeller>| { new_users::on_timer(time, period, c, out) },
+              e: Event,
+              c: &mut KeyContext<NewUserState, (u64, u64)>,
+              out: &mut Vec<NewSeller>| { new_users::on_event(e, period, c, out) },
+        move |person: &u64, time, c: &mut KeyContext<NewUserState, (u64, u64)>, out: &mut Vec<NewSeller>| {
+            new_users::on_timer(*person, time, period, c, out)
+        },
     );
     sink(&out, p.sink);
     df.build()
