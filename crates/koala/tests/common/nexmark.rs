@@ -34,7 +34,7 @@ struct Query {
     /// tasks.
     target: &'static str,
     others: &'static [(&'static str, u32)],
-    /// Events generated: enough for ~12 000 records of the source's kinds.
+    /// Events generated: enough for ~8 000 records of the source's kinds.
     events: u64,
     /// More `[params]` lines.
     params: &'static str,
@@ -51,7 +51,7 @@ const QUERIES: &[Query] = &[
         source: ("bids", 1),
         target: "convert",
         others: &[],
-        events: 13_000,
+        events: 8_700,
         params: "",
         compare: Compare::Rows,
     },
@@ -60,7 +60,7 @@ const QUERIES: &[Query] = &[
         source: ("bids", 1),
         target: "filter",
         others: &[],
-        events: 13_000,
+        events: 8_700,
         params: Q2_AUCTIONS,
         compare: Compare::Rows,
     },
@@ -69,7 +69,7 @@ const QUERIES: &[Query] = &[
         source: ("events", 2),
         target: "join",
         others: &[("filter", 2)],
-        events: 150_000,
+        events: 100_000,
         params: "state_padding_bytes = 64\n",
         compare: Compare::Rows,
     },
@@ -78,7 +78,7 @@ const QUERIES: &[Query] = &[
         source: ("events", 2),
         target: "closed_auction",
         others: &[("category", 2)],
-        events: 12_250,
+        events: 8_200,
         params: "",
         compare: Compare::Running,
     },
@@ -87,7 +87,7 @@ const QUERIES: &[Query] = &[
         source: ("bids", 2),
         target: "count",
         others: &[("hottest", 2)],
-        events: 13_000,
+        events: 8_700,
         params: "window_ms = 400\nslide_ms = 100\n",
         compare: Compare::Rows,
     },
@@ -96,7 +96,7 @@ const QUERIES: &[Query] = &[
         source: ("events", 2),
         target: "closed_auction",
         others: &[("seller", 2)],
-        events: 12_250,
+        events: 8_200,
         params: "last_prices = 3\n",
         compare: Compare::Running,
     },
@@ -105,7 +105,7 @@ const QUERIES: &[Query] = &[
         source: ("bids", 2),
         target: "max_bid",
         others: &[("highest", 2)],
-        events: 13_000,
+        events: 8_700,
         params: "window_ms = 300\n",
         compare: Compare::Rows,
     },
@@ -114,7 +114,7 @@ const QUERIES: &[Query] = &[
         source: ("events", 2),
         target: "new_users",
         others: &[],
-        events: 150_000,
+        events: 100_000,
         params: "new_user_period_ms = 2000\n",
         compare: Compare::Rows,
     },
@@ -123,7 +123,7 @@ const QUERIES: &[Query] = &[
         source: ("closed_auctions", 1),
         target: "category",
         others: &[],
-        events: 200_000,
+        events: 135_000,
         params: "state_padding_bytes = 64\n",
         compare: Compare::Rows,
     },
@@ -132,7 +132,7 @@ const QUERIES: &[Query] = &[
         source: ("closed_auctions", 1),
         target: "seller",
         others: &[],
-        events: 200_000,
+        events: 135_000,
         params: "state_padding_bytes = 64\nlast_prices = 3\n",
         compare: Compare::Rows,
     },
@@ -141,7 +141,7 @@ const QUERIES: &[Query] = &[
 /// Q2 keeps the bids of every third auction among the first 1 000.
 const Q2_AUCTIONS: &str = "q2_auctions = [1000, 1003, 1006, 1009, 1012, 1015, 1018, 1021, 1024, 1027, 1030, 1033, 1036, 1039, 1042, 1045, 1048, 1051, 1054, 1057, 1060, 1063, 1066, 1069, 1072, 1075, 1078, 1081, 1084, 1087, 1090, 1093, 1096, 1099, 1102, 1105, 1108, 1111, 1114, 1117, 1120, 1123, 1126, 1129, 1132, 1135, 1138, 1141, 1144, 1147, 1150, 1153, 1156, 1159, 1162, 1165, 1168, 1171, 1174, 1177, 1180, 1183, 1186, 1189, 1192, 1195, 1198]\n";
 
-/// Records per second: ~1.5 s of input, so a reconfiguration at 0.5 s lands mid-stream.
+/// Records per second: ~1 s of input, so a reconfiguration at 0.4 s lands mid-stream.
 const RATE: u32 = 8_000;
 
 /// The generator of every case: few active people and auctions (joins match, auctions get
@@ -248,16 +248,16 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     let op = q.target;
     let (start, end, schedule) = match scenario {
         "scale-out" => {
-            (2, 4, format!("[[reconfigurations]]\nat_s = 0.5\noperator = \"{op}\"\nparallelism = 4\n"))
+            (2, 4, format!("[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nparallelism = 4\n"))
         }
         "scale-in" => {
-            (4, 2, format!("[[reconfigurations]]\nat_s = 0.5\noperator = \"{op}\"\nparallelism = 2\n"))
+            (4, 2, format!("[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nparallelism = 2\n"))
         }
         "rebalance" => (
             2,
             2,
             format!(
-                "[[reconfigurations]]\nat_s = 0.5\noperator = \"{op}\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
+                "[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
                 (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
             ),
         ),
