@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::graph::{OperatorFactory, TaskInstance};
 use crate::logic::OperatorLogic;
 use crate::ops::keyed_process::{KeyedProcessLogic, ProcessFn, StateShape};
+use crate::ops::timer_process::{KeyContext, TimerProcessLogic};
 use crate::state::{ListState, ValueState};
 use crate::stream::{Data, KeyedStream, Stream};
 
@@ -140,5 +141,57 @@ impl<K: Data, T: Data> KeyedStream<K, T> {
         f: impl Fn(&K, T, &mut ValueState<S>, &mut ListState<L>, &mut Vec<O>) + Send + Sync + 'static,
     ) -> Stream<O> {
         self.process(name, StateShape::ValueAndList, Arc::new(f))
+    }
+
+    /// A keyed operator with a value, a list and event-time timers per key ([`KeyContext`]).
+    /// `on_record` runs per value; `on_timer` runs when the watermark reaches a timer the key
+    /// registered and did not delete, with the key's state, in timestamp order (keys with timers
+    /// at the same time in key order). Record outputs carry the record's event time, timer
+    /// outputs the timer's. Records later than the watermark are dropped (as by windows), so a
+    /// timer at `t` has seen every record before `t`. The timers move with their keys under
+    /// every protocol (docs/architecture.md §2).
+    ///
+    /// ```
+    /// # use koala_dataflow::{Dataflow, KeyContext, SourceOptions, local};
+    /// // Per key: the sum of its values in the 10 ms after its first one, emitted at that time.
+    /// let df = Dataflow::new();
+    /// let values = vec![((1u8, 5u32), 0), ((2, 1), 3), ((1, 6), 9), ((3, 0), 20), ((1, 100), 25), ((2, 2), 40)];
+    /// let options = SourceOptions { max_disorder_ms: 0, ..Default::default() };
+    /// df.source("src", options, move |_| values.clone().into_iter())
+    ///     .key_by(|(k, _): &(u8, u32)| *k)
+    ///     .process_with_timers(
+    ///         "sum10",
+    ///         |_k: &u8, (_, v): (u8, u32), c: &mut KeyContext<u32, ()>, _out: &mut Vec<(u8, u32)>| {
+    ///             if c.timers.pending().next().is_none() {
+    ///                 c.value.clear();
+    ///                 let end = c.timers.now() + 10;
+    ///                 c.timers.register(end);
+    ///             }
+    ///             c.value.update(|s| *s += v);
+    ///         },
+    ///         |k: &u8, _time, c: &mut KeyContext<u32, ()>, out: &mut Vec<(u8, u32)>| {
+    ///             out.extend(c.value.take().map(|s| (*k, s)));
+    ///         },
+    ///     )
+    ///     .sink_json_lines("out");
+    /// let out = local::run_with(&df.build()?, &local::LocalOptions { batch_size: 1, ..Default::default() })?;
+    /// use serde_json::json;
+    /// /// // The watermark 20 fires keys 1 (at 10) and 2 (at 13); 40 fires 3 (at 30) and 1 (at 35).
+    /// let expected = [json!([1, 11]), json!([2, 1]), json!([3, 0]), json!([1, 100]), json!([2, 2])];
+    /// assert_eq!(out["out"], expected);
+    /// # Ok::<(), koala_dataflow::DataflowError>(())
+    /// ```
+    pub fn process_with_timers<S: Data, L: Data, O: Data>(
+        &self,
+        name: &str,
+        on_record: impl Fn(&K, T, &mut KeyContext<S, L>, &mut Vec<O>) + Send + Sync + 'static,
+        on_timer: impl Fn(&K, koala_types::Timestamp, &mut KeyContext<S, L>, &mut Vec<O>) + Send + Sync + 'static,
+    ) -> Stream<O> {
+        let on_record: Arc<crate::ops::timer_process::OnRecordFn<K, T, S, L, O>> = Arc::new(on_record);
+        let on_timer: Arc<crate::ops::timer_process::OnTimerFn<K, S, L, O>> = Arc::new(on_timer);
+        let factory: OperatorFactory = Arc::new(move |_task: TaskInstance| {
+            Box::new(TimerProcessLogic::new(on_record.clone(), on_timer.clone())) as Box<dyn OperatorLogic>
+        });
+        self.keyed_operator(name, Vec::new(), factory, true, 0)
     }
 }

@@ -18,6 +18,8 @@ enum Family {
     Workloads,
     /// `koala_connectors::queries`: [`koala_connectors::queries::BidAggregateParams`].
     Kafka,
+    /// `koala_workloads::nexmark`: [`koala_workloads::nexmark::NexmarkParams`].
+    Nexmark,
 }
 
 /// One registered query.
@@ -42,7 +44,12 @@ pub fn all() -> Vec<Query> {
         about,
         family: Family::Kafka,
     });
-    workloads.chain(kafka).collect()
+    let nexmark = koala_workloads::nexmark::QUERIES.iter().map(|&(name, about, _)| Query {
+        name,
+        about,
+        family: Family::Nexmark,
+    });
+    workloads.chain(kafka).chain(nexmark).collect()
 }
 
 /// The query `name`, or an error listing every query.
@@ -68,6 +75,11 @@ impl Query {
             Family::Kafka => koala_connectors::queries::build_query(self.name, params).unwrap_or_else(|| {
                 Err(format!("query {:?} is not a Kafka query (a registry bug)", self.name))
             }),
+            Family::Nexmark => {
+                let params: koala_workloads::nexmark::NexmarkParams =
+                    toml::from_str(params).map_err(|e| format!("params: {e}"))?;
+                nexmark(self.name, &params)
+            }
         }
     }
 
@@ -84,6 +96,10 @@ impl Query {
                 let params = params_in::<koala_connectors::queries::BidAggregateParams>(document)?;
                 koala_connectors::queries::bid_aggregate(&params).map(drop).map_err(|e| e.to_string())
             }
+            Family::Nexmark => {
+                let params = params_in::<koala_workloads::nexmark::NexmarkParams>(document)?;
+                nexmark(self.name, &params).map(drop)
+            }
         }
     }
 
@@ -99,6 +115,8 @@ impl Query {
                     koala_connectors::queries::Input::Kafka => !p.kafka.until_end,
                     koala_connectors::queries::Input::Generator => p.nexmark.events.is_none(),
                 }),
+            Family::Nexmark => toml::from_str::<koala_workloads::nexmark::NexmarkParams>(&text)
+                .is_ok_and(|p| p.nexmark.events.is_none()),
         }
     }
 
@@ -107,6 +125,7 @@ impl Query {
         let params = match self.family {
             Family::Workloads => toml::Value::try_from(koala_workloads::QueryParams::default()),
             Family::Kafka => toml::Value::try_from(koala_connectors::queries::BidAggregateParams::default()),
+            Family::Nexmark => toml::Value::try_from(koala_workloads::nexmark::NexmarkParams::default()),
         };
         let text = params.and_then(|p| toml::to_string(&toml::Table::from_iter([("params".to_string(), p)])));
         text.unwrap_or_else(|e| format!("# the defaults could not be written: {e}\n"))
@@ -137,6 +156,12 @@ impl Query {
     }
 }
 
+/// Builds the Nexmark query `name` (registered: the registry lists only these names).
+fn nexmark(name: &str, params: &koala_workloads::nexmark::NexmarkParams) -> Result<JobGraph, String> {
+    koala_workloads::nexmark::build(name, params)
+        .unwrap_or_else(|| Err(format!("query {name:?} is not a Nexmark query (a registry bug)")))
+}
+
 /// `[params]` of the config `document`, deserialised where it stands in the file.
 fn params_in<P: DeserializeOwned + Default>(document: &str) -> Result<P, String> {
     #[derive(serde::Deserialize)]
@@ -161,7 +186,7 @@ pub fn help() -> String {
     }
     out.push_str(
         "A config names one with `query = \"...\"`, sets tasks per operator under [parallelism] and the \
-         query's parameters under [params]; see examples/demo.toml and examples/kafka-bids.toml.",
+         query's parameters under [params]; see examples/demo.toml, examples/kafka-bids.toml and examples/nexmark-*.toml.",
     );
     out
 }
@@ -196,6 +221,7 @@ mod tests {
         let queries = all();
         assert!(queries.iter().any(|q| q.name == "filtered-window"), "every workloads query is listed");
         assert!(queries.iter().any(|q| q.name == "bid-aggregate"), "the Kafka queries are listed");
+        assert!(queries.iter().any(|q| q.name == "nexmark-q6star"), "the Nexmark queries are listed");
         for q in queries {
             let ops = q.operators().unwrap_or_else(|e| panic!("{}: {e}", q.name));
             assert!(ops.iter().any(|(_, kind)| *kind == "source"), "{}: {ops:?}", q.name);
@@ -209,6 +235,21 @@ mod tests {
         assert!(q.unbounded(&toml::Table::new()) && !q.unbounded(&bounded));
         let text = describe(Some("keyed-aggregate")).expect("describe");
         assert!(text.contains("aggregate (stateful)") && text.contains("window_ms"), "{text}");
+    }
+
+    #[test]
+    fn every_nexmark_query_has_an_example_config_that_checks() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        for q in all().into_iter().filter(|q| q.family == Family::Nexmark) {
+            let path = dir.join(format!("{}.toml", q.name));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(text.contains(&format!("query = {:?}", q.name)), "{}", path.display());
+            let config = koala_coordinator::config::JobConfig::parse(&text, &path.display().to_string())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(q.check_params(&text), Ok(()), "{}", path.display());
+            let graph = q.build(&config.params_text()).expect("builds");
+            config.validate(&graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub(crate) mod join;
 pub(crate) mod keyed_process;
 pub(crate) mod stateless;
+pub(crate) mod timer_process;
 pub(crate) mod window_aggregate;
 pub(crate) mod window_join;
 

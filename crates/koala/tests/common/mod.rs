@@ -300,5 +300,6 @@ pub fn assert_same<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
 
 pub mod expected;
 pub mod model;
+pub mod nexmark;
 pub mod oracle;
 pub mod verify;

@@ -106,10 +106,18 @@ pub struct Model {
 /// Parses a config and builds its query's graph, as `koala run` does.
 pub fn parse_config(text: &str) -> (JobConfig, JobGraph) {
     let config = JobConfig::parse(text, "test config").unwrap_or_else(|e| panic!("bad config: {e}\n{text}"));
-    let params: koala_workloads::QueryParams =
-        toml::from_str(&config.params_text()).unwrap_or_else(|e| panic!("bad params: {e}\n{text}"));
-    let graph = koala_workloads::build_query(&config.query, &params)
-        .unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"));
+    let graph = if config.query.starts_with("nexmark-") {
+        let params: koala_workloads::nexmark::NexmarkParams =
+            toml::from_str(&config.params_text()).unwrap_or_else(|e| panic!("bad params: {e}\n{text}"));
+        koala_workloads::nexmark::build(&config.query, &params)
+            .unwrap_or_else(|| panic!("no Nexmark query {:?}", config.query))
+            .unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"))
+    } else {
+        let params: koala_workloads::QueryParams =
+            toml::from_str(&config.params_text()).unwrap_or_else(|e| panic!("bad params: {e}\n{text}"));
+        koala_workloads::build_query(&config.query, &params)
+            .unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"))
+    };
     (config, graph)
 }
 
@@ -159,6 +167,11 @@ impl Model {
     /// Whether `op` holds keyed state.
     pub fn is_stateful(&self, op: &str) -> bool {
         self.graph.by_name(op).is_some_and(|o| o.is_stateful())
+    }
+
+    /// Whether any operator of the job holds keyed state.
+    pub fn has_stateful(&self) -> bool {
+        self.graph.operators.iter().any(|o| o.is_stateful())
     }
 
     /// Worker count.

@@ -5,6 +5,10 @@
 mod config;
 mod generator;
 mod model;
+mod operators;
+mod queries;
+#[cfg(test)]
+mod reference_tests;
 
 pub use config::{NexmarkConfig, NexmarkConfigError};
 pub use generator::{
@@ -12,6 +16,11 @@ pub use generator::{
     NexmarkGenerator, PERSON_PROPORTION, TOTAL_PROPORTION,
 };
 pub use model::{Auction, Bid, Event, EventKind, Person};
+pub use operators::{ClosedAuction, closed_auction_of};
+pub use queries::{
+    AuctionBid, CategoryAverage, ConvertedBid, HighestBid, HotAuction, NewSeller, NexmarkParams, QUERIES,
+    SellerAuction, SellerAverage, build,
+};
 
 #[cfg(test)]
 mod tests {
