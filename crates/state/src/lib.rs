@@ -50,7 +50,7 @@ use std::ops::Bound;
 
 use koala_types::{BucketId, TaskId};
 
-pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES};
+pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES, MIN_BUDGET_BYTES};
 pub use discard::DiscardEnv;
 pub use error::{BackendError, StateError};
 pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};

@@ -5,6 +5,7 @@ use hashbrown::HashTable;
 
 use crate::compact::{CompactKey, CompactValue};
 
+/// One cached entry.
 #[derive(Debug)]
 pub(super) struct Slot {
     pub(super) value: CompactValue,
@@ -151,8 +152,7 @@ impl Entries {
     }
 }
 
-/// A dirty entry evicted and queued for the writer, not yet below.
-
+/// Keys of one bucket that turned dirty, maybe with stale repeats (checked when read or written
 /// back).
 #[derive(Debug, Default)]
 pub(super) struct DirtyList {

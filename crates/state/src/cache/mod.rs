@@ -450,8 +450,6 @@ impl std::fmt::Debug for CachedBackend {
     }
 }
 
-/// One cached entry.
-
 impl StateBackend for CachedBackend {
     fn task(&self) -> TaskId {
         self.shared.task

@@ -11,6 +11,7 @@ use crate::compact::{CompactKey, CompactValue, KeyHash};
 use crate::written_keys::WrittenKeys;
 use crate::{CacheCounts, StateBackend, StateError, StateKey, StoredBatch};
 
+/// A dirty entry evicted and queued for the writer, not yet below.
 #[derive(Debug)]
 pub(super) struct InFlight {
     /// The run that writes it (a key evicted again before the first run is written is in a
@@ -32,8 +33,6 @@ pub(super) struct Run {
 pub(super) fn entry_cost(key: &CompactKey, value: &CompactValue) -> usize {
     ENTRY_OVERHEAD_BYTES + 2 * key.heap_len() + value.heap_len()
 }
-
-/// Keys of one bucket that turned dirty, maybe with stale repeats (checked when read or written
 
 #[derive(Debug)]
 pub(super) struct TaskCache {

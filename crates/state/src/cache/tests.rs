@@ -1,4 +1,3 @@
-
 use super::entries::Line;
 use super::*;
 use crate::MemoryEnv;
