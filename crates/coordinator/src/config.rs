@@ -163,6 +163,12 @@ pub struct RuntimeSection {
     /// upstream (backpressure, source lag) instead of in memory (docs/architecture.md §4). The
     /// default (4 batches of the core's largest size) never needs changing.
     pub max_queued_records: usize,
+    /// MiB of memory each worker gives its stateful tasks: split evenly among the stateful tasks
+    /// it hosts (re-split when a reconfiguration adds or removes some), each share paying the
+    /// task's input queues and store first, the rest its state cache (docs/architecture.md §5,
+    /// "Memory budget"). Unset = 40 % of the machine's physical memory over the job's workers on
+    /// that machine (Flink's managed memory fraction). `[state] cache_mb` overrides the cache.
+    pub worker_memory_mb: Option<u64>,
 }
 
 impl RuntimeSection {
@@ -196,6 +202,7 @@ impl Default for RuntimeSection {
             task_records_per_sec: None,
             link_mb_per_sec: None,
             max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
+            worker_memory_mb: None,
         }
     }
 }
@@ -207,9 +214,9 @@ pub struct StateSection {
     /// `fjall` (the default), `memory`, `none` (keeps nothing: the benchmark ceiling), or
     /// `remote` (state servers shared by every task of an operator; needs `protocol = "remote"`).
     pub backend: koala_protocol::StateBackendKind,
-    /// MiB of the write-back cache of each task in front of fjall (default [`DEFAULT_CACHE_MB`])
-    /// or of the state servers (default 0: every batch reads and writes the servers); 0 = no
-    /// cache. The memory and none backends have none.
+    /// MiB of the write-back cache of each task in front of fjall or of the state servers;
+    /// 0 = no cache. Unset = the task's share of its worker's memory budget (`[runtime]
+    /// worker_memory_mb`) after its queues and store. The memory and none backends have none.
     pub cache_mb: Option<u64>,
     /// `remote`: how many state servers `koala run` starts (default 1); bucket `b` lives on
     /// server `b mod servers`.
@@ -220,22 +227,31 @@ pub struct StateSection {
     pub server_addresses: Vec<String>,
 }
 
-/// The write-back cache per task in front of fjall when `[state] cache_mb` is not given.
-pub const DEFAULT_CACHE_MB: u64 = 64;
+/// The smallest `[runtime] worker_memory_mb`: room for fjall's block cache and a few small tasks.
+pub const MIN_WORKER_MEMORY_MB: u64 = 64;
+/// The largest `[runtime] worker_memory_mb` (1 TiB; a typo guard).
+pub const MAX_WORKER_MEMORY_MB: u64 = 1 << 20;
 
 impl StateSection {
-    /// What workers are told (with [`CoordinatorMessage::Deploy`](koala_protocol::CoordinatorMessage)).
+    /// What workers are told (with [`CoordinatorMessage::Deploy`](koala_protocol::CoordinatorMessage)),
+    /// but for the worker budget ([`JobConfig::state_options`] adds it).
     pub fn options(&self) -> koala_protocol::StateOptions {
-        let cache_mb = match self.backend {
-            koala_protocol::StateBackendKind::Fjall => self.cache_mb.unwrap_or(DEFAULT_CACHE_MB),
-            koala_protocol::StateBackendKind::Remote => self.cache_mb.unwrap_or(0),
-            _ => 0,
-        };
+        let has_cache = self.has_cache();
         koala_protocol::StateOptions {
             backend: self.backend,
-            cache_bytes: cache_mb.saturating_mul(1 << 20),
+            cache_bytes: if has_cache { self.cache_mb.unwrap_or(0).saturating_mul(1 << 20) } else { 0 },
+            cache_from_budget: has_cache && self.cache_mb.is_none(),
+            worker_memory_bytes: None,
             servers: self.server_addresses.clone(),
         }
+    }
+
+    /// Whether the backend has a state cache (fjall's write-back cache, Remote's client cache).
+    pub fn has_cache(&self) -> bool {
+        matches!(
+            self.backend,
+            koala_protocol::StateBackendKind::Fjall | koala_protocol::StateBackendKind::Remote
+        )
     }
 
     /// How many state servers `koala run` starts: 0 unless the backend is remote and no
@@ -395,6 +411,14 @@ impl JobConfig {
         self.metrics_db.clone().unwrap_or_else(|| self.output_dir.join("metrics.db"))
     }
 
+    /// What workers are told about state: the `[state]` section and the worker memory budget.
+    pub fn state_options(&self) -> koala_protocol::StateOptions {
+        koala_protocol::StateOptions {
+            worker_memory_bytes: self.runtime.worker_memory_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            ..self.state.options()
+        }
+    }
+
     /// Checks the config against the query's graph; returns tasks per operator (by position).
     pub fn validate(&self, graph: &JobGraph) -> Result<Vec<u32>, ConfigError> {
         if self.workers == 0 {
@@ -463,6 +487,17 @@ impl JobConfig {
             ));
         }
         self.state.validate(self.protocol)?;
+        if let Some(mb) = self.runtime.worker_memory_mb
+            && !(MIN_WORKER_MEMORY_MB..=MAX_WORKER_MEMORY_MB).contains(&mb)
+        {
+            return Err(invalid(
+                "runtime.worker_memory_mb",
+                format!(
+                    "{mb} MiB is outside {MIN_WORKER_MEMORY_MB}..={MAX_WORKER_MEMORY_MB}; give a worker's budget in MiB \
+                     (e.g. worker_memory_mb = 4096), or remove the line for 40 % of the machine's memory over its workers"
+                ),
+            ));
+        }
         if self.state.cache_mb.is_some_and(|mb| mb > 1 << 20) {
             return Err(invalid("state.cache_mb", "more than 1 TiB per task; give MiB, e.g. cache_mb = 64"));
         }

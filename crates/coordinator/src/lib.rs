@@ -13,7 +13,7 @@ pub mod reconfig;
 pub mod report;
 pub mod server;
 
-pub use config::{ConfigError, DEFAULT_CACHE_MB, JobConfig, StateSection};
+pub use config::{ConfigError, JobConfig, StateSection};
 pub use error::CoordinatorError;
 pub use progress::{Progress, ProgressEvent};
 pub use server::{JobRun, JobSummary, resolve, run_job};

@@ -37,6 +37,55 @@ pub enum ProgressEvent {
         /// Why.
         error: String,
     },
+    /// A worker's memory budget and its split (at deployment, and when a reconfiguration adds
+    /// or removes stateful tasks on it).
+    Memory {
+        /// The worker.
+        worker: koala_types::WorkerId,
+        /// What it reported.
+        report: koala_protocol::memory::MemoryReport,
+    },
+}
+
+/// MiB with one decimal, for memory lines.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+}
+
+/// A worker's memory report as `koala run` prints it: the budget and where it comes from, then
+/// each stateful task's share and what it pays for (docs/architecture.md §5, "Memory budget").
+pub fn memory_lines(worker: koala_types::WorkerId, report: &koala_protocol::memory::MemoryReport) -> String {
+    use koala_protocol::memory::{BudgetSource, MANAGED_FRACTION_TENTHS};
+    let source = match report.source {
+        BudgetSource::Configured => "[runtime] worker_memory_mb".to_string(),
+        BudgetSource::Derived { machine_bytes, workers_on_machine } => format!(
+            "0.{MANAGED_FRACTION_TENTHS} of {} physical memory / {workers_on_machine} worker(s) on the machine; \
+             set [runtime] worker_memory_mb to override",
+            mib(machine_bytes)
+        ),
+    };
+    let mut out = format!(
+        "[memory] {worker}: budget {} ({source}); store {} off the top; {} stateful task(s)",
+        mib(report.budget),
+        mib(report.worker_store),
+        report.tasks.len()
+    );
+    for t in &report.tasks {
+        let cache = match (t.cache, report.fixed_cache) {
+            (Some(c), _) => format!("cache {} (the rest; KLT charged to it)", mib(c)),
+            (None, Some(0)) => "no cache ([state] cache_mb = 0)".to_string(),
+            (None, Some(c)) => format!("cache {} fixed by [state] cache_mb", mib(c)),
+            (None, None) => "no cache (the backend has none)".to_string(),
+        };
+        out.push_str(&format!(
+            "\n[memory]   {}: share {} = queues {} + store {} + {cache}",
+            t.task,
+            mib(t.share),
+            mib(t.queues),
+            mib(t.store)
+        ));
+    }
+    out
 }
 
 /// One second of a running job, for progress lines.

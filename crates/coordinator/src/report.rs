@@ -187,6 +187,9 @@ pub struct ReportSummary {
     /// The largest `queued_records_max` sample of the run and its task (`None` if no task
     /// reported one).
     pub max_queued_records: Option<(String, f64)>,
+    /// Per task with a state cache: (task, hits, misses) over the run, from the per-second
+    /// `cache_hits` and `cache_misses` samples.
+    pub cache_lookups: Vec<(String, f64, f64)>,
     /// The dip with the lowest [`ThroughputDip::ratio`] over all reconfigurations.
     pub worst_dip: Option<ThroughputDip>,
     /// The longest backlog recovery (end-to-end latency); `None` without reconfigurations or if
@@ -277,6 +280,10 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let max_queued_records =
         queued.into_iter().map(|(task, _, v)| (task, v)).reduce(|a, b| if b.1 > a.1 { b } else { a });
 
+    let cache_lookups = cache_lookups(
+        &store.task_samples(&info.run, metric::CACHE_HITS)?,
+        &store.task_samples(&info.run, metric::CACHE_MISSES)?,
+    );
     let records_total: f64 = throughput.iter().map(|(_, v)| v).sum();
     let max_of = |f: fn(&SecondRow) -> Option<f64>| table.rows.iter().filter_map(f).reduce(f64::max);
     let longest = |f: fn(&ReconfigurationSummary) -> Option<u64>| {
@@ -295,6 +302,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         capacity_shortfall,
         pause_ms_total: paused.iter().map(|(_, ms)| ms).sum::<f64>().round() as u64,
         max_queued_records,
+        cache_lookups,
         worst_dip: reconfigurations
             .iter()
             .filter_map(|r| r.dip)
@@ -328,6 +336,18 @@ pub fn write_overlay(
 ) -> Result<(), ReportError> {
     render::draw_overlay(path, title, unit, series, marks)
         .map_err(|message| ReportError::Plot { path: path.to_path_buf(), message })
+}
+
+/// Per task, Σ of its hits and misses samples: (task, hits, misses), by task.
+fn cache_lookups(hits: &[(String, u64, f64)], misses: &[(String, u64, f64)]) -> Vec<(String, f64, f64)> {
+    let mut by_task: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for (task, _, v) in hits {
+        by_task.entry(task).or_default().0 += v;
+    }
+    for (task, _, v) in misses {
+        by_task.entry(task).or_default().1 += v;
+    }
+    by_task.into_iter().map(|(task, (h, m))| (task.to_string(), h, m)).collect()
 }
 
 /// Per task, the seconds its measured capacity fell below `budget` and the lowest one.
@@ -535,6 +555,17 @@ impl fmt::Display for ReportSummary {
         )?;
         if let Some((task, n)) = &self.max_queued_records {
             writeln!(f, "queued records: at most {n:.0} (task {task})")?;
+        }
+        if !self.cache_lookups.is_empty() {
+            let rates: Vec<String> = self
+                .cache_lookups
+                .iter()
+                .map(|(task, hits, misses)| match hits + misses {
+                    0.0 => format!("{task} no lookups"),
+                    all => format!("{task} {:.1} % of {all:.0}", 100.0 * hits / all),
+                })
+                .collect();
+            writeln!(f, "state cache hit rate (hits / keys read): {}", rates.join(", "))?;
         }
         writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
         writeln!(

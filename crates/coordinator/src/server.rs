@@ -69,6 +69,14 @@ pub fn resolve(config: &JobConfig, resolver: &QueryResolver) -> Result<(JobGraph
     Ok((graph, parallelism))
 }
 
+/// Logs a worker's memory report and passes it on to `koala run`'s printer.
+fn memory_report(job: &JobRun, worker: koala_types::WorkerId, report: koala_protocol::memory::MemoryReport) {
+    tracing::info!("{}", crate::progress::memory_lines(worker, &report));
+    if let Some(tx) = &job.progress {
+        let _ = tx.send(ProgressEvent::Memory { worker, report });
+    }
+}
+
 /// Runs a job to completion on workers that connect to `listener`.
 pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, CoordinatorError> {
     let config = &job.config;
@@ -84,7 +92,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     let mut workers = accept(&listener, config.workers, &events_tx)?;
 
     let deployment = initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run);
-    workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone()), config.state.options()))?;
+    workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone()), config.state_options()))?;
     let mut deployed = 0;
     // Requests that arrive while the job starts are answered once it runs.
     let mut early_clients = Vec::new();
@@ -93,6 +101,9 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     while deployed < workers.len() {
         match events.recv_deadline(deadline) {
             Ok(Event::Worker(_, Some(WorkerMessage::Deployed))) => deployed += 1,
+            Ok(Event::Worker(worker, Some(WorkerMessage::Memory(report)))) => {
+                memory_report(&job, worker, report)
+            }
             Ok(Event::Worker(worker, Some(WorkerMessage::DeployFailed { error }))) => {
                 let _ = workers.broadcast(&CoordinatorMessage::Shutdown);
                 return Err(CoordinatorError::Deploy { worker, error });
@@ -219,6 +230,9 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
                 }
                 Ok(Event::Worker(worker, None)) => return Err(CoordinatorError::WorkerLost(worker)),
                 Ok(Event::Worker(_, Some(WorkerMessage::Heartbeat))) => {}
+                Ok(Event::Worker(worker, Some(WorkerMessage::Memory(report)))) => {
+                    memory_report(&job, worker, report)
+                }
                 Ok(Event::Worker(worker, Some(other))) => {
                     let what = format!("{other:?}").chars().take(60).collect::<String>();
                     return Err(CoordinatorError::Protocol {

@@ -151,6 +151,11 @@ rate = [{{ at_ms = 0, records_per_sec = {base:.1} }}, {{ at_ms = {surge_ms}, rec
 /// The protocols the experiment knows (and plots in these colours' order).
 const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
 
+/// Workers of every run (one per task after the scale-out).
+pub fn workers(quick: bool) -> u32 {
+    Setup::new(quick).tasks.1
+}
+
 /// Runs the experiment into `out` under `protocols` (validated by the caller), in that order,
 /// every run with the `shared` settings.
 pub fn scale_out(

@@ -65,10 +65,10 @@ pub fn demo(
     config.protocol = parse_protocol(protocol)?;
     match config.protocol {
         // The Remote baseline keeps state on state servers (one, started with the workers), with
-        // a client cache as large as the other protocols' write-back cache.
+        // a client cache sized from the budget, as the other protocols' write-back cache.
         koala_protocol::Protocol::Remote => {
             config.state.backend = koala_protocol::StateBackendKind::Remote;
-            config.state.cache_mb = Some(koala_coordinator::config::DEFAULT_CACHE_MB);
+            config.state.cache_mb = None;
         }
         // DRRS runs with the uniform policy, as the paper's does (docs/protocols.md §11).
         koala_protocol::Protocol::Drrs => {
@@ -202,7 +202,7 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
     let cache = match (spec.backend.as_str(), spec.cache_mb) {
         ("fjall", Some(0)) => ", no cache".to_string(),
         ("fjall", Some(mb)) => format!(", cache {mb} MiB per task"),
-        ("fjall", None) => format!(", cache {} MiB per task", koala_coordinator::DEFAULT_CACHE_MB),
+        ("fjall", None) => ", cache from the worker memory budget ([memory] lines above)".to_string(),
         _ => String::new(),
     };
     let active = if spec.active_keys > 0 {
@@ -435,6 +435,9 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
+            ProgressEvent::Memory { worker, report } => {
+                println!("{}", koala_coordinator::progress::memory_lines(worker, &report))
+            }
         }
     }
     let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
@@ -588,8 +591,9 @@ mod tests {
             };
             let config = JobConfig::parse(&spec.config_text(Path::new("out")), "test").expect("parses");
             assert_eq!(config.state.backend.name(), backend);
-            let cache = config.state.options().cache_bytes;
-            assert_eq!(cache, cache_mb.unwrap_or(if backend == "fjall" { 64 } else { 0 }) << 20);
+            let options = config.state.options();
+            assert_eq!(options.cache_bytes, cache_mb.unwrap_or(0) << 20);
+            assert_eq!(options.cache_from_budget, backend == "fjall" && cache_mb.is_none());
         }
     }
 }

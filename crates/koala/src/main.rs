@@ -154,6 +154,7 @@ enum Command {
         #[arg(long, default_value = "fjall")]
         backend: String,
         /// Write-back cache per aggregate task in front of fjall, MiB (0 = none; fjall only).
+        /// Default: each task's share of its worker's memory budget, as `koala run`.
         #[arg(long)]
         cache_mb: Option<u64>,
         /// Tasks of the source and of the aggregation.
@@ -297,7 +298,10 @@ fn run(command: Command) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
             // The demo config's policy (consistent) unless DRRS is among the runs.
-            let shared = settings::SharedSettings::choose(&parsed, requested, PolicyName::Consistent)?;
+            let workers =
+                koala_coordinator::JobConfig::parse(launch::DEMO_CONFIG, "examples/demo.toml")?.workers;
+            let shared =
+                settings::SharedSettings::choose(&parsed, requested, PolicyName::Consistent, workers)?;
             println!("koala compare: {}", shared.line());
             let mut outcomes = Vec::new();
             for protocol in &protocols {
@@ -379,7 +383,12 @@ fn run(command: Command) -> anyhow::Result<()> {
                 .map(|p| launch::parse_protocol_flag(p, "--protocols"))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
-            let shared = settings::SharedSettings::choose(&parsed, requested, PolicyName::Interleaved)?;
+            let shared = settings::SharedSettings::choose(
+                &parsed,
+                requested,
+                PolicyName::Interleaved,
+                experiment::workers(quick),
+            )?;
             experiment::scale_out(quick, &output_dir, &protocols, shared)
         }
         Command::Report { db, run, out } => {

@@ -1,11 +1,13 @@
 //! The settings every run of a comparison shares (`koala compare`, `koala experiment`): one
-//! partition policy and one state cache size for every protocol, so a difference in the table is
-//! the protocols' and not their settings' (docs/architecture.md §9, "one ruler"). They are applied
-//! to each run's config, which the metrics database stores with the run, and printed above the
-//! table.
+//! partition policy and one memory rule for every protocol — the same worker memory budget,
+//! split the same way, each task's state cache (fjall's write-back cache, Remote's client cache)
+//! sized from its share — so a difference in the table is the protocols' and not their
+//! settings' (docs/architecture.md §9, "one ruler"). They are applied to each run's config,
+//! which the metrics database stores with the run, and printed above the table.
 
 use koala_coordinator::JobConfig;
-use koala_coordinator::config::{DEFAULT_CACHE_MB, PolicyName};
+use koala_coordinator::config::PolicyName;
+use koala_protocol::memory::{MANAGED_FRACTION_TENTHS, default_worker_budget, parse_meminfo};
 use koala_protocol::{Protocol, StateBackendKind};
 
 /// What every run of one comparison is given.
@@ -13,19 +15,24 @@ use koala_protocol::{Protocol, StateBackendKind};
 pub struct SharedSettings {
     /// The partition policy of every run.
     pub policy: PolicyName,
-    /// MiB of state cache per task, whatever the backend: the write-back cache in front of fjall,
-    /// the client cache in front of the Remote baseline's state servers.
-    pub cache_mb: u64,
+    /// `[runtime] worker_memory_mb` of every run: the default budget of one of the runs' workers
+    /// on this machine (docs/architecture.md §5, "Memory budget"), written into each config so
+    /// that every run has the same one even if the machine's memory reading changed.
+    pub worker_memory_mb: u64,
+    /// What it was derived from: this machine's memory (MiB) and the runs' workers.
+    pub derived_from: (u64, u32),
 }
 
 impl SharedSettings {
     /// The settings for a comparison of `protocols`: `requested` policy if given, else uniform
     /// when DRRS is among them (DRRS runs only with it, as the paper's does), else `default`.
     /// A requested policy DRRS cannot run with is refused, naming the flag and the fix.
+    /// Every run has `workers` workers on this machine.
     pub fn choose(
         protocols: &[Protocol],
         requested: Option<PolicyName>,
         default: PolicyName,
+        workers: u32,
     ) -> anyhow::Result<Self> {
         let with_drrs = protocols.contains(&Protocol::Drrs);
         let policy = match requested {
@@ -38,23 +45,36 @@ impl SharedSettings {
             None if with_drrs => PolicyName::Uniform,
             None => default,
         };
-        Ok(Self { policy, cache_mb: DEFAULT_CACHE_MB })
+        let machine = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| parse_meminfo(&t))
+            .ok_or_else(|| anyhow::anyhow!("cannot read MemTotal from /proc/meminfo: a comparison needs the machine's memory to give every run the same budget"))?;
+        Ok(Self {
+            policy,
+            worker_memory_mb: default_worker_budget(machine, workers) >> 20,
+            derived_from: (machine >> 20, workers),
+        })
     }
 
-    /// Gives `config` these settings (its protocol already set).
+    /// Gives `config` these settings (its protocol already set): the policy, the budget, and a
+    /// cache from the budget for every backend that has one.
     pub fn apply(&self, config: &mut JobConfig) {
         config.partition_policy = self.policy;
+        config.runtime.worker_memory_mb = Some(self.worker_memory_mb);
         if matches!(config.state.backend, StateBackendKind::Fjall | StateBackendKind::Remote) {
-            config.state.cache_mb = Some(self.cache_mb);
+            config.state.cache_mb = None;
         }
     }
 
     /// One line for the top of a comparison's output.
     pub fn line(&self) -> String {
+        let (machine_mb, workers) = self.derived_from;
         format!(
-            "every run: partition policy {}, state cache {} MiB per task (fjall's write-back cache; Remote's client cache)",
+            "every run: partition policy {}, worker memory budget {} MiB (0.{MANAGED_FRACTION_TENTHS} of {machine_mb} MiB / {workers} workers), \
+             split evenly among each worker's stateful tasks; each task's state cache (fjall's write-back cache, \
+             Remote's client cache) is its share less its queues and store (`koala run` prints the split)",
             policy_name(self.policy),
-            self.cache_mb
+            self.worker_memory_mb,
         )
     }
 }
@@ -85,25 +105,36 @@ mod tests {
     #[test]
     fn drrs_among_the_protocols_gives_every_run_the_uniform_policy() {
         let all = [Protocol::Koala, Protocol::StopAndRestart, Protocol::Remote, Protocol::Drrs];
-        let s = SharedSettings::choose(&all, None, PolicyName::Interleaved).expect("settings");
+        let s = SharedSettings::choose(&all, None, PolicyName::Interleaved, 2).expect("settings");
         assert_eq!(s.policy, PolicyName::Uniform);
-        let without = SharedSettings::choose(&all[..3], None, PolicyName::Interleaved).expect("settings");
+        let without = SharedSettings::choose(&all[..3], None, PolicyName::Interleaved, 2).expect("settings");
         assert_eq!(without.policy, PolicyName::Interleaved);
-        let err = SharedSettings::choose(&all, Some(PolicyName::Consistent), PolicyName::Interleaved)
+        let err = SharedSettings::choose(&all, Some(PolicyName::Consistent), PolicyName::Interleaved, 2)
             .expect_err("drrs with consistent");
         assert!(err.to_string().contains("--partition-policy consistent"), "{err}");
     }
 
     #[test]
-    fn every_backend_with_a_cache_gets_the_same_size() {
-        let s = SharedSettings { policy: PolicyName::Uniform, cache_mb: 48 };
+    fn every_backend_with_a_cache_gets_the_same_budget_and_share_rule() {
+        let s =
+            SharedSettings { policy: PolicyName::Uniform, worker_memory_mb: 3000, derived_from: (15000, 2) };
         for backend in [StateBackendKind::Fjall, StateBackendKind::Remote] {
-            let mut config = JobConfig::parse("query = \"keyed-aggregate\"\n", "test").expect("config");
+            // A config's own cache size does not survive: every run sizes it from the budget.
+            let mut config =
+                JobConfig::parse("query = \"keyed-aggregate\"\n[state]\ncache_mb = 64\n", "test")
+                    .expect("config");
             config.state.backend = backend;
             s.apply(&mut config);
-            assert_eq!(config.state.cache_mb, Some(48));
-            assert_eq!(config.state.options().cache_bytes, 48 << 20);
+            assert_eq!(config.state.cache_mb, None);
+            let options = config.state_options();
+            assert!(options.cache_from_budget, "{backend:?}");
+            assert_eq!(options.worker_memory_bytes, Some(3000 << 20));
             assert_eq!(config.partition_policy, PolicyName::Uniform);
         }
+        assert!(
+            s.line().contains("worker memory budget 3000 MiB (0.4 of 15000 MiB / 2 workers)"),
+            "{}",
+            s.line()
+        );
     }
 }

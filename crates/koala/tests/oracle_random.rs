@@ -256,9 +256,11 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
     // Remote: one state server, without a client cache, behind a 1 MiB one, or a 64 MiB one
     // (from the state backend's own stream, below).
     let cache = match variant {
-        Variant::Remote => {
-            Rng::new(seed ^ 0x57A7_E000).pick(&["", "state.cache_mb = 1\n", "state.cache_mb = 64\n"])
-        }
+        Variant::Remote => Rng::new(seed ^ 0x57A7_E000).pick(&[
+            "state.cache_mb = 0\n",
+            "state.cache_mb = 1\n",
+            "state.cache_mb = 64\n",
+        ]),
         _ => "",
     };
     let top = format!("{}{cache}partition_policy = \"{policy}\"\n", variant.top());
@@ -289,7 +291,7 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
         ));
     }
     // The state backend, from its own stream so the schedules of existing seeds stay as they were:
-    // fjall behind the default cache, behind a 1 MiB one (evicting on the larger key spaces),
+    // fjall behind the default cache (the task's share of the worker budget), behind a 1 MiB one (evicting on the larger key spaces),
     // without a cache, or memory.
     let state = match variant {
         Variant::Remote => "",

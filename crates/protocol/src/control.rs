@@ -82,8 +82,16 @@ pub struct StateOptions {
     /// The store.
     pub backend: StateBackendKind,
     /// Bytes of the write-back cache of each task in front of fjall or the state servers
-    /// (0 = no cache).
+    /// (0 = no cache), when `[state] cache_mb` gives it; unused with `cache_from_budget`.
     pub cache_bytes: u64,
+    /// Size each task's cache from its share of the worker's memory budget
+    /// ([`crate::memory`]; no `[state] cache_mb` given, and the backend has a cache).
+    #[serde(default)]
+    pub cache_from_budget: bool,
+    /// `[runtime] worker_memory_mb` in bytes; `None` = derived from the worker's machine
+    /// ([`crate::memory::default_worker_budget`]).
+    #[serde(default)]
+    pub worker_memory_bytes: Option<u64>,
     /// The state servers' addresses (`Remote` only; bucket `b` lives on `servers[b % len]`).
     #[serde(default)]
     pub servers: Vec<String>,
@@ -451,6 +459,9 @@ pub enum WorkerMessage {
     },
     /// Per-second metric samples.
     Metrics(Vec<TaskSample>),
+    /// The worker's memory budget and its split among its stateful tasks: at deployment and
+    /// whenever a reconfiguration adds or removes stateful tasks on the worker.
+    Memory(crate::memory::MemoryReport),
     /// The worker is alive (sent every second; the coordinator fails the job when a worker falls
     /// silent for `[runtime] heartbeat_timeout_s`).
     Heartbeat,

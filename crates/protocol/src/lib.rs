@@ -8,6 +8,7 @@ pub mod control;
 pub mod drrs;
 pub mod engine;
 pub mod koala;
+pub mod memory;
 mod moves;
 pub mod phases;
 pub mod sim;

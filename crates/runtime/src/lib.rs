@@ -7,6 +7,7 @@ mod batch_state;
 mod channel;
 mod error;
 mod links;
+mod memory;
 mod metrics;
 mod net;
 mod output;

@@ -47,6 +47,11 @@ pub struct TaskMetrics {
     pub offset_lag: Option<u64>,
     /// Koala: (KLT bytes, KLT entries) at the end of the second.
     pub klt_size: Option<(u64, u64)>,
+    /// Stateful tasks with a state cache: its lookups since it opened, at the end of the second
+    /// (set before each tick); the samples are the second's difference.
+    pub cache_counts: Option<koala_state::CacheCounts>,
+    /// `cache_counts` at the previous tick.
+    cache_counts_sent: koala_state::CacheCounts,
     /// Koala: time the protocol core spent looking up batches' keys this second, and how many batches.
     pub klt_lookup: (Duration, u64),
     /// Stateful operators: records taken and not yet processed, at the end of the second (the
@@ -159,6 +164,8 @@ impl TaskMetrics {
             busy: Duration::ZERO,
             warned_short: None,
             klt_size: None,
+            cache_counts: None,
+            cache_counts_sent: koala_state::CacheCounts::default(),
             offset_lag: None,
             klt_lookup: (Duration::ZERO, 0),
             queued_records: None,
@@ -299,6 +306,11 @@ impl TaskMetrics {
         }
         if let Some(lag) = self.offset_lag {
             push(metric::SOURCE_OFFSET_LAG, lag as f64);
+        }
+        if let Some(counts) = self.cache_counts {
+            let sent = std::mem::replace(&mut self.cache_counts_sent, counts);
+            push(metric::CACHE_HITS, counts.hits.saturating_sub(sent.hits) as f64);
+            push(metric::CACHE_MISSES, counts.misses.saturating_sub(sent.misses) as f64);
         }
         if let Some((bytes, entries)) = self.klt_size {
             push(metric::KLT_BYTES, bytes as f64);

@@ -22,6 +22,7 @@ use koala_types::{BucketId, Epoch, TaskId, WorkerId};
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
 use crate::links::{Links, build_outputs, input_channels, live};
+use crate::memory::WorkerMemory;
 use crate::net::{Inboxes, TaskInboxes, serve};
 use crate::peer::peer_capacity;
 use crate::queue::{DataReceiver, data_queue};
@@ -47,15 +48,20 @@ pub struct WorkerOptions {
 /// Remote state crosses the worker's emulated link (`link`).
 fn open_state(
     data_dir: &std::path::Path,
-    state: StateOptions,
+    state: &StateOptions,
     link: &Arc<SharedLink>,
 ) -> Result<Arc<dyn StateEnv>, RuntimeError> {
+    let state = state.clone();
     Ok(match state.backend {
         StateBackendKind::Fjall => {
             std::fs::create_dir_all(data_dir)
                 .map_err(|e| RuntimeError::io(format!("creating data dir {}", data_dir.display()), e))?;
             let fjall = FjallEnv::open(data_dir)?;
             match usize::try_from(state.cache_bytes) {
+                // Every task's cache is sized from its share before it opens (crate::memory).
+                _ if state.cache_from_budget => {
+                    Arc::new(CachedEnv::new(fjall, koala_state::MIN_BUDGET_BYTES))
+                }
                 Ok(0) => Arc::new(fjall),
                 Ok(bytes) => Arc::new(CachedEnv::new(fjall, bytes)),
                 Err(_) => Arc::new(CachedEnv::new(fjall, usize::MAX)),
@@ -72,6 +78,9 @@ fn open_state(
             let link = link.clone();
             let remote = RemoteEnv::with_link(state.servers, Arc::new(move |bytes| link.pace(bytes)));
             match usize::try_from(state.cache_bytes) {
+                _ if state.cache_from_budget => {
+                    Arc::new(CachedEnv::new(remote, koala_state::MIN_BUDGET_BYTES))
+                }
                 Ok(0) => Arc::new(remote),
                 Ok(bytes) => Arc::new(CachedEnv::new(remote, bytes)),
                 Err(_) => Arc::new(CachedEnv::new(remote, usize::MAX)),
@@ -143,6 +152,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     let mut me = WorkerId(u32::MAX);
     let mut job: Option<Job> = None;
     let mut env: Option<Arc<dyn StateEnv>> = None;
+    let mut memory: Option<Arc<WorkerMemory>> = None;
     loop {
         let msg: CoordinatorMessage = match read_frame(&mut reader) {
             Ok(Some(m)) => m,
@@ -155,17 +165,25 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 tracing::info!(%worker, %data_addr, "registered with the coordinator");
             }
             CoordinatorMessage::Deploy(d, state) => {
-                if env.is_none() {
-                    env = Some(open_state(&options.data_dir, state, &link)?);
-                }
+                let env = match &env {
+                    Some(env) => env.clone(),
+                    None => env.insert(open_state(&options.data_dir, &state, &link)?).clone(),
+                };
+                let memory = memory
+                    .get_or_insert_with(|| {
+                        Arc::new(WorkerMemory::new(&state, &d, me, env.clone(), out_tx.clone()))
+                    })
+                    .clone();
                 // Warm state is set-up, not the run: it is restored (into a remote backend's
                 // servers too) at full speed, and the emulated link applies from the start.
                 link.set_rate(None);
                 let rate = d.options.capacity.link_mb_per_sec;
                 let prepared = prepare(me, *d, &options.resolver, &inboxes).and_then(|j| {
-                    match (&options.warm_state, env.as_deref()) {
-                        (Some(dir), Some(env)) => restore_warm_state(&j, env, dir).map(|()| j),
-                        _ => Ok(j),
+                    // Every cache gets its share before its task opens it (the warm restore).
+                    memory.add(j.pending.iter().map(|(t, _)| *t).filter(|t| is_stateful(&j, *t)));
+                    match &options.warm_state {
+                        Some(dir) => restore_warm_state(&j, env.as_ref(), dir).map(|()| j),
+                        None => Ok(j),
                     }
                 });
                 link.set_rate(rate);
@@ -183,7 +201,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 };
                 let deployment = j.initial.clone();
                 for (task, queues) in std::mem::take(&mut j.pending) {
-                    spawn_task(task, &deployment, &j.links, env, queues, &out_tx, false)?;
+                    spawn_task(task, &deployment, &j.links, env, queues, &out_tx, false, memory.as_ref())?;
                 }
             }
             CoordinatorMessage::StopSources => {
@@ -199,7 +217,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 let (Some(j), Some(env)) = (job.as_mut(), env.as_ref()) else {
                     return Err(RuntimeError::Control("Prepare before Deploy".into()));
                 };
-                prepare_reconfiguration(j, Arc::new(*plan), env, &out_tx)?;
+                prepare_reconfiguration(j, Arc::new(*plan), env, &out_tx, memory.as_ref())?;
             }
             CoordinatorMessage::Drain { epoch } => {
                 if let Some(j) = &job {
@@ -373,6 +391,7 @@ fn prepare_reconfiguration(
     plan: Arc<ReconfigPlan>,
     env: &Arc<dyn StateEnv>,
     events: &Sender<WorkerMessage>,
+    memory: Option<&Arc<WorkerMemory>>,
 ) -> Result<(), RuntimeError> {
     let op = plan.operator;
     let d = &plan.deployment;
@@ -385,7 +404,13 @@ fn prepare_reconfiguration(
         let (queues, ctx) = create_inbox(task, d.options.channel_capacity, &job.links.inboxes)
             .map_err(RuntimeError::Control)?;
         job.commands.insert(task, ctx);
-        spawn_task(task, &Arc::new(d.clone()), &job.links, env, queues, events, true)?;
+        if let Some(memory) = memory
+            && is_stateful(job, task)
+        {
+            // The new task's share, and the smaller shares of the others, before it opens its store.
+            memory.add([task]);
+        }
+        spawn_task(task, &Arc::new(d.clone()), &job.links, env, queues, events, true, memory)?;
     }
     for (task, tx) in &job.commands {
         if task.operator == op
@@ -464,6 +489,13 @@ fn send_to(job: &Job, tasks: &[TaskId], command: impl Fn() -> TaskCommand) {
     }
 }
 
+/// Whether `task` is of a stateful operator (it shares the worker's memory budget).
+fn is_stateful(job: &Job, task: TaskId) -> bool {
+    job.links.graph.operator(task.operator).is_some_and(|o| o.is_stateful())
+}
+
+/// Starts a task's thread; when it ends, the task leaves `memory`'s split (if it was in it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_task(
     task: TaskId,
     deployment: &Arc<Deployment>,
@@ -472,7 +504,9 @@ pub(crate) fn spawn_task(
     queues: TaskQueues,
     events: &Sender<WorkerMessage>,
     created_by_reconfiguration: bool,
+    memory: Option<&Arc<WorkerMemory>>,
 ) -> Result<(), RuntimeError> {
+    let memory = memory.cloned();
     let d = deployment.clone();
     let links = links.clone();
     let env = env.clone();
@@ -480,12 +514,18 @@ pub(crate) fn spawn_task(
     std::thread::Builder::new()
         .name(format!("koala-task-{task}"))
         .spawn(move || {
+            let leave = || {
+                if let Some(memory) = &memory {
+                    memory.remove(task);
+                }
+            };
             let setup =
                 match build_setup(task, d, links, &env, queues, events.clone(), created_by_reconfiguration) {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::error!(%task, error = %e, "task could not start");
                         let _ = events.send(WorkerMessage::TaskFailed { task, error: e.to_string() });
+                        leave();
                         return;
                     }
                 };
@@ -495,6 +535,7 @@ pub(crate) fn spawn_task(
                 OperatorKind::Sink { .. } => run_sink,
             };
             run_task(setup, body);
+            leave();
         })
         .map_err(|e| RuntimeError::io("spawning a task thread", e))?;
     Ok(())

@@ -50,7 +50,7 @@ use std::ops::Bound;
 
 use koala_types::{BucketId, TaskId};
 
-pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES};
+pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES, MIN_BUDGET_BYTES};
 pub use discard::DiscardEnv;
 pub use error::{BackendError, StateError};
 pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};
@@ -218,6 +218,28 @@ pub trait StateBackend: Send + Sync {
         let _ = buckets;
         Err(StateError::Unsupported { task: self.task(), op: "release_buckets" })
     }
+
+    /// Lookups a cache in front of this store answered and did not, since the store was opened
+    /// (`None`: no cache). The runtime reports them per second (`cache_hits`, `cache_misses`).
+    fn cache_counts(&self) -> Option<CacheCounts> {
+        None
+    }
+
+    /// Bytes the task holds outside the store that its memory share also covers (a Koala task's
+    /// key lookup table): a cache charges them against its budget, up to half of it, and evicts
+    /// to make room. Without a cache, nothing.
+    fn charge_outside(&self, bytes: usize) {
+        let _ = bytes;
+    }
+}
+
+/// Cumulative lookups of a task's cache ([`StateBackend::cache_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// Keys found in the cache (cached or on their way below): no read below.
+    pub hits: u64,
+    /// Keys not in the cache: read below, or known absent by its written-keys filter.
+    pub misses: u64,
 }
 
 /// The set of task stores of one worker process.
@@ -233,6 +255,15 @@ pub trait StateEnv: Send + Sync {
 
     /// Makes every write acknowledged so far durable on disk (fsync); checkpoints call this.
     fn persist(&self) -> Result<(), StateError>;
+
+    /// Gives `task`'s cache a budget of `bytes` (the task's share of its worker's memory budget,
+    /// docs/architecture.md §5): a cache opened later starts with it, an open one is resized
+    /// now — a shrink evicts at once, its dirty victims written back like any eviction, never
+    /// dropped. Returns whether a cache took it (false: this env has no cache).
+    fn set_cache_budget(&self, task: TaskId, bytes: usize) -> Result<bool, StateError> {
+        let _ = (task, bytes);
+        Ok(false)
+    }
 }
 
 /// Encodes a write, rejecting keys and values the layout cannot hold.

@@ -88,6 +88,10 @@ pub const KLT_BYTES: &str = "klt_bytes";
 pub const KLT_ENTRIES: &str = "klt_entries";
 /// Koala: mean time per batch the core spent looking its keys up (own store first, then the KLT), µs.
 pub const KLT_LOOKUP_MEAN_US: &str = "klt_lookup_mean_us";
+/// Stateful tasks with a state cache: keys their reads found in the cache (no read below).
+pub const CACHE_HITS: &str = "cache_hits";
+/// Stateful tasks with a state cache: keys their reads did not find in the cache.
+pub const CACHE_MISSES: &str = "cache_misses";
 
 /// Every metric name above, for validation and reports.
 pub const ALL: &[&str] = &[
@@ -120,4 +124,6 @@ pub const ALL: &[&str] = &[
     KLT_BYTES,
     KLT_ENTRIES,
     KLT_LOOKUP_MEAN_US,
+    CACHE_HITS,
+    CACHE_MISSES,
 ];

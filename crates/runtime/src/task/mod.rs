@@ -265,6 +265,15 @@ impl TaskSetup {
     /// Sends the second's samples if one ended.
     pub(crate) fn report(&self, metrics: &mut TaskMetrics, outputs: &mut Outputs, now: Instant) {
         metrics.backpressure += std::mem::take(&mut outputs.backpressure);
+        if now >= metrics.next_tick()
+            && let Some(store) = self.store.as_deref()
+        {
+            metrics.cache_counts = store.cache_counts();
+            // The KLT draws from the task's memory share: its cache makes room for it.
+            if let Some((klt_bytes, _)) = metrics.klt_size {
+                store.charge_outside(usize::try_from(klt_bytes).unwrap_or(usize::MAX));
+            }
+        }
         if let Some(samples) = metrics.take_if_due(now) {
             let _ = self.events.send(WorkerMessage::Metrics(samples));
         }
