@@ -21,7 +21,8 @@ use crate::drrs::{DrrsOptions, DrrsPeer, DrrsTask, Subscale};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
     FetchRequest, FetchResponse, FilterRequest, FilterResponse, KoalaTask, LocalKeys, PeerMessage,
-    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, UpstreamRouter,
+    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
+    UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
@@ -194,7 +195,9 @@ pub(crate) struct SimTask {
     /// Where progressive pulls of each requester stopped in each bucket of `store`.
     pub(crate) pull_cursors: PullCursors<Vec<u8>>,
     pub(crate) last_watermark: Option<Timestamp>,
-    pub(crate) released: bool,
+    /// Released by the coordinator; a Koala task also tracks when its inputs ended and exits
+    /// by the runtime's rule ([`TaskLife`]).
+    pub(crate) life: TaskLife,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
     /// state outlives timers) sets one at its own time (a window's end); they fire when the task
     /// emits a watermark at or past them and travel with their bucket's hand-over (Koala: without
@@ -202,6 +205,15 @@ pub(crate) struct SimTask {
     pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
     /// DRRS: timers of buckets a sender stopped processing, set aside until their bucket's push.
     pub(crate) aside: BTreeSet<(Timestamp, Vec<u8>)>,
+}
+
+impl SimTask {
+    /// Whether the task exited: a stop-and-restart or DRRS task once released. A released Koala
+    /// task keeps its core running here (a background pull may still be answered; the runtime's
+    /// task exits by [`TaskLife::may_exit`], which `check_end` requires of every task).
+    pub(crate) fn exited(&self) -> bool {
+        !matches!(self.core, Core::Koala(_)) && self.life.released()
+    }
 }
 
 /// An upstream task: a source of keyed records plus one router per operator input (all with the
@@ -321,7 +333,7 @@ impl World {
         let mut tasks = BTreeMap::new();
         for &id in &live {
             let owned = (0..cfg.num_buckets).filter(|&b| initial[usize::from(b)] == id).collect();
-            tasks.insert(id, Self::sim_task(id, owned, &up_ids, &cfg));
+            tasks.insert(id, Self::sim_task(id, owned, &up_ids, &cfg, false));
         }
         let mut upstreams = Vec::new();
         for &id in &up_ids {
@@ -374,7 +386,13 @@ impl World {
 
     /// A target task: `owned` buckets, fed by `upstreams` (a task a reconfiguration creates owns
     /// nothing until a hand-over).
-    fn sim_task(id: TaskId, owned: BTreeSet<BucketId>, upstreams: &[TaskId], cfg: &SimConfig) -> SimTask {
+    fn sim_task(
+        id: TaskId,
+        owned: BTreeSet<BucketId>,
+        upstreams: &[TaskId],
+        cfg: &SimConfig,
+        created: bool,
+    ) -> SimTask {
         let core = match cfg.protocol {
             Protocol::Koala => {
                 let config = TaskConfig {
@@ -422,7 +440,7 @@ impl World {
             store: BTreeMap::new(),
             pull_cursors: PullCursors::new(),
             last_watermark: None,
-            released: false,
+            life: TaskLife::new(created),
             timers: BTreeSet::new(),
             aside: BTreeSet::new(),
         }
@@ -693,19 +711,36 @@ impl World {
             }
             (Node::Upstream(id), msg) => self.deliver_to_upstream(id, msg),
             (Node::Task(id), Msg::Release) => {
+                // A live task is released with its state once every input of the operator
+                // ended (`InputsEnded`); a cancelled one once nobody fetches from it: empty.
+                let live = |d: &Deployment| d.tasks.get(&TARGET).is_some_and(|t| t.contains(&id.index));
+                let live = live(self.engine.deployment())
+                    || self.engine.running().is_some_and(|p| live(&p.deployment));
+                let all_ended = self.tasks.values().all(|t| t.life.inputs_ended());
                 let t = self.tasks.get_mut(&id).ok_or("release of unknown task")?;
-                if !t.store.is_empty() {
+                if !live && !all_ended && !t.store.is_empty() {
                     return Err(format!("{id} released while holding {} keys", t.store.len()));
                 }
-                if !t.released {
-                    t.released = true;
-                    self.stats.released += 1;
+                if !t.life.released() {
+                    t.life.release();
+                    self.stats.released += u64::from(!live);
                 }
                 Ok(())
             }
             (Node::Task(id), msg) => {
-                if self.tasks.get(&id).is_none_or(|t| t.released) {
-                    return Err(format!("message for released or unknown task {id}: {msg:?}"));
+                match self.tasks.get(&id).map(SimTask::exited) {
+                    None => return Err(format!("message for unknown task {id}: {msg:?}")),
+                    // Records would be lost; anything else the runtime drops with the task's
+                    // queues (an end or marker sent before it exited, a request it no longer
+                    // needs to answer: nothing fetches once it is released).
+                    Some(true) if matches!(msg, Msg::Data(ChannelMessage::Batch(_))) => {
+                        return Err(format!("records for {id}, which exited: {msg:?}"));
+                    }
+                    Some(true) => {
+                        self.stats.after_exit += 1;
+                        return Ok(());
+                    }
+                    Some(false) => {}
                 }
                 let src = match from {
                     Node::Upstream(t) | Node::Task(t) => Some(t),
@@ -756,6 +791,9 @@ impl World {
             (Msg::Wake, Some(from)) if from == id => TaskEvent::Wake,
             (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
             (Msg::Start(r), None) => {
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.life.started(r.epoch);
+                }
                 // A task learns the channels of upstreams it does not know yet (a new
                 // task: all of them) with its `Start`; the runtime knows them when it
                 // deploys the task.
@@ -771,6 +809,9 @@ impl World {
             }
             (Msg::Prepare(plan), None) => {
                 // A Koala task learns the new placement and answers.
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.life.prepared(plan.epoch, !plan.senders_to(id).is_empty());
+                }
                 self.channels.push(
                     (Node::Task(id), Node::Coordinator, Kind::Control),
                     Msg::Ack(plan.epoch, TaskAck::Prepared),
@@ -1054,8 +1095,20 @@ impl World {
                 }
             }
         }
+        let ended = self.tasks.get_mut(&id).and_then(|t| match &t.core {
+            Core::Koala(core) => t.life.check_inputs_ended(core),
+            _ => None,
+        });
         for a in actions {
             self.exec_task(id, a)?;
+        }
+        if let Some(epoch) = ended {
+            // The runtime's task fires its timers and ends its outputs here (none in the
+            // simulated operator) and keeps serving state until released.
+            self.channels.push(
+                (Node::Task(id), Node::Coordinator, Kind::Control),
+                Msg::Ack(epoch, TaskAck::InputsEnded),
+            );
         }
         self.check_claims(id)
     }
@@ -1113,7 +1166,7 @@ impl World {
                 for i in tasks {
                     let id = TaskId::new(TARGET, i);
                     if plan.created.contains(&i) {
-                        let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg);
+                        let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg, true);
                         // A new DRRS task learns its channels when it is deployed, as the
                         // runtime's does: from the plan's upstreams, some of which may finish
                         // before its first subscale.
@@ -1128,7 +1181,7 @@ impl World {
                             return Err(format!("task {id} deployed twice"));
                         }
                     }
-                    if self.tasks.get(&id).is_some_and(|t| !t.released) {
+                    if self.tasks.get(&id).is_some_and(|t| !t.life.released()) {
                         self.control(Node::Task(id), Msg::Prepare(plan.clone()));
                     }
                 }
