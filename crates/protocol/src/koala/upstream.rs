@@ -92,6 +92,14 @@ impl UpstreamRouter {
         Ok(Self { table: assignment, outputs, watermark: None, epoch: 0, ended: false })
     }
 
+    /// A router with the table `assignment` and output channels also to the tasks `keep` (live
+    /// tasks that own no bucket in it, as [`RouterEvent::SwitchKeeping`] keeps them).
+    pub fn keeping(assignment: Vec<TaskId>, keep: Vec<TaskId>) -> Result<Self, ProtocolError> {
+        let mut router = Self::new(assignment)?;
+        router.outputs.extend(keep);
+        Ok(router)
+    }
+
     /// An unkeyed router over the output channels to `outputs`.
     pub fn unkeyed(outputs: Vec<TaskId>) -> Result<Self, ProtocolError> {
         if outputs.is_empty() {
