@@ -46,6 +46,11 @@ impl TaskLife {
         }
     }
 
+    /// The last epoch the task was prepared for or started.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
     /// Whether the task was created by a reconfiguration and has not started yet.
     pub fn unstarted(&self) -> bool {
         self.unstarted
