@@ -10,6 +10,7 @@ pub mod engine;
 pub mod koala;
 mod moves;
 pub mod phases;
+pub mod relay;
 pub mod sim;
 pub mod stop_restart;
 pub mod watermark;

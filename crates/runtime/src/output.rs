@@ -231,9 +231,9 @@ impl Outputs {
                 )));
             }
         };
-        for e in 0..self.edges.len() {
-            let actions = self.edges[e].router.on(event.clone());
-            self.carry_out(e, actions, &mut |_, to| Err(RuntimeError::NoInbox(to)))?;
+        for edge in &mut self.edges {
+            let actions = edge.router.on(event.clone());
+            self.backpressure += edge.carry_out(actions)?;
         }
         Ok(())
     }
@@ -250,54 +250,37 @@ impl Outputs {
         mut open: impl FnMut(usize, TaskId) -> Result<ChannelSender, RuntimeError>,
     ) -> Result<(), RuntimeError> {
         self.flush_all()?;
-        for e in 0..self.edges.len() {
-            if self.edges[e].consumer != consumer {
-                continue;
-            }
-            let edge = &mut self.edges[e];
+        for edge in self.edges.iter_mut().filter(|e| e.consumer == consumer) {
             let actions = edge.router.on(event(edge.input, edge.router.is_keyed())?);
-            self.carry_out(e, actions, &mut open)?;
-            // A new output the core sent nothing yet (a resume before any watermark) still gets
-            // its channel now.
-            let edge = &mut self.edges[e];
-            let missing: Vec<TaskId> =
+            // Every output the core names now has a channel (sent to or not), before the sends.
+            let new: Vec<TaskId> =
                 edge.router.outputs().iter().copied().filter(|t| !edge.channels().contains(t)).collect();
-            for to in missing {
+            for to in new {
                 edge.targets.push(open(edge.input, to)?);
             }
+            self.backpressure += edge.carry_out(actions)?;
             edge.follow_router()?;
         }
         Ok(())
     }
+}
 
-    /// Sends what edge `e`'s router decided, opening channels to tasks it names first.
-    fn carry_out(
-        &mut self,
-        e: usize,
-        actions: Vec<RouterAction>,
-        open: &mut dyn FnMut(usize, TaskId) -> Result<ChannelSender, RuntimeError>,
-    ) -> Result<(), RuntimeError> {
-        let edge = &mut self.edges[e];
+impl OutputEdge {
+    /// Sends what the router decided on channels the edge has; returns the time blocked.
+    fn carry_out(&mut self, actions: Vec<RouterAction>) -> Result<Duration, RuntimeError> {
+        let mut blocked = Duration::ZERO;
         for action in actions {
             match action {
                 RouterAction::Send { to, message } => {
-                    let i = match edge.targets.iter().position(|t| t.to() == to) {
-                        Some(i) => i,
-                        None => {
-                            edge.targets.push(open(edge.input, to)?);
-                            edge.buffers.push(Vec::new());
-                            edge.since.push(None);
-                            edge.targets.len() - 1
-                        }
-                    };
-                    self.backpressure += edge.targets[i].send(message)?;
+                    let target = self.targets.iter_mut().find(|t| t.to() == to);
+                    blocked += target.ok_or(RuntimeError::NoInbox(to))?.send(message)?;
                 }
                 RouterAction::Error(source) => {
-                    return Err(RuntimeError::Routing { consumer: edge.consumer, source });
+                    return Err(RuntimeError::Routing { consumer: self.consumer, source });
                 }
             }
         }
-        Ok(())
+        Ok(blocked)
     }
 }
 

@@ -54,6 +54,7 @@ mod checks;
 mod drrs;
 mod rng;
 mod scenario;
+mod stop_restart;
 mod world;
 
 use std::fmt;
