@@ -11,6 +11,7 @@ pub mod koala;
 pub mod memory;
 mod moves;
 pub mod phases;
+pub mod relay;
 pub mod sim;
 pub mod stop_restart;
 pub mod watermark;

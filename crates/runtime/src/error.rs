@@ -78,6 +78,14 @@ pub enum RuntimeError {
         /// What the core refused.
         source: StopRestartError,
     },
+    /// An output edge's routing core refused an event (a stale switch, a watermark going back).
+    #[error("routing to {consumer}: {source}")]
+    Routing {
+        /// The consumer the edge feeds.
+        consumer: OperatorId,
+        /// What the core refused.
+        source: koala_protocol::koala::ProtocolError,
+    },
     /// A message arrived on a channel that never carries that kind (e.g. state on a data channel).
     #[error("{task} got a {message} message on {channel:?}, which does not carry it")]
     MisplacedMessage {

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use koala_dataflow::{JobGraph, Partitioning};
 use koala_protocol::Deployment;
-use koala_types::{OperatorId, TaskId, WorkerId};
+use koala_protocol::koala::{RouterEvent, UpstreamRouter};
+use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
 use crate::net::{Inboxes, TaskInboxes};
-use crate::output::{OutputEdge, Outputs, Route};
+use crate::output::{OutputEdge, Outputs, Spread};
 use crate::peer::PeerSender;
 
 /// Input index of the peer lane between tasks of one operator (hand-overs, forwarded records,
@@ -120,64 +121,94 @@ pub fn open_peer(
     }
 }
 
-/// The edge from `task` to input `input` of `consumer`. Channels in `reuse` (by receiving task)
-/// are taken over instead of opening new ones, so a routing switch keeps per-channel FIFO.
+/// Where the edge from `task` to input `input` of `consumer` sends in `d`: its routing table
+/// (bucket → task; empty unless the edge is keyed) and the tasks it has a channel to.
+fn edge_routing(
+    d: &Deployment,
+    graph: &JobGraph,
+    task: TaskId,
+    consumer: OperatorId,
+    input: usize,
+) -> Result<(Vec<TaskId>, Vec<TaskId>), RuntimeError> {
+    let spec = graph.operator(consumer).ok_or(RuntimeError::UnknownOperator(consumer))?;
+    if is_one_to_one(d, graph, consumer, input) {
+        return Ok((Vec::new(), vec![TaskId::new(consumer, task.index)]));
+    }
+    let outputs: Vec<TaskId> = live(d, consumer).iter().map(|&j| TaskId::new(consumer, j)).collect();
+    if !matches!(spec.inputs[input].partitioning, Partitioning::Key(_)) {
+        return Ok((Vec::new(), outputs));
+    }
+    let table = d
+        .routing
+        .get(&consumer)
+        .ok_or_else(|| RuntimeError::deployment(&spec.name, "a keyed operator without a routing table"))?;
+    let table: Vec<TaskId> = table.iter().map(|&i| TaskId::new(consumer, i)).collect();
+    if let Some(t) = table.iter().find(|t| !outputs.contains(t)) {
+        return Err(RuntimeError::deployment(
+            &spec.name,
+            format!("routing names task {t}, which is not live"),
+        ));
+    }
+    Ok((table, outputs))
+}
+
+/// The routing core's event that switches the edge from `task` to input `input` of `consumer`
+/// to `d`'s routing at `epoch`: with markers (Koala, DRRS, a stateless operator), or, resuming
+/// after stop-and-restart's drain (`resume`), without. A keyed edge's live tasks that own no
+/// bucket (a DRRS subscale's table) stay outputs; an unkeyed edge's assignment is its outputs.
+pub fn switch_event(
+    d: &Deployment,
+    graph: &JobGraph,
+    task: TaskId,
+    consumer: OperatorId,
+    input: usize,
+    epoch: Epoch,
+    resume: bool,
+) -> Result<RouterEvent, RuntimeError> {
+    let (table, outputs) = edge_routing(d, graph, task, consumer, input)?;
+    let (assignment, keep) = if table.is_empty() {
+        (outputs, Vec::new())
+    } else {
+        let keep = outputs.into_iter().filter(|t| !table.contains(t)).collect();
+        (table, keep)
+    };
+    Ok(if resume {
+        RouterEvent::Reroute { epoch, assignment }
+    } else {
+        RouterEvent::SwitchKeeping { epoch, assignment, keep }
+    })
+}
+
+/// The edge from `task` to input `input` of `consumer` as `d` deploys it: its routing core and
+/// a channel to each of its outputs.
 pub fn build_edge(
     links: &Links,
     d: &Deployment,
     task: TaskId,
     consumer: OperatorId,
     input: usize,
-    reuse: &mut std::collections::HashMap<TaskId, ChannelSender>,
 ) -> Result<OutputEdge, RuntimeError> {
     let spec = links.graph.operator(consumer).ok_or(RuntimeError::UnknownOperator(consumer))?;
+    let (table, outputs) = edge_routing(d, &links.graph, task, consumer, input)?;
     let channel = InputChannel { input, from: task };
-    if is_one_to_one(d, &links.graph, consumer, input) {
-        let to = TaskId::new(consumer, task.index);
-        let sender = match reuse.remove(&to) {
-            Some(s) => s,
-            None => open_channel(links, d, to, channel)?,
-        };
-        return Ok(OutputEdge::new(consumer, input, Route::Forward(0), vec![sender]));
-    }
-    let indices = live(d, consumer);
-    let mut targets = Vec::with_capacity(indices.len());
-    for &j in indices {
-        let to = TaskId::new(consumer, j);
-        targets.push(match reuse.remove(&to) {
-            Some(s) => s,
-            None => open_channel(links, d, to, channel)?,
-        });
-    }
-    let route = match &spec.inputs[input].partitioning {
-        Partitioning::Forward | Partitioning::Rebalance => Route::Rebalance,
-        Partitioning::Key(key_fn) => {
-            let table = d.routing.get(&consumer).ok_or_else(|| {
-                RuntimeError::deployment(&spec.name, "a keyed operator without a routing table")
-            })?;
-            // The table names task indices; the edge addresses channels by position.
-            let positions = table
-                .iter()
-                .map(|t| {
-                    indices.iter().position(|i| i == t).map(|p| p as u32).ok_or_else(|| {
-                        RuntimeError::deployment(
-                            &spec.name,
-                            format!("routing names task {t}, which is not live"),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<u32>, _>>()?;
-            Route::Key { key_fn: key_fn.clone(), table: Arc::new(positions), num_buckets: d.num_buckets }
+    let targets =
+        outputs.iter().map(|&to| open_channel(links, d, to, channel)).collect::<Result<Vec<_>, _>>()?;
+    let refused =
+        |e: koala_protocol::koala::ProtocolError| RuntimeError::deployment(&spec.name, e.to_string());
+    let (spread, router) = match &spec.inputs[input].partitioning {
+        Partitioning::Key(key_fn) if !table.is_empty() => {
+            (Spread::Key(key_fn.clone()), UpstreamRouter::keeping(table, outputs).map_err(refused)?)
         }
+        _ => (Spread::RoundRobin, UpstreamRouter::unkeyed(outputs).map_err(refused)?),
     };
-    Ok(OutputEdge::new(consumer, input, route, targets))
+    OutputEdge::new(consumer, input, spread, router, targets)
 }
 
 /// All output edges of `task`.
 pub fn build_outputs(links: &Links, d: &Deployment, task: TaskId) -> Result<Outputs, RuntimeError> {
     let mut edges = Vec::new();
     for (consumer, input) in links.graph.consumers(task.operator) {
-        edges.push(build_edge(links, d, task, consumer, input, &mut std::collections::HashMap::new())?);
+        edges.push(build_edge(links, d, task, consumer, input)?);
     }
     Ok(Outputs::new(edges, d.options.batch_records, Duration::from_millis(d.options.linger_ms)))
 }

@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use koala_dataflow::JobGraph;
 use koala_dataflow::OperatorKind;
 use koala_dataflow::graph::QueryResolver;
+use koala_protocol::relay::{Relayed, relay};
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
 use koala_protocol::{StateBackendKind, StateOptions};
 use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, RemoteEnv, StateEnv};
@@ -159,6 +160,9 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             Ok(None) => return Err(RuntimeError::Control("the coordinator closed the connection".into())),
             Err(e) => return Err(RuntimeError::io("reading from the coordinator", e)),
         };
+        // Which local tasks hear what: the rule the simulator runs (`koala_protocol::relay`).
+        let plan = phase_epoch(&msg).and_then(|e| job.as_ref()?.plans.get(&e).cloned());
+        let relayed = relay(&msg, plan.as_deref());
         match msg {
             CoordinatorMessage::Welcome { worker } => {
                 me = worker;
@@ -217,20 +221,20 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 let (Some(j), Some(env)) = (job.as_mut(), env.as_ref()) else {
                     return Err(RuntimeError::Control("Prepare before Deploy".into()));
                 };
-                prepare_reconfiguration(j, Arc::new(*plan), env, &out_tx, memory.as_ref())?;
+                prepare_reconfiguration(j, Arc::new(*plan), env, &out_tx, memory.as_ref(), &relayed)?;
             }
             CoordinatorMessage::Drain { epoch } => {
                 if let Some(j) = &job {
-                    match j.plans.get(&epoch) {
-                        Some(plan) => {
-                            send_to(j, &plan.upstreams, || TaskCommand::Drain { epoch });
-                            send_to(j, &operator_tasks(plan), || TaskCommand::HandOver { epoch });
-                        }
-                        None => tracing::error!(epoch, "drain of an unknown reconfiguration; ignored"),
+                    if plan.is_none() {
+                        tracing::error!(epoch, "drain of an unknown reconfiguration; ignored");
                     }
+                    send_to(j, &relayed, |r| match r {
+                        Relayed::Drain => TaskCommand::Drain { epoch },
+                        _ => TaskCommand::HandOver { epoch },
+                    });
                 }
             }
-            msg @ (CoordinatorMessage::Resume { epoch } | CoordinatorMessage::Switch { epoch }) => {
+            CoordinatorMessage::Resume { epoch } | CoordinatorMessage::Switch { epoch } => {
                 // The last phase for upstream tasks: stop-and-restart resumes them, Koala switches
                 // them without a pause; either way they take the plan's routing.
                 if let Some(j) = job.as_mut() {
@@ -239,41 +243,35 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                             "routing switch of unknown epoch {epoch}"
                         )));
                     };
-                    // Only the live upstream tasks the plan names: a cancelled task that still serves
-                    // state (Koala) must not switch and send markers to the operator.
-                    let resume = matches!(msg, CoordinatorMessage::Resume { .. });
-                    if !resume {
-                        // Koala, stateless operator: its old tasks pass their markers and finish.
-                        send_to(j, &operator_tasks(&plan), || TaskCommand::HandOver { epoch });
-                    }
-                    send_to(j, &plan.upstreams, || {
-                        if resume {
-                            TaskCommand::Resume(plan.clone())
-                        } else {
-                            TaskCommand::Switch(plan.clone())
-                        }
+                    // Only the live upstream tasks the plan names: a cancelled task that still
+                    // serves state (Koala) must not switch and send markers to the operator.
+                    send_to(j, &relayed, |r| match r {
+                        Relayed::HandOver => TaskCommand::HandOver { epoch },
+                        Relayed::Resume => TaskCommand::Resume(plan.clone()),
+                        _ => TaskCommand::Switch(plan.clone()),
                     });
                 }
             }
             CoordinatorMessage::Begin { reconfiguration, tasks } => {
                 if let Some(j) = &job {
                     let reconfiguration = Arc::new(*reconfiguration);
-                    send_to(j, &tasks, || TaskCommand::Begin(reconfiguration.clone()));
+                    debug_assert_eq!(relayed.len(), tasks.len());
+                    send_to(j, &relayed, |_| TaskCommand::Begin(reconfiguration.clone()));
                 }
             }
-            CoordinatorMessage::UpstreamEnded { upstream, tasks } => {
+            CoordinatorMessage::UpstreamEnded { upstream, .. } => {
                 if let Some(j) = &job {
-                    send_to(j, &tasks, || TaskCommand::UpstreamEnded(upstream));
+                    send_to(j, &relayed, |_| TaskCommand::UpstreamEnded(upstream));
                 }
             }
-            CoordinatorMessage::Release { task } => {
+            CoordinatorMessage::Release { .. } => {
                 if let Some(j) = &job {
-                    send_to(j, &[task], || TaskCommand::Release);
+                    send_to(j, &relayed, |_| TaskCommand::Release);
                 }
             }
             CoordinatorMessage::Drrs(control) => {
                 if let Some(j) = job.as_mut() {
-                    drrs_control(j, *control)?;
+                    drrs_control(j, *control, &relayed)?;
                 }
             }
             CoordinatorMessage::Shutdown => {
@@ -392,6 +390,7 @@ fn prepare_reconfiguration(
     env: &Arc<dyn StateEnv>,
     events: &Sender<WorkerMessage>,
     memory: Option<&Arc<WorkerMemory>>,
+    relayed: &[(TaskId, Relayed)],
 ) -> Result<(), RuntimeError> {
     let op = plan.operator;
     let d = &plan.deployment;
@@ -412,15 +411,7 @@ fn prepare_reconfiguration(
         }
         spawn_task(task, &Arc::new(d.clone()), &job.links, env, queues, events, true, memory)?;
     }
-    for (task, tx) in &job.commands {
-        if task.operator == op
-            && (live(d, op).contains(&task.index)
-                || plan.cancelled.contains(&task.index)
-                || plan.retired.contains(&task.index))
-        {
-            let _ = tx.send(TaskCommand::Prepare(plan.clone()));
-        }
-    }
+    send_to(job, relayed, |_| TaskCommand::Prepare(plan.clone()));
     for (consumer, input) in job.links.graph.consumers(op) {
         for (task, tx) in &job.commands {
             // Live consumers only: a retired one (Koala) gets no channel from the new tasks.
@@ -443,14 +434,18 @@ fn prepare_reconfiguration(
 /// DRRS: a subscale's `Begin` goes to its tasks; its `Switch` to the upstreams, as a plan whose
 /// deployment routes by the subscale's table and keeps channels to the kept tasks
 /// (docs/protocols.md §11).
-fn drrs_control(job: &mut Job, control: koala_protocol::drrs::DrrsControl) -> Result<(), RuntimeError> {
+fn drrs_control(
+    job: &mut Job,
+    control: koala_protocol::drrs::DrrsControl,
+    relayed: &[(TaskId, Relayed)],
+) -> Result<(), RuntimeError> {
     use koala_protocol::drrs::{DrrsControl, plan_epoch};
     match control {
-        DrrsControl::Begin { subscale, tasks } => {
+        DrrsControl::Begin { subscale, .. } => {
             let subscale = Arc::new(*subscale);
-            send_to(job, &tasks, || TaskCommand::DrrsBegin(subscale.clone()));
+            send_to(job, relayed, |_| TaskCommand::DrrsBegin(subscale.clone()));
         }
-        DrrsControl::Switch { epoch, operator, assignment, keep, upstreams, last } => {
+        DrrsControl::Switch { epoch, operator, assignment, keep, last, .. } => {
             let plan_at = plan_epoch(epoch);
             let plan = if last { job.plans.remove(&plan_at) } else { job.plans.get(&plan_at).cloned() };
             let Some(plan) = plan else {
@@ -464,25 +459,28 @@ fn drrs_control(job: &mut Job, control: koala_protocol::drrs::DrrsControl) -> Re
             step.deployment.tasks.insert(operator, tasks);
             step.deployment.routing.insert(operator, assignment);
             let step = Arc::new(step);
-            send_to(job, &upstreams, || TaskCommand::Switch(step.clone()));
+            send_to(job, relayed, |_| TaskCommand::Switch(step.clone()));
         }
     }
     Ok(())
 }
 
-/// Sends a command to each of `tasks` that runs on this worker (others are skipped; a task
-/// that already finished is logged, not an error: its work is done).
-/// The reconfigured operator's tasks that may move state: live after it, or cancelled by it.
-fn operator_tasks(plan: &ReconfigPlan) -> Vec<TaskId> {
-    let op = plan.operator;
-    let live = plan.deployment.tasks.get(&op).into_iter().flatten();
-    live.chain(&plan.cancelled).map(|i| TaskId::new(op, *i)).collect()
+/// The epoch whose plan a phase message is read against.
+fn phase_epoch(msg: &CoordinatorMessage) -> Option<Epoch> {
+    match msg {
+        CoordinatorMessage::Drain { epoch }
+        | CoordinatorMessage::Switch { epoch }
+        | CoordinatorMessage::Resume { epoch } => Some(*epoch),
+        _ => None,
+    }
 }
 
-fn send_to(job: &Job, tasks: &[TaskId], command: impl Fn() -> TaskCommand) {
-    for task in tasks {
-        if let Some(tx) = job.commands.get(task)
-            && tx.send(command()).is_err()
+/// Sends each relayed task that runs on this worker its command (others are skipped; a task
+/// that already finished is logged, not an error: its work is done).
+fn send_to(job: &Job, relayed: &[(TaskId, Relayed)], command: impl Fn(Relayed) -> TaskCommand) {
+    for &(task, r) in relayed {
+        if let Some(tx) = job.commands.get(&task)
+            && tx.send(command(r)).is_err()
         {
             tracing::debug!(%task, "command to a task that already finished");
         }

@@ -529,6 +529,11 @@ impl DrrsTask {
     }
 
     fn on_end_of_stream(&mut self, channel: InputChannel) -> Result<(), ProtocolError> {
+        // The coordinator's word that an upstream finished and the channel's own end (a channel
+        // a switch dropped ends too) may both arrive: the second is no news.
+        if self.ended.contains(&channel) {
+            return Ok(());
+        }
         if !self.inputs.remove(&channel) {
             return Err(ProtocolError::UnknownChannel { channel });
         }

@@ -2,7 +2,8 @@
 //! routing table (RT), broadcasts watermarks, and on `SwitchRouting` atomically installs the new
 //! table and injects a marker — followed by its current watermark — into every output channel of
 //! the old and the new configuration, so each target task learns that nothing routed by the old
-//! table follows.
+//! table follows; a channel the new configuration drops then ends. The runtime's output edges
+//! (`crates/runtime/src/output.rs`) and the simulator run this one core.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,7 +43,8 @@ pub enum RouterEvent {
         epoch: Epoch,
     },
     /// Stop-and-restart's resume: install `assignment` without markers (every channel carried
-    /// the epoch's marker at the drain); new output channels get the current watermark.
+    /// the epoch's marker at the drain); new output channels get the current watermark, dropped
+    /// ones end.
     Reroute {
         /// The epoch.
         epoch: Epoch,
@@ -67,9 +69,14 @@ pub enum RouterAction {
     Error(ProtocolError),
 }
 
-/// Routing table and marker injection of one upstream task towards one keyed operator.
+/// Routing table and marker injection of one upstream task towards one input of an operator.
+///
+/// A keyed router routes records by bucket through its table. An unkeyed one (a forward or
+/// round-robin edge, [`UpstreamRouter::unkeyed`]) has no table: the caller spreads records over
+/// its outputs, and the `assignment` of a switch names the new outputs.
 #[derive(Clone, Debug)]
 pub struct UpstreamRouter {
+    /// Bucket → task; empty for an unkeyed router.
     table: Vec<TaskId>,
     outputs: BTreeSet<TaskId>,
     watermark: Option<Timestamp>,
@@ -83,6 +90,44 @@ impl UpstreamRouter {
         check_table(&assignment)?;
         let outputs = assignment.iter().copied().collect();
         Ok(Self { table: assignment, outputs, watermark: None, epoch: 0, ended: false })
+    }
+
+    /// A router with the table `assignment` and output channels also to the tasks `keep` (live
+    /// tasks that own no bucket in it, as [`RouterEvent::SwitchKeeping`] keeps them).
+    pub fn keeping(assignment: Vec<TaskId>, keep: Vec<TaskId>) -> Result<Self, ProtocolError> {
+        let mut router = Self::new(assignment)?;
+        router.outputs.extend(keep);
+        Ok(router)
+    }
+
+    /// An unkeyed router over the output channels to `outputs`.
+    pub fn unkeyed(outputs: Vec<TaskId>) -> Result<Self, ProtocolError> {
+        if outputs.is_empty() {
+            return Err(ProtocolError::InvalidAssignment { reason: "an edge to no task".into() });
+        }
+        let outputs = outputs.into_iter().collect();
+        Ok(Self { table: Vec::new(), outputs, watermark: None, epoch: 0, ended: false })
+    }
+
+    /// Whether records are routed by bucket (else the caller spreads them over the outputs).
+    pub fn is_keyed(&self) -> bool {
+        !self.table.is_empty()
+    }
+
+    /// The task the record with `key` goes to (a keyed router's decision), `None` if unkeyed.
+    pub fn route(&self, key: &[u8]) -> Option<TaskId> {
+        let n = u16::try_from(self.table.len()).ok().filter(|&n| n > 0)?;
+        self.table.get(usize::from(bucket_of(key, n))).copied()
+    }
+
+    /// The tasks with an open output channel, in order.
+    pub fn outputs(&self) -> &BTreeSet<TaskId> {
+        &self.outputs
+    }
+
+    /// Whether the upstream ended (every output got its end of stream).
+    pub fn ended(&self) -> bool {
+        self.ended
     }
 
     /// The last epoch whose routing switch this upstream applied (0 = the initial table).
@@ -107,10 +152,11 @@ impl UpstreamRouter {
         let mut out = Vec::new();
         match event {
             RouterEvent::Records(records) => {
-                let n = self.table.len() as u16;
                 let mut per: BTreeMap<TaskId, Vec<Record>> = BTreeMap::new();
                 for r in records {
-                    let to = self.table[usize::from(bucket_of(&r.key, n))];
+                    let to = self.route(&r.key).ok_or_else(|| ProtocolError::InvalidAssignment {
+                        reason: "records through an unkeyed router (its caller spreads them)".into(),
+                    })?;
                     per.entry(to).or_default().push(r);
                 }
                 out.extend(
@@ -137,21 +183,10 @@ impl UpstreamRouter {
                 if self.ended => {}
             RouterEvent::Mark { .. } if self.ended => {}
             RouterEvent::SwitchRouting { epoch, assignment } => {
-                let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
-                self.check_switch(epoch, &assignment)?;
-                for &to in self.outputs.union(&new_outputs) {
-                    out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
-                }
-                self.install(epoch, assignment, &mut out);
+                self.switch(epoch, assignment, Vec::new(), &mut out)?;
             }
             RouterEvent::SwitchKeeping { epoch, assignment, keep } => {
-                self.check_switch(epoch, &assignment)?;
-                let mut new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
-                new_outputs.extend(keep);
-                for &to in self.outputs.union(&new_outputs) {
-                    out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
-                }
-                self.install_outputs(epoch, assignment, new_outputs, &mut out);
+                self.switch(epoch, assignment, keep, &mut out)?;
             }
             RouterEvent::Mark { epoch } => {
                 if epoch <= self.epoch {
@@ -165,10 +200,14 @@ impl UpstreamRouter {
             }
             RouterEvent::Reroute { epoch, assignment } => {
                 self.check_switch(epoch, &assignment)?;
+                let new_outputs = assignment.iter().copied().collect();
                 let old = std::mem::take(&mut self.outputs);
-                self.install(epoch, assignment, &mut out);
+                end_dropped(&old, &new_outputs, &mut out);
+                self.install_outputs(epoch, assignment, new_outputs, &mut out);
                 // Old channels already have the current watermark.
-                out.retain(|a| !matches!(a, RouterAction::Send { to, .. } if old.contains(to)));
+                out.retain(|a| {
+                    !matches!(a, RouterAction::Send { to, message: ChannelMessage::Watermark(_) } if old.contains(to))
+                });
             }
             RouterEvent::EndOfStream => {
                 if !self.ended {
@@ -186,9 +225,36 @@ impl UpstreamRouter {
 }
 
 impl UpstreamRouter {
+    /// A switch with markers: one on every channel of the old and the new outputs, then the end
+    /// of every dropped channel, then the current watermark on every new output.
+    fn switch(
+        &mut self,
+        epoch: Epoch,
+        assignment: Vec<TaskId>,
+        keep: Vec<TaskId>,
+        out: &mut Vec<RouterAction>,
+    ) -> Result<(), ProtocolError> {
+        self.check_switch(epoch, &assignment)?;
+        let mut new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
+        new_outputs.extend(keep);
+        for &to in self.outputs.union(&new_outputs) {
+            out.push(RouterAction::Send { to, message: ChannelMessage::Marker(epoch) });
+        }
+        end_dropped(&self.outputs, &new_outputs, out);
+        self.install_outputs(epoch, assignment, new_outputs, out);
+        Ok(())
+    }
+
     fn check_switch(&self, epoch: Epoch, assignment: &[TaskId]) -> Result<(), ProtocolError> {
         if epoch <= self.epoch {
             return Err(ProtocolError::StaleEpoch { got: epoch, current: self.epoch });
+        }
+        if !self.is_keyed() {
+            return if assignment.is_empty() {
+                Err(ProtocolError::InvalidAssignment { reason: "an edge to no task".into() })
+            } else {
+                Ok(())
+            };
         }
         if assignment.len() != self.table.len() {
             return Err(ProtocolError::InvalidAssignment {
@@ -198,14 +264,9 @@ impl UpstreamRouter {
         Ok(())
     }
 
-    /// Installs a new table; the current watermark is the first thing every new output channel
-    /// carries after its marker (paper §3.2).
-    fn install(&mut self, epoch: Epoch, assignment: Vec<TaskId>, out: &mut Vec<RouterAction>) {
-        let new_outputs: BTreeSet<TaskId> = assignment.iter().copied().collect();
-        self.install_outputs(epoch, assignment, new_outputs, out);
-    }
-
-    /// Installs a new table with these output channels (the table's tasks and any kept ones).
+    /// Installs a new table with these output channels (the table's tasks and any kept ones); the
+    /// current watermark is the first thing every new output channel carries after its marker
+    /// (paper §3.2).
     fn install_outputs(
         &mut self,
         epoch: Epoch,
@@ -221,9 +282,18 @@ impl UpstreamRouter {
             );
         }
         self.epoch = epoch;
-        self.table = assignment;
+        if self.is_keyed() {
+            self.table = assignment;
+        }
         self.outputs = new_outputs;
     }
+}
+
+/// The end of stream on every channel of `old` that `new` drops: nothing follows on it.
+fn end_dropped(old: &BTreeSet<TaskId>, new: &BTreeSet<TaskId>, out: &mut Vec<RouterAction>) {
+    out.extend(
+        old.difference(new).map(|&to| RouterAction::Send { to, message: ChannelMessage::EndOfStream }),
+    );
 }
 
 fn check_table(table: &[TaskId]) -> Result<(), ProtocolError> {
@@ -258,6 +328,53 @@ mod tests {
             [RouterAction::Error(_)]
         ));
         assert!(matches!(r.on(RouterEvent::Watermark(3))[..], [RouterAction::Error(_)]));
+    }
+
+    /// A channel a switch drops gets its marker, then its end; one a resume drops, its end.
+    #[test]
+    fn dropped_channels_end() {
+        let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
+        let mut r = UpstreamRouter::new(vec![a, b]).expect("table");
+        let out = r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![b, b] });
+        assert_eq!(
+            out,
+            vec![
+                RouterAction::Send { to: a, message: ChannelMessage::Marker(1) },
+                RouterAction::Send { to: b, message: ChannelMessage::Marker(1) },
+                RouterAction::Send { to: a, message: ChannelMessage::EndOfStream },
+            ]
+        );
+        assert_eq!(r.route(b"k"), Some(b));
+        r.on(RouterEvent::Watermark(5));
+        let out = r.on(RouterEvent::Reroute { epoch: 2, assignment: vec![a, a] });
+        assert_eq!(
+            out,
+            vec![
+                RouterAction::Send { to: b, message: ChannelMessage::EndOfStream },
+                RouterAction::Send { to: a, message: ChannelMessage::Watermark(5) },
+            ]
+        );
+        assert_eq!(r.outputs().iter().copied().collect::<Vec<_>>(), vec![a]);
+    }
+
+    /// An unkeyed router's switch names its outputs; it routes no records itself.
+    #[test]
+    fn unkeyed_router_switches_outputs() {
+        let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
+        let mut r = UpstreamRouter::unkeyed(vec![a]).expect("outputs");
+        assert!(!r.is_keyed());
+        assert_eq!(r.route(b"k"), None);
+        let out = r.on(RouterEvent::SwitchRouting { epoch: 3, assignment: vec![b] });
+        assert_eq!(
+            out,
+            vec![
+                RouterAction::Send { to: a, message: ChannelMessage::Marker(3) },
+                RouterAction::Send { to: b, message: ChannelMessage::Marker(3) },
+                RouterAction::Send { to: a, message: ChannelMessage::EndOfStream },
+            ]
+        );
+        assert!(matches!(r.on(RouterEvent::Records(vec![])).as_slice(), []));
+        assert!(UpstreamRouter::unkeyed(vec![]).is_err());
     }
 
     /// DRRS keeps channels to tasks that own nothing in an intermediate table.

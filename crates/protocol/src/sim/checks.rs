@@ -476,6 +476,16 @@ impl World {
                 ));
             }
         }
+        // Koala: every task reported `InputsEnded` and was released, so the runtime's would exit.
+        if let Some((id, t)) =
+            self.tasks.iter().find(|(_, t)| matches!(t.core, Core::Koala(_)) && !t.life.may_exit())
+        {
+            return Err(format!(
+                "exit: {id} would never exit (inputs ended: {}, released: {})",
+                t.life.inputs_ended(),
+                t.life.released()
+            ));
+        }
         if let Some((id, t)) = self.tasks.iter().find(|(_, t)| !t.timers.is_empty()) {
             return Err(format!("timers: {id} ends with {} unfired timers", t.timers.len()));
         }

@@ -54,6 +54,7 @@ mod checks;
 mod drrs;
 mod rng;
 mod scenario;
+mod stop_restart;
 mod world;
 
 use std::fmt;
@@ -217,6 +218,9 @@ pub struct SimStats {
     pub moved_keys: u64,
     /// Cancelled tasks released.
     pub released: u64,
+    /// Messages that reached a task after it exited (ends, markers, requests it need not
+    /// answer; the runtime drops them with its queues), never records.
+    pub after_exit: u64,
     /// Whether the run used progressive migration (N > 0) and cancelled tasks.
     pub progressive: bool,
     /// Requests skipped because every upstream had finished before they could start.

@@ -9,9 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{
-    BucketId, ChannelMessage, Epoch, InputChannel, Record, TaskId, Timestamp, WorkerId, bucket_of,
-};
+use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, Record, TaskId, Timestamp, WorkerId};
 
 use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
@@ -21,13 +19,13 @@ use crate::drrs::{DrrsOptions, DrrsPeer, DrrsTask, Subscale};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
     FetchRequest, FetchResponse, FilterRequest, FilterResponse, KoalaTask, LocalKeys, PeerMessage,
-    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, UpstreamRouter,
+    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
+    UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
-use crate::stop_restart::{
-    TargetAction, TargetCore, TargetEvent, UpstreamAction, UpstreamCore, UpstreamEvent,
-};
+use crate::relay::{Relayed, relay};
+use crate::stop_restart::{TargetCore, UpstreamAction, UpstreamCore, UpstreamEvent};
 use crate::watermark::WatermarkAligner;
 
 /// An endpoint of a channel.
@@ -207,7 +205,9 @@ pub(crate) struct SimTask {
     /// Where progressive pulls of each requester stopped in each bucket of `store`.
     pub(crate) pull_cursors: PullCursors<Vec<u8>>,
     pub(crate) last_watermark: Option<Timestamp>,
-    pub(crate) released: bool,
+    /// Released by the coordinator; a Koala task also tracks when its inputs ended and exits
+    /// by the runtime's rule ([`TaskLife`]).
+    pub(crate) life: TaskLife,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
     /// state outlives timers) sets one at its own time (a window's end); they fire when the task
     /// emits a watermark at or past them and travel with their bucket's hand-over (Koala: without
@@ -215,6 +215,15 @@ pub(crate) struct SimTask {
     pub(crate) timers: BTreeSet<(Timestamp, Vec<u8>)>,
     /// DRRS: timers of buckets a sender stopped processing, set aside until their bucket's push.
     pub(crate) aside: BTreeSet<(Timestamp, Vec<u8>)>,
+}
+
+impl SimTask {
+    /// Whether the task exited: a stop-and-restart or DRRS task once released. A released Koala
+    /// task keeps its core running here (a background pull may still be answered; the runtime's
+    /// task exits by [`TaskLife::may_exit`], which `check_end` requires of every task).
+    pub(crate) fn exited(&self) -> bool {
+        !matches!(self.core, Core::Koala(_)) && self.life.released()
+    }
 }
 
 /// An upstream task: a source of keyed records plus one router per operator input (all with the
@@ -337,7 +346,7 @@ impl World {
         let mut tasks = BTreeMap::new();
         for &id in &live {
             let owned = (0..cfg.num_buckets).filter(|&b| initial[usize::from(b)] == id).collect();
-            tasks.insert(id, Self::sim_task(id, owned, &up_ids, &cfg));
+            tasks.insert(id, Self::sim_task(id, owned, &up_ids, &cfg, false));
         }
         let mut upstreams = Vec::new();
         for &id in &up_ids {
@@ -391,7 +400,13 @@ impl World {
 
     /// A target task: `owned` buckets, fed by `upstreams` (a task a reconfiguration creates owns
     /// nothing until a hand-over).
-    fn sim_task(id: TaskId, owned: BTreeSet<BucketId>, upstreams: &[TaskId], cfg: &SimConfig) -> SimTask {
+    fn sim_task(
+        id: TaskId,
+        owned: BTreeSet<BucketId>,
+        upstreams: &[TaskId],
+        cfg: &SimConfig,
+        created: bool,
+    ) -> SimTask {
         let core = match cfg.protocol {
             Protocol::Koala => {
                 let config = TaskConfig {
@@ -439,7 +454,7 @@ impl World {
             store: BTreeMap::new(),
             pull_cursors: PullCursors::new(),
             last_watermark: None,
-            released: false,
+            life: TaskLife::new(created),
             timers: BTreeSet::new(),
             aside: BTreeSet::new(),
         }
@@ -715,19 +730,36 @@ impl World {
             }
             (Node::Upstream(id), msg) => self.deliver_to_upstream(id, msg),
             (Node::Task(id), Msg::Release) => {
+                // A live task is released with its state once every input of the operator
+                // ended (`InputsEnded`); a cancelled one once nobody fetches from it: empty.
+                let live = |d: &Deployment| d.tasks.get(&TARGET).is_some_and(|t| t.contains(&id.index));
+                let live = live(self.engine.deployment())
+                    || self.engine.running().is_some_and(|p| live(&p.deployment));
+                let all_ended = self.tasks.values().all(|t| t.life.inputs_ended());
                 let t = self.tasks.get_mut(&id).ok_or("release of unknown task")?;
-                if !t.store.is_empty() {
+                if !live && !all_ended && !t.store.is_empty() {
                     return Err(format!("{id} released while holding {} keys", t.store.len()));
                 }
-                if !t.released {
-                    t.released = true;
-                    self.stats.released += 1;
+                if !t.life.released() {
+                    t.life.release();
+                    self.stats.released += u64::from(!live);
                 }
                 Ok(())
             }
             (Node::Task(id), msg) => {
-                if self.tasks.get(&id).is_none_or(|t| t.released) {
-                    return Err(format!("message for released or unknown task {id}: {msg:?}"));
+                match self.tasks.get(&id).map(SimTask::exited) {
+                    None => return Err(format!("message for unknown task {id}: {msg:?}")),
+                    // Records would be lost; anything else the runtime drops with the task's
+                    // queues (an end or marker sent before it exited, a request it no longer
+                    // needs to answer: nothing fetches once it is released).
+                    Some(true) if matches!(msg, Msg::Data(ChannelMessage::Batch(_))) => {
+                        return Err(format!("records for {id}, which exited: {msg:?}"));
+                    }
+                    Some(true) => {
+                        self.stats.after_exit += 1;
+                        return Ok(());
+                    }
+                    Some(false) => {}
                 }
                 let src = match from {
                     Node::Upstream(t) | Node::Task(t) => Some(t),
@@ -778,6 +810,9 @@ impl World {
             (Msg::Wake, Some(from)) if from == id => TaskEvent::Wake,
             (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
             (Msg::Start(r), None) => {
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.life.started(r.epoch);
+                }
                 // A task learns the channels of upstreams it does not know yet (a new
                 // task: all of them) with its `Start`; the runtime knows them when it
                 // deploys the task.
@@ -793,6 +828,9 @@ impl World {
             }
             (Msg::Prepare(plan), None) => {
                 // A Koala task learns the new placement and answers.
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.life.prepared(plan.epoch, !plan.senders_to(id).is_empty());
+                }
                 self.channels.push(
                     (Node::Task(id), Node::Coordinator, Kind::Control),
                     Msg::Ack(plan.epoch, TaskAck::Prepared),
@@ -813,238 +851,6 @@ impl World {
             (m, _) => return Err(format!("unroutable message {m:?} to {id}")),
         };
         self.feed(id, event)
-    }
-
-    /// A message reaches a stop-and-restart target task: records are processed at once (the
-    /// routing sends a bucket's records to its owner only), watermarks go through the task's
-    /// aligner, markers, ends and state transfer through its core.
-    fn deliver_stop_and_restart(
-        &mut self,
-        id: TaskId,
-        src: Option<TaskId>,
-        channel: Option<InputChannel>,
-        msg: Msg,
-    ) -> Result<(), String> {
-        let event = match (msg, channel, src) {
-            (Msg::Data(ChannelMessage::Batch(records)), Some(channel), _) => {
-                for r in records {
-                    self.process(id, channel.input, &r)?;
-                }
-                return Ok(());
-            }
-            (Msg::Data(ChannelMessage::Watermark(time)), Some(channel), _) => {
-                let advanced = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
-                    Some(Core::StopAndRestart(_, aligner)) => aligner.update(&channel, time),
-                    _ => None,
-                };
-                return self.sr_watermark(id, advanced);
-            }
-            (Msg::Data(ChannelMessage::Marker(epoch)), Some(channel), _) => {
-                TargetEvent::Marker { channel, epoch }
-            }
-            (Msg::Data(ChannelMessage::EndOfStream), Some(channel), _) => return self.sr_end(id, &[channel]),
-            (Msg::EndedUpstream(from), _, None) => {
-                // Every channel of the finished upstream ends here (two for a self-join).
-                let channels = match self.tasks.get(&id).map(|t| &t.core) {
-                    Some(Core::StopAndRestart(_, aligner)) => {
-                        aligner.channels().filter(|c| c.from == from).collect()
-                    }
-                    _ => Vec::new(),
-                };
-                return self.sr_end(id, &channels);
-            }
-            (Msg::State { epoch, entries, timers }, _, Some(from)) => {
-                // Under remote only timers travel (`remote_flush` sends no entries).
-                let event = if self.cfg.protocol == Protocol::Remote {
-                    TargetEvent::TimersChunk { from, epoch }
-                } else {
-                    TargetEvent::StateChunk { from, epoch }
-                };
-                self.sr_event(id, event)?;
-                return self.sr_install(id, from, entries, timers);
-            }
-            (Msg::StateEnd(epoch), _, Some(from)) => {
-                // The sender let go of the buckets it moves here: this task owns them now.
-                let moved =
-                    self.engine.running().and_then(|p| p.moves.get(&(from, id)).cloned()).unwrap_or_default();
-                for b in moved {
-                    let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
-                    if slot.is_some() {
-                        return Err(format!("single owner: {id} takes bucket {b} claimed by {slot:?}"));
-                    }
-                    *slot = Some(id);
-                }
-                TargetEvent::StateEnd { from, epoch }
-            }
-            (Msg::Drain(epoch), _, None) => TargetEvent::Drain { epoch },
-            (Msg::Prepare(plan), _, None) => {
-                let inputs = match self.tasks.get(&id).map(|t| &t.core) {
-                    Some(Core::StopAndRestart(_, aligner)) => aligner.channels().collect(),
-                    _ => Vec::new(),
-                };
-                TargetEvent::Prepare { plan, inputs }
-            }
-            (m, ..) => return Err(format!("unroutable message {m:?} to stop-and-restart task {id}")),
-        };
-        self.sr_event(id, event)
-    }
-
-    /// Data channels of a stop-and-restart task end: each leaves its aligner (the event time
-    /// may advance) and counts as its marker.
-    fn sr_end(&mut self, id: TaskId, channels: &[InputChannel]) -> Result<(), String> {
-        for channel in channels {
-            let (open, advanced) = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
-                Some(Core::StopAndRestart(_, aligner)) => {
-                    let open = aligner.channels().any(|c| c == *channel);
-                    (open, if open { aligner.close(channel) } else { None })
-                }
-                _ => (false, None),
-            };
-            if open {
-                self.sr_watermark(id, advanced)?;
-                self.sr_event(id, TargetEvent::EndOfStream { channel: *channel })?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A stop-and-restart task's event time advanced: every timer at or below it fires.
-    fn sr_watermark(&mut self, id: TaskId, advanced: Option<Timestamp>) -> Result<(), String> {
-        match advanced {
-            Some(t) => self.exec_task(id, crate::koala::TaskAction::EmitWatermark(t)),
-            None => Ok(()),
-        }
-    }
-
-    /// Moved state arrives: one live copy, and no timer behind the receiver's event time.
-    fn sr_install(
-        &mut self,
-        id: TaskId,
-        from: TaskId,
-        entries: Vec<(Vec<u8>, u64)>,
-        timers: Vec<(Timestamp, Vec<u8>)>,
-    ) -> Result<(), String> {
-        for (key, count) in entries {
-            self.install(id, key, count)?;
-        }
-        self.install_timers(from, id, timers)
-    }
-
-    /// Feeds a stop-and-restart task's core and executes its actions.
-    fn sr_event(&mut self, id: TaskId, event: TargetEvent<InputChannel>) -> Result<(), String> {
-        let actions = match self.tasks.get_mut(&id).map(|t| &mut t.core) {
-            Some(Core::StopAndRestart(core, _)) => core.on(event),
-            _ => return Err(format!("{id} is not a stop-and-restart task")),
-        };
-        for a in actions {
-            match a {
-                TargetAction::Ack { epoch, ack } => self
-                    .channels
-                    .push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack)),
-                TargetAction::SendState { epoch, moves } => self.sr_send(id, epoch, moves)?,
-                TargetAction::Flush { epoch, moves } => self.remote_flush(id, epoch, moves)?,
-                TargetAction::Error(e) => return Err(format!("protocol error at {id}: {e}")),
-            }
-        }
-        Ok(())
-    }
-
-    /// Every marker arrived: the moved buckets' state and timers go to their new owners and are
-    /// gone here; then `StateSent`.
-    fn sr_send(
-        &mut self,
-        id: TaskId,
-        epoch: Epoch,
-        moves: Vec<(TaskId, Vec<BucketId>)>,
-    ) -> Result<(), String> {
-        let nb = self.cfg.num_buckets;
-        let mut entries_sent = 0u64;
-        for (to, buckets) in moves {
-            let wanted: BTreeSet<BucketId> = buckets.iter().copied().collect();
-            for &b in &buckets {
-                let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
-                if *slot != Some(id) {
-                    return Err(format!("single owner: {id} sends bucket {b} claimed by {slot:?}"));
-                }
-                *slot = None;
-            }
-            let task = self.tasks.get_mut(&id).ok_or("send from unknown task")?;
-            let keys: Vec<Vec<u8>> =
-                task.store.keys().filter(|k| wanted.contains(&bucket_of(k, nb))).cloned().collect();
-            let mut entries = Vec::new();
-            for key in keys {
-                if let Some(v) = task.store.remove(&key) {
-                    self.holder.remove(&key);
-                    entries.push((key, v));
-                }
-            }
-            let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
-                .into_iter()
-                .partition(|(_, k)| wanted.contains(&bucket_of(k, nb)));
-            task.timers = kept;
-            entries_sent += entries.len() as u64;
-            let msg = Msg::State { epoch, entries, timers: moved.into_iter().collect() };
-            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), msg);
-            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), Msg::StateEnd(epoch));
-        }
-        let ack = TaskAck::StateSent { bytes: entries_sent * 8, entries: entries_sent };
-        self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
-        Ok(())
-    }
-
-    /// Remote: every marker arrived; the old owner writes back what it buffered for the moved
-    /// buckets to the shared store (a task's `store` is its write-back buffer under remote),
-    /// sends their timers and `StateEnd`; then `StateSent` with nothing moved. The broken
-    /// variant sends `StateEnd` with the buffer unwritten.
-    fn remote_flush(
-        &mut self,
-        id: TaskId,
-        epoch: Epoch,
-        moves: Vec<(TaskId, Vec<BucketId>)>,
-    ) -> Result<(), String> {
-        let nb = self.cfg.num_buckets;
-        for (to, buckets) in moves {
-            let wanted: BTreeSet<BucketId> = buckets.iter().copied().collect();
-            for &b in &buckets {
-                let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
-                if *slot != Some(id) {
-                    return Err(format!("single owner: {id} flushes bucket {b} claimed by {slot:?}"));
-                }
-                *slot = None;
-            }
-            let task = self.tasks.get_mut(&id).ok_or("flush from unknown task")?;
-            if self.cfg.fault != Some(Fault::FlushAfterStateEnd) {
-                let keys: Vec<Vec<u8>> =
-                    task.store.keys().filter(|k| wanted.contains(&bucket_of(k, nb))).cloned().collect();
-                for key in keys {
-                    if let Some(v) = task.store.remove(&key) {
-                        self.holder.remove(&key);
-                        self.shared.insert(key, v);
-                        self.stats.flushed_keys += 1;
-                    }
-                }
-            }
-            let (moved, kept): (BTreeSet<_>, BTreeSet<_>) = std::mem::take(&mut task.timers)
-                .into_iter()
-                .partition(|(_, k)| wanted.contains(&bucket_of(k, nb)));
-            task.timers = kept;
-            let msg = Msg::State { epoch, entries: Vec::new(), timers: moved.into_iter().collect() };
-            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), msg);
-            self.channels.push((Node::Task(id), Node::Task(to), Kind::Peer), Msg::StateEnd(epoch));
-        }
-        let ack = TaskAck::StateSent { bytes: 0, entries: 0 };
-        self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
-        Ok(())
-    }
-
-    /// Remote: a task's write-back buffer overflows; everything in it goes to the shared store.
-    fn remote_evict(&mut self, id: TaskId) {
-        if let Some(task) = self.tasks.get_mut(&id) {
-            for (key, v) in std::mem::take(&mut task.store) {
-                self.holder.remove(&key);
-                self.shared.insert(key, v);
-            }
-        }
     }
 
     /// Feeds an event to a Koala task core and executes its actions.
@@ -1082,8 +888,20 @@ impl World {
                 }
             }
         }
+        let ended = self.tasks.get_mut(&id).and_then(|t| match &t.core {
+            Core::Koala(core) => t.life.check_inputs_ended(core),
+            _ => None,
+        });
         for a in actions {
             self.exec_task(id, a)?;
+        }
+        if let Some(epoch) = ended {
+            // The runtime's task fires its timers and ends its outputs here (none in the
+            // simulated operator) and keeps serving state until released.
+            self.channels.push(
+                (Node::Task(id), Node::Coordinator, Kind::Control),
+                Msg::Ack(epoch, TaskAck::InputsEnded),
+            );
         }
         self.check_claims(id)
     }
@@ -1126,22 +944,19 @@ impl World {
             self.plans.get(&epoch).cloned().ok_or_else(|| format!("a broadcast of unknown epoch {epoch}"))?;
         let assignment = crate::engine::assignment(&plan.deployment, TARGET);
         let upstreams: Vec<TaskId> = plan.upstreams.clone();
+        // Which tasks hear what: the rule the workers run (`crate::relay`).
+        let relayed = relay(&msg, Some(&plan));
         match msg {
             CoordinatorMessage::Prepare(_) => {
-                let live = plan.deployment.tasks.get(&TARGET).cloned().unwrap_or_default();
-                let mut tasks: BTreeSet<u32> = live.into_iter().collect();
-                tasks.extend(&plan.cancelled);
-                tasks.extend(&plan.retired);
                 // A new task expects input from the live upstreams (under Koala it learns them
                 // from `Start`).
                 let ups = match self.cfg.protocol {
                     Protocol::Koala | Protocol::Drrs => Vec::new(),
                     Protocol::StopAndRestart | Protocol::Remote => self.engine.upstream_tasks(TARGET),
                 };
-                for i in tasks {
-                    let id = TaskId::new(TARGET, i);
-                    if plan.created.contains(&i) {
-                        let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg);
+                for (id, _) in relayed {
+                    if plan.created.contains(&id.index) {
+                        let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg, true);
                         // A new DRRS task learns its channels when it is deployed, as the
                         // runtime's does: from the plan's upstreams, some of which may finish
                         // before its first subscale.
@@ -1156,15 +971,15 @@ impl World {
                             return Err(format!("task {id} deployed twice"));
                         }
                     }
-                    if self.tasks.get(&id).is_some_and(|t| !t.released) {
+                    if self.tasks.get(&id).is_some_and(|t| !t.life.released()) {
                         self.control(Node::Task(id), Msg::Prepare(plan.clone()));
                     }
                 }
             }
-            CoordinatorMessage::Begin { reconfiguration, tasks } => {
+            CoordinatorMessage::Begin { reconfiguration, .. } => {
                 let reconfiguration: Arc<Reconfiguration> = Arc::from(reconfiguration);
                 let epoch = reconfiguration.epoch;
-                for to in tasks {
+                for (to, _) in relayed {
                     self.control(Node::Task(to), Msg::Start(reconfiguration.clone()));
                 }
                 if self.cfg.fault == Some(Fault::SwitchBeforePeerReady) && self.early_switched.insert(epoch) {
@@ -1176,36 +991,34 @@ impl World {
                     }
                 }
             }
-            CoordinatorMessage::Switch { epoch } => {
-                if !self.early_switched.contains(&epoch) {
-                    for up in upstreams {
-                        self.control(
-                            Node::Upstream(up),
-                            Msg::Switch { epoch, assignment: assignment.clone() },
-                        );
-                    }
-                }
-            }
-            CoordinatorMessage::Drain { epoch } => {
-                for up in upstreams {
-                    self.control(Node::Upstream(up), Msg::Drain(epoch));
-                }
-                // The operator's tasks, which were all prepared, may send their state.
-                let mut targets: BTreeSet<u32> =
-                    plan.deployment.tasks.get(&TARGET).into_iter().flatten().copied().collect();
-                targets.extend(&plan.cancelled);
-                for i in targets {
-                    self.control(Node::Task(TaskId::new(TARGET, i)), Msg::Drain(epoch));
-                }
-            }
-            CoordinatorMessage::Resume { epoch } => {
-                for up in upstreams {
-                    self.control(Node::Upstream(up), Msg::Resume { epoch, assignment: assignment.clone() });
-                }
-            }
-            CoordinatorMessage::UpstreamEnded { upstream, tasks } => {
-                for to in tasks {
-                    self.control(Node::Task(to), Msg::EndedUpstream(upstream));
+            CoordinatorMessage::Switch { .. }
+            | CoordinatorMessage::Drain { .. }
+            | CoordinatorMessage::Resume { .. }
+            | CoordinatorMessage::UpstreamEnded { .. } => {
+                for (to, r) in relayed {
+                    let (node, msg) = match r {
+                        Relayed::Switch if self.early_switched.contains(&epoch) => continue,
+                        Relayed::Switch => {
+                            (Node::Upstream(to), Msg::Switch { epoch, assignment: assignment.clone() })
+                        }
+                        Relayed::Drain => (Node::Upstream(to), Msg::Drain(epoch)),
+                        Relayed::Resume => {
+                            (Node::Upstream(to), Msg::Resume { epoch, assignment: assignment.clone() })
+                        }
+                        // The operator's tasks, which were all prepared, may send their state;
+                        // a Koala task hands over per `Start` and ignores it, as the runtime's.
+                        Relayed::HandOver
+                            if matches!(self.tasks.get(&to).map(|t| &t.core), Some(Core::Koala(_))) =>
+                        {
+                            continue;
+                        }
+                        Relayed::HandOver => (Node::Task(to), Msg::Drain(epoch)),
+                        Relayed::UpstreamEnded(u) => (Node::Task(to), Msg::EndedUpstream(u)),
+                        other => {
+                            return Err(format!("a relayed {other:?}, which the simulator does not model"));
+                        }
+                    };
+                    self.control(node, msg);
                 }
             }
             other => {

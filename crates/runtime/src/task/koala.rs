@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Select, TryRecvError, select};
 use koala_protocol::koala::{
     BatchTaken, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
-    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, serve_fetch,
+    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, TaskLife, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
@@ -77,13 +77,8 @@ struct KoalaOperator {
     /// learns them at `Begin`, so before it owns anything it emits no watermark and does not end.
     unstarted: Option<(BTreeSet<InputChannel>, BTreeSet<InputChannel>)>,
     watermark: Option<Timestamp>,
-    epoch: u64,
-    inputs_ended: bool,
-    /// The coordinator released the task; it exits once its inputs ended too.
-    released: bool,
-    /// An epoch this task was prepared for and takes buckets in, until its `Begin`: the hand-over
-    /// may still bring records and timers, so the task's inputs have not ended.
-    receiving: Option<u64>,
+    /// When its inputs ended and when it may exit: the rule the simulator checks.
+    life: TaskLife,
     /// The core's intake tags are microseconds since this instant (per-batch latency).
     clock: Instant,
     /// The data channels the inbox holds back now (`KoalaTask::held_back_channels`).
@@ -126,10 +121,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         outbox: Outbox::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
         watermark: None,
-        epoch: 0,
-        inputs_ended: false,
-        released: false,
-        receiving: None,
+        life: TaskLife::new(setup.created_by_reconfiguration),
         clock: Instant::now(),
         held_back: BTreeSet::new(),
     };
@@ -197,7 +189,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             task.feed(&setup, &mut outputs, TaskEvent::Wake)?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
-        if task.released && task.inputs_ended && !task.outbox.has_waiting() {
+        if task.life.may_exit() && !task.outbox.has_waiting() {
             // Released (no live task points here any more), nothing left to process or send.
             task.sample_klt();
             setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
@@ -309,18 +301,12 @@ impl KoalaOperator {
             TaskCommand::Prepare(plan) => {
                 // Every task of the operator that may still be asked for state (live, cancelled,
                 // retired) learns the new placement before any new task can ask it.
-                self.epoch = plan.epoch;
+                self.life.prepared(plan.epoch, !plan.senders_to(setup.task).is_empty());
                 self.deployment = Arc::new(plan.deployment.clone());
-                if !plan.senders_to(setup.task).is_empty() {
-                    self.receiving = Some(plan.epoch);
-                }
                 setup.ack(plan.epoch, TaskAck::Prepared);
             }
             TaskCommand::Begin(reconfiguration) => {
-                self.epoch = reconfiguration.epoch;
-                if self.receiving.is_some_and(|e| e <= reconfiguration.epoch) {
-                    self.receiving = None;
-                }
+                self.life.started(reconfiguration.epoch);
                 let (known, ended) = self.unstarted.take().unwrap_or_default();
                 for channel in known {
                     self.core.add_input(channel);
@@ -331,12 +317,12 @@ impl KoalaOperator {
                     self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
             }
-            TaskCommand::Release => self.released = true,
+            TaskCommand::Release => self.life.release(),
             // Koala hands over per `Begin`; this is for stop-and-restart and stateless operators.
             TaskCommand::HandOver { .. } => {}
             // Outputs that ended carry nothing more, not even a marker; the coordinator stopped
             // counting on this task when it reported `InputsEnded`.
-            TaskCommand::Switch(_) if self.inputs_ended => {}
+            TaskCommand::Switch(_) if self.life.inputs_ended() => {}
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }
@@ -466,20 +452,14 @@ impl KoalaOperator {
     /// takes buckets in is still to begin — fire every timer, close the outputs, tell the
     /// coordinator, and keep serving state until released.
     fn check_inputs_ended(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
-        if self.inputs_ended
-            || self.receiving.is_some()
-            || self.unstarted.is_some()
-            || self.core.has_inputs()
-            || self.core.is_busy()
-            || self.core.in_transition()
-        {
+        debug_assert_eq!(self.unstarted.is_some(), self.life.unstarted());
+        let Some(epoch) = self.life.check_inputs_ended(&self.core) else {
             return Ok(());
-        }
-        self.inputs_ended = true;
+        };
         self.op.advance(setup, outputs, Timestamp::MAX)?;
         outputs.flush_all()?;
         outputs.broadcast(&ChannelMessage::EndOfStream)?;
-        setup.ack(self.epoch, TaskAck::InputsEnded);
+        setup.ack(epoch, TaskAck::InputsEnded);
         Ok(())
     }
 
@@ -550,7 +530,7 @@ impl KoalaOperator {
                 TaskAction::Ack { epoch, ack } => setup.ack(epoch, ack),
                 TaskAction::Error(error) => {
                     tracing::error!(task = %setup.task, %error, "protocol surprise refused");
-                    setup.ack(self.epoch, TaskAck::ProtocolError { error });
+                    setup.ack(self.life.epoch(), TaskAck::ProtocolError { error });
                 }
             }
         }

@@ -24,7 +24,7 @@ pub use self::sink::run_sink;
 pub use self::source::run_source;
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
-use crate::links::{Links, build_edge};
+use crate::links::{Links, open_channel, switch_event};
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
 use crate::queue::DataReceiver;
@@ -133,15 +133,21 @@ impl TaskSetup {
         let _ = self.events.send(WorkerMessage::TaskAck { task: self.task, epoch, ack });
     }
 
-    /// Switches this task's edges to the reconfigured operator to the plan's routing.
+    /// Switches this task's edges to the reconfigured operator to the plan's routing: each edge's
+    /// routing core decides (with markers, or without when `resume`-ing after a drain); new
+    /// channels open as the plan's deployment places their tasks.
     pub(crate) fn switch_routing(
         &self,
         plan: &ReconfigPlan,
+        resume: bool,
         outputs: &mut Outputs,
     ) -> Result<(), RuntimeError> {
-        outputs.switch_edges(plan.operator, plan.epoch, |input, reuse| {
-            build_edge(&self.links, &plan.deployment, self.task, plan.operator, input, reuse)
-        })
+        let (d, graph, op) = (&plan.deployment, &self.links.graph, plan.operator);
+        outputs.switch_edges(
+            op,
+            |input, _| switch_event(d, graph, self.task, op, input, plan.epoch, resume),
+            |input, to| open_channel(&self.links, d, to, InputChannel { input, from: self.task }),
+        )
     }
 
     /// Koala's `Switch` for a task feeding the reconfigured operator: switch without pausing.
@@ -150,7 +156,7 @@ impl TaskSetup {
         plan: &ReconfigPlan,
         outputs: &mut Outputs,
     ) -> Result<(), RuntimeError> {
-        self.switch_routing(plan, outputs)?;
+        self.switch_routing(plan, false, outputs)?;
         self.ack(plan.epoch, TaskAck::Switched);
         Ok(())
     }
@@ -240,7 +246,6 @@ impl TaskSetup {
         for action in upstream.on(event) {
             match action {
                 UpstreamAction::MarkAndPause { epoch } => {
-                    outputs.flush_all()?;
                     outputs.broadcast(&ChannelMessage::Marker(epoch))?;
                 }
                 UpstreamAction::SwitchAndResume { epoch } => {
@@ -251,7 +256,7 @@ impl TaskSetup {
                             what: "a resume without its plan",
                         });
                     };
-                    self.switch_routing(plan, outputs)?;
+                    self.switch_routing(plan, true, outputs)?;
                 }
                 UpstreamAction::Ack { epoch, ack } => self.ack(epoch, ack),
                 UpstreamAction::Error(source) => {
