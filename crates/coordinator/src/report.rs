@@ -46,7 +46,7 @@ mod render;
 
 pub use derived::{
     BASELINE_S, DISRUPTION_WINDOW_S, DipReference, OfferedRate, RECOVERY_HOLD_S, StateMoved, ThroughputDip,
-    backlog_recovery_s, moving_average, throughput_dip,
+    backlog_recovery_s, fmt_records, input_last_t_s, moving_average, state_moved_by_epoch, throughput_dip,
 };
 
 /// Seconds at the end of a run whose lag p99 is reported as its tail lag (the demo's "has the
@@ -148,8 +148,12 @@ pub struct ReconfigurationSummary {
     pub start_t_s: i64,
     /// Its completion second, since run start, if it completed.
     pub end_t_s: Option<i64>,
-    /// See [`throughput_dip`].
+    /// See [`throughput_dip`]: over its own seconds, from its start to the next one's start or
+    /// the input's last second.
     pub dip: Option<ThroughputDip>,
+    /// State moved from its start second until the next reconfiguration's
+    /// ([`state_moved_by_epoch`]): the reconfigurations add up to [`ReportSummary::state_moved`].
+    pub state_moved: StateMoved,
     /// See [`backlog_recovery_s`]: on end-to-end latency ([`SecondRow::latency_p50_ms`]).
     pub backlog_recovery_s: Option<u64>,
     /// The same on source lag ([`SecondRow::lag_mean_ms`]), which misses records inside the job.
@@ -198,6 +202,8 @@ pub struct ReportSummary {
     pub reconfigurations: Vec<ReconfigurationSummary>,
     /// The per-second table.
     pub table: PerSecondTable,
+    /// The last second the sources took input in ([`input_last_t_s`]); `None` without input.
+    pub input_last_t_s: Option<i64>,
     /// Whether the plots carry text (a DejaVu Sans font file was found in a usual place).
     pub plots_have_text: bool,
     /// The files written: PNGs and `report.html`.
@@ -235,11 +241,33 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let offered = OfferedRate::from_config(&info.config, info.started_ms);
     let offered_at = offered.as_ref().map(|o| move |t: i64| o.in_second(run_start_s + t));
     let offered_fn = offered_at.as_ref().map(|f| f as &dyn Fn(i64) -> Option<f64>);
-    let reconfigurations: Vec<ReconfigurationSummary> = store
-        .reconfigurations(&info.run)?
+    let input_last = input_last_t_s(&throughput);
+    let recorded = store.reconfigurations(&info.run)?;
+    let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms) - run_start_s).collect();
+    let moved = |m: &str| -> Result<Vec<(i64, f64)>, ReportError> {
+        Ok(store
+            .per_second(&info.run, m, Aggregate::Sum, TaskScope::All)?
+            .into_iter()
+            .map(|(t, v)| (i64::try_from(t).unwrap_or(i64::MAX) - run_start_s, v))
+            .collect())
+    };
+    let (on_demand, background, eager) = (
+        moved(metric::STATE_BYTES_ON_DEMAND)?,
+        moved(metric::STATE_BYTES_BACKGROUND)?,
+        moved(metric::STATE_BYTES_EAGER)?,
+    );
+    let total = |series: &[(i64, f64)]| series.iter().map(|(_, v)| v).sum::<f64>();
+    let state_moved = StateMoved::from_totals(total(&on_demand), total(&background), total(&eager));
+    let mut moved_by_epoch = state_moved_by_epoch(&starts, &on_demand, &background, &eager).into_iter();
+    let reconfigurations: Vec<ReconfigurationSummary> = recorded
         .into_iter()
-        .map(|r| {
-            let start_t_s = secs_of_ms(r.started_ms) - run_start_s;
+        .enumerate()
+        .map(|(i, r)| {
+            let start_t_s = starts[i];
+            // Its own seconds: until the next one starts (at least its start second) and before
+            // the input's last, partial second.
+            let next = starts.get(i + 1).map_or(i64::MAX, |n| (*n).max(start_t_s + 1));
+            let window = start_t_s..next.min(input_last.unwrap_or(i64::MIN));
             let overload_t_s = offered.as_ref().and_then(|o| {
                 o.last_increase_before(r.started_ms.saturating_sub(info.started_ms))
                     .map(|ms| secs_of_ms(info.started_ms + ms) - run_start_s)
@@ -247,21 +275,14 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
             ReconfigurationSummary {
                 start_t_s,
                 end_t_s: r.completed_ms.map(|c| secs_of_ms(c) - run_start_s),
-                dip: throughput_dip(&throughput, start_t_s, offered_fn),
-                backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s),
-                lag_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s),
+                dip: throughput_dip(&throughput, window, offered_fn),
+                state_moved: moved_by_epoch.next().unwrap_or_default(),
+                backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s, input_last),
+                lag_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s, input_last),
                 reconfiguration: r,
             }
         })
         .collect();
-    let total = |m: &str| -> Result<f64, ReportError> {
-        Ok(store.per_second(&info.run, m, Aggregate::Sum, TaskScope::All)?.iter().map(|(_, v)| v).sum())
-    };
-    let state_moved = StateMoved::from_totals(
-        total(metric::STATE_BYTES_ON_DEMAND)?,
-        total(metric::STATE_BYTES_BACKGROUND)?,
-        total(metric::STATE_BYTES_EAGER)?,
-    );
     let budget = config.as_ref().and_then(|c| c.runtime.task_records_per_sec);
     let capacity_shortfall = match budget {
         Some(budget) => shortfall(&store.task_samples(&info.run, metric::CAPACITY_RECORDS_PER_SEC)?, budget),
@@ -303,6 +324,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         lag_recovery_s: longest(|r| r.lag_recovery_s),
         reconfigurations,
         table,
+        input_last_t_s: input_last,
         plots_have_text: render::plot_font_ready(),
         files: Vec::new(),
         run: info,
@@ -465,21 +487,16 @@ fn fmt_bytes(b: f64) -> String {
 }
 
 fn fmt_dip(dip: Option<ThroughputDip>) -> String {
-    dip.map_or_else(
-        || "n/a".to_string(),
-        |d| {
-            let against = match d.reference {
-                DipReference::Offered => "offered",
-                DipReference::Before => "before the start",
-            };
-            format!(
-                "{:.1}% of {:.0} rec/s {against} (min {:.0} at t={} s)",
-                d.ratio() * 100.0,
-                d.offered,
-                d.min,
-                d.at_t_s
-            )
-        },
+    dip.map_or_else(|| "n/a".to_string(), |d| d.to_string())
+}
+
+fn fmt_state(s: &StateMoved) -> String {
+    format!(
+        "{} ({} on demand, {} in the background, {} eager)",
+        fmt_bytes(s.total()),
+        fmt_bytes(s.on_demand),
+        fmt_bytes(s.background),
+        fmt_bytes(s.eager)
     )
 }
 
@@ -526,17 +543,20 @@ impl fmt::Display for ReportSummary {
         writeln!(f, "lag p99 over the last {TAIL_S} s: {}", fmt_opt(self.tail_lag_p99_ms, "ms"))?;
         writeln!(
             f,
-            "state moved: {} ({} on demand, {} in the background, {} eager); input paused: {} ms",
-            fmt_bytes(self.state_moved.total()),
-            fmt_bytes(self.state_moved.on_demand),
-            fmt_bytes(self.state_moved.background),
-            fmt_bytes(self.state_moved.eager),
+            "state moved: {}; input paused: {} ms",
+            fmt_state(&self.state_moved),
             self.pause_ms_total
         )?;
         if let Some((task, n)) = &self.max_queued_records {
             writeln!(f, "queued records: at most {n:.0} (task {task})")?;
         }
         writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
+        if let Some(last) = self.input_last_t_s {
+            writeln!(
+                f,
+                "input: last taken at t={last} s (later seconds are not judged for dips or recovery)"
+            )?;
+        }
         writeln!(
             f,
             "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
@@ -550,7 +570,7 @@ impl fmt::Display for ReportSummary {
             let c = &r.reconfiguration;
             writeln!(
                 f,
-                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, {} transferred, pause {}; dip {}; recovery {} (source lag: {})",
+                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, state moved {}, pause {}; dip {}; recovery {} (source lag: {})",
                 c.epoch,
                 c.kind,
                 c.operator,
@@ -558,7 +578,7 @@ impl fmt::Display for ReportSummary {
                 r.start_t_s,
                 r.end_t_s.map_or_else(|| "?".to_string(), |t| t.to_string()),
                 c.buckets_moved,
-                fmt_bytes(c.bytes_moved as f64),
+                fmt_state(&r.state_moved),
                 c.pause_ms.map_or_else(|| "-".to_string(), |p| format!("{p} ms")),
                 fmt_dip(r.dip),
                 fmt_recovery(r.backlog_recovery_s),

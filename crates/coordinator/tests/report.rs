@@ -277,3 +277,93 @@ fn bad_requests_name_the_database() {
     assert!(unknown.to_string().contains("metrics.db"), "{unknown}");
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
 }
+
+/// A bounded (or Kafka) job at 8 000 records/s offered: two Koala scale-outs at 4 s and 8 s whose
+/// state follows on demand after they complete, a real dip to 4 100 at 5 s, and the input ending
+/// in second 12 while the job runs on until 20 s with nothing to take.
+#[test]
+fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    let run = "bounded";
+    store
+        .begin_run(&RunInfo {
+            run: run.into(),
+            started_ms: RUN_START_S * 1000 + 250,
+            query: "tumbling-window".into(),
+            protocol: "koala".into(),
+            config: "[params.source]\nrate = [{ at_ms = 0, records_per_sec = 8000.0 }]\n".into(),
+        })
+        .unwrap();
+    for t in 0..20 {
+        let at = |task: &str, metric: &str, value| sample(RUN_START_S + t, task, metric, value);
+        let rate = match t {
+            5 => 4100.0,
+            0..=11 => 8000.0,
+            12 => 3000.0,
+            _ => 0.0,
+        };
+        let mut samples = vec![at("source.0", metric::RECORDS_IN, rate)];
+        if t <= 12 {
+            samples.push(at("source.0", metric::SOURCE_LAG_MEAN_MS, if t == 5 { 900.0 } else { 5.0 }));
+            samples.push(at("sink.0", metric::LATENCY_P50_MS, if t == 5 { 900.0 } else { 10.0 }));
+        }
+        match t {
+            5 | 6 => samples.push(at("window.2", metric::STATE_BYTES_ON_DEMAND, 7_000.0)),
+            9 => samples.push(at("window.3", metric::STATE_BYTES_ON_DEMAND, 3_000.0)),
+            8 => samples.push(at("window.0", metric::STATE_BYTES_EAGER, 1_000.0)),
+            _ => {}
+        }
+        store.insert_samples(run, &samples).unwrap();
+    }
+    for (epoch, at_s) in [(1, 4), (2, 8)] {
+        let started_ms = (RUN_START_S + at_s) * 1000 + 600;
+        let start = ReconfigurationStart {
+            epoch,
+            operator: "window".into(),
+            kind: "scale_out".into(),
+            protocol: "koala".into(),
+            started_ms,
+            buckets_moved: 40,
+            detail: String::new(),
+        };
+        store.reconfiguration_started(run, &start).unwrap();
+        let done = ReconfigurationCompletion {
+            epoch,
+            operator: "window".into(),
+            completed_ms: started_ms + 30,
+            bytes_moved: 0, // lazy: the state follows on first access, after completion
+            pause_ms: Some(0),
+        };
+        store.reconfiguration_completed(run, &done).unwrap();
+    }
+    drop(store);
+    let summary = report(&db, Some(run), &dir.path().join("out")).unwrap();
+    let text = summary.to_string();
+    println!("{text}");
+    let [first, second] = &summary.reconfigurations[..] else { panic!("two epochs: {text}") };
+    assert_eq!((first.start_t_s, second.start_t_s), (4, 8), "the second its started_ms falls in");
+    // Totals are the sum of the epochs, by kind.
+    assert_eq!((first.state_moved.on_demand, first.state_moved.eager), (14_000.0, 0.0));
+    assert_eq!((second.state_moved.on_demand, second.state_moved.eager), (3_000.0, 1_000.0));
+    assert_eq!(first.state_moved.total() + second.state_moved.total(), summary.state_moved.total());
+    assert!(
+        text.contains("state moved 13.7 KiB (13.7 KiB on demand, 0 B in the background, 0 B eager)"),
+        "{text}"
+    );
+    // Each epoch's dip is its own: the first's at 5 s, the second's within 8..12 s, not the
+    // seconds after the input ended (12 is partial, 13.. have nothing to take).
+    let dip = first.dip.unwrap();
+    assert_eq!((dip.min, dip.offered, dip.at_t_s), (4100.0, 8000.0, 5));
+    let dip = second.dip.unwrap();
+    assert_eq!(dip.min, 8000.0, "{dip}");
+    assert!((8..12).contains(&dip.at_t_s), "{dip}");
+    assert_eq!(summary.input_last_t_s, Some(12));
+    assert!(text.contains("worst throughput dip: min 4 100 rec/s of 8 000 offered at t=5 s"), "{text}");
+    assert!(!text.contains('%'), "a dip is a rate, not a percentage: {text}");
+    // Latency is over its threshold only at 5 s; the end of input is no excursion.
+    assert_eq!((first.backlog_recovery_s, second.backlog_recovery_s), (Some(2), Some(0)));
+    assert_eq!((first.lag_recovery_s, second.lag_recovery_s), (Some(2), Some(0)));
+    assert_eq!(summary.backlog_recovery_s, Some(2));
+}

@@ -298,7 +298,7 @@ fn write_results(
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>24} {:>22} {:>10}",
+        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>26} {:>22} {:>10}",
         "protocol",
         "recovery",
         "lag rec.",
@@ -308,7 +308,7 @@ fn write_results(
         "pause",
         "peak e2e",
         "peak lag",
-        "worst dip (vs offered)",
+        "lowest rate (vs offered)",
         "batch latency",
         "max queued"
     );
@@ -316,7 +316,7 @@ fn write_results(
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>24} {:>22} {:>10}",
+            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>26} {:>22} {:>10}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             first.and_then(|c| c.lag_recovery_s).map_or("never".into(), |s| format!("{s} s")),
@@ -326,7 +326,7 @@ fn write_results(
             r.pause_ms_total,
             r.peak_latency_p50_ms.map_or(0.0, |l| l.round()),
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
-            first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
+            first.and_then(|c| c.dip).map_or("-".into(), |d| d.short()),
             format!("{} → {}", us(*before), us(*after)),
             r.max_queued_records.as_ref().map_or("-".into(), |(_, n)| format!("{n:.0}"))
         );

@@ -411,32 +411,50 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
     let job =
         JobRun { config: config.clone(), resolver, run: run_id(), progress: Some(tx), stop: Some(stop) };
     let handle = std::thread::spawn(move || run_job(listener, job));
+    // Progress lines come out once every task reported their second (about 2 s late); a
+    // reconfiguration's lines wait for them, so both are printed in the order of one clock, the
+    // report's (seconds since the run's start second).
+    let mut pending: Vec<(u64, String)> = Vec::new();
+    let flush = |pending: &mut Vec<(u64, String)>, up_to: u64| {
+        pending.retain(|(second, line)| {
+            let due = *second <= up_to;
+            if due {
+                println!("[{second:>4}s] {line}");
+            }
+            !due
+        });
+    };
     for event in rx.iter() {
         match event {
-            ProgressEvent::Second(p) => println!("{}", progress_line(&p)),
-            ProgressEvent::ReconfigurationStarted { epoch, description } => {
-                println!("[reconfiguration {epoch}] started: {description}");
+            ProgressEvent::Second(p) => {
+                flush(&mut pending, p.second);
+                println!("{}", progress_line(&p));
             }
-            ProgressEvent::ReconfigurationCompleted { epoch, pause_ms, duration_ms, lazy: true, .. } => {
-                println!(
-                    "[reconfiguration {epoch}] completed in {duration_ms} ms (ownership moved, upstreams paused {pause_ms} ms); state follows on first access"
-                )
+            ProgressEvent::ReconfigurationStarted { epoch, second, description } => {
+                pending.push((second, format!("reconfiguration {epoch} started: {description}")));
+            }
+            ProgressEvent::ReconfigurationCompleted { epoch, second, pause_ms, duration_ms, lazy: true, .. } => {
+                pending.push((second, format!(
+                    "reconfiguration {epoch} completed in {duration_ms} ms (ownership moved, upstreams paused {pause_ms} ms); state follows on first access"
+                )));
             }
             ProgressEvent::ReconfigurationCompleted {
                 epoch,
+                second,
                 bytes_moved,
                 pause_ms,
                 duration_ms,
                 lazy: false,
-            } => println!(
-                "[reconfiguration {epoch}] completed in {duration_ms} ms: {} moved, upstreams paused {pause_ms} ms",
+            } => pending.push((second, format!(
+                "reconfiguration {epoch} completed in {duration_ms} ms: {} moved, upstreams paused {pause_ms} ms",
                 human_bytes(bytes_moved)
-            ),
+            ))),
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
         }
     }
+    flush(&mut pending, u64::MAX);
     let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
     drop(workers);
     print_summary(&summary);
