@@ -368,6 +368,9 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
              Ctrl-C or SIGTERM ends its sources, lets it drain and prints its summary (a second one ends it at once)"
         );
     }
+    if let Some(note) = crate::queries::find(&config.query).ok().and_then(|q| q.input_note(&config.params)) {
+        println!("{note}");
+    }
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;
     clear_previous_output(&out)?;
