@@ -44,6 +44,8 @@ use crate::metrics_store::{Aggregate, MetricsStore, MetricsStoreError, Reconfigu
 pub mod derived;
 mod render;
 
+pub use render::Span;
+
 pub use derived::{
     BASELINE_S, DISRUPTION_WINDOW_S, DipReference, OfferedRate, RECOVERY_HOLD_S, StateMoved, ThroughputDip,
     backlog_recovery_s, fmt_records, input_last_t_s, moving_average, state_moved_by_epoch, throughput_dip,
@@ -110,6 +112,12 @@ pub struct SecondRow {
     pub t_s: i64,
     /// Records consumed by source tasks this second.
     pub throughput: f64,
+    /// Records the sinks took this second (Σ `records_in` over the tasks that reported
+    /// `latency_p50_ms` in the run: the sinks).
+    pub output: f64,
+    /// Records offered to the sources this second by the config's rate schedule
+    /// ([`OfferedRate::in_second`]); `None` where unknown.
+    pub offered: Option<f64>,
     /// Mean source lag, ms.
     pub lag_mean_ms: Option<f64>,
     /// Worst source task's p99 lag, ms.
@@ -148,6 +156,11 @@ pub struct ReconfigurationSummary {
     pub start_t_s: i64,
     /// Its completion second, since run start, if it completed.
     pub end_t_s: Option<i64>,
+    /// Its start in seconds since the run's start second, to the millisecond (plots: two
+    /// reconfigurations in one second stay apart).
+    pub start_s: f64,
+    /// Its completion likewise, if it completed.
+    pub end_s: Option<f64>,
     /// See [`throughput_dip`]: over its own seconds, from its start to the next one's start or
     /// the input's last second.
     pub dip: Option<ThroughputDip>,
@@ -210,6 +223,14 @@ pub struct ReportSummary {
     pub files: Vec<PathBuf>,
 }
 
+impl ReportSummary {
+    /// The reconfigurations as the plots draw them: spans from start to completion, to the
+    /// millisecond, labelled by epoch.
+    pub fn spans(&self) -> Vec<Span> {
+        render::spans(self)
+    }
+}
+
 /// Reports on `run` (the latest run if `None`) of the store at `db`, writing `throughput.png`,
 /// `lag.png`, `latency.png`, `batch_latency.png`, `state_moved.png` and `report.html` into
 /// `out_dir`.
@@ -232,7 +253,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         },
         None => store.latest_run()?.ok_or_else(|| ReportError::NoRuns { path: db.to_path_buf() })?,
     };
-    let table = read_table(&store, &info)?;
+    let mut table = read_table(&store, &info)?;
     let run_start_s = secs_of_ms(info.started_ms);
     let throughput: Vec<(i64, f64)> = table.rows.iter().map(|r| (r.t_s, r.throughput)).collect();
     let lag: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.lag_mean_ms)).collect();
@@ -241,6 +262,11 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let offered = OfferedRate::from_config(&info.config, info.started_ms);
     let offered_at = offered.as_ref().map(|o| move |t: i64| o.in_second(run_start_s + t));
     let offered_fn = offered_at.as_ref().map(|f| f as &dyn Fn(i64) -> Option<f64>);
+    if let Some(offered) = offered_fn {
+        for row in &mut table.rows {
+            row.offered = offered(row.t_s);
+        }
+    }
     let input_last = input_last_t_s(&throughput);
     let recorded = store.reconfigurations(&info.run)?;
     let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms) - run_start_s).collect();
@@ -272,9 +298,12 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
                 o.last_increase_before(r.started_ms.saturating_sub(info.started_ms))
                     .map(|ms| secs_of_ms(info.started_ms + ms) - run_start_s)
             });
+            let since_start = |ms: u64| (ms as f64 - run_start_s as f64 * 1000.0) / 1000.0;
             ReconfigurationSummary {
                 start_t_s,
                 end_t_s: r.completed_ms.map(|c| secs_of_ms(c) - run_start_s),
+                start_s: since_start(r.started_ms),
+                end_s: r.completed_ms.map(since_start),
                 dip: throughput_dip(&throughput, window, offered_fn),
                 state_moved: moved_by_epoch.next().unwrap_or_default(),
                 backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s, input_last),
@@ -340,15 +369,28 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
 }
 
 /// Writes one PNG overlaying several runs' series of one metric (name, (second, value) points),
-/// with red marks at `marks` (seconds): `koala experiment`'s comparison plots.
+/// with every run's reconfigurations as spans in its line's colour (`runs[i]` for `series[i]`):
+/// `koala experiment`'s comparison plots, drawn as the report's.
 pub fn write_overlay(
     path: &Path,
     title: &str,
     unit: &str,
     series: &[(&'static str, Vec<(f64, f64)>)],
-    marks: &[f64],
+    runs: &[&ReportSummary],
 ) -> Result<(), ReportError> {
-    render::draw_overlay(path, title, unit, series, marks)
+    let spans: Vec<Span> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, run)| {
+            render::spans(run).into_iter().map(move |s| Span {
+                label: format!("{} {}", series.get(i).map_or("", |s| s.0), s.label),
+                legend: format!("{} {}", series.get(i).map_or("", |s| s.0), s.legend),
+                colour_of: Some(i),
+                ..s
+            })
+        })
+        .collect();
+    render::draw_overlay(path, title, unit, series, &spans)
         .map_err(|message| ReportError::Plot { path: path.to_path_buf(), message })
 }
 
@@ -385,6 +427,7 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         (metric::LATENCY_P50_MS, Aggregate::Max, TaskScope::All),
         (metric::LATENCY_P99_MS, Aggregate::Max, TaskScope::All),
         (metric::LATENCY_MAX_MS, Aggregate::Max, TaskScope::All),
+        (metric::RECORDS_IN, Aggregate::Sum, TaskScope::Reporting(metric::LATENCY_P50_MS)),
     ];
     let run_start_s = secs_of_ms(info.started_ms);
     let mut series: Vec<BTreeMap<i64, f64>> = Vec::with_capacity(columns.len());
@@ -407,6 +450,8 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         .map(|t| SecondRow {
             t_s: t,
             throughput: at(0, t).unwrap_or(0.0),
+            output: at(13, t).unwrap_or(0.0),
+            offered: None,
             lag_mean_ms: at(1, t),
             lag_p99_ms: at(2, t),
             batch_latency_mean_us: at(3, t),
@@ -427,6 +472,8 @@ impl fmt::Display for PerSecondTable {
         let header = [
             "t_s",
             "rec/s",
+            "out/s",
+            "offered/s",
             "lag_ms",
             "lag_p99_ms",
             "e2e_p50_ms",
@@ -438,13 +485,15 @@ impl fmt::Display for PerSecondTable {
             "bp_ms",
         ];
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
-        let cells: Vec<[String; 11]> = self
+        let cells: Vec<[String; 13]> = self
             .rows
             .iter()
             .map(|r| {
                 [
                     r.t_s.to_string(),
                     format!("{:.0}", r.throughput),
+                    format!("{:.0}", r.output),
+                    r.offered.map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
                     opt(r.lag_mean_ms),
                     opt(r.lag_p99_ms),
                     opt(r.latency_p50_ms),
@@ -550,19 +599,23 @@ impl fmt::Display for ReportSummary {
         if let Some((task, n)) = &self.max_queued_records {
             writeln!(f, "queued records: at most {n:.0} (task {task})")?;
         }
-        writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
         if let Some(last) = self.input_last_t_s {
             writeln!(
                 f,
                 "input: last taken at t={last} s (later seconds are not judged for dips or recovery)"
             )?;
         }
-        writeln!(
-            f,
-            "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
-            fmt_recovery(self.backlog_recovery_s),
-            fmt_recovery(self.lag_recovery_s)
-        )?;
+        if self.reconfigurations.is_empty() {
+            writeln!(f, "no reconfiguration in this run: no dip or backlog recovery to measure")?;
+        } else {
+            writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
+            writeln!(
+                f,
+                "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
+                fmt_recovery(self.backlog_recovery_s),
+                fmt_recovery(self.lag_recovery_s)
+            )?;
+        }
         if !self.plots_have_text {
             writeln!(f, "plots drawn without text: no font in {:?}", render::FONT_CANDIDATES)?;
         }
@@ -607,6 +660,8 @@ mod tests {
         let row = |t_s, throughput| SecondRow {
             t_s,
             throughput,
+            output: throughput,
+            offered: None,
             lag_mean_ms: Some(1.0),
             lag_p99_ms: None,
             batch_latency_mean_us: None,

@@ -367,3 +367,70 @@ fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
     assert_eq!((first.lag_recovery_s, second.lag_recovery_s), (Some(2), Some(0)));
     assert_eq!(summary.backlog_recovery_s, Some(2));
 }
+
+/// The plots' data: throughput beside the offered rate and the sinks' output; two
+/// reconfigurations in one second are two spans, each from its start to its completion.
+#[test]
+fn plots_show_offered_and_output_and_every_reconfiguration_as_a_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    store
+        .begin_run(&RunInfo {
+            run: "spans".into(),
+            started_ms: RUN_START_S * 1000,
+            query: "q".into(),
+            protocol: "koala".into(),
+            config: "[params.source]\nrate = [{ at_ms = 0, records_per_sec = 5000.0 }]\n".into(),
+        })
+        .unwrap();
+    for t in 0..10 {
+        let at = |task: &str, metric: &str, value| sample(RUN_START_S + t, task, metric, value);
+        store
+            .insert_samples(
+                "spans",
+                &[
+                    at("source.0", metric::RECORDS_IN, 5000.0),
+                    at("source.0", metric::SOURCE_LAG_MEAN_MS, 1.0),
+                    at("window.0", metric::RECORDS_IN, 5000.0),
+                    at("sink.0", metric::RECORDS_IN, 700.0),
+                    at("sink.0", metric::LATENCY_P50_MS, 5.0),
+                ],
+            )
+            .unwrap();
+    }
+    for (epoch, start_ms, end_ms) in [(1, 4_200, 4_230), (2, 4_600, 4_650)] {
+        let started_ms = RUN_START_S * 1000 + start_ms;
+        let start = ReconfigurationStart {
+            epoch,
+            operator: "window".into(),
+            kind: "scale_out".into(),
+            protocol: "koala".into(),
+            started_ms,
+            buckets_moved: 8,
+            detail: String::new(),
+        };
+        store.reconfiguration_started("spans", &start).unwrap();
+        let done = ReconfigurationCompletion {
+            epoch,
+            operator: "window".into(),
+            completed_ms: RUN_START_S * 1000 + end_ms,
+            bytes_moved: 0,
+            pause_ms: Some(0),
+        };
+        store.reconfiguration_completed("spans", &done).unwrap();
+    }
+    drop(store);
+    let out = dir.path().join("out");
+    let summary = report(&db, Some("spans"), &out).unwrap();
+    let row = &summary.table.rows[3];
+    assert_eq!((row.throughput, row.output, row.offered), (5000.0, 700.0, Some(5000.0)), "sinks only");
+    let table = summary.table.to_string();
+    assert!(table.lines().next().is_some_and(|h| h.contains("out/s") && h.contains("offered/s")), "{table}");
+    let spans = summary.spans();
+    let times: Vec<(f64, Option<f64>)> = spans.iter().map(|s| (s.start_s, s.end_s)).collect();
+    assert_eq!(times, vec![(4.2, Some(4.23)), (4.6, Some(4.65))]);
+    assert_eq!(spans[1].label, "2");
+    assert!(spans[0].legend.starts_with("1: 4.20→4.23 s scale_out window"), "{}", spans[0].legend);
+    assert_png(&out.join("throughput.png"));
+}

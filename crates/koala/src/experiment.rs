@@ -222,7 +222,7 @@ pub fn scale_out(
     if !runs.is_empty() {
         println!();
         println!("{}", shared.line());
-        write_results(&runs, &latencies, setup.phases_s[0] + setup.phases_s[1], out)?;
+        write_results(&runs, &latencies, out)?;
     }
     if !failed.is_empty() {
         anyhow::bail!("{} of {} runs failed: {}", failed.len(), protocols.len(), failed.join("; "));
@@ -239,7 +239,6 @@ fn protocol_name(p: &str) -> &'static str {
 fn write_results(
     runs: &[ReportSummary],
     latencies: &[(Option<f64>, Option<f64>)],
-    scale_out_s: u64,
     out: &Path,
 ) -> anyhow::Result<()> {
     let mut csv = String::from(
@@ -274,27 +273,27 @@ fn write_results(
             })
             .collect::<Vec<_>>()
     };
-    let marks = [scale_out_s as f64];
+    let reports: Vec<&ReportSummary> = runs.iter().collect();
     write_overlay(
         &out.join("throughput.png"),
         "Throughput (10 s moving average)",
         "records/s",
         &smoothed(&|r| Some(r.throughput)),
-        &marks,
+        &reports,
     )?;
     write_overlay(
         &out.join("latency.png"),
         "End-to-end latency, worst sink's median (10 s moving average)",
         "ms",
         &smoothed(&|r| r.latency_p50_ms),
-        &marks,
+        &reports,
     )?;
     write_overlay(
         &out.join("lag.png"),
         "Source lag (10 s moving average)",
         "ms",
         &smoothed(&|r| r.lag_mean_ms),
-        &marks,
+        &reports,
     )?;
     println!();
     println!(

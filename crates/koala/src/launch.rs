@@ -567,6 +567,8 @@ mod tests {
         SecondRow {
             t_s,
             throughput,
+            output: throughput,
+            offered: None,
             lag_mean_ms: None,
             lag_p99_ms: None,
             batch_latency_mean_us: Some(p99 / 10.0),
