@@ -151,7 +151,8 @@ fn rescaled_while_reading_one_partition(protocol: &str) {
         brokers[0]
     );
     let (out, log) = common::run_job_logged(dir.path(), &config);
-    let completed = log.lines().filter(|l| l.contains("] completed")).count();
+    let completed =
+        log.lines().filter(|l| l.contains("] reconfiguration ") && l.contains(" completed in ")).count();
     assert_eq!(completed, 2, "both rescales must complete; log:\n{log}");
     let store = MetricsStore::open(&out.join("metrics.db")).expect("metrics db");
     let info = store.latest_run().expect("runs").expect("a run");

@@ -378,7 +378,11 @@ fn run_case(variant: Variant, f: &Family, seed: u64) {
     if !out.success() {
         fail(out.failure(), &log);
     }
-    let completed = out.stdout.lines().filter(|l| l.contains("] completed")).count();
+    let completed = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("] reconfiguration ") && l.contains(" completed in "))
+        .count();
     if completed != case.steps {
         fail(
             format!(
