@@ -268,7 +268,9 @@ fn write_results(
             .map(|r| {
                 let series: Vec<(i64, f64)> =
                     r.table.rows.iter().filter_map(|row| Some((row.t_s, f(row)?))).collect();
-                let points = moving_average(&series, 10).into_iter().map(|(t, v)| (t as f64, v)).collect();
+                // At the second's middle, as the report draws it (reconfiguration spans are exact).
+                let points =
+                    moving_average(&series, 10).into_iter().map(|(t, v)| (t as f64 + 0.5, v)).collect();
                 (protocol_name(&r.run.protocol), points)
             })
             .collect::<Vec<_>>()

@@ -85,8 +85,10 @@ pub(super) fn spans(summary: &ReportSummary) -> Vec<Span> {
 
 pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let rows = &summary.table.rows;
+    // A second's value is drawn at its middle: the spans are placed to the millisecond, so state
+    // moved in second 8 by a reconfiguration at 8.47 s is drawn under its span, not before it.
     let line = |f: &dyn Fn(&SecondRow) -> Option<f64>| -> Vec<(f64, f64)> {
-        rows.iter().filter_map(|r| Some((r.t_s as f64, f(r)?))).collect()
+        rows.iter().filter_map(|r| Some((r.t_s as f64 + 0.5, f(r)?))).collect()
     };
     let spans = spans(summary);
     let plots: [(&str, &str, &str, Vec<Line>); 5] = [
@@ -136,8 +138,7 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
         ),
     ];
     let x_range = match (rows.first(), rows.last()) {
-        (Some(a), Some(b)) if b.t_s > a.t_s => a.t_s as f64..b.t_s as f64,
-        (Some(a), _) => a.t_s as f64..a.t_s as f64 + 1.0,
+        (Some(a), Some(b)) => a.t_s as f64..b.t_s as f64 + 1.0,
         _ => 0.0..1.0,
     };
     let mut files = Vec::with_capacity(plots.len());
@@ -174,7 +175,7 @@ fn draw_plot(
     let mut chart = builder.build_cartesian_2d(x_range.clone(), 0.0..y_top).map_err(|e| err(&e))?;
     let mut mesh = chart.configure_mesh();
     if text {
-        mesh.x_desc("time since run start (s)").y_desc(unit);
+        mesh.x_desc("time since run start (s; a second's value at its middle)").y_desc(unit);
     } else {
         mesh.x_labels(0).y_labels(0);
     }
