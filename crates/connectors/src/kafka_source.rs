@@ -8,9 +8,14 @@
 //!   is what a checkpoint records and [`KafkaSourceSpec::resume`] starts from it, so a resumed
 //!   source reads no record twice and misses none. Without a position a partition starts at its
 //!   earliest retained offset.
-//! - **Lag.** Every emitted record yields a lag sample `now − record timestamp` (ms, not sampled),
-//!   and its `Record::due_ms` is that timestamp; the earliest timestamp of the fetched records not
-//!   yet returned is the source's pending due time (sampled once a second while it is paused);
+//! - **Where it starts.** Without a position a partition starts at its earliest retained offset
+//!   (no consumer group, no committed offsets): a re-run reads the whole topic again, and
+//!   `koala run` says so when the job starts.
+//! - **Lag.** A record is *available* to the job from its timestamp, or from when the task
+//!   started reading if it was written before (data produced ahead of a run is not lag). Every
+//!   emitted record yields a lag sample `now − available` (ms, not sampled), and its
+//!   `Record::due_ms` is that instant; the earliest of the fetched records not yet returned is the
+//!   source's pending due time (sampled once a second while it is paused);
 //!   [`KafkaSource::offset_lag`] is the high watermark of the last Fetch minus the next offset
 //!   (never ListOffsets, which tansu's memory engine answers wrongly).
 //! - **Bad records** are counted ([`KafkaSource::undecodable`]), logged and skipped; they never
@@ -193,6 +198,8 @@ pub struct KafkaSource {
     retry_at: Option<Instant>,
     lag_samples: Vec<u64>,
     undecodable: u64,
+    /// When this task started reading (unix ms): records written before are available from then.
+    reading_since_ms: Option<u64>,
 }
 
 impl KafkaSource {
@@ -212,6 +219,7 @@ impl KafkaSource {
             retry_at: None,
             lag_samples: Vec::new(),
             undecodable: 0,
+            reading_since_ms: None,
         }
     }
 
@@ -242,6 +250,12 @@ impl KafkaSource {
             .collect()
     }
 
+    /// When a record with Kafka timestamp `kafka_ms` became available to this task (unix ms): its
+    /// timestamp, or when the task started reading if it was written before.
+    fn available_ms(&self, kafka_ms: u64) -> u64 {
+        kafka_ms.max(self.reading_since_ms.unwrap_or(0))
+    }
+
     /// Records that could not be decoded and were skipped.
     pub fn undecodable(&self) -> u64 {
         self.undecodable
@@ -252,6 +266,7 @@ impl KafkaSource {
         if self.readers.is_some() {
             return Ok(true);
         }
+        self.reading_since_ms.get_or_insert_with(now_ms);
         if self.retry_at.is_some_and(|at| Instant::now() < at) {
             return Ok(false);
         }
@@ -379,8 +394,14 @@ impl KafkaSource {
         };
         match decoded {
             Ok((value, time)) => {
-                out.push(Record { key: Vec::new(), value, time: time.unwrap_or(kafka_ms), due_ms: kafka_ms });
-                self.lag_samples.push(now_ms().saturating_sub(kafka_ms));
+                let available = self.available_ms(kafka_ms);
+                out.push(Record {
+                    key: Vec::new(),
+                    value,
+                    time: time.unwrap_or(kafka_ms),
+                    due_ms: available,
+                });
+                self.lag_samples.push(now_ms().saturating_sub(available));
             }
             Err(e) => {
                 self.undecodable += 1;
@@ -482,6 +503,7 @@ impl SourceLogic for KafkaSource {
     fn pending_due_ms(&self) -> Option<u64> {
         // The front of each partition's buffer is its oldest unread record.
         let fronts = self.readers.iter().flatten().filter_map(|r| r.buffer.front());
-        fronts.filter_map(|r| u64::try_from(r.record.timestamp.timestamp_millis()).ok()).min()
+        let kafka_ms = fronts.filter_map(|r| u64::try_from(r.record.timestamp.timestamp_millis()).ok()).min();
+        kafka_ms.map(|ms| self.available_ms(ms))
     }
 }

@@ -21,7 +21,7 @@ use rskafka::{
     client::partition::{Compression, PartitionClient, UnknownTopicHandling},
     record::Record as KafkaRecord,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     CALL_LIMIT, ConnectorError, REQUEST_DEADLINE, ValueFormat, block_on_within, broker::create_topic_with,
@@ -92,7 +92,13 @@ pub struct ProduceSummary {
     pub per_kind: [u64; 3],
     /// Wall-clock duration of the run.
     pub elapsed: Duration,
+    /// If the run fell short of its rate schedule: (records/s reached, records/s the schedule
+    /// asked for over the same records), when it reached less than [`RATE_SHORTFALL`] of it.
+    pub short_of_rate: Option<(f64, f64)>,
 }
+
+/// Below this fraction of its scheduled rate a produce run warns that it cannot reach it.
+pub const RATE_SHORTFALL: f64 = 0.9;
 
 impl ProduceSummary {
     /// Mean records per second over the run.
@@ -144,13 +150,27 @@ pub fn produce(options: &ProduceOptions) -> Result<ProduceSummary, ConnectorErro
             })
             .collect();
         let mut last = (Instant::now(), 0u64);
+        let mut warned = false;
         while !workers.iter().all(|w| w.is_finished()) {
             thread::sleep(Duration::from_millis(50));
-            if options.progress && last.0.elapsed() >= Duration::from_secs(1) {
+            if last.0.elapsed() >= Duration::from_secs(1) {
                 let total: u64 = counts.iter().map(|c| c.load(Ordering::Relaxed)).sum();
                 let rate = (total - last.1) as f64 / last.0.elapsed().as_secs_f64();
                 let target = target_rate(options, start.elapsed());
-                eprintln!("produce: {total} records, {rate:.0} records/s (target {target})");
+                if options.progress {
+                    eprintln!(
+                        "produce: {total} records, {rate:.0} records/s (target {})",
+                        target.map_or("unlimited".into(), |t| format!("{t:.0}"))
+                    );
+                }
+                // The first second includes connecting; judge from the second one on.
+                if !warned && last.1 > 0 && target.is_some_and(|t| rate < RATE_SHORTFALL * t) {
+                    warned = true;
+                    warn!(
+                        "produce cannot reach its rate: {rate:.0} records/s of the {:.0} asked for (the broker or this machine is too slow; the run takes longer)",
+                        target.unwrap_or_default()
+                    );
+                }
                 last = (Instant::now(), total);
             }
         }
@@ -165,23 +185,37 @@ pub fn produce(options: &ProduceOptions) -> Result<ProduceSummary, ConnectorErro
         first_error.map_or(Ok(()), Err)
     });
     let per_kind = [0, 1, 2].map(|i| counts[i].load(Ordering::Relaxed));
-    let summary = ProduceSummary { records: per_kind.iter().sum(), per_kind, elapsed: start.elapsed() };
+    let records = per_kind.iter().sum();
+    let elapsed = start.elapsed();
+    // The schedule's rate over the records written (this process's share of it).
+    let share = if options.only_producer.is_some() { producers } else { 1 };
+    let scheduled = options
+        .nexmark
+        .rate
+        .due_ms(records, share)
+        .filter(|ms| *ms > 0.0)
+        .map(|ms| records as f64 / (ms / 1000.0));
+    let reached = records as f64 / elapsed.as_secs_f64().max(1e-9);
+    let short_of_rate = scheduled.filter(|s| reached < RATE_SHORTFALL * s).map(|s| (reached, s));
+    let summary = ProduceSummary { records, per_kind, elapsed, short_of_rate };
     result?;
     info!(records = summary.records, rate = summary.records_per_sec(), "produce finished");
     Ok(summary)
 }
 
-/// The scheduled rate of this process now, for the progress line.
-fn target_rate(options: &ProduceOptions, elapsed: Duration) -> String {
+/// The scheduled rate of this process now (`None` where unlimited).
+fn target_rate(options: &ProduceOptions, elapsed: Duration) -> Option<f64> {
     let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
-    let step = options.nexmark.rate.0.iter().rev().find(|s| s.at_ms <= elapsed_ms);
-    match step.map(|s| s.records_per_sec).filter(|&r| r > 0.0) {
-        None => "unlimited".into(),
-        Some(rate) if options.only_producer.is_some() => {
-            format!("{:.0}", rate / f64::from(options.nexmark.producers.max(1)))
-        }
-        Some(rate) => format!("{rate:.0}"),
+    let step = options.nexmark.rate.0.iter().rev().find(|s| s.at_ms <= elapsed_ms)?;
+    let rate = step.records_per_sec;
+    if rate <= 0.0 {
+        return None;
     }
+    Some(if options.only_producer.is_some() {
+        rate / f64::from(options.nexmark.producers.max(1))
+    } else {
+        rate
+    })
 }
 
 fn kind_index(kind: EventKind) -> usize {

@@ -31,6 +31,18 @@ fn start_status_stop_and_restart_keep_the_data() {
         other => panic!("expected running, got {other:?}"),
     }
     assert!(broker::stop(dir.path()).unwrap());
+    // `stop` returns once the broker has exited: no thread of it is left, nothing listens.
+    let threads = std::fs::read_dir(format!("/proc/{}/task", state.pid)).map_or(0, |t| {
+        t.filter_map(Result::ok)
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                    s.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with(['Z', 'X']))
+                })
+            })
+            .count()
+    });
+    assert_eq!(threads, 0, "broker threads still running after stop returned");
+    assert!(std::net::TcpStream::connect(&state.bootstrap).is_err(), "the broker still listens after stop");
     assert_eq!(broker::status(dir.path()).unwrap(), BrokerStatus::NotRunning);
     assert!(!broker::stop(dir.path()).unwrap(), "stopping twice is a no-op");
 

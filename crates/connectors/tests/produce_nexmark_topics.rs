@@ -77,4 +77,17 @@ fn binary_format_and_rate_pacing() {
     let auctions: Vec<Auction> = decode_all(&poll_until(&mut source, usize::MAX, 100).0);
     assert_eq!(auctions.len(), 30);
     assert!(auctions.iter().all(|a| a.extra.len() == 100 && a.expires > a.date_time));
+
+    // A rate no broker reaches: the run says it fell short, and of which rate.
+    let fast = ProduceOptions {
+        progress: false,
+        topic_prefix: "fast".into(),
+        ..ProduceOptions::new(
+            broker.brokers(),
+            NexmarkConfig { events: Some(2_000), rate: RateSchedule::constant(1e9), ..Default::default() },
+        )
+    };
+    let summary = produce(&fast).unwrap();
+    let (reached, asked) = summary.short_of_rate.expect("1e9 records/s is out of reach");
+    assert!((asked - 1e9).abs() < 1.0 && reached < 0.9 * asked, "{reached} of {asked}");
 }

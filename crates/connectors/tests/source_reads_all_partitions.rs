@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{Reading, decode_all, json, poll_until, produce_raw, start_broker};
+use common::{Reading, decode_all, json, now_ms, poll_until, produce_raw, produce_raw_at, start_broker};
 use koala_connectors::{KafkaSourceSpec, ValueFormat, assigned_partitions, broker};
 use koala_dataflow::{SourceLogic, SourcePoll, TaskInstance};
 
@@ -61,4 +61,35 @@ fn a_missing_topic_is_a_clear_error() {
     let mut source = spec.build(TaskInstance { index: 0, parallelism: 1 });
     let err = source.poll(10, &mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains("no-such-topic"), "{err}");
+}
+
+/// Records written an hour before the job started reading are available from the moment it
+/// started, not from their timestamp: their lag is the time the job took, not the hour.
+#[test]
+fn lag_counts_from_when_a_record_became_available() {
+    let broker = start_broker();
+    let brokers = broker.brokers();
+    broker::create_topic(&brokers, "old", 1).unwrap();
+    const HOUR_MS: u64 = 3_600_000;
+    let written_ms = now_ms() - HOUR_MS;
+    let batch: Vec<Reading> = (0..100).map(|i| Reading { sensor: 0, seq: i, at_ms: i }).collect();
+    produce_raw_at(&brokers, "old", 0, batch.iter().map(|r| (None, json(r))).collect(), written_ms);
+    let before_reading = now_ms();
+    let spec = KafkaSourceSpec::<Reading>::new(brokers, "old", ValueFormat::Json).until_end(true);
+    let mut source = spec.build(TaskInstance { index: 0, parallelism: 1 });
+    let (records, poll) = poll_until(&mut source, usize::MAX, 64);
+    let after_reading = now_ms();
+    assert_eq!((records.len(), poll), (100, SourcePoll::Finished));
+    for r in &records {
+        assert!(
+            (before_reading..=after_reading).contains(&r.due_ms),
+            "due {} is not when the task started reading ({before_reading}..={after_reading}); written at {written_ms}",
+            r.due_ms
+        );
+    }
+    let mut lags = Vec::new();
+    source.drain_lag_samples(&mut lags);
+    assert_eq!(lags.len(), 100);
+    let longest = lags.iter().max().copied().unwrap_or(0);
+    assert!(longest <= after_reading - before_reading, "lag {longest} ms counts the hour before the run");
 }

@@ -45,9 +45,16 @@ pub(crate) struct JobState<'a> {
     /// The last epoch started.
     pub(crate) epoch: u64,
     pub(crate) completed: u64,
+    /// The run's start, unix seconds (`runs.started_ms / 1000`): the clock of every printed time.
+    pub(crate) start_s: u64,
 }
 
 impl JobState<'_> {
+    /// The second `unix_ms` falls in, since the run's start second.
+    fn second_of(&self, unix_ms: u64) -> u64 {
+        (unix_ms / 1000).saturating_sub(self.start_s)
+    }
+
     pub(crate) fn say(&self, event: ProgressEvent) {
         if let Some(tx) = &self.progress {
             let _ = tx.send(event);
@@ -167,6 +174,7 @@ impl JobState<'_> {
                 q.request.operator(),
                 self.config.protocol.name()
             );
+            let started_ms = unix_ms();
             self.store.reconfiguration_started(
                 self.run,
                 &ReconfigurationStart {
@@ -174,7 +182,7 @@ impl JobState<'_> {
                     operator: q.request.operator().to_string(),
                     kind: kind.to_string(),
                     protocol: self.config.protocol.name().into(),
-                    started_ms: unix_ms(),
+                    started_ms,
                     buckets_moved: buckets as u64,
                     detail: format!("{:?}", q.request),
                 },
@@ -182,7 +190,8 @@ impl JobState<'_> {
             if let Some(r) = q.reply {
                 let _ = r.send(ClientReply::Accepted { epoch });
             }
-            self.say(ProgressEvent::ReconfigurationStarted { epoch, description });
+            let second = self.second_of(started_ms);
+            self.say(ProgressEvent::ReconfigurationStarted { epoch, second, description });
             if let Some(max) = created_max {
                 self.next_index.insert(op, max + 1);
             }
@@ -265,19 +274,28 @@ impl JobState<'_> {
         let pause_ms = drain_at.map_or(0, |d| d.elapsed().as_millis() as u64);
         let duration_ms = started.elapsed().as_millis() as u64;
         let operator = self.graph.operator(op).map_or(String::new(), |o| o.name.clone());
+        let completed_ms = unix_ms();
         self.store.reconfiguration_completed(
             self.run,
             &ReconfigurationCompletion {
                 epoch,
                 operator,
-                completed_ms: unix_ms(),
+                completed_ms,
                 bytes_moved,
                 pause_ms: Some(pause_ms),
             },
         )?;
         self.completed += 1;
         let lazy = self.config.protocol == Protocol::Koala;
-        self.say(ProgressEvent::ReconfigurationCompleted { epoch, bytes_moved, pause_ms, duration_ms, lazy });
+        let second = self.second_of(completed_ms);
+        self.say(ProgressEvent::ReconfigurationCompleted {
+            epoch,
+            second,
+            bytes_moved,
+            pause_ms,
+            duration_ms,
+            lazy,
+        });
         Ok(())
     }
 

@@ -16,6 +16,9 @@ pub enum ProgressEvent {
     ReconfigurationStarted {
         /// Its epoch.
         epoch: u64,
+        /// The second it started in, since the run's start second: the clock of
+        /// [`Progress::second`] and of `koala report`'s `t`.
+        second: u64,
         /// What it does, e.g. `scale_out aggregate 2→4 (12 buckets move)`.
         description: String,
     },
@@ -23,6 +26,8 @@ pub enum ProgressEvent {
     ReconfigurationCompleted {
         /// Its epoch.
         epoch: u64,
+        /// The second it completed in, since the run's start second (as `second` above).
+        second: u64,
         /// Bytes of state moved.
         bytes_moved: u64,
         /// How long upstream tasks were paused, ms.

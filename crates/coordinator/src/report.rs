@@ -44,9 +44,11 @@ use crate::metrics_store::{Aggregate, MetricsStore, MetricsStoreError, Reconfigu
 pub mod derived;
 mod render;
 
+pub use render::Span;
+
 pub use derived::{
     BASELINE_S, DISRUPTION_WINDOW_S, DipReference, OfferedRate, RECOVERY_HOLD_S, StateMoved, ThroughputDip,
-    backlog_recovery_s, moving_average, throughput_dip,
+    backlog_recovery_s, fmt_records, input_last_t_s, moving_average, state_moved_by_epoch, throughput_dip,
 };
 
 /// Seconds at the end of a run whose lag p99 is reported as its tail lag (the demo's "has the
@@ -110,6 +112,12 @@ pub struct SecondRow {
     pub t_s: i64,
     /// Records consumed by source tasks this second.
     pub throughput: f64,
+    /// Records the sinks took this second (Σ `records_in` over the tasks that reported
+    /// `latency_p50_ms` in the run: the sinks).
+    pub output: f64,
+    /// Records offered to the sources this second by the config's rate schedule
+    /// ([`OfferedRate::in_second`]); `None` where unknown.
+    pub offered: Option<f64>,
     /// Mean source lag, ms.
     pub lag_mean_ms: Option<f64>,
     /// Worst source task's p99 lag, ms.
@@ -148,8 +156,17 @@ pub struct ReconfigurationSummary {
     pub start_t_s: i64,
     /// Its completion second, since run start, if it completed.
     pub end_t_s: Option<i64>,
-    /// See [`throughput_dip`].
+    /// Its start in seconds since the run's start second, to the millisecond (plots: two
+    /// reconfigurations in one second stay apart).
+    pub start_s: f64,
+    /// Its completion likewise, if it completed.
+    pub end_s: Option<f64>,
+    /// See [`throughput_dip`]: over its own seconds, from its start to the next one's start or
+    /// the input's last second.
     pub dip: Option<ThroughputDip>,
+    /// State moved from its start second until the next reconfiguration's
+    /// ([`state_moved_by_epoch`]): the reconfigurations add up to [`ReportSummary::state_moved`].
+    pub state_moved: StateMoved,
     /// See [`backlog_recovery_s`]: on end-to-end latency ([`SecondRow::latency_p50_ms`]).
     pub backlog_recovery_s: Option<u64>,
     /// The same on source lag ([`SecondRow::lag_mean_ms`]), which misses records inside the job.
@@ -201,10 +218,20 @@ pub struct ReportSummary {
     pub reconfigurations: Vec<ReconfigurationSummary>,
     /// The per-second table.
     pub table: PerSecondTable,
+    /// The last second the sources took input in ([`input_last_t_s`]); `None` without input.
+    pub input_last_t_s: Option<i64>,
     /// Whether the plots carry text (a DejaVu Sans font file was found in a usual place).
     pub plots_have_text: bool,
     /// The files written: PNGs and `report.html`.
     pub files: Vec<PathBuf>,
+}
+
+impl ReportSummary {
+    /// The reconfigurations as the plots draw them: spans from start to completion, to the
+    /// millisecond, labelled by epoch.
+    pub fn spans(&self) -> Vec<Span> {
+        render::spans(self)
+    }
 }
 
 /// Reports on `run` (the latest run if `None`) of the store at `db`, writing `throughput.png`,
@@ -229,7 +256,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         },
         None => store.latest_run()?.ok_or_else(|| ReportError::NoRuns { path: db.to_path_buf() })?,
     };
-    let table = read_table(&store, &info)?;
+    let mut table = read_table(&store, &info)?;
     let run_start_s = secs_of_ms(info.started_ms);
     let throughput: Vec<(i64, f64)> = table.rows.iter().map(|r| (r.t_s, r.throughput)).collect();
     let lag: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.lag_mean_ms)).collect();
@@ -238,33 +265,56 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let offered = OfferedRate::from_config(&info.config, info.started_ms);
     let offered_at = offered.as_ref().map(|o| move |t: i64| o.in_second(run_start_s + t));
     let offered_fn = offered_at.as_ref().map(|f| f as &dyn Fn(i64) -> Option<f64>);
-    let reconfigurations: Vec<ReconfigurationSummary> = store
-        .reconfigurations(&info.run)?
+    if let Some(offered) = offered_fn {
+        for row in &mut table.rows {
+            row.offered = offered(row.t_s);
+        }
+    }
+    let input_last = input_last_t_s(&throughput);
+    let recorded = store.reconfigurations(&info.run)?;
+    let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms) - run_start_s).collect();
+    let moved = |m: &str| -> Result<Vec<(i64, f64)>, ReportError> {
+        Ok(store
+            .per_second(&info.run, m, Aggregate::Sum, TaskScope::All)?
+            .into_iter()
+            .map(|(t, v)| (i64::try_from(t).unwrap_or(i64::MAX) - run_start_s, v))
+            .collect())
+    };
+    let (on_demand, background, eager) = (
+        moved(metric::STATE_BYTES_ON_DEMAND)?,
+        moved(metric::STATE_BYTES_BACKGROUND)?,
+        moved(metric::STATE_BYTES_EAGER)?,
+    );
+    let total = |series: &[(i64, f64)]| series.iter().map(|(_, v)| v).sum::<f64>();
+    let state_moved = StateMoved::from_totals(total(&on_demand), total(&background), total(&eager));
+    let mut moved_by_epoch = state_moved_by_epoch(&starts, &on_demand, &background, &eager).into_iter();
+    let reconfigurations: Vec<ReconfigurationSummary> = recorded
         .into_iter()
-        .map(|r| {
-            let start_t_s = secs_of_ms(r.started_ms) - run_start_s;
+        .enumerate()
+        .map(|(i, r)| {
+            let start_t_s = starts[i];
+            // Its own seconds: until the next one starts (at least its start second) and before
+            // the input's last, partial second.
+            let next = starts.get(i + 1).map_or(i64::MAX, |n| (*n).max(start_t_s + 1));
+            let window = start_t_s..next.min(input_last.unwrap_or(i64::MIN));
             let overload_t_s = offered.as_ref().and_then(|o| {
                 o.last_increase_before(r.started_ms.saturating_sub(info.started_ms))
                     .map(|ms| secs_of_ms(info.started_ms + ms) - run_start_s)
             });
+            let since_start = |ms: u64| (ms as f64 - run_start_s as f64 * 1000.0) / 1000.0;
             ReconfigurationSummary {
                 start_t_s,
                 end_t_s: r.completed_ms.map(|c| secs_of_ms(c) - run_start_s),
-                dip: throughput_dip(&throughput, start_t_s, offered_fn),
-                backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s),
-                lag_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s),
+                start_s: since_start(r.started_ms),
+                end_s: r.completed_ms.map(since_start),
+                dip: throughput_dip(&throughput, window, offered_fn),
+                state_moved: moved_by_epoch.next().unwrap_or_default(),
+                backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s, input_last),
+                lag_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s, input_last),
                 reconfiguration: r,
             }
         })
         .collect();
-    let total = |m: &str| -> Result<f64, ReportError> {
-        Ok(store.per_second(&info.run, m, Aggregate::Sum, TaskScope::All)?.iter().map(|(_, v)| v).sum())
-    };
-    let state_moved = StateMoved::from_totals(
-        total(metric::STATE_BYTES_ON_DEMAND)?,
-        total(metric::STATE_BYTES_BACKGROUND)?,
-        total(metric::STATE_BYTES_EAGER)?,
-    );
     let budget = config.as_ref().and_then(|c| c.runtime.task_records_per_sec);
     let capacity_shortfall = match budget {
         Some(budget) => shortfall(&store.task_samples(&info.run, metric::CAPACITY_RECORDS_PER_SEC)?, budget),
@@ -311,6 +361,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         lag_recovery_s: longest(|r| r.lag_recovery_s),
         reconfigurations,
         table,
+        input_last_t_s: input_last,
         plots_have_text: render::plot_font_ready(),
         files: Vec::new(),
         run: info,
@@ -326,15 +377,28 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
 }
 
 /// Writes one PNG overlaying several runs' series of one metric (name, (second, value) points),
-/// with red marks at `marks` (seconds): `koala experiment`'s comparison plots.
+/// with every run's reconfigurations as spans in its line's colour (`runs[i]` for `series[i]`):
+/// `koala experiment`'s comparison plots, drawn as the report's.
 pub fn write_overlay(
     path: &Path,
     title: &str,
     unit: &str,
     series: &[(&'static str, Vec<(f64, f64)>)],
-    marks: &[f64],
+    runs: &[&ReportSummary],
 ) -> Result<(), ReportError> {
-    render::draw_overlay(path, title, unit, series, marks)
+    let spans: Vec<Span> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, run)| {
+            render::spans(run).into_iter().map(move |s| Span {
+                label: format!("{} {}", series.get(i).map_or("", |s| s.0), s.label),
+                legend: format!("{} {}", series.get(i).map_or("", |s| s.0), s.legend),
+                colour_of: Some(i),
+                ..s
+            })
+        })
+        .collect();
+    render::draw_overlay(path, title, unit, series, &spans)
         .map_err(|message| ReportError::Plot { path: path.to_path_buf(), message })
 }
 
@@ -383,6 +447,7 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         (metric::LATENCY_P50_MS, Aggregate::Max, TaskScope::All),
         (metric::LATENCY_P99_MS, Aggregate::Max, TaskScope::All),
         (metric::LATENCY_MAX_MS, Aggregate::Max, TaskScope::All),
+        (metric::RECORDS_IN, Aggregate::Sum, TaskScope::Reporting(metric::LATENCY_P50_MS)),
     ];
     let run_start_s = secs_of_ms(info.started_ms);
     let mut series: Vec<BTreeMap<i64, f64>> = Vec::with_capacity(columns.len());
@@ -405,6 +470,8 @@ fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, Re
         .map(|t| SecondRow {
             t_s: t,
             throughput: at(0, t).unwrap_or(0.0),
+            output: at(13, t).unwrap_or(0.0),
+            offered: None,
             lag_mean_ms: at(1, t),
             lag_p99_ms: at(2, t),
             batch_latency_mean_us: at(3, t),
@@ -425,6 +492,8 @@ impl fmt::Display for PerSecondTable {
         let header = [
             "t_s",
             "rec/s",
+            "out/s",
+            "offered/s",
             "lag_ms",
             "lag_p99_ms",
             "e2e_p50_ms",
@@ -436,13 +505,15 @@ impl fmt::Display for PerSecondTable {
             "bp_ms",
         ];
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
-        let cells: Vec<[String; 11]> = self
+        let cells: Vec<[String; 13]> = self
             .rows
             .iter()
             .map(|r| {
                 [
                     r.t_s.to_string(),
                     format!("{:.0}", r.throughput),
+                    format!("{:.0}", r.output),
+                    r.offered.map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
                     opt(r.lag_mean_ms),
                     opt(r.lag_p99_ms),
                     opt(r.latency_p50_ms),
@@ -485,21 +556,16 @@ fn fmt_bytes(b: f64) -> String {
 }
 
 fn fmt_dip(dip: Option<ThroughputDip>) -> String {
-    dip.map_or_else(
-        || "n/a".to_string(),
-        |d| {
-            let against = match d.reference {
-                DipReference::Offered => "offered",
-                DipReference::Before => "before the start",
-            };
-            format!(
-                "{:.1}% of {:.0} rec/s {against} (min {:.0} at t={} s)",
-                d.ratio() * 100.0,
-                d.offered,
-                d.min,
-                d.at_t_s
-            )
-        },
+    dip.map_or_else(|| "n/a".to_string(), |d| d.to_string())
+}
+
+fn fmt_state(s: &StateMoved) -> String {
+    format!(
+        "{} ({} on demand, {} in the background, {} eager)",
+        fmt_bytes(s.total()),
+        fmt_bytes(s.on_demand),
+        fmt_bytes(s.background),
+        fmt_bytes(s.eager)
     )
 }
 
@@ -546,11 +612,8 @@ impl fmt::Display for ReportSummary {
         writeln!(f, "lag p99 over the last {TAIL_S} s: {}", fmt_opt(self.tail_lag_p99_ms, "ms"))?;
         writeln!(
             f,
-            "state moved: {} ({} on demand, {} in the background, {} eager); input paused: {} ms",
-            fmt_bytes(self.state_moved.total()),
-            fmt_bytes(self.state_moved.on_demand),
-            fmt_bytes(self.state_moved.background),
-            fmt_bytes(self.state_moved.eager),
+            "state moved: {}; input paused: {} ms",
+            fmt_state(&self.state_moved),
             self.pause_ms_total
         )?;
         if let Some((task, n)) = &self.max_queued_records {
@@ -567,13 +630,23 @@ impl fmt::Display for ReportSummary {
                 .collect();
             writeln!(f, "state cache hit rate (hits / keys read): {}", rates.join(", "))?;
         }
-        writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
-        writeln!(
-            f,
-            "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
-            fmt_recovery(self.backlog_recovery_s),
-            fmt_recovery(self.lag_recovery_s)
-        )?;
+        if let Some(last) = self.input_last_t_s {
+            writeln!(
+                f,
+                "input: last taken at t={last} s (later seconds are not judged for dips or recovery)"
+            )?;
+        }
+        if self.reconfigurations.is_empty() {
+            writeln!(f, "no reconfiguration in this run: no dip or backlog recovery to measure")?;
+        } else {
+            writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
+            writeln!(
+                f,
+                "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
+                fmt_recovery(self.backlog_recovery_s),
+                fmt_recovery(self.lag_recovery_s)
+            )?;
+        }
         if !self.plots_have_text {
             writeln!(f, "plots drawn without text: no font in {:?}", render::FONT_CANDIDATES)?;
         }
@@ -581,7 +654,7 @@ impl fmt::Display for ReportSummary {
             let c = &r.reconfiguration;
             writeln!(
                 f,
-                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, {} transferred, pause {}; dip {}; recovery {} (source lag: {})",
+                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, state moved {}, pause {}; dip {}; recovery {} (source lag: {})",
                 c.epoch,
                 c.kind,
                 c.operator,
@@ -589,7 +662,7 @@ impl fmt::Display for ReportSummary {
                 r.start_t_s,
                 r.end_t_s.map_or_else(|| "?".to_string(), |t| t.to_string()),
                 c.buckets_moved,
-                fmt_bytes(c.bytes_moved as f64),
+                fmt_state(&r.state_moved),
                 c.pause_ms.map_or_else(|| "-".to_string(), |p| format!("{p} ms")),
                 fmt_dip(r.dip),
                 fmt_recovery(r.backlog_recovery_s),
@@ -618,6 +691,8 @@ mod tests {
         let row = |t_s, throughput| SecondRow {
             t_s,
             throughput,
+            output: throughput,
+            offered: None,
             lag_mean_ms: Some(1.0),
             lag_p99_ms: None,
             batch_latency_mean_us: None,

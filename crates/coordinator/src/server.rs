@@ -156,6 +156,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         last_progress: Instant::now(),
         epoch: 0,
         completed: 0,
+        start_s: started_ms / 1000,
     };
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);

@@ -277,3 +277,160 @@ fn bad_requests_name_the_database() {
     assert!(unknown.to_string().contains("metrics.db"), "{unknown}");
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
 }
+
+/// A bounded (or Kafka) job at 8 000 records/s offered: two Koala scale-outs at 4 s and 8 s whose
+/// state follows on demand after they complete, a real dip to 4 100 at 5 s, and the input ending
+/// in second 12 while the job runs on until 20 s with nothing to take.
+#[test]
+fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    let run = "bounded";
+    store
+        .begin_run(&RunInfo {
+            run: run.into(),
+            started_ms: RUN_START_S * 1000 + 250,
+            query: "tumbling-window".into(),
+            protocol: "koala".into(),
+            config: "[params.source]\nrate = [{ at_ms = 0, records_per_sec = 8000.0 }]\n".into(),
+        })
+        .unwrap();
+    for t in 0..20 {
+        let at = |task: &str, metric: &str, value| sample(RUN_START_S + t, task, metric, value);
+        let rate = match t {
+            5 => 4100.0,
+            0..=11 => 8000.0,
+            12 => 3000.0,
+            _ => 0.0,
+        };
+        let mut samples = vec![at("source.0", metric::RECORDS_IN, rate)];
+        if t <= 12 {
+            samples.push(at("source.0", metric::SOURCE_LAG_MEAN_MS, if t == 5 { 900.0 } else { 5.0 }));
+            samples.push(at("sink.0", metric::LATENCY_P50_MS, if t == 5 { 900.0 } else { 10.0 }));
+        }
+        match t {
+            5 | 6 => samples.push(at("window.2", metric::STATE_BYTES_ON_DEMAND, 7_000.0)),
+            9 => samples.push(at("window.3", metric::STATE_BYTES_ON_DEMAND, 3_000.0)),
+            8 => samples.push(at("window.0", metric::STATE_BYTES_EAGER, 1_000.0)),
+            _ => {}
+        }
+        store.insert_samples(run, &samples).unwrap();
+    }
+    for (epoch, at_s) in [(1, 4), (2, 8)] {
+        let started_ms = (RUN_START_S + at_s) * 1000 + 600;
+        let start = ReconfigurationStart {
+            epoch,
+            operator: "window".into(),
+            kind: "scale_out".into(),
+            protocol: "koala".into(),
+            started_ms,
+            buckets_moved: 40,
+            detail: String::new(),
+        };
+        store.reconfiguration_started(run, &start).unwrap();
+        let done = ReconfigurationCompletion {
+            epoch,
+            operator: "window".into(),
+            completed_ms: started_ms + 30,
+            bytes_moved: 0, // lazy: the state follows on first access, after completion
+            pause_ms: Some(0),
+        };
+        store.reconfiguration_completed(run, &done).unwrap();
+    }
+    drop(store);
+    let summary = report(&db, Some(run), &dir.path().join("out")).unwrap();
+    let text = summary.to_string();
+    println!("{text}");
+    let [first, second] = &summary.reconfigurations[..] else { panic!("two epochs: {text}") };
+    assert_eq!((first.start_t_s, second.start_t_s), (4, 8), "the second its started_ms falls in");
+    // Totals are the sum of the epochs, by kind.
+    assert_eq!((first.state_moved.on_demand, first.state_moved.eager), (14_000.0, 0.0));
+    assert_eq!((second.state_moved.on_demand, second.state_moved.eager), (3_000.0, 1_000.0));
+    assert_eq!(first.state_moved.total() + second.state_moved.total(), summary.state_moved.total());
+    assert!(
+        text.contains("state moved 13.7 KiB (13.7 KiB on demand, 0 B in the background, 0 B eager)"),
+        "{text}"
+    );
+    // Each epoch's dip is its own: the first's at 5 s, the second's within 8..12 s, not the
+    // seconds after the input ended (12 is partial, 13.. have nothing to take).
+    let dip = first.dip.unwrap();
+    assert_eq!((dip.min, dip.offered, dip.at_t_s), (4100.0, 8000.0, 5));
+    let dip = second.dip.unwrap();
+    assert_eq!(dip.min, 8000.0, "{dip}");
+    assert!((8..12).contains(&dip.at_t_s), "{dip}");
+    assert_eq!(summary.input_last_t_s, Some(12));
+    assert!(text.contains("worst throughput dip: min 4 100 rec/s of 8 000 offered at t=5 s"), "{text}");
+    assert!(!text.contains('%'), "a dip is a rate, not a percentage: {text}");
+    // Latency is over its threshold only at 5 s; the end of input is no excursion.
+    assert_eq!((first.backlog_recovery_s, second.backlog_recovery_s), (Some(2), Some(0)));
+    assert_eq!((first.lag_recovery_s, second.lag_recovery_s), (Some(2), Some(0)));
+    assert_eq!(summary.backlog_recovery_s, Some(2));
+}
+
+/// The plots' data: throughput beside the offered rate and the sinks' output; two
+/// reconfigurations in one second are two spans, each from its start to its completion.
+#[test]
+fn plots_show_offered_and_output_and_every_reconfiguration_as_a_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    store
+        .begin_run(&RunInfo {
+            run: "spans".into(),
+            started_ms: RUN_START_S * 1000,
+            query: "q".into(),
+            protocol: "koala".into(),
+            config: "[params.source]\nrate = [{ at_ms = 0, records_per_sec = 5000.0 }]\n".into(),
+        })
+        .unwrap();
+    for t in 0..10 {
+        let at = |task: &str, metric: &str, value| sample(RUN_START_S + t, task, metric, value);
+        store
+            .insert_samples(
+                "spans",
+                &[
+                    at("source.0", metric::RECORDS_IN, 5000.0),
+                    at("source.0", metric::SOURCE_LAG_MEAN_MS, 1.0),
+                    at("window.0", metric::RECORDS_IN, 5000.0),
+                    at("sink.0", metric::RECORDS_IN, 700.0),
+                    at("sink.0", metric::LATENCY_P50_MS, 5.0),
+                ],
+            )
+            .unwrap();
+    }
+    for (epoch, start_ms, end_ms) in [(1, 4_200, 4_230), (2, 4_600, 4_650)] {
+        let started_ms = RUN_START_S * 1000 + start_ms;
+        let start = ReconfigurationStart {
+            epoch,
+            operator: "window".into(),
+            kind: "scale_out".into(),
+            protocol: "koala".into(),
+            started_ms,
+            buckets_moved: 8,
+            detail: String::new(),
+        };
+        store.reconfiguration_started("spans", &start).unwrap();
+        let done = ReconfigurationCompletion {
+            epoch,
+            operator: "window".into(),
+            completed_ms: RUN_START_S * 1000 + end_ms,
+            bytes_moved: 0,
+            pause_ms: Some(0),
+        };
+        store.reconfiguration_completed("spans", &done).unwrap();
+    }
+    drop(store);
+    let out = dir.path().join("out");
+    let summary = report(&db, Some("spans"), &out).unwrap();
+    let row = &summary.table.rows[3];
+    assert_eq!((row.throughput, row.output, row.offered), (5000.0, 700.0, Some(5000.0)), "sinks only");
+    let table = summary.table.to_string();
+    assert!(table.lines().next().is_some_and(|h| h.contains("out/s") && h.contains("offered/s")), "{table}");
+    let spans = summary.spans();
+    let times: Vec<(f64, Option<f64>)> = spans.iter().map(|s| (s.start_s, s.end_s)).collect();
+    assert_eq!(times, vec![(4.2, Some(4.23)), (4.6, Some(4.65))]);
+    assert_eq!(spans[1].label, "2");
+    assert!(spans[0].legend.starts_with("1: 4.20→4.23 s scale_out window"), "{}", spans[0].legend);
+    assert_png(&out.join("throughput.png"));
+}

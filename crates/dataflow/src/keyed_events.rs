@@ -14,7 +14,7 @@ use crate::builder::Dataflow;
 use crate::generator::{Generator, splitmix64};
 use crate::graph::TaskInstance;
 use crate::logic::DataflowError;
-use crate::source::SourceOptions;
+use crate::source::{RateSchedule, SourceOptions};
 use crate::stream::Stream;
 
 /// One generated event.
@@ -50,8 +50,12 @@ pub struct KeyedEventsConfig {
     pub records: Option<u64>,
     /// Seed of all random choices.
     pub seed: u64,
-    /// Event time advances by this much per global sequence number.
-    pub time_step_ms: u64,
+    /// Event time advances by this much per global sequence number. Absent (the default): a
+    /// record's event time is the time it is due under the source's rate schedule
+    /// (`[params.source] rate`): sequence number `s` at the schedule's `s`-th record of the whole
+    /// source, so windows of 1 s at 50 000 records/s hold 50 000 records; 1 ms per sequence
+    /// number where the schedule is unlimited (rate 0 or none).
+    pub time_step_ms: Option<u64>,
     /// Event times get a random jitter in `0..max_disorder_ms` (keep the source's
     /// `max_disorder_ms` at least this large, or records arrive behind the watermark).
     pub max_disorder_ms: u64,
@@ -61,6 +65,11 @@ pub struct KeyedEventsConfig {
     pub min_value: i64,
     /// Largest value (inclusive).
     pub max_value: i64,
+    /// The source's rate schedule, which places event times when `time_step_ms` is absent: set
+    /// from the source's options by [`KeyedEvents::source`] (or [`Self::with_rate`]), never read
+    /// from `[params.generator]`.
+    #[serde(skip)]
+    pub rate: RateSchedule,
 }
 
 impl Default for KeyedEventsConfig {
@@ -73,16 +82,41 @@ impl Default for KeyedEventsConfig {
             active_shift_records: 10,
             records: None,
             seed: 0,
-            time_step_ms: 1,
+            time_step_ms: None,
             max_disorder_ms: 0,
             start_time_ms: 0,
             min_value: 0,
             max_value: 100,
+            rate: RateSchedule::unlimited(),
         }
     }
 }
 
 impl KeyedEventsConfig {
+    /// This config with event times placed by `rate` (unless `time_step_ms` is set).
+    pub fn with_rate(self, rate: RateSchedule) -> Self {
+        Self { rate, ..self }
+    }
+
+    /// Event time of sequence number `seq` before jitter, ms: `start_time_ms` plus `seq ×
+    /// time_step_ms` if that is set, else plus the time record `seq` of the whole source is due
+    /// under the rate schedule (1 ms per record where the schedule is unlimited).
+    ///
+    /// ```
+    /// use koala_dataflow::{KeyedEventsConfig, RateSchedule};
+    /// let at_50k = KeyedEventsConfig::default().with_rate(RateSchedule::constant(50_000.0));
+    /// assert_eq!((at_50k.base_time_ms(49_999), at_50k.base_time_ms(50_000)), (999, 1000));
+    /// let stepped = KeyedEventsConfig { time_step_ms: Some(1), ..at_50k };
+    /// assert_eq!(stepped.base_time_ms(50_000), 50_000);
+    /// ```
+    pub fn base_time_ms(&self, seq: u64) -> u64 {
+        let offset = match self.time_step_ms {
+            Some(step) => seq.saturating_mul(step),
+            None => self.rate.due_ms(seq, 1).map_or(seq, |ms| ms.floor() as u64),
+        };
+        self.start_time_ms.saturating_add(offset)
+    }
+
     /// Checks the fields are consistent, naming the first that is not.
     pub fn validate(&self) -> Result<(), DataflowError> {
         let problem = if self.key_space == 0 {
@@ -190,6 +224,7 @@ impl KeyedEvents {
         options: SourceOptions,
         config: KeyedEventsConfig,
     ) -> Stream<KeyedEvent> {
+        let config = config.with_rate(options.rate.clone());
         df.source(name, options, move |task| KeyedEvents::new(config.clone(), task))
     }
 
@@ -217,10 +252,7 @@ impl KeyedEvents {
             0 => 0,
             d => random(seed, Lane::Jitter, seq) % d,
         };
-        let time = config
-            .start_time_ms
-            .saturating_add(seq.saturating_mul(config.time_step_ms))
-            .saturating_add(jitter);
+        let time = config.base_time_ms(seq).saturating_add(jitter);
         (KeyedEvent { key, seq, value }, time)
     }
 
@@ -252,7 +284,7 @@ mod tests {
             key_space: 50,
             records: Some(2000),
             max_disorder_ms: 7,
-            time_step_ms: 3,
+            time_step_ms: Some(3),
             seed: 42,
             min_value: -5,
             max_value: 5,
@@ -327,5 +359,33 @@ mod tests {
         assert!(KeyedEventsConfig::default().validate().is_ok());
         let parsed: Result<KeyedEventsConfig, _> = serde_json::from_str(r#"{"keyspace": 3}"#);
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn event_time_defaults_to_the_due_time_under_the_rate_schedule() {
+        // 50 000 records/s for 2 s, then 10 000/s: one-second windows hold 50 000, 50 000, then
+        // 10 000 records, whatever the source parallelism.
+        let rate = RateSchedule(vec![
+            crate::RateStep { at_ms: 0, records_per_sec: 50_000.0 },
+            crate::RateStep { at_ms: 2000, records_per_sec: 10_000.0 },
+        ]);
+        let config = KeyedEventsConfig { records: Some(120_000), ..Default::default() }.with_rate(rate);
+        for n in [1, 3] {
+            let mut per_second = std::collections::BTreeMap::<u64, u64>::new();
+            for (_, time) in KeyedEvents::all_records(&config, n) {
+                *per_second.entry(time / 1000).or_default() += 1;
+            }
+            assert_eq!(
+                per_second.into_iter().collect::<Vec<_>>(),
+                vec![(0, 50_000), (1, 50_000), (2, 10_000), (3, 10_000)]
+            );
+        }
+        // `time_step_ms` overrides the schedule; without a schedule a record is 1 ms.
+        let stepped = KeyedEventsConfig { time_step_ms: Some(2), ..config.clone() };
+        assert_eq!(KeyedEvents::event_at(&stepped, 1, 50_000).1, 100_000);
+        let unlimited = KeyedEventsConfig { rate: RateSchedule::unlimited(), ..config };
+        assert_eq!(KeyedEvents::event_at(&unlimited, 1, 50_000).1, 50_000);
+        // The schedule is never read from the generator's own table.
+        assert!(serde_json::from_str::<KeyedEventsConfig>(r#"{"rate": []}"#).is_err());
     }
 }

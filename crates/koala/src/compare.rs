@@ -86,7 +86,7 @@ fn opt_ms(v: Option<f64>) -> String {
 }
 
 fn fmt_dip(dip: Option<ThroughputDip>) -> String {
-    dip.map_or("-".into(), |d| format!("{:.0}/{:.0} ({:.0}%)", d.min, d.offered, 100.0 * d.ratio()))
+    dip.map_or("-".into(), |d| d.short())
 }
 
 /// The demo's closing lines: the report's summary (what `koala report` prints for this run),
@@ -120,7 +120,7 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
 pub fn print_table(outcomes: &[Outcome]) {
     println!();
     println!(
-        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>22} {:>22} {:>9} {:>10}",
+        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>26} {:>22} {:>9} {:>10}",
         "protocol",
         "on demand",
         "background",
@@ -130,7 +130,7 @@ pub fn print_table(outcomes: &[Outcome]) {
         "peak e2e",
         "peak lag",
         "tail p99",
-        "worst dip (vs offered)",
+        "lowest rate (vs offered)",
         "batch latency",
         "pause",
         "max queued"
@@ -140,7 +140,7 @@ pub fn print_table(outcomes: &[Outcome]) {
         let lag_rec = o.lag_recovery_s.map_or("never".into(), |s| format!("{s} s"));
         let lat = format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1));
         println!(
-            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>22} {:>22} {:>6} ms {:>10}",
+            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>26} {:>22} {:>6} ms {:>10}",
             o.protocol,
             mib(o.state_moved.on_demand),
             mib(o.state_moved.background),

@@ -227,7 +227,7 @@ pub fn scale_out(
     if !runs.is_empty() {
         println!();
         println!("{}", shared.line());
-        write_results(&runs, &latencies, setup.phases_s[0] + setup.phases_s[1], out)?;
+        write_results(&runs, &latencies, out)?;
     }
     if !failed.is_empty() {
         anyhow::bail!("{} of {} runs failed: {}", failed.len(), protocols.len(), failed.join("; "));
@@ -244,7 +244,6 @@ fn protocol_name(p: &str) -> &'static str {
 fn write_results(
     runs: &[ReportSummary],
     latencies: &[(Option<f64>, Option<f64>)],
-    scale_out_s: u64,
     out: &Path,
 ) -> anyhow::Result<()> {
     let mut csv = String::from(
@@ -274,36 +273,38 @@ fn write_results(
             .map(|r| {
                 let series: Vec<(i64, f64)> =
                     r.table.rows.iter().filter_map(|row| Some((row.t_s, f(row)?))).collect();
-                let points = moving_average(&series, 10).into_iter().map(|(t, v)| (t as f64, v)).collect();
+                // At the second's middle, as the report draws it (reconfiguration spans are exact).
+                let points =
+                    moving_average(&series, 10).into_iter().map(|(t, v)| (t as f64 + 0.5, v)).collect();
                 (protocol_name(&r.run.protocol), points)
             })
             .collect::<Vec<_>>()
     };
-    let marks = [scale_out_s as f64];
+    let reports: Vec<&ReportSummary> = runs.iter().collect();
     write_overlay(
         &out.join("throughput.png"),
         "Throughput (10 s moving average)",
         "records/s",
         &smoothed(&|r| Some(r.throughput)),
-        &marks,
+        &reports,
     )?;
     write_overlay(
         &out.join("latency.png"),
         "End-to-end latency, worst sink's median (10 s moving average)",
         "ms",
         &smoothed(&|r| r.latency_p50_ms),
-        &marks,
+        &reports,
     )?;
     write_overlay(
         &out.join("lag.png"),
         "Source lag (10 s moving average)",
         "ms",
         &smoothed(&|r| r.lag_mean_ms),
-        &marks,
+        &reports,
     )?;
     println!();
     println!(
-        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>24} {:>22} {:>10}",
+        "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>10} {:>10} {:>10} {:>26} {:>22} {:>10}",
         "protocol",
         "recovery",
         "lag rec.",
@@ -313,7 +314,7 @@ fn write_results(
         "pause",
         "peak e2e",
         "peak lag",
-        "worst dip (vs offered)",
+        "lowest rate (vs offered)",
         "batch latency",
         "max queued"
     );
@@ -321,7 +322,7 @@ fn write_results(
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
         println!(
-            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>24} {:>22} {:>10}",
+            "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>26} {:>22} {:>10}",
             r.run.protocol,
             first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
             first.and_then(|c| c.lag_recovery_s).map_or("never".into(), |s| format!("{s} s")),
@@ -331,7 +332,7 @@ fn write_results(
             r.pause_ms_total,
             r.peak_latency_p50_ms.map_or(0.0, |l| l.round()),
             r.peak_lag_mean_ms.map_or(0.0, |l| l.round()),
-            first.and_then(|c| c.dip).map_or("-".into(), |d| format!("{:.0}%", 100.0 * d.ratio())),
+            first.and_then(|c| c.dip).map_or("-".into(), |d| d.short()),
             format!("{} → {}", us(*before), us(*after)),
             r.max_queued_records.as_ref().map_or("-".into(), |(_, n)| format!("{n:.0}"))
         );

@@ -155,5 +155,10 @@ pub fn produce(args: ProduceArgs) -> anyhow::Result<()> {
         summary.per_kind[2],
         summary.elapsed.as_secs_f64()
     );
+    if let Some((reached, asked)) = summary.short_of_rate {
+        println!(
+            "WARNING: produce reached {reached:.0} records/s of the {asked:.0} asked for: the broker or this machine could not keep up, so the run took longer than its schedule"
+        );
+    }
     Ok(())
 }

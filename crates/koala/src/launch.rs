@@ -368,6 +368,9 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
              Ctrl-C or SIGTERM ends its sources, lets it drain and prints its summary (a second one ends it at once)"
         );
     }
+    if let Some(note) = crate::queries::find(&config.query).ok().and_then(|q| q.input_note(&config.params)) {
+        println!("{note}");
+    }
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;
     clear_previous_output(&out)?;
@@ -411,27 +414,44 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
     let job =
         JobRun { config: config.clone(), resolver, run: run_id(), progress: Some(tx), stop: Some(stop) };
     let handle = std::thread::spawn(move || run_job(listener, job));
+    // Progress lines come out once every task reported their second (about 2 s late); a
+    // reconfiguration's lines wait for them, so both are printed in the order of one clock, the
+    // report's (seconds since the run's start second).
+    let mut pending: Vec<(u64, String)> = Vec::new();
+    let flush = |pending: &mut Vec<(u64, String)>, up_to: u64| {
+        pending.retain(|(second, line)| {
+            let due = *second <= up_to;
+            if due {
+                println!("[{second:>4}s] {line}");
+            }
+            !due
+        });
+    };
     for event in rx.iter() {
         match event {
-            ProgressEvent::Second(p) => println!("{}", progress_line(&p)),
-            ProgressEvent::ReconfigurationStarted { epoch, description } => {
-                println!("[reconfiguration {epoch}] started: {description}");
+            ProgressEvent::Second(p) => {
+                flush(&mut pending, p.second);
+                println!("{}", progress_line(&p));
             }
-            ProgressEvent::ReconfigurationCompleted { epoch, pause_ms, duration_ms, lazy: true, .. } => {
-                println!(
-                    "[reconfiguration {epoch}] completed in {duration_ms} ms (ownership moved, upstreams paused {pause_ms} ms); state follows on first access"
-                )
+            ProgressEvent::ReconfigurationStarted { epoch, second, description } => {
+                pending.push((second, format!("reconfiguration {epoch} started: {description}")));
+            }
+            ProgressEvent::ReconfigurationCompleted { epoch, second, pause_ms, duration_ms, lazy: true, .. } => {
+                pending.push((second, format!(
+                    "reconfiguration {epoch} completed in {duration_ms} ms (ownership moved, upstreams paused {pause_ms} ms); state follows on first access"
+                )));
             }
             ProgressEvent::ReconfigurationCompleted {
                 epoch,
+                second,
                 bytes_moved,
                 pause_ms,
                 duration_ms,
                 lazy: false,
-            } => println!(
-                "[reconfiguration {epoch}] completed in {duration_ms} ms: {} moved, upstreams paused {pause_ms} ms",
+            } => pending.push((second, format!(
+                "reconfiguration {epoch} completed in {duration_ms} ms: {} moved, upstreams paused {pause_ms} ms",
                 human_bytes(bytes_moved)
-            ),
+            ))),
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
@@ -440,6 +460,7 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
             }
         }
     }
+    flush(&mut pending, u64::MAX);
     let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
     drop(workers);
     print_summary(&summary);
@@ -549,6 +570,8 @@ mod tests {
         SecondRow {
             t_s,
             throughput,
+            output: throughput,
+            offered: None,
             lag_mean_ms: None,
             lag_p99_ms: None,
             batch_latency_mean_us: Some(p99 / 10.0),

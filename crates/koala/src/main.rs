@@ -8,6 +8,7 @@ mod queries;
 mod settings;
 mod warmup;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -275,15 +276,32 @@ fn main() {
         Command::Rescale { .. } | Command::Rebalance { .. } | Command::Migrate { .. } => "error",
         _ => "warn",
     };
-    // rskafka warns on every refused connection while a broker starts; our own errors already say
-    // what failed, so its chatter is kept to errors unless KOALA_LOG asks for more.
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KOALA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{default_level},rskafka=error")));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(log_filter(std::env::var("KOALA_LOG").ok(), default_level))
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log redirected to a file stays plain text.
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     if let Err(e) = run(cli.command) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// The log filter: `KOALA_LOG` (else `default_level`). Unless it names rskafka itself, rskafka is
+/// kept to errors (it warns on every refused connection while a broker starts; our own errors
+/// already say what failed) and its controller is silent: it logs "topic already exists" as a
+/// fatal error, which is what every sink task but the first that creates its topic gets, and
+/// which `create_topic` takes as success (any other controller error is returned and reported).
+fn log_filter(koala_log: Option<String>, default_level: &str) -> tracing_subscriber::EnvFilter {
+    let directives = koala_log.unwrap_or_else(|| default_level.to_string());
+    let directives = if directives.contains("rskafka") {
+        directives
+    } else {
+        format!("{directives},rskafka=error,rskafka::client::controller=off")
+    };
+    tracing_subscriber::EnvFilter::try_new(&directives)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level))
 }
 
 fn run(command: Command) -> anyhow::Result<()> {

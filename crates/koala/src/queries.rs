@@ -120,6 +120,24 @@ impl Query {
         }
     }
 
+    /// What a job reading Kafka should know when it starts: where it starts reading and what its
+    /// lag counts from (`None` for other inputs).
+    pub fn input_note(&self, params: &toml::Table) -> Option<String> {
+        let text = toml::to_string(params).unwrap_or_default();
+        let p = match self.family {
+            Family::Kafka => toml::from_str::<koala_connectors::queries::BidAggregateParams>(&text).ok()?,
+            Family::Workloads | Family::Nexmark => return None,
+        };
+        matches!(p.input, koala_connectors::queries::Input::Kafka).then(|| {
+            format!(
+                "kafka: reading {}-bid from the earliest offset of every partition (no consumer group, no committed offsets: a re-run reads the whole topic again){}; \
+                 lag counts from when a record became available (its timestamp, or the job's start for records written before)",
+                p.kafka.topic_prefix,
+                if p.kafka.until_end { " up to its end as the job starts" } else { ", then waits for new records" }
+            )
+        })
+    }
+
     /// The parameters and their defaults, as the `[params]` tables a config would write.
     pub fn default_params(&self) -> String {
         let params = match self.family {

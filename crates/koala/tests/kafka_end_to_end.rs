@@ -36,7 +36,18 @@ fn produced_bids_are_aggregated_into_a_sink_topic() {
         dir.path().join("out").display(),
         brokers[0]
     );
-    let out = common::run_job(dir.path(), &config);
+    let run = common::run_koala(dir.path(), &config, common::RUN_TIMEOUT);
+    assert!(run.success(), "{}\n{}", run.failure(), run.log());
+    let out = dir.path().join("out");
+    // Two sink tasks create the sink topic: the second finds it exists, which is fine and quiet;
+    // the log goes to a pipe, so it has no colour codes.
+    assert!(!run.stderr.contains("TopicAlreadyExists"), "{}", run.stderr);
+    assert!(!run.stderr.contains('\u{1b}'), "colour codes in a log that is not a terminal: {:?}", run.stderr);
+    assert!(
+        run.stdout.contains("kafka: reading e2e-bid from the earliest offset of every partition"),
+        "the job does not say where it starts reading:\n{}",
+        run.stdout
+    );
 
     check_totals(&brokers, &nexmark, "e2e-totals", bids);
 
@@ -140,7 +151,8 @@ fn rescaled_while_reading_one_partition(protocol: &str) {
         brokers[0]
     );
     let (out, log) = common::run_job_logged(dir.path(), &config);
-    let completed = log.lines().filter(|l| l.contains("] completed")).count();
+    let completed =
+        log.lines().filter(|l| l.contains("] reconfiguration ") && l.contains(" completed in ")).count();
     assert_eq!(completed, 2, "both rescales must complete; log:\n{log}");
     let store = MetricsStore::open(&out.join("metrics.db")).expect("metrics db");
     let info = store.latest_run().expect("runs").expect("a run");

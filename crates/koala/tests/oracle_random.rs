@@ -249,7 +249,7 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
         hot_key_ratio: if f.hot_keys { 0.2 } else { 0.0 },
         records: Some(f.records),
         seed,
-        time_step_ms: 1,
+        time_step_ms: Some(1),
         max_disorder_ms: f.max_disorder_ms,
         ..Default::default()
     };
@@ -380,7 +380,11 @@ fn run_case(variant: Variant, f: &Family, seed: u64) {
     if !out.success() {
         fail(out.failure(), &log);
     }
-    let completed = out.stdout.lines().filter(|l| l.contains("] completed")).count();
+    let completed = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("] reconfiguration ") && l.contains(" completed in "))
+        .count();
     if completed != case.steps {
         fail(
             format!(

@@ -72,6 +72,29 @@ fn bad_requests_are_rejected_and_the_job_keeps_running() {
     let status = job.wait().expect("job exits");
     let log = reader.join().expect("reader");
     assert!(status.success(), "the job failed after bad requests:\n{log}");
-    assert!(log.contains("[reconfiguration 1] completed"), "the good request did not complete:\n{log}");
+    assert!(log.contains("reconfiguration 1 completed"), "the good request did not complete:\n{log}");
     assert!(log.lines().filter(|l| l.contains("in ") && l.contains("rec/s")).count() >= 3, "{log}");
+    assert_one_clock(&log);
+}
+
+/// The live log and the report use one clock: the reconfiguration's line carries the second it
+/// started in, comes before that second's progress line (after every earlier second's), and the
+/// report's epoch line says the same `t`.
+fn assert_one_clock(log: &str) {
+    let second_of =
+        |line: &str| -> Option<u64> { line.strip_prefix('[')?.split_once("s]")?.0.trim().parse().ok() };
+    let lines: Vec<&str> = log.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("] reconfiguration 1 started"))
+        .unwrap_or_else(|| panic!("no timed start line for reconfiguration 1:\n{log}"));
+    let started = second_of(lines[at]).unwrap_or_else(|| panic!("no second on {:?}", lines[at]));
+    for earlier in lines[..at].iter().filter(|l| l.contains("rec/s")) {
+        let second = second_of(earlier).unwrap_or(0);
+        assert!(second < started, "progress of second {second} printed before a start at {started}:\n{log}");
+    }
+    assert!(
+        log.contains(&format!("epoch 1 scale_out of aggregate (koala): t={started}..")),
+        "the report puts reconfiguration 1 elsewhere than second {started}:\n{log}"
+    );
 }

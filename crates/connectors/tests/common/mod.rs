@@ -60,7 +60,18 @@ pub fn produce_raw(
     partition: i32,
     records: Vec<(Option<Vec<u8>>, Vec<u8>)>,
 ) -> Vec<i64> {
-    let timestamp = DateTime::<Utc>::from_timestamp_millis(now_ms() as i64).unwrap();
+    produce_raw_at(brokers, topic, partition, records, now_ms())
+}
+
+/// [`produce_raw`] with the Kafka timestamp `timestamp_ms` on every record.
+pub fn produce_raw_at(
+    brokers: &[String],
+    topic: &str,
+    partition: i32,
+    records: Vec<(Option<Vec<u8>>, Vec<u8>)>,
+    timestamp_ms: u64,
+) -> Vec<i64> {
+    let timestamp = DateTime::<Utc>::from_timestamp_millis(timestamp_ms as i64).unwrap();
     let records = records
         .into_iter()
         .map(|(key, value)| KafkaRecord { key, value: Some(value), headers: Default::default(), timestamp })

@@ -16,6 +16,8 @@
 //!   (stop-and-restart's transfer, Remote's write-back, a Koala hand-over's messages).
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
 
 use koala_dataflow::RateSchedule;
 
@@ -119,14 +121,20 @@ impl ThroughputDip {
     pub fn ratio(&self) -> f64 {
         self.min / self.offered
     }
+
+    /// The throughput fallen to and its reference, for a table cell: `4 100 of 8 000 rec/s`.
+    pub fn short(&self) -> String {
+        format!("{} of {} rec/s", fmt_records(self.min), fmt_records(self.offered))
+    }
 }
 
-/// The throughput dip of a reconfiguration starting at second `start_t_s`: over the seconds of
-/// `[start, start + DISRUPTION_WINDOW_S)` but the series' last (partial) one, the second with
-/// the lowest throughput / reference. With `offered` (per second since run start: the rate
-/// offered that second, `None` where not known) the reference is the offered rate and seconds
-/// without one are skipped; without it, the mean over `[start − BASELINE_S, start)`. `None` if no
-/// second qualifies or the reference is 0.
+/// The throughput dip of a reconfiguration: over its seconds `window` (from its start second to
+/// the next reconfiguration's start or the input's last second, which is partial, and at most
+/// [`DISRUPTION_WINDOW_S`] long; the caller gives it), the second with the lowest throughput /
+/// reference. With `offered` (per second since run start: the rate offered that second, `None`
+/// where not known) the reference is the offered rate and seconds without one are skipped;
+/// without it, the mean over the [`BASELINE_S`] seconds before the window. `None` if no second
+/// qualifies or the reference is 0.
 ///
 /// ```
 /// use koala_coordinator::report::throughput_dip;
@@ -134,20 +142,21 @@ impl ThroughputDip {
 /// // 25/s second at 12: the dip is 25 against 100, the scheduled drop is not a dip.
 /// let series: Vec<(i64, f64)> = (0..30).map(|t| (t, match t { 12 => 25.0, t if t >= 15 => 50.0, _ => 100.0 })).collect();
 /// let offered = |t: i64| Some(if t >= 15 { 50.0 } else { 100.0 });
-/// let dip = throughput_dip(&series, 10, Some(&offered)).unwrap();
+/// let dip = throughput_dip(&series, 10..29, Some(&offered)).unwrap();
 /// assert_eq!((dip.offered, dip.min, dip.at_t_s), (100.0, 25.0, 12));
+/// assert_eq!(dip.to_string(), "min 25 rec/s of 100 offered at t=12 s");
 /// ```
 pub fn throughput_dip(
     throughput: &[(i64, f64)],
-    start_t_s: i64,
+    window: Range<i64>,
     offered: Option<&dyn Fn(i64) -> Option<f64>>,
 ) -> Option<ThroughputDip> {
-    let last = throughput.iter().map(|(t, _)| *t).max()?;
-    let window = |t: i64| (start_t_s..start_t_s + DISRUPTION_WINDOW_S).contains(&t) && t < last;
+    let start_t_s = window.start;
+    let window = start_t_s..window.end.min(start_t_s + DISRUPTION_WINDOW_S);
     let candidates: Vec<(i64, f64, f64)> = match offered {
         Some(offered) => throughput
             .iter()
-            .filter(|(t, _)| window(*t))
+            .filter(|(t, _)| window.contains(t))
             .filter_map(|&(t, v)| offered(t).filter(|o| *o > 0.0).map(|o| (t, v, o)))
             .collect(),
         None => {
@@ -160,7 +169,7 @@ pub fn throughput_dip(
             if before.is_empty() || baseline <= 0.0 {
                 return None;
             }
-            throughput.iter().filter(|(t, _)| window(*t)).map(|&(t, v)| (t, v, baseline)).collect()
+            throughput.iter().filter(|(t, _)| window.contains(t)).map(|&(t, v)| (t, v, baseline)).collect()
         }
     };
     let reference = if offered.is_some() { DipReference::Offered } else { DipReference::Before };
@@ -168,6 +177,45 @@ pub fn throughput_dip(
         .into_iter()
         .min_by(|a, b| (a.1 / a.2).total_cmp(&(b.1 / b.2)))
         .map(|(at_t_s, min, offered)| ThroughputDip { offered, min, at_t_s, reference })
+}
+
+/// The last second the sources took input in (the last with throughput above 0): the input
+/// ended there (a bounded generator's `records`, a Kafka topic with nothing more, `duration_s`),
+/// so neither that partial second nor the seconds after it are a dip, and latency is judged
+/// only up to it.
+pub fn input_last_t_s(throughput: &[(i64, f64)]) -> Option<i64> {
+    throughput.iter().filter(|(_, v)| *v > 0.0).map(|(t, _)| *t).max()
+}
+
+/// A rate in records for people: whole records with thin groups of three (`4 100`, `60 000`).
+pub fn fmt_records(v: f64) -> String {
+    let digits = format!("{:.0}", v.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(c);
+    }
+    if v < 0.0 && digits != "0" { format!("-{out}") } else { out }
+}
+
+impl fmt::Display for ThroughputDip {
+    /// The throughput the job fell to and what it is compared with, never a percentage that
+    /// reads backwards: `min 4 100 rec/s of 8 000 offered at t=5 s`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let against = match self.reference {
+            DipReference::Offered => "offered",
+            DipReference::Before => "before the start",
+        };
+        write!(
+            f,
+            "min {} rec/s of {} {against} at t={} s",
+            fmt_records(self.min),
+            fmt_records(self.offered),
+            self.at_t_s
+        )
+    }
 }
 
 /// Backlog recovery time (paper §5.1.3: "from the start of reconfiguration until lag returns to
@@ -180,12 +228,14 @@ pub fn throughput_dip(
 /// under the threshold. If every second of `[start, start + DISRUPTION_WINDOW_S)` that the series
 /// covers is healthy, recovery is 0. Otherwise, after the first unhealthy second, recovery ends at
 /// the first second that begins [`RECOVERY_HOLD_S`] healthy seconds in a row; the result is that
-/// second − start. `None` if there is no lag before the overload, or lag never recovers within
-/// the series.
+/// second − start. Only seconds up to `input_last_t_s` (the input's last second,
+/// [`input_last_t_s`]; the series' last if `None`) are judged: once the input ended there is no
+/// latency to measure (seconds after it without samples are not an excursion). `None` if there is no lag before the overload, or lag never recovers while input lasts.
 pub fn backlog_recovery_s(
     lag: &[(i64, Option<f64>)],
     start_t_s: i64,
     overload_t_s: Option<i64>,
+    input_last_t_s: Option<i64>,
 ) -> Option<u64> {
     let by_second: BTreeMap<i64, f64> = lag.iter().filter_map(|&(t, v)| Some((t, v?))).collect();
     let base_end = overload_t_s.map_or(start_t_s, |o| o.min(start_t_s));
@@ -196,7 +246,8 @@ pub fn backlog_recovery_s(
     let pre = before.iter().sum::<f64>() / before.len() as f64;
     let threshold = (1.5 * pre).max(pre + 50.0);
     let healthy = |t: i64| by_second.get(&t).is_some_and(|v| *v <= threshold);
-    let last_t = lag.iter().map(|(t, _)| *t).max()?;
+    let series_last = lag.iter().map(|(t, _)| *t).max()?;
+    let last_t = input_last_t_s.map_or(series_last, |i| i.min(series_last));
     let window_end = (start_t_s + DISRUPTION_WINDOW_S).min(last_t + 1);
     let Some(excursion) = (start_t_s..window_end).find(|t| !healthy(*t)) else {
         return Some(0);
@@ -250,6 +301,41 @@ impl StateMoved {
     }
 }
 
+/// State moved per reconfiguration, from the per-second totals of each kind (second since run
+/// start, bytes): a second's bytes go to the reconfiguration that started last at or before it
+/// (bytes before the first go to the first), so the reconfigurations add up to the run's
+/// [`StateMoved`] exactly. `starts`: the reconfigurations' start seconds, ascending.
+///
+/// ```
+/// use koala_coordinator::report::state_moved_by_epoch;
+/// // Koala's scale-out at 4 s completes at once; its buckets' state follows on demand later.
+/// let on_demand = [(5, 1000.0), (6, 500.0), (9, 200.0)];
+/// let epochs = state_moved_by_epoch(&[4, 8], &on_demand, &[], &[(8, 30.0)]);
+/// assert_eq!((epochs[0].on_demand, epochs[0].eager), (1500.0, 0.0));
+/// assert_eq!((epochs[1].on_demand, epochs[1].eager), (200.0, 30.0));
+/// ```
+pub fn state_moved_by_epoch(
+    starts: &[i64],
+    on_demand: &[(i64, f64)],
+    background: &[(i64, f64)],
+    eager: &[(i64, f64)],
+) -> Vec<StateMoved> {
+    let mut out = vec![StateMoved::default(); starts.len()];
+    let epoch_of = |t: i64| starts.iter().rposition(|s| *s <= t).unwrap_or(0);
+    for (series, field) in [(on_demand, 0), (background, 1), (eager, 2)] {
+        for &(t, bytes) in series {
+            let Some(moved) = out.get_mut(epoch_of(t)) else { continue };
+            let slot = match field {
+                0 => &mut moved.on_demand,
+                1 => &mut moved.background,
+                _ => &mut moved.eager,
+            };
+            *slot += bytes.max(0.0);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,20 +347,53 @@ mod tests {
     #[test]
     fn no_dip_without_baseline_or_window() {
         let flat: Vec<(i64, f64)> = (0..20).map(|t| (t, 100.0)).collect();
-        assert_eq!(throughput_dip(&flat, 0, None), None, "nothing before the start");
-        assert_eq!(throughput_dip(&flat, 25, None), None, "nothing after the start");
+        assert_eq!(throughput_dip(&flat, 0..19, None), None, "nothing before the start");
+        assert_eq!(throughput_dip(&flat, 25..85, None), None, "nothing after the start");
         let zero: Vec<(i64, f64)> = (0..20).map(|t| (t, 0.0)).collect();
-        assert_eq!(throughput_dip(&zero, 10, None), None, "zero baseline");
-        assert_eq!(throughput_dip(&flat, 10, None).map(|d| d.ratio()), Some(1.0));
+        assert_eq!(throughput_dip(&zero, 10..19, None), None, "zero baseline");
+        assert_eq!(throughput_dip(&flat, 10..19, None).map(|d| d.ratio()), Some(1.0));
     }
 
     #[test]
-    fn dip_only_counts_the_window_and_not_the_last_partial_second() {
+    fn dip_only_counts_its_own_window() {
         let series: Vec<(i64, f64)> = (0..100).map(|t| (t, if t == 70 { 1.0 } else { 50.0 })).collect();
-        assert_eq!(throughput_dip(&series, 10, None).map(|d| d.min), Some(50.0));
-        assert_eq!(throughput_dip(&series, 11, None).map(|d| d.at_t_s), Some(70));
-        let ending: Vec<(i64, f64)> = (0..20).map(|t| (t, if t == 19 { 3.0 } else { 50.0 })).collect();
-        assert_eq!(throughput_dip(&ending, 10, None).map(|d| d.min), Some(50.0), "last second is partial");
+        assert_eq!(throughput_dip(&series, 10..99, None).map(|d| d.min), Some(50.0), "70 is past 60 s");
+        assert_eq!(throughput_dip(&series, 11..99, None).map(|d| d.at_t_s), Some(70));
+        assert_eq!(throughput_dip(&series, 11..70, None).map(|d| d.min), Some(50.0), "the next one's");
+    }
+
+    #[test]
+    fn the_end_of_input_is_neither_a_dip_nor_a_missing_recovery() {
+        // 8 000/s until the input ends in second 19 (partial), then nothing: a bounded or Kafka
+        // job that keeps running reports seconds of 0 and no latency.
+        let series: Vec<(i64, f64)> = (0..30)
+            .map(|t| {
+                (
+                    t,
+                    match t {
+                        0..=18 => 8000.0,
+                        19 => 3000.0,
+                        _ => 0.0,
+                    },
+                )
+            })
+            .collect();
+        let end = input_last_t_s(&series).expect("input");
+        assert_eq!(end, 19);
+        let dip = throughput_dip(&series, 10..end, None).expect("dip");
+        assert_eq!((dip.min, dip.offered), (8000.0, 8000.0));
+        assert_eq!(dip.to_string(), "min 8 000 rec/s of 8 000 before the start at t=10 s");
+        let latency: Vec<(i64, Option<f64>)> = (0..30).map(|t| (t, (t <= 19).then_some(20.0))).collect();
+        assert_eq!(backlog_recovery_s(&latency, 10, None, Some(end)), Some(0));
+        assert_eq!(backlog_recovery_s(&latency, 10, None, None), None, "judged past the input");
+    }
+
+    #[test]
+    fn records_are_grouped_by_thousands() {
+        assert_eq!(fmt_records(4100.0), "4 100");
+        assert_eq!(fmt_records(999.4), "999");
+        assert_eq!(fmt_records(1_234_567.0), "1 234 567");
+        assert_eq!(fmt_records(0.0), "0");
     }
 
     #[test]
@@ -283,17 +402,17 @@ mod tests {
         let offered = |t: i64| Some(if t >= 45 { 20.0 } else { 60.0 });
         let series: Vec<(i64, f64)> =
             (0..60).map(|t| (t, if t == 30 { 45.0 } else { offered(t).unwrap_or(0.0) })).collect();
-        let dip = throughput_dip(&series, 25, Some(&offered)).expect("dip");
+        let dip = throughput_dip(&series, 25..59, Some(&offered)).expect("dip");
         assert_eq!(
             (dip.min, dip.offered, dip.at_t_s, dip.reference),
             (45.0, 60.0, 30, DipReference::Offered)
         );
         // Against the seconds before (the old definition), the scheduled drop looks like a dip.
-        let naive = throughput_dip(&series, 25, None).expect("dip");
+        let naive = throughput_dip(&series, 25..59, None).expect("dip");
         assert_eq!((naive.min, naive.at_t_s), (20.0, 45));
         // Seconds with no known offered rate are not judged.
         let unknown = |t: i64| (t != 30).then_some(60.0);
-        assert_eq!(throughput_dip(&series, 25, Some(&unknown)).map(|d| d.at_t_s), Some(45));
+        assert_eq!(throughput_dip(&series, 25..59, Some(&unknown)).map(|d| d.at_t_s), Some(45));
     }
 
     #[test]
@@ -319,7 +438,7 @@ mod tests {
     #[test]
     fn recovery_is_zero_when_lag_never_rises() {
         let series = lag(&[Some(10.0); 30]);
-        assert_eq!(backlog_recovery_s(&series, 10, None), Some(0));
+        assert_eq!(backlog_recovery_s(&series, 10, None, None), Some(0));
     }
 
     #[test]
@@ -328,7 +447,7 @@ mod tests {
         let mut v = vec![Some(20.0); 10];
         v.extend([Some(900.0), Some(500.0), Some(60.0), Some(60.0), Some(80.0)]);
         v.extend([Some(60.0), Some(70.0), Some(10.0), Some(10.0)]);
-        assert_eq!(backlog_recovery_s(&lag(&v), 10, None), Some(5));
+        assert_eq!(backlog_recovery_s(&lag(&v), 10, None, None), Some(5));
     }
 
     #[test]
@@ -339,28 +458,28 @@ mod tests {
         v.extend([100.0, 300.0, 600.0, 900.0, 1200.0, 1500.0, 1000.0, 600.0, 300.0, 100.0].map(Some));
         v.extend([Some(10.0); 10]);
         let series = lag(&v);
-        assert_eq!(backlog_recovery_s(&series, 15, Some(10)), Some(5));
+        assert_eq!(backlog_recovery_s(&series, 15, Some(10), None), Some(5));
         // Measured against the 10 s just before the start, the backlog is the baseline: the
         // threshold (1.5 × mean of 5–14 s = 472.5 ms) "recovers" at 18 s, with 300 ms of lag.
-        assert_eq!(backlog_recovery_s(&series, 15, None), Some(3));
+        assert_eq!(backlog_recovery_s(&series, 15, None, None), Some(3));
     }
 
     #[test]
     fn missing_lag_is_not_recovered() {
         let mut v = vec![Some(20.0); 10];
         v.extend([None, None, Some(20.0), Some(20.0), None, Some(20.0), Some(20.0), Some(20.0)]);
-        assert_eq!(backlog_recovery_s(&lag(&v), 10, None), Some(5));
+        assert_eq!(backlog_recovery_s(&lag(&v), 10, None, None), Some(5));
     }
 
     #[test]
     fn recovery_none_when_lag_never_recovers_or_no_baseline() {
         let mut v = vec![Some(20.0); 10];
         v.extend([Some(900.0), Some(20.0), Some(20.0)]);
-        assert_eq!(backlog_recovery_s(&lag(&v), 10, None), None, "only 2 healthy seconds");
+        assert_eq!(backlog_recovery_s(&lag(&v), 10, None, None), None, "only 2 healthy seconds");
         let mut growing = vec![Some(5.0); 10];
         growing.extend((1..40).map(|i| Some(f64::from(i) * 100.0)));
-        assert_eq!(backlog_recovery_s(&lag(&growing), 10, None), None);
-        assert_eq!(backlog_recovery_s(&lag(&[None, Some(5.0)]), 0, None), None);
+        assert_eq!(backlog_recovery_s(&lag(&growing), 10, None, None), None);
+        assert_eq!(backlog_recovery_s(&lag(&[None, Some(5.0)]), 0, None, None), None);
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub(super) const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
-const PLOT_SIZE: (u32, u32) = (1000, 450);
+const PLOT_SIZE: (u32, u32) = (1270, 450);
 
 /// Registers a system font with plotters once per process; `false` if none could be loaded.
 pub(super) fn plot_font_ready() -> bool {
@@ -40,22 +40,67 @@ pub(super) fn plot_font_ready() -> bool {
 /// One line of a plot: name, colour, points.
 type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
 
+/// A reconfiguration drawn as a shaded span from its start to its completion (seconds since the
+/// run's start second, to the millisecond), labelled on the plot and named in the legend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    /// Start, s.
+    pub start_s: f64,
+    /// Completion, s (`None`: it did not complete; drawn to the end of the plot).
+    pub end_s: Option<f64>,
+    /// The label drawn at the span's top (the epoch).
+    pub label: String,
+    /// The legend's words for it.
+    pub legend: String,
+    /// Which line's colour it takes (`None`: the reconfiguration colour): `koala experiment`
+    /// gives every protocol's span its line's colour.
+    pub colour_of: Option<usize>,
+}
+
+/// The colour of reconfiguration spans.
+const SPAN_COLOUR: RGBColor = RGBColor(230, 120, 0);
+/// The narrowest a span is drawn, s (a hand-over of a few ms must stay visible).
+const SPAN_MIN_WIDTH_S: f64 = 0.15;
+/// Width of the legend panel right of the data, pixels.
+const LEGEND_WIDTH: u32 = 270;
+
+/// The spans of a report's reconfigurations: `1: 6.20→6.23 s scale_out window`.
+pub(super) fn spans(summary: &ReportSummary) -> Vec<Span> {
+    summary
+        .reconfigurations
+        .iter()
+        .map(|r| {
+            let c = &r.reconfiguration;
+            let end = r.end_s.map_or_else(|| "not completed".to_string(), |e| format!("{e:.2} s"));
+            Span {
+                start_s: r.start_s,
+                end_s: r.end_s,
+                label: c.epoch.to_string(),
+                legend: format!("{}: {:.2}→{end} {} {}", c.epoch, r.start_s, c.kind, c.operator),
+                colour_of: None,
+            }
+        })
+        .collect()
+}
+
 pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let rows = &summary.table.rows;
+    // A second's value is drawn at its middle: the spans are placed to the millisecond, so state
+    // moved in second 8 by a reconfiguration at 8.47 s is drawn under its span, not before it.
     let line = |f: &dyn Fn(&SecondRow) -> Option<f64>| -> Vec<(f64, f64)> {
-        rows.iter().filter_map(|r| Some((r.t_s as f64, f(r)?))).collect()
+        rows.iter().filter_map(|r| Some((r.t_s as f64 + 0.5, f(r)?))).collect()
     };
-    let mut marks = Vec::new();
-    for r in &summary.reconfigurations {
-        marks.push((r.start_t_s as f64, RED));
-        marks.extend(r.end_t_s.map(|t| (t as f64, GREEN)));
-    }
+    let spans = spans(summary);
     let plots: [(&str, &str, &str, Vec<Line>); 5] = [
         (
             "throughput.png",
-            "Throughput (source records in)",
+            "Throughput: offered, taken by the sources, written by the sinks",
             "records/s",
-            vec![("throughput", BLUE, line(&|r| Some(r.throughput)))],
+            vec![
+                ("offered (rate schedule)", BLACK, line(&|r| r.offered)),
+                ("input (sources)", BLUE, line(&|r| Some(r.throughput))),
+                ("output (sinks)", GREEN, line(&|r| Some(r.output))),
+            ],
         ),
         (
             "lag.png",
@@ -93,14 +138,13 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
         ),
     ];
     let x_range = match (rows.first(), rows.last()) {
-        (Some(a), Some(b)) if b.t_s > a.t_s => a.t_s as f64..b.t_s as f64,
-        (Some(a), _) => a.t_s as f64..a.t_s as f64 + 1.0,
+        (Some(a), Some(b)) => a.t_s as f64..b.t_s as f64 + 1.0,
         _ => 0.0..1.0,
     };
     let mut files = Vec::with_capacity(plots.len());
     for (file, title, unit, lines) in plots {
         let path = out_dir.join(file);
-        draw_plot(&path, title, unit, &lines, &marks, x_range.clone(), summary.plots_have_text)
+        draw_plot(&path, title, unit, &lines, &spans, x_range.clone(), summary.plots_have_text)
             .map_err(|message| ReportError::Plot { path: path.clone(), message })?;
         files.push(path);
     }
@@ -112,62 +156,110 @@ fn draw_plot(
     title: &str,
     unit: &str,
     lines: &[Line],
-    marks: &[(f64, RGBColor)],
+    spans: &[Span],
     x_range: std::ops::Range<f64>,
     text: bool,
 ) -> Result<(), String> {
     let err = |e: &dyn fmt::Display| e.to_string();
     let root = BitMapBackend::new(path, PLOT_SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
+    // The legend has a panel of its own, right of the data: it never covers a curve.
+    let (plot_area, legend_area) = root.split_horizontally(PLOT_SIZE.0 - LEGEND_WIDTH);
     let y_max = lines.iter().flat_map(|(_, _, points)| points.iter().map(|p| p.1)).fold(0.0_f64, f64::max);
-    let y_top = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
-    let mut builder = ChartBuilder::on(&root);
+    let y_top = if y_max > 0.0 { y_max * 1.15 } else { 1.0 };
+    let mut builder = ChartBuilder::on(&plot_area);
     builder.margin(15);
     if text {
-        builder.caption(title, ("sans-serif", 22)).x_label_area_size(45).y_label_area_size(80);
+        builder.caption(title, ("sans-serif", 20)).x_label_area_size(45).y_label_area_size(80);
     }
-    let mut chart = builder.build_cartesian_2d(x_range, 0.0..y_top).map_err(|e| err(&e))?;
+    let mut chart = builder.build_cartesian_2d(x_range.clone(), 0.0..y_top).map_err(|e| err(&e))?;
     let mut mesh = chart.configure_mesh();
     if text {
-        mesh.x_desc("time since run start (s)").y_desc(unit);
+        mesh.x_desc("time since run start (s; a second's value at its middle)").y_desc(unit);
     } else {
         mesh.x_labels(0).y_labels(0);
     }
     mesh.draw().map_err(|e| err(&e))?;
-    for &(x, colour) in marks {
+    let span_colour = |s: &Span| s.colour_of.and_then(|i| lines.get(i)).map_or(SPAN_COLOUR, |l| l.1);
+    for (i, span) in spans.iter().enumerate() {
+        let colour = span_colour(span);
+        let end = span.end_s.unwrap_or(x_range.end).max(span.start_s + SPAN_MIN_WIDTH_S);
         chart
-            .draw_series(std::iter::once(PathElement::new(
-                vec![(x, 0.0), (x, y_top)],
-                colour.stroke_width(2),
+            .draw_series(std::iter::once(Rectangle::new(
+                [(span.start_s, 0.0), (end, y_top)],
+                colour.mix(0.25).filled(),
             )))
             .map_err(|e| err(&e))?;
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(span.start_s, 0.0), (span.start_s, y_top)],
+                colour.stroke_width(1),
+            )))
+            .map_err(|e| err(&e))?;
+        if text {
+            // Staggered, so labels of reconfigurations close together do not overlap.
+            let y = y_top * (0.99 - 0.06 * (i % 3) as f64);
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    span.label.clone(),
+                    (span.start_s, y),
+                    ("sans-serif", 14).into_font().color(&colour),
+                )))
+                .map_err(|e| err(&e))?;
+        }
     }
-    for (name, colour, points) in lines {
-        let series = chart
+    for (_, colour, points) in lines {
+        chart
             .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))
             .map_err(|e| err(&e))?;
-        let colour = *colour;
-        series.label(*name).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
     }
     if text {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
+        draw_legend(&legend_area, lines, spans, &span_colour).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
 }
 
-/// Draws several runs' series of one metric on one plot (`koala experiment`), with vertical
-/// marks (red) at `marks`.
+/// The legend panel: one entry per line, then one per reconfiguration span.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    lines: &[Line],
+    spans: &[Span],
+    span_colour: &dyn Fn(&Span) -> RGBColor,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    const ROW: i32 = 20;
+    const MAX_SPANS: usize = 12;
+    let font = ("sans-serif", 14).into_font();
+    let mut y = 50;
+    for (name, colour, _) in lines {
+        area.draw(&PathElement::new(vec![(5, y), (30, y)], colour.stroke_width(2)))?;
+        area.draw(&Text::new(name.to_string(), (36, y - 7), font.clone()))?;
+        y += ROW;
+    }
+    if spans.is_empty() {
+        return Ok(());
+    }
+    y += ROW / 2;
+    area.draw(&Text::new("reconfigurations (start→end):".to_string(), (5, y - 7), font.clone()))?;
+    y += ROW;
+    for span in spans.iter().take(MAX_SPANS) {
+        area.draw(&Rectangle::new([(5, y - 6), (30, y + 6)], span_colour(span).mix(0.4).filled()))?;
+        area.draw(&Text::new(span.legend.clone(), (36, y - 7), font.clone()))?;
+        y += ROW;
+    }
+    if spans.len() > MAX_SPANS {
+        area.draw(&Text::new(format!("… and {} more", spans.len() - MAX_SPANS), (36, y - 7), font))?;
+    }
+    Ok(())
+}
+
+/// Draws several runs' series of one metric on one plot (`koala experiment`), with each run's
+/// reconfigurations as spans in its line's colour (`Span::colour_of`): the report's look.
 pub(super) fn draw_overlay(
     path: &Path,
     title: &str,
     unit: &str,
     series: &[(&'static str, Vec<(f64, f64)>)],
-    marks: &[f64],
+    spans: &[Span],
 ) -> Result<(), String> {
     const COLOURS: [RGBColor; 4] = [BLUE, MAGENTA, GREEN, BLACK];
     let lines: Vec<Line> = series
@@ -178,8 +270,7 @@ pub(super) fn draw_overlay(
     let xs = lines.iter().flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x));
     let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let x_range = if lo < hi { lo..hi } else { 0.0..1.0 };
-    let marks: Vec<(f64, RGBColor)> = marks.iter().map(|m| (*m, RED)).collect();
-    draw_plot(path, title, unit, &lines, &marks, x_range, plot_font_ready())
+    draw_plot(path, title, unit, &lines, spans, x_range, plot_font_ready())
 }
 
 fn escape_html(s: &str) -> String {
@@ -195,8 +286,8 @@ pub(super) fn render_html(summary: &ReportSummary) -> String {
         .collect();
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>koala report: {run}</title>\
-         </head>\n<body>\n<h1>koala report: {run}</h1>\n<p>Red lines: reconfiguration start; \
-         green: completion.</p>\n<h2>Summary</h2>\n<pre>{summary_text}</pre>\n<h2>Plots</h2>\n\
+         </head>\n<body>\n<h1>koala report: {run}</h1>\n<p>Shaded spans: reconfigurations, \
+         from start to completion, numbered by epoch (the legend gives their times).</p>\n<h2>Summary</h2>\n<pre>{summary_text}</pre>\n<h2>Plots</h2>\n\
          {images}<h2>Per second</h2>\n<pre>{table}</pre>\n</body></html>\n",
         run = escape_html(&summary.run.run),
         summary_text = escape_html(&summary.to_string()),

@@ -55,7 +55,7 @@ pub fn config_top(
         generator.hot_key_ratio,
         generator.records.unwrap_or(0),
         generator.seed,
-        generator.time_step_ms,
+        generator.time_step_ms.unwrap_or(1),
         generator.max_disorder_ms,
         generator.max_disorder_ms,
     ));
@@ -266,7 +266,7 @@ pub fn generator(records: u64, seed: u64) -> KeyedEventsConfig {
         hot_key_ratio: 0.2,
         records: Some(records),
         seed,
-        time_step_ms: 1,
+        time_step_ms: Some(1),
         max_disorder_ms: 20,
         ..Default::default()
     }

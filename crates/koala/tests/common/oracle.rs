@@ -180,7 +180,8 @@ pub fn check(case: &Case<'_>) -> String {
         + &rate
         + case.schedule;
     let (out_a, log) = run_job_logged(reconfigured.path(), &text);
-    let completed = log.lines().filter(|l| l.contains("] completed")).count();
+    let completed =
+        log.lines().filter(|l| l.contains("] reconfiguration ") && l.contains(" completed in ")).count();
     assert_eq!(
         completed, case.expect_reconfigurations,
         "{} reconfigurations completed, expected {}; log:\n{log}",

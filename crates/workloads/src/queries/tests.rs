@@ -15,7 +15,7 @@ fn params() -> QueryParams {
         generator: KeyedEventsConfig {
             key_space: 8,
             records: Some(300),
-            time_step_ms: 5,
+            time_step_ms: Some(5),
             max_disorder_ms: 7,
             seed: 3,
             min_value: -10,
