@@ -560,23 +560,21 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 fn koala_with_a_bounded_inbox_completes_every_reconfiguration() {
     for max_queued_records in 1..=4 {
         for inputs in [1, 2] {
-            let (mut pauses, mut held_back, mut epochs, mut max_queued) = (0, 0, 0, 0);
+            let (mut pauses, mut epochs, mut max_queued) = (0, 0, 0);
             for scenario in Scenario::ALL {
                 for seed in 0..SEEDS / 16 {
                     let config = SimConfig { inputs, max_queued_records, ..SimConfig::new(scenario, seed) };
                     let s = run(&config)
                         .unwrap_or_else(|f| panic!("max_queued_records = {max_queued_records}: {f}"));
                     pauses += s.pauses;
-                    held_back += s.held_back;
                     epochs += s.epochs;
                     max_queued = max_queued.max(s.max_queued);
                 }
             }
             println!(
-                "bound {max_queued_records}, {inputs} input(s): {epochs} epochs, {pauses} pauses, {held_back} times channels held back, at most {max_queued} records held"
+                "bound {max_queued_records}, {inputs} input(s): {epochs} epochs, {pauses} pauses, at most {max_queued} records held"
             );
             assert!(pauses > 0, "bound {max_queued_records}: no task ever stopped taking data");
-            assert!(held_back > 0, "bound {max_queued_records}: no task ever held a channel back");
         }
     }
 }

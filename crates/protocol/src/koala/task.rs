@@ -283,9 +283,6 @@ pub struct KoalaTask {
     pub(super) started: bool,
     /// Records held ([`Self::queued_records`]) at which the task stops taking data input.
     pub(super) max_queued: usize,
-    /// Records the runtime's data queue may still deliver once a channel is held back
-    /// ([`Self::set_records_in_flight`]).
-    pub(super) in_flight: usize,
     /// The tag records taken from now on carry ([`Self::set_intake_tag`]).
     pub(super) intake_tag: u64,
 }
@@ -319,7 +316,6 @@ impl KoalaTask {
             timers: HandedTimers::default(),
             hold_handed_timers: true,
             max_queued: super::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
-            in_flight: 0,
             intake_tag: 0,
         }
     }
@@ -410,32 +406,6 @@ impl KoalaTask {
                 held - parked.min(held) < self.max_queued
             }
             _ => false,
-        }
-    }
-
-    /// Sets how many records the runtime's data queue may still hand the task after it holds a
-    /// channel back (its capacity in messages × records per message): a held-back channel's
-    /// sender stops sending, but what it sent before is taken. See [`Self::held_back_channels`].
-    pub fn set_records_in_flight(&mut self, records: usize) {
-        self.in_flight = records;
-    }
-
-    /// Data channels whose senders must wait now, although the task takes data input
-    /// ([`Self::takes_data`]). While a marker is still to come on some channel the task must go
-    /// on taking data to reach it, and records that came after the marker on another channel
-    /// may park (waiting for a sender's `Close`) and pile up without bound. So, once the records
-    /// held plus what the queue may still deliver reach `max_queued_records`, the channels
-    /// whose marker is in wait at their sender; the channels whose marker is still to come
-    /// (they carry no parked records) flow. Empty outside a transition.
-    pub fn held_back_channels(&self) -> BTreeSet<InputChannel> {
-        match &self.transition {
-            Some(t)
-                if !t.markers_pending.is_empty()
-                    && self.held.len().saturating_add(self.in_flight) >= self.max_queued =>
-            {
-                self.inputs.difference(&t.markers_pending).copied().collect()
-            }
-            _ => BTreeSet::new(),
         }
     }
 

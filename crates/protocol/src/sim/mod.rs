@@ -247,9 +247,6 @@ pub struct SimStats {
     /// Times a task stopped taking data input (DRRS: backpressure from its wait buffer; Koala:
     /// `max_queued_records` held).
     pub pauses: u64,
-    /// Koala: times a task began holding back the data channels whose marker was in while it
-    /// still took the others (`KoalaTask::held_back_channels`).
-    pub held_back: u64,
     /// Koala: the most records one task held at once (`queued_records`).
     pub max_queued: usize,
     /// Koala: the most steps a batch's first record waited before the batch was processed.

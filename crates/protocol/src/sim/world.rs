@@ -141,23 +141,10 @@ impl Channels {
         self.nonempty.len()
     }
 
-    /// Whether the `i`-th non-empty channel is a data channel to a task in `paused`, or one its
-    /// receiver holds back (`held_back`, by receiving task).
-    pub(crate) fn blocked(
-        &self,
-        i: usize,
-        paused: &BTreeSet<TaskId>,
-        held_back: &BTreeMap<TaskId, BTreeSet<InputChannel>>,
-    ) -> bool {
+    /// Whether the `i`-th non-empty channel is a data channel to a task in `paused`.
+    pub(crate) fn blocked(&self, i: usize, paused: &BTreeSet<TaskId>) -> bool {
         let Some(&id) = self.nonempty.get(i) else { return false };
-        match self.queues[id].0 {
-            (Node::Upstream(from) | Node::Task(from), Node::Task(to), Kind::Data(input)) => {
-                paused.contains(&to)
-                    || held_back.get(&to).is_some_and(|h| h.contains(&InputChannel { input, from }))
-            }
-            (_, Node::Task(to), Kind::Data(_)) => paused.contains(&to),
-            _ => false,
-        }
+        matches!(self.queues[id].0, (_, Node::Task(t), Kind::Data(_)) if paused.contains(&t))
     }
 
     /// Pops the head of the `i`-th non-empty channel.
@@ -284,9 +271,6 @@ pub(crate) struct World {
     /// Tasks that stopped taking data input (DRRS: a full wait buffer; Koala: `max_queued_records`
     /// held); their data channels wait.
     pub(crate) paused: BTreeSet<TaskId>,
-    /// Koala: data channels a task holds back while it still takes data
-    /// (`KoalaTask::held_back_channels`), by task; they wait.
-    pub(crate) held_back: BTreeMap<TaskId, BTreeSet<InputChannel>>,
     /// Koala: (task, key) whose timers a hand-over brought to the task while the key's state was
     /// elsewhere, until a record of the key or its timer comes first (for the stats).
     pub(crate) handed: BTreeSet<(TaskId, Vec<u8>)>,
@@ -392,7 +376,6 @@ impl World {
             finished: BTreeSet::new(),
             pulls_in_flight: BTreeSet::new(),
             paused: BTreeSet::new(),
-            held_back: BTreeMap::new(),
             handed: BTreeSet::new(),
             stats: SimStats { progressive, ..SimStats::default() },
         })
@@ -472,22 +455,17 @@ impl World {
             }
             let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
             let channels = self.channels.nonempty();
-            // Backpressure: a paused task's data channels, and the channels a Koala task holds
-            // back, are not delivered.
-            let open: Option<Vec<usize>> =
-                (!self.paused.is_empty() || !self.held_back.is_empty()).then(|| {
-                    (0..channels)
-                        .filter(|&i| !self.channels.blocked(i, &self.paused, &self.held_back))
-                        .collect()
-                });
+            // DRRS backpressure: a paused task's data channels are not delivered.
+            let open: Option<Vec<usize>> = (!self.paused.is_empty())
+                .then(|| (0..channels).filter(|&i| !self.channels.blocked(i, &self.paused)).collect());
             let deliverable = open.as_ref().map_or(channels, Vec::len);
             // No idle turns: a task's core pulls as answers arrive and needs no timer, so
             // quiescence with work left undone (a cancelled task never drained) fails the run.
             if deliverable == 0 && sources.is_empty() {
                 if channels > 0 {
                     return Err(format!(
-                        "backpressure deadlock: {:?} stopped taking direct input, {:?} held channels back, and nothing else can move",
-                        self.paused, self.held_back
+                        "backpressure deadlock: {:?} stopped taking direct input and nothing else can move",
+                        self.paused
                     ));
                 }
                 return self.check_end();
@@ -867,12 +845,6 @@ impl World {
             self.paused.remove(&id);
         } else if self.paused.insert(id) {
             self.stats.pauses += 1;
-        }
-        let held_back = core.held_back_channels();
-        if held_back.is_empty() {
-            self.held_back.remove(&id);
-        } else if self.held_back.insert(id, held_back).is_none() {
-            self.stats.held_back += 1;
         }
         for b in core.take_batches() {
             self.stats.max_batch_wait = self.stats.max_batch_wait.max(self.step - b.taken);

@@ -81,8 +81,6 @@ struct KoalaOperator {
     life: TaskLife,
     /// The core's intake tags are microseconds since this instant (per-batch latency).
     clock: Instant,
-    /// The data channels the inbox holds back now (`KoalaTask::held_back_channels`).
-    held_back: BTreeSet<InputChannel>,
 }
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
@@ -107,7 +105,6 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
     });
     core.set_max_queued_records(setup.options.max_queued_records);
-    core.set_records_in_flight(setup.options.channel_capacity.saturating_mul(setup.options.batch_records));
     let mut op = op;
     op.latency_by_caller = true;
     let mut task = KoalaOperator {
@@ -123,7 +120,6 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         watermark: None,
         life: TaskLife::new(setup.created_by_reconfiguration),
         clock: Instant::now(),
-        held_back: BTreeSet::new(),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let closed = crossbeam_channel::never();
@@ -133,12 +129,6 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let gate = task.op.data_closed_until(now);
         // So does a full inbox: what the task holds drains without data input (`takes_data`).
         let full = !task.core.takes_data();
-        // In a transition, the channels whose marker is in may have to wait at their senders.
-        let held_back = task.core.held_back_channels();
-        if held_back != task.held_back {
-            setup.inbox.hold_back(&held_back);
-            task.held_back = held_back;
-        }
         let held_back = full && gate.is_none() && !task.outbox.has_waiting();
         let data_waiting = held_back && !setup.inbox.queue().is_empty();
         task.op.metrics.input_paused(data_waiting, now);
