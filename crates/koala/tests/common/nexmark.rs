@@ -196,9 +196,13 @@ fn operator_keys(query: &str, op: &str, events: &[Event]) -> BTreeSet<u64> {
     keys
 }
 
-/// Whether a key's state of `op` stays once it has some (joined people, running aggregates).
-fn permanent_state(query: &str, op: &str) -> bool {
-    matches!((query, op), ("nexmark-q3", "join") | (_, "category") | (_, "seller"))
+/// Whether moved keys of `op` are surely accessed again, so Koala must fetch some state.
+fn permanent_state(_query: &str, op: &str) -> bool {
+    // Only the categories: a handful of keys every record reaches again. Sellers and Q3's
+    // persons keep their state, but the generator's active people slide on, so the sellers a
+    // move hands over may never be seen again (a Koala rebalance of Q6* then rightly fetches
+    // nothing).
+    op == "category"
 }
 
 /// The config of one run.
