@@ -160,13 +160,7 @@ impl World {
         let mut entries_sent = 0u64;
         for (to, buckets) in moves {
             let wanted: BTreeSet<BucketId> = buckets.iter().copied().collect();
-            for &b in &buckets {
-                let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
-                if *slot != Some(id) {
-                    return Err(format!("single owner: {id} sends bucket {b} claimed by {slot:?}"));
-                }
-                *slot = None;
-            }
+            self.let_go(id, &buckets, "sends")?;
             let task = self.tasks.get_mut(&id).ok_or("send from unknown task")?;
             let keys: Vec<Vec<u8>> =
                 task.store.keys().filter(|k| wanted.contains(&bucket_of(k, nb))).cloned().collect();
@@ -191,6 +185,18 @@ impl World {
         Ok(())
     }
 
+    /// `id` gives up its claim on `buckets` (it `verb` them); single owner: it must hold each.
+    fn let_go(&mut self, id: TaskId, buckets: &[BucketId], verb: &str) -> Result<(), String> {
+        for &b in buckets {
+            let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
+            if *slot != Some(id) {
+                return Err(format!("single owner: {id} {verb} bucket {b} claimed by {slot:?}"));
+            }
+            *slot = None;
+        }
+        Ok(())
+    }
+
     /// Remote: every marker arrived; the old owner writes back what it buffered for the moved
     /// buckets to the shared store (a task's `store` is its write-back buffer under remote),
     /// sends their timers and `StateEnd`; then `StateSent` with nothing moved. The broken
@@ -204,13 +210,7 @@ impl World {
         let nb = self.cfg.num_buckets;
         for (to, buckets) in moves {
             let wanted: BTreeSet<BucketId> = buckets.iter().copied().collect();
-            for &b in &buckets {
-                let slot = self.claims.get_mut(usize::from(b)).ok_or("bucket out of range")?;
-                if *slot != Some(id) {
-                    return Err(format!("single owner: {id} flushes bucket {b} claimed by {slot:?}"));
-                }
-                *slot = None;
-            }
+            self.let_go(id, &buckets, "flushes")?;
             let task = self.tasks.get_mut(&id).ok_or("flush from unknown task")?;
             if self.cfg.fault != Some(Fault::FlushAfterStateEnd) {
                 let keys: Vec<Vec<u8>> =
