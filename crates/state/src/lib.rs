@@ -191,6 +191,20 @@ pub trait StateBackend: Send + Sync {
         limit: usize,
     ) -> Result<Vec<StateKey>, StateError>;
 
+    /// [`Self::bucket_keys_after`], except that it may also list keys that hold nothing any more
+    /// (never fewer): what a membership filter is built from, where a key listed in vain costs
+    /// one fetch answered "not here", and ruling it out may cost a random memory read per key
+    /// (the cache's dirty lists: one lookup each in a table of gigabytes). Paging and the
+    /// meaning of a short page are the same. By default, the exact scan.
+    fn bucket_key_candidates_after(
+        &self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> Result<Vec<StateKey>, StateError> {
+        self.bucket_keys_after(bucket, after, limit)
+    }
+
     /// Removes every entry of `buckets`. Idempotent, but not atomic: a failure may leave a bucket
     /// partly deleted (recovery from a checkpoint discards the store anyway).
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError>;

@@ -168,7 +168,7 @@ impl<P: Clone> FilterBuild<P> {
         store: &mut S,
         max: usize,
     ) -> Result<Option<KeyFilter>, S::Error> {
-        let page = store.keys_after(self.bucket, self.after.as_ref(), max.max(1))?;
+        let page = store.filter_keys_after(self.bucket, self.after.as_ref(), max.max(1))?;
         self.hashes.extend(page.keys.iter().map(|k| key_hash(k)));
         if let Some(last) = page.last {
             self.after = Some(last);

@@ -94,6 +94,17 @@ pub trait LocationStore {
         after: Option<&Self::Position>,
         max: usize,
     ) -> Result<KeyPage<Self::Position>, Self::Error>;
+    /// [`Self::keys_after`] for a membership filter: it may also list keys that hold nothing here
+    /// any more (never fewer), where ruling them out would cost a read per key. By default, the
+    /// exact scan.
+    fn filter_keys_after(
+        &mut self,
+        bucket: BucketId,
+        after: Option<&Self::Position>,
+        max: usize,
+    ) -> Result<KeyPage<Self::Position>, Self::Error> {
+        self.keys_after(bucket, after, max)
+    }
 }
 
 /// Where progressive migration stopped in each bucket, per requester: the location's memory of

@@ -73,23 +73,41 @@ impl LocationStore for StoreLocation<'_> {
         after: Option<&StateKey>,
         max: usize,
     ) -> Result<KeyPage<StateKey>, RuntimeError> {
-        // A key has one entry per state id: read entries until `max` distinct keys or the end.
-        let mut keys = Vec::new();
-        let mut seen: HashSet<Vec<u8>> = HashSet::new();
-        let mut last: Option<StateKey> = None;
-        loop {
-            let want = max - keys.len();
-            let page = self.store.bucket_keys_after(bucket, last.as_ref().or(after), want)?;
-            let end = page.len() < want;
-            for k in page {
-                if seen.insert(k.key.clone()) {
-                    keys.push(k.key.clone());
-                }
-                last = Some(k);
+        distinct_keys_after(after, max, |at, want| self.store.bucket_keys_after(bucket, at, want))
+    }
+
+    fn filter_keys_after(
+        &mut self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        max: usize,
+    ) -> Result<KeyPage<StateKey>, RuntimeError> {
+        distinct_keys_after(after, max, |at, want| self.store.bucket_key_candidates_after(bucket, at, want))
+    }
+}
+
+/// Up to `max` distinct keys after `after` from a paged scan of stored entries: a key has one
+/// entry per state id, so entries are read until `max` distinct keys or the end.
+fn distinct_keys_after(
+    after: Option<&StateKey>,
+    max: usize,
+    mut scan: impl FnMut(Option<&StateKey>, usize) -> Result<Vec<StateKey>, koala_state::StateError>,
+) -> Result<KeyPage<StateKey>, RuntimeError> {
+    let mut keys = Vec::new();
+    let mut seen: HashSet<Vec<u8>> = HashSet::new();
+    let mut last: Option<StateKey> = None;
+    loop {
+        let want = max - keys.len();
+        let page = scan(last.as_ref().or(after), want)?;
+        let end = page.len() < want;
+        for k in page {
+            if seen.insert(k.key.clone()) {
+                keys.push(k.key.clone());
             }
-            if end || keys.len() >= max {
-                return Ok(KeyPage { keys, last, end });
-            }
+            last = Some(k);
+        }
+        if end || keys.len() >= max {
+            return Ok(KeyPage { keys, last, end });
         }
     }
 }

@@ -194,6 +194,42 @@ impl DirtyList {
     }
 }
 
+/// A dirty list's entries, looked up a chunk at a time as a scan walks the list: a chunk's keys
+/// are touched first, so their misses overlap (in a table of gigabytes almost every key misses
+/// the CPU caches; one at a time, a key scan waited for memory twice per key).
+#[derive(Default)]
+pub(super) struct ListLookups {
+    at: usize,
+    /// Per key from `at`: whether it is dirty, and whether it holds a value (not deleted).
+    found: Vec<(bool, bool)>,
+}
+
+impl ListLookups {
+    const CHUNK: usize = 64;
+
+    /// Key `i` of `keys`: (dirty, holds a value); `(false, false)` if not cached. The entries
+    /// must not change while one `ListLookups` is used.
+    pub(super) fn get(&mut self, entries: &Entries, keys: &[CompactKey], i: usize) -> (bool, bool) {
+        if i < self.at || i >= self.at + self.found.len() {
+            let chunk = &keys[i..(i + Self::CHUNK).min(keys.len())];
+            let located: Vec<(u64, usize)> = chunk.iter().map(|key| entries.locate(key)).collect();
+            let touched = located.iter().fold(0u8, |acc, &(hash, shard)| acc ^ entries.touch(hash, shard));
+            std::hint::black_box(touched);
+            self.found = chunk
+                .iter()
+                .zip(located)
+                .map(|(key, (hash, shard))| {
+                    entries
+                        .get_hashed(key, hash, shard)
+                        .map_or((false, false), |s| (s.dirty, s.value.is_present()))
+                })
+                .collect();
+            self.at = i;
+        }
+        self.found[i - self.at]
+    }
+}
+
 /// Drops stale keys (no longer dirty, or repeated) from a bucket's dirty list. The lines of all
 /// its keys are touched first, so their misses overlap; the sorted part stays sorted, and only
 /// the keys listed since the last sort are sorted and merged into it (`DirtyList::sort`): a

@@ -62,7 +62,7 @@ use crate::{CacheCounts, ScanSink, StateBackend, StateEnv, StateError, StateKey,
 mod entries;
 mod task_cache;
 
-use task_cache::{Run, TaskCache};
+use task_cache::{Listing, Run, TaskCache};
 
 /// Bytes charged per cached entry besides key and value bytes on the heap (long keys, values):
 /// the hash table slot (inline key, inline value, flags: one 64-byte line) at a load of 1/2 (the
@@ -576,7 +576,18 @@ impl StateBackend for CachedBackend {
     ) -> Result<Vec<StateKey>, StateError> {
         const OP: &str = "bucket_keys_after";
         let mut cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
-        cache.keys_after(bucket, after, limit, self.shared.inner.as_ref())
+        cache.keys_after(bucket, after, limit, self.shared.inner.as_ref(), Listing::Exact)
+    }
+
+    fn bucket_key_candidates_after(
+        &self,
+        bucket: BucketId,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> Result<Vec<StateKey>, StateError> {
+        const OP: &str = "bucket_key_candidates_after";
+        let mut cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
+        cache.keys_after(bucket, after, limit, self.shared.inner.as_ref(), Listing::Candidates)
     }
 
     fn delete_buckets(&self, buckets: &[BucketId]) -> Result<(), StateError> {

@@ -6,10 +6,19 @@ use std::collections::{HashMap, VecDeque};
 use koala_types::BucketId;
 
 use super::ENTRY_OVERHEAD_BYTES;
-use super::entries::{DirtyList, Entries, Slot, compact};
+use super::entries::{DirtyList, Entries, ListLookups, Slot, compact};
 use crate::compact::{CompactKey, CompactValue, KeyHash};
 use crate::written_keys::WrittenKeys;
 use crate::{CacheCounts, StateBackend, StateError, StateKey, StoredBatch};
+
+/// What a key scan of the cache lists ([`TaskCache::keys_after`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Listing {
+    /// The keys that hold a value, checked entry by entry.
+    Exact,
+    /// A superset: also keys of the dirty list written back or deleted since.
+    Candidates,
+}
 
 /// A dirty entry evicted and queued for the writer, not yet below.
 #[derive(Debug)]
@@ -290,13 +299,17 @@ impl TaskCache {
     /// below hold them together: the bucket's dirty keys merged with the store's (a dirty entry
     /// decides: one holding a value is listed once, a deleted one not at all; clean entries equal
     /// the store). The caller waited for the in-flight runs, so nothing is between the two.
+    /// [`Listing::Candidates`] lists every key of the dirty list without looking its entry up
+    /// (no random read per key), so also keys written back since or deleted.
     pub(super) fn keys_after(
         &mut self,
         bucket: BucketId,
         after: Option<&StateKey>,
         limit: usize,
         inner: &dyn StateBackend,
+        listing: Listing,
     ) -> Result<Vec<StateKey>, StateError> {
+        let exact = listing == Listing::Exact;
         debug_assert!(self.is_idle(), "a key scan with writes in flight");
         let Self { dirty, entries, .. } = self;
         let Some(list) = dirty.get_mut(&bucket).filter(|_| limit > 0) else {
@@ -311,8 +324,9 @@ impl TaskCache {
         let mut below = inner.bucket_keys_after(bucket, after, limit)?;
         let mut below_at = 0;
         let mut out = Vec::new();
+        let mut lookups = ListLookups::default();
         while out.len() < limit {
-            while dirty_at < list.keys.len() && !entries.get(&list.keys[dirty_at]).is_some_and(|s| s.dirty) {
+            while exact && dirty_at < list.keys.len() && !lookups.get(entries, &list.keys, dirty_at).0 {
                 dirty_at += 1;
             }
             if below_at == below.len() && below.len() == limit {
@@ -330,7 +344,7 @@ impl TaskCache {
                     if order(key) == Some(std::cmp::Ordering::Equal) {
                         below_at += 1;
                     }
-                    if entries.get(key).is_some_and(|slot| slot.value.is_present()) {
+                    if !exact || lookups.get(entries, &list.keys, dirty_at).1 {
                         out.push(key.to_state_key());
                     }
                     dirty_at += 1;
