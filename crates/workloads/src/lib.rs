@@ -16,6 +16,7 @@ pub mod nexmark;
 mod outputs;
 mod params;
 mod queries;
+pub mod realworld;
 
 use koala_dataflow::{DataflowError, JobGraph};
 
