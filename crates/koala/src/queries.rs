@@ -95,6 +95,18 @@ impl Query {
         }
     }
 
+    /// The `[params]` table `params` (TOML text) parsed for `koala warmup`, as
+    /// [`koala_workloads::warm`] takes them.
+    pub fn warm_params(&self, params: &str) -> Result<WarmParams, String> {
+        let err = |e: toml::de::Error| format!("params: {e}");
+        Ok(match self.family {
+            Family::Workloads => WarmParams::Workloads(toml::from_str(params).map_err(err)?),
+            Family::Nexmark => WarmParams::Nexmark(toml::from_str(params).map_err(err)?),
+            Family::RealWorld => WarmParams::RealWorld(toml::from_str(params).map_err(err)?),
+            Family::Kafka => WarmParams::None,
+        })
+    }
+
     /// Checks `[params]` inside the whole config `document`, so that a typo or a wrong type is
     /// reported at its line in the file, not in a re-serialised copy of the table; then builds
     /// the query with them, which checks their values.
@@ -201,6 +213,32 @@ impl Query {
 fn nexmark(name: &str, params: &koala_workloads::nexmark::NexmarkParams) -> Result<JobGraph, String> {
     koala_workloads::nexmark::build(name, params)
         .unwrap_or_else(|| Err(format!("query {name:?} is not a Nexmark query (a registry bug)")))
+}
+
+/// A query's parameters, owned, for `koala warmup`.
+#[derive(Clone, Debug)]
+pub enum WarmParams {
+    /// The synthetic queries.
+    Workloads(koala_workloads::QueryParams),
+    /// Nexmark.
+    Nexmark(koala_workloads::nexmark::NexmarkParams),
+    /// Twitch, Taxi, Azure, Borg.
+    RealWorld(koala_workloads::realworld::RealWorldParams),
+    /// A family without warm layouts.
+    None,
+}
+
+impl WarmParams {
+    /// Borrowed as the workloads crate takes them (`None` for a family without layouts).
+    pub fn as_warm(&self) -> Option<koala_workloads::warm::WarmParams<'_>> {
+        use koala_workloads::warm::WarmParams as W;
+        match self {
+            Self::Workloads(p) => Some(W::Workloads(p)),
+            Self::Nexmark(p) => Some(W::Nexmark(p)),
+            Self::RealWorld(p) => Some(W::RealWorld(p)),
+            Self::None => None,
+        }
+    }
 }
 
 /// Builds the real-world query `name` (registered: the registry lists only these names).

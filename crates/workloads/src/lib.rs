@@ -17,6 +17,7 @@ mod outputs;
 mod params;
 mod queries;
 pub mod realworld;
+pub mod warm;
 
 use koala_dataflow::{DataflowError, JobGraph};
 
