@@ -202,7 +202,7 @@ impl Workload for Twitch {
         // Heartbeats of 1–5 minutes; most viewers do not chat.
         let watch_ms = 60_000 * (1 + c.draw(n, 8) % 5);
         let chats = [0, 0, 0, 0, 1, 1, 2, 5][(c.draw(n, 9) % 8) as usize];
-        let follow = c.draw(n, 10) % 100 == 0;
+        let follow = c.draw(n, 10).is_multiple_of(100);
         TwitchEvent { streamer, viewer, watch_ms, chats, follow, time: c.time_of(n) }
     }
 
@@ -262,7 +262,7 @@ impl Workload for Taxi {
         let zones = c.keys_of::<Self>();
         // Busy areas: pickups skewed to the hot zones; half the trips stay near their pickup.
         let pickup = c.pick(n, 0, zones, true);
-        let dropoff = if c.draw(n, 4) % 2 == 0 {
+        let dropoff = if c.draw(n, 4).is_multiple_of(2) {
             (pickup + c.draw(n, 5) % 8) % zones
         } else {
             c.pick(n, 6, zones, true)
