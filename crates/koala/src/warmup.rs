@@ -99,3 +99,31 @@ pub fn warmup(
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_without_a_warm_layout_is_refused_with_the_list() {
+        let dir = std::env::temp_dir().join(format!("koala-warmup-refused-{}", std::process::id()));
+        let err = warmup("nexmark-q5", "", 128, 10, 8, &dir).expect_err("windowed: no layout").to_string();
+        assert!(
+            err.contains("nexmark-q5") && err.contains("twitch") && err.contains("nexmark-q6star"),
+            "{err}"
+        );
+        assert!(!dir.exists(), "nothing written");
+        let err = warmup("borg", "recnt = 3\n", 128, 10, 8, &dir).expect_err("typo").to_string();
+        assert!(err.contains("recnt"), "{err}");
+    }
+
+    #[test]
+    fn every_operator_gets_a_snapshot_in_stored_order() {
+        let dir = std::env::temp_dir().join(format!("koala-warmup-twitch-{}", std::process::id()));
+        let written = warmup("twitch", "[generator]\nkeys = 50\n", 16, 200, 8, &dir).expect("writes");
+        let ops: Vec<(&str, u64)> = written.iter().map(|w| (w.operator, w.entries)).collect();
+        assert_eq!(ops, vec![("engagement", 200), ("loyalty", 50)]);
+        assert!(dir.join("engagement/manifest").exists() && dir.join("loyalty/manifest").exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
