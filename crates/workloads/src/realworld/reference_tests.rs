@@ -180,3 +180,44 @@ fn a_csv_replay_runs_the_query_like_the_generator() {
     assert_eq!(rows(&replay), generated);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn the_sample_trace_in_the_repository_replays() {
+    // examples/traces/azure-sample.csv: 40 readings of 5 VMs, hashed and quoted ids among them.
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/traces/azure-sample.csv");
+    let text = std::fs::read_to_string(&path).expect("the sample trace");
+    let p = RealWorldParams {
+        input: Input::Csv,
+        csv: CsvParams { paths: vec![path.display().to_string()], header: true },
+        recent: Some(4),
+        ..Default::default()
+    };
+    let mut vms: BTreeMap<String, (u64, VecDeque<(u32, u32, u32)>)> = BTreeMap::new();
+    let mut expected = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let cpu = |i: usize| (f[i].parse::<f64>().expect("number") * 100.0).round() as u32;
+        let (count, recent) = vms.entry(f[1].trim_matches('"').to_string()).or_default();
+        *count += 1;
+        recent.push_back((cpu(2), cpu(3), cpu(4)));
+        if recent.len() > 4 {
+            recent.pop_front();
+        }
+        expected.push((
+            *count,
+            recent.iter().map(|r| r.0).min().unwrap_or(0),
+            recent.iter().map(|r| r.1).max().unwrap_or(0),
+            lower_median(recent.iter().map(|r| r.2)),
+        ));
+    }
+    assert_eq!((expected.len(), vms.len()), (40, 5));
+    let graph = build("azure", &p).expect("registered").expect("builds");
+    let out = run_with(&graph, &LocalOptions::default()).expect("runs");
+    let rows: Vec<VmCpu> =
+        out["sink"].iter().map(|v| serde_json::from_value(v.clone()).expect("row")).collect();
+    let keys: std::collections::BTreeSet<u64> = rows.iter().map(|r| r.key).collect();
+    assert_eq!(keys.len(), 5, "one key per VM id, text ids hashed");
+    let got: Vec<(u64, u32, u32, u32)> = rows.iter().map(|r| (r.count, r.min, r.max, r.median)).collect();
+    assert_eq!(got, expected);
+}
