@@ -193,7 +193,8 @@ fn the_sample_trace_in_the_repository_replays() {
         recent: Some(4),
         ..Default::default()
     };
-    let mut vms: BTreeMap<String, (u64, VecDeque<(u32, u32, u32)>)> = BTreeMap::new();
+    type Readings = VecDeque<(u32, u32, u32)>;
+    let mut vms: BTreeMap<String, (u64, Readings)> = BTreeMap::new();
     let mut expected = Vec::new();
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
