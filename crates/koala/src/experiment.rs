@@ -187,8 +187,9 @@ pub fn scale_out(
     );
     if !warm.join(crate::warmup::OPERATOR).join("manifest").exists() {
         let started = std::time::Instant::now();
-        let (_, bytes) = crate::warmup::warmup(
+        let written = crate::warmup::warmup(
             "keyed-aggregate",
+            "",
             koala_types::DEFAULT_NUM_BUCKETS,
             setup.warm_keys,
             setup.value_bytes,
@@ -196,7 +197,7 @@ pub fn scale_out(
         )?;
         println!(
             "warm state: {} written in {:.1} s",
-            crate::launch::human_bytes(bytes),
+            crate::launch::human_bytes(written.iter().map(|w| w.bytes).sum()),
             started.elapsed().as_secs_f64()
         );
     }

@@ -125,20 +125,24 @@ enum Command {
         #[arg(long, hide = true)]
         ignore_interrupt: bool,
     },
-    /// Write warm state for a job: N keys of its keyed aggregate with values padded to a size,
-    /// straight into a snapshot (no records processed), for `warm_state = "<out>"` in the config.
-    /// Supports the keyed-aggregate query.
+    /// Write warm state for a job: N keys of each of its query's stateful operators with values
+    /// padded to a size, straight into a snapshot per operator (no records processed), for
+    /// `warm_state = "<out>"` in the config. Knows the keyed aggregate, Nexmark Q3, Q4, Q4*, Q6,
+    /// Q6* and Twitch, Taxi, Azure, Borg (not windowed or timer operators).
     Warmup {
-        /// The job config (its query and num_buckets).
-        #[arg(long)]
-        config: PathBuf,
-        /// Warm keys (0..N).
+        /// The job config (its query, `[params]` and num_buckets).
+        #[arg(long, required_unless_present = "query")]
+        config: Option<PathBuf>,
+        /// The query, with its default parameters and num_buckets (instead of --config).
+        #[arg(long, conflicts_with = "config")]
+        query: Option<String>,
+        /// Warm keys (0..N: the query's first N keys).
         #[arg(long)]
         keys: u64,
-        /// Bytes per value (padding; the paper's Q6* uses 2048).
+        /// Bytes of padding per value (the paper's Q6* uses 2048).
         #[arg(long, default_value_t = 2048)]
         value_bytes: usize,
-        /// Where the snapshot goes (must not hold one).
+        /// Where the snapshots go (must not hold them).
         #[arg(long)]
         out: PathBuf,
     },
@@ -367,16 +371,32 @@ fn run(command: Command) -> anyhow::Result<()> {
             &output_dir,
         )
         .map(|_| ()),
-        Command::Warmup { config, keys, value_bytes, out } => {
-            let config = launch::load_config(&config)?;
+        Command::Warmup { config, query, keys, value_bytes, out } => {
+            let (query, params, num_buckets) = match (config, query) {
+                (Some(path), _) => {
+                    let config = launch::load_config(&path)?;
+                    let params = config.params_text();
+                    (config.query, params, config.num_buckets)
+                }
+                (None, Some(query)) => (query, String::new(), koala_types::DEFAULT_NUM_BUCKETS),
+                (None, None) => anyhow::bail!("give --config <job.toml> or --query <name>"),
+            };
             let started = std::time::Instant::now();
-            let (entries, bytes) =
-                warmup::warmup(&config.query, config.num_buckets, keys, value_bytes, &out)?;
+            let written = warmup::warmup(&query, &params, num_buckets, keys, value_bytes, &out)?;
+            let secs = started.elapsed().as_secs_f64();
+            let total: u64 = written.iter().map(|w| w.bytes).sum();
+            for w in &written {
+                println!(
+                    "warm state of {:?}: {} entries, {} in {}",
+                    w.operator,
+                    w.entries,
+                    launch::human_bytes(w.bytes),
+                    out.join(w.operator).display()
+                );
+            }
             println!(
-                "warm state: {entries} keys, {} in {:.1} s in {}; add `warm_state = {:?}` to the config",
-                launch::human_bytes(bytes),
-                started.elapsed().as_secs_f64(),
-                out.join(warmup::OPERATOR).display(),
+                "warm state: {keys} keys, {} in {secs:.1} s; add `warm_state = {:?}` to the config",
+                launch::human_bytes(total),
                 out.display()
             );
             Ok(())

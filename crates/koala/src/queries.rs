@@ -20,6 +20,8 @@ enum Family {
     Kafka,
     /// `koala_workloads::nexmark`: [`koala_workloads::nexmark::NexmarkParams`].
     Nexmark,
+    /// `koala_workloads::realworld`: [`koala_workloads::realworld::RealWorldParams`].
+    RealWorld,
 }
 
 /// One registered query.
@@ -49,7 +51,12 @@ pub fn all() -> Vec<Query> {
         about,
         family: Family::Nexmark,
     });
-    workloads.chain(kafka).chain(nexmark).collect()
+    let realworld = koala_workloads::realworld::QUERIES.iter().map(|&(name, about, _)| Query {
+        name,
+        about,
+        family: Family::RealWorld,
+    });
+    workloads.chain(kafka).chain(nexmark).chain(realworld).collect()
 }
 
 /// The query `name`, or an error listing every query.
@@ -80,7 +87,24 @@ impl Query {
                     toml::from_str(params).map_err(|e| format!("params: {e}"))?;
                 nexmark(self.name, &params)
             }
+            Family::RealWorld => {
+                let params: koala_workloads::realworld::RealWorldParams =
+                    toml::from_str(params).map_err(|e| format!("params: {e}"))?;
+                realworld(self.name, &params)
+            }
         }
+    }
+
+    /// The `[params]` table `params` (TOML text) parsed for `koala warmup`, as
+    /// [`koala_workloads::warm`] takes them.
+    pub fn warm_params(&self, params: &str) -> Result<WarmParams, String> {
+        let err = |e: toml::de::Error| format!("params: {e}");
+        Ok(match self.family {
+            Family::Workloads => WarmParams::Workloads(toml::from_str(params).map_err(err)?),
+            Family::Nexmark => WarmParams::Nexmark(toml::from_str(params).map_err(err)?),
+            Family::RealWorld => WarmParams::RealWorld(toml::from_str(params).map_err(err)?),
+            Family::Kafka => WarmParams::None,
+        })
     }
 
     /// Checks `[params]` inside the whole config `document`, so that a typo or a wrong type is
@@ -100,6 +124,10 @@ impl Query {
                 let params = params_in::<koala_workloads::nexmark::NexmarkParams>(document)?;
                 nexmark(self.name, &params).map(drop)
             }
+            Family::RealWorld => {
+                let params = params_in::<koala_workloads::realworld::RealWorldParams>(document)?;
+                realworld(self.name, &params).map(drop)
+            }
         }
     }
 
@@ -117,6 +145,10 @@ impl Query {
                 }),
             Family::Nexmark => toml::from_str::<koala_workloads::nexmark::NexmarkParams>(&text)
                 .is_ok_and(|p| p.nexmark.events.is_none()),
+            Family::RealWorld => toml::from_str::<koala_workloads::realworld::RealWorldParams>(&text)
+                .is_ok_and(|p| {
+                    p.input == koala_workloads::realworld::Input::Generator && p.generator.events.is_none()
+                }),
         }
     }
 
@@ -126,7 +158,7 @@ impl Query {
         let text = toml::to_string(params).unwrap_or_default();
         let p = match self.family {
             Family::Kafka => toml::from_str::<koala_connectors::queries::BidAggregateParams>(&text).ok()?,
-            Family::Workloads | Family::Nexmark => return None,
+            Family::Workloads | Family::Nexmark | Family::RealWorld => return None,
         };
         matches!(p.input, koala_connectors::queries::Input::Kafka).then(|| {
             format!(
@@ -144,6 +176,9 @@ impl Query {
             Family::Workloads => toml::Value::try_from(koala_workloads::QueryParams::default()),
             Family::Kafka => toml::Value::try_from(koala_connectors::queries::BidAggregateParams::default()),
             Family::Nexmark => toml::Value::try_from(koala_workloads::nexmark::NexmarkParams::default()),
+            Family::RealWorld => {
+                toml::Value::try_from(koala_workloads::realworld::RealWorldParams::default())
+            }
         };
         let text = params.and_then(|p| toml::to_string(&toml::Table::from_iter([("params".to_string(), p)])));
         text.unwrap_or_else(|e| format!("# the defaults could not be written: {e}\n"))
@@ -180,6 +215,38 @@ fn nexmark(name: &str, params: &koala_workloads::nexmark::NexmarkParams) -> Resu
         .unwrap_or_else(|| Err(format!("query {name:?} is not a Nexmark query (a registry bug)")))
 }
 
+/// A query's parameters, owned, for `koala warmup`.
+#[derive(Clone, Debug)]
+pub enum WarmParams {
+    /// The synthetic queries.
+    Workloads(koala_workloads::QueryParams),
+    /// Nexmark.
+    Nexmark(koala_workloads::nexmark::NexmarkParams),
+    /// Twitch, Taxi, Azure, Borg.
+    RealWorld(koala_workloads::realworld::RealWorldParams),
+    /// A family without warm layouts.
+    None,
+}
+
+impl WarmParams {
+    /// Borrowed as the workloads crate takes them (`None` for a family without layouts).
+    pub fn as_warm(&self) -> Option<koala_workloads::warm::WarmParams<'_>> {
+        use koala_workloads::warm::WarmParams as W;
+        match self {
+            Self::Workloads(p) => Some(W::Workloads(p)),
+            Self::Nexmark(p) => Some(W::Nexmark(p)),
+            Self::RealWorld(p) => Some(W::RealWorld(p)),
+            Self::None => None,
+        }
+    }
+}
+
+/// Builds the real-world query `name` (registered: the registry lists only these names).
+fn realworld(name: &str, params: &koala_workloads::realworld::RealWorldParams) -> Result<JobGraph, String> {
+    koala_workloads::realworld::build(name, params)
+        .unwrap_or_else(|| Err(format!("query {name:?} is not a real-world query (a registry bug)")))
+}
+
 /// `[params]` of the config `document`, deserialised where it stands in the file.
 fn params_in<P: DeserializeOwned + Default>(document: &str) -> Result<P, String> {
     #[derive(serde::Deserialize)]
@@ -204,7 +271,7 @@ pub fn help() -> String {
     }
     out.push_str(
         "A config names one with `query = \"...\"`, sets tasks per operator under [parallelism] and the \
-         query's parameters under [params]; see examples/demo.toml, examples/kafka-bids.toml and examples/nexmark-*.toml.",
+         query's parameters under [params]; see examples/demo.toml, examples/kafka-bids.toml, examples/nexmark-*.toml and examples/{twitch,taxi,azure,borg}.toml.",
     );
     out
 }
@@ -240,6 +307,7 @@ mod tests {
         assert!(queries.iter().any(|q| q.name == "filtered-window"), "every workloads query is listed");
         assert!(queries.iter().any(|q| q.name == "bid-aggregate"), "the Kafka queries are listed");
         assert!(queries.iter().any(|q| q.name == "nexmark-q6star"), "the Nexmark queries are listed");
+        assert!(queries.iter().any(|q| q.name == "borg"), "the real-world queries are listed");
         for q in queries {
             let ops = q.operators().unwrap_or_else(|e| panic!("{}: {e}", q.name));
             assert!(ops.iter().any(|(_, kind)| *kind == "source"), "{}: {ops:?}", q.name);
@@ -256,9 +324,9 @@ mod tests {
     }
 
     #[test]
-    fn every_nexmark_query_has_an_example_config_that_checks() {
+    fn every_nexmark_and_real_world_query_has_an_example_config_that_checks() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-        for q in all().into_iter().filter(|q| q.family == Family::Nexmark) {
+        for q in all().into_iter().filter(|q| matches!(q.family, Family::Nexmark | Family::RealWorld)) {
             let path = dir.join(format!("{}.toml", q.name));
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(text.contains(&format!("query = {:?}", q.name)), "{}", path.display());

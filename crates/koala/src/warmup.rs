@@ -1,58 +1,129 @@
-//! `koala warmup`: large state fast (docs/architecture.md §5). Writes N keys of the job's keyed
-//! aggregate, each value padded to a given size (the paper's Q6* pads to 2 KB), straight into a
-//! snapshot per stateful operator — no records processed — so an experiment starts from
-//! gigabytes in minutes, and every protocol's run restores the same state (config `warm_state`:
-//! each worker loads the buckets its tasks own before the job starts).
+//! `koala warmup`: large state fast (docs/architecture.md §5). Writes N warm keys of a query's
+//! stateful operators, each value padded to a given size (the paper's Q6* pads to 2 KB),
+//! straight into a snapshot per operator (`<out>/<operator>`) — no records processed — so an
+//! experiment starts from gigabytes in seconds, and every protocol's run restores the same state
+//! (config `warm_state`: each worker loads the buckets its tasks own before the job starts).
 //!
-//! Only `keyed-aggregate` is supported: its "aggregate" operator keeps one `ValueState<(u64,
-//! i64)>` (state id 0) per `u64` key; a warm key holds count 1 and sum = key, followed by
-//! padding the operator's decoder ignores, and its first update writes it back unpadded.
+//! The state layouts are the operators' own (`koala_workloads::warm`, which lists the queries
+//! it knows: [`koala_workloads::warm::WARM_QUERIES`]). Windowed and timer operators are not
+//! among them: their state is bound to event time and pending timers.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
 use koala_state::StateKey;
 use koala_state::snapshot::SnapshotWriter;
-use koala_types::{bucket_of, encode};
+use koala_types::bucket_of;
+use koala_workloads::warm::{WARM_QUERIES, WarmEntry, entries};
 
-/// The queries `koala warmup` knows the state layout of.
-pub const SUPPORTED: &[&str] = &["keyed-aggregate"];
-/// The operator whose state it writes.
+/// The keyed aggregate's operator (what `koala experiment` warms).
 pub const OPERATOR: &str = "aggregate";
 /// Part files of about this size.
 const PART_BYTES: u64 = 64 << 20;
 
-/// Writes `keys` warm keys (`0..keys`) with values of `value_bytes` into
-/// `<out>/aggregate`, a snapshot; returns its entries and bytes.
+/// What one operator's snapshot holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The operator.
+    pub operator: &'static str,
+    /// State entries.
+    pub entries: u64,
+    /// Bytes of keys and values.
+    pub bytes: u64,
+}
+
+/// Writes `keys` warm keys (`0..keys`) of `query` under `params` (its `[params]` table as TOML
+/// text) with values padded to `value_bytes` into `<out>/<operator>` for each of its stateful
+/// operators; returns what each snapshot holds.
 pub fn warmup(
     query: &str,
+    params: &str,
     num_buckets: u16,
     keys: u64,
     value_bytes: usize,
     out: &Path,
-) -> anyhow::Result<(u64, u64)> {
+) -> anyhow::Result<Vec<Written>> {
+    let supported = || WARM_QUERIES.iter().map(|(q, _)| *q).collect::<Vec<_>>().join(", ");
     anyhow::ensure!(
-        SUPPORTED.contains(&query),
-        "query = {query:?}: `koala warmup` knows the state layout of {} only",
-        SUPPORTED.join(", ")
+        WARM_QUERIES.iter().any(|(q, _)| *q == query),
+        "query = {query:?}: `koala warmup` knows the state layout of {} only (windowed and timer operators hold event-time state it cannot make up)",
+        supported()
     );
     anyhow::ensure!(keys > 0, "--keys 0: give the number of warm keys, e.g. --keys 1000000");
-    // Keys in stored order: by bucket, then by the encoded key (one state id).
-    let mut order: Vec<(u16, Vec<u8>, u64)> = (0..keys)
-        .map(|k| {
-            let key = encode(&k).context("encoding a key")?;
-            Ok((bucket_of(&key, num_buckets), key, k))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    order.sort_unstable();
-    let dir = out.join(OPERATOR);
-    let mut writer = SnapshotWriter::create(&dir, num_buckets, PART_BYTES)
-        .with_context(|| format!("creating the snapshot in {}", dir.display()))?;
-    for (bucket, key, k) in order {
-        let mut value = encode(&(1u64, k as i64)).context("encoding a value")?;
-        value.resize(value.len().max(value_bytes), 0xA5);
-        writer.put(&StateKey { bucket, state: 0, key }, &value)?;
+    let parsed = crate::queries::find(query)
+        .map_err(anyhow::Error::msg)?
+        .warm_params(params)
+        .map_err(anyhow::Error::msg)?;
+    let warm = parsed.as_warm().with_context(|| format!("query {query:?} has no warm layout"))?;
+    let generate = |k: u64, value_bytes: usize, buf: &mut Vec<WarmEntry>| -> anyhow::Result<()> {
+        buf.clear();
+        entries(query, &warm, k, value_bytes, buf)
+            .with_context(|| format!("query {query:?} has no warm layout"))?
+            .context("encoding warm state")
+    };
+    // Pass 1: every entry's place in stored order (operator, bucket, state id, key), from
+    // unpadded values; pass 2 writes each padded value in that order.
+    let mut order: Vec<(&'static str, u16, u8, Vec<u8>, u64)> = Vec::new();
+    let mut buf = Vec::new();
+    for k in 0..keys {
+        generate(k, 0, &mut buf)?;
+        for e in buf.drain(..) {
+            order.push((e.operator, bucket_of(&e.key, num_buckets), e.state, e.key, k));
+        }
     }
-    let stats = writer.finish()?;
-    Ok((stats.entries, stats.bytes))
+    order.sort_unstable();
+    let mut writers: BTreeMap<&'static str, SnapshotWriter> = BTreeMap::new();
+    for (operator, bucket, state, key, k) in order {
+        generate(k, value_bytes, &mut buf)?;
+        let entry = buf
+            .iter()
+            .find(|e| e.operator == operator && e.state == state)
+            .context("warm entries changed between passes (a layout bug)")?;
+        let writer = match writers.entry(operator) {
+            std::collections::btree_map::Entry::Occupied(w) => w.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let dir = out.join(operator);
+                v.insert(
+                    SnapshotWriter::create(&dir, num_buckets, PART_BYTES)
+                        .with_context(|| format!("creating the snapshot in {}", dir.display()))?,
+                )
+            }
+        };
+        writer.put(&StateKey { bucket, state, key }, &entry.value)?;
+    }
+    let mut written = Vec::new();
+    for (operator, writer) in writers {
+        let stats = writer.finish()?;
+        written.push(Written { operator, entries: stats.entries, bytes: stats.bytes });
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_without_a_warm_layout_is_refused_with_the_list() {
+        let dir = std::env::temp_dir().join(format!("koala-warmup-refused-{}", std::process::id()));
+        let err = warmup("nexmark-q5", "", 128, 10, 8, &dir).expect_err("windowed: no layout").to_string();
+        assert!(
+            err.contains("nexmark-q5") && err.contains("twitch") && err.contains("nexmark-q6star"),
+            "{err}"
+        );
+        assert!(!dir.exists(), "nothing written");
+        let err = warmup("borg", "recnt = 3\n", 128, 10, 8, &dir).expect_err("typo").to_string();
+        assert!(err.contains("recnt"), "{err}");
+    }
+
+    #[test]
+    fn every_operator_gets_a_snapshot_in_stored_order() {
+        let dir = std::env::temp_dir().join(format!("koala-warmup-twitch-{}", std::process::id()));
+        let written = warmup("twitch", "[generator]\nkeys = 50\n", 16, 200, 8, &dir).expect("writes");
+        let ops: Vec<(&str, u64)> = written.iter().map(|w| (w.operator, w.entries)).collect();
+        assert_eq!(ops, vec![("engagement", 200), ("loyalty", 50)]);
+        assert!(dir.join("engagement/manifest").exists() && dir.join("loyalty/manifest").exists());
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

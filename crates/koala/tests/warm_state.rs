@@ -70,3 +70,46 @@ fn a_job_continues_from_warm_state_and_moves_it_on_scale_out() {
     let untouched = (WARM_KEYS - KEY_SPACE) * VALUE_BYTES;
     assert!(moved >= untouched / 4, "moved {moved} B; the untouched warm state alone is {untouched} B");
 }
+
+/// `koala warmup --config` for a real-world query writes its operators' own layouts: an Azure
+/// job over VMs `0..300` continues every warm VM's count and "recent" list (80 warm readings of
+/// min 10 %, max 30 %, avg 20 %) — without the warm state every first row would count 1 and
+/// report the VM's own reading.
+#[test]
+fn a_real_world_query_continues_from_its_warm_lists() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let warm = dir.path().join("warm");
+    let config = format!(
+        "query = \"azure\"\nworkers = 2\noutput_dir = {:?}\nwarm_state = {:?}\n\n[parallelism]\nreadings = 1\ncpu_stats = 2\nsink = 1\n\n[params]\nsink = \"jsonl\"\nstate_padding_bytes = 64\n\n[params.generator]\nevents = 3000\nkeys = 300\nactive_keys = 300\nhot_ratio = 0.0\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = 20000.0 }}]\n",
+        dir.path().join("out").display().to_string(),
+        warm.display().to_string(),
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, &config).expect("write config");
+    let out = common::koala()
+        .args(["warmup", "--keys", "1000", "--value-bytes", "64", "--config"])
+        .arg(&path)
+        .arg("--out")
+        .arg(&warm)
+        .output()
+        .expect("start koala warmup");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "warmup failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("\"cpu_stats\": 2000 entries"), "{stdout}");
+
+    let (out_dir, _) = common::run_job_logged(dir.path(), &config);
+    let rows: Vec<koala_workloads::realworld::VmCpu> = common::sink_output(&out_dir, "sink");
+    assert_eq!(rows.len(), 3_000);
+    let mut first: BTreeMap<u64, koala_workloads::realworld::VmCpu> = BTreeMap::new();
+    for row in rows {
+        let e = first.entry(row.key).or_insert_with(|| row.clone());
+        if row.count < e.count {
+            *e = row;
+        }
+    }
+    assert!(first.len() > 250, "{} VMs seen", first.len());
+    for (vm, row) in &first {
+        assert_eq!(row.count, 81, "VM {vm}: its first row must count the 80 warm readings");
+        assert!(row.min <= 1_000 && row.max >= 3_000 && row.median == 2_000, "VM {vm}: {row:?}");
+    }
+}

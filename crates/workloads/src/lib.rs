@@ -16,6 +16,8 @@ pub mod nexmark;
 mod outputs;
 mod params;
 mod queries;
+pub mod realworld;
+pub mod warm;
 
 use koala_dataflow::{DataflowError, JobGraph};
 

@@ -302,4 +302,5 @@ pub mod expected;
 pub mod model;
 pub mod nexmark;
 pub mod oracle;
+pub mod realworld;
 pub mod verify;

@@ -112,6 +112,12 @@ pub fn parse_config(text: &str) -> (JobConfig, JobGraph) {
         koala_workloads::nexmark::build(&config.query, &params)
             .unwrap_or_else(|| panic!("no Nexmark query {:?}", config.query))
             .unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"))
+    } else if let Some(built) = {
+        let params: koala_workloads::realworld::RealWorldParams =
+            toml::from_str(&config.params_text()).unwrap_or_default();
+        koala_workloads::realworld::build(&config.query, &params)
+    } {
+        built.unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"))
     } else {
         let params: koala_workloads::QueryParams =
             toml::from_str(&config.params_text()).unwrap_or_else(|e| panic!("bad params: {e}\n{text}"));

@@ -1,0 +1,299 @@
+//! The output-equivalence oracle (docs/testing.md §1) for the real-world queries (Twitch, Taxi,
+//! Azure, Borg): a run with a reconfiguration of the query's target operator must write the
+//! same sink output as a run deployed with the final configuration from the start, under every
+//! protocol; both runs must prove they used their parameters ([`super::verify`]). One source
+//! task keeps each key's records in order, so the per-key lists ("recent" readings) and running
+//! counts are deterministic; Twitch's "loyalty" is fed by two "engagement" tasks whose
+//! interleaving no run controls, so it is compared on what no interleaving changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use koala_workloads::realworld::{Azure, Borg, RealWorldConfig, Taxi, Twitch, events_of};
+use serde_json::Value;
+
+use super::oracle::{compare_rows, remote_state, rows_per_key};
+use super::run_job_logged;
+
+/// One query of the matrix.
+struct Query {
+    name: &'static str,
+    source: &'static str,
+    target: &'static str,
+    /// Operators between source and sink other than the target, with their tasks.
+    others: &'static [(&'static str, u32)],
+    params: &'static str,
+    /// Per key, equal row multisets; else Twitch's running comparison.
+    rows: bool,
+}
+
+const QUERIES: &[Query] = &[
+    Query {
+        name: "twitch",
+        source: "events",
+        target: "loyalty",
+        others: &[("engagement", 2)],
+        params: "loyal_watch_ms = 600000\nstate_padding_bytes = 64\n",
+        rows: false,
+    },
+    Query {
+        name: "taxi",
+        source: "trips",
+        target: "median_trip",
+        others: &[],
+        params: "taxi_partition = \"pickup_area\"\nrecent = 20\nstate_padding_bytes = 64\n",
+        rows: true,
+    },
+    Query {
+        name: "azure",
+        source: "readings",
+        target: "cpu_stats",
+        others: &[],
+        params: "recent = 8\nstate_padding_bytes = 64\n",
+        rows: true,
+    },
+    Query {
+        name: "borg",
+        source: "usage",
+        target: "task_stats",
+        others: &[],
+        params: "recent = 5\nstate_padding_bytes = 256\n",
+        rows: true,
+    },
+];
+
+/// Records per run and per second: ~0.75 s of input, the reconfiguration at 0.3 s.
+const EVENTS: u64 = 6_000;
+const RATE: u64 = 8_000;
+
+/// The generator of every case: 16 fixed hot keys take a quarter of the records (so every
+/// moved bucket set holds keys accessed again), the rest slide through 2 000 keys.
+fn generator(query: &str) -> RealWorldConfig {
+    RealWorldConfig {
+        events: Some(EVENTS),
+        seed: 11,
+        keys: (query != "taxi").then_some(if query == "twitch" { 200 } else { 2_000 }),
+        active_keys: Some(if query == "taxi" { 40 } else { 100 }),
+        active_shift_events: 10,
+        hot_ratio: 0.25,
+        hot_keys: 16,
+        viewers: 40,
+        ..Default::default()
+    }
+}
+
+/// The keys `op` holds state for.
+fn operator_keys(query: &str, op: &str) -> BTreeSet<u64> {
+    let g = generator(query);
+    match (query, op) {
+        ("twitch", "loyalty") => events_of::<Twitch>(&g, 0, 1).iter().map(|e| e.streamer).collect(),
+        ("taxi", "median_trip") => events_of::<Taxi>(&g, 0, 1).iter().map(|t| t.pickup).collect(),
+        ("azure", "cpu_stats") => events_of::<Azure>(&g, 0, 1).iter().map(|r| r.vm).collect(),
+        ("borg", "task_stats") => events_of::<Borg>(&g, 0, 1).iter().map(|u| u.task).collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// `others_tasks`: the other operators' tasks instead of `Query::others`' (Twitch's two-operator
+/// scale-out).
+fn config(
+    dir: &std::path::Path,
+    protocol: &str,
+    q: &Query,
+    target_tasks: u32,
+    others_tasks: Option<u32>,
+    schedule: &str,
+) -> String {
+    let policy = if protocol == "drrs" { "partition_policy = \"uniform\"\n" } else { "" };
+    let mut text = format!(
+        "query = \"{}\"\nworkers = 2\noutput_dir = \"{}\"\nprotocol = \"{protocol}\"\n{}{policy}\n[parallelism]\n{} = 1\n{} = {target_tasks}\n",
+        q.name,
+        dir.join("out").display(),
+        remote_state(protocol),
+        q.source,
+        q.target,
+    );
+    for (op, n) in q.others {
+        text.push_str(&format!("{op} = {}\n", others_tasks.unwrap_or(*n)));
+    }
+    let g = generator(q.name);
+    let keys = g.keys.map(|k| format!("keys = {k}\n")).unwrap_or_default();
+    text.push_str(&format!(
+        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.generator]\nevents = {EVENTS}\nseed = {}\n{keys}active_keys = {}\nactive_shift_events = {}\nhot_ratio = {}\nhot_keys = {}\nviewers = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
+        q.params,
+        g.seed,
+        g.active_keys.unwrap_or(1),
+        g.active_shift_events,
+        g.hot_ratio,
+        g.hot_keys,
+        g.viewers,
+    ));
+    text
+}
+
+/// Runs `query` under `protocol` with `scenario` (scale-out 2 → 4, scale-in 4 → 2, or a
+/// rebalance of 40 buckets) and against the final deployment, and compares their outputs.
+pub fn scenario(protocol: &str, query: &str, scenario: &str) {
+    let q = QUERIES.iter().find(|q| q.name == query).unwrap_or_else(|| panic!("no query {query}"));
+    let op = q.target;
+    // Twitch's both operators at once (the paper's Figure 21): "engagement" 2 → 4 too.
+    let others = (scenario == "scale-out-both").then_some((2, 4));
+    let (start, end, schedule) = match scenario {
+        "scale-out-both" => (
+            2,
+            4,
+            format!(
+                "[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 4\n\n[[reconfigurations]]\nat_s = 0.3\noperator = \"engagement\"\nparallelism = 4\n"
+            ),
+        ),
+        "scale-out" => {
+            (2, 4, format!("[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 4\n"))
+        }
+        "scale-in" => {
+            (4, 2, format!("[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 2\n"))
+        }
+        "rebalance" => (
+            2,
+            2,
+            format!(
+                "[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
+                (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        other => panic!("no scenario {other}"),
+    };
+    let input_ms = EVENTS * 1000 / RATE;
+    let keys = operator_keys(query, op);
+    // Twitch's "engagement" keys are (streamer, viewer) pairs, which the run checks (u64 keys)
+    // cannot place: its moves are checked for completion only.
+    let keys_of = |o: &str| if o == op { keys.clone() } else { BTreeSet::new() };
+    let min_state_keys = |_: &str| 20;
+    // The hot keys are accessed throughout, and 16 of them land in any moved bucket set here.
+    let permanent = |o: &str| o == op;
+    let top = format!("protocol = \"{protocol}\"\n");
+    let verify = |out: &std::path::Path, text: &str| {
+        let expect = super::verify::Expect {
+            config_text: text,
+            protocol,
+            extra_keys: super::verify::extra_keys_of(&top),
+            input_ms,
+            keys: &keys_of,
+            min_state_keys: &min_state_keys,
+            permanent_state: &permanent,
+        };
+        super::verify::check_run(out, &expect)
+    };
+
+    let reconfigured = tempfile::tempdir().expect("tempdir");
+    let text = config(reconfigured.path(), protocol, q, start, others.map(|o| o.0), &schedule);
+    let (out_a, log) = run_job_logged(reconfigured.path(), &text);
+    match verify(&out_a, &text) {
+        Ok(rec) => println!("{query} ({protocol}, {scenario}): checked {}", rec.checked.join(", ")),
+        Err(e) => panic!("{query} ({protocol}, {scenario}): {e}\nconfig:\n{text}\nlog:\n{log}"),
+    }
+    let reference = tempfile::tempdir().expect("tempdir");
+    let ref_text = config(reference.path(), protocol, q, end, others.map(|o| o.1), "");
+    let (out_b, ref_log) = run_job_logged(reference.path(), &ref_text);
+    if let Err(e) = verify(&out_b, &ref_text) {
+        panic!("{query} ({protocol}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}");
+    }
+    let (a, b) = (rows_per_key(&out_a), rows_per_key(&out_b));
+    assert!(
+        b.len() >= 20,
+        "{query}: the reference run wrote rows for {} keys; the test proves little",
+        b.len()
+    );
+    assert_eq!(b.values().map(Vec::len).sum::<usize>() as u64, EVENTS, "{query}: one row per record");
+    let result = if q.rows { compare_rows(&b, &a) } else { compare_loyalty(&b, &a) };
+    if let Err(e) = result {
+        panic!("{query} ({protocol}, {scenario}): {e}\nconfig:\n{text}\nlog:\n{log}");
+    }
+}
+
+/// What no interleaving of a streamer's engagement signals changes: its running counts are
+/// exactly 1..=n, its (viewer, watch_ms) signals are equal multisets, and its last row's totals
+/// and score are equal.
+type Facets = (Vec<u64>, Vec<(u64, u64)>, Option<Vec<u64>>);
+
+fn compare_loyalty(
+    expected: &BTreeMap<String, Vec<String>>,
+    got: &BTreeMap<String, Vec<String>>,
+) -> Result<(), String> {
+    let facets = |rows: &[String]| -> Result<Facets, String> {
+        let (mut counts, mut signals, mut last) = (Vec::new(), Vec::new(), None::<(u64, Vec<u64>)>);
+        for row in rows {
+            let v: Value = serde_json::from_str(row).map_err(|e| format!("bad row {row}: {e}"))?;
+            let field =
+                |f: &str| v.get(f).and_then(Value::as_u64).ok_or_else(|| format!("row {row} has no {f}"));
+            let count = field("count")?;
+            counts.push(count);
+            signals.push((field("viewer")?, field("watch_ms")?));
+            if last.as_ref().is_none_or(|(c, _)| count > *c) {
+                let totals = ["total_watch_ms", "interactions", "loyal_viewers", "score"].map(field);
+                last = Some((count, totals.into_iter().collect::<Result<_, _>>()?));
+            }
+        }
+        counts.sort_unstable();
+        signals.sort_unstable();
+        Ok((counts, signals, last.map(|(_, t)| t)))
+    };
+    for (key, exp) in expected {
+        let (exp_counts, exp_signals, exp_last) = facets(exp)?;
+        let (counts, signals, last) = facets(got.get(key).map(Vec::as_slice).unwrap_or_default())?;
+        if counts != (1..=exp_counts.len() as u64).collect::<Vec<_>>() {
+            return Err(format!(
+                "streamer {key}: running counts {counts:?}, {} rows expected",
+                exp_counts.len()
+            ));
+        }
+        if signals != exp_signals || last != exp_last {
+            return Err(format!("streamer {key}: signals or final totals differ: {last:?} vs {exp_last:?}"));
+        }
+    }
+    let extra: Vec<&String> = got.keys().filter(|k| !expected.contains_key(*k)).take(5).collect();
+    if extra.is_empty() { Ok(()) } else { Err(format!("keys only in the reconfigured run: {extra:?}")) }
+}
+
+/// The real-world oracle tests of one protocol: every query × scale-out, scale-in, rebalance.
+/// `koala` runs them all in the normal suite; the baselines run the scale-outs there and the
+/// rest `#[ignore]`d (the suite's time budget, docs/testing.md §7).
+#[macro_export]
+macro_rules! realworld_matrix {
+    ($protocol:literal, all) => {
+        $crate::realworld_matrix!(@scale_out $protocol, allow(unused));
+        $crate::realworld_matrix!(@others $protocol, allow(unused));
+    };
+    ($protocol:literal, scale_out) => {
+        $crate::realworld_matrix!(@scale_out $protocol, allow(unused));
+        $crate::realworld_matrix!(@others $protocol, ignore = "time budget: run with --run-ignored only (docs/testing.md §7)");
+    };
+    (@scale_out $protocol:literal, $attr:meta) => {
+        $crate::realworld_matrix!(@tests $protocol; $attr;
+            twitch_scale_out: "twitch", "scale-out";
+            twitch_scale_out_both_operators: "twitch", "scale-out-both";
+            taxi_scale_out: "taxi", "scale-out";
+            azure_scale_out: "azure", "scale-out";
+            borg_scale_out: "borg", "scale-out";
+        );
+    };
+    (@others $protocol:literal, $attr:meta) => {
+        $crate::realworld_matrix!(@tests $protocol; $attr;
+            twitch_scale_in: "twitch", "scale-in";
+            twitch_rebalance: "twitch", "rebalance";
+            taxi_scale_in: "taxi", "scale-in";
+            taxi_rebalance: "taxi", "rebalance";
+            azure_scale_in: "azure", "scale-in";
+            azure_rebalance: "azure", "rebalance";
+            borg_scale_in: "borg", "scale-in";
+            borg_rebalance: "borg", "rebalance";
+        );
+    };
+    (@tests $protocol:literal; $attr:meta; $($name:ident: $query:literal, $scenario:literal;)*) => {
+        $(
+            #[test]
+            #[$attr]
+            fn $name() {
+                common::realworld::scenario($protocol, $query, $scenario);
+            }
+        )*
+    };
+}

@@ -1,0 +1,199 @@
+//! Warm state for `koala warmup` (docs/architecture.md §5): the state entries a query's stateful
+//! operators would hold for their `k`-th key, encoded exactly as the operators encode them, so a
+//! snapshot of them restores as if the job had run. The layouts live here, next to the queries,
+//! and [`tests`] decode each with the operator's own state type.
+//!
+//! Warm key `k` is the query's `k`-th key: `k` itself for the keyed aggregate, Azure VMs and
+//! Borg tasks; person `1000 + k` (Q3's join, Q6's and Q6*'s sellers); category `10 + k` (Q4,
+//! Q4*); for Taxi route `k` (or pickup zone `k`); for Twitch the (streamer, viewer) pair
+//! `(k mod streamers, k / streamers)` and, for `k` below the streamers, streamer `k`.
+
+use koala_dataflow::logic::StateId;
+use koala_dataflow::state::{LIST_STATE, VALUE_STATE};
+use koala_types::{CodecError, encode};
+
+use crate::QueryParams;
+use crate::nexmark::{FIRST_CATEGORY_ID, FIRST_PERSON_ID, NexmarkParams};
+use crate::realworld::{CountState, EngagementState, LoyaltyState, RealWorldParams, TaxiPartition, Twitch};
+
+/// One state entry of one operator's key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmEntry {
+    /// The operator (its snapshot is `<out>/<operator>`).
+    pub operator: &'static str,
+    /// The state id.
+    pub state: StateId,
+    /// The encoded key.
+    pub key: Vec<u8>,
+    /// The encoded value.
+    pub value: Vec<u8>,
+}
+
+/// The queries whose warm state [`entries`] knows, with the operators it writes.
+pub const WARM_QUERIES: &[(&str, &[&str])] = &[
+    ("keyed-aggregate", &["aggregate"]),
+    ("nexmark-q3", &["join"]),
+    ("nexmark-q4", &["category"]),
+    ("nexmark-q4star", &["category"]),
+    ("nexmark-q6", &["seller"]),
+    ("nexmark-q6star", &["seller"]),
+    ("twitch", &["engagement", "loyalty"]),
+    ("taxi", &["median_trip"]),
+    ("azure", &["cpu_stats"]),
+    ("borg", &["task_stats"]),
+];
+
+/// A query's parameters, as its family reads them.
+#[derive(Clone, Debug)]
+pub enum WarmParams<'a> {
+    /// The synthetic queries.
+    Workloads(&'a QueryParams),
+    /// Nexmark.
+    Nexmark(&'a NexmarkParams),
+    /// Twitch, Taxi, Azure, Borg.
+    RealWorld(&'a RealWorldParams),
+}
+
+/// Appends warm key `k`'s entries of `query` to `out`, each value padded with `value_bytes`
+/// (the state's padding field, or trailing bytes the decoder ignores for the keyed aggregate).
+/// `None` if `query` (with these parameters) has no known warm layout.
+pub fn entries(
+    query: &str,
+    params: &WarmParams<'_>,
+    k: u64,
+    value_bytes: usize,
+    out: &mut Vec<WarmEntry>,
+) -> Option<Result<(), CodecError>> {
+    let pad = || "x".repeat(value_bytes);
+    let mut put = |operator: &'static str, state: StateId, key: Result<Vec<u8>, CodecError>, value| {
+        out.push(WarmEntry { operator, state, key: key?, value: value? });
+        Ok::<(), CodecError>(())
+    };
+    let result = match (query, params) {
+        ("keyed-aggregate", WarmParams::Workloads(_)) => {
+            let value = encode(&(1u64, k as i64)).map(|mut v| {
+                v.resize(v.len().max(value_bytes), 0xA5);
+                v
+            });
+            put("aggregate", VALUE_STATE, encode(&k), value)
+        }
+        ("nexmark-q3", WarmParams::Nexmark(_)) => {
+            // Q3's person state: (name, city, state, padding), a seller outside Oregon.
+            let info = (format!("warm {k}"), "Boise".to_string(), "ID".to_string(), pad());
+            put("join", VALUE_STATE, encode(&(FIRST_PERSON_ID + k)), encode(&info))
+        }
+        ("nexmark-q4" | "nexmark-q4star", WarmParams::Nexmark(_)) => {
+            put("category", VALUE_STATE, encode(&(FIRST_CATEGORY_ID + k)), encode(&(1u64, 100u64, pad())))
+        }
+        ("nexmark-q6" | "nexmark-q6star", WarmParams::Nexmark(p)) => {
+            let prices = vec![100u64; p.last_prices];
+            let state = (p.last_prices as u64, prices, pad());
+            put("seller", VALUE_STATE, encode(&(FIRST_PERSON_ID + k)), encode(&state))
+        }
+        ("twitch", WarmParams::RealWorld(p)) => {
+            let streamers = p.generator.keys_of::<Twitch>();
+            let pair = (k % streamers, k / streamers);
+            let engagement: EngagementState = (60_000, 1, pad());
+            let result = put("engagement", VALUE_STATE, encode(&pair), encode(&engagement));
+            if result.is_ok() && k < streamers {
+                let loyalty: LoyaltyState = (1, 60_000, 1, 0, pad());
+                put("loyalty", VALUE_STATE, encode(&k), encode(&loyalty))
+            } else {
+                result
+            }
+        }
+        ("taxi", WarmParams::RealWorld(p)) => {
+            let route = match p.taxi_partition {
+                TaxiPartition::Route => k,
+                TaxiPartition::PickupArea => k * crate::realworld::TAXI_ZONES,
+            };
+            let trips = vec![(route, 900u32); p.recent.unwrap_or(150)];
+            list_entries(&mut put, "median_trip", k, trips.len() as u64, &trips, pad())
+        }
+        ("azure", WarmParams::RealWorld(p)) => {
+            let readings = vec![(1_000u32, 3_000u32, 2_000u32); p.recent.unwrap_or(80)];
+            list_entries(&mut put, "cpu_stats", k, readings.len() as u64, &readings, pad())
+        }
+        ("borg", WarmParams::RealWorld(p)) => {
+            let readings = vec![(20_000u32, 40_000u32, 1_000u32); p.recent.unwrap_or(10)];
+            list_entries(&mut put, "task_stats", k, readings.len() as u64, &readings, pad())
+        }
+        _ => return None,
+    };
+    Some(result)
+}
+
+/// The value state (count, padding) and the list of a list query's key `k`.
+fn list_entries<T: serde::Serialize>(
+    put: &mut impl FnMut(
+        &'static str,
+        StateId,
+        Result<Vec<u8>, CodecError>,
+        Result<Vec<u8>, CodecError>,
+    ) -> Result<(), CodecError>,
+    operator: &'static str,
+    k: u64,
+    count: u64,
+    list: &[T],
+    pad: String,
+) -> Result<(), CodecError> {
+    let state: CountState = (count, pad);
+    put(operator, VALUE_STATE, encode(&k), encode(&state))?;
+    put(operator, LIST_STATE, encode(&k), encode(&list))
+}
+
+#[cfg(test)]
+mod tests {
+    use koala_types::decode;
+
+    use super::*;
+    use crate::realworld::TAXI_ZONES;
+
+    fn one(query: &str, params: WarmParams<'_>, k: u64) -> Vec<WarmEntry> {
+        let mut out = Vec::new();
+        entries(query, &params, k, 32, &mut out).expect("supported").expect("encodes");
+        out
+    }
+
+    #[test]
+    fn every_layout_decodes_as_its_operators_state_and_names_a_stateful_operator() {
+        let (w, n, r) = (QueryParams::default(), NexmarkParams::default(), RealWorldParams::default());
+        for (query, operators) in WARM_QUERIES {
+            let params = match *query {
+                "keyed-aggregate" => WarmParams::Workloads(&w),
+                q if q.starts_with("nexmark") => WarmParams::Nexmark(&n),
+                _ => WarmParams::RealWorld(&r),
+            };
+            let graph = match &params {
+                WarmParams::Workloads(p) => crate::build_query(query, p).map_err(|e| e.to_string()),
+                WarmParams::Nexmark(p) => crate::nexmark::build(query, p).expect("registered"),
+                WarmParams::RealWorld(p) => crate::realworld::build(query, p).expect("registered"),
+            }
+            .expect("builds");
+            let written = one(query, params.clone(), 3);
+            for op in *operators {
+                assert!(graph.by_name(op).is_some_and(|o| o.is_stateful()), "{query}: {op}");
+                assert!(written.iter().any(|e| e.operator == *op), "{query}: nothing for {op}");
+            }
+        }
+        // The values decode as the operators' state types.
+        let e = one("twitch", WarmParams::RealWorld(&r), 3);
+        assert_eq!(decode::<(u64, u64)>(&e[0].key).ok(), Some((3, 0)));
+        assert_eq!(decode::<EngagementState>(&e[0].value).ok().map(|s| s.2.len()), Some(32));
+        assert!(decode::<LoyaltyState>(&e[1].value).is_ok());
+        let e = one("taxi", WarmParams::RealWorld(&r), 7);
+        assert_eq!(decode::<CountState>(&e[0].value).ok(), Some((150, "x".repeat(32))));
+        assert_eq!(decode::<Vec<(u64, u32)>>(&e[1].value).ok().map(|l| l.len()), Some(150));
+        let pickup = RealWorldParams { taxi_partition: TaxiPartition::PickupArea, ..r.clone() };
+        let e = one("taxi", WarmParams::RealWorld(&pickup), 7);
+        assert_eq!(decode::<Vec<(u64, u32)>>(&e[1].value).ok().map(|l| l[0].0), Some(7 * TAXI_ZONES));
+        let e = one("borg", WarmParams::RealWorld(&r), 1);
+        assert_eq!(decode::<Vec<(u32, u32, u32)>>(&e[1].value).ok().map(|l| l.len()), Some(10));
+        let e = one("nexmark-q6star", WarmParams::Nexmark(&n), 1);
+        assert_eq!(decode::<(u64, Vec<u64>, String)>(&e[0].value).ok().map(|s| s.1.len()), Some(10));
+        let e = one("nexmark-q3", WarmParams::Nexmark(&n), 1);
+        assert_eq!(decode::<u64>(&e[0].key).ok(), Some(FIRST_PERSON_ID + 1));
+        assert!(decode::<(String, String, String, String)>(&e[0].value).is_ok());
+        assert!(entries("nexmark-q5", &WarmParams::Nexmark(&n), 0, 8, &mut Vec::new()).is_none());
+    }
+}
