@@ -18,7 +18,7 @@ pub(super) const FONT_CANDIDATES: &[&str] = &[
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
 ];
-const PLOT_SIZE: (u32, u32) = (1270, 450);
+const PLOT_SIZE: (u32, u32) = (1400, 450);
 
 /// Registers a system font with plotters once per process; `false` if none could be loaded.
 pub(super) fn plot_font_ready() -> bool {
@@ -62,7 +62,7 @@ const SPAN_COLOUR: RGBColor = RGBColor(230, 120, 0);
 /// The narrowest a span is drawn, s (a hand-over of a few ms must stay visible).
 const SPAN_MIN_WIDTH_S: f64 = 0.15;
 /// Width of the legend panel right of the data, pixels.
-const LEGEND_WIDTH: u32 = 270;
+const LEGEND_WIDTH: u32 = 390;
 
 /// The spans of a report's reconfigurations: `1: 6.20→6.23 s scale_out window`.
 pub(super) fn spans(summary: &ReportSummary) -> Vec<Span> {
@@ -197,8 +197,9 @@ fn draw_plot(
             )))
             .map_err(|e| err(&e))?;
         if text {
-            // Staggered, so labels of reconfigurations close together do not overlap.
-            let y = y_top * (0.99 - 0.06 * (i % 3) as f64);
+            // Staggered, so labels of reconfigurations close together (one per protocol in an
+            // experiment's overlay) do not overlap.
+            let y = y_top * (0.99 - 0.06 * (i % LABEL_ROWS) as f64);
             chart
                 .draw_series(std::iter::once(Text::new(
                     span.label.clone(),
@@ -209,14 +210,33 @@ fn draw_plot(
         }
     }
     for (_, colour, points) in lines {
-        chart
-            .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))
-            .map_err(|e| err(&e))?;
+        for run in gapless_runs(points) {
+            chart
+                .draw_series(LineSeries::new(run.iter().copied(), colour.stroke_width(2)))
+                .map_err(|e| err(&e))?;
+        }
     }
     if text {
         draw_legend(&legend_area, lines, spans, &span_colour).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
+}
+
+/// Rows the span labels are staggered over.
+const LABEL_ROWS: usize = 6;
+
+/// A line's points split where a second has no value (no output reached a sink, say, while a
+/// job was paused), so the plot shows the gap instead of a straight line across it.
+fn gapless_runs(points: &[(f64, f64)]) -> Vec<&[(f64, f64)]> {
+    let mut runs = Vec::new();
+    let mut from = 0;
+    for i in 1..=points.len() {
+        if i == points.len() || points[i].0 - points[i - 1].0 > 1.5 {
+            runs.push(&points[from..i]);
+            from = i;
+        }
+    }
+    runs
 }
 
 /// The legend panel: one entry per line, then one per reconfiguration span.
@@ -293,4 +313,17 @@ pub(super) fn render_html(summary: &ReportSummary) -> String {
         summary_text = escape_html(&summary.to_string()),
         table = escape_html(&summary.table.to_string()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_breaks_where_seconds_have_no_value() {
+        let points = [(0.5, 1.0), (1.5, 2.0), (5.5, 3.0), (6.5, 4.0), (9.5, 5.0)];
+        let runs = gapless_runs(&points);
+        assert_eq!(runs, vec![&points[0..2], &points[2..4], &points[4..5]]);
+        assert!(gapless_runs(&[]).is_empty());
+    }
 }
