@@ -78,12 +78,26 @@ pub enum DrrsSchedule {
 }
 
 impl DrrsSchedule {
+    /// Every schedule.
+    pub const ALL: [Self; 2] = [Self::Ported, Self::Overlapping];
+
     /// The name in a config.
     pub fn name(self) -> &'static str {
         match self {
             Self::Ported => "ported",
             Self::Overlapping => "overlapping",
         }
+    }
+
+    /// The schedule with this config name.
+    ///
+    /// ```
+    /// use koala_protocol::drrs::DrrsSchedule;
+    /// assert_eq!(DrrsSchedule::parse("overlapping"), Some(DrrsSchedule::Overlapping));
+    /// assert_eq!(DrrsSchedule::parse("sequential"), None);
+    /// ```
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
     }
 }
 
