@@ -407,6 +407,18 @@ impl JobConfig {
         toml::to_string(&self.params).unwrap_or_default()
     }
 
+    /// The protocol as runs and reconfigurations record it: its name, and `drrs-overlapping` for
+    /// DRRS under the original DRRS's schedule, so two DRRS runs compared side by side are told
+    /// apart (`koala compare --protocols drrs,drrs-overlapping`).
+    pub fn protocol_label(&self) -> String {
+        match (self.protocol, self.drrs.schedule) {
+            (koala_protocol::Protocol::Drrs, koala_protocol::drrs::DrrsSchedule::Overlapping) => {
+                "drrs-overlapping".into()
+            }
+            (p, _) => p.name().into(),
+        }
+    }
+
     /// The metrics database path.
     pub fn metrics_path(&self) -> PathBuf {
         self.metrics_db.clone().unwrap_or_else(|| self.output_dir.join("metrics.db"))

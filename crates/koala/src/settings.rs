@@ -79,6 +79,20 @@ impl SharedSettings {
     }
 }
 
+/// The line naming the DRRS schedule of each DRRS run among `protocols` (command-line names),
+/// if any: `drrs` runs the Koala authors' port, `drrs-overlapping` the original DRRS's schedule.
+pub fn drrs_line(protocols: &[String]) -> Option<String> {
+    let runs: Vec<String> = protocols
+        .iter()
+        .filter(|p| p.starts_with("drrs"))
+        .map(|p| {
+            let s = crate::launch::drrs_schedule_of(p);
+            format!("{p} = schedule \"{}\" ({})", s.name(), s.describe())
+        })
+        .collect();
+    (!runs.is_empty()).then(|| format!("DRRS runs: {}", runs.join("; ")))
+}
+
 /// A policy as configs and flags spell it.
 pub fn policy_name(p: PolicyName) -> &'static str {
     match p {

@@ -38,7 +38,7 @@ mod tests;
 use koala_types::Epoch;
 
 pub use coordinator::{DrrsCoordinator, DrrsStep};
-pub use messages::{DrrsControl, DrrsPeer, Subscale};
+pub use messages::{DrrsCommand, DrrsControl, DrrsPeer, Subscale};
 pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent, low_water};
 
 /// DRRS knobs (`[drrs]` in a job config).
@@ -86,6 +86,18 @@ impl DrrsSchedule {
         match self {
             Self::Ported => "ported",
             Self::Overlapping => "overlapping",
+        }
+    }
+
+    /// What the schedule does, in a few words (the settings line of a comparison).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Ported => {
+                "the Koala authors' port: subscales one after another, each a slice of every sender→receiver pair"
+            }
+            Self::Overlapping => {
+                "the original DRRS: one subscale per sender→receiver pair, several at once, at most two per task"
+            }
         }
     }
 
