@@ -129,6 +129,19 @@ mod tests {
     }
 
     #[test]
+    fn the_drrs_line_names_each_drrs_run_s_schedule() {
+        let names = |ps: &[&str]| ps.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert_eq!(drrs_line(&names(&["koala", "stop-and-restart"])), None);
+        let line = drrs_line(&names(&["koala", "drrs", "drrs-overlapping"])).expect("a line");
+        assert!(line.contains("drrs = schedule \"ported\" (the Koala authors' port"), "{line}");
+        assert!(line.contains("drrs-overlapping = schedule \"overlapping\" (the original DRRS"), "{line}");
+        let drrs = crate::launch::parse_protocol_flag("drrs-overlapping", "--protocols").expect("known");
+        assert_eq!(drrs, Protocol::Drrs);
+        let err = crate::launch::parse_protocol_flag("drrs-original", "--protocols").expect_err("unknown");
+        assert!(err.to_string().contains("drrs-overlapping"), "{err}");
+    }
+
+    #[test]
     fn every_backend_with_a_cache_gets_the_same_budget_and_share_rule() {
         let s =
             SharedSettings { policy: PolicyName::Uniform, worker_memory_mb: 3000, derived_from: (15000, 2) };

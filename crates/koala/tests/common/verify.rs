@@ -196,7 +196,7 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
         ));
     }
     for (i, (row, a)) in rec.reconfigurations.iter().zip(&applied).enumerate() {
-        if row.protocol != expect.protocol {
+        if row.protocol != label {
             return Err(format!("reconfiguration {} ran under {:?}", row.epoch, row.protocol));
         }
         if row.epoch != i as u64 + 1 || row.operator != a.operator || row.kind != a.kind {
