@@ -236,8 +236,11 @@ fn process_tags_name_when_the_oldest_record_was_taken() {
     assert_eq!((processed(&out), task.take_process_tags()), (vec![7], vec![30]));
 }
 
-/// The `Begin`s (subscale index, its pairs) and `Switch`es (epoch, last) among coordinator steps.
-fn coordinator_steps(steps: &[super::DrrsStep]) -> (Vec<(usize, Vec<(TaskId, TaskId)>)>, Vec<(u64, bool)>) {
+/// A `Begin` among coordinator steps: the subscale's index and its pairs.
+type Begun = (usize, Vec<(TaskId, TaskId)>);
+
+/// The `Begin`s and `Switch`es (epoch, last) among coordinator steps.
+fn coordinator_steps(steps: &[super::DrrsStep]) -> (Vec<Begun>, Vec<(u64, bool)>) {
     use super::{DrrsControl, DrrsStep};
     let (mut begins, mut switches) = (Vec::new(), Vec::new());
     for step in steps {
