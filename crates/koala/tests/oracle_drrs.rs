@@ -78,7 +78,9 @@ fn overlapping_schedule_issue_26_reconfigurations() {
                    moves = [{ buckets = [1, 2, 3, 40, 41, 90], to = 2 }]\n\
                    [[reconfigurations]]\nat_s = 1.5\noperator = \"aggregate\"\nparallelism = 5\n",
         params: "",
-        records: 20_000,
+        // Input for 4 s: under load a queued fifth reconfiguration must still find its sources
+        // running (the coordinator skips one whose input ended).
+        records: 32_000,
         seed: 16,
         expect_reconfigurations: 5,
     });
