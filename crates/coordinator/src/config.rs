@@ -52,8 +52,9 @@ pub struct JobConfig {
     #[serde(default)]
     pub protocol: koala_protocol::Protocol,
     /// `[drrs]`: `schedule` (`ported`, the default: the Koala authors' port, every subscale a
-    /// slice of every sender→receiver pair; `overlapping`, the original DRRS, is not built yet),
-    /// `subscales` (0, the default, = as many as there are pairs) and `wait_records` (direct
+    /// slice of every sender→receiver pair, run one after another; `overlapping`, the original
+    /// DRRS: one subscale per pair, several running at once, at most two per task),
+    /// `subscales` (ported only: 0, the default, = as many as there are pairs) and `wait_records` (direct
     /// records a receiver lets wait for state before it stops taking direct input, until half of
     /// them wait; default 2048). Only read under `protocol = "drrs"`.
     #[serde(default)]
@@ -406,6 +407,18 @@ impl JobConfig {
         toml::to_string(&self.params).unwrap_or_default()
     }
 
+    /// The protocol as runs and reconfigurations record it: its name, and `drrs-overlapping` for
+    /// DRRS under the original DRRS's schedule, so two DRRS runs compared side by side are told
+    /// apart (`koala compare --protocols drrs,drrs-overlapping`).
+    pub fn protocol_label(&self) -> String {
+        match (self.protocol, self.drrs.schedule) {
+            (koala_protocol::Protocol::Drrs, koala_protocol::drrs::DrrsSchedule::Overlapping) => {
+                "drrs-overlapping".into()
+            }
+            (p, _) => p.name().into(),
+        }
+    }
+
     /// The metrics database path.
     pub fn metrics_path(&self) -> PathBuf {
         self.metrics_db.clone().unwrap_or_else(|| self.output_dir.join("metrics.db"))
@@ -431,12 +444,12 @@ impl JobConfig {
                  (contiguous even bucket ranges); add partition_policy = \"uniform\"",
             ));
         }
-        if self.drrs.schedule == koala_protocol::drrs::DrrsSchedule::Overlapping {
+        if self.drrs.schedule == koala_protocol::drrs::DrrsSchedule::Overlapping && self.drrs.subscales != 0 {
             return Err(invalid(
-                "drrs.schedule",
-                "\"overlapping\" (the original DRRS: overlapping single-pair subscales) is not built \
-                 yet; use \"ported\" (the default: the Koala authors' port, each subscale a slice of \
-                 every sender→receiver pair)",
+                "drrs.subscales",
+                "schedule = \"overlapping\" (the original DRRS) runs one subscale per \
+                 sender→receiver pair; remove subscales, or use schedule = \"ported\" to choose \
+                 how many subscales each slice every pair",
             ));
         }
         if self.drrs.subscales > koala_protocol::drrs::MAX_SUBSCALES {

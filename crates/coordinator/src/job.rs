@@ -172,7 +172,7 @@ impl JobState<'_> {
             let description = format!(
                 "{kind} {} {old}→{new} tasks, {buckets} buckets change owner ({})",
                 q.request.operator(),
-                self.config.protocol.name()
+                self.config.protocol_label()
             );
             let started_ms = unix_ms();
             self.store.reconfiguration_started(
@@ -181,7 +181,7 @@ impl JobState<'_> {
                     epoch,
                     operator: q.request.operator().to_string(),
                     kind: kind.to_string(),
-                    protocol: self.config.protocol.name().into(),
+                    protocol: self.config.protocol_label(),
                     started_ms,
                     buckets_moved: buckets as u64,
                     detail: format!("{:?}", q.request),

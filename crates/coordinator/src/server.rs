@@ -130,7 +130,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         run: job.run.clone(),
         started_ms,
         query: config.query.clone(),
-        protocol: config.protocol.name().into(),
+        protocol: config.protocol_label(),
         config: toml::to_string(config).unwrap_or_default(),
     })?;
     workers.broadcast(&CoordinatorMessage::Start)?;

@@ -92,6 +92,11 @@ impl Setup {
         // without one every record's 2 KB state would cross the link scaled down for the
         // transfer, which no real deployment would do.
         let state = if protocol == "remote" { "\n[state]\nbackend = \"remote\"\n" } else { "" };
+        // `drrs-overlapping`: DRRS with the original DRRS's schedule.
+        let (protocol, state) = match protocol {
+            "drrs-overlapping" => ("drrs", "\n[drrs]\nschedule = \"overlapping\"\n"),
+            p => (p, state),
+        };
         let text = format!(
             r#"query = "keyed-aggregate"
 workers = {workers}
@@ -149,7 +154,7 @@ rate = [{{ at_ms = 0, records_per_sec = {base:.1} }}, {{ at_ms = {surge_ms}, rec
 }
 
 /// The protocols the experiment knows (and plots in these colours' order).
-const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
+const PROTOCOLS: [&str; 5] = ["koala", "stop-and-restart", "remote", "drrs", "drrs-overlapping"];
 
 /// Workers of every run (one per task after the scale-out).
 pub fn workers(quick: bool) -> u32 {
@@ -185,6 +190,9 @@ pub fn scale_out(
         PAUSE_FRACTION * setup.duration_s() as f64,
         PAUSE_FRACTION * 100.0
     );
+    if let Some(line) = crate::settings::drrs_line(protocols) {
+        println!("{line}");
+    }
     if !warm.join(crate::warmup::OPERATOR).join("manifest").exists() {
         let started = std::time::Instant::now();
         let written = crate::warmup::warmup(
@@ -228,6 +236,9 @@ pub fn scale_out(
     if !runs.is_empty() {
         println!();
         println!("{}", shared.line());
+        if let Some(line) = crate::settings::drrs_line(protocols) {
+            println!("{line}");
+        }
         write_results(&runs, &latencies, out)?;
     }
     if !failed.is_empty() {

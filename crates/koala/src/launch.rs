@@ -63,6 +63,7 @@ pub fn demo(
     config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
     config.protocol = parse_protocol(protocol)?;
+    config.drrs.schedule = drrs_schedule_of(protocol);
     match config.protocol {
         // The Remote baseline keeps state on state servers (one, started with the workers), with
         // a client cache sized from the budget, as the other protocols' write-back cache.
@@ -83,7 +84,7 @@ pub fn demo(
         "koala demo: {} with {} workers for {duration_s} s (rate 30k/s, surge to 60k/s 20–45 s, aggregate scaled out 2 → 4 at 25 s, {}; {}); output in {}",
         config.query,
         config.workers,
-        config.protocol.name(),
+        config.protocol_label(),
         config.runtime.capacity_line(),
         output_dir.display()
     );
@@ -105,9 +106,19 @@ pub fn parse_protocol_flag(name: &str, flag: &str) -> anyhow::Result<koala_proto
         "koala" => Protocol::Koala,
         "stop-and-restart" => Protocol::StopAndRestart,
         "remote" => Protocol::Remote,
-        "drrs" => Protocol::Drrs,
-        other => anyhow::bail!("{flag} {other:?}: use koala, stop-and-restart, remote or drrs"),
+        "drrs" | "drrs-overlapping" => Protocol::Drrs,
+        other => anyhow::bail!(
+            "{flag} {other:?}: use koala, stop-and-restart, remote, drrs (the Koala authors' DRRS) or \
+             drrs-overlapping (DRRS with the original DRRS's overlapping schedule)"
+        ),
     })
+}
+
+/// The DRRS schedule a protocol name on the command line runs: `drrs-overlapping` the original
+/// DRRS's, every other name the default (the Koala authors' port).
+pub fn drrs_schedule_of(name: &str) -> koala_protocol::drrs::DrrsSchedule {
+    use koala_protocol::drrs::DrrsSchedule;
+    if name == "drrs-overlapping" { DrrsSchedule::Overlapping } else { DrrsSchedule::Ported }
 }
 
 /// What `koala bench` runs.

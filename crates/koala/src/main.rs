@@ -46,7 +46,7 @@ enum Command {
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
         /// Reconfiguration protocol: koala, stop-and-restart, remote or drrs (with the uniform
-        /// partition policy).
+        /// partition policy; drrs-overlapping runs it with the original DRRS's schedule).
         #[arg(long, default_value = "koala")]
         protocol: String,
     },
@@ -68,7 +68,10 @@ enum Command {
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
         /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
-        /// stop-and-restart over a state server), drrs (only with the uniform partition policy).
+        /// stop-and-restart over a state server), drrs (only with the uniform partition policy;
+        /// the Koala authors' port, the paper's baseline), drrs-overlapping (DRRS with the
+        /// original DRRS's schedule: one subscale per sender→receiver pair, several at once; the
+        /// paper's Figure 16 compares the two).
         #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
         protocols: Vec<String>,
     },
@@ -262,8 +265,9 @@ enum ExperimentKind {
         /// Where the warm state, each run and the results go.
         #[arg(long, default_value = "koala-out/experiment-scale-out")]
         output_dir: PathBuf,
-        /// Protocols to run, in order (koala, stop-and-restart, remote, drrs); Koala's figures
-        /// are compared with stop-and-restart's when both ran.
+        /// Protocols to run, in order (koala, stop-and-restart, remote, drrs, drrs-overlapping:
+        /// DRRS with the original DRRS's overlapping schedule, beside drrs, the Koala authors'
+        /// port); Koala's figures are compared with stop-and-restart's when both ran.
         #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
         protocols: Vec<String>,
         /// Partition policy of every run (consistent, uniform or interleaved; default: uniform
@@ -325,12 +329,19 @@ fn run(command: Command) -> anyhow::Result<()> {
             let shared =
                 settings::SharedSettings::choose(&parsed, requested, PolicyName::Consistent, workers)?;
             println!("koala compare: {}", shared.line());
+            let drrs = settings::drrs_line(&protocols);
+            if let Some(line) = &drrs {
+                println!("{line}");
+            }
             let mut outcomes = Vec::new();
             for protocol in &protocols {
                 outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol, Some(shared))?);
             }
             println!();
             println!("{}", shared.line());
+            if let Some(line) = &drrs {
+                println!("{line}");
+            }
             compare::print_table(&outcomes);
             Ok(())
         }

@@ -79,6 +79,20 @@ impl SharedSettings {
     }
 }
 
+/// The line naming the DRRS schedule of each DRRS run among `protocols` (command-line names),
+/// if any: `drrs` runs the Koala authors' port, `drrs-overlapping` the original DRRS's schedule.
+pub fn drrs_line(protocols: &[String]) -> Option<String> {
+    let runs: Vec<String> = protocols
+        .iter()
+        .filter(|p| p.starts_with("drrs"))
+        .map(|p| {
+            let s = crate::launch::drrs_schedule_of(p);
+            format!("{p} = schedule \"{}\" ({})", s.name(), s.describe())
+        })
+        .collect();
+    (!runs.is_empty()).then(|| format!("DRRS runs: {}", runs.join("; ")))
+}
+
 /// A policy as configs and flags spell it.
 pub fn policy_name(p: PolicyName) -> &'static str {
     match p {
@@ -112,6 +126,19 @@ mod tests {
         let err = SharedSettings::choose(&all, Some(PolicyName::Consistent), PolicyName::Interleaved, 2)
             .expect_err("drrs with consistent");
         assert!(err.to_string().contains("--partition-policy consistent"), "{err}");
+    }
+
+    #[test]
+    fn the_drrs_line_names_each_drrs_run_s_schedule() {
+        let names = |ps: &[&str]| ps.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        assert_eq!(drrs_line(&names(&["koala", "stop-and-restart"])), None);
+        let line = drrs_line(&names(&["koala", "drrs", "drrs-overlapping"])).expect("a line");
+        assert!(line.contains("drrs = schedule \"ported\" (the Koala authors' port"), "{line}");
+        assert!(line.contains("drrs-overlapping = schedule \"overlapping\" (the original DRRS"), "{line}");
+        let drrs = crate::launch::parse_protocol_flag("drrs-overlapping", "--protocols").expect("known");
+        assert_eq!(drrs, Protocol::Drrs);
+        let err = crate::launch::parse_protocol_flag("drrs-original", "--protocols").expect_err("unknown");
+        assert!(err.to_string().contains("drrs-overlapping"), "{err}");
     }
 
     #[test]

@@ -90,9 +90,10 @@ fn drrs_needs_the_uniform_policy_and_known_knobs() {
     assert!(err.contains("subscale"), "{err}");
     let err = rejected(&format!("{top}{BASE}[drrs]\nsubscales = 100000\n"));
     assert!(err.contains("drrs.subscales"), "{err}");
-    // The original DRRS's overlapping schedule is named but not built; an unknown one lists both.
-    let err = rejected(&format!("{top}{BASE}[drrs]\nschedule = \"overlapping\"\n"));
-    assert!(err.contains("drrs.schedule") && err.contains("not built yet"), "{err}");
+    // The original DRRS's overlapping schedule runs one subscale per pair: a subscale count is
+    // refused by name; an unknown schedule lists both.
+    let err = rejected(&format!("{top}{BASE}[drrs]\nschedule = \"overlapping\"\nsubscales = 2\n"));
+    assert!(err.contains("drrs.subscales") && err.contains("one subscale per"), "{err}");
     let err = rejected(&format!("{top}{BASE}[drrs]\nschedule = \"sequential\"\n"));
     assert!(err.contains("schedule") && err.contains("ported") && err.contains("overlapping"), "{err}");
 }

@@ -59,3 +59,56 @@ fn issue_26_schedule_three_sources_one_record_batches() {
         expect_reconfigurations: 5,
     });
 }
+
+/// The original DRRS's overlapping schedule (one subscale per pair, several at once, at most two
+/// per task) over issue 26's schedule: 1 → 5 (four pairs from one sender: two at a time), 5 → 4,
+/// a migration, a rebalance and 4 → 5, with a wait buffer of one record.
+#[test]
+fn overlapping_schedule_issue_26_reconfigurations() {
+    check(&Case {
+        protocol: "drrs",
+        top: "[drrs]\nschedule = \"overlapping\"\nwait_records = 1\n",
+        query: "keyed-aggregate",
+        start: &[("source", 3), ("aggregate", 1), ("sink", 1)],
+        end: &[("source", 3), ("aggregate", 5), ("sink", 1)],
+        schedule: "[[reconfigurations]]\nat_s = 0.3\noperator = \"aggregate\"\nparallelism = 5\n\
+                   [[reconfigurations]]\nat_s = 0.6\noperator = \"aggregate\"\nparallelism = 4\n\
+                   [[reconfigurations]]\nat_s = 0.9\noperator = \"aggregate\"\ntask = 1\nworker = 0\n\
+                   [[reconfigurations]]\nat_s = 1.2\noperator = \"aggregate\"\n\
+                   moves = [{ buckets = [1, 2, 3, 40, 41, 90], to = 2 }]\n\
+                   [[reconfigurations]]\nat_s = 1.5\noperator = \"aggregate\"\nparallelism = 5\n",
+        params: "",
+        // Input for 4 s: under load a queued fifth reconfiguration must still find its sources
+        // running (the coordinator skips one whose input ended).
+        records: 32_000,
+        seed: 16,
+        expect_reconfigurations: 5,
+    });
+}
+
+/// The overlapping schedule on windows and list state: a sliding window and last-N scaled out
+/// 2 → 4 and back in to 3.
+#[test]
+fn overlapping_schedule_windows_and_lists() {
+    for (query, op, params) in [
+        ("sliding-window", "window", "window_ms = 400\nslide_ms = 100\n"),
+        ("last-n", "last_n", "last_n = 3\n"),
+    ] {
+        let schedule = format!(
+            "[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nparallelism = 4\n\
+             [[reconfigurations]]\nat_s = 0.9\noperator = \"{op}\"\nparallelism = 3\n"
+        );
+        check(&Case {
+            protocol: "drrs",
+            top: "[drrs]\nschedule = \"overlapping\"\n",
+            query,
+            start: &[("source", 2), (op, 2), ("sink", 1)],
+            end: &[("source", 2), (op, 3), ("sink", 1)],
+            schedule: &schedule,
+            params,
+            records: 16_000,
+            seed: 17,
+            expect_reconfigurations: 2,
+        });
+    }
+}

@@ -9,7 +9,8 @@
 //! 1 MiB or 64 MiB one). Every stateful query family runs, under Koala with `extra_keys = 0`
 //! (fetch on demand only), Koala with `extra_keys = 8`, stop-and-restart, the Remote baseline
 //! (`remote`), and DRRS (always with the uniform policy, as the paper's DRRS; random `[drrs]
-//! subscales` 0..=3 and `wait_records` 1..=64). The schedule depends on the seed only, so one
+//! wait_records` 1..=64, and for half the seeds the original DRRS's `schedule = "overlapping"`,
+//! for the others the ported one with `subscales` 0..=3). The schedule depends on the seed only, so one
 //! seed can be replayed under each protocol.
 //!
 //! Requests are generated against a model of the coordinator's bookkeeping
@@ -302,10 +303,16 @@ fn generate(dir: &std::path::Path, variant: Variant, f: &Family, seed: u64) -> C
             "\n[state]\nbackend = \"memory\"\n",
         ]),
     };
-    // DRRS knobs, from their own stream: subscales (0 = one per pair) and the wait buffer.
+    // DRRS knobs, from their own stream: subscales (0 = one per pair) and the wait buffer; half
+    // the schedules run the original DRRS's overlapping schedule (one subscale per pair) instead.
     let drrs = if matches!(variant, Variant::Drrs) {
         let mut r = Rng::new(seed ^ 0xD225_0000);
-        format!("\n[drrs]\nsubscales = {}\nwait_records = {}\n", r.range(0, 3), r.range(1, 64))
+        let (subscales, wait_records) = (r.range(0, 3), r.range(1, 64));
+        if r.chance(0.5) {
+            format!("\n[drrs]\nschedule = \"overlapping\"\nwait_records = {wait_records}\n")
+        } else {
+            format!("\n[drrs]\nsubscales = {subscales}\nwait_records = {wait_records}\n")
+        }
     } else {
         String::new()
     };

@@ -7,6 +7,7 @@
 //! `KOALA_SIM_SEED=123 KOALA_SIM_SCENARIO=scale_out KOALA_SIM_PROTOCOL=koala cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture`.
 
 use koala_protocol::Protocol;
+use koala_protocol::drrs::DrrsSchedule;
 use koala_protocol::sim::{Fault, Scenario, SimConfig, SimStats, run};
 
 const SEEDS: u64 = 1_000;
@@ -47,6 +48,8 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.pushed_buckets += s.pushed_buckets;
                 total.subscale_acks += s.subscale_acks;
                 total.waited += s.waited;
+                total.max_running_subscales = total.max_running_subscales.max(s.max_running_subscales);
+                total.max_moving_subscales = total.max_moving_subscales.max(s.max_moving_subscales);
                 total.pauses += s.pauses;
                 total.flushed_keys += s.flushed_keys;
                 total.handed_timers_record_first += s.handed_timers_record_first;
@@ -303,6 +306,33 @@ fn drrs_every_scenario() {
     assert!(pauses > 0, "backpressure never set in");
 }
 
+/// DRRS under the original DRRS's overlapping schedule over every scenario: one subscale per
+/// sender→receiver pair, several running at once — a task sends or receives in two at once (the
+/// ported schedule never runs two), never in more — and every invariant holds.
+#[test]
+fn drrs_overlapping_every_scenario() {
+    let (mut running, mut moving) = (0, 0);
+    for scenario in Scenario::ALL {
+        for inputs in [1, 2] {
+            let config = SimConfig {
+                protocol: Protocol::Drrs,
+                drrs_schedule: DrrsSchedule::Overlapping,
+                inputs,
+                ..SimConfig::new(scenario, 0)
+            };
+            let s = sweep_configs(&config, SEEDS / 4);
+            assert!(s.pushed_buckets > 0 && s.epochs > 0, "{scenario}: {s:?}");
+            assert!(s.max_moving_subscales <= 2, "{scenario}: a task moved in more than two: {s:?}");
+            running = running.max(s.max_running_subscales);
+            moving = moving.max(s.max_moving_subscales);
+        }
+    }
+    assert!(running >= 2 && moving == 2, "subscales never overlapped: {running} running, {moving} moving");
+    let ported =
+        sweep_configs(&SimConfig { protocol: Protocol::Drrs, ..SimConfig::new(Scenario::Chain, 0) }, 50);
+    assert_eq!((ported.max_running_subscales, ported.max_moving_subscales), (1, 1), "{ported:?}");
+}
+
 /// DRRS with two subscales whatever the pairs (several pairs per subscale, a task sending and
 /// receiving in one) and a wait buffer that stops direct input at the first record waiting for
 /// state, and with a self-join's two inputs.
@@ -510,6 +540,10 @@ fn replay() {
     let mut config =
         SimConfig { fault, protocol, inputs, state_outlives_timers, drain, ..SimConfig::new(scenario, seed) };
     config.subscales = env_or("KOALA_SIM_SUBSCALES", config.subscales);
+    if let Ok(name) = std::env::var("KOALA_SIM_DRRS_SCHEDULE") {
+        config.drrs_schedule =
+            DrrsSchedule::parse(&name).expect("KOALA_SIM_DRRS_SCHEDULE is ported or overlapping");
+    }
     config.max_queued_records = env_or("KOALA_SIM_MAX_QUEUED", config.max_queued_records);
     match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
@@ -526,13 +560,19 @@ fn deep_sweep() {
     let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
     let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
-    for (scenario, protocol) in Scenario::ALL
-        .into_iter()
-        .flat_map(|s| [(s, Protocol::Koala), (s, Protocol::StopAndRestart), (s, Protocol::Drrs)])
-    {
+    let overlapping = DrrsSchedule::Overlapping;
+    for (scenario, protocol, drrs_schedule) in Scenario::ALL.into_iter().flat_map(|s| {
+        [
+            (s, Protocol::Koala, DrrsSchedule::Ported),
+            (s, Protocol::StopAndRestart, DrrsSchedule::Ported),
+            (s, Protocol::Drrs, DrrsSchedule::Ported),
+            (s, Protocol::Drrs, overlapping),
+        ]
+    }) {
         for seed in SEEDS..SEEDS + seeds {
             let mut config = SimConfig {
                 protocol,
+                drrs_schedule,
                 inputs,
                 state_outlives_timers,
                 drain,

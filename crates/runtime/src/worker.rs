@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use koala_dataflow::JobGraph;
 use koala_dataflow::OperatorKind;
 use koala_dataflow::graph::QueryResolver;
+use koala_protocol::drrs::DrrsCommand;
 use koala_protocol::relay::{Relayed, relay};
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
 use koala_protocol::{StateBackendKind, StateOptions};
@@ -271,7 +272,11 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             }
             CoordinatorMessage::Drrs(control) => {
                 if let Some(j) = job.as_mut() {
-                    drrs_control(j, *control, &relayed)?;
+                    // The DRRS core decides what the tasks hear (docs/protocols.md §11).
+                    match control.into_command(&mut j.plans).map_err(RuntimeError::Control)? {
+                        DrrsCommand::Begin(s) => send_to(j, &relayed, |_| TaskCommand::DrrsBegin(s.clone())),
+                        DrrsCommand::Switch(p) => send_to(j, &relayed, |_| TaskCommand::Switch(p.clone())),
+                    }
                 }
             }
             CoordinatorMessage::Shutdown => {
@@ -428,40 +433,6 @@ fn prepare_reconfiguration(
         }
     }
     job.plans.insert(plan.epoch, plan);
-    Ok(())
-}
-
-/// DRRS: a subscale's `Begin` goes to its tasks; its `Switch` to the upstreams, as a plan whose
-/// deployment routes by the subscale's table and keeps channels to the kept tasks
-/// (docs/protocols.md §11).
-fn drrs_control(
-    job: &mut Job,
-    control: koala_protocol::drrs::DrrsControl,
-    relayed: &[(TaskId, Relayed)],
-) -> Result<(), RuntimeError> {
-    use koala_protocol::drrs::{DrrsControl, plan_epoch};
-    match control {
-        DrrsControl::Begin { subscale, .. } => {
-            let subscale = Arc::new(*subscale);
-            send_to(job, relayed, |_| TaskCommand::DrrsBegin(subscale.clone()));
-        }
-        DrrsControl::Switch { epoch, operator, assignment, keep, last, .. } => {
-            let plan_at = plan_epoch(epoch);
-            let plan = if last { job.plans.remove(&plan_at) } else { job.plans.get(&plan_at).cloned() };
-            let Some(plan) = plan else {
-                return Err(RuntimeError::Control(format!("DRRS switch of unknown epoch {plan_at}")));
-            };
-            let mut step = (*plan).clone();
-            step.epoch = epoch;
-            let mut tasks: Vec<u32> = assignment.iter().chain(&keep).copied().collect();
-            tasks.sort_unstable();
-            tasks.dedup();
-            step.deployment.tasks.insert(operator, tasks);
-            step.deployment.routing.insert(operator, assignment);
-            let step = Arc::new(step);
-            send_to(job, relayed, |_| TaskCommand::Switch(step.clone()));
-        }
-    }
     Ok(())
 }
 

@@ -14,9 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use koala_types::{Epoch, OperatorId, TaskId};
 
 use super::messages::{DrrsControl, Subscale};
-use super::plan::{Step, subscales};
+use super::plan::{single_pairs, subscales};
 use super::{DrrsOptions, DrrsSchedule, plan_epoch, subscale_epoch};
 use crate::control::{CoordinatorMessage, TaskAck};
+use crate::moves::Moves;
 
 /// What the DRRS coordinator asks the engine to do.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,23 +30,56 @@ pub enum DrrsStep {
 
 #[derive(Debug)]
 enum Phase {
+    /// Not started yet.
+    Pending,
     /// Waiting for `PeerReady`; `done` holds early `Done`s (a task with nothing to wait for).
     Ready { pending: BTreeSet<TaskId>, done: BTreeSet<TaskId> },
     /// Upstreams switched; waiting for `Done`.
     Done { pending: BTreeSet<TaskId> },
+    /// Every task acked `Done`.
+    Completed,
+}
+
+/// One subscale of the run.
+#[derive(Debug)]
+struct Sub {
+    moves: Moves,
+    phase: Phase,
+    /// The tasks taking part (set at `Begin`).
+    tasks: BTreeSet<TaskId>,
+    /// Its place in the order of switches, once switched: upstreams route by `tables[slot + 1]`
+    /// after it.
+    slot: Option<usize>,
+}
+
+impl Sub {
+    fn is_running(&self) -> bool {
+        matches!(self.phase, Phase::Ready { .. } | Phase::Done { .. })
+    }
+
+    /// Whether `task` sends or receives in this subscale.
+    fn moves_at(&self, task: TaskId) -> bool {
+        self.moves.keys().any(|(from, to)| *from == task || *to == task)
+    }
 }
 
 #[derive(Debug)]
 struct Run {
     operator: OperatorId,
     epoch: Epoch,
-    steps: Vec<Step>,
-    /// `tables[0]` is the assignment before, `tables[i + 1]` the one after subscale `i`.
+    schedule: DrrsSchedule,
+    subs: Vec<Sub>,
+    /// Subscales begun (they begin in index order).
+    begun: usize,
+    /// `tables[0]` is the assignment before, `tables[k]` the one after the `k`-th switch.
     tables: Vec<Vec<TaskId>>,
+    /// `order[k]`: the subscale of the `k + 1`-th switch.
+    order: Vec<usize>,
     /// Tasks live before and after: upstreams keep channels to them in every table.
     keep: BTreeSet<TaskId>,
-    index: usize,
-    phase: Phase,
+    /// Every task of the operator before or after (the overlapping schedule keeps channels to
+    /// all of them until the last switch).
+    all: BTreeSet<TaskId>,
     /// Upstream tasks still running.
     live: BTreeSet<TaskId>,
     /// Upstream tasks that finished.
@@ -59,21 +93,75 @@ struct Run {
 }
 
 impl Run {
-    /// The tasks upstreams have channels to when they route by `tables[t]`.
-    fn outputs(&self, t: usize) -> BTreeSet<TaskId> {
-        self.tables[t].iter().chain(&self.keep).copied().collect()
+    /// The tasks upstreams have channels to when they route by `tables[k]`. Under the
+    /// overlapping schedule every task of the operator, between the first and the last switch:
+    /// which subscale switches next is not known when a subscale begins, so every task takes part
+    /// in every subscale and gets its markers.
+    fn outputs(&self, k: usize) -> BTreeSet<TaskId> {
+        if self.schedule == DrrsSchedule::Overlapping && k > 0 && k < self.subs.len() {
+            return self.all.clone();
+        }
+        self.tables[k].iter().chain(&self.keep).copied().collect()
     }
 
-    /// The tasks of subscale `i`: every output of the table before or after it (each gets a
-    /// marker from every upstream).
+    /// The tasks of subscale `i` as it begins: every output of the table before or after its
+    /// switch (each gets a marker from every upstream). Under the ported schedule subscale `i`
+    /// is the `i + 1`-th switch, from the current table; under the overlapping one every task of
+    /// the operator.
     fn participants(&self, i: usize) -> BTreeSet<TaskId> {
-        self.outputs(i).union(&self.outputs(i + 1)).copied().collect()
+        match self.schedule {
+            DrrsSchedule::Ported => {
+                let now = self.tables.last().expect("the table before");
+                let after = applied(now, &self.subs[i].moves);
+                now.iter().chain(&after).chain(&self.keep).copied().collect()
+            }
+            DrrsSchedule::Overlapping => self.all.clone(),
+        }
     }
 
-    fn subscale_epoch(&self) -> Epoch {
-        subscale_epoch(self.epoch, self.index)
+    fn subscale_epoch(&self, i: usize) -> Epoch {
+        subscale_epoch(self.epoch, i)
+    }
+
+    /// The subscale an epoch names, if it belongs to this run.
+    fn index_of(&self, epoch: Epoch) -> Option<usize> {
+        if plan_epoch(epoch) != self.epoch {
+            return None;
+        }
+        let i = (epoch - subscale_epoch(self.epoch, 0)) as usize;
+        (i < self.subs.len()).then_some(i)
+    }
+
+    /// Whether subscale `i` may begin now: under the ported schedule once no other runs; under
+    /// the overlapping one once its sender and its receiver each move in fewer than
+    /// [`MAX_RUNNING_PER_TASK`] running subscales.
+    fn may_begin(&self, i: usize) -> bool {
+        match self.schedule {
+            DrrsSchedule::Ported => !self.subs.iter().any(Sub::is_running),
+            DrrsSchedule::Overlapping => self.subs[i].moves.keys().all(|(from, to)| {
+                [from, to].iter().all(|t| {
+                    self.subs.iter().filter(|s| s.is_running() && s.moves_at(**t)).count()
+                        < MAX_RUNNING_PER_TASK
+                })
+            }),
+        }
     }
 }
+
+/// `table` with `moves` made.
+fn applied(table: &[TaskId], moves: &Moves) -> Vec<TaskId> {
+    let mut table = table.to_vec();
+    for (&(_, to), buckets) in moves {
+        for &b in buckets {
+            table[usize::from(b)] = to;
+        }
+    }
+    table
+}
+
+/// Overlapping schedule: the most running subscales a task sends or receives in (the original
+/// DRRS's limit of two per task).
+pub const MAX_RUNNING_PER_TASK: usize = 2;
 
 /// The DRRS coordinator core: see the module docs.
 #[derive(Debug, Default)]
@@ -99,7 +187,7 @@ impl DrrsCoordinator {
     }
 
     /// Starts reconfiguration `epoch` of `operator` from assignment `old` to `new`; `upstreams`
-    /// are its running upstream tasks. Returns the first subscale's `Begin`.
+    /// are its running upstream tasks. Returns the `Begin` of every subscale that may start.
     pub fn start(
         &mut self,
         operator: OperatorId,
@@ -111,27 +199,41 @@ impl DrrsCoordinator {
         if let Some(r) = &self.run {
             return Err(format!("DRRS reconfiguration {} of {} is still running", r.epoch, r.operator));
         }
-        if self.options.schedule != DrrsSchedule::Ported {
-            let name = self.options.schedule.name();
-            return Err(format!("the DRRS schedule \"{name}\" is not built yet; use \"ported\""));
-        }
-        let steps = subscales(&old, &new, self.options.subscales)?;
-        if steps.is_empty() {
+        let schedule = self.options.schedule;
+        let moves: Vec<Moves> = match schedule {
+            DrrsSchedule::Ported => {
+                subscales(&old, &new, self.options.subscales)?.into_iter().map(|s| s.moves).collect()
+            }
+            DrrsSchedule::Overlapping if self.options.subscales != 0 => {
+                return Err(format!(
+                    "the overlapping DRRS schedule runs one subscale per sender→receiver pair; \
+                     subscales = {} needs schedule = \"ported\"",
+                    self.options.subscales
+                ));
+            }
+            DrrsSchedule::Overlapping => single_pairs(&old, &new)?,
+        };
+        if moves.is_empty() {
             return Ok(vec![DrrsStep::Completed]);
         }
-        let mut tables = vec![old.clone()];
-        tables.extend(steps.iter().map(|s| s.assignment.clone()));
         let channels = old.iter().map(|t| (*t, upstreams.clone())).collect();
         let before: BTreeSet<TaskId> = old.iter().copied().collect();
         let keep = new.iter().copied().filter(|t| before.contains(t)).collect();
+        let all = old.iter().chain(&new).copied().collect();
+        let subs = moves
+            .into_iter()
+            .map(|moves| Sub { moves, phase: Phase::Pending, tasks: BTreeSet::new(), slot: None })
+            .collect();
         let run = Run {
             operator,
             epoch,
-            steps,
-            tables,
+            schedule,
+            subs,
+            begun: 0,
+            tables: vec![old],
+            order: Vec::new(),
             keep,
-            index: 0,
-            phase: Phase::Done { pending: BTreeSet::new() },
+            all,
             live: upstreams,
             finished: BTreeSet::new(),
             switched: BTreeMap::new(),
@@ -140,37 +242,43 @@ impl DrrsCoordinator {
         };
         self.run = Some(run);
         let mut out = Vec::new();
-        self.begin(&mut out);
+        self.begin_next(&mut out);
         Ok(out)
     }
 
-    /// Starts the current subscale: flushes end-of-upstream notices first (a task must not
-    /// expect a marker from an upstream that finished), then `Begin`.
-    fn begin(&mut self, out: &mut Vec<DrrsStep>) {
+    /// Begins, in index order, every subscale that may begin: flushes end-of-upstream notices
+    /// first (a task must not expect a marker from an upstream that finished), then `Begin`.
+    fn begin_next(&mut self, out: &mut Vec<DrrsStep>) {
         self.notify_ended(out);
+        let wait_records = self.options.wait_records;
         let Some(r) = self.run.as_mut() else { return };
-        let i = r.index;
-        let tasks = r.participants(i);
-        for &t in &tasks {
-            // A new task opens channels from the running upstreams with its first subscale.
-            r.channels.entry(t).or_insert_with(|| r.live.clone());
+        while r.begun < r.subs.len() && r.may_begin(r.begun) {
+            let i = r.begun;
+            r.begun += 1;
+            let tasks = r.participants(i);
+            for &t in &tasks {
+                // A new task opens channels from the running upstreams with its first subscale.
+                r.channels.entry(t).or_insert_with(|| r.live.clone());
+            }
+            let subscale = Subscale {
+                operator: r.operator,
+                epoch: r.subscale_epoch(i),
+                index: i,
+                count: r.subs.len(),
+                moves: r.subs[i].moves.clone(),
+                upstreams: r.live.clone(),
+                wait_records,
+            };
+            r.subs[i].phase = Phase::Ready { pending: tasks.clone(), done: BTreeSet::new() };
+            r.subs[i].tasks = tasks.clone();
+            let control =
+                DrrsControl::Begin { subscale: Box::new(subscale), tasks: tasks.into_iter().collect() };
+            out.push(DrrsStep::Broadcast(CoordinatorMessage::Drrs(Box::new(control))));
         }
-        let subscale = Subscale {
-            operator: r.operator,
-            epoch: r.subscale_epoch(),
-            index: i,
-            count: r.steps.len(),
-            moves: r.steps[i].moves.clone(),
-            upstreams: r.live.clone(),
-            wait_records: self.options.wait_records,
-        };
-        r.phase = Phase::Ready { pending: tasks.clone(), done: BTreeSet::new() };
-        let control = DrrsControl::Begin { subscale: Box::new(subscale), tasks: tasks.into_iter().collect() };
-        out.push(DrrsStep::Broadcast(CoordinatorMessage::Drrs(Box::new(control))));
     }
 
-    /// A task's `PeerReady` or `Done`, or an upstream's `Switched`. An ack the running subscale
-    /// does not expect is an error.
+    /// A task's `PeerReady` or `Done`, or an upstream's `Switched`. An ack no running subscale
+    /// expects is an error.
     pub fn on_ack(&mut self, from: TaskId, epoch: Epoch, ack: &TaskAck) -> Result<Vec<DrrsStep>, String> {
         let mut out = Vec::new();
         let Some(r) = self.run.as_mut() else {
@@ -180,44 +288,28 @@ impl DrrsCoordinator {
         };
         if *ack == TaskAck::Switched {
             // Upstreams confirm a switch; the subscale completes on its tasks' `Done`.
-            if plan_epoch(epoch) == r.epoch {
-                let to = (epoch - subscale_epoch(r.epoch, 0)) as usize + 1;
+            if let Some(slot) = r.index_of(epoch).and_then(|i| r.subs[i].slot) {
                 let at = r.switched.entry(from).or_insert(0);
-                *at = (*at).max(to);
+                *at = (*at).max(slot + 1);
             }
             return Ok(out);
         }
-        let current = r.subscale_epoch();
         let refused = |state: &str| format!("{ack:?} from {from} for epoch {epoch}: {state}");
-        if epoch != current {
-            return Err(refused(&format!("subscale {current} is running")));
-        }
-        let i = r.index;
-        let participants = r.participants(i);
-        match (ack, &mut r.phase) {
+        let Some(i) = r.index_of(epoch).filter(|&i| r.subs[i].is_running()) else {
+            return Err(refused("no such subscale is running"));
+        };
+        let sub = &mut r.subs[i];
+        match (ack, &mut sub.phase) {
             (TaskAck::PeerReady, Phase::Ready { pending, done }) => {
                 if !pending.remove(&from) {
                     return Err(refused("not awaited"));
                 }
-                if pending.is_empty() {
-                    let done = std::mem::take(done);
-                    let pending = participants.difference(&done).copied().collect();
-                    r.phase = Phase::Done { pending };
-                    let table: BTreeSet<TaskId> = r.tables[i + 1].iter().copied().collect();
-                    let control = DrrsControl::Switch {
-                        epoch,
-                        operator: r.operator,
-                        assignment: r.tables[i + 1].iter().map(|t| t.index).collect(),
-                        keep: r.keep.difference(&table).map(|t| t.index).collect(),
-                        upstreams: r.live.iter().copied().collect(),
-                        last: i + 1 == r.steps.len(),
-                    };
-                    out.push(DrrsStep::Broadcast(CoordinatorMessage::Drrs(Box::new(control))));
-                }
+                let _ = done;
+                Self::switch_ready(r, &mut out);
             }
             (TaskAck::Done, Phase::Ready { pending, done }) => {
                 // Done before the last PeerReady: the task sent its own PeerReady already.
-                if pending.contains(&from) || !participants.contains(&from) {
+                if pending.contains(&from) || !sub.tasks.contains(&from) {
                     return Err(refused("Done before PeerReady"));
                 }
                 done.insert(from);
@@ -231,24 +323,59 @@ impl DrrsCoordinator {
             }
             _ => return Err(refused("not awaited")),
         }
-        self.next_if_done(&mut out);
+        let mut completed = false;
+        for sub in &mut r.subs {
+            if matches!(&sub.phase, Phase::Done { pending } if pending.is_empty()) {
+                sub.phase = Phase::Completed;
+                completed = true;
+            }
+        }
+        if completed {
+            if r.subs.iter().all(|s| matches!(s.phase, Phase::Completed)) {
+                self.notify_ended(&mut out);
+                self.run = None;
+                out.push(DrrsStep::Completed);
+            } else {
+                self.begin_next(&mut out);
+            }
+        }
         Ok(out)
     }
 
-    /// The running subscale completed: start the next one, or complete.
-    fn next_if_done(&mut self, out: &mut Vec<DrrsStep>) {
-        let Some(r) = self.run.as_mut() else { return };
-        if !matches!(&r.phase, Phase::Done { pending } if pending.is_empty()) {
-            return;
+    /// Switches, in subscale order, every subscale whose tasks are all `PeerReady` and whose
+    /// predecessors switched: routing tables, markers and epochs at the upstreams only grow, so a
+    /// subscale ready before an earlier one waits for that one's switch (its transfer overlaps
+    /// theirs all the same).
+    fn switch_ready(r: &mut Run, out: &mut Vec<DrrsStep>) {
+        while let Some(sub) = r.subs.get_mut(r.order.len())
+            && let Phase::Ready { pending, done } = &mut sub.phase
+            && pending.is_empty()
+        {
+            let done = std::mem::take(done);
+            sub.phase = Phase::Done { pending: sub.tasks.difference(&done).copied().collect() };
+            let i = r.order.len();
+            out.push(Self::switch(r, i));
         }
-        if r.index + 1 < r.steps.len() {
-            r.index += 1;
-            self.begin(out);
-        } else {
-            self.notify_ended(out);
-            self.run = None;
-            out.push(DrrsStep::Completed);
-        }
+    }
+
+    /// Every task of subscale `i` is `PeerReady`: the upstreams switch to the current table with
+    /// its moves applied.
+    fn switch(r: &mut Run, i: usize) -> DrrsStep {
+        let slot = r.order.len();
+        let table = applied(&r.tables[slot], &r.subs[i].moves);
+        r.tables.push(table);
+        r.order.push(i);
+        r.subs[i].slot = Some(slot);
+        let outputs = r.outputs(slot + 1);
+        let control = DrrsControl::Switch {
+            epoch: r.subscale_epoch(i),
+            operator: r.operator,
+            assignment: r.tables[slot + 1].iter().map(|t| t.index).collect(),
+            keep: outputs.iter().filter(|t| !r.tables[slot + 1].contains(t)).map(|t| t.index).collect(),
+            upstreams: r.live.iter().copied().collect(),
+            last: slot + 1 == r.subs.len(),
+        };
+        DrrsStep::Broadcast(CoordinatorMessage::Drrs(Box::new(control)))
     }
 
     /// An upstream task finished: later subscales do not wait for it, and tasks it will not
@@ -280,7 +407,7 @@ impl DrrsCoordinator {
                 // after each subscale it switched).
                 let last =
                     (0..at).rev().find(|&k| outputs[k].contains(&task) || outputs[k + 1].contains(&task));
-                if last.is_none_or(|k| r.done.contains(&(task, k))) {
+                if last.is_none_or(|k| r.done.contains(&(task, r.order[k]))) {
                     ups.remove(&u);
                     notices.entry(u).or_default().push(task);
                 }
@@ -291,15 +418,22 @@ impl DrrsCoordinator {
         }
     }
 
-    /// Tasks whose acks the running subscale waits for (timeouts, error messages).
+    /// Tasks whose acks the running subscales wait for (timeouts, error messages).
     pub fn waiting_for(&self) -> Vec<(TaskId, String)> {
         let Some(r) = &self.run else { return Vec::new() };
-        let what = format!("subscale {}/{}", r.index + 1, r.steps.len());
-        match &r.phase {
-            Phase::Ready { pending, .. } => {
-                pending.iter().map(|t| (*t, format!("PeerReady ({what})"))).collect()
+        let mut waiting = Vec::new();
+        for (i, sub) in r.subs.iter().enumerate() {
+            let what = format!("subscale {}/{}", i + 1, r.subs.len());
+            match &sub.phase {
+                Phase::Ready { pending, .. } => {
+                    waiting.extend(pending.iter().map(|t| (*t, format!("PeerReady ({what})"))))
+                }
+                Phase::Done { pending } => {
+                    waiting.extend(pending.iter().map(|t| (*t, format!("Done ({what})"))))
+                }
+                Phase::Pending | Phase::Completed => {}
             }
-            Phase::Done { pending } => pending.iter().map(|t| (*t, format!("Done ({what})"))).collect(),
         }
+        waiting
     }
 }

@@ -1,11 +1,13 @@
 //! What DRRS tasks, upstreams and the coordinator tell each other (docs/protocols.md §11). Every
 //! message that belongs to a subscale carries its epoch ([`super::subscale_epoch`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, OperatorId, Record, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 
+use crate::control::ReconfigPlan;
 use crate::moves::Moves;
 
 /// One subscale, as every task taking part receives it (every task owning buckets before or
@@ -57,6 +59,62 @@ pub enum DrrsControl {
         /// Whether this is the reconfiguration's last subscale.
         last: bool,
     },
+}
+
+/// What a worker tells its local tasks for a [`DrrsControl`] ([`DrrsControl::into_command`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum DrrsCommand {
+    /// The tasks start this subscale.
+    Begin(Arc<Subscale>),
+    /// The upstreams switch to this plan: the reconfiguration's plan with the subscale's epoch,
+    /// routing table and live tasks.
+    Switch(Arc<ReconfigPlan>),
+}
+
+impl DrrsControl {
+    /// The reconfiguration this message belongs to.
+    pub fn plan_epoch(&self) -> Epoch {
+        match self {
+            Self::Begin { subscale, .. } => super::plan_epoch(subscale.epoch),
+            Self::Switch { epoch, .. } => super::plan_epoch(*epoch),
+        }
+    }
+
+    /// The worker's side of a DRRS control message, so the runtime only relays the result:
+    /// a `Begin` is its subscale; a `Switch` is the plan of its reconfiguration (from `plans`,
+    /// the worker's plans by epoch, which the last subscale's switch removes) routing by the
+    /// subscale's table, with the table's tasks and the kept ones as the operator's live set (the
+    /// upstreams keep channels to kept tasks and end those of tasks that are gone).
+    ///
+    /// ```
+    /// # use std::collections::HashMap;
+    /// use koala_protocol::drrs::{DrrsCommand, DrrsControl, subscale_epoch};
+    /// let plans = &mut HashMap::new();
+    /// let switch = DrrsControl::Switch {
+    ///     epoch: subscale_epoch(3, 1), operator: koala_types::OperatorId(1),
+    ///     assignment: vec![0, 1], keep: vec![2], upstreams: vec![], last: true,
+    /// };
+    /// // A switch of a reconfiguration this worker has no plan of is refused by epoch.
+    /// assert!(switch.into_command(plans).unwrap_err().contains("epoch 3"));
+    /// ```
+    pub fn into_command(self, plans: &mut HashMap<Epoch, Arc<ReconfigPlan>>) -> Result<DrrsCommand, String> {
+        let at = self.plan_epoch();
+        match self {
+            Self::Begin { subscale, .. } => Ok(DrrsCommand::Begin(Arc::new(*subscale))),
+            Self::Switch { epoch, operator, assignment, keep, last, .. } => {
+                let plan = if last { plans.remove(&at) } else { plans.get(&at).cloned() };
+                let plan = plan.ok_or_else(|| format!("DRRS switch of unknown epoch {at}"))?;
+                let mut step = (*plan).clone();
+                step.epoch = epoch;
+                let mut tasks: Vec<u32> = assignment.iter().chain(&keep).copied().collect();
+                tasks.sort_unstable();
+                tasks.dedup();
+                step.deployment.tasks.insert(operator, tasks);
+                step.deployment.routing.insert(operator, assignment);
+                Ok(DrrsCommand::Switch(Arc::new(step)))
+            }
+        }
+    }
 }
 
 /// A message on a DRRS peer channel. Bucket state does not travel here: the runtime pushes it

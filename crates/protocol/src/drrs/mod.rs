@@ -11,7 +11,10 @@
 //!    run one after another, each its own epoch ([`subscale_epoch`]); [`DrrsCoordinator`]
 //!    (inside [`crate::engine::Engine`]) drives them:
 //!    `Begin` → every `PeerReady` → upstreams `Switch` to the subscale's table with markers →
-//!    every `Done` → the next subscale.
+//!    every `Done` → the next subscale. Under the original DRRS's schedule
+//!    ([`DrrsSchedule::Overlapping`]) [`plan::single_pairs`] makes one subscale per pair, and
+//!    several run at once: the next begins as soon as its sender and receiver each move in fewer
+//!    than [`MAX_RUNNING_PER_TASK`] running ones; switches still go in subscale order.
 //! 2. A receiver sends `Open` with the watermark it emitted. The sender, once its event time
 //!    caught up, fires the moved buckets' due timers, sets their other timers aside and
 //!    *fast-forwards*: from then on it forwards the moved buckets' records (and its event time)
@@ -37,8 +40,8 @@ mod tests;
 
 use koala_types::Epoch;
 
-pub use coordinator::{DrrsCoordinator, DrrsStep};
-pub use messages::{DrrsControl, DrrsPeer, Subscale};
+pub use coordinator::{DrrsCoordinator, DrrsStep, MAX_RUNNING_PER_TASK};
+pub use messages::{DrrsCommand, DrrsControl, DrrsPeer, Subscale};
 pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent, low_water};
 
 /// DRRS knobs (`[drrs]` in a job config).
@@ -49,6 +52,8 @@ pub struct DrrsOptions {
     pub schedule: DrrsSchedule,
     /// Subscales a reconfiguration is split into, each with a slice of every sender→receiver
     /// pair; 0 = as many as there are pairs (the default, the artifact's `NumSubscales: -1`).
+    /// The ported schedule's knob: the overlapping one runs one subscale per pair and refuses
+    /// any other value.
     pub subscales: usize,
     /// Direct records a receiver lets wait for their bucket's state before it stops taking
     /// direct input (the artifact's `WaitBufferSize`, 2 batches there); it takes direct input
@@ -71,19 +76,47 @@ pub enum DrrsSchedule {
     /// sender→receiver pair, so all links work at once ([`plan::subscales`]).
     #[default]
     Ported,
-    /// The original DRRS (a Flink 1.17 fork): single-pair subscales that overlap, at most one
-    /// new one started per second and at most two active per task. Not built yet: the config
-    /// refuses it.
+    /// The original DRRS (a Flink 1.17 fork): single-pair subscales that overlap, at most two
+    /// active per task ([`plan::single_pairs`], [`MAX_RUNNING_PER_TASK`]). Unlike the original,
+    /// a new subscale starts as soon as the cap allows (the original starts at most one per
+    /// second; the core has no clock) and routing switches go in subscale order
+    /// (docs/protocols.md §11).
     Overlapping,
 }
 
 impl DrrsSchedule {
+    /// Every schedule.
+    pub const ALL: [Self; 2] = [Self::Ported, Self::Overlapping];
+
     /// The name in a config.
     pub fn name(self) -> &'static str {
         match self {
             Self::Ported => "ported",
             Self::Overlapping => "overlapping",
         }
+    }
+
+    /// What the schedule does, in a few words (the settings line of a comparison).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Ported => {
+                "the Koala authors' port: subscales one after another, each a slice of every sender→receiver pair"
+            }
+            Self::Overlapping => {
+                "the original DRRS: one subscale per sender→receiver pair, several at once, at most two per task"
+            }
+        }
+    }
+
+    /// The schedule with this config name.
+    ///
+    /// ```
+    /// use koala_protocol::drrs::DrrsSchedule;
+    /// assert_eq!(DrrsSchedule::parse("overlapping"), Some(DrrsSchedule::Overlapping));
+    /// assert_eq!(DrrsSchedule::parse("sequential"), None);
+    /// ```
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
     }
 }
 

@@ -1,6 +1,7 @@
-//! How DRRS splits a reconfiguration's moves into subscales, as the Koala authors' port does
-//! (their `drrs` branch, `getDRRSSubscales`; artifact notes §5.6; docs/protocols.md §11): every
-//! subscale holds a slice of *every* sender→receiver pair, so all links work at once.
+//! How DRRS splits a reconfiguration's moves into subscales (docs/protocols.md §11): as the Koala
+//! authors' port does ([`subscales`]; their `drrs` branch, `getDRRSSubscales`; artifact notes
+//! §5.6), every subscale holds a slice of *every* sender→receiver pair, so all links work at once;
+//! as the original DRRS does ([`single_pairs`]), one subscale per pair.
 
 use std::collections::BTreeSet;
 
@@ -89,6 +90,29 @@ pub fn subscales(old: &[TaskId], new: &[TaskId], count: usize) -> Result<Vec<Ste
         }
     }
     Ok(steps)
+}
+
+/// The overlapping schedule's subscales (the original DRRS): one per sender→receiver pair, with
+/// all of the pair's buckets, in pair order. They have no assignment of their own: which run
+/// at once, and so the order of their routing switches, is decided as they run.
+///
+/// ```
+/// use koala_protocol::drrs::plan::single_pairs;
+/// use koala_types::{OperatorId, TaskId};
+/// let t = |i| TaskId::new(OperatorId(1), i);
+/// let old = vec![t(0); 6];
+/// let new = vec![t(0), t(0), t(1), t(1), t(2), t(2)];
+/// let subs = single_pairs(&old, &new).unwrap();
+/// assert_eq!(subs.len(), 2);
+/// assert_eq!(subs[0].get(&(t(0), t(1))), Some(&vec![2, 3]));
+/// assert_eq!(subs[1].get(&(t(0), t(2))), Some(&vec![4, 5]));
+/// ```
+pub fn single_pairs(old: &[TaskId], new: &[TaskId]) -> Result<Vec<Moves>, String> {
+    let moves = moves_between(old, new).map_err(|e| e.to_string())?;
+    if moves.len() > super::MAX_SUBSCALES {
+        return Err(format!("{} subscales; at most {} are possible", moves.len(), super::MAX_SUBSCALES));
+    }
+    Ok(moves.into_iter().map(|(pair, buckets)| Moves::from([(pair, buckets)])).collect())
 }
 
 /// A sender and a receiver.

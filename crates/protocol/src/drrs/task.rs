@@ -216,7 +216,7 @@ impl Waiting {
     }
 }
 
-/// The running subscale.
+/// A running subscale.
 #[derive(Debug)]
 struct Transition {
     sub: Arc<Subscale>,
@@ -244,13 +244,24 @@ impl Transition {
     fn is_receiver(&self) -> bool {
         !self.inbound.is_empty()
     }
+
+    /// Whether everything of the subscale is through here: markers (or ends of stream) on
+    /// every data channel, every receiver's `Received` and every push sent, every sender told
+    /// `Received`, nothing waiting.
+    fn done(&self) -> bool {
+        self.ready_sent
+            && self.markers_pending.is_empty()
+            && self.outbound.iter().all(|(to, o)| self.received.contains(to) && o.pushing.is_none())
+            && self.inbound.keys().all(|from| self.acked.contains(from))
+            && self.waiting.is_empty()
+    }
 }
 
 /// Where a record that came directly from upstream goes.
 enum Route {
     Local,
     Wait,
-    Forward(TaskId),
+    Forward(TaskId, Epoch),
     Reject(ProtocolError),
 }
 
@@ -266,9 +277,12 @@ pub struct DrrsTask {
     watermarks: ChannelWatermarks,
     held: HeldTimes,
     emitted: Option<Timestamp>,
+    /// The last subscale started here.
     epoch: Epoch,
     started: bool,
-    sub: Option<Transition>,
+    /// The running subscales, by epoch (several under the overlapping schedule; they move
+    /// disjoint buckets).
+    subs: BTreeMap<Epoch, Transition>,
     early: Vec<(TaskId, DrrsPeer)>,
     paused: bool,
     /// Records that ever waited (metrics).
@@ -302,7 +316,7 @@ impl DrrsTask {
             held: HeldTimes::default(),
             emitted: None,
             epoch: 0,
-            sub: None,
+            subs: BTreeMap::new(),
             early: Vec::new(),
             paused: false,
             waited: 0,
@@ -344,7 +358,17 @@ impl DrrsTask {
 
     /// Whether a subscale is running here.
     pub fn in_transition(&self) -> bool {
-        self.sub.is_some()
+        !self.subs.is_empty()
+    }
+
+    /// How many subscales run here (several under the overlapping schedule).
+    pub fn running_subscales(&self) -> usize {
+        self.subs.len()
+    }
+
+    /// How many running subscales this task sends or receives buckets in.
+    pub fn moving_subscales(&self) -> usize {
+        self.subs.values().filter(|t| !t.inbound.is_empty() || !t.outbound.is_empty()).count()
     }
 
     /// Whether the task holds records it has not processed.
@@ -459,18 +483,22 @@ impl DrrsTask {
                     self.held.add(record.time);
                     self.waited += 1;
                     let from = self.wait(bucket, out);
-                    if let Some(t) = self.sub.as_mut() {
-                        Waiting::of(&mut t.waiting, bucket, self.intake_tag)
-                            .direct
-                            .push_back((input, record));
+                    let tag = self.intake_tag;
+                    if let Some(t) = self.receiving_mut(bucket) {
+                        Waiting::of(&mut t.waiting, bucket, tag).direct.push_back((input, record));
                     }
                     debug_assert!(from.is_some(), "a waiting bucket has a sender");
                 }
-                Route::Forward(to) => forward(out, to, self.epoch, input, record),
+                Route::Forward(to, epoch) => forward(out, to, epoch, input, record),
                 Route::Reject(e) => out.push(TaskAction::Error(e)),
             }
         }
         Ok(())
+    }
+
+    /// The running subscale in which `bucket` comes to this task.
+    fn receiving_mut(&mut self, bucket: BucketId) -> Option<&mut Transition> {
+        self.subs.values_mut().find(|t| t.incoming.contains_key(&bucket))
     }
 
     /// Whether records of `bucket` may be processed here now (its state is here).
@@ -480,7 +508,7 @@ impl DrrsTask {
 
     fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {
         let misrouted = || ProtocolError::Misrouted { bucket, channel: InputSource::Upstream(channel) };
-        if let Some(t) = &self.sub {
+        for t in self.subs.values() {
             if let Some(sender) = t.incoming.get(&bucket) {
                 return match t.inbound.get(sender).map(|(_, s)| *s) {
                     Some(In::Closed)
@@ -499,7 +527,7 @@ impl DrrsTask {
                 if t.markers_seen.contains(&channel) {
                     return Route::Reject(ProtocolError::RecordAfterMarker { channel, epoch: t.epoch() });
                 }
-                return Route::Forward(to);
+                return Route::Forward(to, t.epoch());
             }
         }
         if self.owned.contains(&bucket) { Route::Local } else { Route::Reject(misrouted()) }
@@ -509,7 +537,7 @@ impl DrrsTask {
     /// first if its state is not here. Returns the sender.
     fn wait(&mut self, bucket: BucketId, out: &mut Vec<TaskAction>) -> Option<TaskId> {
         let has_state = self.has_state(bucket);
-        let t = self.sub.as_mut()?;
+        let t = self.receiving_mut(bucket)?;
         let from = *t.incoming.get(&bucket)?;
         if !has_state && t.asked.insert(bucket) {
             let message = DrrsPeer::Prioritize { epoch: t.epoch(), bucket };
@@ -520,8 +548,8 @@ impl DrrsTask {
 
     fn on_marker(&mut self, channel: InputChannel, epoch: Epoch) -> Result<(), ProtocolError> {
         let unexpected = ProtocolError::UnexpectedMarker { channel, epoch };
-        let t = self.sub.as_mut().ok_or(unexpected.clone())?;
-        if t.epoch() != epoch || !t.markers_pending.remove(&channel) {
+        let t = self.subs.get_mut(&epoch).ok_or(unexpected.clone())?;
+        if !t.markers_pending.remove(&channel) {
             return Err(unexpected);
         }
         t.markers_seen.insert(channel);
@@ -539,7 +567,7 @@ impl DrrsTask {
         }
         self.ended.insert(channel);
         self.watermarks.close(InputSource::Upstream(channel));
-        if let Some(t) = self.sub.as_mut() {
+        for t in self.subs.values_mut() {
             // An ended channel carries no marker and nothing more routed by the old table.
             t.markers_pending.remove(&channel);
         }
@@ -547,7 +575,8 @@ impl DrrsTask {
     }
 
     fn on_start(&mut self, sub: Arc<Subscale>, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
-        if sub.epoch <= self.epoch || self.sub.is_some() {
+        // Subscales start in epoch order; several may run at once (they move disjoint buckets).
+        if sub.epoch <= self.epoch {
             return Err(ProtocolError::StaleEpoch { got: sub.epoch, current: self.epoch });
         }
         let invalid = |reason: String| ProtocolError::InvalidReconfiguration { epoch: sub.epoch, reason };
@@ -604,20 +633,24 @@ impl DrrsTask {
             let message = DrrsPeer::Open { epoch: sub.epoch, watermark: self.emitted };
             out.push(TaskAction::SendToPeer { to: from, message });
         }
-        self.sub = Some(Transition {
-            markers_pending: self.inputs.clone(),
-            markers_seen: BTreeSet::new(),
-            outbound,
-            forward: BTreeMap::new(),
-            inbound,
-            incoming,
-            waiting: BTreeMap::new(),
-            asked: BTreeSet::new(),
-            acked: BTreeSet::new(),
-            received: BTreeSet::new(),
-            ready_sent: false,
-            sub,
-        });
+        self.subs.insert(
+            sub.epoch,
+            Transition {
+                markers_pending: self.inputs.clone(),
+                markers_seen: BTreeSet::new(),
+                outbound,
+                forward: BTreeMap::new(),
+                inbound,
+                incoming,
+                waiting: BTreeMap::new(),
+                asked: BTreeSet::new(),
+                acked: BTreeSet::new(),
+                received: BTreeSet::new(),
+                ready_sent: false,
+                sub,
+            },
+        );
+        // Replays what peers sent for subscales started since (later ones wait again).
         for (from, message) in std::mem::take(&mut self.early) {
             if let Err(e) = self.on_peer(from, message, out) {
                 out.push(TaskAction::Error(e));
@@ -645,7 +678,7 @@ impl DrrsTask {
         } else {
             self.owned.clone()
         };
-        let Some(t) = self.sub.as_mut().filter(|t| t.epoch() == epoch) else {
+        let Some(t) = self.subs.get_mut(&epoch) else {
             return Err(unexpected("no subscale of this epoch"));
         };
         match message {
@@ -739,7 +772,7 @@ impl DrrsTask {
     ) -> Result<(), ProtocolError> {
         let unexpected =
             |reason: &str| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason: reason.into() };
-        let Some(t) = self.sub.as_ref().filter(|t| t.epoch() == epoch) else {
+        let Some(t) = self.subs.get(&epoch) else {
             return Err(unexpected("a pushed bucket outside its subscale"));
         };
         if t.incoming.get(&bucket) != Some(&from) || self.owned.contains(&bucket) {
@@ -751,7 +784,11 @@ impl DrrsTask {
     }
 
     fn on_pushed(&mut self, to: TaskId, bucket: BucketId) -> Result<(), ProtocolError> {
-        let o = self.sub.as_mut().and_then(|t| t.outbound.get_mut(&to));
+        let o = self
+            .subs
+            .values_mut()
+            .filter_map(|t| t.outbound.get_mut(&to))
+            .find(|o| o.pushing == Some(bucket));
         match o {
             Some(o) if o.pushing == Some(bucket) => {
                 o.pushing = None;
@@ -771,7 +808,7 @@ impl DrrsTask {
         if !self.has_state(bucket) {
             return;
         }
-        let Some(t) = self.sub.as_mut() else { return };
+        let Some(t) = self.receiving_mut(bucket) else { return };
         let closed =
             t.incoming.get(&bucket).and_then(|s| t.inbound.get(s)).is_some_and(|(_, s)| *s == In::Closed);
         let Some(w) = t.waiting.get_mut(&bucket) else { return };
@@ -830,26 +867,27 @@ impl DrrsTask {
 
     fn try_fast_forward(&mut self, out: &mut Vec<TaskAction>) -> bool {
         let frontier = self.sender_frontier();
-        let Some(t) = self.sub.as_mut() else { return false };
-        let epoch = t.epoch();
         let mut changed = false;
-        for (&to, o) in t.outbound.iter_mut() {
-            let ready = match o.state {
-                Out::Open(None) => true,
-                Out::Open(Some(w)) => frontier.is_some_and(|f| f >= w),
-                _ => false,
-            };
-            if !ready {
-                continue;
+        for t in self.subs.values_mut() {
+            let epoch = t.epoch();
+            for (&to, o) in t.outbound.iter_mut() {
+                let ready = match o.state {
+                    Out::Open(None) => true,
+                    Out::Open(Some(w)) => frontier.is_some_and(|f| f >= w),
+                    _ => false,
+                };
+                if !ready {
+                    continue;
+                }
+                o.state = Out::Forwarding(frontier);
+                t.forward.extend(o.buckets.iter().map(|&b| (b, to)));
+                out.push(TaskAction::DetachTimers { buckets: o.buckets.clone(), up_to: frontier });
+                out.push(TaskAction::SendToPeer {
+                    to,
+                    message: DrrsPeer::FastForward { epoch, watermark: frontier },
+                });
+                changed = true;
             }
-            o.state = Out::Forwarding(frontier);
-            t.forward.extend(o.buckets.iter().map(|&b| (b, to)));
-            out.push(TaskAction::DetachTimers { buckets: o.buckets.clone(), up_to: frontier });
-            out.push(TaskAction::SendToPeer {
-                to,
-                message: DrrsPeer::FastForward { epoch, watermark: frontier },
-            });
-            changed = true;
         }
         changed
     }
@@ -857,33 +895,35 @@ impl DrrsTask {
     /// Pushes the next bucket to every receiver with none in flight: a bucket records wait for
     /// first, else in bucket order.
     fn try_push(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let Some(t) = self.sub.as_mut() else { return false };
-        let epoch = t.epoch();
         let mut changed = false;
-        for (&to, o) in t.outbound.iter_mut() {
-            if o.pushing.is_some() || matches!(o.state, Out::AwaitOpen | Out::Open(_)) {
-                continue;
+        for t in self.subs.values_mut() {
+            let epoch = t.epoch();
+            for (&to, o) in t.outbound.iter_mut() {
+                if o.pushing.is_some() || matches!(o.state, Out::AwaitOpen | Out::Open(_)) {
+                    continue;
+                }
+                let Some(bucket) = o.unpushed.pop_front() else { continue };
+                o.pushing = Some(bucket);
+                self.owned.remove(&bucket);
+                out.push(TaskAction::PushBucket { to, epoch, bucket });
+                changed = true;
             }
-            let Some(bucket) = o.unpushed.pop_front() else { continue };
-            o.pushing = Some(bucket);
-            self.owned.remove(&bucket);
-            out.push(TaskAction::PushBucket { to, epoch, bucket });
-            changed = true;
         }
         changed
     }
 
     fn advance_watermark(&mut self, out: &mut Vec<TaskAction>) {
-        if let Some(f) = self.sender_frontier()
-            && let Some(t) = self.sub.as_mut()
-        {
-            let epoch = t.epoch();
-            for (&to, o) in t.outbound.iter_mut() {
-                if let Out::Forwarding(last) = &mut o.state
-                    && last.is_none_or(|l| f > l)
-                {
-                    *last = Some(f);
-                    out.push(TaskAction::SendToPeer { to, message: DrrsPeer::Watermark { epoch, time: f } });
+        if let Some(f) = self.sender_frontier() {
+            for t in self.subs.values_mut() {
+                let epoch = t.epoch();
+                for (&to, o) in t.outbound.iter_mut() {
+                    if let Out::Forwarding(last) = &mut o.state
+                        && last.is_none_or(|l| f > l)
+                    {
+                        *last = Some(f);
+                        let message = DrrsPeer::Watermark { epoch, time: f };
+                        out.push(TaskAction::SendToPeer { to, message });
+                    }
                 }
             }
         }
@@ -892,7 +932,7 @@ impl DrrsTask {
         // watermark propagation the paper adds to DRRS — while records wait or a moved bucket's
         // state and timers have not arrived.
         let gate_open = self.started
-            && self.sub.as_ref().is_none_or(|t| {
+            && self.subs.values().all(|t| {
                 !t.is_receiver()
                     || (t.markers_pending.is_empty()
                         && (self.fault_watermark_before_state
@@ -905,8 +945,30 @@ impl DrrsTask {
     }
 
     fn check_ready_and_done(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let Some(t) = self.sub.as_mut() else { return false };
-        let epoch = t.epoch();
+        let mut changed = false;
+        let mut finished = Vec::new();
+        for (&epoch, t) in self.subs.iter_mut() {
+            changed |= Self::check_transition(epoch, t, &self.owned, out);
+            if t.done() {
+                finished.push(epoch);
+            }
+        }
+        for epoch in finished {
+            self.subs.remove(&epoch);
+            out.push(TaskAction::Ack { epoch, ack: TaskAck::Done });
+            changed = true;
+        }
+        changed
+    }
+
+    /// Acks `PeerReady`, closes peer channels and tells senders `Received` as subscale `epoch`
+    /// allows.
+    fn check_transition(
+        epoch: Epoch,
+        t: &mut Transition,
+        owned: &BTreeSet<BucketId>,
+        out: &mut Vec<TaskAction>,
+    ) -> bool {
         let mut changed = false;
         if !t.ready_sent && t.inbound.values().all(|(_, s)| *s != In::Awaiting) {
             t.ready_sent = true;
@@ -924,21 +986,10 @@ impl DrrsTask {
         }
         // A receiver tells each sender whose channel closed and whose buckets all arrived.
         for (&from, (buckets, state)) in &t.inbound {
-            if *state == In::Closed && buckets.iter().all(|b| self.owned.contains(b)) && t.acked.insert(from)
-            {
+            if *state == In::Closed && buckets.iter().all(|b| owned.contains(b)) && t.acked.insert(from) {
                 out.push(TaskAction::SendToPeer { to: from, message: DrrsPeer::Received { epoch } });
                 changed = true;
             }
-        }
-        let done = t.ready_sent
-            && t.markers_pending.is_empty()
-            && t.outbound.iter().all(|(to, o)| t.received.contains(to) && o.pushing.is_none())
-            && t.inbound.keys().all(|from| t.acked.contains(from))
-            && t.waiting.is_empty();
-        if done {
-            self.sub = None;
-            out.push(TaskAction::Ack { epoch, ack: TaskAck::Done });
-            changed = true;
         }
         changed
     }
@@ -947,10 +998,14 @@ impl DrrsTask {
     /// (`wait_records`); takes it again as soon as no more than half of that wait (the low-water
     /// mark), so arriving buckets free room while records keep coming.
     fn backpressure(&mut self, out: &mut Vec<TaskAction>) {
-        let waiting: usize = self.sub.as_ref().map_or(0, |t| {
-            t.waiting.iter().filter(|(b, _)| !self.owned.contains(b)).map(|(_, w)| w.direct.len()).sum()
-        });
-        let bound = self.sub.as_ref().map_or(usize::MAX, |t| t.sub.wait_records);
+        let waiting: usize = self
+            .subs
+            .values()
+            .flat_map(|t| t.waiting.iter())
+            .filter(|(b, _)| !self.owned.contains(b))
+            .map(|(_, w)| w.direct.len())
+            .sum();
+        let bound = self.subs.values().map(|t| t.sub.wait_records).min().unwrap_or(usize::MAX);
         if !self.paused && waiting > bound {
             self.paused = true;
             out.push(TaskAction::PauseDirect);

@@ -235,3 +235,124 @@ fn process_tags_name_when_the_oldest_record_was_taken() {
     let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k2, 7)] });
     assert_eq!((processed(&out), task.take_process_tags()), (vec![7], vec![30]));
 }
+
+/// A `Begin` among coordinator steps: the subscale's index and its pairs.
+type Begun = (usize, Vec<(TaskId, TaskId)>);
+
+/// The `Begin`s and `Switch`es (epoch, last) among coordinator steps.
+fn coordinator_steps(steps: &[super::DrrsStep]) -> (Vec<Begun>, Vec<(u64, bool)>) {
+    use super::{DrrsControl, DrrsStep};
+    let (mut begins, mut switches) = (Vec::new(), Vec::new());
+    for step in steps {
+        if let DrrsStep::Broadcast(crate::CoordinatorMessage::Drrs(control)) = step {
+            match control.as_ref() {
+                DrrsControl::Begin { subscale, .. } => {
+                    begins.push((subscale.index, subscale.moves.keys().copied().collect()))
+                }
+                DrrsControl::Switch { epoch, last, .. } => switches.push((*epoch, *last)),
+            }
+        }
+    }
+    (begins, switches)
+}
+
+#[test]
+fn overlapping_subscales_run_at_most_two_per_task_and_switch_in_order() {
+    use super::{DrrsCoordinator, DrrsOptions, DrrsSchedule, DrrsStep, subscale_epoch};
+    let t = |i| TaskId::new(OP, i);
+    let up = TaskId::new(OperatorId(0), 0);
+    // 1 → 5 over 10 buckets: four pairs, all from t0.
+    let old = vec![t(0); 10];
+    let new: Vec<TaskId> = (0..10).map(|b| t(b / 2)).collect();
+    let all: Vec<TaskId> = (0..5).map(t).collect();
+    let options = DrrsOptions { schedule: DrrsSchedule::Overlapping, ..DrrsOptions::default() };
+    let mut c = DrrsCoordinator::new(options);
+    let out = c.start(OP, 1, old.clone(), new.clone(), BTreeSet::from([up])).expect("start");
+    // One subscale per pair; t0 sends in two at once, not more.
+    let (begins, _) = coordinator_steps(&out);
+    assert_eq!(begins, vec![(0, vec![(t(0), t(1))]), (1, vec![(t(0), t(2))])]);
+    assert_eq!(c.waiting_for().len(), 2 * all.len(), "every task takes part in both");
+    let e = |i| subscale_epoch(1, i);
+    let ack = |c: &mut DrrsCoordinator, i: usize, ack: TaskAck| {
+        all.iter().flat_map(|&task| c.on_ack(task, e(i), &ack).expect("ack")).collect::<Vec<_>>()
+    };
+    // Subscale 1 is ready first: its switch waits for subscale 0's, then both go, in order.
+    assert_eq!(coordinator_steps(&ack(&mut c, 1, TaskAck::PeerReady)), (vec![], vec![]));
+    let (_, switches) = coordinator_steps(&ack(&mut c, 0, TaskAck::PeerReady));
+    assert_eq!(switches, vec![(e(0), false), (e(1), false)]);
+    // Subscale 1 completes first: the third begins (t0 is in two again), then the fourth.
+    assert_eq!(coordinator_steps(&ack(&mut c, 1, TaskAck::Done)).0, vec![(2, vec![(t(0), t(3))])]);
+    assert_eq!(coordinator_steps(&ack(&mut c, 0, TaskAck::Done)).0, vec![(3, vec![(t(0), t(4))])]);
+    assert_eq!(coordinator_steps(&ack(&mut c, 3, TaskAck::PeerReady)), (vec![], vec![]));
+    let (_, switches) = coordinator_steps(&ack(&mut c, 2, TaskAck::PeerReady));
+    assert_eq!(switches, vec![(e(2), false), (e(3), true)]);
+    ack(&mut c, 2, TaskAck::Done);
+    assert!(ack(&mut c, 3, TaskAck::Done).contains(&DrrsStep::Completed));
+    assert!(c.is_idle());
+    // The ported schedule runs the same moves one subscale at a time, each with every pair.
+    let mut ported = DrrsCoordinator::new(DrrsOptions::default());
+    let (begins, _) = coordinator_steps(&ported.start(OP, 1, old, new, BTreeSet::from([up])).expect("start"));
+    assert_eq!(begins.len(), 1);
+    assert_eq!(begins[0].1.len(), 4);
+    // A subscale count is the ported schedule's knob: the overlapping one refuses it.
+    let options = DrrsOptions { schedule: DrrsSchedule::Overlapping, subscales: 2, ..DrrsOptions::default() };
+    let err = DrrsCoordinator::new(options).start(OP, 1, vec![t(0); 2], vec![t(0), t(1)], BTreeSet::new());
+    assert!(err.expect_err("refused").contains("subscales"));
+}
+
+/// A task in two running subscales at once (the overlapping schedule): it sends to one receiver
+/// and receives from another, each subscale finishing on its own.
+#[test]
+fn a_task_runs_two_subscales_at_once() {
+    let up = TaskId::new(OperatorId(0), 0);
+    let (left, me, right) = (TaskId::new(OP, 0), TaskId::new(OP, 1), TaskId::new(OP, 2));
+    let channel = InputChannel { input: 0, from: up };
+    let mut task = DrrsTask::new(TaskConfig {
+        id: me,
+        num_buckets: 4,
+        owned: BTreeSet::from([1]),
+        inputs: BTreeSet::from([channel]),
+    });
+    let sub = |index: usize, moves| {
+        Arc::new(Subscale {
+            operator: OP,
+            epoch: EPOCH + index as u64,
+            index,
+            count: 2,
+            moves,
+            upstreams: BTreeSet::from([up]),
+            wait_records: 8,
+        })
+    };
+    // Subscale 0: bucket 0 comes from `left`; subscale 1: bucket 1 goes to `right`.
+    task.on(TaskEvent::Start(sub(0, BTreeMap::from([((left, me), vec![0])]))));
+    task.on(TaskEvent::Start(sub(1, BTreeMap::from([((me, right), vec![1])]))));
+    assert_eq!((task.running_subscales(), task.moving_subscales()), (2, 2));
+    let out = task
+        .on(TaskEvent::Peer { from: right, message: DrrsPeer::Open { epoch: EPOCH + 1, watermark: None } });
+    assert!(out.contains(&TaskAction::PushBucket { to: right, epoch: EPOCH + 1, bucket: 1 }), "{out:?}");
+    // A record of bucket 0 from upstream waits for subscale 0's state, in subscale 0.
+    task.on(TaskEvent::Peer { from: left, message: DrrsPeer::FastForward { epoch: EPOCH, watermark: None } });
+    let k0 = key_in(0, 0);
+    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k0, 5)] });
+    assert_eq!(
+        out,
+        vec![TaskAction::SendToPeer { to: left, message: DrrsPeer::Prioritize { epoch: EPOCH, bucket: 0 } }]
+    );
+    // Subscale 1 finishes on its own while subscale 0 still waits for its bucket.
+    task.on(TaskEvent::Pushed { to: right, bucket: 1 });
+    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
+    let out = task.on(TaskEvent::Marker { channel, epoch: EPOCH + 1 });
+    assert!(
+        out.contains(&TaskAction::SendToPeer { to: right, message: DrrsPeer::Close { epoch: EPOCH + 1 } })
+    );
+    let out = task.on(TaskEvent::Peer { from: right, message: DrrsPeer::Received { epoch: EPOCH + 1 } });
+    assert!(out.contains(&TaskAction::Ack { epoch: EPOCH + 1, ack: TaskAck::Done }), "{out:?}");
+    assert_eq!(task.running_subscales(), 1);
+    // Subscale 0's bucket and close arrive: the record is processed and it is done too.
+    task.on(TaskEvent::Peer { from: left, message: DrrsPeer::Close { epoch: EPOCH } });
+    let out = task.on(TaskEvent::BucketArrived { from: left, epoch: EPOCH, bucket: 0 });
+    assert_eq!(processed(&out), vec![5]);
+    assert!(out.contains(&TaskAction::Ack { epoch: EPOCH, ack: TaskAck::Done }), "{out:?}");
+    assert!(!task.in_transition());
+}

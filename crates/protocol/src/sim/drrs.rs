@@ -79,6 +79,8 @@ impl World {
         let before = core.waited_records();
         let actions = core.on(event);
         self.stats.waited += core.waited_records() - before;
+        self.stats.max_running_subscales = self.stats.max_running_subscales.max(core.running_subscales());
+        self.stats.max_moving_subscales = self.stats.max_moving_subscales.max(core.moving_subscales());
         for a in actions {
             self.exec_drrs(id, a)?;
         }

@@ -169,8 +169,10 @@ pub struct SimConfig {
     /// location is drained, and at the end no KLT names another task. The drain's rate-limit
     /// timer is a message to the task itself, delivered at a random later step.
     pub drain: bool,
-    /// DRRS: subscales per reconfiguration (0 = one per sender→receiver pair).
+    /// DRRS: subscales per reconfiguration (0 = one per sender→receiver pair; ported only).
     pub subscales: usize,
+    /// DRRS: which schedule runs the subscales (`[drrs] schedule`).
+    pub drrs_schedule: crate::drrs::DrrsSchedule,
     /// DRRS: direct records a receiver lets wait for state before it stops taking direct input.
     pub wait_records: usize,
     /// Koala: `[runtime] max_queued_records`, the records a task holds before it stops taking
@@ -195,6 +197,7 @@ impl SimConfig {
             state_outlives_timers: false,
             drain: false,
             subscales: 0,
+            drrs_schedule: crate::drrs::DrrsSchedule::Ported,
             wait_records: 2,
             max_queued_records: usize::MAX,
         }
@@ -244,6 +247,10 @@ pub struct SimStats {
     pub subscale_acks: u64,
     /// DRRS: records that waited for their bucket's state (or for the peer channel's close).
     pub waited: u64,
+    /// DRRS: the most subscales one task took part in at once.
+    pub max_running_subscales: usize,
+    /// DRRS: the most subscales one task sent or received buckets in at once.
+    pub max_moving_subscales: usize,
     /// Times a task stopped taking data input (DRRS: backpressure from its wait buffer; Koala:
     /// `max_queued_records` held).
     pub pauses: u64,
@@ -281,6 +288,10 @@ pub struct SimFailure {
     pub drain: bool,
     /// Koala's bound on held records ([`SimConfig::max_queued_records`]).
     pub max_queued_records: usize,
+    /// DRRS: subscales ([`SimConfig::subscales`]).
+    pub subscales: usize,
+    /// DRRS: the schedule ([`SimConfig::drrs_schedule`]).
+    pub drrs_schedule: crate::drrs::DrrsSchedule,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -301,9 +312,16 @@ impl fmt::Display for SimFailure {
         } else {
             format!(" KOALA_SIM_MAX_QUEUED={}", self.max_queued_records)
         };
+        let mut drrs = String::new();
+        if self.protocol == Protocol::Drrs && self.subscales != 0 {
+            drrs += &format!(" KOALA_SIM_SUBSCALES={}", self.subscales);
+        }
+        if self.protocol == Protocol::Drrs && self.drrs_schedule != crate::drrs::DrrsSchedule::Ported {
+            drrs += &format!(" KOALA_SIM_DRRS_SCHEDULE={}", self.drrs_schedule.name());
+        }
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{bound}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{bound}{drrs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -320,6 +338,8 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         state_outlives_timers: config.state_outlives_timers,
         drain: config.drain,
         max_queued_records: config.max_queued_records,
+        subscales: config.subscales,
+        drrs_schedule: config.drrs_schedule,
         step,
         message,
     };

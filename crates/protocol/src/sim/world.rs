@@ -323,9 +323,9 @@ impl World {
             engine.inject_fault_release_without_epoch();
         }
         engine.set_drrs_options(DrrsOptions {
+            schedule: cfg.drrs_schedule,
             subscales: cfg.subscales,
             wait_records: cfg.wait_records,
-            ..DrrsOptions::default()
         });
         let mut tasks = BTreeMap::new();
         for &id in &live {
