@@ -24,6 +24,8 @@ use crate::server::unix_ms;
 pub(crate) struct Queued {
     pub(crate) request: ReconfigRequest,
     pub(crate) reply: Option<Sender<ClientReply>>,
+    /// When it came (unix ms): submitted, or due by the schedule.
+    pub(crate) came_ms: u64,
 }
 
 /// The running job as the coordinator tracks it.
@@ -47,6 +49,11 @@ pub(crate) struct JobState<'a> {
     pub(crate) completed: u64,
     /// The run's start, unix seconds (`runs.started_ms / 1000`): the clock of every printed time.
     pub(crate) start_s: u64,
+    /// The run's start, unix ms (`runs.started_ms`).
+    pub(crate) start_ms: u64,
+    /// When the coordinator heard that each task's outputs ended (it finished, or reported
+    /// `InputsEnded`), unix ms.
+    pub(crate) ended_ms: BTreeMap<TaskId, u64>,
 }
 
 impl JobState<'_> {
@@ -106,11 +113,11 @@ impl JobState<'_> {
                 // and never mistakes a queued request for a failed one.
                 let ahead = self.queue.len() + usize::from(running);
                 let _ = reply.send(ClientReply::Queued { ahead });
-                self.queue.push_back(Queued { request, reply: None });
+                self.queue.push_back(Queued { request, reply: None, came_ms: unix_ms() });
                 Ok(())
             }
             Ok(()) => {
-                self.queue.push_back(Queued { request, reply: Some(reply) });
+                self.queue.push_back(Queued { request, reply: Some(reply), came_ms: unix_ms() });
                 self.start_next()
             }
             Err(error) => {
@@ -153,9 +160,14 @@ impl JobState<'_> {
                 Ok(actions) => actions,
                 Err(StartError::InputEnded) => {
                     // Finished upstream tasks take no part; with none left the input has ended.
+                    // When the coordinator knew and when the request came, from its own clock, so
+                    // a test can tell a request made after the end from one that waited too long.
+                    let at = |ms: u64| ms.saturating_sub(self.start_ms) as f64 / 1000.0;
+                    let known = self.input_ended_ms(op).map_or(-1.0, at);
                     let error = format!(
-                        "skipped: every upstream task of {:?} has finished (its input ended); nothing is left to reconfigure",
-                        q.request.operator()
+                        "skipped: every upstream task of {:?} has finished (its input ended at {known:.3} s, the request came at {:.3} s); nothing is left to reconfigure",
+                        q.request.operator(),
+                        at(q.came_ms)
                     );
                     self.reject(q.reply, error);
                     continue;
@@ -244,8 +256,36 @@ impl JobState<'_> {
         CoordinatorError::Protocol { epoch: e.epoch, source_task, error: e.error }
     }
 
+    /// When the coordinator knew that the input of `op` had ended (unix ms): the last end it
+    /// heard of among the tasks of `op`'s upstream operators, or among `op`'s own live tasks
+    /// (each ends only after its input did), whichever it knew first.
+    fn input_ended_ms(&self, op: OperatorId) -> Option<u64> {
+        let d = self.engine.deployment();
+        let last_of = |ops: &[OperatorId]| -> Option<u64> {
+            let tasks: Vec<TaskId> = ops
+                .iter()
+                .flat_map(|o| d.tasks.get(o).into_iter().flatten().map(move |i| TaskId::new(*o, *i)))
+                .collect();
+            if tasks.is_empty() {
+                return None;
+            }
+            tasks
+                .iter()
+                .map(|t| self.ended_ms.get(t).copied())
+                .collect::<Option<Vec<u64>>>()?
+                .into_iter()
+                .max()
+        };
+        let upstream: Vec<OperatorId> =
+            self.graph.operator(op).map(|s| s.inputs.iter().map(|i| i.from).collect()).unwrap_or_default();
+        [last_of(&upstream), last_of(&[op])].into_iter().flatten().min()
+    }
+
     /// A task's ack, fed to the engine.
     pub(crate) fn on_ack(&mut self, task: TaskId, epoch: u64, ack: TaskAck) -> Result<(), CoordinatorError> {
+        if ack == TaskAck::InputsEnded {
+            self.ended_ms.entry(task).or_insert_with(unix_ms);
+        }
         if self.engine.running().is_some_and(|p| p.epoch == epoch) {
             self.last_progress = Instant::now();
         }
@@ -257,6 +297,7 @@ impl JobState<'_> {
 
     /// A task finished (its input ended), fed to the engine.
     pub(crate) fn task_finished(&mut self, task: TaskId) -> Result<(), CoordinatorError> {
+        self.ended_ms.entry(task).or_insert_with(unix_ms);
         match self.engine.task_finished(task) {
             Ok(actions) => self.execute(actions),
             Err(e) => Err(self.protocol_error(e)),

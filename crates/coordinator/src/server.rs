@@ -157,6 +157,8 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         epoch: 0,
         completed: 0,
         start_s: started_ms / 1000,
+        start_ms: started_ms,
+        ended_ms: BTreeMap::new(),
     };
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
@@ -197,7 +199,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             }
             while schedule.front().is_some_and(|(at, _)| started.elapsed().as_secs_f64() >= *at) {
                 if let Some((_, request)) = schedule.pop_front() {
-                    state.queue.push_back(Queued { request, reply: None });
+                    state.queue.push_back(Queued { request, reply: None, came_ms: unix_ms() });
                 }
                 state.start_next()?;
             }

@@ -145,7 +145,8 @@ pub struct Engine {
     active: Option<Active>,
     koala: KoalaCoordinator,
     drrs: DrrsCoordinator,
-    /// Koala: tasks whose every input ended, per operator (they serve state until released).
+    /// Tasks that reported `InputsEnded`, per operator: they wait for their release (Koala
+    /// keyed tasks serve state until then).
     inputs_ended: BTreeMap<OperatorId, BTreeSet<u32>>,
     /// Koala keyed tasks that reported `InputsEnded`: their outputs ended (end of stream sent
     /// downstream) though they live on to serve state, so as upstreams they count as finished.
@@ -256,6 +257,16 @@ impl Engine {
                 format!("epoch {} is not above the deployment's {}", plan.epoch, self.deployment.epoch);
             return Err(StartError::Stale { reason });
         }
+        // Every live task of the operator reported its inputs ended (all may be released and
+        // gone): nothing is left to reconfigure.
+        let op = plan.operator;
+        let live = self.deployment.tasks.get(&op).into_iter().flatten();
+        if let Some(ended) = self.inputs_ended.get(&op)
+            && live.clone().next().is_some()
+            && live.clone().all(|i| ended.contains(i))
+        {
+            return Err(StartError::InputEnded);
+        }
         let (mut driver, msg) = Reconfiguring::start(plan, who);
         // Upstreams whose outputs ended take no part; the new tasks expect nothing from them.
         let gone: Vec<TaskId> =
@@ -264,7 +275,6 @@ impl Engine {
             return Err(StartError::InputEnded);
         }
         let mut out = vec![EngineAction::Broadcast(msg)];
-        let op = driver.plan.operator;
         let created: Vec<TaskId> = driver.plan.created.iter().map(|i| TaskId::new(op, *i)).collect();
         for upstream in gone {
             // Still preparing: only `Prepared` is awaited, so forgetting ends no phase.
@@ -540,22 +550,32 @@ impl Engine {
         }
     }
 
-    /// Koala: once every task of the operator (live and retired) has no input left, none will
-    /// fetch again: release them all. Never while a reconfiguration runs (it may still move
-    /// state); [`Engine::complete`] checks again.
+    /// Releases tasks whose inputs ended, never while a reconfiguration runs (it may still
+    /// involve them; [`Engine::complete`] checks again). A Koala keyed operator's tasks (live and
+    /// retired) once every one of them has no input left: none will fetch again. Any other
+    /// operator's (stop-and-restart and Remote tasks, a stateless operator's): a task no longer
+    /// live at once; the live ones once all of them ended, after which [`Engine::start`] refuses
+    /// to reconfigure the operator, so no `Prepare` ever reaches a task that may have exited.
     fn release_if_inputs_ended(&mut self, op: OperatorId, out: &mut Vec<EngineAction>) {
-        if self.active.is_some() || self.deployment.protocol != Protocol::Koala {
+        if self.active.is_some() {
             return;
         }
         let Some(ended) = self.inputs_ended.get(&op) else { return };
-        let mut all: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
-        all.extend(self.koala.retired(op).into_iter().map(|t| t.index));
-        if ended.is_superset(&all) {
-            let tasks: Vec<TaskId> = all.into_iter().map(|i| TaskId::new(op, i)).collect();
-            for task in tasks {
-                if self.released.insert(task) {
-                    out.push(EngineAction::Release(task));
-                }
+        let live: BTreeSet<u32> = self.deployment.tasks.get(&op).into_iter().flatten().copied().collect();
+        let koala_keyed =
+            self.deployment.protocol == Protocol::Koala && self.deployment.routing.contains_key(&op);
+        let tasks: Vec<u32> = if koala_keyed {
+            let mut all = live;
+            all.extend(self.koala.retired(op).into_iter().map(|t| t.index));
+            if ended.is_superset(&all) { all.into_iter().collect() } else { Vec::new() }
+        } else if ended.is_superset(&live) {
+            ended.iter().copied().collect()
+        } else {
+            ended.difference(&live).copied().collect()
+        };
+        for task in tasks.into_iter().map(|i| TaskId::new(op, i)) {
+            if self.released.insert(task) {
+                out.push(EngineAction::Release(task));
             }
         }
     }

@@ -480,6 +480,17 @@ fn broken_stop_and_restart_reroute_at_drain_is_caught() {
     );
 }
 
+/// Stop-and-restart tasks that exit as soon as their inputs ended instead of waiting for the
+/// coordinator's release: a reconfiguration started just before the coordinator heard of the
+/// end sends one of them a `Prepare` it never answers, and the epoch never completes (the
+/// runtime's coordinator then failed the job after `reconfiguration_timeout_s`).
+#[test]
+fn broken_stop_and_restart_exit_without_release_is_caught() {
+    let failure = caught_under(Protocol::StopAndRestart, Fault::ExitWithoutRelease);
+    println!("{failure}");
+    assert!(failure.contains("did not complete") && failure.contains("Prepared"), "{failure}");
+}
+
 /// A location that answers a fetch but keeps what it answered: the key lives twice.
 #[test]
 fn broken_serve_without_delete_is_caught() {

@@ -102,6 +102,12 @@ impl DataSender {
         self.send_until(item, Some(Instant::now() + timeout))
     }
 
+    /// Messages in the queue that the task has not taken yet.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.gate.lock().queued
+    }
+
     fn send_until(&self, item: TaskInput, deadline: Option<Instant>) -> Result<Duration, SendFailed> {
         let gate = &self.gate;
         let mut state = gate.lock();

@@ -426,6 +426,10 @@ fn stop_and_restart_tasks_swapping_state(two_workers: bool, payload: usize) {
     s.feed(0..KEYS, payload, |b| 1 - Scenario::owner_before(b));
     s.to_both(&ChannelMessage::Watermark(Timestamp::MAX));
     s.to_both(&ChannelMessage::EndOfStream);
+    s.wait_ack(TaskAck::InputsEnded);
+    for i in 0..2 {
+        s.command(i, TaskCommand::Release);
+    }
     s.wait_finished();
     s.check_output();
 }
@@ -441,6 +445,65 @@ fn stop_and_restart_swap_on_one_worker_finishes() {
 #[test]
 fn stop_and_restart_swap_over_tcp_finishes() {
     stop_and_restart_tasks_swapping_state(true, 8 * 1024);
+}
+
+/// Stop-and-restart scales "count" in 2 → 1 as its input ends: both tasks take their last end of
+/// stream after `Prepare` and before the coordinator's `Drain` (`HandOver`). That `HandOver` is
+/// the last event the cancelled task ever gets: it must send its state, report its inputs ended
+/// and exit once released. The task loop used to decide whether it was done only after an end
+/// of stream, a peer message or a `Prepare`, so the cancelled task sent its state and then waited
+/// for ever (the hang of Nexmark Q1/Q2 scaled in as their source ended); the watchdog fails this
+/// test then.
+#[test]
+fn stop_and_restart_scale_in_after_the_input_ended_finishes() {
+    let mut s = Scenario::start(Protocol::StopAndRestart, false);
+    s.feed(0..500, 16, Scenario::owner_before);
+    let [t0, t1] = s.tasks;
+    let mut after = s.deployment.clone();
+    after.epoch = 1;
+    after.tasks.insert(t0.operator, vec![0]);
+    after.routing.insert(t0.operator, vec![0; usize::from(BUCKETS)]);
+    let plan = Arc::new(ReconfigPlan {
+        epoch: 1,
+        operator: t0.operator,
+        deployment: after,
+        moves: BTreeMap::from([((t1, t0), (BUCKETS / 2..BUCKETS).collect())]),
+        upstreams: vec![s.source],
+        created: Vec::new(),
+        cancelled: vec![1],
+        retired: Vec::new(),
+    });
+    for i in 0..2 {
+        s.command(i, TaskCommand::Prepare(plan.clone()));
+    }
+    s.wait_ack(TaskAck::Prepared);
+    s.to_both(&ChannelMessage::Watermark(Timestamp::MAX));
+    s.to_both(&ChannelMessage::EndOfStream);
+    // Both took their end of stream (a task handles what it took before its next command).
+    while s.data.iter().any(|q| q.queued() > 0) {
+        s.watchdog.left("waiting for both tasks to take their end of stream");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !s.seen.iter().any(|e| matches!(e, WorkerMessage::TaskAck { ack: TaskAck::InputsEnded, .. })),
+        "a task part of a reconfiguration reported its inputs ended before its part was done"
+    );
+    for i in 0..2 {
+        s.command(i, TaskCommand::HandOver { epoch: 1 });
+    }
+    s.wait_ack(TaskAck::InputsEnded);
+    let sent = s.seen.iter().find_map(|e| match e {
+        WorkerMessage::TaskAck { task, ack: TaskAck::StateSent { entries, .. }, .. } if *task == t1 => {
+            Some(*entries)
+        }
+        _ => None,
+    });
+    assert!(sent.is_some_and(|n| n > 0), "the cancelled task sent no state: {sent:?}");
+    for i in 0..2 {
+        s.command(i, TaskCommand::Release);
+    }
+    s.wait_finished();
+    s.check_output();
 }
 
 /// A sender much faster than its receiver: the receiving task's peer lane never holds more than

@@ -397,23 +397,9 @@ macro_rules! nexmark_matrix {
             q6star_scale_out: "nexmark-q6star", "scale-out";
             q6star_scale_in: "nexmark-q6star", "scale-in";
             q6star_rebalance: "nexmark-q6star", "rebalance";
+            q1_scale_in: "nexmark-q1", "scale-in";
+            q2_scale_in: "nexmark-q2", "scale-in";
         );
-        $crate::nexmark_matrix!(@stateless_scale_in $protocol;
-            q1_scale_in: "nexmark-q1";
-            q2_scale_in: "nexmark-q2";
-        );
-    };
-    (@stateless_scale_in $protocol:literal; $($name:ident: $query:literal;)*) => {
-        $(
-            // Known bug (docs/testing.md, "Known hangs"): a stateless operator scaled in while
-            // its only source ends can leave one of its tasks waiting for an end of stream that
-            // never comes (1 run in ~20 with `koala run` on this config; every protocol).
-            #[test]
-            #[ignore = "known hang: stateless scale-in as the source ends (docs/testing.md)"]
-            fn $name() {
-                common::nexmark::scenario($protocol, $query, "scale-in");
-            }
-        )*
     };
     (@tests $protocol:literal; $($name:ident: $query:literal, $scenario:literal;)*) => {
         $(

@@ -1,6 +1,18 @@
-//! When a Koala task's inputs have ended and when it may exit: one rule for the runtime's task
-//! loop (`crates/runtime/src/task/koala.rs`) and the simulator.
+//! When a task's inputs have ended and when it may exit: one rule for the runtime's task loops
+//! (`crates/runtime/src/task/koala.rs`, `crates/runtime/src/task/operator.rs`) and the simulator.
 //!
+//! **A task whose reconfigurations a stop-and-restart `TargetCore` runs** (stop-and-restart and
+//! Remote tasks, and every task of a stateless operator under any protocol): its inputs have
+//! ended once none of its data channels is open and its core runs no part of a reconfiguration.
+//! It then ends its outputs, reports `InputsEnded` and waits for the coordinator's `Release`
+//! (and for any part of a reconfiguration that started meanwhile) before it exits. Exiting at
+//! once raced with the coordinator: a reconfiguration it started before it heard of the end
+//! sent a `Prepare` the task never answered, and every other task of the operator waited for a
+//! `Drain` that never came. Both checks run after **every** event the task handles, whichever
+//! made them true (the last end of stream, a `Drain` after it that lets the task send its state,
+//! the last `StateEnd` it awaited, the `Release`).
+//!
+//! **A Koala task of a keyed operator:**
 //! A task's inputs have ended once no data channel is open, nothing is held or in transition,
 //! and no epoch it takes buckets in is still to begin (the hand-over may still bring records and
 //! timers; a task a reconfiguration created learns its channels at its first `Start`). It then
@@ -91,5 +103,22 @@ impl TaskLife {
     /// nothing it sends is still waiting for room).
     pub fn may_exit(&self) -> bool {
         self.released && self.inputs_ended
+    }
+
+    /// A task run by a stop-and-restart `TargetCore` (see the module docs), after every event:
+    /// the epoch to report `InputsEnded` with, once, when none of its `open_inputs` data channels
+    /// is open and its core is not busy (the caller then ends its outputs).
+    pub fn check_target_inputs_ended(&mut self, open_inputs: usize, core_busy: bool) -> Option<Epoch> {
+        if self.inputs_ended || open_inputs > 0 || core_busy {
+            return None;
+        }
+        self.inputs_ended = true;
+        Some(self.epoch)
+    }
+
+    /// Whether a task run by a stop-and-restart `TargetCore` may exit: its inputs ended, the
+    /// coordinator released it, and no part of a reconfiguration runs.
+    pub fn target_may_exit(&self, core_busy: bool) -> bool {
+        self.may_exit() && !core_busy
     }
 }

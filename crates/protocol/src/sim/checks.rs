@@ -486,6 +486,17 @@ impl World {
                 t.life.released()
             ));
         }
+        // Stop-and-restart and Remote: every task exited by the runtime's rule once its inputs
+        // ended and its part of every reconfiguration was done.
+        if let Some((id, t)) =
+            self.tasks.iter().find(|(_, t)| matches!(t.core, Core::StopAndRestart(..)) && !t.gone)
+        {
+            return Err(format!(
+                "exit: {id} would never exit (inputs ended: {}, released: {})",
+                t.life.inputs_ended(),
+                t.life.released()
+            ));
+        }
         if let Some((id, t)) = self.tasks.iter().find(|(_, t)| !t.timers.is_empty()) {
             return Err(format!("timers: {id} ends with {} unfired timers", t.timers.len()));
         }

@@ -96,6 +96,10 @@ pub enum Fault {
     /// buckets first (they reach the shared store only at a later eviction), so the new owner
     /// may read a stale value.
     FlushAfterStateEnd,
+    /// Stop-and-restart: a task exits as soon as its inputs ended, without waiting for the
+    /// coordinator's release (the runtime's rule before): a reconfiguration the coordinator
+    /// started before it heard of the end sends the task a `Prepare` it never answers.
+    ExitWithoutRelease,
 }
 
 impl Fault {
@@ -113,6 +117,7 @@ impl Fault {
             "process_before_state" => Some(Self::ProcessBeforeState),
             "watermark_before_state" => Some(Self::WatermarkBeforeState),
             "flush_after_state_end" => Some(Self::FlushAfterStateEnd),
+            "exit_without_release" => Some(Self::ExitWithoutRelease),
             _ => None,
         }
     }
@@ -131,6 +136,7 @@ impl Fault {
             Self::ProcessBeforeState => "process_before_state",
             Self::WatermarkBeforeState => "watermark_before_state",
             Self::FlushAfterStateEnd => "flush_after_state_end",
+            Self::ExitWithoutRelease => "exit_without_release",
         }
     }
 }

@@ -77,6 +77,9 @@ impl World {
             }
             (Msg::Drain(epoch), _, None) => TargetEvent::Drain { epoch },
             (Msg::Prepare(plan), _, None) => {
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.life.prepared(plan.epoch, false);
+                }
                 let inputs = match self.tasks.get(&id).map(|t| &t.core) {
                     Some(Core::StopAndRestart(_, aligner)) => aligner.channels().collect(),
                     _ => Vec::new(),
@@ -86,6 +89,24 @@ impl World {
             (m, ..) => return Err(format!("unroutable message {m:?} to stop-and-restart task {id}")),
         };
         self.sr_event(id, event)
+    }
+
+    /// After every event a stop-and-restart task handled, the runtime's rules ([`crate::koala::TaskLife`]):
+    /// once every input ended and no part of a reconfiguration runs it reports `InputsEnded`;
+    /// once also released it exits, and the coordinator hears that it finished.
+    pub(crate) fn sr_check_exit(&mut self, id: TaskId) {
+        let Some(t) = self.tasks.get_mut(&id) else { return };
+        let Core::StopAndRestart(core, aligner) = &t.core else { return };
+        let busy = core.busy();
+        if let Some(epoch) = t.life.check_target_inputs_ended(aligner.live_channels(), busy) {
+            let ack = Msg::Ack(epoch, TaskAck::InputsEnded);
+            self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), ack);
+        }
+        let broken = self.cfg.fault == Some(Fault::ExitWithoutRelease) && t.life.inputs_ended() && !busy;
+        if !t.gone && (t.life.target_may_exit(busy) || broken) {
+            t.gone = true;
+            self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
+        }
     }
 
     /// Data channels of a stop-and-restart task end: each leaves its aligner (the event time

@@ -78,8 +78,9 @@ pub(crate) enum Msg {
     /// The task may exit: nobody will fetch from it.
     Release,
     Ack(Epoch, TaskAck),
-    /// An upstream finished (to the coordinator, as the job's coordinator hears of it).
-    UpstreamEnded(TaskId),
+    /// A task finished (to the coordinator, as the job's coordinator hears `TaskFinished`): an
+    /// upstream that ended, or a stop-and-restart task that exited by its rule.
+    Finished(TaskId),
     /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
     Wake,
     /// The coordinator tells a new task that an upstream finished before it switched.
@@ -195,6 +196,9 @@ pub(crate) struct SimTask {
     /// Released by the coordinator; a Koala task also tracks when its inputs ended and exits
     /// by the runtime's rule ([`TaskLife`]).
     pub(crate) life: TaskLife,
+    /// A stop-and-restart or Remote task exited by the runtime's rule
+    /// ([`TaskLife::target_may_exit`], checked after every event it handles).
+    pub(crate) gone: bool,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
     /// state outlives timers) sets one at its own time (a window's end); they fire when the task
     /// emits a watermark at or past them and travel with their bucket's hand-over (Koala: without
@@ -205,11 +209,16 @@ pub(crate) struct SimTask {
 }
 
 impl SimTask {
-    /// Whether the task exited: a stop-and-restart or DRRS task once released. A released Koala
-    /// task keeps its core running here (a background pull may still be answered; the runtime's
-    /// task exits by [`TaskLife::may_exit`], which `check_end` requires of every task).
+    /// Whether the task exited: a stop-and-restart or Remote task by the runtime's rule (every
+    /// input ended, no part of a reconfiguration running), a DRRS task once released. A released
+    /// Koala task keeps its core running here (a background pull may still be answered; the
+    /// runtime's task exits by [`TaskLife::may_exit`], which `check_end` requires of every task).
     pub(crate) fn exited(&self) -> bool {
-        !matches!(self.core, Core::Koala(_)) && self.life.released()
+        match self.core {
+            Core::Koala(_) => false,
+            Core::StopAndRestart(..) => self.gone,
+            Core::Drrs(_) => self.life.released(),
+        }
     }
 }
 
@@ -264,7 +273,7 @@ pub(crate) struct World {
     pub(crate) processed_total: u64,
     early_switched: BTreeSet<Epoch>,
     pub(crate) stats: SimStats,
-    /// Upstreams whose end the coordinator has heard of.
+    /// Tasks whose end the coordinator has heard of.
     pub(crate) finished: BTreeSet<TaskId>,
     /// Background pulls sent and not answered: (requester, location, request id).
     pub(crate) pulls_in_flight: BTreeSet<(TaskId, TaskId, u64)>,
@@ -438,6 +447,7 @@ impl World {
             pull_cursors: PullCursors::new(),
             last_watermark: None,
             life: TaskLife::new(created),
+            gone: false,
             timers: BTreeSet::new(),
             aside: BTreeSet::new(),
         }
@@ -508,8 +518,7 @@ impl World {
             up.ended = true;
             let id = up.id;
             self.on_routers(u, |_| RouterEvent::EndOfStream)?;
-            self.channels
-                .push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::UpstreamEnded(id));
+            self.channels.push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
             return Ok(());
         }
         let mut records: Vec<Vec<Record>> = vec![Vec::new(); self.cfg.inputs];
@@ -576,9 +585,14 @@ impl World {
                 cancelled,
                 retired: retired.into_iter().collect(),
             };
+            // As the job's coordinator: a finished task moves nothing and is not waited for.
             let who = Participants {
                 stateful: true,
-                old_targets: old_live.iter().map(|&i| TaskId::new(TARGET, i)).collect(),
+                old_targets: old_live
+                    .iter()
+                    .map(|&i| TaskId::new(TARGET, i))
+                    .filter(|t| !current.finished.contains(t))
+                    .collect(),
                 consumers: Vec::new(),
             };
             match self.engine.start(plan, who) {
@@ -701,9 +715,9 @@ impl World {
                 let actions = self.engine.on_ack(from, epoch, ack).map_err(|e| format!("engine: {e}"))?;
                 self.exec_engine(actions)
             }
-            (Node::Coordinator, Msg::UpstreamEnded(u)) => {
-                self.finished.insert(u);
-                let actions = self.engine.task_finished(u).map_err(|e| format!("engine: {e}"))?;
+            (Node::Coordinator, Msg::Finished(t)) => {
+                self.finished.insert(t);
+                let actions = self.engine.task_finished(t).map_err(|e| format!("engine: {e}"))?;
                 self.exec_engine(actions)
             }
             (Node::Upstream(id), msg) => self.deliver_to_upstream(id, msg),
@@ -722,6 +736,7 @@ impl World {
                     t.life.release();
                     self.stats.released += u64::from(!live);
                 }
+                self.sr_check_exit(id);
                 Ok(())
             }
             (Node::Task(id), msg) => {
@@ -749,7 +764,9 @@ impl World {
                     _ => None,
                 };
                 if matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::StopAndRestart(..))) {
-                    return self.deliver_stop_and_restart(id, src, channel, msg);
+                    self.deliver_stop_and_restart(id, src, channel, msg)?;
+                    self.sr_check_exit(id);
+                    return Ok(());
                 }
                 if matches!(self.tasks.get(&id).map(|t| &t.core), Some(Core::Drrs(..))) {
                     return self.deliver_drrs(id, src, channel, msg);

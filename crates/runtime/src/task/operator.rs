@@ -7,6 +7,7 @@ use crossbeam_channel::select;
 use koala_dataflow::logic::OperatorLogic;
 use koala_dataflow::{OperatorContext, OperatorKind, TaskInstance, TimerDue};
 use koala_protocol::WatermarkAligner;
+use koala_protocol::koala::TaskLife;
 use koala_protocol::stop_restart::{TargetEvent, UpstreamCore, UpstreamEvent};
 use koala_types::{ChannelMessage, Record, Timestamp};
 
@@ -35,6 +36,8 @@ pub(super) struct OperatorTask {
     pub(super) metrics: TaskMetrics,
     /// This task's part in the reconfigurations of its own operator (stop-and-restart).
     transfer: StateTransfer,
+    /// When its inputs ended and when it may exit (the loop here; Koala's loop has its own).
+    life: TaskLife,
     /// This task as an upstream of a reconfigured operator (stop-and-restart).
     upstream: UpstreamCore,
     /// Its processing budget (`[runtime] task_records_per_sec`, stateful operators only).
@@ -66,14 +69,20 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let deadline =
             outputs.next_deadline().map_or(task.metrics.next_tick(), |d| d.min(task.metrics.next_tick()));
         let timeout = gate.map_or(deadline, |g| g.min(deadline)).saturating_duration_since(now);
-        // Whether every input ended (and no state is still arriving): the task is done.
-        let done = select! {
+        // Whether an event was handled (a timeout changes nothing).
+        let handled = select! {
             recv(setup.commands) -> cmd => match cmd {
-                Ok(cmd) => task.on_command(&setup, &mut outputs, cmd)?,
+                Ok(cmd) => {
+                    task.on_command(&setup, &mut outputs, cmd)?;
+                    true
+                }
                 Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
             },
             recv(setup.peer_inbox) -> item => match item {
-                Ok(item) => task.on_message(&setup, &mut outputs, item.channel, item.message)?,
+                Ok(item) => {
+                    task.on_message(&setup, &mut outputs, item.channel, item.message)?;
+                    true
+                }
                 Err(_) => false,
             },
             recv(if gate.is_some() { &closed } else { setup.inbox.queue() }) -> item => {
@@ -81,13 +90,20 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                     return Err(RuntimeError::InputClosed(setup.task));
                 };
                 setup.inbox.took();
-                task.on_message(&setup, &mut outputs, item.channel, item.message)?
+                task.on_message(&setup, &mut outputs, item.channel, item.message)?;
+                true
             },
             default(timeout) => false,
         };
-        if done {
+        // The rules of `TaskLife` (the simulator's too), after every event whatever it was. A
+        // `HandOver` that arrives after the last end of stream is such an event: the task sends
+        // its state and its part is over; waiting for another message first hung the task.
+        if handled && let Some(epoch) = task.check_inputs_ended() {
             outputs.flush_all()?;
             outputs.broadcast(&ChannelMessage::EndOfStream)?;
+            setup.ack(epoch, koala_protocol::TaskAck::InputsEnded);
+        }
+        if handled && task.life.target_may_exit(task.transfer.busy()) {
             setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
             return Ok(());
         }
@@ -125,6 +141,7 @@ impl OperatorTask {
                 setup.deployment.protocol == koala_protocol::Protocol::Remote,
             ),
             upstream: UpstreamCore::new(),
+            life: TaskLife::new(false),
             budget,
             timer_due: TimerDue::default(),
             latency_by_caller: false,
@@ -139,28 +156,25 @@ impl OperatorTask {
         Some(until)
     }
 
-    /// Applies a command; true if every input has ended since (the task is done).
+    /// Applies a command (the loop checks the exit rule after it).
     fn on_command(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
         cmd: TaskCommand,
-    ) -> Result<bool, RuntimeError> {
+    ) -> Result<(), RuntimeError> {
         match cmd {
             TaskCommand::UpstreamEnded(upstream) => {
                 let channels: Vec<InputChannel> =
                     self.aligner.channels().filter(|c| c.from == upstream).collect();
                 for channel in channels {
-                    if self.on_message(setup, outputs, channel, ChannelMessage::EndOfStream)? {
-                        return Ok(true);
-                    }
+                    self.on_message(setup, outputs, channel, ChannelMessage::EndOfStream)?;
                 }
             }
             TaskCommand::Prepare(plan) => {
+                self.life.prepared(plan.epoch, false);
                 let inputs = self.aligner.channels().collect();
                 self.on_transfer(setup, outputs, TargetEvent::Prepare { plan, inputs })?;
-                // Every input may have ended already, and nothing arrives: then the task is done.
-                return Ok(self.done());
             }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
@@ -177,31 +191,28 @@ impl OperatorTask {
             TaskCommand::HandOver { epoch } => {
                 self.on_transfer(setup, outputs, TargetEvent::Drain { epoch })?;
             }
-            TaskCommand::StopSource
-            | TaskCommand::Release
-            | TaskCommand::Begin(_)
-            | TaskCommand::DrrsBegin(_) => {}
+            TaskCommand::Release => self.life.release(),
+            TaskCommand::StopSource | TaskCommand::Begin(_) | TaskCommand::DrrsBegin(_) => {}
             TaskCommand::Resume(plan) => {
                 // Not paused (a pause takes its Resume itself): the core refuses it.
                 let event = UpstreamEvent::Resume { epoch: plan.epoch };
                 setup.on_upstream(&mut self.upstream, event, Some(&plan), outputs)?;
             }
         }
-        Ok(false)
+        Ok(())
     }
 
-    /// Handles one input message; returns true once every input has ended.
+    /// Handles one input message (the loop checks the exit rule after it).
     fn on_message(
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
         channel: InputChannel,
         message: ChannelMessage,
-    ) -> Result<bool, RuntimeError> {
+    ) -> Result<(), RuntimeError> {
         if channel.input == PEER_INPUT {
             let mut io = TransferIo { outputs, timers: &mut self.timers, metrics: &mut self.metrics };
-            self.transfer.on_peer(setup, channel, message, &mut io)?;
-            return Ok(self.done());
+            return self.transfer.on_peer(setup, channel, message, &mut io);
         }
         match message {
             ChannelMessage::Batch(records) => {
@@ -223,7 +234,6 @@ impl OperatorTask {
                     self.advance(setup, outputs, w)?;
                 }
                 self.on_transfer(setup, outputs, TargetEvent::EndOfStream { channel })?;
-                return Ok(self.done());
             }
             other @ (ChannelMessage::State { .. }
             | ChannelMessage::Timers { .. }
@@ -233,13 +243,13 @@ impl OperatorTask {
                 return Err(RuntimeError::MisplacedMessage { task: setup.task, channel, message });
             }
         }
-        Ok(false)
+        Ok(())
     }
 
-    /// Whether every input ended and no state is still arriving (with every input ended but
-    /// state still arriving, the task keeps running until it has).
-    fn done(&self) -> bool {
-        self.aligner.live_channels() == 0 && !self.transfer.busy()
+    /// The epoch to report `InputsEnded` with, once every input ended and no reconfiguration
+    /// part runs (with every input ended but state still to send or arriving, not yet).
+    fn check_inputs_ended(&mut self) -> Option<koala_types::Epoch> {
+        self.life.check_target_inputs_ended(self.aligner.live_channels(), self.transfer.busy())
     }
 
     /// Feeds the stop-and-restart target core and carries out what it decides.
