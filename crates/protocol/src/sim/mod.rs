@@ -96,6 +96,11 @@ pub enum Fault {
     /// buckets first (they reach the shared store only at a later eviction), so the new owner
     /// may read a stale value.
     FlushAfterStateEnd,
+    /// Koala with a bound: the hold-back rule tried and reverted on 2026-12-02 (channels whose
+    /// marker is in wait at their senders until the task's markers are all in; parked records
+    /// do not count meanwhile). With blocking senders ([`SimConfig::channel_capacity`]) it
+    /// deadlocks.
+    HoldBackAfterMarker,
 }
 
 impl Fault {
@@ -113,6 +118,7 @@ impl Fault {
             "process_before_state" => Some(Self::ProcessBeforeState),
             "watermark_before_state" => Some(Self::WatermarkBeforeState),
             "flush_after_state_end" => Some(Self::FlushAfterStateEnd),
+            "hold_back_after_marker" => Some(Self::HoldBackAfterMarker),
             _ => None,
         }
     }
@@ -131,6 +137,7 @@ impl Fault {
             Self::ProcessBeforeState => "process_before_state",
             Self::WatermarkBeforeState => "watermark_before_state",
             Self::FlushAfterStateEnd => "flush_after_state_end",
+            Self::HoldBackAfterMarker => "hold_back_after_marker",
         }
     }
 }
@@ -176,6 +183,12 @@ pub struct SimConfig {
     /// Koala: `[runtime] max_queued_records`, the records a task holds before it stops taking
     /// data input (its data channels then wait, as DRRS's do).
     pub max_queued_records: usize,
+    /// Messages a data channel from an upstream holds (0: unbounded, the default, so the other
+    /// sweeps keep their schedules). With a capacity an upstream is a thread with blocking sends,
+    /// as the runtime's are: a send to a full channel blocks it — it emits nothing and takes no
+    /// command (no `Switch`, so no markers) until the receiver takes from that channel. A Koala
+    /// task leaves a channel full by refusing its head ([`crate::koala::KoalaTask::data_room`]).
+    pub channel_capacity: usize,
 }
 
 impl SimConfig {
@@ -197,6 +210,7 @@ impl SimConfig {
             subscales: 0,
             wait_records: 2,
             max_queued_records: usize::MAX,
+            channel_capacity: 0,
         }
     }
 }
@@ -249,6 +263,15 @@ pub struct SimStats {
     pub pauses: u64,
     /// Koala: the most records one task held at once (`queued_records`).
     pub max_queued: usize,
+    /// Koala with a bound: steps in which a task that took data input refused the head of one
+    /// of its data channels (a record that would park past the bound; the reverted rule: a
+    /// channel whose marker was in).
+    pub refused_heads: u64,
+    /// Koala with a bound: batches (on a data channel or forwarded on a peer lane) split because
+    /// only their first records fitted.
+    pub split_batches: u64,
+    /// With [`SimConfig::channel_capacity`]: times an upstream blocked on a full channel.
+    pub blocked_sends: u64,
     /// Koala: the most steps a batch's first record waited before the batch was processed.
     pub max_batch_wait: u64,
     /// Remote: buffered (dirty) keys an old owner wrote back to the shared store when it gave
@@ -281,6 +304,8 @@ pub struct SimFailure {
     pub drain: bool,
     /// Koala's bound on held records ([`SimConfig::max_queued_records`]).
     pub max_queued_records: usize,
+    /// Data channel capacity ([`SimConfig::channel_capacity`]).
+    pub channel_capacity: usize,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -301,6 +326,11 @@ impl fmt::Display for SimFailure {
         } else {
             format!(" KOALA_SIM_MAX_QUEUED={}", self.max_queued_records)
         };
+        let bound = if self.channel_capacity == 0 {
+            bound
+        } else {
+            format!("{bound} KOALA_SIM_CHANNEL_CAPACITY={}", self.channel_capacity)
+        };
         write!(
             f,
             "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{bound}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
@@ -320,6 +350,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         state_outlives_timers: config.state_outlives_timers,
         drain: config.drain,
         max_queued_records: config.max_queued_records,
+        channel_capacity: config.channel_capacity,
         step,
         message,
     };

@@ -141,10 +141,26 @@ impl Channels {
         self.nonempty.len()
     }
 
-    /// Whether the `i`-th non-empty channel is a data channel to a task in `paused`.
-    pub(crate) fn blocked(&self, i: usize, paused: &BTreeSet<TaskId>) -> bool {
-        let Some(&id) = self.nonempty.get(i) else { return false };
-        matches!(self.queues[id].0, (_, Node::Task(t), Kind::Data(_)) if paused.contains(&t))
+    /// The `i`-th non-empty channel and its head.
+    pub(crate) fn head(&self, i: usize) -> Option<(ChannelKey, &Msg)> {
+        let (key, queue) = &self.queues[*self.nonempty.get(i)?];
+        Some((*key, queue.front()?))
+    }
+
+    /// Messages in channel `key`.
+    pub(crate) fn len_of(&self, key: &ChannelKey) -> usize {
+        self.index.get(key).map_or(0, |&id| self.queues[id].1.len())
+    }
+
+    /// Puts `msg` back at the head of channel `key` (the part of a batch a task did not take).
+    pub(crate) fn push_front(&mut self, key: ChannelKey, msg: Msg) {
+        self.push(key, msg);
+        if let Some(&id) = self.index.get(&key) {
+            let queue = &mut self.queues[id].1;
+            if let Some(m) = queue.pop_back() {
+                queue.push_front(m);
+            }
+        }
     }
 
     /// Pops the head of the `i`-th non-empty channel.
@@ -226,6 +242,9 @@ pub(crate) struct SimUpstream {
     clock: Timestamp,
     remaining: usize,
     ended: bool,
+    /// With [`SimConfig::channel_capacity`]: the task's sends not done yet, in order (the first
+    /// waits for room in its channel; while any wait the task is blocked).
+    sending: VecDeque<(ChannelKey, Msg)>,
 }
 
 /// The whole simulated job.
@@ -346,6 +365,7 @@ impl World {
                 clock: 0,
                 remaining: cfg.records_per_upstream,
                 ended: false,
+                sending: VecDeque::new(),
             });
         }
         let progressive = extra_keys > 0 && cfg.protocol == Protocol::Koala;
@@ -406,6 +426,9 @@ impl World {
                 if cfg.fault == Some(Fault::TimerBeforeAccess) {
                     core.inject_fault_no_timer_access();
                 }
+                if cfg.fault == Some(Fault::HoldBackAfterMarker) {
+                    core.inject_fault_hold_back_after_marker();
+                }
                 Core::Koala(Box::new(core))
             }
             Protocol::StopAndRestart | Protocol::Remote => Core::StopAndRestart(
@@ -455,16 +478,25 @@ impl World {
             }
             let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
             let channels = self.channels.nonempty();
-            // DRRS backpressure: a paused task's data channels are not delivered.
-            let open: Option<Vec<usize>> = (!self.paused.is_empty())
-                .then(|| (0..channels).filter(|&i| !self.channels.blocked(i, &self.paused)).collect());
+            // Backpressure: a paused task's data channels, a channel whose head a Koala task
+            // refuses, and the commands of a blocked upstream are not delivered.
+            let filtered = !self.paused.is_empty()
+                || self.cfg.max_queued_records != usize::MAX
+                || self.cfg.channel_capacity > 0;
+            let open: Option<Vec<usize>> =
+                filtered.then(|| (0..channels).filter(|&i| self.deliverable(i)).collect());
             let deliverable = open.as_ref().map_or(channels, Vec::len);
+            if deliverable < channels && self.refuses_a_head(open.as_deref().unwrap_or_default()) {
+                self.stats.refused_heads += 1;
+            }
             // No idle turns: a task's core pulls as answers arrive and needs no timer, so
             // quiescence with work left undone (a cancelled task never drained) fails the run.
             if deliverable == 0 && sources.is_empty() {
                 if channels > 0 {
+                    let blocked: Vec<TaskId> =
+                        self.upstreams.iter().filter(|u| !u.sending.is_empty()).map(|u| u.id).collect();
                     return Err(format!(
-                        "backpressure deadlock: {:?} stopped taking direct input and nothing else can move",
+                        "backpressure deadlock: {:?} stopped taking direct input, upstreams {blocked:?} are blocked on a send, and nothing else can move",
                         self.paused
                     ));
                 }
@@ -481,7 +513,11 @@ impl World {
             if pick < deliverable {
                 let pick = open.as_ref().map_or(pick, |o| o[pick]);
                 if let Some(((from, to, kind), msg)) = self.channels.pop(pick) {
+                    let msg = self.take_part((from, to, kind), msg);
                     self.deliver(from, to, kind, msg)?;
+                    if self.cfg.channel_capacity > 0 && matches!(kind, Kind::Data(_)) {
+                        self.unblock_senders()?;
+                    }
                 }
             } else {
                 self.emit(sources[pick - deliverable])?;
@@ -489,10 +525,124 @@ impl World {
         }
     }
 
+    /// Whether the head of the `i`-th non-empty channel may be delivered now.
+    fn deliverable(&self, i: usize) -> bool {
+        let Some((key, msg)) = self.channels.head(i) else { return false };
+        match key {
+            // A blocked upstream's thread is in a send: it takes no command.
+            (_, Node::Upstream(to), _) => {
+                self.upstreams.iter().find(|u| u.id == to).is_none_or(|u| u.sending.is_empty())
+            }
+            (from, Node::Task(to), Kind::Data(input)) => {
+                if self.paused.contains(&to) {
+                    return false;
+                }
+                match (&self.tasks.get(&to).map(|t| &t.core), from, msg) {
+                    (
+                        Some(Core::Koala(core)),
+                        Node::Upstream(from) | Node::Task(from),
+                        Msg::Data(ChannelMessage::Batch(records)),
+                    ) => core.data_room(InputChannel { input, from }, records) > 0,
+                    (Some(Core::Koala(core)), _, _) => core.takes_data(),
+                    _ => true,
+                }
+            }
+            (_, Node::Task(to), Kind::Peer) => match (&self.tasks.get(&to).map(|t| &t.core), msg) {
+                (Some(Core::Koala(core)), Msg::Peer(PeerMessage::Records { records, .. })) => {
+                    core.peer_room(records.len()) > 0
+                }
+                _ => true,
+            },
+            _ => true,
+        }
+    }
+
+    /// Whether a Koala task that takes data input refuses the head of one of its data channels
+    /// now (`open`: the deliverable channels).
+    fn refuses_a_head(&self, open: &[usize]) -> bool {
+        (0..self.channels.nonempty()).filter(|i| !open.contains(i)).any(|i| {
+            matches!(self.channels.head(i), Some(((_, Node::Task(to), Kind::Data(_)), _))
+                if matches!(self.tasks.get(&to).map(|t| &t.core), Some(Core::Koala(c)) if c.takes_data()))
+        })
+    }
+
+    /// The part of a batch (from a data channel or forwarded on a peer lane) a Koala task takes
+    /// now; the rest goes back to the head of its channel.
+    fn take_part(&mut self, key: ChannelKey, msg: Msg) -> Msg {
+        let (from, Node::Task(to), kind) = key else { return msg };
+        let Some(Core::Koala(core)) = self.tasks.get(&to).map(|t| &t.core) else { return msg };
+        let (Node::Upstream(sender) | Node::Task(sender)) = from else { return msg };
+        let (taken, rest) = match (kind, msg) {
+            (Kind::Data(input), Msg::Data(ChannelMessage::Batch(mut records))) => {
+                let room = core.data_room(InputChannel { input, from: sender }, &records);
+                if room >= records.len() {
+                    return Msg::Data(ChannelMessage::Batch(records));
+                }
+                let rest = records.split_off(room);
+                (Msg::Data(ChannelMessage::Batch(records)), Msg::Data(ChannelMessage::Batch(rest)))
+            }
+            (Kind::Peer, Msg::Peer(PeerMessage::Records { epoch, input, mut records })) => {
+                let room = core.peer_room(records.len());
+                if room >= records.len() {
+                    return Msg::Peer(PeerMessage::Records { epoch, input, records });
+                }
+                let rest = records.split_off(room);
+                (
+                    Msg::Peer(PeerMessage::Records { epoch, input, records }),
+                    Msg::Peer(PeerMessage::Records { epoch, input, records: rest }),
+                )
+            }
+            (_, msg) => return msg,
+        };
+        self.stats.split_batches += 1;
+        self.channels.push_front(key, rest);
+        taken
+    }
+
+    /// Sends of upstream `u` as its thread makes them: in order, each once its channel has room
+    /// (only data channels are bounded).
+    fn send_from(&mut self, u: usize, key: ChannelKey, msg: Msg) {
+        if self.cfg.channel_capacity == 0 {
+            self.channels.push(key, msg);
+            return;
+        }
+        let was_blocked = !self.upstreams[u].sending.is_empty();
+        self.upstreams[u].sending.push_back((key, msg));
+        self.flush_sends(u);
+        if !was_blocked && !self.upstreams[u].sending.is_empty() {
+            self.stats.blocked_sends += 1;
+        }
+    }
+
+    fn flush_sends(&mut self, u: usize) {
+        while let Some((key, _)) = self.upstreams[u].sending.front() {
+            if matches!(key.2, Kind::Data(_)) && self.channels.len_of(key) >= self.cfg.channel_capacity {
+                return;
+            }
+            if let Some((key, msg)) = self.upstreams[u].sending.pop_front() {
+                self.channels.push(key, msg);
+            }
+        }
+    }
+
+    /// A data channel made room: blocked upstreams go on with their sends.
+    fn unblock_senders(&mut self) -> Result<(), String> {
+        for u in 0..self.upstreams.len() {
+            if !self.upstreams[u].sending.is_empty() {
+                self.flush_sends(u);
+            }
+        }
+        Ok(())
+    }
+
     fn can_emit(&self, u: usize) -> bool {
         // A source may end at any time, also in the middle of a reconfiguration; a paused one
-        // (stop-and-restart, between Drain and Resume) neither emits nor ends.
+        // (stop-and-restart, between Drain and Resume) neither emits nor ends. One blocked on a
+        // send does nothing.
         let up = &self.upstreams[u];
+        if !up.sending.is_empty() {
+            return false;
+        }
         let all_started = self.next_request == self.targets.len() && self.pending.is_empty();
         up.pause.paused().is_none() && (up.remaining > 0 || (!up.ended && (up.may_end_early || all_started)))
     }
@@ -508,8 +658,7 @@ impl World {
             up.ended = true;
             let id = up.id;
             self.on_routers(u, |_| RouterEvent::EndOfStream)?;
-            self.channels
-                .push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::UpstreamEnded(id));
+            self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::UpstreamEnded(id));
             return Ok(());
         }
         let mut records: Vec<Vec<Record>> = vec![Vec::new(); self.cfg.inputs];
@@ -606,9 +755,11 @@ impl World {
         let from = self.upstreams[u].id;
         for a in actions {
             match a {
-                RouterAction::Send { to, message } => self
-                    .channels
-                    .push((Node::Upstream(from), Node::Task(to), Kind::Data(input)), Msg::Data(message)),
+                RouterAction::Send { to, message } => self.send_from(
+                    u,
+                    (Node::Upstream(from), Node::Task(to), Kind::Data(input)),
+                    Msg::Data(message),
+                ),
                 RouterAction::Error(e) => {
                     return Err(format!("upstream {from} refused an event: {e}"));
                 }
@@ -619,7 +770,7 @@ impl World {
 
     fn upstream_ack(&mut self, u: usize, epoch: Epoch, ack: TaskAck) {
         let id = self.upstreams[u].id;
-        self.channels.push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
+        self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
     }
 
     /// A control message reaches an upstream task (a finished one is gone and never answers).
@@ -838,6 +989,13 @@ impl World {
         };
         let mut local = SimLocal { store, probes: 0 };
         core.set_intake_tag(self.step);
+        let what = match &event {
+            TaskEvent::Records { records, .. } => format!("{} records on a data channel", records.len()),
+            TaskEvent::Peer { message: PeerMessage::Records { records, .. }, .. } => {
+                format!("{} records on the peer lane", records.len())
+            }
+            other => format!("{other:?}").chars().take(60).collect(),
+        };
         let actions = core.on_with(event, &mut local);
         self.stats.local_probes += local.probes;
         // The runtime's rule: a task holding `max_queued_records` takes no data input.
@@ -849,7 +1007,14 @@ impl World {
         for b in core.take_batches() {
             self.stats.max_batch_wait = self.stats.max_batch_wait.max(self.step - b.taken);
         }
-        self.stats.max_queued = self.stats.max_queued.max(core.queued_records());
+        let queued = core.queued_records();
+        self.stats.max_queued = self.stats.max_queued.max(queued);
+        if queued > self.cfg.max_queued_records && self.cfg.fault != Some(Fault::HoldBackAfterMarker) {
+            return Err(format!(
+                "bounded inbox: {id} holds {queued} records, past max_queued_records = {}, after {what}",
+                self.cfg.max_queued_records
+            ));
+        }
         // Buckets the core took over in this event came with a hand-over the sender let go of.
         for b in core.owned_buckets() {
             match self.claims.get_mut(usize::from(b)) {
