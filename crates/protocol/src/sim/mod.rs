@@ -50,6 +50,8 @@
 //! assert!(stats.by_input.iter().all(|&n| n > 0));
 //! ```
 
+mod backpressure;
+mod channels;
 mod checks;
 mod drrs;
 mod rng;

@@ -15,12 +15,11 @@ use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
 use super::{Fault, SimConfig, SimStats};
 use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
-use crate::drrs::{DrrsOptions, DrrsPeer, DrrsTask, Subscale};
+use crate::drrs::{DrrsOptions, DrrsTask};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
-    FetchRequest, FetchResponse, FilterRequest, FilterResponse, KoalaTask, LocalKeys, PeerMessage,
-    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
-    UpstreamRouter,
+    KoalaTask, LocalKeys, PeerMessage, PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck,
+    TaskConfig, TaskEvent, TaskLife, UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
@@ -28,157 +27,7 @@ use crate::relay::{Relayed, relay};
 use crate::stop_restart::{TargetCore, UpstreamAction, UpstreamCore, UpstreamEvent};
 use crate::watermark::WatermarkAligner;
 
-/// An endpoint of a channel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Node {
-    Upstream(TaskId),
-    Task(TaskId),
-    Coordinator,
-}
-
-/// Channels between the same endpoints that are independent connections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Kind {
-    /// The data channel of one operator input: a self-join's two channels from one upstream
-    /// task are independent FIFO queues (nothing orders one against the other).
-    Data(usize),
-    Peer,
-    State,
-    Control,
-}
-
-/// What travels on a channel.
-#[derive(Clone, Debug)]
-pub(crate) enum Msg {
-    Data(ChannelMessage),
-    Peer(PeerMessage),
-    FetchRequest(FetchRequest),
-    FetchResponse(FetchResponse),
-    FilterRequest(FilterRequest),
-    Filter(FilterResponse),
-    /// Stop-and-restart: a chunk of moved state (key, counter) and the buckets' timers.
-    State {
-        epoch: Epoch,
-        entries: Vec<(Vec<u8>, u64)>,
-        timers: Vec<(Timestamp, Vec<u8>)>,
-    },
-    /// Stop-and-restart: the sender moved everything it moves to this task.
-    StateEnd(Epoch),
-    Prepare(Arc<ReconfigPlan>),
-    Start(Arc<Reconfiguration>),
-    Switch {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-    },
-    Drain(Epoch),
-    Resume {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-    },
-    /// The task may exit: nobody will fetch from it.
-    Release,
-    Ack(Epoch, TaskAck),
-    /// An upstream finished (to the coordinator, as the job's coordinator hears of it).
-    UpstreamEnded(TaskId),
-    /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
-    Wake,
-    /// The coordinator tells a new task that an upstream finished before it switched.
-    EndedUpstream(TaskId),
-    /// DRRS: a peer-channel message.
-    DrrsPeer(DrrsPeer),
-    /// DRRS: a subscale starts at a task.
-    DrrsStart(Arc<Subscale>),
-    /// DRRS: a pushed bucket (key, counter) with the timers set aside for it, on the state lane.
-    Bucket {
-        epoch: Epoch,
-        bucket: BucketId,
-        entries: Vec<(Vec<u8>, u64)>,
-        timers: Vec<(Timestamp, Vec<u8>)>,
-    },
-    /// DRRS: an upstream switches to a subscale's table, keeping channels to `keep`.
-    DrrsSwitch {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-        keep: Vec<TaskId>,
-    },
-    /// DRRS: the runtime sent a pushed bucket (to the sender itself, at a random later step).
-    Pushed {
-        to: TaskId,
-        bucket: BucketId,
-    },
-}
-
-type ChannelKey = (Node, Node, Kind);
-
-/// All FIFO queues, with the set of non-empty ones kept for O(1) random choice.
-#[derive(Default)]
-pub(crate) struct Channels {
-    queues: Vec<(ChannelKey, VecDeque<Msg>)>,
-    index: BTreeMap<ChannelKey, usize>,
-    nonempty: Vec<usize>,
-    position: Vec<Option<usize>>,
-}
-
-impl Channels {
-    pub(crate) fn push(&mut self, key: ChannelKey, msg: Msg) {
-        let id = match self.index.get(&key) {
-            Some(&id) => id,
-            None => {
-                self.queues.push((key, VecDeque::new()));
-                self.position.push(None);
-                self.index.insert(key, self.queues.len() - 1);
-                self.queues.len() - 1
-            }
-        };
-        self.queues[id].1.push_back(msg);
-        if self.position[id].is_none() {
-            self.position[id] = Some(self.nonempty.len());
-            self.nonempty.push(id);
-        }
-    }
-
-    pub(crate) fn nonempty(&self) -> usize {
-        self.nonempty.len()
-    }
-
-    /// The `i`-th non-empty channel and its head.
-    pub(crate) fn head(&self, i: usize) -> Option<(ChannelKey, &Msg)> {
-        let (key, queue) = &self.queues[*self.nonempty.get(i)?];
-        Some((*key, queue.front()?))
-    }
-
-    /// Messages in channel `key`.
-    pub(crate) fn len_of(&self, key: &ChannelKey) -> usize {
-        self.index.get(key).map_or(0, |&id| self.queues[id].1.len())
-    }
-
-    /// Puts `msg` back at the head of channel `key` (the part of a batch a task did not take).
-    pub(crate) fn push_front(&mut self, key: ChannelKey, msg: Msg) {
-        self.push(key, msg);
-        if let Some(&id) = self.index.get(&key) {
-            let queue = &mut self.queues[id].1;
-            if let Some(m) = queue.pop_back() {
-                queue.push_front(m);
-            }
-        }
-    }
-
-    /// Pops the head of the `i`-th non-empty channel.
-    pub(crate) fn pop(&mut self, i: usize) -> Option<(ChannelKey, Msg)> {
-        let id = *self.nonempty.get(i)?;
-        let (key, queue) = &mut self.queues[id];
-        let msg = queue.pop_front()?;
-        let key = *key;
-        if queue.is_empty() {
-            self.position[id] = None;
-            self.nonempty.swap_remove(i);
-            if let Some(&moved) = self.nonempty.get(i) {
-                self.position[moved] = Some(i);
-            }
-        }
-        Some((key, msg))
-    }
-}
+pub(crate) use super::channels::{ChannelKey, Channels, Kind, Msg, Node};
 
 /// A target task's protocol core.
 pub(crate) enum Core {
@@ -244,7 +93,7 @@ pub(crate) struct SimUpstream {
     ended: bool,
     /// With [`SimConfig::channel_capacity`]: the task's sends not done yet, in order (the first
     /// waits for room in its channel; while any wait the task is blocked).
-    sending: VecDeque<(ChannelKey, Msg)>,
+    pub(crate) sending: VecDeque<(ChannelKey, Msg)>,
 }
 
 /// The whole simulated job.
@@ -523,116 +372,6 @@ impl World {
                 self.emit(sources[pick - deliverable])?;
             }
         }
-    }
-
-    /// Whether the head of the `i`-th non-empty channel may be delivered now.
-    fn deliverable(&self, i: usize) -> bool {
-        let Some((key, msg)) = self.channels.head(i) else { return false };
-        match key {
-            // A blocked upstream's thread is in a send: it takes no command.
-            (_, Node::Upstream(to), _) => {
-                self.upstreams.iter().find(|u| u.id == to).is_none_or(|u| u.sending.is_empty())
-            }
-            (from, Node::Task(to), Kind::Data(input)) => {
-                if self.paused.contains(&to) {
-                    return false;
-                }
-                match (&self.tasks.get(&to).map(|t| &t.core), from, msg) {
-                    (
-                        Some(Core::Koala(core)),
-                        Node::Upstream(from) | Node::Task(from),
-                        Msg::Data(ChannelMessage::Batch(records)),
-                    ) => core.data_room(InputChannel { input, from }, records) > 0,
-                    (Some(Core::Koala(core)), _, _) => core.takes_data(),
-                    _ => true,
-                }
-            }
-            (_, Node::Task(to), Kind::Peer) => match (&self.tasks.get(&to).map(|t| &t.core), msg) {
-                (Some(Core::Koala(core)), Msg::Peer(PeerMessage::Records { records, .. })) => {
-                    core.peer_room(records.len()) > 0
-                }
-                _ => true,
-            },
-            _ => true,
-        }
-    }
-
-    /// Whether a Koala task that takes data input refuses the head of one of its data channels
-    /// now (`open`: the deliverable channels).
-    fn refuses_a_head(&self, open: &[usize]) -> bool {
-        (0..self.channels.nonempty()).filter(|i| !open.contains(i)).any(|i| {
-            matches!(self.channels.head(i), Some(((_, Node::Task(to), Kind::Data(_)), _))
-                if matches!(self.tasks.get(&to).map(|t| &t.core), Some(Core::Koala(c)) if c.takes_data()))
-        })
-    }
-
-    /// The part of a batch (from a data channel or forwarded on a peer lane) a Koala task takes
-    /// now; the rest goes back to the head of its channel.
-    fn take_part(&mut self, key: ChannelKey, msg: Msg) -> Msg {
-        let (from, Node::Task(to), kind) = key else { return msg };
-        let Some(Core::Koala(core)) = self.tasks.get(&to).map(|t| &t.core) else { return msg };
-        let (Node::Upstream(sender) | Node::Task(sender)) = from else { return msg };
-        let (taken, rest) = match (kind, msg) {
-            (Kind::Data(input), Msg::Data(ChannelMessage::Batch(mut records))) => {
-                let room = core.data_room(InputChannel { input, from: sender }, &records);
-                if room >= records.len() {
-                    return Msg::Data(ChannelMessage::Batch(records));
-                }
-                let rest = records.split_off(room);
-                (Msg::Data(ChannelMessage::Batch(records)), Msg::Data(ChannelMessage::Batch(rest)))
-            }
-            (Kind::Peer, Msg::Peer(PeerMessage::Records { epoch, input, mut records })) => {
-                let room = core.peer_room(records.len());
-                if room >= records.len() {
-                    return Msg::Peer(PeerMessage::Records { epoch, input, records });
-                }
-                let rest = records.split_off(room);
-                (
-                    Msg::Peer(PeerMessage::Records { epoch, input, records }),
-                    Msg::Peer(PeerMessage::Records { epoch, input, records: rest }),
-                )
-            }
-            (_, msg) => return msg,
-        };
-        self.stats.split_batches += 1;
-        self.channels.push_front(key, rest);
-        taken
-    }
-
-    /// Sends of upstream `u` as its thread makes them: in order, each once its channel has room
-    /// (only data channels are bounded).
-    fn send_from(&mut self, u: usize, key: ChannelKey, msg: Msg) {
-        if self.cfg.channel_capacity == 0 {
-            self.channels.push(key, msg);
-            return;
-        }
-        let was_blocked = !self.upstreams[u].sending.is_empty();
-        self.upstreams[u].sending.push_back((key, msg));
-        self.flush_sends(u);
-        if !was_blocked && !self.upstreams[u].sending.is_empty() {
-            self.stats.blocked_sends += 1;
-        }
-    }
-
-    fn flush_sends(&mut self, u: usize) {
-        while let Some((key, _)) = self.upstreams[u].sending.front() {
-            if matches!(key.2, Kind::Data(_)) && self.channels.len_of(key) >= self.cfg.channel_capacity {
-                return;
-            }
-            if let Some((key, msg)) = self.upstreams[u].sending.pop_front() {
-                self.channels.push(key, msg);
-            }
-        }
-    }
-
-    /// A data channel made room: blocked upstreams go on with their sends.
-    fn unblock_senders(&mut self) -> Result<(), String> {
-        for u in 0..self.upstreams.len() {
-            if !self.upstreams[u].sending.is_empty() {
-                self.flush_sends(u);
-            }
-        }
-        Ok(())
     }
 
     fn can_emit(&self, u: usize) -> bool {
