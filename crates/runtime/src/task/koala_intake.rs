@@ -153,3 +153,67 @@ fn split_peer(core: &KoalaTask, message: PeerMessage) -> (Option<PeerMessage>, O
         other => (Some(other), None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use koala_protocol::koala::TaskConfig;
+    use koala_types::{OperatorId, Record};
+
+    use super::*;
+    use crate::channel::TaskInput;
+    use crate::queue::{SendFailed, data_queue};
+
+    fn channel(from: u32) -> InputChannel {
+        InputChannel { input: 0, from: TaskId::new(OperatorId(0), from) }
+    }
+
+    fn batch(times: std::ops::Range<u64>) -> ChannelMessage {
+        ChannelMessage::Batch(
+            times.map(|time| Record { key: vec![time as u8], value: vec![], time, due_ms: 0 }).collect(),
+        )
+    }
+
+    fn times(message: &ChannelMessage) -> Vec<u64> {
+        match message {
+            ChannelMessage::Batch(records) => records.iter().map(|r| r.time).collect(),
+            _ => vec![],
+        }
+    }
+
+    /// A batch past the room the core has is taken in part; the rest and every later message of
+    /// its channel wait here in order while the gate holds that channel's senders back (the
+    /// other channels go on), and the gate lets them go once nothing of the channel waits.
+    #[test]
+    fn the_rest_of_a_batch_waits_and_its_channel_is_held_back_until_taken() {
+        let mut core = KoalaTask::new(TaskConfig {
+            id: TaskId::new(OperatorId(1), 0),
+            num_buckets: 4,
+            owned: (0..4).collect(),
+            inputs: BTreeSet::from([channel(0), channel(1)]),
+        });
+        core.set_max_queued_records(3);
+        let (tx, rx) = data_queue(4);
+        let mut intake = Intake::default();
+        let now = intake.take(&core, channel(0), batch(0..5)).expect("the first three fit");
+        assert_eq!(times(&now), vec![0, 1, 2]);
+        assert!(intake.take(&core, channel(0), ChannelMessage::Watermark(9)).is_none(), "behind the rest");
+        assert_eq!(intake.take(&core, channel(1), batch(5..6)).map(|m| times(&m)), Some(vec![5]));
+        intake.hold_back(&rx);
+        let send = |from| {
+            tx.send_timeout(TaskInput { channel: channel(from), message: batch(7..8) }, Duration::ZERO)
+        };
+        assert!(matches!(send(0), Err(SendFailed::Timeout(_))), "channel 0 is held back");
+        assert!(send(1).is_ok(), "channel 1 goes on");
+        // The core took nothing yet here (its room is still 3): the rest, then the watermark.
+        let (c, rest) = intake.next(&core).expect("the rest fits now");
+        assert_eq!((c, times(&rest)), (channel(0), vec![3, 4]));
+        let (c, watermark) = intake.next(&core).expect("then the watermark");
+        assert_eq!((c, watermark), (channel(0), ChannelMessage::Watermark(9)));
+        assert!(intake.next(&core).is_none() && !intake.has_data());
+        intake.hold_back(&rx);
+        assert!(send(0).is_ok(), "channel 0 is let go");
+    }
+}
