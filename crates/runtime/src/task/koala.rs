@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Select, TryRecvError, select};
+use crossbeam_channel::select;
 use koala_protocol::koala::{
     BatchTaken, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
     PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, TaskLife, serve_fetch,
@@ -45,6 +45,8 @@ use crate::links::{FETCH_INPUT, open_channel, open_peer};
 use crate::metrics::{BatchEnds, entry_bytes};
 use crate::output::Outputs;
 use crate::peer::Outbox;
+
+mod wait;
 
 /// Keys a filter build reads per turn of the loop, between two inputs.
 const FILTER_BUILD_STEP: usize = 4096;
@@ -209,88 +211,6 @@ impl KoalaOperator {
         let klt = self.core.klt();
         self.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
         self.op.metrics.queued_records = Some(self.core.queued_records() as u64);
-    }
-
-    /// One turn while messages wait for a full peer lane: serve a command, a fetch or a peer
-    /// message, or move waiting messages into a lane that made room. No data input meanwhile:
-    /// backpressure goes upstream, and what waits stays bounded (`crate::peer::Outbox`). Time
-    /// spent waiting counts as backpressure.
-    fn wait_for_peers(
-        &mut self,
-        setup: &TaskSetup,
-        outputs: &mut Outputs,
-        timeout: Duration,
-    ) -> Result<(), RuntimeError> {
-        let blocked = self.outbox.blocked();
-        let never = crossbeam_channel::never();
-        let mut ready = Select::new();
-        let commands = ready.recv(&setup.commands);
-        let fetches = ready.recv(&setup.fetch_inbox);
-        let peers = ready.recv(if self.intake.peer_waiting() { &never } else { &setup.peer_inbox });
-        for lane in &blocked {
-            ready.send(lane);
-        }
-        let started = Instant::now();
-        let which = ready.ready_timeout(timeout);
-        self.op.metrics.backpressure += started.elapsed();
-        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
-        match which {
-            Err(_) => Ok(()),
-            Ok(i) if i == commands => match setup.commands.try_recv() {
-                Ok(cmd) => self.on_command(setup, outputs, cmd),
-                Err(TryRecvError::Empty) => Ok(()),
-                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
-            },
-            Ok(i) if i == fetches || i == peers => {
-                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
-                match lane.try_recv() {
-                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
-                    Err(_) => Ok(()),
-                }
-            }
-            Ok(_) => self.outbox.flush(),
-        }
-    }
-
-    /// One turn while the core holds `max_queued_records` and no data waits: serve a command, a
-    /// fetch or a peer message, or notice data arriving — left in the queue — and start counting
-    /// `input_paused_ms` then (the loop does not wake for data it does not take otherwise, so a
-    /// pause would count only from the next event).
-    fn wait_while_full(
-        &mut self,
-        setup: &TaskSetup,
-        outputs: &mut Outputs,
-        timeout: Duration,
-    ) -> Result<(), RuntimeError> {
-        let never = crossbeam_channel::never();
-        let mut ready = Select::new();
-        let commands = ready.recv(&setup.commands);
-        let fetches = ready.recv(&setup.fetch_inbox);
-        let peers = ready.recv(if self.intake.peer_waiting() { &never } else { &setup.peer_inbox });
-        let data = ready.recv(setup.inbox.queue());
-        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
-        match ready.ready_timeout(timeout) {
-            Err(_) => Ok(()),
-            Ok(i) if i == data => {
-                if !setup.inbox.queue().is_empty() {
-                    self.op.metrics.input_paused(true, Instant::now());
-                }
-                Ok(())
-            }
-            Ok(i) if i == commands => match setup.commands.try_recv() {
-                Ok(cmd) => self.on_command(setup, outputs, cmd),
-                Err(TryRecvError::Empty) => Ok(()),
-                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
-            },
-            Ok(i) => {
-                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
-                debug_assert!(i == fetches || i == peers);
-                match lane.try_recv() {
-                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
-                    Err(_) => Ok(()),
-                }
-            }
-        }
     }
 
     fn on_command(
