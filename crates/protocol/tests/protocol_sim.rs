@@ -556,6 +556,7 @@ fn replay() {
             DrrsSchedule::parse(&name).expect("KOALA_SIM_DRRS_SCHEDULE is ported or overlapping");
     }
     config.max_queued_records = env_or("KOALA_SIM_MAX_QUEUED", config.max_queued_records);
+    config.channel_capacity = env_or("KOALA_SIM_CHANNEL_CAPACITY", config.channel_capacity);
     match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
@@ -603,29 +604,77 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|s| s.parse().ok()).unwrap_or(default)
 }
 
-/// Koala with a tiny `max_queued_records` (1–4), one and two inputs: a task that holds that many
-/// records takes no data input (its data channels wait), and every scenario still completes every
-/// reconfiguration with every invariant — no backpressure deadlock (the harness fails a run whose
-/// only deliverable messages wait behind a paused task).
+/// Koala with a tiny `max_queued_records` (1–4), one and two inputs, and data channels that hold
+/// 1 or 2 messages with upstreams that block on a full one (as the runtime's threads do) or
+/// unbounded ones: no task ever holds more than the bound (the harness checks it after every
+/// event, and a batch that does not fit is taken in part), a task refuses the head of a channel
+/// whose record would park past the bound while it takes the others, and every scenario still
+/// completes every reconfiguration with every invariant — no backpressure deadlock (the harness
+/// fails a run whose only deliverable messages wait behind a refusing task or a blocked upstream).
 #[test]
 fn koala_with_a_bounded_inbox_completes_every_reconfiguration() {
     for max_queued_records in 1..=4 {
         for inputs in [1, 2] {
-            let (mut pauses, mut epochs, mut max_queued) = (0, 0, 0);
+            let mut total = SimStats::default();
             for scenario in Scenario::ALL {
                 for seed in 0..SEEDS / 16 {
-                    let config = SimConfig { inputs, max_queued_records, ..SimConfig::new(scenario, seed) };
+                    let channel_capacity = [1, 2, 0][seed as usize % 3];
+                    let config = SimConfig {
+                        inputs,
+                        max_queued_records,
+                        channel_capacity,
+                        ..SimConfig::new(scenario, seed)
+                    };
                     let s = run(&config)
                         .unwrap_or_else(|f| panic!("max_queued_records = {max_queued_records}: {f}"));
-                    pauses += s.pauses;
-                    epochs += s.epochs;
-                    max_queued = max_queued.max(s.max_queued);
+                    total.pauses += s.pauses;
+                    total.epochs += s.epochs;
+                    total.refused_heads += s.refused_heads;
+                    total.split_batches += s.split_batches;
+                    total.blocked_sends += s.blocked_sends;
+                    total.max_queued = total.max_queued.max(s.max_queued);
                 }
             }
+            let SimStats { epochs, pauses, refused_heads, split_batches, blocked_sends, max_queued, .. } =
+                total;
             println!(
-                "bound {max_queued_records}, {inputs} input(s): {epochs} epochs, {pauses} pauses, at most {max_queued} records held"
+                "bound {max_queued_records}, {inputs} input(s): {epochs} epochs, {pauses} pauses, {refused_heads} steps with a refused channel head, {split_batches} batches split, {blocked_sends} blocked sends, at most {max_queued} records held"
             );
+            assert!(max_queued <= max_queued_records, "bound {max_queued_records}: {max_queued} held");
+            assert_eq!(max_queued, max_queued_records, "bound {max_queued_records}: never reached");
             assert!(pauses > 0, "bound {max_queued_records}: no task ever stopped taking data");
+            assert!(refused_heads > 0, "bound {max_queued_records}: no channel head was ever refused");
+            assert!(split_batches > 0, "bound {max_queued_records}: no batch was taken in part");
+            assert!(blocked_sends > 0, "bound {max_queued_records}: no upstream ever blocked");
         }
     }
+}
+
+/// The rule tried and reverted on 2026-12-02 (`Fault::HoldBackAfterMarker`: channels whose marker
+/// is in wait at their senders until the task's markers are all in, parked records uncounted
+/// meanwhile) deadlocks a self-join under bound 2 with upstreams that block on one-message
+/// channels, the hang the runtime showed in 1 of 5 oracle runs.
+#[test]
+fn the_reverted_hold_back_rule_deadlocks_a_self_join_with_blocking_senders() {
+    let (mut deadlocks, mut runs) = (0, 0);
+    let mut first = None;
+    for scenario in Scenario::ALL {
+        for seed in 0..10 {
+            let config = SimConfig {
+                inputs: 2,
+                max_queued_records: 2,
+                channel_capacity: 1,
+                fault: Some(Fault::HoldBackAfterMarker),
+                ..SimConfig::new(scenario, seed)
+            };
+            runs += 1;
+            if let Err(f) = run(&config) {
+                assert!(f.message.contains("backpressure deadlock"), "{f}");
+                deadlocks += 1;
+                first.get_or_insert(f.to_string());
+            }
+        }
+    }
+    println!("{deadlocks} of {runs} runs deadlocked; first: {}", first.unwrap_or_default());
+    assert!(deadlocks > 0, "the reverted rule never deadlocked");
 }

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
+use koala_types::InputChannel;
+
 use crate::channel::TaskInput;
 
 /// The admission state shared by the queue's two ends.
@@ -41,6 +43,10 @@ struct GateState {
     abandoned: BTreeSet<u64>,
     /// The receiving end is gone: every send fails.
     closed: bool,
+    /// Channels whose senders wait before taking a turn ([`DataReceiver::hold_back`]).
+    held_back: BTreeSet<InputChannel>,
+    /// Senders waiting because their channel is held back.
+    waiting_held: usize,
 }
 
 impl GateState {
@@ -111,13 +117,30 @@ impl DataSender {
     fn send_until(&self, item: TaskInput, deadline: Option<Instant>) -> Result<Duration, SendFailed> {
         let gate = &self.gate;
         let mut state = gate.lock();
+        let mut started = None;
+        // A held-back channel waits before it takes a turn, so it holds up no other channel.
+        while state.held_back.contains(&item.channel) && !state.closed {
+            started.get_or_insert_with(Instant::now);
+            state.waiting_held += 1;
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            state = match left {
+                None => gate.room.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner),
+                Some(left) if left.is_zero() => state,
+                Some(left) => {
+                    gate.room.wait_timeout(state, left).unwrap_or_else(std::sync::PoisonError::into_inner).0
+                }
+            };
+            state.waiting_held -= 1;
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(SendFailed::Timeout(item));
+            }
+        }
         if state.closed {
             return Err(SendFailed::Closed(item));
         }
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.waiting += 1;
-        let mut started = None;
         while state.serving != ticket || state.queued >= gate.capacity {
             if state.closed {
                 return Err(SendFailed::Closed(item));
@@ -171,6 +194,17 @@ impl DataReceiver {
     /// The underlying queue, to wait on together with other channels.
     pub fn queue(&self) -> &Receiver<TaskInput> {
         &self.queue
+    }
+
+    /// Makes the senders of `channels` wait (until a later call leaves them out) while the
+    /// others go on; what they sent before stays in the queue. A Koala task holds back the
+    /// channels whose head its core refused (`KoalaTask::data_room`; `task::koala_intake`).
+    pub fn hold_back(&self, channels: &BTreeSet<InputChannel>) {
+        let mut state = self.gate.lock();
+        if state.held_back != *channels {
+            state.held_back.clone_from(channels);
+            self.gate.room.notify_all();
+        }
     }
 
     /// Frees the room of one message taken from [`Self::queue`].
@@ -288,6 +322,28 @@ mod tests {
         assert_eq!(from_and_n(&rx.recv().expect("second")), (1, 2));
         drop(rx);
         assert!(tx.send(item(0, 3)).is_err(), "the receiver is gone");
+    }
+
+    #[test]
+    fn a_held_back_channel_waits_without_holding_up_the_others_until_released() {
+        let (tx, rx) = data_queue(4);
+        let held = BTreeSet::from([item(1, 0).channel]);
+        rx.hold_back(&held);
+        let sender = tx.clone();
+        let waiting = std::thread::spawn(move || sender.send(item(1, 1)).expect("sent once released"));
+        while tx.gate.lock().waiting_held < 1 {
+            std::thread::yield_now();
+        }
+        // Channel 0 goes on while channel 1 waits (it holds no turn: the queue has room).
+        for n in 0..3 {
+            tx.send(item(0, n)).expect("channel 0 is not held back");
+        }
+        let got: Vec<(u32, u64)> = (0..3).map(|_| from_and_n(&rx.recv().expect("a message"))).collect();
+        assert_eq!(got, [(0, 0), (0, 1), (0, 2)]);
+        assert!(rx.queue().is_empty(), "channel 1 sent nothing while held back");
+        rx.hold_back(&BTreeSet::new());
+        assert_eq!(from_and_n(&rx.recv().expect("released")), (1, 1));
+        assert!(waiting.join().expect("sender") > Duration::ZERO, "the held-back send waited");
     }
 
     #[test]

@@ -409,6 +409,18 @@ fn check_queues_and_pauses(
         }
         most = queued.iter().map(|(_, n)| *n).fold(most, f64::max);
     }
+    // A Koala task never holds more than `[runtime] max_queued_records` (architecture.md §4).
+    if expect.protocol == "koala" {
+        let config: toml::Table = toml::from_str(expect.config_text).map_err(|e| format!("config: {e}"))?;
+        let bound = config
+            .get("runtime")
+            .and_then(|r| r.get("max_queued_records"))
+            .and_then(toml::Value::as_integer)
+            .map_or(koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS as f64, |n| n as f64);
+        if most > bound {
+            return Err(format!("a Koala task held {most} records, past max_queued_records = {bound}"));
+        }
+    }
     checked.push(format!("at most {most} records queued in a task"));
     let paused = rec.task_maxes(metric::INPUT_PAUSED_MS);
     if let Some((task, ms)) = paused.iter().find(|(_, ms)| !(0.0..=1_500.0).contains(ms)) {

@@ -1,9 +1,9 @@
 //! The bounded inbox (`[runtime] max_queued_records`): a task that holds the bound stops taking
 //! data input and takes it again once what it holds drains, which needs no data input; parked
-//! records count only once the task's own markers are all in; and batches report the intake tag
-//! of their first record (per-batch latency includes the wait for state).
+//! records fill at most the bound minus one (`KoalaTask::data_room`); and batches report the
+//! intake tag of their first record (per-batch latency includes the wait for state).
 
-use koala_types::TaskId;
+use koala_types::{Record, TaskId};
 
 use super::tests::{ch, deliver, key_in, peer_messages, processed, rec, reconf, t, task_with_inputs};
 use super::*;
@@ -67,20 +67,31 @@ fn a_full_inbox_stops_data_intake_until_a_fetch_answer_drains_it() {
     assert!(r.take_batches().is_empty());
 }
 
-/// Parked records wait for the sender's `Close`, which waits for the sender's markers: they do not
-/// stop intake while one of the receiver's own markers is still to come (it must reach it), and
-/// they do once every marker arrived; the `Close` releases them.
+/// Parked records wait for the sender's `Close`, which waits for the sender's markers and for the
+/// records it forwards: they fill at most the bound minus one, so a record that would park past
+/// that is refused (it waits in its channel) while a channel whose marker is still to come — and
+/// forwarded records — still find room; the `Close` releases them.
 #[test]
-fn parked_records_count_once_the_markers_are_in() {
+fn parked_records_fill_at_most_the_bound_minus_one() {
     let (mut s, mut r) = handed_over();
     // The upstream switched: its marker on input 0, then records of bucket 3 directly to t1.
     r.on(TaskEvent::Marker { channel: ch(0), epoch: 1 });
-    let parked = (5..9).map(|time| rec(3, time)).collect();
-    assert!(processed(&r.on(TaskEvent::Records { channel: ch(0), records: parked })).is_empty());
-    assert_eq!(r.queued_records(), 4);
-    assert!(r.takes_data(), "input 1's marker is still to come: parked records do not count");
+    let parked: Vec<Record> = (5..9).map(|time| rec(3, time)).collect();
+    assert_eq!(r.data_room(ch(0), &parked), 2, "bound 3: two may park");
+    assert!(
+        processed(&r.on(TaskEvent::Records { channel: ch(0), records: parked[..2].to_vec() })).is_empty()
+    );
+    assert_eq!(r.queued_records(), 2);
+    assert!(r.takes_data());
+    assert_eq!(r.data_room(ch(0), &parked[2..]), 0, "a third would park: the channel waits");
+    // Input 1's marker is still to come: its records (of the receiver's own bucket) fit.
+    let own = vec![rec(0, 9), rec(0, 10)];
+    assert_eq!(r.data_room(ch(1), &own), 1, "one record of room left");
+    assert_eq!(r.peer_room(2), 1, "or one forwarded record");
+    assert_eq!(processed(&r.on(TaskEvent::Records { channel: ch(1), records: own[..1].to_vec() })), vec![9]);
     r.on(TaskEvent::Marker { channel: ch(1), epoch: 1 });
-    assert!(!r.takes_data(), "every marker is in: 4 parked records ≥ 3");
+    assert_eq!(r.queued_records(), 2);
+    assert_eq!(r.data_room(ch(1), &own[1..]), 1);
     // The sender's markers close the peer channel; the parked records run (a fetch first: the
     // key's state may be at the sender).
     let mut close = Vec::new();
@@ -95,10 +106,11 @@ fn parked_records_count_once_the_markers_are_in() {
     else {
         panic!("{out:?}")
     };
-    assert!(!r.takes_data(), "the released records wait for state");
+    assert_eq!(r.queued_records(), 2, "the released records wait for state");
     let response =
         FetchResponse { id: request.id, values: vec![(key_in(3), None)], extra: vec![], exhausted: vec![] };
     let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
-    assert_eq!(processed(&out), vec![5, 6, 7, 8]);
+    assert_eq!(processed(&out), vec![5, 6]);
     assert!(r.takes_data());
+    assert_eq!(r.data_room(ch(0), &parked[2..]), 2, "no transition: the rest fits");
 }

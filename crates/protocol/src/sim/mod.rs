@@ -50,6 +50,8 @@
 //! assert!(stats.by_input.iter().all(|&n| n > 0));
 //! ```
 
+mod backpressure;
+mod channels;
 mod checks;
 mod drrs;
 mod rng;
@@ -100,6 +102,11 @@ pub enum Fault {
     /// coordinator's release (the runtime's rule before): a reconfiguration the coordinator
     /// started before it heard of the end sends the task a `Prepare` it never answers.
     ExitWithoutRelease,
+    /// Koala with a bound: the hold-back rule tried and reverted on 2026-12-02 (channels whose
+    /// marker is in wait at their senders until the task's markers are all in; parked records
+    /// do not count meanwhile). With blocking senders ([`SimConfig::channel_capacity`]) it
+    /// deadlocks.
+    HoldBackAfterMarker,
 }
 
 impl Fault {
@@ -118,6 +125,7 @@ impl Fault {
             "watermark_before_state" => Some(Self::WatermarkBeforeState),
             "flush_after_state_end" => Some(Self::FlushAfterStateEnd),
             "exit_without_release" => Some(Self::ExitWithoutRelease),
+            "hold_back_after_marker" => Some(Self::HoldBackAfterMarker),
             _ => None,
         }
     }
@@ -137,6 +145,7 @@ impl Fault {
             Self::WatermarkBeforeState => "watermark_before_state",
             Self::FlushAfterStateEnd => "flush_after_state_end",
             Self::ExitWithoutRelease => "exit_without_release",
+            Self::HoldBackAfterMarker => "hold_back_after_marker",
         }
     }
 }
@@ -184,6 +193,12 @@ pub struct SimConfig {
     /// Koala: `[runtime] max_queued_records`, the records a task holds before it stops taking
     /// data input (its data channels then wait, as DRRS's do).
     pub max_queued_records: usize,
+    /// Messages a data channel from an upstream holds (0: unbounded, the default, so the other
+    /// sweeps keep their schedules). With a capacity an upstream is a thread with blocking sends,
+    /// as the runtime's are: a send to a full channel blocks it — it emits nothing and takes no
+    /// command (no `Switch`, so no markers) until the receiver takes from that channel. A Koala
+    /// task leaves a channel full by refusing its head ([`crate::koala::KoalaTask::data_room`]).
+    pub channel_capacity: usize,
 }
 
 impl SimConfig {
@@ -206,6 +221,7 @@ impl SimConfig {
             drrs_schedule: crate::drrs::DrrsSchedule::Ported,
             wait_records: 2,
             max_queued_records: usize::MAX,
+            channel_capacity: 0,
         }
     }
 }
@@ -262,6 +278,15 @@ pub struct SimStats {
     pub pauses: u64,
     /// Koala: the most records one task held at once (`queued_records`).
     pub max_queued: usize,
+    /// Koala with a bound: steps in which a task that took data input refused the head of one
+    /// of its data channels (a record that would park past the bound; the reverted rule: a
+    /// channel whose marker was in).
+    pub refused_heads: u64,
+    /// Koala with a bound: batches (on a data channel or forwarded on a peer lane) split because
+    /// only their first records fitted.
+    pub split_batches: u64,
+    /// With [`SimConfig::channel_capacity`]: times an upstream blocked on a full channel.
+    pub blocked_sends: u64,
     /// Koala: the most steps a batch's first record waited before the batch was processed.
     pub max_batch_wait: u64,
     /// Remote: buffered (dirty) keys an old owner wrote back to the shared store when it gave
@@ -298,6 +323,8 @@ pub struct SimFailure {
     pub subscales: usize,
     /// DRRS: the schedule ([`SimConfig::drrs_schedule`]).
     pub drrs_schedule: crate::drrs::DrrsSchedule,
+    /// Data channel capacity ([`SimConfig::channel_capacity`]).
+    pub channel_capacity: usize,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -325,6 +352,11 @@ impl fmt::Display for SimFailure {
         if self.protocol == Protocol::Drrs && self.drrs_schedule != crate::drrs::DrrsSchedule::Ported {
             drrs += &format!(" KOALA_SIM_DRRS_SCHEDULE={}", self.drrs_schedule.name());
         }
+        let bound = if self.channel_capacity == 0 {
+            bound
+        } else {
+            format!("{bound} KOALA_SIM_CHANNEL_CAPACITY={}", self.channel_capacity)
+        };
         write!(
             f,
             "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{bound}{drrs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
@@ -346,6 +378,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         max_queued_records: config.max_queued_records,
         subscales: config.subscales,
         drrs_schedule: config.drrs_schedule,
+        channel_capacity: config.channel_capacity,
         step,
         message,
     };

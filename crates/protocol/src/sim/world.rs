@@ -15,12 +15,11 @@ use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
 use super::{Fault, SimConfig, SimStats};
 use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
-use crate::drrs::{DrrsOptions, DrrsPeer, DrrsTask, Subscale};
+use crate::drrs::{DrrsOptions, DrrsTask};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
-    FetchRequest, FetchResponse, FilterRequest, FilterResponse, KoalaTask, LocalKeys, PeerMessage,
-    PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
-    UpstreamRouter,
+    KoalaTask, LocalKeys, PeerMessage, PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck,
+    TaskConfig, TaskEvent, TaskLife, UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
@@ -28,142 +27,7 @@ use crate::relay::{Relayed, relay};
 use crate::stop_restart::{TargetCore, UpstreamAction, UpstreamCore, UpstreamEvent};
 use crate::watermark::WatermarkAligner;
 
-/// An endpoint of a channel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Node {
-    Upstream(TaskId),
-    Task(TaskId),
-    Coordinator,
-}
-
-/// Channels between the same endpoints that are independent connections.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Kind {
-    /// The data channel of one operator input: a self-join's two channels from one upstream
-    /// task are independent FIFO queues (nothing orders one against the other).
-    Data(usize),
-    Peer,
-    State,
-    Control,
-}
-
-/// What travels on a channel.
-#[derive(Clone, Debug)]
-pub(crate) enum Msg {
-    Data(ChannelMessage),
-    Peer(PeerMessage),
-    FetchRequest(FetchRequest),
-    FetchResponse(FetchResponse),
-    FilterRequest(FilterRequest),
-    Filter(FilterResponse),
-    /// Stop-and-restart: a chunk of moved state (key, counter) and the buckets' timers.
-    State {
-        epoch: Epoch,
-        entries: Vec<(Vec<u8>, u64)>,
-        timers: Vec<(Timestamp, Vec<u8>)>,
-    },
-    /// Stop-and-restart: the sender moved everything it moves to this task.
-    StateEnd(Epoch),
-    Prepare(Arc<ReconfigPlan>),
-    Start(Arc<Reconfiguration>),
-    Switch {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-    },
-    Drain(Epoch),
-    Resume {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-    },
-    /// The task may exit: nobody will fetch from it.
-    Release,
-    Ack(Epoch, TaskAck),
-    /// A task finished (to the coordinator, as the job's coordinator hears `TaskFinished`): an
-    /// upstream that ended, or a stop-and-restart task that exited by its rule.
-    Finished(TaskId),
-    /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
-    Wake,
-    /// The coordinator tells a new task that an upstream finished before it switched.
-    EndedUpstream(TaskId),
-    /// DRRS: a peer-channel message.
-    DrrsPeer(DrrsPeer),
-    /// DRRS: a subscale starts at a task.
-    DrrsStart(Arc<Subscale>),
-    /// DRRS: a pushed bucket (key, counter) with the timers set aside for it, on the state lane.
-    Bucket {
-        epoch: Epoch,
-        bucket: BucketId,
-        entries: Vec<(Vec<u8>, u64)>,
-        timers: Vec<(Timestamp, Vec<u8>)>,
-    },
-    /// DRRS: an upstream switches to a subscale's table, keeping channels to `keep`.
-    DrrsSwitch {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-        keep: Vec<TaskId>,
-    },
-    /// DRRS: the runtime sent a pushed bucket (to the sender itself, at a random later step).
-    Pushed {
-        to: TaskId,
-        bucket: BucketId,
-    },
-}
-
-type ChannelKey = (Node, Node, Kind);
-
-/// All FIFO queues, with the set of non-empty ones kept for O(1) random choice.
-#[derive(Default)]
-pub(crate) struct Channels {
-    queues: Vec<(ChannelKey, VecDeque<Msg>)>,
-    index: BTreeMap<ChannelKey, usize>,
-    nonempty: Vec<usize>,
-    position: Vec<Option<usize>>,
-}
-
-impl Channels {
-    pub(crate) fn push(&mut self, key: ChannelKey, msg: Msg) {
-        let id = match self.index.get(&key) {
-            Some(&id) => id,
-            None => {
-                self.queues.push((key, VecDeque::new()));
-                self.position.push(None);
-                self.index.insert(key, self.queues.len() - 1);
-                self.queues.len() - 1
-            }
-        };
-        self.queues[id].1.push_back(msg);
-        if self.position[id].is_none() {
-            self.position[id] = Some(self.nonempty.len());
-            self.nonempty.push(id);
-        }
-    }
-
-    pub(crate) fn nonempty(&self) -> usize {
-        self.nonempty.len()
-    }
-
-    /// Whether the `i`-th non-empty channel is a data channel to a task in `paused`.
-    pub(crate) fn blocked(&self, i: usize, paused: &BTreeSet<TaskId>) -> bool {
-        let Some(&id) = self.nonempty.get(i) else { return false };
-        matches!(self.queues[id].0, (_, Node::Task(t), Kind::Data(_)) if paused.contains(&t))
-    }
-
-    /// Pops the head of the `i`-th non-empty channel.
-    pub(crate) fn pop(&mut self, i: usize) -> Option<(ChannelKey, Msg)> {
-        let id = *self.nonempty.get(i)?;
-        let (key, queue) = &mut self.queues[id];
-        let msg = queue.pop_front()?;
-        let key = *key;
-        if queue.is_empty() {
-            self.position[id] = None;
-            self.nonempty.swap_remove(i);
-            if let Some(&moved) = self.nonempty.get(i) {
-                self.position[moved] = Some(i);
-            }
-        }
-        Some((key, msg))
-    }
-}
+pub(crate) use super::channels::{ChannelKey, Channels, Kind, Msg, Node};
 
 /// A target task's protocol core.
 pub(crate) enum Core {
@@ -235,6 +99,9 @@ pub(crate) struct SimUpstream {
     clock: Timestamp,
     remaining: usize,
     ended: bool,
+    /// With [`SimConfig::channel_capacity`]: the task's sends not done yet, in order (the first
+    /// waits for room in its channel; while any wait the task is blocked).
+    pub(crate) sending: VecDeque<(ChannelKey, Msg)>,
 }
 
 /// The whole simulated job.
@@ -355,6 +222,7 @@ impl World {
                 clock: 0,
                 remaining: cfg.records_per_upstream,
                 ended: false,
+                sending: VecDeque::new(),
             });
         }
         let progressive = extra_keys > 0 && cfg.protocol == Protocol::Koala;
@@ -415,6 +283,9 @@ impl World {
                 if cfg.fault == Some(Fault::TimerBeforeAccess) {
                     core.inject_fault_no_timer_access();
                 }
+                if cfg.fault == Some(Fault::HoldBackAfterMarker) {
+                    core.inject_fault_hold_back_after_marker();
+                }
                 Core::Koala(Box::new(core))
             }
             Protocol::StopAndRestart | Protocol::Remote => Core::StopAndRestart(
@@ -465,16 +336,25 @@ impl World {
             }
             let sources: Vec<usize> = (0..self.upstreams.len()).filter(|&u| self.can_emit(u)).collect();
             let channels = self.channels.nonempty();
-            // DRRS backpressure: a paused task's data channels are not delivered.
-            let open: Option<Vec<usize>> = (!self.paused.is_empty())
-                .then(|| (0..channels).filter(|&i| !self.channels.blocked(i, &self.paused)).collect());
+            // Backpressure: a paused task's data channels, a channel whose head a Koala task
+            // refuses, and the commands of a blocked upstream are not delivered.
+            let filtered = !self.paused.is_empty()
+                || self.cfg.max_queued_records != usize::MAX
+                || self.cfg.channel_capacity > 0;
+            let open: Option<Vec<usize>> =
+                filtered.then(|| (0..channels).filter(|&i| self.deliverable(i)).collect());
             let deliverable = open.as_ref().map_or(channels, Vec::len);
+            if deliverable < channels && self.refuses_a_head(open.as_deref().unwrap_or_default()) {
+                self.stats.refused_heads += 1;
+            }
             // No idle turns: a task's core pulls as answers arrive and needs no timer, so
             // quiescence with work left undone (a cancelled task never drained) fails the run.
             if deliverable == 0 && sources.is_empty() {
                 if channels > 0 {
+                    let blocked: Vec<TaskId> =
+                        self.upstreams.iter().filter(|u| !u.sending.is_empty()).map(|u| u.id).collect();
                     return Err(format!(
-                        "backpressure deadlock: {:?} stopped taking direct input and nothing else can move",
+                        "backpressure deadlock: {:?} stopped taking direct input, upstreams {blocked:?} are blocked on a send, and nothing else can move",
                         self.paused
                     ));
                 }
@@ -491,7 +371,11 @@ impl World {
             if pick < deliverable {
                 let pick = open.as_ref().map_or(pick, |o| o[pick]);
                 if let Some(((from, to, kind), msg)) = self.channels.pop(pick) {
+                    let msg = self.take_part((from, to, kind), msg);
                     self.deliver(from, to, kind, msg)?;
+                    if self.cfg.channel_capacity > 0 && matches!(kind, Kind::Data(_)) {
+                        self.unblock_senders()?;
+                    }
                 }
             } else {
                 self.emit(sources[pick - deliverable])?;
@@ -501,8 +385,12 @@ impl World {
 
     fn can_emit(&self, u: usize) -> bool {
         // A source may end at any time, also in the middle of a reconfiguration; a paused one
-        // (stop-and-restart, between Drain and Resume) neither emits nor ends.
+        // (stop-and-restart, between Drain and Resume) neither emits nor ends. One blocked on a
+        // send does nothing.
         let up = &self.upstreams[u];
+        if !up.sending.is_empty() {
+            return false;
+        }
         let all_started = self.next_request == self.targets.len() && self.pending.is_empty();
         up.pause.paused().is_none() && (up.remaining > 0 || (!up.ended && (up.may_end_early || all_started)))
     }
@@ -518,7 +406,7 @@ impl World {
             up.ended = true;
             let id = up.id;
             self.on_routers(u, |_| RouterEvent::EndOfStream)?;
-            self.channels.push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
+            self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
             return Ok(());
         }
         let mut records: Vec<Vec<Record>> = vec![Vec::new(); self.cfg.inputs];
@@ -620,9 +508,11 @@ impl World {
         let from = self.upstreams[u].id;
         for a in actions {
             match a {
-                RouterAction::Send { to, message } => self
-                    .channels
-                    .push((Node::Upstream(from), Node::Task(to), Kind::Data(input)), Msg::Data(message)),
+                RouterAction::Send { to, message } => self.send_from(
+                    u,
+                    (Node::Upstream(from), Node::Task(to), Kind::Data(input)),
+                    Msg::Data(message),
+                ),
                 RouterAction::Error(e) => {
                     return Err(format!("upstream {from} refused an event: {e}"));
                 }
@@ -633,7 +523,7 @@ impl World {
 
     fn upstream_ack(&mut self, u: usize, epoch: Epoch, ack: TaskAck) {
         let id = self.upstreams[u].id;
-        self.channels.push((Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
+        self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
     }
 
     /// A control message reaches an upstream task (a finished one is gone and never answers).
@@ -855,6 +745,13 @@ impl World {
         };
         let mut local = SimLocal { store, probes: 0 };
         core.set_intake_tag(self.step);
+        let what = match &event {
+            TaskEvent::Records { records, .. } => format!("{} records on a data channel", records.len()),
+            TaskEvent::Peer { message: PeerMessage::Records { records, .. }, .. } => {
+                format!("{} records on the peer lane", records.len())
+            }
+            other => format!("{other:?}").chars().take(60).collect(),
+        };
         let actions = core.on_with(event, &mut local);
         self.stats.local_probes += local.probes;
         // The runtime's rule: a task holding `max_queued_records` takes no data input.
@@ -866,7 +763,14 @@ impl World {
         for b in core.take_batches() {
             self.stats.max_batch_wait = self.stats.max_batch_wait.max(self.step - b.taken);
         }
-        self.stats.max_queued = self.stats.max_queued.max(core.queued_records());
+        let queued = core.queued_records();
+        self.stats.max_queued = self.stats.max_queued.max(queued);
+        if queued > self.cfg.max_queued_records && self.cfg.fault != Some(Fault::HoldBackAfterMarker) {
+            return Err(format!(
+                "bounded inbox: {id} holds {queued} records, past max_queued_records = {}, after {what}",
+                self.cfg.max_queued_records
+            ));
+        }
         // Buckets the core took over in this event came with a hand-over the sender let go of.
         for b in core.owned_buckets() {
             match self.claims.get_mut(usize::from(b)) {

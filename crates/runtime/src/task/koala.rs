@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Select, TryRecvError, select};
+use crossbeam_channel::select;
 use koala_protocol::koala::{
     BatchTaken, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
     PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, TaskLife, serve_fetch,
@@ -35,6 +35,7 @@ use koala_state::{StateKey, StateWrite};
 use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
+use super::koala_intake::Intake;
 use super::location::{Bundle, StoreKeys, StoreLocation, codec};
 use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
@@ -44,6 +45,8 @@ use crate::links::{FETCH_INPUT, open_channel, open_peer};
 use crate::metrics::{BatchEnds, entry_bytes};
 use crate::output::Outputs;
 use crate::peer::Outbox;
+
+mod wait;
 
 /// Keys a filter build reads per turn of the loop, between two inputs.
 const FILTER_BUILD_STEP: usize = 4096;
@@ -72,6 +75,8 @@ struct KoalaOperator {
     fetch_lanes: HashMap<TaskId, ChannelSender>,
     /// Peer lanes to peers, with what a full one could not take yet.
     outbox: Outbox,
+    /// Input taken off the data queue and peer lane that the core did not take yet (the bound).
+    intake: Intake,
     /// A task a reconfiguration created, until its first `Begin`: the input channels it will
     /// have, and those that ended already (their upstream finished before it switched). The core
     /// learns them at `Begin`, so before it owns anything it emits no watermark and does not end.
@@ -116,6 +121,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         wake_at: None,
         fetch_lanes: HashMap::new(),
         outbox: Outbox::default(),
+        intake: Intake::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
         watermark: None,
         life: TaskLife::new(setup.created_by_reconfiguration),
@@ -124,13 +130,17 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let closed = crossbeam_channel::never();
     loop {
+        // What waited for room first; then the gate holds back the channels still waiting.
+        task.drain_intake(&setup, &mut outputs)?;
+        task.intake.hold_back(&setup.inbox);
         let now = Instant::now();
         // The processing budget holds back data input only (`crate::throttle`).
         let gate = task.op.data_closed_until(now);
-        // So does a full inbox: what the task holds drains without data input (`takes_data`).
-        let full = !task.core.takes_data();
+        // So does a full inbox: what the task holds drains without data input (`takes_data`),
+        // and part of a forwarded batch waiting for room (it goes first).
+        let full = !task.core.takes_data() || task.intake.peer_waiting();
         let held_back = full && gate.is_none() && !task.outbox.has_waiting();
-        let data_waiting = held_back && !setup.inbox.queue().is_empty();
+        let data_waiting = held_back && (!setup.inbox.queue().is_empty() || task.intake.has_data());
         task.op.metrics.input_paused(data_waiting, now);
         let deadline = outputs
             .next_deadline()
@@ -157,7 +167,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(setup.peer_inbox) -> item => {
+                recv(if task.intake.peer_waiting() { &closed } else { &setup.peer_inbox }) -> item => {
                     if let Ok(item) = item {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
@@ -167,7 +177,9 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         return Err(RuntimeError::InputClosed(me));
                     };
                     setup.inbox.took();
-                    task.on_data(&setup, &mut outputs, item.channel, item.message)?;
+                    if let Some(message) = task.intake.take(&task.core, item.channel, item.message) {
+                        task.on_data(&setup, &mut outputs, item.channel, message)?;
+                    }
                 },
                 default(timeout) => {}
             }
@@ -199,86 +211,6 @@ impl KoalaOperator {
         let klt = self.core.klt();
         self.op.metrics.klt_size = Some((klt.approx_bytes() as u64, klt.entries() as u64));
         self.op.metrics.queued_records = Some(self.core.queued_records() as u64);
-    }
-
-    /// One turn while messages wait for a full peer lane: serve a command, a fetch or a peer
-    /// message, or move waiting messages into a lane that made room. No data input meanwhile:
-    /// backpressure goes upstream, and what waits stays bounded (`crate::peer::Outbox`). Time
-    /// spent waiting counts as backpressure.
-    fn wait_for_peers(
-        &mut self,
-        setup: &TaskSetup,
-        outputs: &mut Outputs,
-        timeout: Duration,
-    ) -> Result<(), RuntimeError> {
-        let blocked = self.outbox.blocked();
-        let mut ready = Select::new();
-        let commands = ready.recv(&setup.commands);
-        let fetches = ready.recv(&setup.fetch_inbox);
-        let peers = ready.recv(&setup.peer_inbox);
-        for lane in &blocked {
-            ready.send(lane);
-        }
-        let started = Instant::now();
-        let which = ready.ready_timeout(timeout);
-        self.op.metrics.backpressure += started.elapsed();
-        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
-        match which {
-            Err(_) => Ok(()),
-            Ok(i) if i == commands => match setup.commands.try_recv() {
-                Ok(cmd) => self.on_command(setup, outputs, cmd),
-                Err(TryRecvError::Empty) => Ok(()),
-                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
-            },
-            Ok(i) if i == fetches || i == peers => {
-                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
-                match lane.try_recv() {
-                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
-                    Err(_) => Ok(()),
-                }
-            }
-            Ok(_) => self.outbox.flush(),
-        }
-    }
-
-    /// One turn while the core holds `max_queued_records` and no data waits: serve a command, a
-    /// fetch or a peer message, or notice data arriving — left in the queue — and start counting
-    /// `input_paused_ms` then (the loop does not wake for data it does not take otherwise, so a
-    /// pause would count only from the next event).
-    fn wait_while_full(
-        &mut self,
-        setup: &TaskSetup,
-        outputs: &mut Outputs,
-        timeout: Duration,
-    ) -> Result<(), RuntimeError> {
-        let mut ready = Select::new();
-        let commands = ready.recv(&setup.commands);
-        let fetches = ready.recv(&setup.fetch_inbox);
-        let peers = ready.recv(&setup.peer_inbox);
-        let data = ready.recv(setup.inbox.queue());
-        // `ready` may report spuriously: every operation below is a try, and the loop comes back.
-        match ready.ready_timeout(timeout) {
-            Err(_) => Ok(()),
-            Ok(i) if i == data => {
-                if !setup.inbox.queue().is_empty() {
-                    self.op.metrics.input_paused(true, Instant::now());
-                }
-                Ok(())
-            }
-            Ok(i) if i == commands => match setup.commands.try_recv() {
-                Ok(cmd) => self.on_command(setup, outputs, cmd),
-                Err(TryRecvError::Empty) => Ok(()),
-                Err(TryRecvError::Disconnected) => Err(RuntimeError::WorkerGone(setup.task)),
-            },
-            Ok(i) => {
-                let lane = if i == fetches { &setup.fetch_inbox } else { &setup.peer_inbox };
-                debug_assert!(i == fetches || i == peers);
-                match lane.try_recv() {
-                    Ok(item) => self.on_peer(setup, outputs, item.channel.from, item.message),
-                    Err(_) => Ok(()),
-                }
-            }
-        }
     }
 
     fn on_command(
@@ -402,7 +334,10 @@ impl KoalaOperator {
             return Err(RuntimeError::Peer { task: setup.task, from, reason });
         };
         let event = match decode::<Wire>(&bytes) {
-            Ok(Wire::Peer(message)) => TaskEvent::Peer { from, message },
+            Ok(Wire::Peer(message)) => match self.intake.take_peer(&self.core, from, message) {
+                Some(message) => TaskEvent::Peer { from, message },
+                None => return Ok(()),
+            },
             Ok(Wire::Fetch(request)) => TaskEvent::FetchRequest { from, request },
             Ok(Wire::Answer(response)) => {
                 self.op.metrics.fetch_not_here +=
@@ -417,6 +352,17 @@ impl KoalaOperator {
             }
         };
         self.feed(setup, outputs, event)
+    }
+
+    /// Feeds the core what waited in the intake for room, as far as it takes it now.
+    fn drain_intake(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
+        while let Some((from, message)) = self.intake.next_peer(&self.core) {
+            self.feed(setup, outputs, TaskEvent::Peer { from, message })?;
+        }
+        while let Some((channel, message)) = self.intake.next(&self.core) {
+            self.on_data(setup, outputs, channel, message)?;
+        }
+        Ok(())
     }
 
     /// One step of the oldest filter build; a finished filter goes to the owner that asked.

@@ -2,6 +2,7 @@
 
 mod drrs;
 mod koala;
+mod koala_intake;
 mod location;
 mod operator;
 mod sink;
