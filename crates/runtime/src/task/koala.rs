@@ -136,6 +136,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
         let deadline = task.wake_at.map_or(deadline, |w| w.min(deadline));
+        let deadline = task.op.clock_deadline().map_or(deadline, |c| c.min(deadline));
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
         // A filter being built takes a step whenever no input is waiting.
         let timeout =
@@ -177,6 +178,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         if task.wake_at.is_some_and(|w| now >= w) {
             task.wake_at = None;
             task.feed(&setup, &mut outputs, TaskEvent::Wake)?;
+        }
+        if let Some(clock) = task.op.clock_due(now) {
+            // Processing-time timers fire when the core says their keys' state is here.
+            task.feed(&setup, &mut outputs, TaskEvent::ProcessingTime { now: clock })?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
         if task.life.may_exit() && !task.outbox.has_waiting() {
@@ -512,6 +517,9 @@ impl KoalaOperator {
                 }
                 TaskAction::InstallTimers { timers, .. } => {
                     self.op.timers.register(timers.into_iter().map(|(t, k)| (k, t)));
+                }
+                TaskAction::FireProcessingTimers { up_to } => {
+                    self.op.fire_processing(setup, outputs, up_to)?;
                 }
                 TaskAction::EmitWatermark(t) => {
                     self.watermark = Some(t);
