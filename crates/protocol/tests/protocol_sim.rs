@@ -550,6 +550,7 @@ fn deep_sweep() {
     let seeds: u64 = env_or("KOALA_SIM_SEEDS", 20_000);
     let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
+    let processing_timers = env_or("KOALA_SIM_PROCESSING_TIMERS", 0) != 0;
     let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
     for (scenario, protocol) in Scenario::ALL
         .into_iter()
@@ -560,6 +561,7 @@ fn deep_sweep() {
                 protocol,
                 inputs,
                 state_outlives_timers,
+                processing_timers,
                 drain,
                 ..SimConfig::new(scenario, seed)
             };
