@@ -41,6 +41,7 @@ pub use source::{RateSchedule, RateStep, SourceOptions};
 pub use builder::Dataflow;
 pub use generator::{Generator, GeneratorSource, splitmix64};
 pub use keyed_events::{KeyedEvent, KeyedEvents, KeyedEventsConfig};
+pub use koala_types::TimeDomain;
 pub use ops::timer_process::{KeyContext, TIMER_STATE, Timers};
 pub use state::{ListState, ValueState};
 pub use stream::{Data, KeyedStream, Stream};

@@ -338,7 +338,8 @@ impl TransformTask {
     }
 }
 
-/// Fires the timers at or below `watermark`, earliest first (including ones they register).
+/// Fires the timers at or below `watermark`, earliest first (including ones they register), then
+/// the processing-time ones the clock reached (every one at the end of input, `Timestamp::MAX`).
 fn fire_timers(
     task: &mut TransformTask,
     watermark: Option<Timestamp>,
@@ -346,12 +347,18 @@ fn fire_timers(
     let Some(w) = watermark else {
         return Ok(Vec::new());
     };
+    let clock =
+        koala_types::TimeDomain::ProcessingTime.queue_time(crate::ops::timer_process::processing_time_now());
     let mut output = Vec::new();
-    while let Some((time, key)) = task.timers.first().cloned() {
-        if time > w {
-            break;
-        }
-        task.timers.pop_first();
+    loop {
+        let due = task.timers.first().filter(|(t, _)| *t <= w).or_else(|| {
+            task.timers
+                .range((koala_types::PROCESSING_TIME, Vec::new())..)
+                .next()
+                .filter(|(t, _)| *t <= clock)
+        });
+        let Some((time, key)) = due.cloned() else { break };
+        task.timers.remove(&(time, key.clone()));
         let fetched = HashSet::from([key.clone()]);
         task.call(&fetched, watermark, &mut output, |logic, ctx| logic.on_timer(&key, time, ctx))?;
     }

@@ -143,11 +143,13 @@ impl<K: Data, T: Data> KeyedStream<K, T> {
         self.process(name, StateShape::ValueAndList, Arc::new(f))
     }
 
-    /// A keyed operator with a value, a list and event-time timers per key ([`KeyContext`]).
-    /// `on_record` runs per value; `on_timer` runs when the watermark reaches a timer the key
-    /// registered and did not delete, with the key's state, in timestamp order (keys with timers
-    /// at the same time in key order). Record outputs carry the record's event time, timer
-    /// outputs the timer's. Records later than the watermark are dropped (as by windows), so a
+    /// A keyed operator with a value, a list and event-time and processing-time timers per key
+    /// ([`KeyContext`]). `on_record` runs per value; `on_timer` runs when the watermark reaches
+    /// an event-time timer the key registered and did not delete — or the task's clock a
+    /// processing-time one (`Timers::register_processing_time`; `Timers::fired_domain` tells
+    /// which fired) — with the key's state, in timestamp order (keys with timers at the same
+    /// time in key order). Record outputs carry the record's event time, event-time timer
+    /// outputs the timer's, processing-time timer outputs the task's watermark. Records later than the watermark are dropped (as by windows), so a
     /// timer at `t` has seen every record before `t`. The timers move with their keys under
     /// every protocol (docs/architecture.md §2).
     ///

@@ -41,6 +41,8 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.released += s.released;
                 total.skipped += s.skipped;
                 total.cleared += s.cleared;
+                total.processing_timers_fired += s.processing_timers_fired;
+                total.handed_processing_timers_fired += s.handed_processing_timers_fired;
                 total.local_probes += s.local_probes;
                 total.filters_built += s.filters_built;
                 total.not_here += s.not_here;
@@ -527,6 +529,21 @@ fn broken_no_parking_is_caught() {
     assert!(failure.contains("per-key order") || failure.contains("watermark"), "{failure}");
 }
 
+/// Counter keys also set processing-time timers: a hand-over carries them without their keys'
+/// state, and each fires only once its key's whole state is at its task (the world checks every
+/// firing), also after its bucket moved on again. Some must fire while the run goes on, and some
+/// of those must have come with a hand-over before their state did; a run that reports none did
+/// not exercise the lazy path.
+#[test]
+fn processing_time_timers_fire_on_their_keys_state_chain_and_mixed() {
+    for scenario in [Scenario::Chain, Scenario::Mixed { extra_keys: 0 }] {
+        let config = SimConfig { processing_timers: true, ..SimConfig::new(scenario, 0) };
+        let s = sweep_configs(&config, SEEDS);
+        assert!(s.processing_timers_fired > 0, "{scenario}: {s:?}");
+        assert!(s.handed_processing_timers_fired > 0, "{scenario}: no handed timer fired first: {s:?}");
+    }
+}
+
 /// A tool, not a test: replays one seed from the environment (see the module docs).
 #[test]
 #[ignore = "a replay tool; run with KOALA_SIM_SEED set and --ignored"]
@@ -548,8 +565,16 @@ fn replay() {
     let inputs = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
     let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
-    let mut config =
-        SimConfig { fault, protocol, inputs, state_outlives_timers, drain, ..SimConfig::new(scenario, seed) };
+    let processing_timers = env_or("KOALA_SIM_PROCESSING_TIMERS", 0) != 0;
+    let mut config = SimConfig {
+        fault,
+        protocol,
+        inputs,
+        state_outlives_timers,
+        processing_timers,
+        drain,
+        ..SimConfig::new(scenario, seed)
+    };
     config.subscales = env_or("KOALA_SIM_SUBSCALES", config.subscales);
     if let Ok(name) = std::env::var("KOALA_SIM_DRRS_SCHEDULE") {
         config.drrs_schedule =
@@ -571,6 +596,7 @@ fn deep_sweep() {
     let seeds: u64 = env_or("KOALA_SIM_SEEDS", 20_000);
     let inputs: usize = env_or("KOALA_SIM_INPUTS", 1);
     let state_outlives_timers = env_or("KOALA_SIM_STATE_OUTLIVES_TIMERS", 0) != 0;
+    let processing_timers = env_or("KOALA_SIM_PROCESSING_TIMERS", 0) != 0;
     let drain = env_or("KOALA_SIM_DRAIN", 0) != 0;
     let overlapping = DrrsSchedule::Overlapping;
     for (scenario, protocol, drrs_schedule) in Scenario::ALL.into_iter().flat_map(|s| {
@@ -587,6 +613,7 @@ fn deep_sweep() {
                 drrs_schedule,
                 inputs,
                 state_outlives_timers,
+                processing_timers,
                 drain,
                 ..SimConfig::new(scenario, seed)
             };

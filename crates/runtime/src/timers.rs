@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use koala_types::Timestamp;
+use koala_types::{PROCESSING_TIME, TimeDomain, Timestamp};
 
 /// Pending (time, key) timers; duplicates collapse.
 #[derive(Debug, Default)]
@@ -20,7 +20,28 @@ impl TimerService {
         }
     }
 
-    /// Removes and returns, in time order, every timer due at watermark `watermark`.
+    /// Whether a processing-time timer is pending.
+    pub fn has_processing(&self) -> bool {
+        self.pending.range((PROCESSING_TIME, Vec::new())..).next().is_some_and(|(t, _)| *t != Timestamp::MAX)
+    }
+
+    /// Removes and returns, in time order, every processing-time timer due at clock `now`.
+    pub fn pop_processing_due(&mut self, now: Timestamp) -> Vec<(Timestamp, Vec<u8>)> {
+        let due_at = TimeDomain::ProcessingTime.queue_time(now).min(Timestamp::MAX - 1);
+        let mut due = Vec::new();
+        while let Some(first) = self.pending.range((PROCESSING_TIME, Vec::new())..).next() {
+            if first.0 > due_at {
+                break;
+            }
+            let first = first.clone();
+            self.pending.remove(&first);
+            due.push(first);
+        }
+        due
+    }
+
+    /// Removes and returns, in time order, every timer due at watermark `watermark` (processing-
+    /// time timers only at the end of input, [`Timestamp::MAX`]).
     pub fn pop_due(&mut self, watermark: Timestamp) -> Vec<(Timestamp, Vec<u8>)> {
         let mut due = Vec::new();
         while let Some(first) = self.pending.first() {
@@ -80,5 +101,17 @@ mod tests {
         assert_eq!(t.pop_due(20), vec![(10, b"a".to_vec()), (20, b"b".to_vec())]);
         assert_eq!(t.pop_due(25), vec![]);
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn processing_time_timers_fire_by_the_clock_not_by_watermarks() {
+        let mut t = TimerService::default();
+        let p = |time| TimeDomain::ProcessingTime.queue_time(time);
+        t.register([(b"a".to_vec(), 10), (b"b".to_vec(), p(20)), (b"c".to_vec(), p(5))]);
+        assert_eq!(t.pop_due(1 << 62), vec![(10, b"a".to_vec())]);
+        assert_eq!(t.pop_processing_due(4), vec![]);
+        assert_eq!(t.pop_processing_due(20), vec![(p(5), b"c".to_vec()), (p(20), b"b".to_vec())]);
+        t.register([(b"d".to_vec(), p(30))]);
+        assert_eq!(t.pop_due(Timestamp::MAX), vec![(p(30), b"d".to_vec())], "the end fires every timer");
     }
 }

@@ -95,3 +95,37 @@ mod tests {
         assert_eq!(OperatorId(0).to_string(), "source", "the first naming stands");
     }
 }
+
+/// The time domain of a timer. Timers of both domains share one `(time, key)` queue per task —
+/// and so travel with their buckets under every protocol — processing-time ones marked by
+/// [`PROCESSING_TIME`] in their time: past every event time, they never fire by a watermark (only
+/// the end of input, [`Timestamp::MAX`], fires every timer left).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TimeDomain {
+    /// Fired when the task's watermark reaches the time.
+    EventTime,
+    /// Fired when the task's clock (milliseconds since the Unix epoch) reaches the time.
+    ProcessingTime,
+}
+
+/// The mark of a processing-time timer's time in a timer queue (its top bit).
+pub const PROCESSING_TIME: Timestamp = 1 << 63;
+
+impl TimeDomain {
+    /// The queue time of a timer of this domain at `time` (`time` below [`PROCESSING_TIME`]).
+    pub fn queue_time(self, time: Timestamp) -> Timestamp {
+        match self {
+            Self::EventTime => time,
+            Self::ProcessingTime => PROCESSING_TIME | time,
+        }
+    }
+
+    /// The domain and time of a queue time.
+    pub fn of(queue_time: Timestamp) -> (Self, Timestamp) {
+        if queue_time & PROCESSING_TIME != 0 && queue_time != Timestamp::MAX {
+            (Self::ProcessingTime, queue_time & !PROCESSING_TIME)
+        } else {
+            (Self::EventTime, queue_time)
+        }
+    }
+}

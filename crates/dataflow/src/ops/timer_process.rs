@@ -1,5 +1,11 @@
 //! The logic behind [`crate::KeyedStream::process_with_timers`]: a keyed operator with value
-//! state, list state and user event-time timers per key.
+//! state, list state and user event-time and processing-time timers per key.
+//!
+//! Processing-time timers share the queue and the per-key state with event-time ones, marked by
+//! [`PROCESSING_TIME`] in their time ([`TimeDomain`]): every protocol moves them the same way,
+//! and under Koala a handed-over one fetches its key's state once the task's clock reaches it,
+//! before it fires. They fire when the task's clock (milliseconds since the Unix epoch, read every
+//! 10 ms while one waits) reaches their time; the end of input fires every timer left.
 //!
 //! The timers reuse the runtime's window timer machinery (`OperatorContext::timers`): the runtime
 //! keeps (time, key) pairs in fire order and moves them with their buckets under every protocol
@@ -13,17 +19,18 @@ use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use koala_types::{Record, Timestamp, decode};
+use koala_types::{PROCESSING_TIME, Record, TimeDomain, Timestamp, decode};
 
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
 use crate::state::{BatchStates, LIST_STATE, ListState, VALUE_STATE, ValueState};
 use crate::stream::Data;
 
-/// State id of the registered event-time timers of a key.
+/// State id of the registered timers of a key (both domains).
 pub const TIMER_STATE: StateId = 2;
 
-/// The event-time timers of the key being processed: register, delete, list.
+/// The timers of the key being processed: register, delete, list, in event time and in
+/// processing time (times below 2^63).
 ///
 /// ```
 /// use koala_dataflow::Timers;
@@ -35,6 +42,10 @@ pub const TIMER_STATE: StateId = 2;
 /// assert!(timers.delete(30));
 /// assert!(!timers.delete(99));
 /// assert_eq!(timers.pending().collect::<Vec<_>>(), vec![10]);
+/// timers.register_processing_time(10); // its own domain: no clash with the event-time one
+/// assert_eq!(timers.pending_processing_time().collect::<Vec<_>>(), vec![10]);
+/// assert!(timers.delete_processing_time(10));
+/// assert_eq!(timers.pending().collect::<Vec<_>>(), vec![10]);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Timers {
@@ -44,6 +55,7 @@ pub struct Timers {
     changed: bool,
     watermark: Option<Timestamp>,
     now: Timestamp,
+    domain: Option<TimeDomain>,
 }
 
 impl Timers {
@@ -64,15 +76,46 @@ impl Timers {
         removed
     }
 
-    /// Deletes every pending timer of the key.
+    /// Registers a timer at processing time `time` (milliseconds since the Unix epoch, as
+    /// [`Self::processing_time`] reads it): the operator's `on_timer` runs for this key once the
+    /// task's clock reaches `time` (within about 10 ms), or at the end of input if that comes
+    /// first. Registering a pending time again changes nothing.
+    pub fn register_processing_time(&mut self, time: Timestamp) {
+        self.register(TimeDomain::ProcessingTime.queue_time(time));
+    }
+
+    /// Deletes the pending processing-time timer at `time`; true if there was one.
+    pub fn delete_processing_time(&mut self, time: Timestamp) -> bool {
+        self.delete(TimeDomain::ProcessingTime.queue_time(time))
+    }
+
+    /// Deletes every pending timer of the key, of both domains.
     pub fn delete_all(&mut self) {
         self.changed |= !self.pending.is_empty();
         self.pending.clear();
     }
 
-    /// The key's pending timers, earliest first.
+    /// The key's pending event-time timers, earliest first.
     pub fn pending(&self) -> impl Iterator<Item = Timestamp> + '_ {
-        self.pending.iter().copied()
+        self.pending.iter().copied().filter(|t| TimeDomain::of(*t).0 == TimeDomain::EventTime)
+    }
+
+    /// The key's pending processing-time timers, earliest first.
+    pub fn pending_processing_time(&self) -> impl Iterator<Item = Timestamp> + '_ {
+        self.pending.range(PROCESSING_TIME..).filter_map(|t| match TimeDomain::of(*t) {
+            (TimeDomain::ProcessingTime, t) => Some(t),
+            (TimeDomain::EventTime, _) => None,
+        })
+    }
+
+    /// The clock processing-time timers fire by: milliseconds since the Unix epoch, now.
+    pub fn processing_time(&self) -> Timestamp {
+        processing_time_now()
+    }
+
+    /// The domain of the timer that fired (`None` while a record is processed).
+    pub fn fired_domain(&self) -> Option<TimeDomain> {
+        self.domain
     }
 
     /// The task's watermark when the call began (`None` before any input sent one).
@@ -80,7 +123,8 @@ impl Timers {
         self.watermark
     }
 
-    /// The event time of the record being processed, or the time of the timer that fired.
+    /// The event time of the record being processed, or the time of the timer that fired (in
+    /// its domain, [`Self::fired_domain`]).
     pub fn now(&self) -> Timestamp {
         self.now
     }
@@ -91,7 +135,7 @@ impl Timers {
         watermark: Option<Timestamp>,
     ) -> Result<Self, DataflowError> {
         let pending = state.get(TIMER_STATE, key)?.map(decode).transpose()?.unwrap_or_default();
-        Ok(Self { pending, new: Vec::new(), changed: false, watermark, now: 0 })
+        Ok(Self { pending, new: Vec::new(), changed: false, watermark, now: 0, domain: None })
     }
 
     fn store(&mut self, ctx: &mut OperatorContext<'_>, key: &[u8]) -> Result<(), DataflowError> {
@@ -109,6 +153,13 @@ impl Timers {
             ctx.state.put_encoded(TIMER_STATE, key, &mut |buf| koala_types::encode_into(pending, buf))
         }
     }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn processing_time_now() -> Timestamp {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as Timestamp)
 }
 
 /// Everything a timer operator's closures get for one key: its value, its list and its timers.
@@ -145,7 +196,8 @@ impl<S: Data, L: Data> KeyContext<S, L> {
 
 /// Called per record: key, value, the key's context, outputs.
 pub(crate) type OnRecordFn<K, T, S, L, O> = dyn Fn(&K, T, &mut KeyContext<S, L>, &mut Vec<O>) + Send + Sync;
-/// Called per fired timer: key, the timer's time, the key's context, outputs.
+/// Called per fired timer: key, the timer's time (in its domain, `KeyContext::timers`'s
+/// `fired_domain`), the key's context, outputs.
 pub(crate) type OnTimerFn<K, S, L, O> =
     dyn Fn(&K, Timestamp, &mut KeyContext<S, L>, &mut Vec<O>) + Send + Sync;
 
@@ -208,10 +260,17 @@ impl<K: Data, T: Data, S: Data, L: Data, O: Data> OperatorLogic for TimerProcess
             return Ok(()); // deleted, or fired already: the runtime's entry outlived it
         }
         let key: K = decode(key_bytes)?;
-        entry.timers.now = time;
-        (self.on_timer)(&key, time, &mut entry, &mut self.out);
+        let (domain, at) = TimeDomain::of(time);
+        entry.timers.now = at;
+        entry.timers.domain = Some(domain);
+        (self.on_timer)(&key, at, &mut entry, &mut self.out);
+        // A processing-time timer's outputs carry the task's event time (its watermark).
+        let event_time = match domain {
+            TimeDomain::EventTime => at,
+            TimeDomain::ProcessingTime => ctx.watermark.unwrap_or(0),
+        };
         for o in self.out.drain(..) {
-            ctx.output.push(keyed_output(key_bytes, &o, time, 0)?);
+            ctx.output.push(keyed_output(key_bytes, &o, event_time, 0)?);
         }
         entry.store(ctx, key_bytes)
     }
@@ -303,6 +362,53 @@ mod tests {
             ((2, Op::Delete(20)), 5),
         ]);
         assert_eq!(out, vec![json!([1, 20, 3, []])]);
+    }
+
+    #[test]
+    fn processing_time_timers_fire_by_the_clock_in_order_with_the_keys_state() {
+        // Each record counts itself and registers a processing-time timer: key 1 at times the
+        // clock passed long ago (due at the next firing, by time, not by event time), key 2 far
+        // ahead (due only at the end of input). Event-time watermarks never fire them early.
+        #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+        struct In(u8, u64);
+        /// Key, time, count, pending, watermark.
+        type Seen = (u8, u64, Option<u32>, Vec<u64>, Option<u64>);
+        let far = 1 << 60;
+        let ops = vec![(In(1, 30), 1), (In(1, 10), 2), (In(2, far), 3), (In(1, 20), 4), (In(3, 0), 50)];
+        let df = Dataflow::new();
+        let options = SourceOptions { max_disorder_ms: 0, ..Default::default() };
+        df.source("src", options, move |_| ops.clone().into_iter())
+            .key_by(|i: &In| i.0)
+            .process_with_timers(
+                "timers",
+                |_k: &u8, i: In, c: &mut KeyContext<u32, ()>, _out: &mut Vec<Seen>| {
+                    c.value.update(|n| *n += 1);
+                    if i.0 != 3 {
+                        c.timers.register_processing_time(i.1);
+                        assert_eq!(c.timers.pending().count(), 0, "no event-time timer");
+                    }
+                },
+                |k: &u8, time, c: &mut KeyContext<u32, ()>, out: &mut Vec<Seen>| {
+                    assert_eq!(c.timers.fired_domain(), Some(crate::TimeDomain::ProcessingTime));
+                    assert_eq!(c.timers.now(), time);
+                    let pending: Vec<u64> = c.timers.pending_processing_time().collect();
+                    out.push((*k, time, c.value.get().copied(), pending, c.timers.watermark()));
+                },
+            )
+            .sink_json_lines("out");
+        let graph = df.build().expect("graph");
+        let options = LocalOptions { batch_size: 2, ..Default::default() };
+        let out = run_with(&graph, &options).expect("run").remove("out").unwrap_or_default();
+        // Key 1's timers fire at the first firing after they were registered (the batch of
+        // two at event time 2 brings 30 and 10, the one at 4 brings 20), earliest first, on the
+        // key's count then; key 2's fires only at the end.
+        let fired: Vec<(u64, u64)> =
+            out.iter().map(|v| (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0))).collect();
+        assert_eq!(fired, vec![(1, 10), (1, 30), (1, 20), (2, far)], "{out:?}");
+        assert_eq!(out[0][2], json!(2), "{out:?}");
+        assert_eq!(out[0][3], json!([30]), "{out:?}");
+        assert_eq!(out[2][2], json!(3), "{out:?}");
+        assert_eq!(out[3][4], json!(u64::MAX), "the end of input fires it: {out:?}");
     }
 
     #[test]

@@ -92,6 +92,11 @@ impl HeldTimes {
         self.0.keys().next().copied()
     }
 
+    /// The least held time at or past `from`.
+    pub(crate) fn min_from(&self, from: Timestamp) -> Option<Timestamp> {
+        self.0.range(from..).next().map(|(t, _)| *t)
+    }
+
     /// How many records are held.
     pub(crate) fn len(&self) -> usize {
         self.1

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp};
+use koala_types::{BucketId, Epoch, InputChannel, PROCESSING_TIME, Record, TaskId, TimeDomain, Timestamp};
 
 use super::error::ProtocolError;
 use super::event_time::{ChannelWatermarks, HeldTimes};
@@ -123,6 +123,13 @@ pub enum TaskEvent {
     },
     /// The time asked for by [`TaskAction::WakeAfter`] has passed.
     Wake,
+    /// The task's clock (milliseconds since the Unix epoch; a smaller one than before is
+    /// ignored): processing-time timers up to it may fire once their keys' state is here
+    /// ([`TaskAction::FireProcessingTimers`]).
+    ProcessingTime {
+        /// The clock.
+        now: Timestamp,
+    },
 }
 
 /// Output of a [`KoalaTask`], to be executed in order by the runtime.
@@ -213,6 +220,13 @@ pub enum TaskAction {
     },
     /// Emit this watermark downstream (monotone).
     EmitWatermark(Timestamp),
+    /// Fire the processing-time timers up to this time (monotone; at most the last
+    /// [`TaskEvent::ProcessingTime`]). Kept below every handed-over processing-time timer whose
+    /// key was not accessed yet, as [`EmitWatermark`](Self::EmitWatermark) is for event time.
+    FireProcessingTimers {
+        /// Processing time (milliseconds since the Unix epoch), inclusive.
+        up_to: Timestamp,
+    },
     /// Send to the coordinator.
     Ack {
         /// The epoch the ack belongs to.
@@ -267,6 +281,10 @@ pub struct KoalaTask {
     pub(super) watermarks: ChannelWatermarks,
     pub(super) held: HeldTimes,
     pub(super) emitted: Option<Timestamp>,
+    /// The task's clock, from [`TaskEvent::ProcessingTime`].
+    pub(super) clock: Option<Timestamp>,
+    /// The last [`TaskAction::FireProcessingTimers`].
+    pub(super) fired_processing: Option<Timestamp>,
     pub(super) pipeline: Pipeline,
     pub(super) epoch: Epoch,
     pub(super) transition: Option<Transition>,
@@ -306,6 +324,8 @@ impl KoalaTask {
             watermarks,
             held: HeldTimes::default(),
             emitted: None,
+            clock: None,
+            fired_processing: None,
             pipeline: Pipeline::default(),
             epoch: 0,
             transition: None,
@@ -552,6 +572,10 @@ impl KoalaTask {
                 self.pipeline.drain_resting = false;
                 Ok(())
             }
+            TaskEvent::ProcessingTime { now } => {
+                self.clock = Some(self.clock.map_or(now, |c| c.max(now)));
+                Ok(())
+            }
         };
         if let Err(e) = result {
             out.push(TaskAction::Error(e));
@@ -643,6 +667,7 @@ impl KoalaTask {
             changed |= self.queue_timer_accesses();
             changed |= self.try_process(out, local);
             self.advance_watermark(out);
+            self.advance_processing_time(out);
             changed |= self.check_ready_and_done(out);
             if !changed {
                 break;
@@ -692,6 +717,26 @@ impl KoalaTask {
         if gate_open && self.emitted.is_none_or(|e| f > e) {
             self.emitted = Some(f);
             out.push(TaskAction::EmitWatermark(f));
+        }
+    }
+
+    /// Lets the runtime fire processing-time timers up to the clock, below every handed-over
+    /// processing-time timer whose key's access is not through yet (`super::timers`).
+    fn advance_processing_time(&mut self, out: &mut Vec<TaskAction>) {
+        let Some(clock) = self.clock else { return };
+        let queued = self.held.min_from(PROCESSING_TIME).map(|t| TimeDomain::of(t).1);
+        let held = match (self.timers.processing_hold(), queued) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let up_to = match held {
+            None => clock,
+            Some(0) => return,
+            Some(h) => clock.min(h - 1),
+        };
+        if self.fired_processing.is_none_or(|f| up_to > f) {
+            self.fired_processing = Some(up_to);
+            out.push(TaskAction::FireProcessingTimers { up_to });
         }
     }
 

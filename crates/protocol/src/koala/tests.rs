@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use koala_types::{InputChannel, OperatorId, Record, TaskId, bucket_of};
+use koala_types::{InputChannel, OperatorId, Record, TaskId, TimeDomain, bucket_of};
 
 use super::pipeline::MAX_BATCH_RECORDS;
 use super::*;
@@ -518,4 +518,66 @@ fn a_handed_timer_of_another_bucket_is_refused() {
     let out = deliver(&mut r, t(0), hand_over);
     assert!(matches!(&out[..], [TaskAction::Error(ProtocolError::UnexpectedPeerMessage { .. })]), "{out:?}");
     assert!(!r.owns(3));
+}
+
+/// A handed-over processing-time timer holds no event time, but the processing time the runtime
+/// may fire up to stays below it until its key was accessed: once the task's clock reaches it,
+/// its key is fetched like a record's, and the firing bound passes it only after the state is
+/// installed.
+#[test]
+fn handed_processing_time_timers_hold_the_firing_bound_until_their_key_is_accessed() {
+    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    r.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+    s.on(TaskEvent::Start(reconf()));
+    let mut hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let key = key_in(3);
+    // An event-time timer of the same key far ahead must not stand in for the processing-time one.
+    let timers = vec![(TimeDomain::ProcessingTime.queue_time(100), key.clone()), (1_000, key.clone())];
+    let [PeerMessage::HandOver { hand_over: h, .. }] = &mut hand_over[..] else { panic!("{hand_over:?}") };
+    h.timers = timers.clone();
+    let out = deliver(&mut r, t(0), hand_over);
+    assert!(out.contains(&TaskAction::InstallTimers { from: t(0), timers }), "{out:?}");
+    r.on(marker(ch(0)));
+    deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
+    let fired = |out: &[TaskAction]| -> Vec<u64> {
+        out.iter()
+            .filter_map(
+                |a| if let TaskAction::FireProcessingTimers { up_to } = a { Some(*up_to) } else { None },
+            )
+            .collect()
+    };
+
+    // Event time is not held by the processing-time timer (only by the one at 1 000).
+    let out = r.on(TaskEvent::Watermark { channel: ch(0), time: 15 });
+    assert!(out.contains(&TaskAction::EmitWatermark(15)), "{out:?}");
+    // The clock before the timer: fire up to it, nothing fetched.
+    let out = r.on(TaskEvent::ProcessingTime { now: 50 });
+    assert_eq!(out, vec![TaskAction::FireProcessingTimers { up_to: 50 }]);
+    // The clock passes the timer: its key is fetched, and the bound stops below it.
+    let out = r.on(TaskEvent::ProcessingTime { now: 150 });
+    let Some(TaskAction::FetchState { from, request }) =
+        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. }))
+    else {
+        panic!("the timer's key is fetched: {out:?}")
+    };
+    assert_eq!((*from, &request.keys), (t(0), &vec![key.clone()]));
+    assert_eq!(fired(&out), vec![99], "{out:?}");
+    assert!(r.is_busy());
+    let response = FetchResponse {
+        id: request.id,
+        values: vec![(key.clone(), Some(b"state".to_vec()))],
+        extra: vec![],
+        exhausted: vec![],
+    };
+    let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    let install = out.iter().position(|a| matches!(a, TaskAction::InstallState { .. }));
+    let fire = out.iter().position(|a| matches!(a, TaskAction::FireProcessingTimers { up_to: 150 }));
+    assert!(install.is_some() && install < fire, "the state is installed before the timer fires: {out:?}");
+    // The event-time timer of the key is on local state now: no second fetch.
+    let out = r.on(TaskEvent::Watermark { channel: ch(0), time: 2_000 });
+    assert!(!out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })), "{out:?}");
+    assert!(out.contains(&TaskAction::EmitWatermark(2_000)), "{out:?}");
+    assert!(!r.is_busy());
 }

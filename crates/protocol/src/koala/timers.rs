@@ -10,10 +10,16 @@
 //!
 //! Each handed-over timer is accessed once; timers the operator sets here later are on local
 //! state. A bucket handed on again takes its keys' pending accesses along: its timers go with it.
+//!
+//! Processing-time timers (marked by [`PROCESSING_TIME`] in the same queue) work the same way on
+//! the task's clock ([`super::TaskEvent::ProcessingTime`]): once the clock reaches a handed-over
+//! one, its key is accessed, and the processing time the core lets the runtime fire up to
+//! ([`super::TaskAction::FireProcessingTimers`]) stays below it until that access's batch is done.
+//! Past every event time, they hold no watermark below the end of input.
 
 use std::collections::{BTreeSet, HashSet};
 
-use koala_types::{BucketId, Record, Timestamp, bucket_of};
+use koala_types::{BucketId, PROCESSING_TIME, Record, TimeDomain, Timestamp, bucket_of};
 
 use super::pipeline::{InputRecord, MAX_BATCH_RECORDS};
 use super::task::KoalaTask;
@@ -24,8 +30,8 @@ pub(crate) const ACCESS: usize = usize::MAX;
 /// Timers that came with hand-overs and whose key has not been accessed yet.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct HandedTimers {
-    /// (time, key), earliest first; one per key (its earliest timer: once its state is here, the
-    /// later ones fire on local state too).
+    /// (queue time, key), earliest first; one per key and time domain (its earliest timer: once
+    /// its state is here, the later ones fire on local state too).
     pending: BTreeSet<(Timestamp, Vec<u8>)>,
     /// Accesses in the inbox, not yet through a batch.
     pub(crate) queued: usize,
@@ -36,17 +42,28 @@ impl HandedTimers {
     pub(crate) fn add(&mut self, timers: &[(Timestamp, Vec<u8>)]) {
         let mut sorted: Vec<&(Timestamp, Vec<u8>)> = timers.iter().collect();
         sorted.sort_unstable();
-        let mut seen: HashSet<&[u8]> = HashSet::with_capacity(sorted.len());
+        let mut seen: HashSet<(TimeDomain, &[u8])> = HashSet::with_capacity(sorted.len());
         for (t, k) in sorted {
-            if seen.insert(k.as_slice()) {
+            if seen.insert((TimeDomain::of(*t).0, k.as_slice())) {
                 self.pending.insert((*t, k.clone()));
             }
         }
     }
 
-    /// The earliest pending timer: the task's event time stays below it.
+    /// The earliest pending timer: the task's event time stays below it (a processing-time one
+    /// holds it only below the end of input).
     pub(crate) fn hold(&self) -> Option<Timestamp> {
         self.pending.first().map(|(t, _)| *t)
+    }
+
+    /// The earliest pending processing-time timer: the processing time the runtime may fire up
+    /// to stays below it.
+    pub(crate) fn processing_hold(&self) -> Option<Timestamp> {
+        self.first_processing().map(|(t, _)| TimeDomain::of(*t).1)
+    }
+
+    fn first_processing(&self) -> Option<&(Timestamp, Vec<u8>)> {
+        self.pending.range((PROCESSING_TIME, Vec::new())..).next()
     }
 
     /// Whether a timer waits for its access, queued or not.
@@ -63,15 +80,22 @@ impl HandedTimers {
 }
 
 impl KoalaTask {
-    /// Queues an access for every handed-over timer the upstream channels' event time reached, at
-    /// the front of the inbox, at most a batch's worth at a time; true if it queued any.
+    /// Queues an access for every handed-over timer the upstream channels' event time or the
+    /// task's clock reached, at the front of the inbox, at most a batch's worth at a time; true if
+    /// it queued any.
     pub(super) fn queue_timer_accesses(&mut self) -> bool {
-        let Some(up_to) = self.watermarks.min_upstream() else { return false };
+        let up_to = self.watermarks.min_upstream();
+        let clock = self.clock;
         let mut queued = false;
-        while self.timers.queued < MAX_BATCH_RECORDS
-            && self.timers.pending.first().is_some_and(|(t, _)| *t <= up_to)
-        {
-            let Some((time, key)) = self.timers.pending.pop_first() else { break };
+        while self.timers.queued < MAX_BATCH_RECORDS {
+            let by_event_time = self.timers.pending.first().filter(|(t, _)| up_to.is_some_and(|u| *t <= u));
+            let by_clock = self
+                .timers
+                .first_processing()
+                .filter(|(t, _)| clock.is_some_and(|c| TimeDomain::of(*t).1 <= c));
+            let Some(next) = by_event_time.or(by_clock).cloned() else { break };
+            self.timers.pending.remove(&next);
+            let (time, key) = next;
             let access = InputRecord::arrived(
                 ACCESS,
                 Record { key, value: Vec::new(), time, due_ms: 0 },

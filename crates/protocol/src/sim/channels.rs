@@ -67,6 +67,9 @@ pub(crate) enum Msg {
     Finished(TaskId),
     /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
     Wake,
+    /// A Koala task's clock, on a channel to itself: delivered as `TaskEvent::ProcessingTime`
+    /// at the world's step then.
+    Clock,
     /// The coordinator tells a new task that an upstream finished before it switched.
     EndedUpstream(TaskId),
     /// DRRS: a peer-channel message.

@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
-use koala_types::{TaskId, Timestamp, bucket_of};
+use koala_types::{PROCESSING_TIME, TaskId, TimeDomain, Timestamp, bucket_of};
 
 use super::Fault;
 use super::world::Core;
@@ -59,6 +59,10 @@ pub(crate) fn key_name(i: usize) -> Vec<u8> {
     let kind = if i % 4 < 2 { 'w' } else { 'c' };
     format!("{kind}{i}").into_bytes()
 }
+
+/// How many steps of the world's clock after its record a counter key's processing-time timer is
+/// due ([`SimConfig::processing_timers`](super::SimConfig::processing_timers)).
+const PROCESSING_TIMER_STEPS: u64 = 20;
 
 fn is_window_key(key: &[u8]) -> bool {
     key.first() == Some(&b'w')
@@ -191,6 +195,13 @@ impl World {
                 }
                 self.install_timers(from, me, timers)?;
             }
+            TaskAction::FireProcessingTimers { up_to } => {
+                self.fire_timers(me, |(time, _)| match TimeDomain::of(*time) {
+                    (TimeDomain::ProcessingTime, t) => t <= up_to,
+                    (TimeDomain::EventTime, _) => false,
+                })?;
+                self.tick_clock(me);
+            }
             TaskAction::EmitWatermark(t) => {
                 let task = self.tasks.get_mut(&me).ok_or("watermark of unknown task")?;
                 if task.last_watermark.is_some_and(|w| t <= w) {
@@ -277,6 +288,12 @@ impl World {
         if self.cfg.state_outlives_timers || is_window_key(key) {
             task.timers.insert((time, key.to_vec()));
         }
+        if self.cfg.processing_timers && !is_window_key(key) {
+            // A counter key's flush, due a few steps of the clock from now.
+            let due = TimeDomain::ProcessingTime.queue_time(self.step + PROCESSING_TIMER_STEPS);
+            task.timers.insert((due, key.to_vec()));
+            self.tick_clock(me);
+        }
         self.holder.insert(key.to_vec(), me);
         self.processed_total += 1;
         self.stats.by_input[input] += 1;
@@ -305,8 +322,13 @@ impl World {
             std::mem::take(&mut task.timers).into_iter().partition(due);
         task.timers = kept;
         for (time, key) in &fired {
-            if self.handed.remove(&(me, key.clone())) {
+            let handed = self.handed.remove(&(me, key.clone()));
+            if handed {
                 self.stats.handed_timers_fired_first += 1;
+            }
+            if TimeDomain::of(*time).0 == TimeDomain::ProcessingTime && *time != Timestamp::MAX {
+                self.stats.processing_timers_fired += 1;
+                self.stats.handed_processing_timers_fired += u64::from(handed);
             }
             if self.cfg.protocol != Protocol::Koala {
                 continue;
@@ -390,7 +412,21 @@ impl World {
             ));
         }
         task.timers.extend(timers);
+        self.tick_clock(me);
         Ok(())
+    }
+
+    /// Under Koala, a task with processing-time timers gets its clock (the world's step) at a
+    /// random later step, again until none is left; one clock message in flight per task.
+    pub(crate) fn tick_clock(&mut self, me: TaskId) {
+        if self.cfg.protocol != Protocol::Koala || self.clock_queued.contains(&me) {
+            return;
+        }
+        let Some(task) = self.tasks.get(&me) else { return };
+        if task.timers.range((PROCESSING_TIME, Vec::new())..).next().is_some() {
+            self.clock_queued.insert(me);
+            self.channels.push((Node::Task(me), Node::Task(me), Kind::Control), Msg::Clock);
+        }
     }
 
     /// The membership filter of `bucket` at `me`, built in pages of two keys as the runtime builds

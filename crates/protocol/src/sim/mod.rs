@@ -180,6 +180,11 @@ pub struct SimConfig {
     /// schedules a flush). Off: window keys purge their state when their last timer fires and
     /// the other keys set no timers (see the module docs).
     pub state_outlives_timers: bool,
+    /// The counter keys (`c…`) also set a processing-time timer each record, due 20 steps of the
+    /// world's clock later; a Koala task gets its clock (`TaskEvent::ProcessingTime`) at random
+    /// later steps while it has any. Such a timer fires on its key's whole, local state, as an
+    /// event-time one does.
+    pub processing_timers: bool,
     /// Koala's background drain of live old owners is on (`drain_keys_per_sec` > 0): every old
     /// location is drained, and at the end no KLT names another task. The drain's rate-limit
     /// timer is a message to the task itself, delivered at a random later step.
@@ -216,6 +221,7 @@ impl SimConfig {
             max_steps: 20_000,
             protocol: Protocol::Koala,
             state_outlives_timers: false,
+            processing_timers: false,
             drain: false,
             subscales: 0,
             drrs_schedule: crate::drrs::DrrsSchedule::Ported,
@@ -298,6 +304,11 @@ pub struct SimStats {
     /// Koala: such keys whose timer fired before any record of them came (the timer's access
     /// fetched the state, and the watermark waited for it).
     pub handed_timers_fired_first: u64,
+    /// Processing-time timers fired ([`SimConfig::processing_timers`]); of them, how many came
+    /// with a hand-over before their key's state did.
+    pub processing_timers_fired: u64,
+    /// See [`Self::processing_timers_fired`].
+    pub handed_processing_timers_fired: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.
@@ -315,6 +326,8 @@ pub struct SimFailure {
     pub inputs: usize,
     /// Whether state outlived its timers ([`SimConfig::state_outlives_timers`]).
     pub state_outlives_timers: bool,
+    /// Whether counter keys set processing-time timers ([`SimConfig::processing_timers`]).
+    pub processing_timers: bool,
     /// Whether the background drain was on ([`SimConfig::drain`]).
     pub drain: bool,
     /// Koala's bound on held records ([`SimConfig::max_queued_records`]).
@@ -340,6 +353,7 @@ impl fmt::Display for SimFailure {
             if self.inputs == 1 { String::new() } else { format!(" KOALA_SIM_INPUTS={}", self.inputs) };
         let outlive = if self.state_outlives_timers { " KOALA_SIM_STATE_OUTLIVES_TIMERS=1" } else { "" };
         let drain = if self.drain { " KOALA_SIM_DRAIN=1" } else { "" };
+        let ptimers = if self.processing_timers { " KOALA_SIM_PROCESSING_TIMERS=1" } else { "" };
         let bound = if self.max_queued_records == usize::MAX {
             String::new()
         } else {
@@ -359,7 +373,7 @@ impl fmt::Display for SimFailure {
         };
         write!(
             f,
-            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{drain}{bound}{drrs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
+            "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{ptimers}{drain}{bound}{drrs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
             self.seed, self.scenario
         )
     }
@@ -374,6 +388,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         protocol: config.protocol,
         inputs: config.inputs,
         state_outlives_timers: config.state_outlives_timers,
+        processing_timers: config.processing_timers,
         drain: config.drain,
         max_queued_records: config.max_queued_records,
         subscales: config.subscales,

@@ -150,6 +150,8 @@ pub(crate) struct World {
     /// Koala: (task, key) whose timers a hand-over brought to the task while the key's state was
     /// elsewhere, until a record of the key or its timer comes first (for the stats).
     pub(crate) handed: BTreeSet<(TaskId, Vec<u8>)>,
+    /// Koala tasks with a [`Msg::Clock`] in flight.
+    pub(crate) clock_queued: BTreeSet<TaskId>,
 }
 
 impl World {
@@ -254,6 +256,7 @@ impl World {
             pulls_in_flight: BTreeSet::new(),
             paused: BTreeSet::new(),
             handed: BTreeSet::new(),
+            clock_queued: BTreeSet::new(),
             stats: SimStats { progressive, ..SimStats::default() },
         })
     }
@@ -693,6 +696,10 @@ impl World {
             }
             (Msg::FilterRequest(request), Some(from)) => TaskEvent::FilterRequest { from, request },
             (Msg::Wake, Some(from)) if from == id => TaskEvent::Wake,
+            (Msg::Clock, Some(from)) if from == id => {
+                self.clock_queued.remove(&id);
+                TaskEvent::ProcessingTime { now: self.step }
+            }
             (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
             (Msg::Start(r), None) => {
                 if let Some(t) = self.tasks.get_mut(&id) {

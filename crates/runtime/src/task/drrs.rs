@@ -143,6 +143,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
+        let deadline = task.op.clock_deadline().map_or(deadline, |c| c.min(deadline));
         let outbox_full = task.outbox.waiting_len() >= OUTBOX_BOUND;
         let data_open = gate.is_none() && !task.paused && !outbox_full;
         // Held back by the protocol (`PauseDirect`); a full outbox counts as backpressure.
@@ -159,6 +160,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             return Ok(());
         }
         let now = Instant::now();
+        task.op.processing_tick(&setup, &mut outputs, now)?;
         outputs.flush_due(now)?;
         task.op.metrics.queued_records = Some(task.core.queued_records() as u64);
         setup.report(&mut task.op.metrics, &mut outputs, now);

@@ -146,6 +146,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             .next_deadline()
             .map_or(task.op.metrics.next_tick(), |d| d.min(task.op.metrics.next_tick()));
         let deadline = task.wake_at.map_or(deadline, |w| w.min(deadline));
+        let deadline = task.op.clock_deadline().map_or(deadline, |c| c.min(deadline));
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
         // A filter being built takes a step whenever no input is waiting.
         let timeout =
@@ -189,6 +190,10 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         if task.wake_at.is_some_and(|w| now >= w) {
             task.wake_at = None;
             task.feed(&setup, &mut outputs, TaskEvent::Wake)?;
+        }
+        if let Some(clock) = task.op.clock_due(now) {
+            // Processing-time timers fire when the core says their keys' state is here.
+            task.feed(&setup, &mut outputs, TaskEvent::ProcessingTime { now: clock })?;
         }
         task.check_inputs_ended(&setup, &mut outputs)?;
         if task.life.may_exit() && !task.outbox.has_waiting() {
@@ -459,6 +464,9 @@ impl KoalaOperator {
                 TaskAction::InstallTimers { timers, .. } => {
                     self.op.timers.register(timers.into_iter().map(|(t, k)| (k, t)));
                 }
+                TaskAction::FireProcessingTimers { up_to } => {
+                    self.op.fire_processing(setup, outputs, up_to)?;
+                }
                 TaskAction::EmitWatermark(t) => {
                     self.watermark = Some(t);
                     self.op.advance(setup, outputs, t)?;
@@ -570,7 +578,10 @@ mod tests {
     use std::sync::{Arc, RwLock};
 
     use crossbeam_channel::unbounded;
-    use koala_dataflow::{Dataflow, JobGraph, KeyedStream, SourceOptions, ValueState, Window, WindowSpec};
+    use koala_dataflow::{
+        Dataflow, JobGraph, KeyContext, KeyedStream, SourceOptions, TimeDomain, ValueState, Window,
+        WindowSpec,
+    };
     use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
     use koala_state::{MemoryEnv, StateEnv};
@@ -634,7 +645,12 @@ mod tests {
     /// coordinator's `UpstreamEnded`) before it hears `Begin`. Count.0 then hands the buckets over
     /// with a queued record of bucket 2 (time 7) and closes. With `handed_timer`, the hand-over
     /// carries a timer of the record's key at that time, as count.0's `take_timers` sends it.
-    fn upstream_ends_before_begin(graph: JobGraph, handed_timer: Option<Timestamp>) -> Outcome {
+    /// With `state`, count.0 answers the fetch of the key with that bundle (else: not here).
+    fn upstream_ends_before_begin(
+        graph: JobGraph,
+        handed_timer: Option<Timestamp>,
+        state: Option<Bundle>,
+    ) -> Outcome {
         let (src, count, out) = (id(&graph, "src"), id(&graph, "count"), id(&graph, "out"));
         let (up, old, new, sink) =
             (TaskId::new(src, 0), TaskId::new(count, 0), TaskId::new(count, 1), TaskId::new(out, 0));
@@ -768,7 +784,8 @@ mod tests {
                     _ => panic!("neither a fetch nor a filter request"),
                 }
             };
-            let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
+            let bundle = state.map(|b| encode(&b).expect("bundle"));
+            let values = request.keys.iter().map(|k| (k.clone(), bundle.clone())).collect();
             let answer = FetchResponse { id: request.id, values, extra: Vec::new(), exhausted: Vec::new() };
             fetch_tx.send(peer(old, &Wire::Answer(answer))).expect("answer");
             fetches += 1;
@@ -815,6 +832,7 @@ mod tests {
                     .sink_discard("out");
             }),
             None,
+            None,
         );
         assert_eq!(o.outputs::<(u64, u64)>(), vec![(o.key, 1)], "before end of stream: {:?}", o.until_end);
         assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
@@ -825,7 +843,7 @@ mod tests {
     /// to it would be dropped as late (their window lost).
     #[test]
     fn a_new_task_whose_upstream_ended_before_begin_fires_the_windows_of_records_handed_to_it() {
-        let o = upstream_ends_before_begin(window_count(), None);
+        let o = upstream_ends_before_begin(window_count(), None, None);
         assert_eq!(
             o.outputs::<(u64, u64, u64)>(),
             vec![(o.key, 0, 1)],
@@ -846,9 +864,46 @@ mod tests {
     /// window fires once, with the record in it.
     #[test]
     fn a_key_with_a_handed_timer_is_fetched_once_and_its_window_fires_once() {
-        let o = upstream_ends_before_begin(window_count(), Some(10));
+        let o = upstream_ends_before_begin(window_count(), Some(10), None);
         assert_eq!(o.fetches, 1, "acks {:?}", o.acks);
         assert_eq!(o.outputs::<(u64, u64, u64)>(), vec![(o.key, 0, 1)], "{:?}", o.until_end);
+        assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
+    }
+
+    /// A processing-time timer that came with the hand-over, without its key's state (its time
+    /// already reached: it comes due at the task's first clock reading), fetches the key once
+    /// and fires once at the new owner, on the key's state: the count of 5 and the registered
+    /// timer count.0 holds (one fetch: whichever of the record and the timer asks first, the
+    /// other finds the state here).
+    #[test]
+    fn a_handed_processing_time_timer_fires_once_at_the_new_owner_on_its_keys_state() {
+        let graph = graph(|keyed| {
+            keyed
+                .process_with_timers(
+                    "count",
+                    |_k: &u64, _x: u64, c: &mut KeyContext<u64, ()>, _out: &mut Vec<(u64, u64)>| {
+                        c.value.update(|n| *n += 1);
+                    },
+                    |k: &u64, time, c: &mut KeyContext<u64, ()>, out: &mut Vec<(u64, u64)>| {
+                        assert_eq!(c.timers.fired_domain(), Some(TimeDomain::ProcessingTime));
+                        assert_eq!(time, 0);
+                        out.push((*k, c.value.get().copied().unwrap_or(0)));
+                    },
+                )
+                .sink_discard("out");
+        });
+        let timer = TimeDomain::ProcessingTime.queue_time(0);
+        let timers: std::collections::BTreeSet<Timestamp> = [timer].into();
+        let state = vec![
+            (koala_dataflow::state::VALUE_STATE, encode(&5u64).expect("count")),
+            (koala_dataflow::TIMER_STATE, encode(&timers).expect("timers")),
+        ];
+        let o = upstream_ends_before_begin(graph, Some(timer), Some(state));
+        assert_eq!(o.fetches, 1, "acks {:?}", o.acks);
+        // The clock and the record race (processing time is not deterministic): the timer fires
+        // on the fetched count, before (5) or after (6) the record; never on a missing state (0).
+        let out = o.outputs::<(u64, u64)>();
+        assert!(out == vec![(o.key, 5)] || out == vec![(o.key, 6)], "{:?}", o.until_end);
         assert!(o.after_end.is_empty(), "after end of stream: {:?}", o.after_end);
     }
 

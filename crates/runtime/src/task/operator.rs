@@ -25,6 +25,14 @@ use crate::timers::TimerService;
 /// Keys fetched per round of timer firing.
 const TIMER_BATCH: usize = 1024;
 
+/// How often a task reads its clock for processing-time timers.
+pub(super) const PROCESSING_TICK: Duration = Duration::from_millis(10);
+
+/// Processing time now: milliseconds since the Unix epoch.
+pub(super) fn processing_time_now() -> Timestamp {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A transform task's operator, timers and counters; shared by the stop-and-restart loop here and
 /// the Koala loop (`koala.rs`), which differ in who decides what runs when.
 pub(super) struct OperatorTask {
@@ -47,6 +55,10 @@ pub(super) struct OperatorTask {
     /// The loop records each batch's latency itself, from when its first record was taken (Koala,
     /// DRRS: records wait inside the protocol core); `on_batch` counts only its busy time.
     pub(super) latency_by_caller: bool,
+    /// The last watermark it forwarded (what processing-time timers see).
+    last_watermark: Option<Timestamp>,
+    /// When it reads its clock next ([`PROCESSING_TICK`]).
+    next_clock: Instant,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -68,6 +80,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let gate = task.data_closed_until(now);
         let deadline =
             outputs.next_deadline().map_or(task.metrics.next_tick(), |d| d.min(task.metrics.next_tick()));
+        let deadline = task.clock_deadline().map_or(deadline, |c| c.min(deadline));
         let timeout = gate.map_or(deadline, |g| g.min(deadline)).saturating_duration_since(now);
         // Whether an event was handled (a timeout changes nothing).
         let handled = select! {
@@ -108,6 +121,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             return Ok(());
         }
         let now = Instant::now();
+        task.processing_tick(&setup, &mut outputs, now)?;
         outputs.flush_due(now)?;
         setup.report(&mut task.metrics, &mut outputs, now);
     }
@@ -145,6 +159,8 @@ impl OperatorTask {
             budget,
             timer_due: TimerDue::default(),
             latency_by_caller: false,
+            last_watermark: None,
+            next_clock: Instant::now(),
         })
     }
 
@@ -353,8 +369,50 @@ impl OperatorTask {
         outputs: &mut Outputs,
         watermark: Timestamp,
     ) -> Result<(), RuntimeError> {
-        self.fire_until_none_due(setup, outputs, watermark, |timers| timers.pop_due(watermark))?;
+        self.last_watermark = Some(watermark);
+        self.fire_until_none_due(setup, outputs, Some(watermark), |timers| timers.pop_due(watermark))?;
         outputs.broadcast(&ChannelMessage::Watermark(watermark))
+    }
+
+    /// The clock reached `up_to`: fire the processing-time timers due then (their keys' state is
+    /// here: under Koala the core says up to when, `TaskAction::FireProcessingTimers`).
+    pub(super) fn fire_processing(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        up_to: Timestamp,
+    ) -> Result<(), RuntimeError> {
+        let watermark = self.last_watermark;
+        self.fire_until_none_due(setup, outputs, watermark, |timers| timers.pop_processing_due(up_to))
+    }
+
+    /// When the loop must wake to read the clock: only while a processing-time timer waits.
+    pub(super) fn clock_deadline(&self) -> Option<Instant> {
+        self.timers.has_processing().then_some(self.next_clock)
+    }
+
+    /// The clock, if a processing-time timer waits and it is time to read it again
+    /// ([`PROCESSING_TICK`]).
+    pub(super) fn clock_due(&mut self, now: Instant) -> Option<Timestamp> {
+        if now < self.next_clock || !self.timers.has_processing() {
+            return None;
+        }
+        self.next_clock = now + PROCESSING_TICK;
+        Some(processing_time_now())
+    }
+
+    /// Stop-and-restart and DRRS: the state of every timer's key is here (moved buckets' timers
+    /// travel with their state), so due processing-time timers fire on the clock.
+    pub(super) fn processing_tick(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        now: Instant,
+    ) -> Result<(), RuntimeError> {
+        match self.clock_due(now) {
+            Some(clock) => self.fire_processing(setup, outputs, clock),
+            None => Ok(()),
+        }
     }
 
     /// Fires the timers due at `up_to` whose key matches, without emitting a watermark (a
@@ -367,7 +425,9 @@ impl OperatorTask {
         up_to: Timestamp,
         mut matches: impl FnMut(&[u8]) -> bool,
     ) -> Result<(), RuntimeError> {
-        self.fire_until_none_due(setup, outputs, up_to, |timers| timers.pop_due_where(up_to, &mut matches))
+        self.fire_until_none_due(setup, outputs, Some(up_to), |timers| {
+            timers.pop_due_where(up_to, &mut matches)
+        })
     }
 
     /// Fires what `pop` takes from the timers, in batches, until it takes nothing (firing may
@@ -376,7 +436,7 @@ impl OperatorTask {
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
-        up_to: Timestamp,
+        watermark: Option<Timestamp>,
         mut pop: impl FnMut(&mut TimerService) -> Vec<(Timestamp, Vec<u8>)>,
     ) -> Result<(), RuntimeError> {
         loop {
@@ -385,7 +445,7 @@ impl OperatorTask {
                 return Ok(());
             }
             for chunk in due.chunks(TIMER_BATCH) {
-                self.fire(setup, outputs, up_to, chunk)?;
+                self.fire(setup, outputs, watermark, chunk)?;
             }
         }
     }
@@ -394,7 +454,7 @@ impl OperatorTask {
         &mut self,
         setup: &TaskSetup,
         outputs: &mut Outputs,
-        watermark: Timestamp,
+        watermark: Option<Timestamp>,
         due: &[(Timestamp, Vec<u8>)],
     ) -> Result<(), RuntimeError> {
         let started = Instant::now();
@@ -411,7 +471,7 @@ impl OperatorTask {
                         state: &mut state,
                         output: &mut output,
                         timers: &mut timers,
-                        watermark: Some(watermark),
+                        watermark,
                     };
                     self.logic.on_timer(key, *time, &mut ctx)?;
                 }
@@ -423,7 +483,7 @@ impl OperatorTask {
                         state: &mut NoState,
                         output: &mut output,
                         timers: &mut timers,
-                        watermark: Some(watermark),
+                        watermark,
                     };
                     self.logic.on_timer(key, *time, &mut ctx)?;
                 }
