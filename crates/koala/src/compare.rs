@@ -8,7 +8,9 @@ use std::path::Path;
 
 use anyhow::Context;
 use koala_coordinator::JobSummary;
-use koala_coordinator::report::{ReportSummary, SecondRow, StateMoved, TAIL_S, ThroughputDip, report};
+use koala_coordinator::report::{
+    ReportSummary, SecondRow, StateMoved, TAIL_S, ThroughputDip, fmt_recovery, recovery_watched_s, report,
+};
 
 /// One run's outcome.
 pub struct Outcome {
@@ -20,6 +22,9 @@ pub struct Outcome {
     pub recovery_s: Option<u64>,
     /// The same on source lag, seconds.
     pub lag_recovery_s: Option<u64>,
+    /// Seconds from the first reconfiguration's start to the input's last second: how long a
+    /// recovery was watched for.
+    pub watched_s: Option<i64>,
     /// Highest per-second median end-to-end latency of the run (worst sink), ms.
     pub peak_latency_ms: Option<f64>,
     /// Throughput dip of the first reconfiguration.
@@ -62,6 +67,7 @@ pub fn outcome(summary: &JobSummary, out: &Path) -> anyhow::Result<(Outcome, Rep
         state_moved: rep.state_moved,
         recovery_s: first.and_then(|r| r.backlog_recovery_s),
         lag_recovery_s: first.and_then(|r| r.lag_recovery_s),
+        watched_s: first.and_then(|r| recovery_watched_s(r.start_t_s, rep.input_last_t_s)),
         peak_latency_ms: rep.peak_latency_p50_ms,
         dip: first.and_then(|r| r.dip),
         latency,
@@ -100,7 +106,7 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
         opt_ms(o.peak_lag_ms),
         opt_ms(o.tail_lag_p99_ms)
     );
-    let lag_recovery = o.lag_recovery_s.map_or("never".into(), |s| format!("{s} s"));
+    let lag_recovery = fmt_recovery(o.lag_recovery_s, o.watched_s);
     match o.recovery_s {
         Some(s) => println!(
             "demo: backlog recovered {s} s after the reconfiguration started (end-to-end latency; source lag: {lag_recovery})"
@@ -136,8 +142,8 @@ pub fn print_table(outcomes: &[Outcome]) {
         "max queued"
     );
     for o in outcomes {
-        let rec = o.recovery_s.map_or("never".into(), |s| format!("{s} s"));
-        let lag_rec = o.lag_recovery_s.map_or("never".into(), |s| format!("{s} s"));
+        let rec = fmt_recovery(o.recovery_s, o.watched_s);
+        let lag_rec = fmt_recovery(o.lag_recovery_s, o.watched_s);
         let lat = format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1));
         println!(
             "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>26} {:>22} {:>6} ms {:>10}",

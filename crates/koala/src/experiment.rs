@@ -24,7 +24,9 @@ use std::path::Path;
 
 use anyhow::Context;
 use koala_coordinator::JobConfig;
-use koala_coordinator::report::{ReportSummary, moving_average, write_overlay};
+use koala_coordinator::report::{
+    ReportSummary, fmt_recovery, moving_average, recovery_watched_s, write_overlay,
+};
 
 use crate::settings::SharedSettings;
 
@@ -338,11 +340,12 @@ fn write_results(
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} µs"));
     for (r, (before, after)) in runs.iter().zip(latencies) {
         let first = r.reconfigurations.first();
+        let watched = first.and_then(|c| recovery_watched_s(c.start_t_s, r.input_last_t_s));
         println!(
             "{:<18} {:>10} {:>10} {:>14} {:>14} {:>14} {:>7} ms {:>7} ms {:>7} ms {:>26} {:>22} {:>10}",
             r.run.protocol,
-            first.and_then(|c| c.backlog_recovery_s).map_or("never".into(), |s| format!("{s} s")),
-            first.and_then(|c| c.lag_recovery_s).map_or("never".into(), |s| format!("{s} s")),
+            fmt_recovery(first.and_then(|c| c.backlog_recovery_s), watched),
+            fmt_recovery(first.and_then(|c| c.lag_recovery_s), watched),
             crate::launch::human_bytes(r.state_moved.on_demand as u64),
             crate::launch::human_bytes(r.state_moved.background as u64),
             crate::launch::human_bytes(r.state_moved.eager as u64),

@@ -257,6 +257,24 @@ pub fn backlog_recovery_s(
         .and_then(|s| u64::try_from(s - start_t_s).ok())
 }
 
+/// The latest recovery a run can show for a reconfiguration starting at `start_t_s`: a recovery
+/// is judged up to the input's last second and needs [`RECOVERY_HOLD_S`] healthy seconds, so one
+/// not found took longer than this (`None` without input).
+pub fn recovery_watched_s(start_t_s: i64, input_last_t_s: Option<i64>) -> Option<i64> {
+    input_last_t_s.map(|last| last - start_t_s - (RECOVERY_HOLD_S - 1))
+}
+
+/// A recovery time for a table: `17 s`, or, when the run's input ended first, `> 44 s` (the
+/// seconds it was watched after the reconfiguration began: not recovered *within the run*, which
+/// says nothing of after it); `never` only when nothing was watched.
+pub fn fmt_recovery(recovery_s: Option<u64>, watched_s: Option<i64>) -> String {
+    match (recovery_s, watched_s) {
+        (Some(s), _) => format!("{s} s"),
+        (None, Some(w)) if w >= 0 => format!("> {w} s"),
+        (None, _) => "never".into(),
+    }
+}
+
 /// The trailing moving average over `window` seconds of a per-second series (the paper plots
 /// throughput and lag as 10 s moving averages): each second's value is the mean of the values
 /// of the `window` seconds ending there that the series has.
@@ -480,6 +498,13 @@ mod tests {
         growing.extend((1..40).map(|i| Some(f64::from(i) * 100.0)));
         assert_eq!(backlog_recovery_s(&lag(&growing), 10, None, None), None);
         assert_eq!(backlog_recovery_s(&lag(&[None, Some(5.0)]), 0, None, None), None);
+    }
+
+    #[test]
+    fn a_recovery_after_the_input_ended_reads_as_longer_than_the_run_watched() {
+        assert_eq!(fmt_recovery(Some(17), Some(44)), "17 s");
+        assert_eq!(fmt_recovery(None, Some(44)), "> 44 s");
+        assert_eq!(fmt_recovery(None, None), "never");
     }
 
     #[test]
