@@ -15,6 +15,26 @@ use std::time::{Duration, Instant};
 use koala_dataflow::{KeyedEvent, KeyedEventsConfig};
 use serde::de::DeserializeOwned;
 
+/// The start parallelism, the end parallelism and the `[[reconfigurations]]` of an oracle
+/// scenario of operator `op` at `at_s`: scale-out 2 → 4, scale-in 4 → 2, or a rebalance that
+/// moves 32 buckets to task 1 and 8 to task 0.
+pub fn scenario_schedule(scenario: &str, op: &str, at_s: f64) -> (u32, u32, String) {
+    let head = format!("[[reconfigurations]]\nat_s = {at_s}\noperator = \"{op}\"\n");
+    match scenario {
+        "scale-out" => (2, 4, format!("{head}parallelism = 4\n")),
+        "scale-in" => (4, 2, format!("{head}parallelism = 2\n")),
+        "rebalance" => (
+            2,
+            2,
+            format!(
+                "{head}moves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
+                (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        other => panic!("no scenario {other}"),
+    }
+}
+
 /// The `koala` binary built for this test run.
 pub fn koala() -> Command {
     Command::new(env!("CARGO_BIN_EXE_koala"))

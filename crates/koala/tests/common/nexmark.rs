@@ -250,23 +250,7 @@ fn source_records(q: &Query, events: &[Event]) -> u64 {
 pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     let q = QUERIES.iter().find(|q| q.name == query).unwrap_or_else(|| panic!("no query {query}"));
     let op = q.target;
-    let (start, end, schedule) = match scenario {
-        "scale-out" => {
-            (2, 4, format!("[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nparallelism = 4\n"))
-        }
-        "scale-in" => {
-            (4, 2, format!("[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nparallelism = 2\n"))
-        }
-        "rebalance" => (
-            2,
-            2,
-            format!(
-                "[[reconfigurations]]\nat_s = 0.4\noperator = \"{op}\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
-                (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
-            ),
-        ),
-        other => panic!("no scenario {other}"),
-    };
+    let (start, end, schedule) = super::scenario_schedule(scenario, op, 0.4);
     let events: Vec<Event> = NexmarkGenerator::new(generator(q.events)).expect("valid").events().collect();
     let input_ms = source_records(q, &events) * 1000 / u64::from(RATE);
     let keys_of = |o: &str| operator_keys(query, o, &events);

@@ -145,21 +145,7 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
                 "[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 4\n\n[[reconfigurations]]\nat_s = 0.3\noperator = \"engagement\"\nparallelism = 4\n"
             ),
         ),
-        "scale-out" => {
-            (2, 4, format!("[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 4\n"))
-        }
-        "scale-in" => {
-            (4, 2, format!("[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 2\n"))
-        }
-        "rebalance" => (
-            2,
-            2,
-            format!(
-                "[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nmoves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
-                (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
-            ),
-        ),
-        other => panic!("no scenario {other}"),
+        other => super::scenario_schedule(other, op, 0.3),
     };
     let input_ms = EVENTS * 1000 / RATE;
     let keys = operator_keys(query, op);

@@ -96,33 +96,28 @@ fn key_pages_merge_dirty_entries_with_the_store_below() -> Result<(), StateError
         StateWrite::Put(key(4, 1), vec![2]),
     ])?;
     let expected: Vec<StateKey> = [0, 4, 5, 8, 10, 12, 14, 16, 18, 19].map(|i| key(3, i)).to_vec();
-    for page in [1, 2, 3, 4, 100] {
+    // Every key a paged scan lists, `page` keys at a time, each page continuing after the last.
+    type Scan<'a> = dyn Fn(Option<&StateKey>, usize) -> Result<Vec<StateKey>, StateError> + 'a;
+    let all_pages = |scan: &Scan<'_>, page: usize| -> Result<Vec<StateKey>, StateError> {
         let (mut keys, mut at) = (Vec::new(), None);
         loop {
-            let got = store.bucket_keys_after(3, at.as_ref(), page)?;
+            let got = scan(at.as_ref(), page)?;
             assert!(got.len() <= page);
             at = got.last().cloned().or(at);
             let end = got.len() < page;
             keys.extend(got);
             if end {
-                break;
+                return Ok(keys);
             }
         }
+    };
+    // Candidates (for filters) are never fewer, in the same order, each once: here also the two
+    // deleted keys, listed without looking their entries up.
+    let with_deleted: Vec<StateKey> = [0, 2, 4, 5, 6, 8, 10, 12, 14, 16, 18, 19].map(|i| key(3, i)).to_vec();
+    for page in [1, 2, 3, 4, 100] {
+        let keys = all_pages(&|at, n| store.bucket_keys_after(3, at, n), page)?;
         assert_eq!(keys, expected, "pages of {page}");
-        // Candidates (for filters) are never fewer, in the same order, each once: here also
-        // the two deleted keys, listed without looking their entries up.
-        let (mut candidates, mut at) = (Vec::new(), None);
-        loop {
-            let got = store.bucket_key_candidates_after(3, at.as_ref(), page)?;
-            at = got.last().cloned().or(at);
-            let end = got.len() < page;
-            candidates.extend(got);
-            if end {
-                break;
-            }
-        }
-        let with_deleted: Vec<StateKey> =
-            [0, 2, 4, 5, 6, 8, 10, 12, 14, 16, 18, 19].map(|i| key(3, i)).to_vec();
+        let candidates = all_pages(&|at, n| store.bucket_key_candidates_after(3, at, n), page)?;
         assert_eq!(candidates, with_deleted, "candidate pages of {page}");
     }
     assert_eq!(store.bucket_keys_after(3, Some(&key(3, 6)), 2)?, vec![key(3, 8), key(3, 10)]);
