@@ -47,7 +47,7 @@ use std::time::Duration;
 use common::expected::{QueryShape, expected_rows};
 use common::model::{Model, Request, parse_config};
 use common::oracle::{RunSpec, compare_rows, rows_per_key, verify_run};
-use common::{config_top, run_koala, strip_ansi};
+use common::{config_top, run_koala, skipped_after_the_input_ended, strip_ansi};
 use koala_dataflow::KeyedEventsConfig;
 use koala_protocol::sim::SplitMix64;
 
@@ -434,32 +434,6 @@ fn run_case(variant: Variant, f: &Family, seed: u64) {
     }
 }
 
-/// Requests the coordinator skipped because their operator's input had ended: how many, if each
-/// came (by the coordinator's own clock, printed in the line) no earlier than the coordinator knew
-/// the input had ended. One that came before and was skipped only because it waited behind
-/// earlier reconfigurations is an error: the schedule asked for it while records still flowed.
-fn skipped_after_the_input_ended(stdout: &str) -> Result<usize, String> {
-    let mut skipped = 0;
-    for line in stdout.lines().filter(|l| l.contains("rejected: skipped:")) {
-        let number_after = |label: &str| -> Option<f64> {
-            let rest = &line[line.find(label)? + label.len()..];
-            rest.split(" s").next()?.trim().parse().ok()
-        };
-        let (Some(ended), Some(came)) = (number_after("input ended at "), number_after("request came at "))
-        else {
-            return Err(format!("a skipped request without its times: {line}"));
-        };
-        if ended < 0.0 || came < ended {
-            return Err(format!(
-                "a request that came at {came:.3} s, before its input ended at {ended:.3} s, was skipped \
-                 (it waited behind earlier reconfigurations until the input had ended): {line}"
-            ));
-        }
-        skipped += 1;
-    }
-    Ok(skipped)
-}
-
 #[test]
 fn skipped_requests_count_only_after_the_input_ended() {
     let line = |ended: &str, came: &str| {
@@ -470,6 +444,8 @@ fn skipped_requests_count_only_after_the_input_ended() {
     };
     assert_eq!(skipped_after_the_input_ended(&line("1.200", "1.500")), Ok(1));
     assert_eq!(skipped_after_the_input_ended("no rejection\n"), Ok(0));
+    assert!(!common::schedule_outlasted_input(&line("1.200", "1.500")), "a request after the end");
+    assert!(common::schedule_outlasted_input(&line("1.500", "1.200")), "a request before the end");
     let early = skipped_after_the_input_ended(&line("1.500", "1.200")).expect_err("came before the end");
     assert!(early.contains("came at 1.200 s, before its input ended at 1.500 s"), "{early}");
     assert!(

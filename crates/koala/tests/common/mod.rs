@@ -82,6 +82,76 @@ pub fn config_top(
     text
 }
 
+/// A reconfigured run of an oracle case, at the rate it ended up using.
+pub struct Scheduled {
+    /// Holds the run's files.
+    pub dir: tempfile::TempDir,
+    /// The config it ran.
+    pub text: String,
+    /// Its output directory.
+    pub out: PathBuf,
+    /// What `koala run` printed.
+    pub log: String,
+    /// The source rate (records per second) of the run.
+    pub rate: u32,
+}
+
+/// Runs the config `text_at(dir, rate)` at `rate`; if the log shows a scheduled request skipped
+/// although it came before the input ended ([`schedule_outlasted_input`]), reruns it at half the
+/// rate, up to twice. Such a run did not test what its schedule means (reconfigurations while
+/// records flow): the machine was so loaded that the reconfigurations before that request
+/// outlasted the input. Any other outcome is returned as it is, to be judged.
+pub fn run_scheduled(rate: u32, mut text_at: impl FnMut(&Path, u32) -> String) -> Scheduled {
+    let mut rate = rate;
+    for attempt in 0.. {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = text_at(dir.path(), rate);
+        let (out, log) = run_job_logged(dir.path(), &text);
+        if attempt < 2 && schedule_outlasted_input(&log) {
+            eprintln!(
+                "the input ended before a scheduled request's turn at {rate} records/s (a loaded machine); rerunning at {}",
+                rate / 2
+            );
+            rate /= 2;
+            continue;
+        }
+        return Scheduled { dir, text, out, log, rate };
+    }
+    unreachable!("the loop returns")
+}
+
+/// Whether the log of a run shows a scheduled request skipped although it came before its
+/// operator's input ended ([`skipped_after_the_input_ended`] fails).
+pub fn schedule_outlasted_input(log: &str) -> bool {
+    skipped_after_the_input_ended(log).is_err()
+}
+
+/// Requests the coordinator skipped because their operator's input had ended: how many, if each
+/// came (by the coordinator's own clock, printed in the line) no earlier than the coordinator knew
+/// the input had ended. One that came before and was skipped only because it waited behind
+/// earlier reconfigurations is an error: the schedule asked for it while records still flowed.
+pub fn skipped_after_the_input_ended(stdout: &str) -> Result<usize, String> {
+    let mut skipped = 0;
+    for line in stdout.lines().filter(|l| l.contains("rejected: skipped:")) {
+        let number_after = |label: &str| -> Option<f64> {
+            let rest = &line[line.find(label)? + label.len()..];
+            rest.split(" s").next()?.trim().parse().ok()
+        };
+        let (Some(ended), Some(came)) = (number_after("input ended at "), number_after("request came at "))
+        else {
+            return Err(format!("a skipped request without its times: {line}"));
+        };
+        if ended < 0.0 || came < ended {
+            return Err(format!(
+                "a request that came at {came:.3} s, before its input ended at {ended:.3} s, was skipped \
+                 (it waited behind earlier reconfigurations until the input had ended): {line}"
+            ));
+        }
+        skipped += 1;
+    }
+    Ok(skipped)
+}
+
 /// Runs `koala run` on a config; panics with its output if it fails.
 pub fn run_job(dir: &Path, config_text: &str) -> PathBuf {
     run_job_logged(dir, config_text).0

@@ -206,7 +206,14 @@ fn permanent_state(_query: &str, op: &str) -> bool {
 }
 
 /// The config of one run.
-fn config(dir: &std::path::Path, protocol: &str, q: &Query, target_tasks: u32, schedule: &str) -> String {
+fn config(
+    dir: &std::path::Path,
+    protocol: &str,
+    q: &Query,
+    target_tasks: u32,
+    schedule: &str,
+    rate: u32,
+) -> String {
     let policy = if protocol == "drrs" { "partition_policy = \"uniform\"\n" } else { "" };
     let mut text = format!(
         "query = \"{}\"\nworkers = 2\noutput_dir = \"{}\"\nprotocol = \"{protocol}\"\n{}{policy}\n[parallelism]\n{} = {}\n{} = {target_tasks}\n",
@@ -222,7 +229,7 @@ fn config(dir: &std::path::Path, protocol: &str, q: &Query, target_tasks: u32, s
     }
     let g = generator(q.events);
     text.push_str(&format!(
-        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.nexmark]\nevents = {}\nactive_people = {}\nactive_auctions = {}\nauction_duration_ms = {}\nhot_ratio = {}\nseed = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
+        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.nexmark]\nevents = {}\nactive_people = {}\nactive_auctions = {}\nauction_duration_ms = {}\nhot_ratio = {}\nseed = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
         q.params,
         q.events,
         g.active_people,
@@ -252,12 +259,11 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     let op = q.target;
     let (start, end, schedule) = super::scenario_schedule(scenario, op, 0.4);
     let events: Vec<Event> = NexmarkGenerator::new(generator(q.events)).expect("valid").events().collect();
-    let input_ms = source_records(q, &events) * 1000 / u64::from(RATE);
     let keys_of = |o: &str| operator_keys(query, o, &events);
     let min_state_keys = |o: &str| if o == "category" { 3 } else { 20 };
     let permanent = |o: &str| permanent_state(query, o);
     let top = format!("protocol = \"{protocol}\"\n");
-    let verify = |out: &std::path::Path, text: &str| {
+    let verify = |out: &std::path::Path, text: &str, input_ms: u64| {
         let expect = super::verify::Expect {
             config_text: text,
             protocol,
@@ -270,20 +276,20 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
         super::verify::check_run(out, &expect)
     };
 
-    let reconfigured = tempfile::tempdir().expect("tempdir");
-    let text = config(reconfigured.path(), protocol, q, start, &schedule);
-    let (out_a, log) = run_job_logged(reconfigured.path(), &text);
-    match verify(&out_a, &text) {
+    let run = super::run_scheduled(RATE, |dir, rate| config(dir, protocol, q, start, &schedule, rate));
+    let input_ms = source_records(q, &events) * 1000 / u64::from(run.rate);
+    let (text, out_a, log) = (&run.text, &run.out, &run.log);
+    match verify(out_a, text, input_ms) {
         Ok(rec) => println!("{query} ({protocol}, {scenario}): checked {}", rec.checked.join(", ")),
         Err(e) => panic!("{query} ({protocol}, {scenario}): {e}\nconfig:\n{text}\nlog:\n{log}"),
     }
     let reference = tempfile::tempdir().expect("tempdir");
-    let ref_text = config(reference.path(), protocol, q, end, "");
+    let ref_text = config(reference.path(), protocol, q, end, "", run.rate);
     let (out_b, ref_log) = run_job_logged(reference.path(), &ref_text);
-    if let Err(e) = verify(&out_b, &ref_text) {
+    if let Err(e) = verify(&out_b, &ref_text, input_ms) {
         panic!("{query} ({protocol}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}");
     }
-    let (a, b) = (rows_per_key(&out_a), rows_per_key(&out_b));
+    let (a, b) = (rows_per_key(out_a), rows_per_key(&out_b));
     assert!(
         b.len() >= 5,
         "{query}: the reference run wrote rows for {} keys; the test proves little",

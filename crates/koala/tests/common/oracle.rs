@@ -171,15 +171,16 @@ pub fn remote_state(protocol: &str) -> &'static str {
 /// completed every scheduled reconfiguration, each with effect (see [`super::verify`]).
 pub fn check(case: &Case<'_>) -> String {
     let generator = case_generator(case);
-    let rate = format!("rate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\n");
+    let rate_line = |rate: u32| format!("rate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\n");
     let top = top_lines(case);
-    let input_ms = case.records * 1000 / u64::from(RATE);
-
-    let reconfigured = tempfile::tempdir().expect("tempdir");
-    let text = config_top(reconfigured.path(), case.query, &top, case.start, &generator, case.params)
-        + &rate
-        + case.schedule;
-    let (out_a, log) = run_job_logged(reconfigured.path(), &text);
+    let run = super::run_scheduled(RATE, |dir, rate| {
+        config_top(dir, case.query, &top, case.start, &generator, case.params)
+            + &rate_line(rate)
+            + case.schedule
+    });
+    let (text, out_a, log) = (&run.text, &run.out, &run.log);
+    let rate = rate_line(run.rate);
+    let input_ms = case.records * 1000 / u64::from(run.rate);
     let completed =
         log.lines().filter(|l| l.contains("] reconfiguration ") && l.contains(" completed in ")).count();
     assert_eq!(
@@ -195,7 +196,7 @@ pub fn check(case: &Case<'_>) -> String {
         sources: source_parallelism(case.start),
         input_ms,
     };
-    match verify_run(&out_a, &text, &spec) {
+    match verify_run(out_a, text, &spec) {
         Ok(rec) => println!("{} ({}): checked {}", case.query, case.protocol, rec.checked.join(", ")),
         Err(e) => panic!("{} ({}): {e}\nconfig:\n{text}\nlog:\n{log}", case.query, case.protocol),
     }
@@ -207,12 +208,12 @@ pub fn check(case: &Case<'_>) -> String {
         panic!("{} ({}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}", case.query, case.protocol);
     }
 
-    let (a, b) = (rows_per_key(&out_a), rows_per_key(&out_b));
+    let (a, b) = (rows_per_key(out_a), rows_per_key(&out_b));
     assert!(!b.is_empty(), "the reference run wrote nothing; the test proves nothing");
     if let Err(e) = compare_rows(&b, &a) {
         panic!("{} ({}): {e}\nlog:\n{log}", case.query, case.protocol);
     }
-    log
+    run.log.clone()
 }
 
 /// Compares per key as multisets (each key's rows sorted): `Err` names the first key that

@@ -102,6 +102,7 @@ fn config(
     target_tasks: u32,
     others_tasks: Option<u32>,
     schedule: &str,
+    rate: u64,
 ) -> String {
     let policy = if protocol == "drrs" { "partition_policy = \"uniform\"\n" } else { "" };
     let mut text = format!(
@@ -118,7 +119,7 @@ fn config(
     let g = generator(q.name);
     let keys = g.keys.map(|k| format!("keys = {k}\n")).unwrap_or_default();
     text.push_str(&format!(
-        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.generator]\nevents = {EVENTS}\nseed = {}\n{keys}active_keys = {}\nactive_shift_events = {}\nhot_ratio = {}\nhot_keys = {}\nviewers = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
+        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.generator]\nevents = {EVENTS}\nseed = {}\n{keys}active_keys = {}\nactive_shift_events = {}\nhot_ratio = {}\nhot_keys = {}\nviewers = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
         q.params,
         g.seed,
         g.active_keys.unwrap_or(1),
@@ -147,7 +148,6 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
         ),
         other => super::scenario_schedule(other, op, 0.3),
     };
-    let input_ms = EVENTS * 1000 / RATE;
     let keys = operator_keys(query, op);
     // Twitch's "engagement" keys are (streamer, viewer) pairs, which the run checks (u64 keys)
     // cannot place: its moves are checked for completion only.
@@ -156,7 +156,7 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     // The hot keys are accessed throughout, and 16 of them land in any moved bucket set here.
     let permanent = |o: &str| o == op;
     let top = format!("protocol = \"{protocol}\"\n");
-    let verify = |out: &std::path::Path, text: &str| {
+    let verify = |out: &std::path::Path, text: &str, input_ms: u64| {
         let expect = super::verify::Expect {
             config_text: text,
             protocol,
@@ -169,20 +169,22 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
         super::verify::check_run(out, &expect)
     };
 
-    let reconfigured = tempfile::tempdir().expect("tempdir");
-    let text = config(reconfigured.path(), protocol, q, start, others.map(|o| o.0), &schedule);
-    let (out_a, log) = run_job_logged(reconfigured.path(), &text);
-    match verify(&out_a, &text) {
+    let run = super::run_scheduled(RATE as u32, |dir, rate| {
+        config(dir, protocol, q, start, others.map(|o| o.0), &schedule, u64::from(rate))
+    });
+    let input_ms = EVENTS * 1000 / u64::from(run.rate);
+    let (text, out_a, log) = (&run.text, &run.out, &run.log);
+    match verify(out_a, text, input_ms) {
         Ok(rec) => println!("{query} ({protocol}, {scenario}): checked {}", rec.checked.join(", ")),
         Err(e) => panic!("{query} ({protocol}, {scenario}): {e}\nconfig:\n{text}\nlog:\n{log}"),
     }
     let reference = tempfile::tempdir().expect("tempdir");
-    let ref_text = config(reference.path(), protocol, q, end, others.map(|o| o.1), "");
+    let ref_text = config(reference.path(), protocol, q, end, others.map(|o| o.1), "", u64::from(run.rate));
     let (out_b, ref_log) = run_job_logged(reference.path(), &ref_text);
-    if let Err(e) = verify(&out_b, &ref_text) {
+    if let Err(e) = verify(&out_b, &ref_text, input_ms) {
         panic!("{query} ({protocol}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}");
     }
-    let (a, b) = (rows_per_key(&out_a), rows_per_key(&out_b));
+    let (a, b) = (rows_per_key(out_a), rows_per_key(&out_b));
     assert!(
         b.len() >= 20,
         "{query}: the reference run wrote rows for {} keys; the test proves little",
