@@ -16,6 +16,9 @@ use super::{Info, Mode};
 
 type Field = fn(&SecondRow) -> Option<f64>;
 
+/// Overlay lines: legend name, points.
+type Series = Vec<(&'static str, Vec<(f64, f64)>)>;
+
 /// The metrics every group gets a plot of: file stem, title, unit, value.
 const METRICS: [(&str, &str, &str, Field); 5] = [
     ("throughput", "Throughput (source records)", "records/s", |r| Some(r.throughput)),
@@ -45,7 +48,7 @@ pub fn plots(
         let suffix = if groups.len() > 1 { format!("-{}", slug(group)) } else { String::new() };
         let reports: Vec<&ReportSummary> = runs.iter().map(|d| &d.report).collect();
         for (stem, title, unit, field) in METRICS {
-            let series: Vec<(&'static str, Vec<(f64, f64)>)> = runs
+            let series: Series = runs
                 .iter()
                 .map(|d| {
                     let points: Vec<(i64, f64)> =
@@ -92,7 +95,7 @@ fn smooth(points: &[(i64, f64)], window: i64) -> Vec<(f64, f64)> {
 }
 
 /// Records in per second of each task of `operator` in `d`'s run.
-fn per_task(d: &Done, operator: &str, window: i64) -> anyhow::Result<Vec<(&'static str, Vec<(f64, f64)>)>> {
+fn per_task(d: &Done, operator: &str, window: i64) -> anyhow::Result<Series> {
     let db = d.config.metrics_path();
     let store = MetricsStore::open(&db).with_context(|| format!("opening {}", db.display()))?;
     let samples = store.task_samples(&d.report.run.run, koala_types::metric::RECORDS_IN)?;

@@ -158,18 +158,6 @@ impl Scenario {
     pub fn rates_line(&self) -> String {
         self.rates.iter().map(|(at, r)| format!("{r:.0}/s from {at} s")).collect::<Vec<_>>().join(", ")
     }
-
-    /// The tasks of `operator` after every step (the most it ever has).
-    pub fn max_tasks(&self, operator: &str) -> u32 {
-        let start = self.parallelism.iter().find(|(op, _)| *op == operator).map_or(1, |(_, n)| *n);
-        self.steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Rescale { operator: op, tasks, .. } if op == operator => Some(*tasks),
-                _ => None,
-            })
-            .fold(start, u32::max)
-    }
 }
 
 #[cfg(test)]
@@ -203,7 +191,6 @@ mod tests {
     #[test]
     fn every_protocol_s_config_parses_with_the_scenario_s_settings() {
         let s = scenario();
-        assert_eq!(s.max_tasks("aggregate"), 4);
         for protocol in ["koala", "stop-and-restart", "remote", "drrs", "drrs-overlapping"] {
             let text = s.config(protocol, Path::new("/tmp/x"), Some(Path::new("/tmp/warm")));
             let config = koala_coordinator::JobConfig::parse(&text, "test").expect(&text);
