@@ -47,21 +47,23 @@ fn mean(rows: &[&SecondRow], f: impl Fn(&SecondRow) -> Option<f64>) -> Option<f6
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// Mean per-batch latency (µs) of `rep`'s run in the 5 s before second `start` and 1–11 s after.
+/// Every protocol's per-batch latency runs from the first record taken to the last output, waits
+/// for state included (DRRS's records waiting for their bucket, Koala's fetches).
+pub fn mean_batch_latency(rep: &ReportSummary, start: i64) -> (Option<f64>, Option<f64>) {
+    let rows = &rep.table.rows;
+    let in_range = |a: i64, b: i64| rows.iter().filter(|r| r.t_s >= a && r.t_s < b).collect::<Vec<_>>();
+    (
+        mean(&in_range(start - 5, start), |r| r.batch_latency_mean_us),
+        mean(&in_range(start + 1, start + 11), |r| r.batch_latency_mean_us),
+    )
+}
+
 /// The outcome of a finished demo-like run, and its report (plots written into `out`).
 pub fn outcome(summary: &JobSummary, out: &Path) -> anyhow::Result<(Outcome, ReportSummary)> {
     let rep = report(&summary.metrics_db, Some(&summary.run), out).context("reading the run's metrics")?;
-    let rows = &rep.table.rows;
-    let in_range = |a: i64, b: i64| rows.iter().filter(|r| r.t_s >= a && r.t_s < b).collect::<Vec<_>>();
     let first = rep.reconfigurations.first();
-    // Every protocol's per-batch latency runs from the first record taken to the last output,
-    // waits for state included (DRRS's records waiting for their bucket, Koala's fetches).
-    let latency = first.map_or((None, None), |r| {
-        let start = r.start_t_s;
-        (
-            mean(&in_range(start - 5, start), |r| r.batch_latency_mean_us),
-            mean(&in_range(start + 1, start + 11), |r| r.batch_latency_mean_us),
-        )
-    });
+    let latency = first.map_or((None, None), |r| mean_batch_latency(&rep, r.start_t_s));
     let outcome = Outcome {
         protocol: rep.run.protocol.clone(),
         state_moved: rep.state_moved,

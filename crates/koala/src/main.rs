@@ -226,10 +226,35 @@ enum Command {
     },
     /// Write Nexmark person / auction / bid topics to a Kafka broker at a scheduled rate.
     Produce(kafka::ProduceArgs),
-    /// Run an experiment of the paper's evaluation (see `koala experiment scale-out --help`).
+    /// Run an experiment of the paper's evaluation (§5, Appendix D), one command each: `koala
+    /// experiment --list` names them with their figures, protocols and durations. Each writes,
+    /// into --out, every run's metrics and report, a CSV of every run's seconds and one of the
+    /// table, overlay PNGs and a page (index.html) with the settings: the capacity emulation,
+    /// the partition policy and each run's protocol knobs. EXPERIMENTS.md has the measured results.
     Experiment {
-        #[command(subcommand)]
-        which: ExperimentKind,
+        /// The experiment (`--list` names them).
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// List the experiments: figure, what each shows, protocols, quick and full durations.
+        #[arg(long)]
+        list: bool,
+        /// The short variant: at most about 5 minutes on a 2-core machine (each names what it cuts).
+        #[arg(long, conflicts_with = "smoke")]
+        quick: bool,
+        /// A few seconds per run, for the test suite: checks the machinery, not the paper's claims.
+        #[arg(long)]
+        smoke: bool,
+        /// Where the warm state, each run and the results go (default: koala-out/experiment-<name>).
+        #[arg(long, alias = "output-dir")]
+        out: Option<PathBuf>,
+        /// Protocols to run, in order (koala, stop-and-restart, remote, drrs, drrs-overlapping;
+        /// default: the experiment's own, `--list` shows them).
+        #[arg(long, value_delimiter = ',')]
+        protocols: Option<Vec<String>>,
+        /// Partition policy of every run (consistent, uniform or interleaved; default: uniform
+        /// when drrs is among the protocols, which runs only with it, else interleaved).
+        #[arg(long)]
+        partition_policy: Option<String>,
     },
     /// Print the per-second table of a run from a metrics DB and write PNG plots.
     Report {
@@ -247,33 +272,6 @@ enum Command {
     Queries {
         /// Only this query.
         name: Option<String>,
-    },
-}
-
-#[derive(Subcommand)]
-enum ExperimentKind {
-    /// The paper's Figures 6–7 for the keyed aggregate: warm state (256 MB with --quick, else
-    /// 1 GB), 70 % of the emulated capacity, then a 2× surge, then a scale-out (2 → 4 with
-    /// --quick, else 4 → 8; one worker per task, one partition policy and cache size for every
-    /// run) under each protocol; overlay
-    /// plots, a CSV and a table of backlog recovery, state moved and per-batch latency. About 7
-    /// minutes with --quick, 30 without (all four protocols).
-    ScaleOut {
-        /// 256 MB of state and 90 s per protocol instead of 1 GB and 7 minutes.
-        #[arg(long)]
-        quick: bool,
-        /// Where the warm state, each run and the results go.
-        #[arg(long, default_value = "koala-out/experiment-scale-out")]
-        output_dir: PathBuf,
-        /// Protocols to run, in order (koala, stop-and-restart, remote, drrs, drrs-overlapping:
-        /// DRRS with the original DRRS's overlapping schedule, beside drrs, the Koala authors'
-        /// port); Koala's figures are compared with stop-and-restart's when both ran.
-        #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
-        protocols: Vec<String>,
-        /// Partition policy of every run (consistent, uniform or interleaved; default: uniform
-        /// when drrs is among --protocols, which runs only with it, else interleaved).
-        #[arg(long)]
-        partition_policy: Option<String>,
     },
 }
 
@@ -424,21 +422,19 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Broker { action } => kafka::broker(action),
         Command::Produce(args) => kafka::produce(args),
-        Command::Experiment {
-            which: ExperimentKind::ScaleOut { quick, output_dir, protocols, partition_policy },
-        } => {
-            let parsed = protocols
-                .iter()
-                .map(|p| launch::parse_protocol_flag(p, "--protocols"))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
-            let shared = settings::SharedSettings::choose(
-                &parsed,
-                requested,
-                PolicyName::Interleaved,
-                experiment::workers(quick),
-            )?;
-            experiment::scale_out(quick, &output_dir, &protocols, shared)
+        Command::Experiment { name, list, quick, smoke, out, protocols, partition_policy } => {
+            let Some(name) = name.filter(|_| !list) else {
+                print!("{}", experiment::list());
+                return Ok(());
+            };
+            let mode = match (smoke, quick) {
+                (true, _) => experiment::Mode::Smoke,
+                (false, true) => experiment::Mode::Quick,
+                (false, false) => experiment::Mode::Full,
+            };
+            let policy = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
+            let out = out.unwrap_or_else(|| PathBuf::from(format!("koala-out/experiment-{name}")));
+            experiment::run(&name, mode, &experiment::Options { out, protocols, policy })
         }
         Command::Report { db, run, out } => {
             let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());

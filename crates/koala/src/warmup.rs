@@ -17,8 +17,6 @@ use koala_state::snapshot::SnapshotWriter;
 use koala_types::bucket_of;
 use koala_workloads::warm::{WARM_QUERIES, WarmEntry, entries};
 
-/// The keyed aggregate's operator (what `koala experiment` warms).
-pub const OPERATOR: &str = "aggregate";
 /// Part files of about this size.
 const PART_BYTES: u64 = 64 << 20;
 

@@ -1,0 +1,117 @@
+//! `koala experiment`: the list names every experiment; unknown names and protocols or policies an
+//! experiment cannot take are refused; a job experiment's smoke variant (a few seconds per run) writes the page, the CSVs
+//! and the plots, with one table row per protocol that names the protocol the run recorded; the
+//! KLT micro-benchmark writes its table and page.
+
+mod common;
+
+use std::path::Path;
+
+fn stdout_of(args: &[&str], out: Option<&Path>) -> (bool, String, String) {
+    let mut cmd = common::koala();
+    cmd.args(args);
+    if let Some(out) = out {
+        cmd.arg("--out").arg(out);
+    }
+    let o = cmd.output().expect("start koala");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_list_names_every_experiment_and_bad_requests_are_refused() {
+    let (ok, list, err) = stdout_of(&["experiment", "--list"], None);
+    assert!(ok, "{err}");
+    for name in [
+        "scale-out",
+        "scale-out-queries",
+        "repeated",
+        "rebalance",
+        "migration",
+        "state-growth",
+        "klt",
+        "drrs-schedules",
+        "uniform",
+        "two-operators",
+        "small-state",
+        "hot-keys",
+        "large-scale",
+    ] {
+        assert!(list.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{list}");
+    }
+    assert!(list.contains("--quick: ") && list.contains("full: ") && list.contains("Figure 14"), "{list}");
+    let (ok, _, err) = stdout_of(&["experiment", "scale-up"], None);
+    assert!(!ok && err.contains("unknown experiment") && err.contains("scale-out-queries"), "{err}");
+    let (ok, _, err) = stdout_of(&["experiment", "migration", "--smoke", "--protocols", "drrs"], None);
+    assert!(!ok && err.contains("--protocols drrs"), "{err}");
+    let (ok, _, err) =
+        stdout_of(&["experiment", "rebalance", "--smoke", "--partition-policy", "uniform"], None);
+    assert!(!ok && err.contains("--partition-policy"), "{err}");
+}
+
+#[test]
+fn a_smoke_run_writes_the_page_csvs_and_plots_with_a_row_per_protocol() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("exp");
+    let (ok, stdout, err) = stdout_of(
+        &["experiment", "scale-out", "--smoke", "--protocols", "stop-and-restart,koala"],
+        Some(&out),
+    );
+    assert!(ok, "experiment failed:\n{stdout}\n{err}");
+    assert!(stdout.lines().filter(|l| l.contains("rec/s")).count() >= 6, "per-second lines:\n{stdout}");
+    for f in [
+        "index.html",
+        "runs.csv",
+        "summary.csv",
+        "throughput.png",
+        "lag.png",
+        "latency.png",
+        "batch_latency.png",
+        "state_moved.png",
+    ] {
+        let path = out.join(f);
+        assert!(std::fs::metadata(&path).is_ok_and(|m| m.len() > 0), "{} missing", path.display());
+    }
+    let summary = std::fs::read_to_string(out.join("summary.csv")).expect("summary");
+    let rows: Vec<Vec<&str>> = summary.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    // The recorded protocol (the run's metrics DB), in the order asked for.
+    assert_eq!(
+        rows.iter().map(|r| (r[0], r[1])).collect::<Vec<_>>(),
+        vec![("stop-and-restart", "stop-and-restart"), ("koala", "koala")],
+        "{summary}"
+    );
+    let runs = std::fs::read_to_string(out.join("runs.csv")).expect("runs");
+    for p in ["koala", "stop-and-restart"] {
+        assert!(
+            runs.lines().filter(|l| l.split(',').nth(2) == Some(p)).count() >= 5,
+            "{p}'s seconds:\n{runs}"
+        );
+    }
+    let page = std::fs::read_to_string(out.join("index.html")).expect("page");
+    for needle in [
+        "task_records_per_sec = 4000",
+        "link_mb_per_sec",
+        "partition policy interleaved",
+        "extra_keys = ",
+        "stop-and-restart/report.html",
+        "throughput.png",
+        "<td>koala</td>",
+    ] {
+        assert!(page.contains(needle), "page lacks {needle:?}:\n{page}");
+    }
+}
+
+#[test]
+fn the_klt_benchmark_writes_its_table_and_page() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("klt");
+    let (ok, stdout, err) = stdout_of(&["experiment", "klt", "--smoke"], Some(&out));
+    assert!(ok, "{stdout}\n{err}");
+    let summary = std::fs::read_to_string(out.join("summary.csv")).expect("summary");
+    let keys: Vec<&str> = summary.lines().skip(1).filter_map(|l| l.split(',').next()).collect();
+    assert_eq!(keys, vec!["20000", "160000"], "{summary}");
+    assert!(std::fs::read_to_string(out.join("index.html")).expect("page").contains("B per handed-over key"));
+}
