@@ -25,7 +25,7 @@ use std::path::Path;
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 use koala_coordinator::report::{
-    ReportSummary, fmt_recovery, moving_average, recovery_watched_s, write_overlay,
+    ReportSummary, fmt_recovery, moving_average, recovery_watched_s, write_overlay, write_throughput_overlay,
 };
 
 use crate::settings::SharedSettings;
@@ -300,10 +300,9 @@ fn write_results(
             .collect::<Vec<_>>()
     };
     let reports: Vec<&ReportSummary> = runs.iter().collect();
-    write_overlay(
+    write_throughput_overlay(
         &out.join("throughput.png"),
-        "Throughput (10 s moving average, drawn at its middle)",
-        "records/s",
+        "Throughput (10 s moving average, drawn at its middle) and the offered rate",
         &smoothed(&|r| Some(r.throughput)),
         &reports,
     )?;
