@@ -8,9 +8,14 @@
 //!   is what a checkpoint records and [`KafkaSourceSpec::resume`] starts from it, so a resumed
 //!   source reads no record twice and misses none. Without a position a partition starts at its
 //!   earliest retained offset.
-//! - **Where it starts.** Without a position a partition starts at its earliest retained offset
-//!   (no consumer group, no committed offsets): a re-run reads the whole topic again, and
-//!   `koala run` says so when the job starts.
+//! - **Where it starts** ([`StartAt`], `koala run` says which when the job starts): without a
+//!   position a partition starts at its earliest retained offset (a re-run reads the whole topic
+//!   again), at its end as the task connects (only records produced from then on), or at the
+//!   offset its consumer group committed (earliest if it never committed). Under `committed`
+//!   the source commits the positions of its partitions as it goes, once a second, when it
+//!   finishes and when it is dropped ([`crate::group_offsets`]); with no checkpoints, a
+//!   committed position is what the source handed to the job, so records read but not yet
+//!   processed when a job dies are not read again.
 //! - **Lag.** A record is *available* to the job from its timestamp, or from when the task
 //!   started reading if it was written before (data produced ahead of a run is not lag). Every
 //!   emitted record yields a lag sample `now − available` (ms, not sampled), and its
@@ -31,17 +36,20 @@ use std::{
 use koala_dataflow::{DataflowError, SourceLogic, SourcePoll, TaskInstance, graph::SourceFactory};
 use koala_types::{Record, Timestamp};
 use rskafka::{
-    client::{
-        error::{Error as KafkaError, ProtocolError},
-        partition::{OffsetAt, PartitionClient, UnknownTopicHandling},
-    },
+    client::partition::{PartitionClient, UnknownTopicHandling},
     record::RecordAndOffset,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::{runtime::Runtime, task::JoinSet};
 use tracing::{error, warn};
 
+use crate::group_offsets::GroupOffsets;
+pub use crate::kafka_fetch::StartAt;
+use crate::kafka_fetch::{Fetched, end_offset, fetch_from};
 use crate::{ConnectorError, ValueFormat, block_on_within, connect, io_runtime, now_ms, within};
+
+/// How often a source started at `committed` commits its positions.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The partitions source task `index` of `parallelism` reads: those with
 /// `partition % parallelism == index`, in ascending order.
@@ -95,6 +103,9 @@ struct Settings {
     max_fetch_bytes: i32,
     max_wait_ms: i32,
     until_end: bool,
+    start: StartAt,
+    /// The consumer group whose offsets `StartAt::Committed` reads and commits.
+    group: String,
 }
 
 impl<T: Serialize + DeserializeOwned + 'static> KafkaSourceSpec<T> {
@@ -108,6 +119,8 @@ impl<T: Serialize + DeserializeOwned + 'static> KafkaSourceSpec<T> {
             max_fetch_bytes: 1 << 20,
             max_wait_ms: 50,
             until_end: false,
+            start: StartAt::Earliest,
+            group: String::new(),
         };
         Self { settings, event_time: None, _type: PhantomData }
     }
@@ -137,7 +150,15 @@ impl<T: Serialize + DeserializeOwned + 'static> KafkaSourceSpec<T> {
         self
     }
 
-    /// The source task `task`, starting at each partition's earliest offset.
+    /// Where each partition starts without a position (default: the earliest offset); `group`
+    /// is the consumer group `StartAt::Committed` reads and commits (ignored otherwise).
+    pub fn start_at(mut self, start: StartAt, group: impl Into<String>) -> Self {
+        self.settings.start = start;
+        self.settings.group = group.into();
+        self
+    }
+
+    /// The source task `task`, starting each partition where [`Self::start_at`] says.
     pub fn build(&self, task: TaskInstance) -> KafkaSource {
         self.resume(task, &[])
     }
@@ -200,6 +221,10 @@ pub struct KafkaSource {
     undecodable: u64,
     /// When this task started reading (unix ms): records written before are available from then.
     reading_since_ms: Option<u64>,
+    /// `StartAt::Committed`: the group's coordinator, and the positions last committed and when.
+    group: Option<GroupOffsets>,
+    committed: Vec<(i32, i64)>,
+    committed_at: Option<Instant>,
 }
 
 impl KafkaSource {
@@ -220,6 +245,9 @@ impl KafkaSource {
             lag_samples: Vec::new(),
             undecodable: 0,
             reading_since_ms: None,
+            group: None,
+            committed: Vec::new(),
+            committed_at: None,
         }
     }
 
@@ -278,6 +306,7 @@ impl KafkaSource {
         };
         let settings = &self.settings;
         let task = self.task;
+        let resume_from = &self.resume_from;
         let opened = block_on_within(rt, Duration::from_secs(5), "opening the source topic", async {
             let client = connect(&settings.brokers, Duration::from_secs(2)).await?;
             let topics =
@@ -294,14 +323,38 @@ impl KafkaSource {
                     .map_err(|e| ConnectorError::kafka(format!("opening {}/{p}", settings.topic), e))?;
                 clients.push((p, Arc::new(pc)));
             }
-            Ok::<_, ConnectorError>(Some(clients))
+            // Where each partition without a position starts.
+            let mut group = None;
+            let mut starts = BTreeMap::new();
+            let unplaced: Vec<i32> =
+                clients.iter().map(|(p, _)| *p).filter(|p| !resume_from.contains_key(p)).collect();
+            match settings.start {
+                StartAt::Earliest => {}
+                StartAt::Latest => {
+                    for (p, pc) in clients.iter().filter(|(p, _)| unplaced.contains(p)) {
+                        starts.insert(*p, end_offset(pc).await?);
+                    }
+                }
+                StartAt::Committed => {
+                    let mut g = GroupOffsets::connect(&settings.brokers, &settings.group).await?;
+                    starts = g.fetch(&settings.topic, &unplaced).await?;
+                    group = Some(g);
+                }
+            }
+            Ok::<_, ConnectorError>(Some((clients, starts, group)))
         });
         match opened {
-            Ok(Some(clients)) => {
+            Ok(Some((clients, starts, group))) => {
+                self.group = group;
                 let readers = clients
                     .into_iter()
                     .map(|(partition, client)| {
-                        let start = self.resume_from.get(&partition).copied().unwrap_or(0);
+                        let start = self
+                            .resume_from
+                            .get(&partition)
+                            .or_else(|| starts.get(&partition))
+                            .copied()
+                            .unwrap_or(0);
                         PartitionReader {
                             partition,
                             client,
@@ -315,6 +368,10 @@ impl KafkaSource {
                     .collect();
                 self.readers = Some(readers);
                 self.retry_at = None;
+                if self.group.is_some() {
+                    // Where the group left off is committed already.
+                    self.committed = self.positions();
+                }
                 Ok(true)
             }
             Ok(None) => Err(DataflowError::Other(format!(
@@ -417,36 +474,41 @@ impl KafkaSource {
     }
 }
 
-enum Fetched {
-    Records(Vec<RecordAndOffset>, i64),
-    /// The requested offset is gone (retention); the earliest retained offset.
-    Moved(i64),
-}
-
-async fn fetch_from(
-    client: &PartitionClient,
-    at: i64,
-    bytes: i32,
-    wait: i32,
-) -> Result<Fetched, ConnectorError> {
-    match client.fetch_records(at, 1..bytes, wait).await {
-        Ok((records, hw)) => Ok(Fetched::Records(records, hw)),
-        Err(KafkaError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
-            let earliest = client
-                .get_offset(OffsetAt::Earliest)
-                .await
-                .map_err(|e| ConnectorError::kafka("listing the earliest offset", e))?;
-            if earliest > at {
-                Ok(Fetched::Moved(earliest))
-            } else {
-                // Ahead of the head (e.g. a position from a recreated topic): nothing to read yet.
-                Ok(Fetched::Records(Vec::new(), at))
+impl KafkaSource {
+    /// `StartAt::Committed`: commits the positions if they changed, at most once per
+    /// [`COMMIT_INTERVAL`] unless `now`. A failed commit is logged and tried again later: it
+    /// never fails the task.
+    fn commit_positions(&mut self, now: bool) {
+        if self.group.is_none() || self.committed_at.is_some_and(|at| !now && at.elapsed() < COMMIT_INTERVAL)
+        {
+            return;
+        }
+        let positions = self.positions();
+        if positions == self.committed {
+            return;
+        }
+        self.committed_at = Some(Instant::now());
+        let (Some(rt), Some(group)) = (self.rt.as_ref(), self.group.as_mut()) else {
+            return;
+        };
+        let topic = &self.settings.topic;
+        match block_on_within(
+            rt,
+            Duration::from_secs(5),
+            "committing offsets",
+            group.commit(topic, &positions),
+        ) {
+            Ok(()) => self.committed = positions,
+            Err(e) => {
+                warn!(topic = %topic, group = %self.settings.group, "kafka offset commit failed, retrying: {e}")
             }
         }
-        Err(e) => Err(ConnectorError::kafka(
-            format!("fetching {}/{} at {at}", client.topic(), client.partition()),
-            e,
-        )),
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        self.commit_positions(true);
     }
 }
 
@@ -489,6 +551,7 @@ impl SourceLogic for KafkaSource {
         }
         let finished = self.settings.until_end && readers.iter().all(PartitionReader::done);
         self.readers = Some(readers);
+        self.commit_positions(finished);
         Ok(if finished { SourcePoll::Finished } else { SourcePoll::More })
     }
 

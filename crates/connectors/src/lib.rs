@@ -4,12 +4,15 @@
 //! producer behind `koala produce` ([`produce`]).
 //!
 //! The Kafka client is `rskafka` (pure Rust, no consumer groups): partitions are assigned by the
-//! coordinator with [`kafka_source::assigned_partitions`] and offsets live in our checkpoints, as
-//! Flink does. rskafka is async; each source, sink and producer drives its own small
+//! coordinator with [`kafka_source::assigned_partitions`] and positions live with the sources, as
+//! Flink does; a source started at `committed` also commits them to a consumer group, with the
+//! group-offset requests of [`group_offsets`]. rskafka is async; each source, sink and producer drives its own small
 //! current-thread tokio runtime, so they must be called from plain threads (the runtime's task
 //! threads), never from inside another tokio runtime.
 
 pub mod broker;
+pub mod group_offsets;
+mod kafka_fetch;
 pub mod kafka_sink;
 pub mod kafka_source;
 pub mod produce;
@@ -25,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 pub use broker::{BrokerHandle, BrokerOptions, BrokerStatus};
 pub use kafka_sink::{KafkaSink, KafkaSinkSpec};
-pub use kafka_source::{KafkaSource, KafkaSourceSpec, assigned_partitions};
+pub use kafka_source::{KafkaSource, KafkaSourceSpec, StartAt, assigned_partitions};
 pub use produce::{ProduceOptions, ProduceSummary, produce};
 
 /// An error of a connector or of the broker lifecycle.

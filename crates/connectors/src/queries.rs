@@ -4,16 +4,17 @@
 //! embedded, so the two can be compared on one query; its output a Kafka topic, JSON lines or
 //! nothing.
 
+use koala_dataflow::graph::SourceFactory;
 use koala_dataflow::{
     Dataflow, DataflowError, Generator, JobGraph, SourceOptions, Stream, TaskInstance, ValueState,
 };
 use koala_types::Timestamp;
-use koala_workloads::nexmark::{Bid, Event, NexmarkConfig, NexmarkGenerator};
+use koala_workloads::nexmark::{Bid, Event, NexmarkConfig, NexmarkGenerator, NexmarkKafka};
 use serde::{Deserialize, Serialize};
 
 use crate::ValueFormat;
 use crate::kafka_sink::KafkaSinkSpec;
-use crate::kafka_source::KafkaSourceSpec;
+use crate::kafka_source::{KafkaSourceSpec, StartAt};
 
 /// The queries this crate registers: name and what it computes, operators named.
 pub const QUERIES: &[(&str, &str)] = &[(
@@ -60,6 +61,12 @@ pub struct KafkaParams {
     /// End the source when it has read up to the end of the topic as it was when it started
     /// (bounded runs and tests); otherwise it waits for new records forever.
     pub until_end: bool,
+    /// Where the source starts reading each partition: `earliest` (a re-run reads the topic
+    /// again), `latest` (records produced from the job's start on) or `committed` (where the
+    /// consumer group `group` left off, committing as it reads).
+    pub start: StartAt,
+    /// The consumer group of `start = "committed"`.
+    pub group: String,
 }
 
 impl Default for KafkaParams {
@@ -70,6 +77,8 @@ impl Default for KafkaParams {
             output_topic: "bid-totals".into(),
             format: ValueFormat::Json,
             until_end: false,
+            start: StartAt::Earliest,
+            group: "koala".into(),
         }
     }
 }
@@ -137,7 +146,8 @@ pub fn bid_aggregate(p: &BidAggregateParams) -> Result<JobGraph, DataflowError> 
             let topic = format!("{}-bid", p.kafka.topic_prefix);
             let spec = KafkaSourceSpec::<Bid>::new(p.kafka.brokers.clone(), topic, p.kafka.format)
                 .event_time(|b: &Bid| Some(b.date_time))
-                .until_end(p.kafka.until_end);
+                .until_end(p.kafka.until_end)
+                .start_at(p.kafka.start, p.kafka.group.clone());
             df.source_from("bids", p.source.clone(), spec.factory())
         }
         Input::Generator => {
@@ -190,4 +200,28 @@ pub fn bid_aggregate(p: &BidAggregateParams) -> Result<JobGraph, DataflowError> 
         }
     }
     df.build()
+}
+
+/// The Kafka source of the Nexmark bid queries (`[params] input = "kafka"`, [`NexmarkKafka`]):
+/// `<topic_prefix>-bid` as `koala produce` writes it, each bid's event time its `date_time`.
+pub fn nexmark_bid_source(k: &NexmarkKafka) -> Result<SourceFactory, String> {
+    let format: ValueFormat = k.format.parse().map_err(|e| format!("params.kafka.format: {e}"))?;
+    let start = parse_start(&k.start)?;
+    let spec = KafkaSourceSpec::<Bid>::new(k.brokers.clone(), format!("{}-bid", k.topic_prefix), format)
+        .event_time(|b: &Bid| Some(b.date_time))
+        .until_end(k.until_end)
+        .start_at(start, k.group.clone());
+    Ok(spec.factory())
+}
+
+/// `params.kafka.start` as written in a config.
+pub fn parse_start(start: &str) -> Result<StartAt, String> {
+    match start {
+        "earliest" => Ok(StartAt::Earliest),
+        "latest" => Ok(StartAt::Latest),
+        "committed" => Ok(StartAt::Committed),
+        other => {
+            Err(format!("params.kafka.start = {other:?}: give \"earliest\", \"latest\" or \"committed\""))
+        }
+    }
 }

@@ -42,8 +42,10 @@ use crate::config::JobConfig;
 use crate::metrics_store::{Aggregate, MetricsStore, MetricsStoreError, Reconfiguration, RunInfo, TaskScope};
 
 pub mod derived;
+mod overlay;
 mod render;
 
+pub use overlay::{overlay_offered, write_overlay, write_throughput_overlay};
 pub use render::Span;
 
 pub use derived::{
@@ -375,32 +377,6 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         .map_err(|source| ReportError::Write { path: html.clone(), source })?;
     summary.files.push(html);
     Ok(summary)
-}
-
-/// Writes one PNG overlaying several runs' series of one metric (name, (second, value) points),
-/// with every run's reconfigurations as spans in its line's colour (`runs[i]` for `series[i]`):
-/// `koala experiment`'s comparison plots, drawn as the report's.
-pub fn write_overlay(
-    path: &Path,
-    title: &str,
-    unit: &str,
-    series: &[(&'static str, Vec<(f64, f64)>)],
-    runs: &[&ReportSummary],
-) -> Result<(), ReportError> {
-    let spans: Vec<Span> = runs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, run)| {
-            render::spans(run).into_iter().map(move |s| Span {
-                label: format!("{} {}", series.get(i).map_or("", |s| s.0), s.label),
-                legend: format!("{} {}", series.get(i).map_or("", |s| s.0), s.legend),
-                colour_of: Some(i),
-                ..s
-            })
-        })
-        .collect();
-    render::draw_overlay(path, title, unit, series, &spans)
-        .map_err(|message| ReportError::Plot { path: path.to_path_buf(), message })
 }
 
 /// Per task, Σ of its hits and misses samples: (task, hits, misses), by task.

@@ -8,7 +8,7 @@ use std::path::Path;
 use koala_coordinator::metrics_store::{
     MetricSample, MetricsStore, ReconfigurationCompletion, ReconfigurationStart, RunInfo,
 };
-use koala_coordinator::report::{ReportError, report};
+use koala_coordinator::report::{ReportError, overlay_offered, report, write_throughput_overlay};
 use koala_types::metric;
 
 const RUN_START_S: u64 = 1_700_000_000;
@@ -276,6 +276,11 @@ fn bad_requests_name_the_database() {
     let unknown = report(&db, Some("nope"), &out).unwrap_err();
     assert!(unknown.to_string().contains("metrics.db"), "{unknown}");
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
+
+    // With runs in the store, a bad name lists them (issue 28, point 10).
+    write_run(&db, "first", RUN_START_S);
+    let unknown = report(&db, Some("nope"), &out).unwrap_err();
+    assert!(unknown.to_string().contains("its runs (oldest first): first (nexmark-q8, koala)"), "{unknown}");
 }
 
 /// A bounded (or Kafka) job at 8 000 records/s offered: two Koala scale-outs at 4 s and 8 s whose
@@ -433,4 +438,17 @@ fn plots_show_offered_and_output_and_every_reconfiguration_as_a_span() {
     assert_eq!(spans[1].label, "2");
     assert!(spans[0].legend.starts_with("1: 4.20→4.23 s scale_out window"), "{}", spans[0].legend);
     assert_png(&out.join("throughput.png"));
+
+    // `koala experiment`'s throughput overlay draws the same offered line beside the runs'.
+    let (name, points) = overlay_offered(&[&summary]).expect("the run has a rate schedule");
+    assert_eq!(name, "offered (rate schedule)");
+    assert_eq!(points.len(), 10, "{points:?}");
+    assert_eq!(points[3], (3.5, 5000.0), "each second's offered rate at its middle");
+    let overlay = out.join("overlay_throughput.png");
+    let series = [("koala", summary.table.rows.iter().map(|r| (r.t_s as f64 + 0.5, r.throughput)).collect())];
+    write_throughput_overlay(&overlay, "throughput", &series, &[&summary]).unwrap();
+    assert_png(&overlay);
+    let mut unscheduled = summary.clone();
+    unscheduled.table.rows.iter_mut().for_each(|r| r.offered = None);
+    assert_eq!(overlay_offered(&[&unscheduled]), None, "no schedule, no offered line");
 }

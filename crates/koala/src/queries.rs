@@ -143,8 +143,14 @@ impl Query {
                     koala_connectors::queries::Input::Kafka => !p.kafka.until_end,
                     koala_connectors::queries::Input::Generator => p.nexmark.events.is_none(),
                 }),
-            Family::Nexmark => toml::from_str::<koala_workloads::nexmark::NexmarkParams>(&text)
-                .is_ok_and(|p| p.nexmark.events.is_none()),
+            Family::Nexmark => {
+                toml::from_str::<koala_workloads::nexmark::NexmarkParams>(&text).is_ok_and(|p| {
+                    match p.input {
+                        koala_workloads::nexmark::NexmarkInput::Kafka => !p.kafka.until_end,
+                        koala_workloads::nexmark::NexmarkInput::Generator => p.nexmark.events.is_none(),
+                    }
+                })
+            }
             Family::RealWorld => toml::from_str::<koala_workloads::realworld::RealWorldParams>(&text)
                 .is_ok_and(|p| {
                     p.input == koala_workloads::realworld::Input::Generator && p.generator.events.is_none()
@@ -155,19 +161,38 @@ impl Query {
     /// What a job reading Kafka should know when it starts: where it starts reading and what its
     /// lag counts from (`None` for other inputs).
     pub fn input_note(&self, params: &toml::Table) -> Option<String> {
+        use koala_connectors::StartAt;
         let text = toml::to_string(params).unwrap_or_default();
-        let p = match self.family {
-            Family::Kafka => toml::from_str::<koala_connectors::queries::BidAggregateParams>(&text).ok()?,
-            Family::Workloads | Family::Nexmark | Family::RealWorld => return None,
+        let (prefix, start, group, until_end) = match self.family {
+            Family::Kafka => {
+                let p = toml::from_str::<koala_connectors::queries::BidAggregateParams>(&text).ok()?;
+                if p.input != koala_connectors::queries::Input::Kafka {
+                    return None;
+                }
+                (p.kafka.topic_prefix, p.kafka.start, p.kafka.group, p.kafka.until_end)
+            }
+            Family::Nexmark => {
+                let p = toml::from_str::<koala_workloads::nexmark::NexmarkParams>(&text).ok()?;
+                if p.input != koala_workloads::nexmark::NexmarkInput::Kafka {
+                    return None;
+                }
+                let start = koala_connectors::queries::parse_start(&p.kafka.start).ok()?;
+                (p.kafka.topic_prefix, start, p.kafka.group, p.kafka.until_end)
+            }
+            Family::Workloads | Family::RealWorld => return None,
         };
-        matches!(p.input, koala_connectors::queries::Input::Kafka).then(|| {
-            format!(
-                "kafka: reading {}-bid from the earliest offset of every partition (no consumer group, no committed offsets: a re-run reads the whole topic again){}; \
-                 lag counts from when a record became available (its timestamp, or the job's start for records written before)",
-                p.kafka.topic_prefix,
-                if p.kafka.until_end { " up to its end as the job starts" } else { ", then waits for new records" }
-            )
-        })
+        let start = match start {
+            StartAt::Earliest => "from the earliest offset of every partition (start = \"earliest\": a re-run reads the whole topic again)".to_string(),
+            StartAt::Latest => "from the end of every partition as the job starts (start = \"latest\": only records produced from now on)".to_string(),
+            StartAt::Committed => format!(
+                "from consumer group {group:?}'s committed offsets (start = \"committed\"; the earliest offset where it committed none), committing as it reads"
+            ),
+        };
+        Some(format!(
+            "kafka: reading {prefix}-bid {start}{}; \
+             lag counts from when a record became available (its timestamp, or the job's start for records written before)",
+            if until_end { ", up to its end as the job starts" } else { ", then waits for new records" }
+        ))
     }
 
     /// The parameters and their defaults, as the `[params]` tables a config would write.
@@ -210,8 +235,15 @@ impl Query {
 }
 
 /// Builds the Nexmark query `name` (registered: the registry lists only these names).
+/// With `input = "kafka"` a bid query reads the Kafka source `[params.kafka]` describes.
 fn nexmark(name: &str, params: &koala_workloads::nexmark::NexmarkParams) -> Result<JobGraph, String> {
-    koala_workloads::nexmark::build(name, params)
+    use koala_workloads::nexmark::{BID_QUERIES, ExternalSource, NexmarkInput};
+    let mut params = params.clone();
+    if params.input == NexmarkInput::Kafka && BID_QUERIES.contains(&name) {
+        params.bids_from =
+            ExternalSource(Some(koala_connectors::queries::nexmark_bid_source(&params.kafka)?));
+    }
+    koala_workloads::nexmark::build(name, &params)
         .unwrap_or_else(|| Err(format!("query {name:?} is not a Nexmark query (a registry bug)")))
 }
 

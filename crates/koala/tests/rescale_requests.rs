@@ -93,6 +93,16 @@ fn assert_one_clock(log: &str) {
         let second = second_of(earlier).unwrap_or(0);
         assert!(second < started, "progress of second {second} printed before a start at {started}:\n{log}");
     }
+    // ... and after every earlier second's: printed as it happened, the start line came ~2 s
+    // ahead of the progress lines, which wait until every task has reported its second. (A
+    // second reported late by a task is printed again later; its first line counts.)
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, line) in lines.iter().enumerate().filter(|(_, l)| l.contains("rec/s")) {
+        let Some(second) = second_of(line) else { continue };
+        if seen.insert(second) && second < started {
+            assert!(i < at, "progress of second {second} first printed after a start at {started}:\n{log}");
+        }
+    }
     assert!(
         log.contains(&format!("epoch 1 scale_out of aggregate (koala): t={started}..")),
         "the report puts reconfiguration 1 elsewhere than second {started}:\n{log}"

@@ -83,6 +83,15 @@ pub(super) fn spans(summary: &ReportSummary) -> Vec<Span> {
         .collect()
 }
 
+/// The offered rate's line: its name and colour, the same in a run's report and in the overlays.
+pub(super) const OFFERED_NAME: &str = "offered (rate schedule)";
+const OFFERED_COLOUR: RGBColor = BLACK;
+
+/// A run's offered rate per second, each second's value at its middle (as every line is drawn).
+pub(super) fn offered_points(rows: &[SecondRow]) -> Vec<(f64, f64)> {
+    rows.iter().filter_map(|r| Some((r.t_s as f64 + 0.5, r.offered?))).collect()
+}
+
 pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     let rows = &summary.table.rows;
     // A second's value is drawn at its middle: the spans are placed to the millisecond, so state
@@ -97,7 +106,7 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
             "Throughput: offered, taken by the sources, written by the sinks",
             "records/s",
             vec![
-                ("offered (rate schedule)", BLACK, line(&|r| r.offered)),
+                (OFFERED_NAME, OFFERED_COLOUR, offered_points(rows)),
                 ("input (sources)", BLUE, line(&|r| Some(r.throughput))),
                 ("output (sinks)", GREEN, line(&|r| Some(r.output))),
             ],
@@ -273,20 +282,27 @@ fn draw_legend<DB: DrawingBackend>(
 }
 
 /// Draws several runs' series of one metric on one plot (`koala experiment`), with each run's
-/// reconfigurations as spans in its line's colour (`Span::colour_of`): the report's look.
+/// reconfigurations as spans in its line's colour (`Span::colour_of`), and after the runs' lines
+/// the `extra` ones (the offered rate, in the report's colour): the report's look.
 pub(super) fn draw_overlay(
     path: &Path,
     title: &str,
     unit: &str,
     series: &[(&'static str, Vec<(f64, f64)>)],
+    extra: &[(&'static str, Vec<(f64, f64)>)],
     spans: &[Span],
 ) -> Result<(), String> {
-    const COLOURS: [RGBColor; 4] = [BLUE, MAGENTA, GREEN, BLACK];
-    let lines: Vec<Line> = series
+    // Black is the offered rate's, as in a run's own throughput plot.
+    const COLOURS: [RGBColor; 5] = [BLUE, MAGENTA, GREEN, RGBColor(200, 30, 30), RGBColor(120, 60, 160)];
+    let mut lines: Vec<Line> = series
         .iter()
         .zip(COLOURS.iter().cycle())
         .map(|((name, points), colour)| (*name, *colour, points.clone()))
         .collect();
+    for (name, points) in extra {
+        let colour = if *name == OFFERED_NAME { OFFERED_COLOUR } else { CYAN };
+        lines.push((name, colour, points.clone()));
+    }
     let xs = lines.iter().flat_map(|(_, _, p)| p.iter().map(|(x, _)| *x));
     let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let x_range = if lo < hi { lo..hi } else { 0.0..1.0 };

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use koala_coordinator::metrics_store::MetricsStore;
-use koala_coordinator::report::{ReportSummary, SecondRow, moving_average, write_overlay};
+use koala_coordinator::report::{
+    ReportSummary, SecondRow, moving_average, write_overlay, write_throughput_overlay,
+};
 
 use super::engine::{Done, Table, groups, slug};
 use super::{Info, Mode};
@@ -63,7 +65,13 @@ pub fn plots(
                 format!(" ({window} s moving average, drawn at its middle)")
             };
             let group_title = if groups.len() > 1 { format!("{group}: ") } else { String::new() };
-            write_overlay(&path, &format!("{group_title}{title}{smoothing}"), unit, &series, &reports)?;
+            let title = format!("{group_title}{title}{smoothing}");
+            if stem == "throughput" {
+                // With the offered rate, as each run's own throughput plot.
+                write_throughput_overlay(&path, &format!("{title} and the offered rate"), &series, &reports)?;
+            } else {
+                write_overlay(&path, &title, unit, &series, &reports)?;
+            }
             files.push(path);
         }
     }

@@ -371,8 +371,3 @@ pub fn apply_schedule(text: &str) -> Result<(Model, Vec<Applied>), String> {
     }
     Ok((model, applied))
 }
-
-/// The bucket of a `u64` key (its canonical encoded bytes, as `key_by` computes them).
-pub fn bucket_of_key(key: u64, num_buckets: u16) -> u16 {
-    koala_types::bucket_of(&koala_types::encode(&key).expect("encode key"), num_buckets)
-}

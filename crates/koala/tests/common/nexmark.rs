@@ -259,7 +259,7 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     let op = q.target;
     let (start, end, schedule) = super::scenario_schedule(scenario, op, 0.4);
     let events: Vec<Event> = NexmarkGenerator::new(generator(q.events)).expect("valid").events().collect();
-    let keys_of = |o: &str| operator_keys(query, o, &events);
+    let keys_of = |o: &str| super::verify::key_bytes(operator_keys(query, o, &events));
     let min_state_keys = |o: &str| if o == "category" { 3 } else { 20 };
     let permanent = |o: &str| permanent_state(query, o);
     let top = format!("protocol = \"{protocol}\"\n");

@@ -112,7 +112,9 @@ pub struct RunSpec<'a> {
 /// Checks the metrics DB of a run of `text` against what it was asked to do; `Err` names the
 /// failed check.
 pub fn verify_run(out: &Path, text: &str, spec: &RunSpec<'_>) -> Result<super::verify::RunRecord, String> {
-    let keys = |op: &str| super::expected::operator_keys(spec.query, op, spec.generator, spec.sources);
+    let keys = |op: &str| {
+        super::verify::key_bytes(super::expected::operator_keys(spec.query, op, spec.generator, spec.sources))
+    };
     let permanent = |op: &str| permanent_state(spec.query, op);
     let expect = super::verify::Expect {
         config_text: text,

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::oracle::{compare_rows, remote_state, rows_per_key};
 use super::run_job_logged;
+use super::verify::{KeyBytes, key_bytes};
 
 /// One query of the matrix.
 struct Query {
@@ -81,14 +82,18 @@ fn generator(query: &str) -> RealWorldConfig {
     }
 }
 
-/// The keys `op` holds state for.
-fn operator_keys(query: &str, op: &str) -> BTreeSet<u64> {
+/// The keys `op` holds state for, encoded as `key_by` encodes them (Twitch's "engagement" is
+/// keyed by (streamer, viewer) pairs).
+fn operator_keys(query: &str, op: &str) -> BTreeSet<KeyBytes> {
     let g = generator(query);
     match (query, op) {
-        ("twitch", "loyalty") => events_of::<Twitch>(&g, 0, 1).iter().map(|e| e.streamer).collect(),
-        ("taxi", "median_trip") => events_of::<Taxi>(&g, 0, 1).iter().map(|t| t.pickup).collect(),
-        ("azure", "cpu_stats") => events_of::<Azure>(&g, 0, 1).iter().map(|r| r.vm).collect(),
-        ("borg", "task_stats") => events_of::<Borg>(&g, 0, 1).iter().map(|u| u.task).collect(),
+        ("twitch", "loyalty") => key_bytes(events_of::<Twitch>(&g, 0, 1).iter().map(|e| e.streamer)),
+        ("twitch", "engagement") => {
+            key_bytes(events_of::<Twitch>(&g, 0, 1).iter().map(|e| (e.streamer, e.viewer)))
+        }
+        ("taxi", "median_trip") => key_bytes(events_of::<Taxi>(&g, 0, 1).iter().map(|t| t.pickup)),
+        ("azure", "cpu_stats") => key_bytes(events_of::<Azure>(&g, 0, 1).iter().map(|r| r.vm)),
+        ("borg", "task_stats") => key_bytes(events_of::<Borg>(&g, 0, 1).iter().map(|u| u.task)),
         _ => BTreeSet::new(),
     }
 }
@@ -148,13 +153,18 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
         ),
         other => super::scenario_schedule(other, op, 0.3),
     };
-    let keys = operator_keys(query, op);
-    // Twitch's "engagement" keys are (streamer, viewer) pairs, which the run checks (u64 keys)
-    // cannot place: its moves are checked for completion only.
-    let keys_of = |o: &str| if o == op { keys.clone() } else { BTreeSet::new() };
+    // Every stateful operator's keys, Twitch's (streamer, viewer) pairs too: the run checks place
+    // them in buckets, so its "engagement" moves are checked as the target's are.
+    let keys: BTreeMap<&str, BTreeSet<KeyBytes>> = std::iter::once(op)
+        .chain(q.others.iter().map(|(o, _)| *o))
+        .map(|o| (o, operator_keys(query, o)))
+        .collect();
+    let keys_of = |o: &str| keys.get(o).cloned().unwrap_or_default();
     let min_state_keys = |_: &str| 20;
-    // The hot keys are accessed throughout, and 16 of them land in any moved bucket set here.
-    let permanent = |o: &str| o == op;
+    // The hot keys are accessed throughout, and 16 of them land in any moved bucket set here
+    // (Twitch's hot streamers have viewers in every moved bucket set of "engagement" too);
+    // neither operator's state expires.
+    let permanent = |o: &str| keys.contains_key(o);
     let top = format!("protocol = \"{protocol}\"\n");
     let verify = |out: &std::path::Path, text: &str, input_ms: u64| {
         let expect = super::verify::Expect {

@@ -12,7 +12,16 @@ use koala_coordinator::metrics_store::{MetricsStore, Reconfiguration, RunInfo};
 use koala_types::metric;
 use rusqlite::{Connection, OpenFlags};
 
-use super::model::{Applied, apply_schedule, bucket_of_key};
+use super::model::{Applied, apply_schedule};
+
+/// A key as `key_by` encodes it: the bytes its bucket is computed from, whatever its type (a
+/// `u64`, or a pair such as Twitch's (streamer, viewer)).
+pub type KeyBytes = Vec<u8>;
+
+/// `keys` encoded as `key_by` encodes them, for [`Expect::keys`].
+pub fn key_bytes<K: serde::Serialize>(keys: impl IntoIterator<Item = K>) -> BTreeSet<KeyBytes> {
+    keys.into_iter().map(|k| koala_types::encode(&k).expect("encode key")).collect()
+}
 
 /// What a run's metrics database holds about it.
 #[derive(Clone, Debug)]
@@ -98,8 +107,9 @@ pub struct Expect<'a> {
     pub extra_keys: usize,
     /// Wall-clock milliseconds the rate-limited input takes (records / rate).
     pub input_ms: u64,
-    /// The keys a stateful operator holds state for, by operator name.
-    pub keys: &'a dyn Fn(&str) -> BTreeSet<u64>,
+    /// The keys a stateful operator holds state for, by operator name, encoded ([`key_bytes`]);
+    /// an operator given none is checked for completion only.
+    pub keys: &'a dyn Fn(&str) -> BTreeSet<KeyBytes>,
     /// Keys with state a moved bucket set must contain before state must have moved (fewer keys
     /// can all be without state at that instant, e.g. windows that just fired).
     pub min_state_keys: &'a dyn Fn(&str) -> usize,
@@ -224,7 +234,7 @@ pub fn check_run(out_dir: &Path, expect: &Expect<'_>) -> Result<RunRecord, Strin
     let input_end = rec.started_ms + expect.input_ms;
     let nb = model.num_buckets;
     let keys_in = |op: &str, buckets: &BTreeSet<u16>| {
-        (expect.keys)(op).into_iter().filter(|k| buckets.contains(&bucket_of_key(*k, nb))).count()
+        (expect.keys)(op).iter().filter(|k| buckets.contains(&koala_types::bucket_of(k, nb))).count()
     };
     // Every created task that owned enough keys for long enough while the input ran processed
     // records.

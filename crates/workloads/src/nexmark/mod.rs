@@ -6,6 +6,7 @@ mod config;
 mod generator;
 mod model;
 mod operators;
+mod params;
 mod queries;
 #[cfg(test)]
 mod reference_tests;
@@ -17,9 +18,10 @@ pub use generator::{
 };
 pub use model::{Auction, Bid, Event, EventKind, Person};
 pub use operators::{ClosedAuction, closed_auction_of};
+pub use params::{BID_QUERIES, ExternalSource, NexmarkInput, NexmarkKafka, NexmarkParams};
 pub use queries::{
-    AuctionBid, CategoryAverage, ConvertedBid, HighestBid, HotAuction, NewSeller, NexmarkParams, QUERIES,
-    SellerAuction, SellerAverage, build,
+    AuctionBid, CategoryAverage, ConvertedBid, HighestBid, HotAuction, NewSeller, QUERIES, SellerAuction,
+    SellerAverage, build,
 };
 
 #[cfg(test)]

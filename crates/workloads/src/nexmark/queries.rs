@@ -1,102 +1,28 @@
 //! The Nexmark queries of the Koala paper (§5) over the embedded generator: Q1–Q8 and the
 //! variants Q4* and Q6* (the artifact's `_modified` queries, over pre-joined closed auctions).
+//! The bid queries (Q1, Q2, Q5, Q7) also read the `<prefix>-bid` topic `koala produce` writes
+//! (`input = "kafka"`); this crate knows no Kafka, so the caller passes that source in
+//! ([`NexmarkParams::bids_from`], which `koala run` fills from `[params.kafka]`).
 //! Operator names are part of the contract: configs and reconfiguration requests name them.
 //!
 //! Every query's sink rows carry the key of the operator that produced them as `key`, so outputs
 //! can be compared per key. Sources split the generator's event sequence over their tasks
-//! (producer `i` of `n`, [`NexmarkConfig::for_producer`]), so a run's input is the same for any
+//! (producer `i` of `n`, [`super::NexmarkConfig::for_producer`]), so a run's input is the same for any
 //! source parallelism.
 
 use koala_dataflow::ListState;
 use koala_dataflow::{
-    Data, Dataflow, DataflowError, Generator, JobGraph, KeyContext, KeyedStream, SourceOptions, Stream,
-    TaskInstance, ValueState, Window, WindowSpec,
+    Data, Dataflow, DataflowError, Generator, JobGraph, KeyContext, KeyedStream, Stream, TaskInstance,
+    ValueState, Window, WindowSpec,
 };
 use serde::{Deserialize, Serialize};
 
 use super::operators::{
     AuctionClosing, ClosedAuction, NewUserState, close_auctions, closed_auction_of, new_users,
 };
-use super::{Auction, Bid, Event, NexmarkConfig, NexmarkGenerator, Person};
+use super::params::{BID_QUERIES, NexmarkInput, NexmarkParams};
+use super::{Auction, Bid, Event, NexmarkGenerator, Person};
 use crate::params::SinkKind;
-
-/// Parameters of the Nexmark queries (`[params]` of a config). Unknown fields are rejected.
-///
-/// ```
-/// use koala_workloads::nexmark::NexmarkParams;
-/// let p: NexmarkParams = serde_json::from_str(r#"{"nexmark": {"events": 1000, "hot_ratio": 0.5}}"#)?;
-/// assert_eq!(p.nexmark.events, Some(1000));
-/// assert!(serde_json::from_str::<NexmarkParams>(r#"{"new_user_period": 5}"#).is_err());
-/// # Ok::<(), serde_json::Error>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NexmarkParams {
-    /// The generator: events, key skew (`hot_ratio`, `hot_range`), active people and auctions,
-    /// value padding (`extra_payload_bytes`), warm-up keys, event time, auction duration. Its
-    /// `producers` and `producer_index` are set per source task.
-    pub nexmark: NexmarkConfig,
-    /// Rate schedule, watermark cadence and bounded disorder of the source.
-    pub source: SourceOptions,
-    /// Q1: factor applied to every bid price (the paper's 0.85, as a currency conversion).
-    pub q1_price_factor: f64,
-    /// Q2: the auctions whose bids pass the filter.
-    pub q2_auctions: Vec<u64>,
-    /// Bytes of padding in Q3's person state and in Q4*'s and Q6*'s per-key state (the paper's
-    /// `DummyFieldSize`, 2 KB in its runs).
-    pub state_padding_bytes: usize,
-    /// Q5: sliding window size; Q7: tumbling window size.
-    pub window_ms: u64,
-    /// Q5: sliding window slide.
-    pub slide_ms: u64,
-    /// Q6 and Q6*: closing prices averaged per seller.
-    pub last_prices: usize,
-    /// Q8: how long after registering a person counts as new.
-    pub new_user_period_ms: u64,
-    /// Where the sink writes.
-    pub sink: SinkKind,
-}
-
-impl Default for NexmarkParams {
-    fn default() -> Self {
-        Self {
-            nexmark: NexmarkConfig::default(),
-            source: SourceOptions::default(),
-            q1_price_factor: 0.85,
-            q2_auctions: vec![1007, 1020, 2001, 2019, 1087],
-            state_padding_bytes: 0,
-            window_ms: 1000,
-            slide_ms: 100,
-            last_prices: 10,
-            new_user_period_ms: 10_000,
-            sink: SinkKind::default(),
-        }
-    }
-}
-
-impl NexmarkParams {
-    /// Checks the parameters, naming the first bad one and the fix.
-    pub fn validate(&self) -> Result<(), String> {
-        self.nexmark.validate().map_err(|e| format!("params.nexmark: {e}"))?;
-        self.source.validate()?;
-        if !(self.q1_price_factor.is_finite() && self.q1_price_factor >= 0.0) {
-            return Err(format!("q1_price_factor = {}: give a finite factor ≥ 0", self.q1_price_factor));
-        }
-        for (name, value) in [
-            ("window_ms", self.window_ms),
-            ("slide_ms", self.slide_ms),
-            ("new_user_period_ms", self.new_user_period_ms),
-        ] {
-            if value == 0 {
-                return Err(format!("{name} must be positive"));
-            }
-        }
-        if self.last_prices == 0 {
-            return Err("last_prices must be positive".into());
-        }
-        Ok(())
-    }
-}
 
 /// Q1's output: a bid with its price converted.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -252,8 +178,24 @@ pub const QUERIES: &[(&str, &str, Builder)] = &[
 ];
 
 /// Builds the Nexmark query `name`, or `None` if no Nexmark query has that name.
+///
+/// With `input = "kafka"` only the bid queries build ([`BID_QUERIES`]), and only with the
+/// Kafka source given in [`NexmarkParams::bids_from`].
 pub fn build(name: &str, params: &NexmarkParams) -> Option<Result<JobGraph, String>> {
     let (_, _, builder) = QUERIES.iter().find(|(n, _, _)| *n == name)?;
+    if params.input == NexmarkInput::Kafka {
+        if !BID_QUERIES.contains(&name) {
+            return Some(Err(format!(
+                "input = \"kafka\": {name} reads people or auctions, which are not read from Kafka yet (only bids are: {}); set input = \"generator\"",
+                BID_QUERIES.join(", ")
+            )));
+        }
+        if params.bids_from.0.is_none() {
+            return Some(Err(format!(
+                "input = \"kafka\": {name}'s Kafka source is built by koala-connectors from [params.kafka] (koala run does this); this caller gave none"
+            )));
+        }
+    }
     Some(params.validate().and_then(|()| builder(params).map_err(|e| e.to_string())))
 }
 
@@ -296,6 +238,15 @@ fn tracing_free_log(task: u32, error: &str) {
     eprintln!("nexmark source task {task}: generator refused its share: {error}");
 }
 
+/// The bid queries' source "bids": the generator's bids, or the Kafka source given with
+/// `input = "kafka"`.
+fn bids(df: &Dataflow, p: &NexmarkParams) -> Stream<Bid> {
+    match (&p.input, &p.bids_from.0) {
+        (NexmarkInput::Kafka, Some(factory)) => df.source_from("bids", p.source.clone(), factory.clone()),
+        _ => source(df, "bids", p, bid),
+    }
+}
+
 fn bid(e: Event) -> Option<Bid> {
     if let Event::Bid(b) = e { Some(b) } else { None }
 }
@@ -328,7 +279,7 @@ fn sink<T: Data>(stream: &Stream<T>, kind: SinkKind) {
 fn q1(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let factor = p.q1_price_factor;
-    let converted = source(&df, "bids", p, bid).map("convert", move |b: Bid| ConvertedBid {
+    let converted = bids(&df, p).map("convert", move |b: Bid| ConvertedBid {
         key: b.auction,
         bidder: b.bidder,
         price: (b.price as f64 * factor).round() as u64,
@@ -342,7 +293,7 @@ fn q1(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
 fn q2(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let auctions = p.q2_auctions.clone();
-    let kept = source(&df, "bids", p, bid).flat_map("filter", move |b: Bid| {
+    let kept = bids(&df, p).flat_map("filter", move |b: Bid| {
         auctions.contains(&b.auction).then_some(AuctionBid { key: b.auction, price: b.price })
     });
     sink(&kept, p.sink);
@@ -522,7 +473,7 @@ fn better<T: Ord + Copy>(a: (u64, T), b: (u64, T)) -> (u64, T) {
 /// Q5: "bids" → "count" (sliding) → "hottest" (tumbling of the slide, keyed by window end) → sink.
 fn q5(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let counts = source(&df, "bids", p, bid)
+    let counts = bids(&df, p)
         .key_by(|b: &Bid| b.auction)
         .window(WindowSpec::sliding(p.window_ms, p.slide_ms))
         .aggregate(
@@ -557,7 +508,7 @@ fn hottest_per_window(counts: &KeyedStream<u64, (u64, u64, u64)>, slide_ms: u64)
 fn q7(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let spec = WindowSpec::tumbling(p.window_ms);
-    let per_bidder = source(&df, "bids", p, bid).key_by(|b: &Bid| b.bidder).window(spec).aggregate(
+    let per_bidder = bids(&df, p).key_by(|b: &Bid| b.bidder).window(spec).aggregate(
         "max_bid",
         || None::<(u64, u64)>,
         |best: &mut Option<(u64, u64)>, b: &Bid| {
