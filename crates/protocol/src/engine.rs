@@ -267,17 +267,18 @@ impl Engine {
         {
             return Err(StartError::InputEnded);
         }
-        // Koala: the tasks sent `Start` take part again; what they reported is stale.
         let starts = self.koala_starts(&plan);
-        if let Some(ended) = self.inputs_ended.get_mut(&op) {
-            ended.retain(|i| !starts.contains(i));
-        }
         let (mut driver, msg) = Reconfiguring::start(plan, who);
         // Upstreams whose outputs ended take no part; the new tasks expect nothing from them.
         let gone: Vec<TaskId> =
             driver.upstream().iter().copied().filter(|t| self.outputs_ended.contains(t)).collect();
         if gone.len() == driver.upstream().len() {
             return Err(StartError::InputEnded);
+        }
+        // Koala: the tasks sent `Start` take part again; what they reported is stale (only once
+        // the epoch surely starts: a refused one sends no `Start`, and nobody would report again).
+        if let Some(ended) = self.inputs_ended.get_mut(&op) {
+            ended.retain(|i| !starts.contains(i));
         }
         let mut out = vec![EngineAction::Broadcast(msg)];
         let created: Vec<TaskId> = driver.plan.created.iter().map(|i| TaskId::new(op, *i)).collect();

@@ -119,6 +119,7 @@ impl TaskLife {
             || self.unstarted
             || core.has_inputs()
             || core.is_busy()
+            || core.awaits_filters()
             || core.in_transition()
         {
             return None;
