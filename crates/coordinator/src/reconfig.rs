@@ -278,7 +278,14 @@ mod tests {
             extra_keys: 0,
             drain_keys_per_sec: 0,
             finished: Default::default(),
-            options: RuntimeOptions::default(),
+            options: RuntimeOptions {
+                batch_records: 1,
+                linger_ms: 0,
+                channel_capacity: 1,
+                sink_dir: ".".into(),
+                capacity: Default::default(),
+                max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
+            },
         };
         for o in &graph.operators {
             let n = if o.id == op { 3 } else { 1 };

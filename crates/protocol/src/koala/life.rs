@@ -13,7 +13,7 @@
 //! the last `StateEnd` it awaited, the `Release`).
 //!
 //! **A Koala task of a keyed operator:**
-//! A task's inputs have ended once no data channel is open, nothing is held or in transition,
+//! A task's inputs have ended once no data channel is open, nothing is held, awaited or in transition,
 //! and no epoch it takes buckets in is still to begin (the hand-over may still bring records and
 //! timers; a task a reconfiguration created learns its channels at its first `Start`). It then
 //! ends its outputs, reports `InputsEnded` with the last epoch it *started*, and keeps serving
@@ -23,7 +23,8 @@
 //! part is over (its outputs stay ended), and the coordinator, which sent the `Start`, counts
 //! only a report naming an epoch the task started at or after the last one it was sent
 //! (`crate::engine::Engine`; the simulator's seed 288 of `scale_in_n4` exited a task that
-//! another still pulled from without this).
+//! another still pulled from without this). Nor does it report while a filter it asked for has
+//! not arrived: the location could be released, and exit, before the request reached it.
 
 use koala_types::Epoch;
 
