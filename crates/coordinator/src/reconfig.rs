@@ -28,6 +28,11 @@ fn live(d: &Deployment, op: OperatorId) -> Vec<u32> {
     d.tasks.get(&op).cloned().unwrap_or_default()
 }
 
+/// The live tasks of `op` in `d` that have not finished.
+fn running(d: &Deployment, op: OperatorId) -> Vec<u32> {
+    live(d, op).into_iter().filter(|&i| !d.finished.contains(&TaskId::new(op, i))).collect()
+}
+
 /// Validates a request against the current deployment and computes its plan. Errors name what
 /// is wrong and how to fix it; nothing changes on error.
 pub fn plan(
@@ -119,11 +124,20 @@ pub fn plan(
             if wanted.is_empty() {
                 return Err("moves: give at least one `buckets:task` move".into());
             }
+            let running = running(current, op);
             let table = d.routing.get_mut(&op).ok_or("operator has no routing table")?;
             for (buckets, to) in wanted {
                 if !old_live.contains(to) {
                     return Err(format!(
                         "moves: task {to} of {name:?} does not exist; live tasks are {old_live:?}"
+                    ));
+                }
+                // Its inputs ended and it exited: no upstream has a channel to it any more, so
+                // nothing could route its buckets' records there (the epoch would wait for ever).
+                if current.finished.contains(&TaskId::new(op, *to)) {
+                    return Err(format!(
+                        "moves: task {to} of {name:?} has finished (its inputs ended and it exited) and can take no \
+                         buckets; give them to a running task: {running:?}"
                     ));
                 }
                 for b in buckets {
@@ -137,6 +151,13 @@ pub fn plan(
         ReconfigRequest::Migrate { task, worker, .. } => {
             if !old_live.contains(task) {
                 return Err(format!("task: {name:?} has no task {task}; live tasks are {old_live:?}"));
+            }
+            if current.finished.contains(&TaskId::new(op, *task)) {
+                return Err(format!(
+                    "task: task {task} of {name:?} has finished (its inputs ended and it exited); \
+                     there is nothing to migrate; running tasks are {:?}",
+                    running(current, op)
+                ));
             }
             let to = WorkerId(*worker);
             if !current.workers.contains_key(&to) {
@@ -216,4 +237,86 @@ pub fn upstream_tasks(d: &Deployment, graph: &JobGraph, op: OperatorId) -> Vec<T
 /// Every operator's upstream operators, as the reconfiguration engine needs them.
 pub fn operator_inputs(graph: &JobGraph) -> BTreeMap<OperatorId, BTreeSet<OperatorId>> {
     graph.operators.iter().map(|o| (o.id, o.inputs.iter().map(|i| i.from).collect())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use koala_dataflow::{Dataflow, KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions, ValueState};
+    use koala_protocol::{Deployment, Protocol, RuntimeOptions};
+
+    use super::*;
+
+    /// A keyed count behind a source, its operator `count` on three tasks owning 4 buckets.
+    fn job() -> (JobGraph, Deployment, OperatorId) {
+        let df = Dataflow::new();
+        let config = KeyedEventsConfig { key_space: 3, records: Some(30), ..Default::default() };
+        KeyedEvents::source(&df, "events", SourceOptions::default(), config)
+            .key_by(|e: &KeyedEvent| e.key)
+            .stateful_map("count", |key: &u64, _e: KeyedEvent, n: &mut ValueState<u64>| {
+                (
+                    *key,
+                    n.update(|n| {
+                        *n += 1;
+                        *n
+                    }),
+                )
+            })
+            .sink_json_lines("counts");
+        let graph = df.build().expect("graph");
+        let op = graph.by_name("count").expect("count").id;
+        let mut d = Deployment {
+            run: "t".into(),
+            query: String::new(),
+            query_params: String::new(),
+            workers: BTreeMap::from([(WorkerId(0), "127.0.0.1:0".into())]),
+            placement: BTreeMap::new(),
+            tasks: BTreeMap::new(),
+            epoch: 0,
+            routing: BTreeMap::from([(op, vec![0, 1, 2, 2])]),
+            num_buckets: 4,
+            protocol: Protocol::Koala,
+            extra_keys: 0,
+            drain_keys_per_sec: 0,
+            finished: Default::default(),
+            options: RuntimeOptions {
+                batch_records: 1,
+                linger_ms: 0,
+                channel_capacity: 1,
+                sink_dir: ".".into(),
+                capacity: Default::default(),
+                max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
+            },
+        };
+        for o in &graph.operators {
+            let n = if o.id == op { 3 } else { 1 };
+            d.tasks.insert(o.id, (0..n).collect());
+            for i in 0..n {
+                d.placement.insert(TaskId::new(o.id, i), WorkerId(0));
+            }
+        }
+        (graph, d, op)
+    }
+
+    fn plan_of(req: &ReconfigRequest, d: &Deployment, graph: &JobGraph) -> Result<ReconfigPlan, String> {
+        plan(req, d, graph, PolicyName::Uniform, 1, &BTreeMap::new(), &BTreeMap::new())
+    }
+
+    /// A rebalance may not give buckets to a task that finished (its inputs ended and it exited:
+    /// no channel leads there any more), nor migrate it; the error names the task, why, and the
+    /// running tasks. The same requests to a running task plan.
+    #[test]
+    fn buckets_never_go_to_a_finished_task() {
+        let (graph, mut d, op) = job();
+        let rebalance =
+            |to: u32| ReconfigRequest::Rebalance { operator: "count".into(), moves: vec![(vec![3], to)] };
+        let migrate = ReconfigRequest::Migrate { operator: "count".into(), task: 1, worker: 0 };
+        assert!(plan_of(&rebalance(1), &d, &graph).is_ok());
+        d.finished.insert(TaskId::new(op, 1));
+        let error = plan_of(&rebalance(1), &d, &graph).expect_err("task 1 finished");
+        assert!(error.starts_with("moves: task 1 of \"count\" has finished"), "{error}");
+        assert!(error.ends_with("running task: [0, 2]"), "{error}");
+        assert!(plan_of(&rebalance(0), &d, &graph).is_ok(), "task 0 still runs");
+        let error = plan_of(&migrate, &d, &graph).expect_err("task 1 finished");
+        assert!(error.contains("task 1 of \"count\" has finished"), "{error}");
+    }
 }

@@ -267,12 +267,18 @@ impl Engine {
         {
             return Err(StartError::InputEnded);
         }
+        let starts = self.koala_starts(&plan);
         let (mut driver, msg) = Reconfiguring::start(plan, who);
         // Upstreams whose outputs ended take no part; the new tasks expect nothing from them.
         let gone: Vec<TaskId> =
             driver.upstream().iter().copied().filter(|t| self.outputs_ended.contains(t)).collect();
         if gone.len() == driver.upstream().len() {
             return Err(StartError::InputEnded);
+        }
+        // Koala: the tasks sent `Start` take part again; what they reported is stale (only once
+        // the epoch surely starts: a refused one sends no `Start`, and nobody would report again).
+        if let Some(ended) = self.inputs_ended.get_mut(&op) {
+            ended.retain(|i| !starts.contains(i));
         }
         let mut out = vec![EngineAction::Broadcast(msg)];
         let created: Vec<TaskId> = driver.plan.created.iter().map(|i| TaskId::new(op, *i)).collect();
@@ -323,10 +329,20 @@ impl Engine {
                 return Ok(out);
             }
             TaskAck::InputsEnded => {
-                self.inputs_ended.entry(task.operator).or_default().insert(task.index);
-                self.outputs_ended.insert(task);
-                self.upstream_ended(task, &mut out)?;
-                self.release_if_inputs_ended(task.operator, &mut out);
+                if self.outputs_ended.insert(task) {
+                    self.upstream_ended(task, &mut out)?;
+                }
+                // A report that crossed the `Prepare` of the running epoch, from a task sent its
+                // `Start`: the task takes part and reports again after (`koala::TaskLife`).
+                let stale = self.running().is_some_and(|p| {
+                    p.operator == task.operator
+                        && epoch < p.epoch
+                        && self.koala_starts(p).contains(&task.index)
+                });
+                if !stale {
+                    self.inputs_ended.entry(task.operator).or_default().insert(task.index);
+                    self.release_if_inputs_ended(task.operator, &mut out);
+                }
                 return Ok(out);
             }
             TaskAck::ProtocolError { error } => {
@@ -578,6 +594,17 @@ impl Engine {
                 out.push(EngineAction::Release(task));
             }
         }
+    }
+
+    /// Koala keyed operators: the tasks `plan` sends `Start` (they own buckets before or after
+    /// it, `koala::coordinator`'s participants); none for any other operator.
+    fn koala_starts(&self, plan: &ReconfigPlan) -> BTreeSet<u32> {
+        let op = plan.operator;
+        if self.deployment.protocol != Protocol::Koala || !self.deployment.routing.contains_key(&op) {
+            return BTreeSet::new();
+        }
+        let before = self.deployment.routing.get(&op).into_iter().flatten();
+        before.chain(plan.deployment.routing.get(&op).into_iter().flatten()).copied().collect()
     }
 
     /// Keyed consumers of `op` have other upstream tasks now: their next epoch expects markers

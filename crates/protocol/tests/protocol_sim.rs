@@ -53,6 +53,10 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.max_running_subscales = total.max_running_subscales.max(s.max_running_subscales);
                 total.max_moving_subscales = total.max_moving_subscales.max(s.max_moving_subscales);
                 total.pauses += s.pauses;
+                total.refused_heads += s.refused_heads;
+                total.split_batches += s.split_batches;
+                total.max_queued = total.max_queued.max(s.max_queued);
+                total.exited += s.exited;
                 total.flushed_keys += s.flushed_keys;
                 total.handed_timers_record_first += s.handed_timers_record_first;
                 total.handed_timers_fired_first += s.handed_timers_fired_first;
@@ -93,6 +97,7 @@ fn scale_in_4_to_2_progressive() {
     let s = sweep(Scenario::ScaleIn { extra_keys: 4 });
     assert!(s.extra_keys > 0, "progressive migration must move cold keys");
     assert_eq!(s.released, 2 * SEEDS, "both cancelled tasks are released in every run");
+    assert_eq!(s.exited, 4 * SEEDS, "every task exits by the runtime's rule in every run");
     // A batch's fetch goes out while a pull to the same location is in flight (pulls never
     // block a batch); their answers come back in order.
     assert!(s.fetches_racing_pulls > 0, "no fetch ever raced a pull: {s:?}");
@@ -284,10 +289,11 @@ fn stop_and_restart_chain_and_mixed_schedules() {
 
 /// DRRS over every scenario (it ignores N, so `scale_in_n4` and `mixed_n8` replay `scale_in_n0`
 /// and `mixed_n0` seed for seed): every request completes or finds its input ended, whole
-/// buckets are pushed, records wait out of order and receivers stop taking direct input.
+/// buckets are pushed, records wait out of order and receivers refuse records past their wait
+/// buffer.
 #[test]
 fn drrs_every_scenario() {
-    let mut pauses = 0;
+    let (mut pauses, mut refused) = (0, 0);
     for scenario in [
         Scenario::ScaleOut,
         Scenario::ScaleIn { extra_keys: 0 },
@@ -304,8 +310,56 @@ fn drrs_every_scenario() {
         assert!(s.waited > 0, "{scenario}: records must wait out of order: {s:?}");
         assert!(s.cleared > 0, "{scenario}: windows must fire and delete their keys' state");
         pauses += s.pauses;
+        refused += s.refused_heads;
     }
-    assert!(pauses > 0, "backpressure never set in");
+    assert!(pauses > 0 && refused > 0, "backpressure never set in: {pauses} pauses, {refused} refusals");
+}
+
+/// Issue 26: a DRRS task holds at most `wait_records` records, those its senders forwarded
+/// included (credit), under both schedules, with one and two inputs, and with upstreams that block
+/// on full one- or two-message channels (or unbounded ones): the harness checks every task's
+/// records against its bound after every event, takes refused batches in part, and fails a run
+/// that deadlocks. The buffer fills to its bound and records are refused at channel heads.
+#[test]
+fn drrs_wait_buffer_bounds_every_record_it_holds() {
+    for drrs_schedule in DrrsSchedule::ALL {
+        for wait_records in [4, 16] {
+            let mut total = SimStats::default();
+            for inputs in [1, 2] {
+                for scenario in Scenario::ALL {
+                    for seed in 0..SEEDS / 40 {
+                        let config = SimConfig {
+                            protocol: Protocol::Drrs,
+                            drrs_schedule,
+                            wait_records,
+                            inputs,
+                            channel_capacity: [1, 2, 0][seed as usize % 3],
+                            ..SimConfig::new(scenario, seed)
+                        };
+                        let s = run(&config).unwrap_or_else(|f| panic!("wait_records = {wait_records}: {f}"));
+                        total.epochs += s.epochs;
+                        total.waited += s.waited;
+                        total.refused_heads += s.refused_heads;
+                        total.split_batches += s.split_batches;
+                        total.blocked_sends += s.blocked_sends;
+                        total.max_queued = total.max_queued.max(s.max_queued);
+                    }
+                }
+            }
+            let SimStats { epochs, waited, refused_heads, split_batches, blocked_sends, max_queued, .. } =
+                total;
+            println!(
+                "{} schedule, wait_records {wait_records}: {epochs} epochs, {waited} records waited, {refused_heads} steps with a refused channel head, {split_batches} batches split, {blocked_sends} blocked sends, at most {max_queued} records held",
+                drrs_schedule.name()
+            );
+            assert!(max_queued <= wait_records, "{max_queued} held past {wait_records}");
+            assert!(
+                max_queued * 2 >= wait_records,
+                "the buffer never filled: {max_queued} of {wait_records}"
+            );
+            assert!(refused_heads > 0 && split_batches > 0 && blocked_sends > 0, "{total:?}");
+        }
+    }
 }
 
 /// DRRS under the original DRRS's overlapping schedule over every scenario: one subscale per
@@ -349,7 +403,7 @@ fn drrs_grouped_subscales_and_two_inputs() {
         };
         let s = sweep_configs(&config, SEEDS);
         assert!(s.pushed_buckets > 0 && s.epochs > 0, "{scenario}: {s:?}");
-        assert!(s.pauses > 0, "{scenario}: backpressure must set in: {s:?}");
+        assert!(s.refused_heads > 0, "{scenario}: backpressure must set in: {s:?}");
     }
     for scenario in
         [Scenario::ScaleOut, Scenario::ScaleIn { extra_keys: 0 }, Scenario::Mixed { extra_keys: 0 }]
@@ -357,6 +411,18 @@ fn drrs_grouped_subscales_and_two_inputs() {
         let s = sweep_seeds(scenario, Protocol::Drrs, 2, SEEDS);
         assert!(s.by_input.iter().all(|&n| n > 0), "{scenario}: {s:?}");
     }
+}
+
+/// Koala tasks exit by the runtime's rule in every sweep, and nothing may ask an exited task for
+/// state. Seed 288 of `scale_in_n4`: a task reported `InputsEnded` before the epoch's `Prepare`
+/// reached it, then received buckets in the epoch; its stale report released every task after the
+/// epoch, and it sent a filter request and a pull to a cancelled task that had exited. The report
+/// no longer counts (the engine drops a participant's report older than the epoch it starts) and
+/// the task reports again after its part (`TaskLife::started`).
+#[test]
+fn koala_a_stale_inputs_ended_releases_nobody_another_task_still_pulls_from() {
+    let s = run(&SimConfig::new(Scenario::ScaleIn { extra_keys: 4 }, 288)).unwrap_or_else(|f| panic!("{f}"));
+    assert!(s.exited > 0 && s.extra_keys > 0, "{s:?}");
 }
 
 /// A DRRS receiver that processes records of a bucket whose state has not arrived: it works on
@@ -371,6 +437,25 @@ fn broken_drrs_process_before_state_is_caught() {
             || failure.contains("one live copy"),
         "{failure}"
     );
+}
+
+/// DRRS receivers that lend unbounded credit (forwarded records uncounted, as before issue 26's
+/// fix): a receiver holds more than `wait_records`, which the harness's bound check catches.
+#[test]
+fn broken_drrs_unbounded_credit_is_caught() {
+    let failure = (0..300)
+        .find_map(|seed| {
+            let config = SimConfig {
+                protocol: Protocol::Drrs,
+                fault: Some(Fault::UnboundedCredit),
+                wait_records: 2,
+                ..SimConfig::new(Scenario::ScaleOut, seed)
+            };
+            run(&config).err()
+        })
+        .expect("the bound check never caught unbounded credit in 300 seeds");
+    println!("{failure}");
+    assert!(failure.message.contains("bounded wait buffer"), "{failure}");
 }
 
 /// A DRRS receiver that emits watermarks before a moved bucket's state and timers arrived (DRRS

@@ -431,6 +431,21 @@ fn check_queues_and_pauses(
             return Err(format!("a Koala task held {most} records, past max_queued_records = {bound}"));
         }
     }
+    // A DRRS task never holds more than `[drrs] wait_records`, the records its senders forwarded
+    // included (docs/protocols.md §11) — or, below one record per sender, one per sender's window
+    // (`DrrsTask::hold_bound`; these jobs run at most 8 tasks of an operator).
+    if expect.protocol == "drrs" {
+        let config: toml::Table = toml::from_str(expect.config_text).map_err(|e| format!("config: {e}"))?;
+        let wait_records = config
+            .get("drrs")
+            .and_then(|r| r.get("wait_records"))
+            .and_then(toml::Value::as_integer)
+            .map_or(koala_protocol::drrs::DrrsOptions::default().wait_records as f64, |n| n as f64);
+        let bound = wait_records.max(8.0);
+        if most > bound {
+            return Err(format!("a DRRS task held {most} records, past wait_records = {wait_records}"));
+        }
+    }
     checked.push(format!("at most {most} records queued in a task"));
     let paused = rec.task_maxes(metric::INPUT_PAUSED_MS);
     if let Some((task, ms)) = paused.iter().find(|(_, ms)| !(0.0..=1_500.0).contains(ms)) {

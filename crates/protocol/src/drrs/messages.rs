@@ -27,7 +27,7 @@ pub struct Subscale {
     /// The upstream tasks still running: each marks every channel to the operator when it
     /// switches. A task without channels from one of them opens them.
     pub upstreams: BTreeSet<TaskId>,
-    /// Direct records a receiver lets wait for state before it stops taking direct input.
+    /// Records a receiver lets wait, forwarded and direct ones (`DrrsOptions::wait_records`).
     pub wait_records: usize,
 }
 
@@ -129,6 +129,9 @@ pub enum DrrsPeer {
         epoch: Epoch,
         /// The receiver's emitted watermark.
         watermark: Option<Timestamp>,
+        /// Records the sender may forward before it hears [`DrrsPeer::Credit`]: its window in
+        /// the receiver's wait buffer ([`super::peer_window`]).
+        credit: usize,
     },
     /// Sender → receiver: from now on the moved buckets' records come on this channel; the
     /// sender's event time, which the receiver inherits for the channel.
@@ -167,6 +170,17 @@ pub enum DrrsPeer {
         /// The subscale.
         epoch: Epoch,
     },
+    /// Receiver → sender: the receiver processed `records` more of the records the sender
+    /// forwarded, so it may forward that many more (credit-based flow control: a sender never
+    /// has more records forwarded and not processed than its window, so the receiver's wait
+    /// buffer stays bounded without the receiver ever refusing its peer lane, which also carries
+    /// the pushed buckets that drain it).
+    Credit {
+        /// The subscale.
+        epoch: Epoch,
+        /// Records the sender may forward in addition.
+        records: usize,
+    },
     /// Receiver → sender: records wait for `bucket`; push it next (prioritised migration).
     Prioritize {
         /// The subscale.
@@ -186,6 +200,7 @@ impl DrrsPeer {
             | Self::Watermark { epoch, .. }
             | Self::Close { epoch }
             | Self::Received { epoch }
+            | Self::Credit { epoch, .. }
             | Self::Prioritize { epoch, .. } => *epoch,
         }
     }

@@ -23,9 +23,11 @@
 //! 3. The receiver processes records out of order: records of a bucket whose state has not
 //!    arrived wait in a per-bucket buffer while every other record is processed. Direct records of
 //!    a moved bucket also wait until the peer channel closed (per-key order across the peer and
-//!    the direct path). When more than [`DrrsOptions::wait_records`] direct records wait for
-//!    state, the task stops taking direct input ([`TaskAction::PauseDirect`]) until at most half
-//!    of that wait ([`low_water`]).
+//!    the direct path). Every record waiting counts against [`DrrsOptions::wait_records`]
+//!    (`task/room.rs`): a sender forwards only with credit the receiver lent it
+//!    ([`peer_window`], [`DrrsPeer::Credit`]), and direct records that would wait fill only the
+//!    rest; past it the task refuses them ([`DrrsTask::data_room`]) until at most half of that
+//!    rest waits ([`low_water`]).
 //! 4. Watermark propagation (the paper's extension of DRRS): a receiver emits no watermark while
 //!    its wait buffer holds records or a moved bucket's state and timers have not arrived.
 //! 5. A sender closes its peer channel after markers from every upstream; a task is `Done` once
@@ -44,6 +46,18 @@ pub use coordinator::{DrrsCoordinator, DrrsStep, MAX_RUNNING_PER_TASK};
 pub use messages::{DrrsCommand, DrrsControl, DrrsPeer, Subscale};
 pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent, low_water};
 
+/// The window a receiver lends each of the `senders` of a subscale in its wait buffer of
+/// `wait_records` (credit for forwarded records, [`DrrsPeer::Credit`]): together with as many
+/// windows for [`MAX_RUNNING_PER_TASK`] subscales, at most half the buffer; at least one record.
+///
+/// ```
+/// use koala_protocol::drrs::peer_window;
+/// assert_eq!((peer_window(2048, 1), peer_window(2048, 4), peer_window(2, 3)), (512, 128, 1));
+/// ```
+pub fn peer_window(wait_records: usize, senders: usize) -> usize {
+    (wait_records / (2 * MAX_RUNNING_PER_TASK * senders.max(1))).max(1)
+}
+
 /// DRRS knobs (`[drrs]` in a job config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -55,9 +69,10 @@ pub struct DrrsOptions {
     /// The ported schedule's knob: the overlapping one runs one subscale per pair and refuses
     /// any other value.
     pub subscales: usize,
-    /// Direct records a receiver lets wait for their bucket's state before it stops taking
-    /// direct input (the artifact's `WaitBufferSize`, 2 batches there); it takes direct input
-    /// again at half of it ([`low_water`]).
+    /// Records a receiver lets wait for their bucket's state or their peer channel's close,
+    /// forwarded and direct ones alike (the artifact's `WaitBufferSize`, 2 batches there):
+    /// senders get credit for a window of it ([`peer_window`]), direct records that would wait
+    /// fill the rest and are refused past it until half of it drained ([`low_water`]).
     pub wait_records: usize,
 }
 

@@ -42,6 +42,10 @@ use super::messages::{DrrsPeer, Subscale};
 use crate::control::TaskAck;
 use crate::koala::{ChannelWatermarks, HeldTimes, InputSource, ProtocolError};
 
+mod room;
+
+pub use room::low_water;
+
 /// How a target task starts.
 #[derive(Clone, Debug)]
 pub struct TaskConfig {
@@ -149,11 +153,6 @@ pub enum TaskAction {
         /// The bucket.
         bucket: BucketId,
     },
-    /// Backpressure: stop taking records from data channels until [`TaskAction::ResumeDirect`]
-    /// (peer channels, state and control keep flowing).
-    PauseDirect,
-    /// Take records from data channels again.
-    ResumeDirect,
     /// Emit this watermark downstream (monotone).
     EmitWatermark(Timestamp),
     /// Send to the coordinator.
@@ -186,6 +185,8 @@ struct Outbound {
     unpushed: VecDeque<BucketId>,
     /// The bucket being pushed.
     pushing: Option<BucketId>,
+    /// Records the receiver lets this task forward now ([`DrrsPeer::Credit`]).
+    credit: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,6 +235,8 @@ struct Transition {
     /// Receivers that told this sender `Received`.
     received: BTreeSet<TaskId>,
     ready_sent: bool,
+    /// By sender: its window in this receiver's wait buffer and how much of it is in use.
+    lent: BTreeMap<TaskId, room::Lent>,
 }
 
 impl Transition {
@@ -284,6 +287,8 @@ pub struct DrrsTask {
     /// disjoint buckets).
     subs: BTreeMap<Epoch, Transition>,
     early: Vec<(TaskId, DrrsPeer)>,
+    /// Direct records that would wait are refused until the wait buffer drained to the
+    /// low-water mark ([`Self::data_room`]).
     paused: bool,
     /// Records that ever waited (metrics).
     waited: u64,
@@ -295,6 +300,7 @@ pub struct DrrsTask {
     process_tags: Vec<u64>,
     fault_process_before_state: bool,
     fault_watermark_before_state: bool,
+    fault_unbounded_credit: bool,
 }
 
 impl DrrsTask {
@@ -325,6 +331,7 @@ impl DrrsTask {
             process_tags: Vec::new(),
             fault_process_before_state: false,
             fault_watermark_before_state: false,
+            fault_unbounded_credit: false,
         }
     }
 
@@ -376,7 +383,8 @@ impl DrrsTask {
         self.held.min().is_some()
     }
 
-    /// Whether the task stopped taking direct input (backpressure).
+    /// Whether the task refuses direct records that would wait (its wait buffer filled its
+    /// direct part and has not drained to the low-water mark yet; [`Self::data_room`]).
     pub fn is_paused(&self) -> bool {
         self.paused
     }
@@ -387,7 +395,8 @@ impl DrrsTask {
         self.waited
     }
 
-    /// Records the task took and has not processed: its wait buffer (the metric `queued_records`).
+    /// Records the task took and has not processed: its wait buffer, forwarded and direct records
+    /// alike (the metric `queued_records`; at most [`Self::hold_bound`]).
     pub fn queued_records(&self) -> usize {
         self.held.len()
     }
@@ -422,6 +431,13 @@ impl DrrsTask {
     #[doc(hidden)]
     pub fn inject_fault_watermark_before_state(&mut self) {
         self.fault_watermark_before_state = true;
+    }
+
+    /// Fault injection for the simulator's negative tests: lend senders unbounded credit (the
+    /// bound still counts the real windows), so forwarded records pile up past `wait_records`.
+    #[doc(hidden)]
+    pub fn inject_fault_unbounded_credit(&mut self) {
+        self.fault_unbounded_credit = true;
     }
 
     /// Feeds one event; returns the actions to execute, in order.
@@ -489,7 +505,18 @@ impl DrrsTask {
                     }
                     debug_assert!(from.is_some(), "a waiting bucket has a sender");
                 }
-                Route::Forward(to, epoch) => forward(out, to, epoch, input, record),
+                Route::Forward(to, epoch) => {
+                    if self.take_credit(to, epoch) {
+                        forward(out, to, epoch, input, record);
+                    } else {
+                        debug_assert!(false, "{}: a record forwarded to {to} past its credit", self.id);
+                        out.push(TaskAction::Error(ProtocolError::UnexpectedPeerMessage {
+                            peer: to,
+                            epoch,
+                            reason: "a record to forward past the credit the receiver gave (the runtime must ask `data_room`)".into(),
+                        }));
+                    }
+                }
                 Route::Reject(e) => out.push(TaskAction::Error(e)),
             }
         }
@@ -604,7 +631,13 @@ impl DrrsTask {
                     )));
                 }
                 let unpushed = buckets.iter().copied().collect();
-                let o = Outbound { buckets: buckets.clone(), state: Out::AwaitOpen, unpushed, pushing: None };
+                let o = Outbound {
+                    buckets: buckets.clone(),
+                    state: Out::AwaitOpen,
+                    unpushed,
+                    pushing: None,
+                    credit: 0,
+                };
                 outbound.insert(to, o);
             }
             if to == self.id {
@@ -628,9 +661,13 @@ impl DrrsTask {
         }
         self.epoch = sub.epoch;
         self.started = true;
+        let window = super::peer_window(sub.wait_records, inbound.len());
+        let mut lent = BTreeMap::new();
         for &from in inbound.keys() {
             self.watermarks.add(InputSource::Peer(from));
-            let message = DrrsPeer::Open { epoch: sub.epoch, watermark: self.emitted };
+            let credit = if self.fault_unbounded_credit { usize::MAX / 4 } else { window };
+            lent.insert(from, room::Lent { window, outstanding: credit, freed: 0 });
+            let message = DrrsPeer::Open { epoch: sub.epoch, watermark: self.emitted, credit };
             out.push(TaskAction::SendToPeer { to: from, message });
         }
         self.subs.insert(
@@ -647,6 +684,7 @@ impl DrrsTask {
                 acked: BTreeSet::new(),
                 received: BTreeSet::new(),
                 ready_sent: false,
+                lent,
                 sub,
             },
         );
@@ -682,9 +720,16 @@ impl DrrsTask {
             return Err(unexpected("no subscale of this epoch"));
         };
         match message {
-            DrrsPeer::Open { watermark, .. } => match t.outbound.get_mut(&from) {
-                Some(o) if o.state == Out::AwaitOpen => o.state = Out::Open(watermark),
+            DrrsPeer::Open { watermark, credit, .. } => match t.outbound.get_mut(&from) {
+                Some(o) if o.state == Out::AwaitOpen => {
+                    o.state = Out::Open(watermark);
+                    o.credit = credit;
+                }
                 _ => return Err(unexpected("open from a task this one does not send to")),
+            },
+            DrrsPeer::Credit { records, .. } => match t.outbound.get_mut(&from) {
+                Some(o) if o.state != Out::AwaitOpen => o.credit += records,
+                _ => return Err(unexpected("credit from a task this one does not forward to")),
             },
             DrrsPeer::FastForward { watermark, .. } => {
                 let Some((_, state @ In::Awaiting)) = t.inbound.get_mut(&from) else {
@@ -699,6 +744,10 @@ impl DrrsTask {
                 if !matches!(t.inbound.get(&from), Some((_, In::Forwarding))) {
                     return Err(unexpected("records on a peer channel that is not open"));
                 }
+                let Some(lent) = t.lent.get_mut(&from).filter(|l| l.outstanding >= records.len()) else {
+                    return Err(unexpected("more records than the credit this task gave"));
+                };
+                lent.outstanding -= records.len();
                 for record in records {
                     let bucket = bucket_of(&record.key, self.num_buckets);
                     if t.incoming.get(&bucket) != Some(&from) {
@@ -712,6 +761,9 @@ impl DrrsTask {
                     {
                         // Direct records of the bucket may wait for the close: they come after.
                         process(out, input, record);
+                        if let Some(lent) = t.lent.get_mut(&from) {
+                            lent.freed += 1;
+                        }
                         continue;
                     }
                     self.held.add(record.time);
@@ -813,6 +865,10 @@ impl DrrsTask {
             t.incoming.get(&bucket).and_then(|s| t.inbound.get(s)).is_some_and(|(_, s)| *s == In::Closed);
         let Some(w) = t.waiting.get_mut(&bucket) else { return };
         let mut go: Vec<(usize, Record)> = w.peer.drain(..).collect();
+        // Forwarded records leave the sender's window: it may forward as many more.
+        if let Some(lent) = t.incoming.get(&bucket).and_then(|s| t.lent.get_mut(s)) {
+            lent.freed += go.len();
+        }
         if closed {
             go.extend(w.direct.drain(..));
         }
@@ -843,7 +899,8 @@ impl DrrsTask {
                 break;
             }
         }
-        self.backpressure(out);
+        self.return_credit(out);
+        self.backpressure();
     }
 
     /// The event time the task may claim: the minimum over its channels, below every record it
@@ -993,38 +1050,6 @@ impl DrrsTask {
         }
         changed
     }
-
-    /// Stops direct input while more direct records wait for state than the subscale allows
-    /// (`wait_records`); takes it again as soon as no more than half of that wait (the low-water
-    /// mark), so arriving buckets free room while records keep coming.
-    fn backpressure(&mut self, out: &mut Vec<TaskAction>) {
-        let waiting: usize = self
-            .subs
-            .values()
-            .flat_map(|t| t.waiting.iter())
-            .filter(|(b, _)| !self.owned.contains(b))
-            .map(|(_, w)| w.direct.len())
-            .sum();
-        let bound = self.subs.values().map(|t| t.sub.wait_records).min().unwrap_or(usize::MAX);
-        if !self.paused && waiting > bound {
-            self.paused = true;
-            out.push(TaskAction::PauseDirect);
-        } else if self.paused && waiting <= low_water(bound) {
-            self.paused = false;
-            out.push(TaskAction::ResumeDirect);
-        }
-    }
-}
-
-/// How many direct records may still wait for state when a paused receiver takes direct input
-/// again: half of `wait_records`.
-///
-/// ```
-/// # use koala_protocol::drrs::low_water;
-/// assert_eq!((low_water(1), low_water(64), low_water(usize::MAX)), (0, 32, usize::MAX / 2));
-/// ```
-pub fn low_water(wait_records: usize) -> usize {
-    wait_records / 2
 }
 
 /// Appends a record to the `Process` action at the end of `out` if it is of the same input.

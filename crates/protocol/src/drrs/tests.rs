@@ -56,7 +56,14 @@ fn receiver(wait_records: usize) -> (DrrsTask, InputChannel, TaskId) {
     let out = task.on(TaskEvent::Start(Arc::new(sub)));
     assert_eq!(
         out[0],
-        TaskAction::SendToPeer { to: sender, message: DrrsPeer::Open { epoch: EPOCH, watermark: Some(1) } }
+        TaskAction::SendToPeer {
+            to: sender,
+            message: DrrsPeer::Open {
+                epoch: EPOCH,
+                watermark: Some(1),
+                credit: super::peer_window(wait_records, 1)
+            }
+        }
     );
     let out = task.on(TaskEvent::Peer {
         from: sender,
@@ -95,20 +102,90 @@ fn records_wait_for_state_others_go_on_and_order_holds_across_paths() {
     assert_eq!(out.last(), Some(&TaskAction::Ack { epoch: EPOCH, ack: TaskAck::Done }));
 }
 
+/// Direct records that would wait fill only their part of the buffer (the bound less two
+/// subscales' windows): past it the receiver refuses them — the rest of the batch stays at the
+/// channel's head — while records of its own buckets still go in, and it takes them again once the
+/// buffer drained to the low-water mark.
 #[test]
-fn backpressure_stops_direct_input_until_the_buffer_drained() {
-    let (mut task, channel, sender) = receiver(1);
+fn a_receiver_refuses_waiting_direct_records_past_its_buffer_until_the_low_water_mark() {
+    let (mut task, channel, sender) = receiver(16);
     task.on(TaskEvent::Marker { channel, epoch: EPOCH });
-    let k3 = key_in(3, 0);
-    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k3, 4)] });
-    assert!(!out.contains(&TaskAction::PauseDirect), "one waiting record is within the bound");
-    let out = task.on(TaskEvent::Records { channel, records: vec![rec(&k3, 5)] });
-    assert!(out.contains(&TaskAction::PauseDirect), "{out:?}");
-    assert!(task.is_paused());
-    // The direct records of bucket 3 still wait for the close; state alone does not resume.
-    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 3 });
-    assert!(out.contains(&TaskAction::ResumeDirect), "no direct record waits for state any more: {out:?}");
-    assert!(processed(&out).is_empty());
+    let (k0, k2, k3) = (key_in(0, 0), key_in(2, 0), key_in(3, 0));
+    // Window 4 per sender, two subscales' worth reserved: 8 direct records may wait.
+    let batch: Vec<Record> =
+        (0..5).map(|t| rec(&k2, 10 + t)).chain((0..5).map(|t| rec(&k3, 20 + t))).collect();
+    assert_eq!(task.data_room(channel, &batch), 8);
+    task.on(TaskEvent::Records { channel, records: batch[..8].to_vec() });
+    assert_eq!((task.queued_records(), task.is_paused()), (8, true));
+    assert_eq!(task.data_room(channel, &batch[8..]), 0, "a record that would wait is refused");
+    assert_eq!(task.data_room(channel, &[rec(&k0, 30)]), 1, "a record of an owned bucket goes in");
+    // State alone frees nothing: direct records also wait for the close (per-key order).
+    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 2 });
+    assert!(processed(&out).is_empty() && task.is_paused());
+    // The close releases bucket 2's five; three of bucket 3 still wait: at most half of 8.
+    let out = task.on(TaskEvent::Peer { from: sender, message: DrrsPeer::Close { epoch: EPOCH } });
+    assert_eq!(processed(&out), vec![10, 11, 12, 13, 14]);
+    assert_eq!((task.queued_records(), task.is_paused()), (3, false));
+    assert_eq!(task.data_room(channel, &batch[8..]), 2);
+}
+
+/// Forwarded records count against the wait buffer too: the receiver lends its sender a window
+/// in `Open`, refuses records past it as a protocol error, and gives credit back as it processes
+/// them — so a sender that forwards faster than the receiver gets state stops, and its backlog
+/// waits upstream.
+#[test]
+fn forwarded_records_are_bounded_by_the_credit_the_receiver_lends() {
+    let (mut task, _, sender) = receiver(16);
+    let k2 = key_in(2, 0);
+    let forwarded = |n: u64| DrrsPeer::Records {
+        epoch: EPOCH,
+        input: 0,
+        records: (0..n).map(|t| rec(&k2, 3 + t)).collect(),
+    };
+    let out = task.on(TaskEvent::Peer { from: sender, message: forwarded(5) });
+    assert!(matches!(out[..], [TaskAction::Error(_)]), "five past a window of four: {out:?}");
+    task.on(TaskEvent::Peer { from: sender, message: forwarded(4) });
+    assert_eq!(task.queued_records(), 4);
+    assert!(task.queued_records() <= task.hold_bound());
+    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 2 });
+    assert_eq!(processed(&out), vec![3, 4, 5, 6]);
+    let credit = DrrsPeer::Credit { epoch: EPOCH, records: 4 };
+    assert!(out.contains(&TaskAction::SendToPeer { to: sender, message: credit }), "{out:?}");
+    task.on(TaskEvent::Peer { from: sender, message: forwarded(4) });
+    assert_eq!(task.queued_records(), 0, "bucket 2 is here: forwarded records go straight in");
+}
+
+/// A sender takes a batch only as far as its credit reaches: the first record it could not
+/// forward and everything after it stay at the channel's head until credit comes back.
+#[test]
+fn a_sender_takes_records_to_forward_only_with_credit() {
+    let (up, me, to) = (TaskId::new(OperatorId(0), 0), TaskId::new(OP, 0), TaskId::new(OP, 1));
+    let channel = InputChannel { input: 0, from: up };
+    let owned = BTreeSet::from([0, 1, 2, 3]);
+    let mut task =
+        DrrsTask::new(TaskConfig { id: me, num_buckets: 4, owned, inputs: BTreeSet::from([channel]) });
+    let sub = Subscale {
+        operator: OP,
+        epoch: EPOCH,
+        index: 0,
+        count: 1,
+        moves: BTreeMap::from([((me, to), vec![2])]),
+        upstreams: BTreeSet::from([up]),
+        wait_records: 16,
+    };
+    task.on(TaskEvent::Start(Arc::new(sub)));
+    task.on(TaskEvent::Peer {
+        from: to,
+        message: DrrsPeer::Open { epoch: EPOCH, watermark: None, credit: 1 },
+    });
+    let (k0, k2) = (key_in(0, 0), key_in(2, 0));
+    let batch = vec![rec(&k2, 1), rec(&k0, 2), rec(&k2, 3), rec(&k0, 4)];
+    assert_eq!(task.data_room(channel, &batch), 2, "one forward, one kept record");
+    let out = task.on(TaskEvent::Records { channel, records: batch[..2].to_vec() });
+    assert_eq!(processed(&out), vec![2]);
+    assert_eq!(task.data_room(channel, &batch[2..]), 0);
+    task.on(TaskEvent::Peer { from: to, message: DrrsPeer::Credit { epoch: EPOCH, records: 1 } });
+    assert_eq!(task.data_room(channel, &batch[2..]), 2);
 }
 
 #[test]
@@ -142,8 +219,10 @@ fn a_sender_fast_forwards_then_pushes_requested_buckets_first() {
     };
     task.on(TaskEvent::Start(Arc::new(sub)));
     // The receiver emitted 6: the sender waits until its own event time caught up.
-    let out =
-        task.on(TaskEvent::Peer { from: to, message: DrrsPeer::Open { epoch: EPOCH, watermark: Some(6) } });
+    let out = task.on(TaskEvent::Peer {
+        from: to,
+        message: DrrsPeer::Open { epoch: EPOCH, watermark: Some(6), credit: 8 },
+    });
     assert!(
         out.iter()
             .all(|a| !matches!(a, TaskAction::SendToPeer { message: DrrsPeer::FastForward { .. }, .. }))
@@ -163,20 +242,6 @@ fn a_sender_fast_forwards_then_pushes_requested_buckets_first() {
         task.on(TaskEvent::Records { channel, records: vec![rec(&key_in(2, 0), 8), rec(&key_in(0, 0), 9)] });
     assert!(matches!(&out[0], TaskAction::SendToPeer { message: DrrsPeer::Records { .. }, .. }), "{out:?}");
     assert_eq!(processed(&out), vec![9]);
-}
-
-#[test]
-fn a_paused_receiver_resumes_at_the_low_water_mark() {
-    let (mut task, channel, sender) = receiver(4);
-    task.on(TaskEvent::Marker { channel, epoch: EPOCH });
-    let (k2, k3) = (key_in(2, 0), key_in(3, 0));
-    let records = vec![rec(&k2, 4), rec(&k2, 5), rec(&k2, 6), rec(&k3, 7), rec(&k3, 8)];
-    let out = task.on(TaskEvent::Records { channel, records });
-    assert!(out.contains(&TaskAction::PauseDirect), "five wait, four may: {out:?}");
-    // Bucket 2 arrives: two records still wait for state, half of the four allowed.
-    let out = task.on(TaskEvent::BucketArrived { from: sender, epoch: EPOCH, bucket: 2 });
-    assert!(out.contains(&TaskAction::ResumeDirect), "at the low-water mark: {out:?}");
-    assert!(!task.is_paused());
 }
 
 /// The hang of issue 26: a task a reconfiguration created learned its channels when deployed; an
@@ -328,8 +393,10 @@ fn a_task_runs_two_subscales_at_once() {
     task.on(TaskEvent::Start(sub(0, BTreeMap::from([((left, me), vec![0])]))));
     task.on(TaskEvent::Start(sub(1, BTreeMap::from([((me, right), vec![1])]))));
     assert_eq!((task.running_subscales(), task.moving_subscales()), (2, 2));
-    let out = task
-        .on(TaskEvent::Peer { from: right, message: DrrsPeer::Open { epoch: EPOCH + 1, watermark: None } });
+    let out = task.on(TaskEvent::Peer {
+        from: right,
+        message: DrrsPeer::Open { epoch: EPOCH + 1, watermark: None, credit: 8 },
+    });
     assert!(out.contains(&TaskAction::PushBucket { to: right, epoch: EPOCH + 1, bucket: 1 }), "{out:?}");
     // A record of bucket 0 from upstream waits for subscale 0's state, in subscale 0.
     task.on(TaskEvent::Peer { from: left, message: DrrsPeer::FastForward { epoch: EPOCH, watermark: None } });

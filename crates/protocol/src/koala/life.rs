@@ -13,11 +13,18 @@
 //! the last `StateEnd` it awaited, the `Release`).
 //!
 //! **A Koala task of a keyed operator:**
-//! A task's inputs have ended once no data channel is open, nothing is held or in transition,
+//! A task's inputs have ended once no data channel is open, nothing is held, awaited or in transition,
 //! and no epoch it takes buckets in is still to begin (the hand-over may still bring records and
 //! timers; a task a reconfiguration created learns its channels at its first `Start`). It then
-//! reports `InputsEnded` once, with the last epoch it knew of, and keeps serving state; it exits
-//! once the coordinator released it too.
+//! ends its outputs, reports `InputsEnded` with the last epoch it *started*, and keeps serving
+//! state; it exits once the coordinator released it too. A task that reported and then starts
+//! another epoch (its report crossed the epoch's `Prepare`) takes part in it — buckets, filters
+//! and pulls to other tasks may come with it — so its report is stale: it reports again once that
+//! part is over (its outputs stay ended), and the coordinator, which sent the `Start`, counts
+//! only a report naming an epoch the task started at or after the last one it was sent
+//! (`crate::engine::Engine`; the simulator's seed 288 of `scale_in_n4` exited a task that
+//! another still pulled from without this). Nor does it report while a filter it asked for has
+//! not arrived: the location could be released, and exit, before the request reached it.
 
 use koala_types::Epoch;
 
@@ -27,12 +34,26 @@ use super::task::KoalaTask;
 #[derive(Clone, Debug, Default)]
 pub struct TaskLife {
     epoch: Epoch,
+    /// The last epoch the task started (its `InputsEnded` report names it).
+    started_epoch: Epoch,
     /// An epoch this task was prepared for and takes buckets in, until its `Start`.
     receiving: Option<Epoch>,
     /// Created by a reconfiguration and not started yet (it knows no channel).
     unstarted: bool,
     inputs_ended: bool,
+    /// The task ended its outputs (at its first `InputsEnded`).
+    outputs_ended: bool,
     released: bool,
+}
+
+/// What [`TaskLife::check_inputs_ended`] tells the task to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputsEnded {
+    /// The epoch to report `InputsEnded` with: the last one the task started.
+    pub epoch: Epoch,
+    /// Whether to fire every timer and end the outputs first (the first report; a report again
+    /// after a later epoch ended nothing new).
+    pub end_outputs: bool,
 }
 
 impl TaskLife {
@@ -49,10 +70,13 @@ impl TaskLife {
         }
     }
 
-    /// The task's core started `epoch`.
+    /// The task's core started `epoch`: an `InputsEnded` it reported is stale (see the module
+    /// docs); it reports again once its part is over.
     pub fn started(&mut self, epoch: Epoch) {
         self.epoch = epoch;
+        self.started_epoch = epoch;
         self.unstarted = false;
+        self.inputs_ended = false;
         if self.receiving.is_some_and(|e| e <= epoch) {
             self.receiving = None;
         }
@@ -83,20 +107,27 @@ impl TaskLife {
         self.inputs_ended
     }
 
-    /// After every event: the epoch to report `InputsEnded` with, once, when the task's inputs
-    /// have just ended (the caller then fires every timer and ends its outputs).
-    pub fn check_inputs_ended(&mut self, core: &KoalaTask) -> Option<Epoch> {
+    /// Whether the task ended its outputs (it reported `InputsEnded` at least once).
+    pub fn outputs_ended(&self) -> bool {
+        self.outputs_ended
+    }
+
+    /// After every event: whether to report `InputsEnded` now (the task's inputs have just ended,
+    /// or ended again after an epoch it started since its report), and with which epoch.
+    pub fn check_inputs_ended(&mut self, core: &KoalaTask) -> Option<InputsEnded> {
         if self.inputs_ended
             || self.receiving.is_some()
             || self.unstarted
             || core.has_inputs()
             || core.is_busy()
+            || core.awaits_filters()
             || core.in_transition()
         {
             return None;
         }
         self.inputs_ended = true;
-        Some(self.epoch)
+        let end_outputs = !std::mem::replace(&mut self.outputs_ended, true);
+        Some(InputsEnded { epoch: self.started_epoch, end_outputs })
     }
 
     /// Whether the task may exit: released, and its inputs ended (the runtime also waits until

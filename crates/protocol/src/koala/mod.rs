@@ -51,7 +51,7 @@ pub use error::ProtocolError;
 pub(crate) use event_time::{ChannelWatermarks, HeldTimes};
 pub use filter::{FilterBuild, KeyFilter};
 pub use klt::{BatchLookup, KeyLookupTable, PendingFilter, bucket_and_key_hash, key_hash, key_hash_of};
-pub use life::TaskLife;
+pub use life::{InputsEnded, TaskLife};
 pub use messages::{
     BucketLocations, ExtraKeys, FetchRequest, FetchResponse, FilterRequest, FilterResponse, HandOver,
     InputSource, Layer, PeerMessage, Reconfiguration, Role, TaskAck,

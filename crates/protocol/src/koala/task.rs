@@ -305,6 +305,8 @@ pub struct KoalaTask {
     pub(super) intake_tag: u64,
     /// Fault injection: the reverted hold-back rule ([`Self::inject_fault_hold_back_after_marker`]).
     pub(super) fault_hold_back_after_marker: bool,
+    /// Filter requests sent and not answered yet ([`Self::awaits_filters`]).
+    pub(super) filters_awaited: usize,
 }
 
 impl KoalaTask {
@@ -338,6 +340,7 @@ impl KoalaTask {
             timers: HandedTimers::default(),
             hold_handed_timers: true,
             max_queued: super::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
+            filters_awaited: 0,
             intake_tag: 0,
             fault_hold_back_after_marker: false,
         }
@@ -396,6 +399,12 @@ impl KoalaTask {
     /// Whether the task holds records it has not processed or has a fetch outstanding.
     pub fn is_busy(&self) -> bool {
         self.held.min().is_some() || !self.pipeline.is_quiet() || !self.timers.is_idle()
+    }
+
+    /// Whether a filter this task asked for has not arrived yet: the location must not be
+    /// released meanwhile, so the task does not report `InputsEnded` (`TaskLife`).
+    pub fn awaits_filters(&self) -> bool {
+        self.filters_awaited > 0
     }
 
     /// Sets `[runtime] max_queued_records` (at least 1): see [`Self::takes_data`].
@@ -557,14 +566,14 @@ impl KoalaTask {
             TaskEvent::FetchRequest { from, request } => self.on_fetch_request(from, request, &mut out),
             TaskEvent::FetchResponse { from, response } => self.on_fetch_response(from, response, &mut out),
             TaskEvent::FilterRequest { from, request } => {
-                // An owner asks while it owns the bucket; if this task owns it again, the asker
-                // handed it on since and drops any answer: there is nothing to build.
-                if !self.klt.owns(request.bucket) {
-                    out.push(TaskAction::BuildFilter { to: from, request });
-                }
+                // Every request is answered, so the asker knows when nobody owes it one (it
+                // reports `InputsEnded` only then, `TaskLife`). If this task owns the bucket again,
+                // the asker handed it on since and drops the answer.
+                out.push(TaskAction::BuildFilter { to: from, request });
                 Ok(())
             }
             TaskEvent::Filter { from, response } => {
+                self.filters_awaited = self.filters_awaited.saturating_sub(1);
                 self.klt.filter_arrived(from, response.bucket, response.since, response.filter);
                 Ok(())
             }

@@ -255,6 +255,7 @@ impl KoalaTask {
                 let watermark = hand_over.watermark;
                 let pending = self.klt.install(hand_over)?;
                 for p in pending {
+                    self.filters_awaited += 1;
                     out.push(TaskAction::RequestFilter {
                         from: p.location,
                         request: FilterRequest { bucket: p.bucket, since: p.since },

@@ -4,8 +4,10 @@
 //! then emits nothing and takes no command (no `Switch`, so no markers) until the channel has
 //! room; a Koala task with a bound refuses the head of a data channel or peer lane as its core
 //! says ([`KoalaTask::data_room`](crate::koala::KoalaTask::data_room),
-//! [`KoalaTask::peer_room`](crate::koala::KoalaTask::peer_room)) and takes a batch in part; a
-//! paused DRRS task's data channels wait.
+//! [`KoalaTask::peer_room`](crate::koala::KoalaTask::peer_room)) and takes a batch in part; so
+//! does a DRRS task ([`DrrsTask::data_room`](crate::drrs::DrrsTask::data_room): a record to
+//! forward without credit, or one that would wait past its wait buffer) — it takes its peer lane
+//! whole, the credit it lends bounds what comes there.
 
 use koala_types::{ChannelMessage, InputChannel};
 
@@ -32,6 +34,11 @@ impl World {
                         Msg::Data(ChannelMessage::Batch(records)),
                     ) => core.data_room(InputChannel { input, from }, records) > 0,
                     (Some(Core::Koala(core)), _, _) => core.takes_data(),
+                    (
+                        Some(Core::Drrs(core)),
+                        Node::Upstream(from) | Node::Task(from),
+                        Msg::Data(ChannelMessage::Batch(records)),
+                    ) => core.data_room(InputChannel { input, from }, records) > 0,
                     _ => true,
                 }
             }
@@ -45,12 +52,13 @@ impl World {
         }
     }
 
-    /// Whether a Koala task that takes data input refuses the head of one of its data channels
-    /// now (`open`: the deliverable channels).
+    /// Whether a Koala task that takes data input, or a DRRS task, refuses the head of one of its
+    /// data channels now (`open`: the deliverable channels).
     pub(crate) fn refuses_a_head(&self, open: &[usize]) -> bool {
         (0..self.channels.nonempty()).filter(|i| !open.contains(i)).any(|i| {
             matches!(self.channels.head(i), Some(((_, Node::Task(to), Kind::Data(_)), _))
-                if matches!(self.tasks.get(&to).map(|t| &t.core), Some(Core::Koala(c)) if c.takes_data()))
+                if matches!(self.tasks.get(&to).map(|t| &t.core),
+                    Some(Core::Koala(c)) if c.takes_data()) || matches!(self.tasks.get(&to).map(|t| &t.core), Some(Core::Drrs(_))))
         })
     }
 
@@ -58,8 +66,18 @@ impl World {
     /// now; the rest goes back to the head of its channel.
     pub(crate) fn take_part(&mut self, key: ChannelKey, msg: Msg) -> Msg {
         let (from, Node::Task(to), kind) = key else { return msg };
-        let Some(Core::Koala(core)) = self.tasks.get(&to).map(|t| &t.core) else { return msg };
         let (Node::Upstream(sender) | Node::Task(sender)) = from else { return msg };
+        if let (Some(Core::Drrs(core)), Kind::Data(input)) = (self.tasks.get(&to).map(|t| &t.core), kind) {
+            let Msg::Data(ChannelMessage::Batch(mut records)) = msg else { return msg };
+            let room = core.data_room(InputChannel { input, from: sender }, &records);
+            if room < records.len() {
+                let rest = records.split_off(room);
+                self.stats.split_batches += 1;
+                self.channels.push_front(key, Msg::Data(ChannelMessage::Batch(rest)));
+            }
+            return Msg::Data(ChannelMessage::Batch(records));
+        }
+        let Some(Core::Koala(core)) = self.tasks.get(&to).map(|t| &t.core) else { return msg };
         let (taken, rest) = match (kind, msg) {
             (Kind::Data(input), Msg::Data(ChannelMessage::Batch(mut records))) => {
                 let room = core.data_room(InputChannel { input, from: sender }, &records);

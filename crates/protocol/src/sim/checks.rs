@@ -516,8 +516,15 @@ impl World {
         if let Some((id, t)) =
             self.tasks.iter().find(|(_, t)| matches!(t.core, Core::Koala(_)) && !t.life.may_exit())
         {
+            let all: Vec<String> = self
+                .tasks
+                .iter()
+                .map(|(id, t)| {
+                    format!("{id}: ended {} released {}", t.life.inputs_ended(), t.life.released())
+                })
+                .collect();
             return Err(format!(
-                "exit: {id} would never exit (inputs ended: {}, released: {})",
+                "exit: {id} would never exit (inputs ended: {}, released: {}; {all:?})",
                 t.life.inputs_ended(),
                 t.life.released()
             ));

@@ -1,5 +1,5 @@
 //! How the simulated runtime runs DRRS tasks (docs/testing.md §2): it delivers their events,
-//! executes their actions — set-aside timers, bucket pushes on the state lane, backpressure — and
+//! executes their actions — set-aside timers, bucket pushes on the state lane — and
 //! the coordinator's subscale messages, with the same checks as every protocol (single owner,
 //! one live copy, per-key order, watermarks, timers).
 
@@ -76,9 +76,20 @@ impl World {
         let Some(Core::Drrs(core)) = self.tasks.get_mut(&id).map(|t| &mut t.core) else {
             return Err(format!("no DRRS task {id}"));
         };
-        let before = core.waited_records();
+        let (before, was_refusing) = (core.waited_records(), core.is_paused());
         let actions = core.on(event);
         self.stats.waited += core.waited_records() - before;
+        if core.is_paused() && !was_refusing {
+            self.stats.pauses += 1;
+        }
+        // The bounded wait buffer: every record the task holds, forwarded ones included.
+        let (held, bound) = (core.queued_records(), core.hold_bound());
+        self.stats.max_queued = self.stats.max_queued.max(held);
+        if held > bound {
+            return Err(format!(
+                "bounded wait buffer: {id} holds {held} records, more than its bound {bound}"
+            ));
+        }
         self.stats.max_running_subscales = self.stats.max_running_subscales.max(core.running_subscales());
         self.stats.max_moving_subscales = self.stats.max_moving_subscales.max(core.moving_subscales());
         for a in actions {
@@ -113,13 +124,6 @@ impl World {
                 task.aside.extend(moved);
             }
             TaskAction::PushBucket { to, epoch, bucket } => self.push_bucket(me, to, epoch, bucket)?,
-            TaskAction::PauseDirect => {
-                self.paused.insert(me);
-                self.stats.pauses += 1;
-            }
-            TaskAction::ResumeDirect => {
-                self.paused.remove(&me);
-            }
             TaskAction::EmitWatermark(t) => self.exec_task(me, crate::koala::TaskAction::EmitWatermark(t))?,
             TaskAction::Ack { epoch, ack } => {
                 if ack == crate::control::TaskAck::Done {

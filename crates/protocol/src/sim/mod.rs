@@ -107,6 +107,9 @@ pub enum Fault {
     /// do not count meanwhile). With blocking senders ([`SimConfig::channel_capacity`]) it
     /// deadlocks.
     HoldBackAfterMarker,
+    /// DRRS: receivers lend their senders unbounded credit, so forwarded records do not count
+    /// against `wait_records` (the rule before issue 26's fix: a receiver held 187 303 records).
+    UnboundedCredit,
 }
 
 impl Fault {
@@ -126,6 +129,7 @@ impl Fault {
             "flush_after_state_end" => Some(Self::FlushAfterStateEnd),
             "exit_without_release" => Some(Self::ExitWithoutRelease),
             "hold_back_after_marker" => Some(Self::HoldBackAfterMarker),
+            "unbounded_credit" => Some(Self::UnboundedCredit),
             _ => None,
         }
     }
@@ -146,6 +150,7 @@ impl Fault {
             Self::FlushAfterStateEnd => "flush_after_state_end",
             Self::ExitWithoutRelease => "exit_without_release",
             Self::HoldBackAfterMarker => "hold_back_after_marker",
+            Self::UnboundedCredit => "unbounded_credit",
         }
     }
 }
@@ -193,7 +198,7 @@ pub struct SimConfig {
     pub subscales: usize,
     /// DRRS: which schedule runs the subscales (`[drrs] schedule`).
     pub drrs_schedule: crate::drrs::DrrsSchedule,
-    /// DRRS: direct records a receiver lets wait for state before it stops taking direct input.
+    /// DRRS: records a receiver lets wait (`DrrsOptions::wait_records`; forwarded ones count).
     pub wait_records: usize,
     /// Koala: `[runtime] max_queued_records`, the records a task holds before it stops taking
     /// data input (its data channels then wait, as DRRS's do).
@@ -225,7 +230,7 @@ impl SimConfig {
             drain: false,
             subscales: 0,
             drrs_schedule: crate::drrs::DrrsSchedule::Ported,
-            wait_records: 2,
+            wait_records: 8,
             max_queued_records: usize::MAX,
             channel_capacity: 0,
         }
@@ -282,7 +287,9 @@ pub struct SimStats {
     /// Times a task stopped taking data input (DRRS: backpressure from its wait buffer; Koala:
     /// `max_queued_records` held).
     pub pauses: u64,
-    /// Koala: the most records one task held at once (`queued_records`).
+    /// Koala tasks that exited by the runtime's rule ([`crate::koala::TaskLife::may_exit`]).
+    pub exited: u64,
+    /// Koala and DRRS: the most records one task held at once (`queued_records`).
     pub max_queued: usize,
     /// Koala with a bound: steps in which a task that took data input refused the head of one
     /// of its data channels (a record that would park past the bound; the reverted rule: a

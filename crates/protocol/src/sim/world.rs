@@ -60,8 +60,9 @@ pub(crate) struct SimTask {
     /// Released by the coordinator; a Koala task also tracks when its inputs ended and exits
     /// by the runtime's rule ([`TaskLife`]).
     pub(crate) life: TaskLife,
-    /// A stop-and-restart or Remote task exited by the runtime's rule
-    /// ([`TaskLife::target_may_exit`], checked after every event it handles).
+    /// A task exited by the runtime's rule, checked after every event it handles: a Koala task
+    /// by [`TaskLife::may_exit`], a stop-and-restart or Remote task by
+    /// [`TaskLife::target_may_exit`].
     pub(crate) gone: bool,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
     /// state outlives timers) sets one at its own time (a window's end); they fire when the task
@@ -73,14 +74,13 @@ pub(crate) struct SimTask {
 }
 
 impl SimTask {
-    /// Whether the task exited: a stop-and-restart or Remote task by the runtime's rule (every
-    /// input ended, no part of a reconfiguration running), a DRRS task once released. A released
-    /// Koala task keeps its core running here (a background pull may still be answered; the
-    /// runtime's task exits by [`TaskLife::may_exit`], which `check_end` requires of every task).
+    /// Whether the task exited: a Koala task by the runtime's rule (released and its inputs
+    /// ended), a stop-and-restart or Remote task by its rule (every input ended, no part of a
+    /// reconfiguration running), a DRRS task once released. Nothing may ask an exited task for
+    /// state: the request would never be answered.
     pub(crate) fn exited(&self) -> bool {
         match self.core {
-            Core::Koala(_) => false,
-            Core::StopAndRestart(..) => self.gone,
+            Core::Koala(_) | Core::StopAndRestart(..) => self.gone,
             Core::Drrs(_) => self.life.released(),
         }
     }
@@ -310,6 +310,7 @@ impl World {
                 match cfg.fault {
                     Some(Fault::ProcessBeforeState) => core.inject_fault_process_before_state(),
                     Some(Fault::WatermarkBeforeState) => core.inject_fault_watermark_before_state(),
+                    Some(Fault::UnboundedCredit) => core.inject_fault_unbounded_credit(),
                     _ => {}
                 }
                 Core::Drrs(Box::new(core))
@@ -342,6 +343,7 @@ impl World {
             // Backpressure: a paused task's data channels, a channel whose head a Koala task
             // refuses, and the commands of a blocked upstream are not delivered.
             let filtered = !self.paused.is_empty()
+                || self.cfg.protocol == Protocol::Drrs
                 || self.cfg.max_queued_records != usize::MAX
                 || self.cfg.channel_capacity > 0;
             let open: Option<Vec<usize>> =
@@ -630,6 +632,7 @@ impl World {
                     self.stats.released += u64::from(!live);
                 }
                 self.sr_check_exit(id);
+                self.koala_check_exit(id);
                 Ok(())
             }
             (Node::Task(id), msg) => {
@@ -638,8 +641,17 @@ impl World {
                     // Records would be lost; anything else the runtime drops with the task's
                     // queues (an end or marker sent before it exited, a request it no longer
                     // needs to answer: nothing fetches once it is released).
-                    Some(true) if matches!(msg, Msg::Data(ChannelMessage::Batch(_))) => {
+                    Some(true)
+                        if matches!(
+                            msg,
+                            Msg::Data(ChannelMessage::Batch(_)) | Msg::Peer(PeerMessage::Records { .. })
+                        ) =>
+                    {
                         return Err(format!("records for {id}, which exited: {msg:?}"));
+                    }
+                    // The requester would wait for an answer forever.
+                    Some(true) if matches!(msg, Msg::FetchRequest(_) | Msg::FilterRequest(_)) => {
+                        return Err(format!("exit: {from:?} asks {id}, which exited, for state: {msg:?}"));
                     }
                     Some(true) => {
                         self.stats.after_exit += 1;
@@ -795,15 +807,29 @@ impl World {
         for a in actions {
             self.exec_task(id, a)?;
         }
-        if let Some(epoch) = ended {
-            // The runtime's task fires its timers and ends its outputs here (none in the
-            // simulated operator) and keeps serving state until released.
+        if let Some(ended) = ended {
+            // The runtime's task fires its timers and ends its outputs here at the first report
+            // (none in the simulated operator) and keeps serving state until released.
             self.channels.push(
                 (Node::Task(id), Node::Coordinator, Kind::Control),
-                Msg::Ack(epoch, TaskAck::InputsEnded),
+                Msg::Ack(ended.epoch, TaskAck::InputsEnded),
             );
         }
+        self.koala_check_exit(id);
         self.check_claims(id)
+    }
+
+    /// A Koala task exits as the runtime's does, after every event it handles
+    /// ([`TaskLife::may_exit`]): released and its inputs ended.
+    fn koala_check_exit(&mut self, id: TaskId) {
+        if let Some(t) = self.tasks.get_mut(&id)
+            && matches!(t.core, Core::Koala(_))
+            && !t.gone
+            && t.life.may_exit()
+        {
+            t.gone = true;
+            self.stats.exited += 1;
+        }
     }
 
     /// Executes the engine's actions as the workers would: a broadcast reaches the tasks it

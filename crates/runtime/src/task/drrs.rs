@@ -11,8 +11,10 @@
 //! messages handed to its receiver's lane as the lane makes room; once the last one left (nothing
 //! of it waits in the outbox) the core picks the next, a bucket records wait for first. A push in
 //! progress never stops the task: it keeps taking input for the buckets it still owns and waits
-//! on its queues and on the lanes it pushes into with a real deadline. Only a full outbox
-//! (records forwarded faster than a receiver takes them, [`OUTBOX_BOUND`]) stops data input.
+//! on its queues and on the lanes it pushes into with a real deadline. Data input stops only
+//! where the core says (`DrrsTask::data_room`, the bounded wait buffer: a record to forward
+//! without the receiver's credit, a record that would wait past the buffer; the rest of its
+//! batch and its channel wait in the intake, `super::koala_intake`) and for a full outbox.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use koala_types::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::koala_intake::Intake;
 use super::location::codec;
 use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
@@ -79,8 +82,8 @@ struct DrrsOperator {
     unstarted: Option<(BTreeSet<InputChannel>, BTreeSet<InputChannel>)>,
     watermark: Option<Timestamp>,
     epoch: u64,
-    /// The core stopped direct input (backpressure).
-    paused: bool,
+    /// Data the core did not take yet (its wait buffer's bound, a receiver's credit).
+    intake: Intake,
     /// Timers of buckets this task stopped processing, until their bucket's push.
     aside: Vec<(Timestamp, Vec<u8>)>,
     /// The bucket being pushed to each receiver (the core pushes one at a time per receiver);
@@ -126,7 +129,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
         watermark: None,
         epoch: 0,
-        paused: false,
+        intake: Intake::default(),
         aside: Vec::new(),
         streams: BTreeMap::new(),
         taking_part: None,
@@ -137,6 +140,9 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     loop {
+        // What waited for room first; then the gate holds back the channels still waiting.
+        task.drain_intake(&setup, &mut outputs)?;
+        task.intake.hold_back(&setup.inbox);
         let now = Instant::now();
         let gate = task.op.data_closed_until(now);
         let deadline = outputs
@@ -145,10 +151,10 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
         let deadline = task.op.clock_deadline().map_or(deadline, |c| c.min(deadline));
         let outbox_full = task.outbox.waiting_len() >= OUTBOX_BOUND;
-        let data_open = gate.is_none() && !task.paused && !outbox_full;
-        // Held back by the protocol (`PauseDirect`); a full outbox counts as backpressure.
-        let held_back = task.paused && gate.is_none();
-        task.op.metrics.input_paused(held_back && !setup.inbox.queue().is_empty(), now);
+        let data_open = gate.is_none() && !outbox_full;
+        // Held back by the protocol (records its core refused wait); a full outbox counts as
+        // backpressure.
+        task.op.metrics.input_paused(gate.is_none() && task.intake.has_data(), now);
         task.turn(&setup, &mut outputs, data_open, deadline.saturating_duration_since(now))?;
         task.pump_streams(&setup, &mut outputs)?;
         task.check_taking_part();
@@ -205,7 +211,10 @@ impl DrrsOperator {
             Ok(i) if Some(i) == data => match setup.inbox.queue().try_recv() {
                 Ok(item) => {
                     setup.inbox.took();
-                    self.on_data(setup, outputs, item.channel, item.message)
+                    match self.intake.take(&self.core, item.channel, item.message) {
+                        Some(message) => self.on_data(setup, outputs, item.channel, message),
+                        None => Ok(()),
+                    }
                 }
                 Err(TryRecvError::Empty) => Ok(()),
                 Err(TryRecvError::Disconnected) => Err(RuntimeError::InputClosed(setup.task)),
@@ -241,10 +250,19 @@ impl DrrsOperator {
         }
     }
 
+    /// Feeds the core what waited in the intake for room, as far as it takes it now.
+    fn drain_intake(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
+        while let Some((channel, message)) = self.intake.next(&self.core) {
+            self.on_data(setup, outputs, channel, message)?;
+        }
+        Ok(())
+    }
+
     /// Whether the task is done: every input ended, nothing held, no subscale running or to
     /// come, nothing left to send.
     fn done(&self) -> bool {
         let idle = self.taking_part.is_none()
+            && !self.intake.has_data()
             && self.unstarted.is_none()
             && !self.core.in_transition()
             && !self.core.is_busy()
@@ -431,8 +449,6 @@ impl DrrsOperator {
                     outputs.flush_all()?;
                 }
                 TaskAction::PushBucket { to, epoch, bucket } => self.push(setup, to, epoch, bucket)?,
-                TaskAction::PauseDirect => self.paused = true,
-                TaskAction::ResumeDirect => self.paused = false,
                 TaskAction::EmitWatermark(t) => {
                     self.watermark = Some(t);
                     self.op.advance(setup, outputs, t)?;

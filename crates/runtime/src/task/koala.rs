@@ -249,7 +249,7 @@ impl KoalaOperator {
             TaskCommand::HandOver { .. } => {}
             // Outputs that ended carry nothing more, not even a marker; the coordinator stopped
             // counting on this task when it reported `InputsEnded`.
-            TaskCommand::Switch(_) if self.life.inputs_ended() => {}
+            TaskCommand::Switch(_) if self.life.outputs_ended() => {}
             TaskCommand::Switch(plan) => {
                 setup.switch_and_ack(&plan, outputs)?;
             }
@@ -394,13 +394,15 @@ impl KoalaOperator {
     /// coordinator, and keep serving state until released.
     fn check_inputs_ended(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
         debug_assert_eq!(self.unstarted.is_some(), self.life.unstarted());
-        let Some(epoch) = self.life.check_inputs_ended(&self.core) else {
+        let Some(ended) = self.life.check_inputs_ended(&self.core) else {
             return Ok(());
         };
-        self.op.advance(setup, outputs, Timestamp::MAX)?;
-        outputs.flush_all()?;
-        outputs.broadcast(&ChannelMessage::EndOfStream)?;
-        setup.ack(epoch, TaskAck::InputsEnded);
+        if ended.end_outputs {
+            self.op.advance(setup, outputs, Timestamp::MAX)?;
+            outputs.flush_all()?;
+            outputs.broadcast(&ChannelMessage::EndOfStream)?;
+        }
+        setup.ack(ended.epoch, TaskAck::InputsEnded);
         Ok(())
     }
 

@@ -1,8 +1,9 @@
-//! What a Koala task took off its data queue and peer lane but its core did not take yet
-//! (docs/architecture.md §4, bounded Koala inbox). The core says how many records of a batch it
-//! takes (`KoalaTask::data_room`, `KoalaTask::peer_room`): with those answers it never holds more
-//! than `max_queued_records`, and nothing deadlocks (the simulator checks both with upstreams
-//! that block on full channels, as these do). The rest waits here:
+//! What a Koala or DRRS task took off its data queue (and a Koala task off its peer lane) but its
+//! core did not take yet (docs/architecture.md §4, bounded Koala inbox; docs/protocols.md §11,
+//! DRRS's bounded wait buffer). The core says how many records of a batch it takes
+//! (`KoalaTask::data_room`, `KoalaTask::peer_room`, `DrrsTask::data_room`): with those answers
+//! it never holds more than its bound, and nothing deadlocks (the simulator checks both with
+//! upstreams that block on full channels, as these do). The rest waits here:
 //!
 //! - a data channel whose head the core refused keeps that message (or the rest of the batch) and
 //!   every later one of the channel, in order, and its senders wait at the queue's gate
@@ -14,10 +15,41 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use koala_protocol::drrs::DrrsTask;
 use koala_protocol::koala::{KoalaTask, PeerMessage};
-use koala_types::{ChannelMessage, InputChannel, TaskId};
+use koala_types::{ChannelMessage, InputChannel, Record, TaskId};
 
 use crate::queue::DataReceiver;
+
+/// A protocol core that says how much of a data batch it takes now.
+pub(super) trait DataRoom {
+    /// How many of `records`, from the front, the core takes now from `channel`.
+    fn data_room(&self, channel: InputChannel, records: &[Record]) -> usize;
+    /// Whether the core takes a watermark, marker or end of stream now.
+    fn takes_data(&self) -> bool;
+}
+
+impl DataRoom for KoalaTask {
+    fn data_room(&self, channel: InputChannel, records: &[Record]) -> usize {
+        KoalaTask::data_room(self, channel, records)
+    }
+
+    fn takes_data(&self) -> bool {
+        KoalaTask::takes_data(self)
+    }
+}
+
+impl DataRoom for DrrsTask {
+    fn data_room(&self, channel: InputChannel, records: &[Record]) -> usize {
+        DrrsTask::data_room(self, channel, records)
+    }
+
+    /// A DRRS task refuses only records (a forward without credit, a record that would wait past
+    /// its buffer); what follows them on their channel waits behind them.
+    fn takes_data(&self) -> bool {
+        true
+    }
+}
 
 /// See the module docs.
 #[derive(Default)]
@@ -34,7 +66,7 @@ impl Intake {
     /// The part of `message` from `channel` the core takes now; the rest waits here.
     pub(super) fn take(
         &mut self,
-        core: &KoalaTask,
+        core: &impl DataRoom,
         channel: InputChannel,
         message: ChannelMessage,
     ) -> Option<ChannelMessage> {
@@ -50,7 +82,7 @@ impl Intake {
     }
 
     /// A message (or part of one) waiting here that the core takes now.
-    pub(super) fn next(&mut self, core: &KoalaTask) -> Option<(InputChannel, ChannelMessage)> {
+    pub(super) fn next(&mut self, core: &impl DataRoom) -> Option<(InputChannel, ChannelMessage)> {
         let channels: Vec<InputChannel> = self.stashed.keys().copied().collect();
         for channel in channels {
             let Some(waiting) = self.stashed.get_mut(&channel) else { continue };
@@ -112,7 +144,7 @@ impl Intake {
 
 /// `message` split into what the core takes now and what waits.
 fn split(
-    core: &KoalaTask,
+    core: &impl DataRoom,
     channel: InputChannel,
     message: ChannelMessage,
 ) -> (Option<ChannelMessage>, Option<ChannelMessage>) {
