@@ -433,7 +433,10 @@ impl KoalaTask {
             // core (it is falling behind).
             let size = self.pipeline.pull_size.max(self.extra_keys);
             let behind = self.pipeline.inbox.len() > PULL_BACKLOG || self.pipeline.input_backlog > 0;
-            self.pipeline.pull_size = if behind { size / 2 } else { size * 2 };
+            // Capped where it grows, not only where it is used: a task that keeps pulling for a
+            // long time (repeated scale-ins) would otherwise overflow it.
+            self.pipeline.pull_size =
+                if behind { size / 2 } else { (size * 2).min(MAX_PULL_KEYS.max(self.extra_keys)) };
         }
         let mut entries = Vec::new();
         let mut waiting = self.pipeline.waiting.as_mut();
