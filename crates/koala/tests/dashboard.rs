@@ -4,8 +4,10 @@
 //! Chromium, draws live data and carries out a rescale submitted from its form. The screenshot
 //! is kept at `$CARGO_TARGET_TMPDIR/dashboard.png`.
 
+#[path = "dashboard/cdp.rs"]
 mod cdp;
 mod common;
+#[path = "dashboard/exposition.rs"]
 mod exposition;
 
 use std::io::{BufRead, BufReader, Read, Write};

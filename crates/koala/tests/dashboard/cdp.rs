@@ -31,12 +31,28 @@ pub fn chromium() -> Option<String> {
     })
 }
 
+/// A GET to the DevTools HTTP server, which keeps connections open: the body is read by its
+/// Content-Length.
 fn http_get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).expect("connect to DevTools");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read DevTools answer");
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    let mut reader = BufReader::new(s);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body).expect("DevTools answer");
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 impl Browser {
