@@ -280,8 +280,8 @@ pub fn coordinator(
         std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
     }
     let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
-    println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
-    println!("{dashboard}");
+    // One line: scripts read the first line and may close the pipe after it.
+    println!("coordinator listening on {addr}; waiting for {} workers; {dashboard}", config.workers);
     let summary = run_job(
         listener,
         JobRun {
