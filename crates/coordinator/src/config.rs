@@ -77,6 +77,9 @@ pub struct JobConfig {
     /// before the job starts.
     #[serde(default)]
     pub warm_state: Option<PathBuf>,
+    /// The coordinator's own settings (`[coordinator]`: the HTTP port).
+    #[serde(default)]
+    pub coordinator: crate::http::CoordinatorSection,
 }
 
 /// One entry of the reconfiguration schedule. Give exactly one of: `parallelism` (rescale),

@@ -103,20 +103,66 @@ fn accept_loop(listener: &TcpListener, workers: &Sender<(TcpStream, String)>, ev
 }
 
 fn answer_client(stream: TcpStream, request: ReconfigRequest, events: &Sender<Event>) {
-    let (tx, rx) = bounded(1);
-    let reply = if events.send(Event::Client(request, tx)).is_err() {
-        ClientReply::Rejected { error: "the job has ended".into() }
-    } else {
-        rx.recv_timeout(Duration::from_secs(30)).unwrap_or(ClientReply::Rejected {
-            error: "the coordinator did not answer within 30 s; it may still take the request \
-                        later: watch the job's output for its start before resubmitting"
-                .into(),
-        })
-    };
+    let reply = request_reply(events, request);
     let mut w = BufWriter::new(stream);
     if write_frame(&mut w, &reply).and_then(|_| w.flush()).is_err() {
         tracing::warn!("a client left before its reply");
     }
+}
+
+/// Hands a client's request to the job's event loop and waits for its answer: the one path of
+/// every request, whether it came over the framed control protocol (`koala rescale` …) or over
+/// HTTP (`POST /api/rescale` …). The event loop validates it against the current deployment
+/// (`reconfig::plan`) and queues or starts it.
+pub fn request_reply(events: &Sender<Event>, request: ReconfigRequest) -> ClientReply {
+    let (tx, rx) = bounded(1);
+    if events.send(Event::Client(request, tx)).is_err() {
+        return ClientReply::Rejected { error: "the job has ended".into() };
+    }
+    rx.recv_timeout(Duration::from_secs(30)).unwrap_or(ClientReply::Rejected {
+        error: "the coordinator did not answer within 30 s; it may still take the request \
+                    later: watch the job's output for its start before resubmitting"
+            .into(),
+    })
+}
+
+/// What a client prints for a reply: `Ok` with the line for an accepted or queued request,
+/// `Err` with the line for a rejected one (`koala rescale` and `POST /api/rescale` alike).
+pub fn reply_line(reply: &ClientReply) -> Result<String, String> {
+    match reply {
+        ClientReply::Accepted { epoch } => Ok(format!("accepted as reconfiguration {epoch}")),
+        ClientReply::Queued { ahead } => {
+            Ok(format!("queued behind {ahead} reconfiguration(s); it starts when they complete"))
+        }
+        ClientReply::Rejected { error } => Err(format!("rejected: {error}")),
+    }
+}
+
+/// Parses a bucket move, `BUCKETS:TASK` (`3,4,10-12:1`: buckets 3, 4, 10, 11 and 12 go to task
+/// 1), for `koala rebalance --move` and `POST /api/rebalance` alike; `field` names the input in
+/// errors (`--move`, `moves[0]`).
+pub fn parse_move(text: &str, field: &str) -> Result<(Vec<u16>, u32), String> {
+    let (buckets, task) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{field} {text:?}: expected BUCKETS:TASK, e.g. 3,4,10-12:1"))?;
+    let task: u32 =
+        task.trim().parse().map_err(|_| format!("{field} {text:?}: task {task:?} is not a number"))?;
+    let mut out = Vec::new();
+    for part in buckets.split(',') {
+        let part = part.trim();
+        let bad = || format!("{field} {text:?}: {part:?} is not a bucket or a range like 10-12");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u16, u16) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(format!("{field} {text:?}: range {part:?} is empty"));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok((out, task))
 }
 
 fn collect_workers(

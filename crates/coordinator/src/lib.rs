@@ -4,6 +4,7 @@
 pub mod config;
 pub mod control;
 mod error;
+pub mod http;
 mod job;
 pub mod metrics_store;
 pub mod partition;

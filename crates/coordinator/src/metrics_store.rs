@@ -208,6 +208,15 @@ pub enum TaskScope<'a> {
     NotReporting(&'a str),
 }
 
+/// How [`MetricsStore::per_second_grouped`] groups tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    /// One group per task (`operator.index`).
+    Task,
+    /// One group per operator: the task name without its `.index`.
+    Operator,
+}
+
 /// The SQLite file holding metrics and reconfiguration events of every run.
 #[derive(Debug)]
 pub struct MetricsStore {
@@ -358,6 +367,38 @@ impl MetricsStore {
         Ok(rows.into_iter().filter_map(|(t, v)| Some((t, v?))).collect())
     }
 
+    /// Per group of tasks (`grouping`) and second from `since_s` on (unix seconds), `metric`
+    /// combined over the group's tasks with `agg`: `(group, unix second, value)` by group and
+    /// time; seconds without a (finite) value are absent.
+    pub fn per_second_grouped(
+        &self,
+        run: &str,
+        metric: &str,
+        agg: Aggregate,
+        grouping: Grouping,
+        since_s: u64,
+    ) -> Result<Vec<(String, u64, f64)>, MetricsStoreError> {
+        // `operator.index` → `operator`: strip the index's digits, then the dot.
+        let key = match grouping {
+            Grouping::Task => "task",
+            Grouping::Operator => "rtrim(rtrim(task, '0123456789'), '.')",
+        };
+        let sql = format!(
+            "SELECT {key}, time, {} FROM metrics WHERE run = ?1 AND metric = ?2 AND time >= ?3 \
+             GROUP BY 1, time ORDER BY 1, time",
+            agg.sql()
+        );
+        let rows = (|| {
+            let mut stmt = self.conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params![run, metric, since_s], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, u64>(1)?, row.get::<_, Option<f64>>(2)?))
+            })?;
+            rows.collect::<Result<Vec<_>, _>>()
+        })()
+        .map_err(|e| self.fail(format!("read per-second {metric} by {grouping:?} of run {run:?}"), e))?;
+        Ok(rows.into_iter().filter_map(|(g, t, v)| Some((g, t, v?))).collect())
+    }
+
     /// Every sample of `metric` in `run`, as `(task, unix second, value)`, by task and time.
     pub fn task_samples(
         &self,
@@ -484,6 +525,31 @@ mod tests {
         assert_eq!(get(Aggregate::Sum, lag), vec![(1, 100.0)]);
         assert_eq!(get(Aggregate::Mean, not_lag), vec![(1, 50.0)]);
         assert_eq!(get(Aggregate::Max, not_lag), vec![(1, 60.0)]);
+    }
+
+    #[test]
+    fn grouped_aggregates_combine_an_operators_tasks_from_a_second_on() {
+        let (_dir, mut s) = store();
+        s.begin_run(&run("r", 0)).unwrap();
+        s.insert_samples(
+            "r",
+            &[
+                sample(1, "agg2.0", metric::RECORDS_IN, 1.0),
+                sample(2, "agg2.0", metric::RECORDS_IN, 40.0),
+                sample(2, "agg2.11", metric::RECORDS_IN, 60.0),
+                sample(2, "map.0", metric::RECORDS_IN, 7.0),
+                sample(2, "map.0", metric::RECORDS_OUT, 9.0),
+            ],
+        )
+        .unwrap();
+        let get = |agg, grouping| s.per_second_grouped("r", metric::RECORDS_IN, agg, grouping, 2).unwrap();
+        let row = |g: &str, v| (g.to_string(), 2, v);
+        assert_eq!(get(Aggregate::Sum, Grouping::Operator), vec![row("agg2", 100.0), row("map", 7.0)]);
+        assert_eq!(get(Aggregate::Max, Grouping::Operator), vec![row("agg2", 60.0), row("map", 7.0)]);
+        assert_eq!(
+            get(Aggregate::Sum, Grouping::Task),
+            vec![row("agg2.0", 40.0), row("agg2.11", 60.0), row("map.0", 7.0)]
+        );
     }
 
     #[test]

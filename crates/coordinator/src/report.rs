@@ -39,14 +39,16 @@ use koala_types::metric;
 use thiserror::Error;
 
 use crate::config::JobConfig;
-use crate::metrics_store::{Aggregate, MetricsStore, MetricsStoreError, Reconfiguration, RunInfo, TaskScope};
+use crate::metrics_store::{MetricsStore, MetricsStoreError, Reconfiguration, RunInfo, TaskScope};
 
 pub mod derived;
 mod overlay;
 mod render;
+pub mod table;
 
 pub use overlay::{overlay_offered, write_overlay, write_throughput_overlay};
 pub use render::Span;
+pub use table::{GroupSeries, PerSecondTable, SecondRow, combine, group_series};
 
 pub use derived::{
     BASELINE_S, DISRUPTION_WINDOW_S, DipReference, OfferedRate, RECOVERY_HOLD_S, StateMoved, ThroughputDip,
@@ -106,48 +108,6 @@ pub enum ReportError {
         /// What plotters reported.
         message: String,
     },
-}
-
-/// One second of the report table (see the module docs for each column's definition).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SecondRow {
-    /// Seconds since the run's start second.
-    pub t_s: i64,
-    /// Records consumed by source tasks this second.
-    pub throughput: f64,
-    /// Records the sinks took this second (Σ `records_in` over the tasks that reported
-    /// `latency_p50_ms` in the run: the sinks).
-    pub output: f64,
-    /// Records offered to the sources this second by the config's rate schedule
-    /// ([`OfferedRate::in_second`]); `None` where unknown.
-    pub offered: Option<f64>,
-    /// Mean source lag, ms.
-    pub lag_mean_ms: Option<f64>,
-    /// Worst source task's p99 lag, ms.
-    pub lag_p99_ms: Option<f64>,
-    /// Mean per-batch latency of processing tasks, µs.
-    pub batch_latency_mean_us: Option<f64>,
-    /// Worst processing task's p99 per-batch latency, µs.
-    pub batch_latency_p99_us: Option<f64>,
-    /// Longest batch of any processing task, µs.
-    pub batch_latency_max_us: Option<f64>,
-    /// State bytes moved this second: on demand, in the background and eagerly together.
-    pub state_bytes_moved: f64,
-    /// Worst task's milliseconds blocked on backpressure.
-    pub backpressure_ms: Option<f64>,
-    /// Worst sink's median end-to-end latency, ms.
-    pub latency_p50_ms: Option<f64>,
-    /// Worst sink's p99 end-to-end latency, ms.
-    pub latency_p99_ms: Option<f64>,
-    /// Largest end-to-end latency of any sink, ms.
-    pub latency_max_ms: Option<f64>,
-}
-
-/// The per-second table of a run, one row for every second from its first to its last sample.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PerSecondTable {
-    /// Rows by ascending `t_s`, without gaps.
-    pub rows: Vec<SecondRow>,
 }
 
 /// One reconfiguration with the numbers derived around it.
@@ -259,7 +219,21 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         },
         None => store.latest_run()?.ok_or_else(|| ReportError::NoRuns { path: db.to_path_buf() })?,
     };
-    let mut table = read_table(&store, &info)?;
+    let mut summary = summarize(&store, info)?;
+    std::fs::create_dir_all(out_dir)
+        .map_err(|source| ReportError::Write { path: out_dir.to_path_buf(), source })?;
+    summary.files = render::write_plots(&summary, out_dir)?;
+    let html = out_dir.join("report.html");
+    std::fs::write(&html, render::render_html(&summary))
+        .map_err(|source| ReportError::Write { path: html.clone(), source })?;
+    summary.files.push(html);
+    Ok(summary)
+}
+
+/// Everything the report computes for the run `info` of `store`, without writing a file (the
+/// live API serves it while the run is still going; `files` is empty).
+pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, ReportError> {
+    let mut table = table::read_table(store, &info)?;
     let run_start_s = secs_of_ms(info.started_ms);
     let throughput: Vec<(i64, f64)> = table.rows.iter().map(|r| (r.t_s, r.throughput)).collect();
     let lag: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.lag_mean_ms)).collect();
@@ -278,7 +252,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms) - run_start_s).collect();
     let moved = |m: &str| -> Result<Vec<(i64, f64)>, ReportError> {
         Ok(store
-            .per_second(&info.run, m, Aggregate::Sum, TaskScope::All)?
+            .per_second(&info.run, m, combine(m), TaskScope::All)?
             .into_iter()
             .map(|(t, v)| (i64::try_from(t).unwrap_or(i64::MAX) - run_start_s, v))
             .collect())
@@ -324,7 +298,12 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         None => Vec::new(),
     };
     let tail: Vec<f64> = table.rows.iter().filter_map(|r| r.lag_p99_ms).collect();
-    let paused = store.per_second(&info.run, metric::INPUT_PAUSED_MS, Aggregate::Max, TaskScope::All)?;
+    let paused = store.per_second(
+        &info.run,
+        metric::INPUT_PAUSED_MS,
+        combine(metric::INPUT_PAUSED_MS),
+        TaskScope::All,
+    )?;
     // The peak within each second; a run recorded before it existed has the end-of-second gauge.
     let mut queued = store.task_samples(&info.run, metric::QUEUED_RECORDS_MAX)?;
     if queued.is_empty() {
@@ -342,7 +321,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
     let longest = |f: fn(&ReconfigurationSummary) -> Option<u64>| {
         reconfigurations.iter().map(f).collect::<Option<Vec<u64>>>().and_then(|r| r.into_iter().max())
     };
-    let mut summary = ReportSummary {
+    Ok(ReportSummary {
         records_total,
         mean_throughput: if table.rows.is_empty() { 0.0 } else { records_total / table.rows.len() as f64 },
         peak_lag_mean_ms: max_of(|r| r.lag_mean_ms),
@@ -368,15 +347,7 @@ pub fn report(db: &Path, run: Option<&str>, out_dir: &Path) -> Result<ReportSumm
         plots_have_text: render::plot_font_ready(),
         files: Vec::new(),
         run: info,
-    };
-    std::fs::create_dir_all(out_dir)
-        .map_err(|source| ReportError::Write { path: out_dir.to_path_buf(), source })?;
-    summary.files = render::write_plots(&summary, out_dir)?;
-    let html = out_dir.join("report.html");
-    std::fs::write(&html, render::render_html(&summary))
-        .map_err(|source| ReportError::Write { path: html.clone(), source })?;
-    summary.files.push(html);
-    Ok(summary)
+    })
 }
 
 /// Per task, Σ of its hits and misses samples: (task, hits, misses), by task.
@@ -403,119 +374,8 @@ fn shortfall(samples: &[(String, u64, f64)], budget: f64) -> Vec<(String, u64, f
 }
 
 /// Whole unix seconds of a unix-milliseconds instant (the store caps values at `i64::MAX`).
-fn secs_of_ms(ms: u64) -> i64 {
+pub(crate) fn secs_of_ms(ms: u64) -> i64 {
     i64::try_from(ms / 1000).unwrap_or(i64::MAX)
-}
-
-fn read_table(store: &MetricsStore, info: &RunInfo) -> Result<PerSecondTable, ReportError> {
-    let sources = TaskScope::Reporting(metric::SOURCE_LAG_MEAN_MS);
-    let processing = TaskScope::NotReporting(metric::SOURCE_LAG_MEAN_MS);
-    let columns = [
-        (metric::RECORDS_IN, Aggregate::Sum, sources),
-        (metric::SOURCE_LAG_MEAN_MS, Aggregate::Mean, sources),
-        (metric::SOURCE_LAG_P99_MS, Aggregate::Max, sources),
-        (metric::BATCH_LATENCY_MEAN_US, Aggregate::Mean, processing),
-        (metric::BATCH_LATENCY_P99_US, Aggregate::Max, processing),
-        (metric::STATE_BYTES_ON_DEMAND, Aggregate::Sum, TaskScope::All),
-        (metric::BACKPRESSURE_MS, Aggregate::Max, TaskScope::All),
-        (metric::BATCH_LATENCY_MAX_US, Aggregate::Max, processing),
-        (metric::STATE_BYTES_BACKGROUND, Aggregate::Sum, TaskScope::All),
-        (metric::STATE_BYTES_EAGER, Aggregate::Sum, TaskScope::All),
-        (metric::LATENCY_P50_MS, Aggregate::Max, TaskScope::All),
-        (metric::LATENCY_P99_MS, Aggregate::Max, TaskScope::All),
-        (metric::LATENCY_MAX_MS, Aggregate::Max, TaskScope::All),
-        (metric::RECORDS_IN, Aggregate::Sum, TaskScope::Reporting(metric::LATENCY_P50_MS)),
-    ];
-    let run_start_s = secs_of_ms(info.started_ms);
-    let mut series: Vec<BTreeMap<i64, f64>> = Vec::with_capacity(columns.len());
-    for (name, agg, scope) in columns {
-        let values = store.per_second(&info.run, name, agg, scope)?;
-        series.push(
-            values
-                .into_iter()
-                .map(|(t, v)| (i64::try_from(t).unwrap_or(i64::MAX) - run_start_s, v))
-                .collect(),
-        );
-    }
-    let first = series.iter().filter_map(|s| s.keys().next()).min().copied();
-    let last = series.iter().filter_map(|s| s.keys().next_back()).max().copied();
-    let (Some(first), Some(last)) = (first, last) else {
-        return Ok(PerSecondTable::default());
-    };
-    let at = |column: usize, t: i64| series[column].get(&t).copied();
-    let rows = (first..=last)
-        .map(|t| SecondRow {
-            t_s: t,
-            throughput: at(0, t).unwrap_or(0.0),
-            output: at(13, t).unwrap_or(0.0),
-            offered: None,
-            lag_mean_ms: at(1, t),
-            lag_p99_ms: at(2, t),
-            batch_latency_mean_us: at(3, t),
-            batch_latency_p99_us: at(4, t),
-            state_bytes_moved: at(5, t).unwrap_or(0.0) + at(8, t).unwrap_or(0.0) + at(9, t).unwrap_or(0.0),
-            backpressure_ms: at(6, t),
-            batch_latency_max_us: at(7, t),
-            latency_p50_ms: at(10, t),
-            latency_p99_ms: at(11, t),
-            latency_max_ms: at(12, t),
-        })
-        .collect();
-    Ok(PerSecondTable { rows })
-}
-
-impl fmt::Display for PerSecondTable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header = [
-            "t_s",
-            "rec/s",
-            "out/s",
-            "offered/s",
-            "lag_ms",
-            "lag_p99_ms",
-            "e2e_p50_ms",
-            "e2e_p99_ms",
-            "batch_us",
-            "batch_p99_us",
-            "batch_max_us",
-            "moved_B/s",
-            "bp_ms",
-        ];
-        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"));
-        let cells: Vec<[String; 13]> = self
-            .rows
-            .iter()
-            .map(|r| {
-                [
-                    r.t_s.to_string(),
-                    format!("{:.0}", r.throughput),
-                    format!("{:.0}", r.output),
-                    r.offered.map_or_else(|| "-".to_string(), |v| format!("{v:.0}")),
-                    opt(r.lag_mean_ms),
-                    opt(r.lag_p99_ms),
-                    opt(r.latency_p50_ms),
-                    opt(r.latency_p99_ms),
-                    opt(r.batch_latency_mean_us),
-                    opt(r.batch_latency_p99_us),
-                    opt(r.batch_latency_max_us),
-                    format!("{:.0}", r.state_bytes_moved),
-                    opt(r.backpressure_ms),
-                ]
-            })
-            .collect();
-        let mut widths = header.map(str::len);
-        for row in &cells {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.len());
-            }
-        }
-        let header = header.map(str::to_string);
-        for row in std::iter::once(&header).chain(&cells) {
-            let line: Vec<String> = row.iter().zip(widths).map(|(cell, w)| format!("{cell:>w$}")).collect();
-            writeln!(f, "{}", line.join("  "))?;
-        }
-        Ok(())
-    }
 }
 
 fn fmt_opt(v: Option<f64>, unit: &str) -> String {

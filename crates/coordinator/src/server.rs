@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
@@ -16,6 +17,8 @@ use koala_types::WorkerId;
 use crate::config::{ConfigError, JobConfig};
 use crate::control::{Event, accept};
 use crate::error::{CoordinatorError, io};
+use crate::http::HttpServer;
+use crate::http::live::{JobInfo, Live, Phase, Running};
 use crate::job::{JobState, Queued};
 use crate::metrics_store::{MetricSample, MetricsStore, RunInfo};
 use crate::placement::initial_deployment;
@@ -59,6 +62,9 @@ pub struct JobRun {
     /// Once set (a signal handler sets it on Ctrl-C or SIGTERM), the sources end now, as at
     /// `duration_s`: the job drains what is in flight and ends normally, with its summary.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Where to serve the HTTP API, the dashboard and `/metrics` while the job runs (`None`: no
+    /// HTTP server).
+    pub http: Option<TcpListener>,
 }
 
 /// Builds the graph and checks the config against it; returns tasks per operator.
@@ -78,7 +84,8 @@ fn memory_report(job: &JobRun, worker: koala_types::WorkerId, report: koala_prot
 }
 
 /// Runs a job to completion on workers that connect to `listener`.
-pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, CoordinatorError> {
+pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, CoordinatorError> {
+    let http = job.http.take();
     let config = &job.config;
     let (graph, parallelism) = resolve(config, &job.resolver)?;
     koala_types::name_operators(graph.operators.iter().map(|o| o.name.clone()).collect());
@@ -89,6 +96,21 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
     schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut schedule: VecDeque<_> = schedule.into();
     let (events_tx, events) = unbounded();
+    let control_addr = listener.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let info = JobInfo::new(
+        &job.run,
+        &config.query,
+        config.protocol_label(),
+        control_addr,
+        config.metrics_path(),
+        &graph,
+    );
+    let live = Arc::new(Live::new(info));
+    // Stops when dropped, whichever way this function returns.
+    let _http = match http {
+        Some(l) => Some(HttpServer::start(l, live.clone(), events_tx.clone())?),
+        None => None,
+    };
     let mut workers = accept(&listener, config.workers, &events_tx)?;
 
     let deployment = initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run);
@@ -142,6 +164,12 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
     })?;
     engine.set_drrs_options(config.drrs);
+    live.update(|now| {
+        now.phase = Phase::Running;
+        now.started_ms = Some(started_ms);
+        now.deployment = Some(engine.deployment().clone());
+    });
+    let mut published = (0, None, 0, 0, 0);
     let mut state = JobState {
         config,
         graph: &graph,
@@ -209,6 +237,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
             }
             match event {
                 Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
+                    live.add_samples(&samples);
                     totals.add(&graph, &samples);
                     seconds.add(&samples);
                     let rows: Vec<MetricSample> = samples
@@ -250,6 +279,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
                     return Err(CoordinatorError::Timeout("event channel closed".into()));
                 }
             }
+            publish(&live, &state, &mut published);
             if let Some(tx) = &job.progress {
                 for p in seconds.complete(unix_ms() / 1000) {
                     let _ = tx.send(ProgressEvent::Second(p));
@@ -258,6 +288,7 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         }
     };
     let result = event_loop();
+    live.update(|now| now.phase = Phase::Ended);
     let _ = state.workers.broadcast(&CoordinatorMessage::Shutdown);
     result?;
     if state.engine.running().is_some() {
@@ -284,6 +315,29 @@ pub fn run_job(listener: TcpListener, job: JobRun) -> Result<JobSummary, Coordin
         metrics_db: config.metrics_path(),
         reconfigurations: completed,
     })
+}
+
+/// Hands the deployment and the reconfiguration queue to the HTTP API when they changed
+/// (`published`: what it has).
+fn publish(live: &Live, state: &JobState<'_>, published: &mut (u64, Option<u64>, usize, u64, usize)) {
+    let d = state.engine.deployment();
+    let running = state.engine.running();
+    let now = (d.epoch, running.map(|p| p.epoch), state.queue.len(), state.completed, d.finished.len());
+    if now == *published {
+        return;
+    }
+    *published = now;
+    let running = running.map(|p| Running {
+        epoch: p.epoch,
+        operator: state.graph.operator(p.operator).map_or(String::new(), |o| o.name.clone()),
+    });
+    let (deployment, queued, completed) = (d.clone(), state.queue.len(), state.completed);
+    live.update(|snapshot| {
+        snapshot.deployment = Some(deployment);
+        snapshot.running = running;
+        snapshot.queued = queued;
+        snapshot.completed = completed;
+    });
 }
 
 pub(crate) fn unix_ms() -> u64 {

@@ -58,8 +58,10 @@ pub fn demo(
     output_dir: &Path,
     protocol: &str,
     shared: Option<crate::settings::SharedSettings>,
+    http_port: Option<u16>,
 ) -> anyhow::Result<crate::compare::Outcome> {
     let mut config = JobConfig::parse(DEMO_CONFIG, "examples/demo.toml")?;
+    config.coordinator.http_port = http_port;
     config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
     config.protocol = parse_protocol(protocol)?;
@@ -240,9 +242,12 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
     Ok(result)
 }
 
-/// `koala run <config>`.
-pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
-    let config = load_config(path)?;
+/// `koala run <config>`; `http_port` (`--http-port`) overrides `[coordinator] http_port`.
+pub fn run_config(path: &Path, http_port: Option<u16>) -> anyhow::Result<JobSummary> {
+    let mut config = load_config(path)?;
+    if http_port.is_some() {
+        config.coordinator.http_port = http_port;
+    }
     let out = config.output_dir.clone();
     let summary = run_job_locally(config)?;
     // The plots and the summary of the run (demo and bench compute their own).
@@ -254,8 +259,16 @@ pub fn run_config(path: &Path) -> anyhow::Result<JobSummary> {
 }
 
 /// `koala coordinator`: only the coordinator; workers are started by someone else.
-pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> anyhow::Result<()> {
-    let config = load_config(config)?;
+pub fn coordinator(
+    config: &Path,
+    listen: &str,
+    address_file: Option<&Path>,
+    http_port: Option<u16>,
+) -> anyhow::Result<()> {
+    let mut config = load_config(config)?;
+    if http_port.is_some() {
+        config.coordinator.http_port = http_port;
+    }
     koala_coordinator::resolve(&config, &crate::queries::resolver())?;
     anyhow::ensure!(
         config.state.servers_to_start() == 0,
@@ -266,7 +279,9 @@ pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> 
     if let Some(f) = address_file {
         std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
     }
-    println!("coordinator listening on {addr}; waiting for {} workers", config.workers);
+    let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
+    // One line: scripts read the first line and may close the pipe after it.
+    println!("coordinator listening on {addr}; waiting for {} workers; {dashboard}", config.workers);
     let summary = run_job(
         listener,
         JobRun {
@@ -275,10 +290,25 @@ pub fn coordinator(config: &Path, listen: &str, address_file: Option<&Path>) -> 
             run: run_id(),
             progress: None,
             stop: Some(stop_on_signals()?),
+            http: Some(http),
         },
     )?;
     print_summary(&summary);
     Ok(())
+}
+
+/// Binds the HTTP API of a job's coordinator on `host` (the control port's) at `[coordinator]
+/// http_port (0 or unset: any free port); returns it and the line that tells its URL.
+fn bind_http(config: &JobConfig, host: std::net::IpAddr) -> anyhow::Result<(TcpListener, String)> {
+    let port = config.coordinator.http_port.unwrap_or(0);
+    let http = TcpListener::bind((host, port)).with_context(|| {
+        format!("binding the HTTP API to {host}:{port} ([coordinator] http_port, --http-port)")
+    })?;
+    let line = format!(
+        "dashboard at http://{}/ (JSON API: /api/job, /api/metrics, /api/reconfigurations; Prometheus: /metrics)",
+        http.local_addr()?
+    );
+    Ok((http, line))
 }
 
 fn run_id() -> String {
@@ -400,6 +430,8 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
     let addr = listener.local_addr()?.to_string();
     println!("coordinator at {addr} (koala rescale|rebalance|migrate --coordinator {addr} ...)");
+    let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
+    println!("{dashboard}");
     let mut workers = WorkerProcesses(Vec::new());
     for i in 0..config.workers {
         let data_dir = out.join("state").join(format!("worker-{i}"));
@@ -422,8 +454,14 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
         workers.0.push(child);
     }
     let (tx, rx) = crossbeam_channel::unbounded();
-    let job =
-        JobRun { config: config.clone(), resolver, run: run_id(), progress: Some(tx), stop: Some(stop) };
+    let job = JobRun {
+        config: config.clone(),
+        resolver,
+        run: run_id(),
+        progress: Some(tx),
+        stop: Some(stop),
+        http: Some(http),
+    };
     let handle = std::thread::spawn(move || run_job(listener, job));
     // Progress lines come out once every task reported their second (about 2 s late); a
     // reconfiguration's lines wait for them, so both are printed in the order of one clock, the
@@ -536,40 +574,14 @@ fn print_summary(s: &JobSummary) {
 pub fn submit(coordinator: &str, request: koala_protocol::ReconfigRequest) -> anyhow::Result<()> {
     let reply = koala_coordinator::control::submit(coordinator, request)
         .with_context(|| format!("talking to the coordinator at {coordinator}"))?;
-    match reply {
-        koala_protocol::ClientReply::Accepted { epoch } => {
-            println!("accepted as reconfiguration {epoch}");
-            Ok(())
-        }
-        koala_protocol::ClientReply::Queued { ahead } => {
-            println!("queued behind {ahead} reconfiguration(s); it starts when they complete");
-            Ok(())
-        }
-        koala_protocol::ClientReply::Rejected { error } => anyhow::bail!("rejected: {error}"),
-    }
+    let line = koala_coordinator::control::reply_line(&reply).map_err(anyhow::Error::msg)?;
+    println!("{line}");
+    Ok(())
 }
 
-/// Parses `BUCKETS:TASK` (`3,4,10-12:1`).
+/// Parses `BUCKETS:TASK` (`3,4,10-12:1`) of `--move`, as `POST /api/rebalance` does.
 pub fn parse_move(text: &str) -> anyhow::Result<(Vec<u16>, u32)> {
-    let (buckets, task) = text
-        .split_once(':')
-        .with_context(|| format!("--move {text:?}: expected BUCKETS:TASK, e.g. 3,4,10-12:1"))?;
-    let task: u32 =
-        task.trim().parse().with_context(|| format!("--move {text:?}: task {task:?} is not a number"))?;
-    let mut out = Vec::new();
-    for part in buckets.split(',') {
-        let part = part.trim();
-        let bad = || format!("--move {text:?}: {part:?} is not a bucket or a range like 10-12");
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u16, u16) = (a.parse().with_context(bad)?, b.parse().with_context(bad)?);
-                anyhow::ensure!(a <= b, "--move {text:?}: range {part:?} is empty");
-                out.extend(a..=b);
-            }
-            None => out.push(part.parse().with_context(bad)?),
-        }
-    }
-    Ok((out, task))
+    koala_coordinator::control::parse_move(text, "--move").map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ enum Command {
         /// partition policy; drrs-overlapping runs it with the original DRRS's schedule).
         #[arg(long, default_value = "koala")]
         protocol: String,
+        /// Port of the dashboard and HTTP API on 127.0.0.1 (default: any free port; the URL is
+        /// printed at the start).
+        #[arg(long)]
+        http_port: Option<u16>,
     },
     /// Run the demo workload once per protocol (`--protocols`) and print a table: state
     /// moved on demand, in the background and eagerly, backlog recovery time on end-to-end
@@ -80,6 +84,10 @@ enum Command {
     Run {
         /// The job config.
         config: PathBuf,
+        /// Port of the dashboard and HTTP API on 127.0.0.1 (overrides `[coordinator] http_port`;
+        /// default: any free port; the URL is printed at the start).
+        #[arg(long)]
+        http_port: Option<u16>,
     },
     /// Run only the coordinator of a job; workers join with `koala worker --coordinator ADDR`.
     Coordinator {
@@ -92,6 +100,10 @@ enum Command {
         /// Write the address actually bound to this file (for scripts that start workers).
         #[arg(long)]
         address_file: Option<PathBuf>,
+        /// Port of the dashboard and HTTP API, on the --listen host (overrides `[coordinator]
+        /// http_port`; default: any free port; the URL is printed at the start).
+        #[arg(long)]
+        http_port: Option<u16>,
     },
     /// Run a state server for `[state] backend = "remote"` (the Remote baseline): an fjall
     /// database with one key space per operator, shared by all its tasks, over framed TCP. Runs
@@ -312,8 +324,8 @@ fn log_filter(koala_log: Option<String>, default_level: &str) -> tracing_subscri
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Demo { duration_s, output_dir, protocol } => {
-            launch::demo(duration_s, &output_dir, &protocol, None).map(|_| ())
+        Command::Demo { duration_s, output_dir, protocol, http_port } => {
+            launch::demo(duration_s, &output_dir, &protocol, None, http_port).map(|_| ())
         }
         Command::Compare { duration_s, output_dir, protocols, partition_policy } => {
             let parsed = protocols
@@ -333,7 +345,13 @@ fn run(command: Command) -> anyhow::Result<()> {
             }
             let mut outcomes = Vec::new();
             for protocol in &protocols {
-                outcomes.push(launch::demo(duration_s, &output_dir.join(protocol), protocol, Some(shared))?);
+                outcomes.push(launch::demo(
+                    duration_s,
+                    &output_dir.join(protocol),
+                    protocol,
+                    Some(shared),
+                    None,
+                )?);
             }
             println!();
             println!("{}", shared.line());
@@ -343,9 +361,9 @@ fn run(command: Command) -> anyhow::Result<()> {
             compare::print_table(&outcomes);
             Ok(())
         }
-        Command::Run { config } => launch::run_config(&config).map(|_| ()),
-        Command::Coordinator { config, listen, address_file } => {
-            launch::coordinator(&config, &listen, address_file.as_deref())
+        Command::Run { config, http_port } => launch::run_config(&config, http_port).map(|_| ()),
+        Command::Coordinator { config, listen, address_file, http_port } => {
+            launch::coordinator(&config, &listen, address_file.as_deref(), http_port)
         }
         Command::StateServer { listen, data_dir, ignore_interrupt } => {
             if ignore_interrupt {

@@ -1,0 +1,192 @@
+//! The HTTP server against a stand-in event loop: routes, status codes, the request path shared
+//! with the framed control protocol, bounds on bodies, and the Prometheus text.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+
+use crossbeam_channel::unbounded;
+use koala_dataflow::JobGraph;
+use koala_protocol::{ClientReply, ReconfigRequest, TaskSample};
+use koala_types::{OperatorId, TaskId};
+use serde_json::Value;
+
+use super::live::{JobInfo, Live, OperatorInfo};
+use super::{HttpServer, MAX_BODY};
+use crate::control::Event;
+
+fn live(db: std::path::PathBuf) -> Live {
+    let mut info = JobInfo::new(
+        "run-1",
+        "keyed-aggregate",
+        "koala".into(),
+        "127.0.0.1:9".into(),
+        db,
+        &JobGraph::default(),
+    );
+    info.operators = ["source", "aggregate", "sink"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| OperatorInfo {
+            id: OperatorId(i as u32),
+            name: (*name).to_string(),
+            kind: ["source", "stateful", "sink"][i],
+            inputs: Vec::new(),
+        })
+        .collect();
+    Live::new(info)
+}
+
+/// One HTTP/1.1 exchange: (status, body).
+fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string());
+    (status, body)
+}
+
+fn error_of(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    v["error"].as_str().unwrap_or_else(|| panic!("no error in {body}")).to_string()
+}
+
+#[test]
+fn requests_take_the_event_loops_path_and_errors_are_json_with_4xx() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Arc::new(live(dir.path().join("metrics.db")));
+    let (events_tx, events) = unbounded();
+    let server = HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, events_tx).unwrap();
+    // A stand-in event loop: what reaches it, and its answers.
+    let seen = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for event in events.iter().take(3) {
+            if let Event::Client(request, reply) = event {
+                let answer = match &request {
+                    ReconfigRequest::Rescale { parallelism: 3, .. } => ClientReply::Accepted { epoch: 1 },
+                    ReconfigRequest::Migrate { .. } => ClientReply::Queued { ahead: 1 },
+                    _ => ClientReply::Rejected { error: "operator: no operator \"nope\"".into() },
+                };
+                let _ = reply.send(answer);
+                seen.push(request);
+            }
+        }
+        seen
+    });
+    let addr = server.addr();
+    let (status, body) =
+        call(addr, "POST", "/api/rescale", br#"{"operator": "aggregate", "parallelism": 3}"#);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("accepted as reconfiguration 1"), "{body}");
+    let (status, body) =
+        call(addr, "POST", "/api/rebalance", br#"{"operator": "nope", "moves": ["0-3:1", "7:0"]}"#);
+    assert_eq!((status, error_of(&body)), (422, "rejected: operator: no operator \"nope\"".to_string()));
+    let (status, body) =
+        call(addr, "POST", "/api/migrate", br#"{"operator": "aggregate", "task": 0, "worker": 1}"#);
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        seen.join().unwrap(),
+        vec![
+            ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 3 },
+            ReconfigRequest::Rebalance {
+                operator: "nope".into(),
+                moves: vec![(vec![0, 1, 2, 3], 1), (vec![7], 0)]
+            },
+            ReconfigRequest::Migrate { operator: "aggregate".into(), task: 0, worker: 1 },
+        ]
+    );
+    // Rejected before the event loop: malformed bodies name the field, as the CLI's flags do.
+    let cases: &[(&str, &str, &[u8], u16, &str)] = &[
+        ("POST", "/api/rescale", br#"{"operator": "aggregate"}"#, 400, "parallelism: missing"),
+        (
+            "POST",
+            "/api/rescale",
+            br#"{"operator": "aggregate", "parallelism": -1}"#,
+            400,
+            "parallelism: -1 is not a whole number",
+        ),
+        ("POST", "/api/rescale", br#"{"operator": 7, "parallelism": 2}"#, 400, "operator: 7 is not a string"),
+        (
+            "POST",
+            "/api/rescale",
+            br#"{"operator": "a", "parallelism": 2, "extra": 1}"#,
+            400,
+            "extra: not a field of this request",
+        ),
+        ("POST", "/api/rebalance", br#"{"operator": "a", "moves": "0:1"}"#, 400, "moves: not a list"),
+        (
+            "POST",
+            "/api/rebalance",
+            br#"{"operator": "a", "moves": ["x:1"]}"#,
+            400,
+            "moves[0] \"x:1\": \"x\" is not a bucket",
+        ),
+        ("POST", "/api/rebalance", br#"{"operator": "a", "moves": []}"#, 400, "moves: give at least one"),
+        ("POST", "/api/migrate", b"not json", 400, "body: not JSON"),
+        ("POST", "/api/migrate", b"[1]", 400, "body: not a JSON object"),
+        ("GET", "/api/rescale", b"", 405, "takes POST"),
+        ("POST", "/api/job", b"", 405, "takes GET"),
+        ("GET", "/api/nothing", b"", 404, "no route /api/nothing"),
+        ("GET", "/api/metrics?seconds=0", b"", 400, "seconds: \"0\""),
+        ("GET", "/api/metrics?minutes=2", b"", 400, "only seconds=N"),
+    ];
+    for (method, path, body, want_status, needle) in cases {
+        let (status, answer) = call(addr, method, path, body);
+        assert_eq!(status, *want_status, "{method} {path}: {answer}");
+        let error = error_of(&answer);
+        assert!(error.contains(needle), "{method} {path}: {error:?} lacks {needle:?}");
+    }
+    let big = vec![b' '; MAX_BODY + 1];
+    let (status, answer) = call(addr, "POST", "/api/rescale", &big);
+    assert_eq!((status, error_of(&answer)), (413, format!("body: larger than {MAX_BODY} bytes")));
+    // Before the run is recorded: the job answers as starting, with empty series.
+    let (status, body) = call(addr, "GET", "/api/metrics?seconds=5", b"");
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((v["phase"].as_str(), v["seconds"].as_u64()), (Some("starting"), Some(5)));
+    let (status, page) = call(addr, "GET", "/", b"");
+    assert!(
+        status == 200 && page.contains("<title>koala-rs job</title>") && page.contains("/api/metrics"),
+        "{status}"
+    );
+}
+
+#[test]
+fn prometheus_text_has_base_units_labels_and_counter_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = live(dir.path().join("m.db"));
+    let sink = TaskId::new(OperatorId(2), 0);
+    let source = TaskId::new(OperatorId(0), 1);
+    let sample =
+        |time_s, task, metric: &str, value| TaskSample { time_s, task, metric: metric.into(), value };
+    live.add_samples(&[
+        sample(100, source, koala_types::metric::RECORDS_IN, 1000.0),
+        sample(100, sink, koala_types::metric::LATENCY_P99_MS, 900.0),
+        sample(101, source, koala_types::metric::RECORDS_IN, 500.0),
+        sample(101, sink, koala_types::metric::LATENCY_P99_MS, 250.0),
+        sample(101, sink, koala_types::metric::INPUT_PAUSED_MS, f64::NAN),
+    ]);
+    let text = super::prometheus::render(&live.info, &live.snapshot());
+    // Counters add up over the run; gauges are the last second's, in seconds.
+    assert!(
+        text.contains("koala_records_in_total{operator=\"source\",task=\"source.1\",worker=\"\"} 1500\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("koala_e2e_latency_seconds{operator=\"sink\",task=\"sink.0\",worker=\"\",quantile=\"0.99\"} 0.25\n"),
+        "{text}"
+    );
+    assert!(!text.contains("koala_input_paused_seconds_total{"), "a NaN sample is skipped: {text}");
+    assert!(text.contains("# TYPE koala_records_in_total counter\n"), "{text}");
+    assert_eq!(text.matches("# TYPE koala_e2e_latency_seconds ").count(), 1, "one TYPE per name");
+}
