@@ -469,7 +469,7 @@ impl JobConfig {
         if self.checkpoint_interval_ms.is_some() && !crate::checkpoint::SUPPORTED.contains(&self.protocol) {
             return Err(invalid(
                 "checkpoint_interval_ms",
-                &format!(
+                format!(
                     "checkpoints are built for protocol = {} so far, not {:?} (docs/architecture.md §10); \
                      remove checkpoint_interval_ms or choose one of those protocols",
                     crate::checkpoint::SUPPORTED

@@ -95,6 +95,9 @@ impl Job {
     }
 }
 
+/// A completed checkpoint as the harness restores it: id, source positions, counters' counts.
+type Restorable = (u64, [u64; SOURCES], BTreeMap<usize, [u64; SOURCES]>);
+
 fn task(op: u32, index: usize) -> TaskId {
     TaskId::new(OperatorId(op), index as u32)
 }
@@ -105,7 +108,7 @@ pub fn run_checkpoint_sim(seed: u64, records: u64) -> Result<CheckpointSimStats,
     let mut core = CheckpointCore::new(2, 0);
     let mut stats = CheckpointSimStats::default();
     let mut committed: Vec<(usize, u64)> = Vec::new();
-    let mut last: Option<(u64, [u64; SOURCES], BTreeMap<usize, [u64; SOURCES]>)> = None;
+    let mut last: Option<Restorable> = None;
     let mut job = Job::new([0; SOURCES], &BTreeMap::new());
     // Source acks wait here until the checkpoint completes (the core needs every task).
     let mut positions: BTreeMap<u64, [u64; SOURCES]> = BTreeMap::new();
@@ -119,7 +122,7 @@ pub fn run_checkpoint_sim(seed: u64, records: u64) -> Result<CheckpointSimStats,
         if job.sink_open == 0 && job.sink_held.is_empty() {
             // Final commit at the end of input.
             committed.extend(job.sink_pending.values().flatten().copied());
-            committed.extend(job.sink_part.drain(..));
+            committed.append(&mut job.sink_part);
             break;
         }
         let roll = rng.below(100);

@@ -49,7 +49,11 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut next_wm = started + wm_interval;
     let mut buf = Vec::with_capacity(batch);
     let mut lag_samples = Vec::new();
-    while !finished {
+    // A source that had finished at the checkpoint emits nothing.
+    loop {
+        if finished {
+            break;
+        }
         // Commands first: a stop request ends the source between two batches.
         if let Ok(cmd) = setup.commands.try_recv()
             && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)?
