@@ -37,7 +37,7 @@ impl KillPoint {
             checkpoint: 1 + mix % 4,
             during: (mix >> 8) % 2 == 1,
             victim: ((mix >> 12) % 2) as usize,
-            query: if (mix >> 16) % 3 == 0 { "tumbling-window" } else { "keyed-aggregate" },
+            query: if (mix >> 16).is_multiple_of(3) { "tumbling-window" } else { "keyed-aggregate" },
         }
     }
 }
