@@ -80,6 +80,15 @@ pub struct JobConfig {
     /// The coordinator's own settings (`[coordinator]`: the HTTP port).
     #[serde(default)]
     pub coordinator: crate::http::CoordinatorSection,
+    /// Aligned checkpoints every this many milliseconds (off when unset; docs/architecture.md
+    /// §10): with them a lost worker restarts the job from the last completed checkpoint instead
+    /// of failing it, and JSON-lines sinks write exactly once. Checkpoints go to
+    /// `<output_dir>/checkpoints/<id>/`.
+    #[serde(default)]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// Completed checkpoints kept on disk (older ones are deleted).
+    #[serde(default = "defaults::checkpoints_retained")]
+    pub checkpoints_retained: usize,
 }
 
 /// One entry of the reconfiguration schedule. Give exactly one of: `parallelism` (rescale),
@@ -368,6 +377,9 @@ mod defaults {
     pub fn num_buckets() -> u16 {
         koala_types::DEFAULT_NUM_BUCKETS
     }
+    pub fn checkpoints_retained() -> usize {
+        3
+    }
     pub fn output_dir() -> PathBuf {
         PathBuf::from("koala-out")
     }
@@ -422,6 +434,11 @@ impl JobConfig {
         }
     }
 
+    /// Where checkpoints go, if they are on.
+    pub fn checkpoint_dir(&self) -> Option<PathBuf> {
+        self.checkpoint_interval_ms.map(|_| self.output_dir.join("checkpoints"))
+    }
+
     /// The metrics database path.
     pub fn metrics_path(&self) -> PathBuf {
         self.metrics_db.clone().unwrap_or_else(|| self.output_dir.join("metrics.db"))
@@ -439,6 +456,33 @@ impl JobConfig {
     pub fn validate(&self, graph: &JobGraph) -> Result<Vec<u32>, ConfigError> {
         if self.workers == 0 {
             return Err(invalid("workers", "0 workers cannot run a job; use 1 or more"));
+        }
+        if self.checkpoint_interval_ms == Some(0) {
+            return Err(invalid(
+                "checkpoint_interval_ms",
+                "0 ms between checkpoints cannot run; give a positive interval (e.g. 1000) or remove the line to turn checkpoints off",
+            ));
+        }
+        if self.checkpoint_interval_ms.is_some() && self.checkpoints_retained == 0 {
+            return Err(invalid(
+                "checkpoints_retained",
+                "recovery needs the last completed checkpoint; keep at least 1 (the default is 3)",
+            ));
+        }
+        if self.checkpoint_interval_ms.is_some() && !crate::checkpoint::SUPPORTED.contains(&self.protocol) {
+            return Err(invalid(
+                "checkpoint_interval_ms",
+                format!(
+                    "checkpoints are built for protocol = {} so far, not {:?} (docs/architecture.md §10); \
+                     remove checkpoint_interval_ms or choose one of those protocols",
+                    crate::checkpoint::SUPPORTED
+                        .iter()
+                        .map(|p| format!("{:?}", p.name()))
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    self.protocol.name()
+                ),
+            ));
         }
         if self.protocol == koala_protocol::Protocol::Drrs && self.partition_policy != PolicyName::Uniform {
             return Err(invalid(

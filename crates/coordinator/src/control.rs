@@ -23,7 +23,7 @@ pub enum Event {
 
 /// The registered workers' control connections.
 pub struct Workers {
-    writers: Vec<BufWriter<TcpStream>>,
+    writers: BTreeMap<WorkerId, BufWriter<TcpStream>>,
     /// Data-plane address of every worker.
     pub addrs: BTreeMap<WorkerId, String>,
 }
@@ -31,7 +31,11 @@ pub struct Workers {
 impl Workers {
     /// Sends one message to one worker.
     pub fn send(&mut self, worker: usize, msg: &CoordinatorMessage) -> Result<(), CoordinatorError> {
-        let w = &mut self.writers[worker];
+        let id = WorkerId(worker as u32);
+        let w = self.writers.get_mut(&id).ok_or_else(|| CoordinatorError::Io {
+            context: format!("sending to {id}"),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such worker"),
+        })?;
         write_frame(w, msg).and_then(|_| w.flush()).map_err(|source| CoordinatorError::Io {
             context: format!("sending to worker{worker}"),
             source,
@@ -41,8 +45,9 @@ impl Workers {
 
     /// Sends one message to every worker.
     pub fn broadcast(&mut self, msg: &CoordinatorMessage) -> Result<(), CoordinatorError> {
-        for i in 0..self.writers.len() {
-            self.send(i, msg)?;
+        let ids: Vec<WorkerId> = self.writers.keys().copied().collect();
+        for id in ids {
+            self.send(id.0 as usize, msg)?;
         }
         Ok(())
     }
@@ -56,6 +61,37 @@ impl Workers {
     pub fn len(&self) -> usize {
         self.writers.len()
     }
+
+    /// Whether `worker` is one of these (not one of an earlier run of the job: recovery).
+    pub fn contains(&self, worker: WorkerId) -> bool {
+        self.writers.contains_key(&worker)
+    }
+
+    /// The workers' ids.
+    pub fn ids(&self) -> Vec<WorkerId> {
+        self.writers.keys().copied().collect()
+    }
+}
+
+/// Workers that register after the job started (a recovery: restarted or replacement workers).
+pub struct Registrations {
+    incoming: Receiver<(TcpStream, String)>,
+    next_id: u32,
+    events: Sender<Event>,
+}
+
+impl Registrations {
+    /// Waits (at most `limit`) for `count` workers to register, then takes any others already
+    /// waiting (a replacement); ids continue after every id given so far.
+    pub fn collect(&mut self, count: u32, limit: Duration) -> Result<Workers, CoordinatorError> {
+        let mut workers = collect_workers(&self.incoming, count, &self.events, self.next_id, limit)?;
+        while let Ok((stream, addr)) = self.incoming.try_recv() {
+            let id = WorkerId(self.next_id + workers.len() as u32);
+            register(&mut workers, id, stream, addr, &self.events)?;
+        }
+        self.next_id += workers.len() as u32;
+        Ok(workers)
+    }
 }
 
 /// Accepts connections for the life of the job: the first `expected` workers are returned once
@@ -64,7 +100,7 @@ pub fn accept(
     listener: &TcpListener,
     expected: u32,
     events: &Sender<Event>,
-) -> Result<Workers, CoordinatorError> {
+) -> Result<(Workers, Registrations), CoordinatorError> {
     let (worker_tx, worker_rx) = unbounded::<(TcpStream, String)>();
     let accept_listener = listener
         .try_clone()
@@ -74,7 +110,9 @@ pub fn accept(
         .name("koala-accept".into())
         .spawn(move || accept_loop(&accept_listener, &worker_tx, &client_events))
         .map_err(|source| CoordinatorError::Io { context: "spawning the accept thread".into(), source })?;
-    collect_workers(&worker_rx, expected, events)
+    let workers = collect_workers(&worker_rx, expected, events, 0, crate::server::STARTUP_TIMEOUT)?;
+    let next_id = workers.len() as u32;
+    Ok((workers, Registrations { incoming: worker_rx, next_id, events: events.clone() }))
 }
 
 fn accept_loop(listener: &TcpListener, workers: &Sender<(TcpStream, String)>, events: &Sender<Event>) {
@@ -169,9 +207,11 @@ fn collect_workers(
     incoming: &Receiver<(TcpStream, String)>,
     expected: u32,
     events: &Sender<Event>,
+    first_id: u32,
+    limit: Duration,
 ) -> Result<Workers, CoordinatorError> {
-    let mut workers = Workers { writers: Vec::new(), addrs: BTreeMap::new() };
-    let deadline = Instant::now() + crate::server::STARTUP_TIMEOUT;
+    let mut workers = Workers { writers: BTreeMap::new(), addrs: BTreeMap::new() };
+    let deadline = Instant::now() + limit;
     while (workers.writers.len() as u32) < expected {
         let (stream, data_addr) = incoming.recv_deadline(deadline).map_err(|_| {
             CoordinatorError::Timeout(format!(
@@ -179,22 +219,34 @@ fn collect_workers(
                 workers.writers.len()
             ))
         })?;
-        let reader =
-            BufReader::new(stream.try_clone().map_err(|source| CoordinatorError::Io {
-                context: "cloning a worker socket".into(),
-                source,
-            })?);
-        let id = WorkerId(workers.writers.len() as u32);
-        workers.addrs.insert(id, data_addr);
-        workers.writers.push(BufWriter::new(stream));
-        workers.send(id.0 as usize, &CoordinatorMessage::Welcome { worker: id })?;
-        let events = events.clone();
-        std::thread::Builder::new()
-            .name(format!("koala-from-{id}"))
-            .spawn(move || read_worker(id, reader, &events))
-            .map_err(|source| CoordinatorError::Io { context: "spawning a worker reader".into(), source })?;
+        let id = WorkerId(first_id + workers.writers.len() as u32);
+        register(&mut workers, id, stream, data_addr, events)?;
     }
     Ok(workers)
+}
+
+/// Welcomes a registered worker as `id` and starts reading its messages.
+fn register(
+    workers: &mut Workers,
+    id: WorkerId,
+    stream: TcpStream,
+    data_addr: String,
+    events: &Sender<Event>,
+) -> Result<(), CoordinatorError> {
+    let reader = BufReader::new(
+        stream
+            .try_clone()
+            .map_err(|source| CoordinatorError::Io { context: "cloning a worker socket".into(), source })?,
+    );
+    workers.addrs.insert(id, data_addr);
+    workers.writers.insert(id, BufWriter::new(stream));
+    workers.send(id.0 as usize, &CoordinatorMessage::Welcome { worker: id })?;
+    let events = events.clone();
+    std::thread::Builder::new()
+        .name(format!("koala-from-{id}"))
+        .spawn(move || read_worker(id, reader, &events))
+        .map_err(|source| CoordinatorError::Io { context: "spawning a worker reader".into(), source })?;
+    Ok(())
 }
 
 fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<Event>) {

@@ -54,6 +54,11 @@ pub(crate) struct JobState<'a> {
     /// When the coordinator heard that each task's outputs ended (it finished, or reported
     /// `InputsEnded`), unix ms.
     pub(crate) ended_ms: BTreeMap<TaskId, u64>,
+    /// A checkpoint runs: no reconfiguration starts until it completes (`crate::checkpoint`).
+    pub(crate) checkpoint_running: bool,
+    /// Requests started since the last checkpoint started (a recovery to an older deployment
+    /// runs them again; `crate::checkpoint`).
+    pub(crate) started_requests: Vec<ReconfigRequest>,
 }
 
 impl JobState<'_> {
@@ -129,7 +134,7 @@ impl JobState<'_> {
 
     /// Starts the next queued reconfiguration if none is running.
     pub(crate) fn start_next(&mut self) -> Result<(), CoordinatorError> {
-        while self.engine.running().is_none() {
+        while self.engine.running().is_none() && !self.checkpoint_running {
             let Some(q) = self.queue.pop_front() else { return Ok(()) };
             let epoch = self.epoch + 1;
             let current = self.engine.deployment();
@@ -203,6 +208,8 @@ impl JobState<'_> {
                 let _ = r.send(ClientReply::Accepted { epoch });
             }
             let second = self.second_of(started_ms);
+            tracing::info!(epoch, "reconfiguration {epoch} started: {description}");
+            self.started_requests.push(q.request.clone());
             self.say(ProgressEvent::ReconfigurationStarted { epoch, second, description });
             if let Some(max) = created_max {
                 self.next_index.insert(op, max + 1);
@@ -327,6 +334,7 @@ impl JobState<'_> {
             },
         )?;
         self.completed += 1;
+        tracing::info!(epoch, "reconfiguration {epoch} completed");
         let lazy = self.config.protocol == Protocol::Koala;
         let second = self.second_of(completed_ms);
         self.say(ProgressEvent::ReconfigurationCompleted {

@@ -52,6 +52,10 @@ pub(crate) fn initial_deployment(
             sink_dir: config.output_dir.to_string_lossy().into_owned(),
             capacity: config.runtime.capacity(),
             max_queued_records: config.runtime.max_queued_records,
+            checkpoint: koala_protocol::CheckpointOptions {
+                dir: config.checkpoint_dir().map(|d| d.to_string_lossy().into_owned()),
+                restore: None,
+            },
         },
     }
 }

@@ -285,6 +285,7 @@ mod tests {
                 sink_dir: ".".into(),
                 capacity: Default::default(),
                 max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
+                checkpoint: Default::default(),
             },
         };
         for o in &graph.operators {

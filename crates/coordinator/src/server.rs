@@ -47,6 +47,11 @@ pub struct JobSummary {
     pub metrics_db: std::path::PathBuf,
     /// Reconfigurations completed.
     pub reconfigurations: u64,
+    /// Completed checkpoints' sizes in bytes, in order (empty with checkpoints off).
+    pub checkpoint_bytes: Vec<u64>,
+    /// Recoveries after a lost worker: (checkpoint restored, 0 = none yet; ms from the loss to
+    /// the restarted job).
+    pub recoveries: Vec<(u64, u64)>,
 }
 
 /// A job to run.
@@ -111,7 +116,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         Some(l) => Some(HttpServer::start(l, live.clone(), events_tx.clone())?),
         None => None,
     };
-    let mut workers = accept(&listener, config.workers, &events_tx)?;
+    let (mut workers, mut registrations) = accept(&listener, config.workers, &events_tx)?;
 
     let deployment = initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run);
     workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone()), config.state_options()))?;
@@ -160,6 +165,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     tracing::info!(run = %job.run, tasks = deployment.placement.len(), "job started");
     let next_index =
         deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
+    let mut checkpoints = crate::checkpoint::Checkpoints::new(config, &deployment);
     let mut engine = Engine::new(deployment, operator_inputs(&graph)).map_err(|e| {
         CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
     })?;
@@ -187,6 +193,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         start_s: started_ms / 1000,
         start_ms: started_ms,
         ended_ms: BTreeMap::new(),
+        checkpoint_running: false,
+        started_requests: Vec::new(),
     };
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
@@ -208,10 +216,19 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                 && seen.elapsed() > heartbeat_timeout
                 && events.is_empty()
             {
-                return Err(CoordinatorError::WorkerSilent {
-                    worker: *worker,
-                    seconds: seen.elapsed().as_secs_f64(),
-                });
+                let lost =
+                    CoordinatorError::WorkerSilent { worker: *worker, seconds: seen.elapsed().as_secs_f64() };
+                let Some(c) = checkpoints.as_mut().filter(|_| !sinks_finished(&state)) else {
+                    return Err(lost);
+                };
+                let ids = c.recover(&mut state, &mut registrations, &events, &lost)?;
+                last_seen = ids.into_iter().map(|w| (w, Instant::now())).collect();
+                // The restored sources run until they are told to stop again.
+                stop_sent = false;
+                continue;
+            }
+            if let Some(c) = checkpoints.as_mut() {
+                c.tick(&mut state)?;
             }
             state.check_stalled()?;
             let asked_to_stop =
@@ -232,6 +249,12 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                 state.start_next()?;
             }
             let event = events.recv_timeout(Duration::from_millis(20));
+            if let Ok(Event::Worker(worker, _)) = &event
+                && !state.workers.contains(*worker)
+            {
+                // A worker of the job before a recovery: it no longer takes part.
+                continue;
+            }
             if let Ok(Event::Worker(worker, Some(_))) = &event {
                 last_seen.insert(*worker, Instant::now());
             }
@@ -252,7 +275,20 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                     state.store.insert_samples(&job.run, &rows)?;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskFinished { task }))) => {
-                    state.task_finished(task)?
+                    state.task_finished(task)?;
+                    if let Some(c) = checkpoints.as_mut() {
+                        c.on_finished(&mut state, task)?;
+                    }
+                }
+                Ok(Event::Worker(worker, Some(WorkerMessage::CheckpointAck { task, id, ack }))) => {
+                    let Some(c) = checkpoints.as_mut() else {
+                        return Err(CoordinatorError::Protocol {
+                            epoch: state.epoch,
+                            source_task: worker.to_string(),
+                            error: format!("a checkpoint {id} acknowledgement in a job without checkpoints"),
+                        });
+                    };
+                    c.on_ack(&mut state, task, id, ack)?;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
                     return Err(CoordinatorError::TaskFailed { task: state.name(task), error });
@@ -260,7 +296,15 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => {
                     state.on_ack(task, epoch, ack)?;
                 }
-                Ok(Event::Worker(worker, None)) => return Err(CoordinatorError::WorkerLost(worker)),
+                Ok(Event::Worker(worker, None)) => {
+                    let lost = CoordinatorError::WorkerLost(worker);
+                    let Some(c) = checkpoints.as_mut().filter(|_| !sinks_finished(&state)) else {
+                        return Err(lost);
+                    };
+                    let ids = c.recover(&mut state, &mut registrations, &events, &lost)?;
+                    last_seen = ids.into_iter().map(|w| (w, Instant::now())).collect();
+                    stop_sent = false;
+                }
                 Ok(Event::Worker(_, Some(WorkerMessage::Heartbeat))) => {}
                 Ok(Event::Worker(worker, Some(WorkerMessage::Memory(report)))) => {
                     memory_report(&job, worker, report)
@@ -306,6 +350,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     }
     let completed = state.completed;
     drop(state);
+    let (checkpoint_bytes, recoveries) = checkpoints.map(|c| (c.sizes, c.recoveries)).unwrap_or_default();
     Ok(JobSummary {
         run: job.run,
         elapsed: started.elapsed(),
@@ -314,6 +359,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         late_dropped: totals.late_dropped,
         metrics_db: config.metrics_path(),
         reconfigurations: completed,
+        checkpoint_bytes,
+        recoveries,
     })
 }
 
@@ -338,6 +385,21 @@ fn publish(live: &Live, state: &JobState<'_>, published: &mut (u64, Option<u64>,
         snapshot.queued = queued;
         snapshot.completed = completed;
     });
+}
+
+/// Whether every sink task finished: its output is final, so a lost worker then ends the job
+/// as before instead of replaying (a restored sink would write it again).
+fn sinks_finished(state: &JobState) -> bool {
+    let d = state.engine.deployment();
+    state
+        .graph
+        .operators
+        .iter()
+        .filter(|o| matches!(o.kind, koala_dataflow::OperatorKind::Sink { .. }))
+        .flat_map(|o| {
+            d.tasks.get(&o.id).into_iter().flatten().map(move |i| koala_types::TaskId::new(o.id, *i))
+        })
+        .all(|t| d.finished.contains(&t))
 }
 
 pub(crate) fn unix_ms() -> u64 {

@@ -140,6 +140,11 @@ pub struct BenchSpec {
     pub active_keys: u64,
     /// Records per one-key move of the window.
     pub active_shift: u64,
+    /// Aligned checkpoints every this many ms (`None`: off).
+    pub checkpoint_interval_ms: Option<u64>,
+    /// The job's `protocol` (`None`: the default, koala); no reconfiguration runs in the bench,
+    /// but the stateful task loop is the protocol's.
+    pub protocol: Option<String>,
 }
 
 impl BenchSpec {
@@ -151,8 +156,14 @@ impl BenchSpec {
         } else {
             String::new()
         };
+        let checkpoints = self
+            .checkpoint_interval_ms
+            .map(|ms| format!("checkpoint_interval_ms = {ms}\n"))
+            .into_iter()
+            .chain(self.protocol.as_ref().map(|p| format!("protocol = {p:?}\n")))
+            .collect::<String>();
         format!(
-            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n\
+            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n{checkpoints}\
              [state]\nbackend = {:?}\n{cache}\
              [parallelism]\nsource = {p}\naggregate = {p}\nsink = 1\n\
              [params]\nsink = \"discard\"\n[params.generator]\nkey_space = {}\nrecords = {}\n{active}",
@@ -239,6 +250,12 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
     println!("{:<44} {:>12.2}", "last / first", result.last_tenth / result.first_tenth);
     println!("{:<44} {:>12.0}", "per-batch latency p99 (µs, median second)", result.batch_p99_us);
     println!("{:<44} {:>12.0}", "per-batch latency mean (µs)", result.batch_mean_us);
+    if let Some(ms) = spec.checkpoint_interval_ms {
+        let n = summary.checkpoint_bytes.len();
+        let mean = summary.checkpoint_bytes.iter().sum::<u64>() / (n.max(1) as u64);
+        println!("{:<44} {:>12}", format!("checkpoints every {ms} ms, completed"), n);
+        println!("{:<44} {:>12}", "checkpoint size, mean", human_bytes(mean));
+    }
     Ok(result)
 }
 
@@ -568,6 +585,21 @@ fn print_summary(s: &JobSummary) {
         s.reconfigurations,
         s.metrics_db.display()
     );
+    if !s.checkpoint_bytes.is_empty() {
+        let total: u64 = s.checkpoint_bytes.iter().sum();
+        println!(
+            "checkpoints: {} completed, {} each on average, last {}",
+            s.checkpoint_bytes.len(),
+            human_bytes(total / s.checkpoint_bytes.len() as u64),
+            human_bytes(s.checkpoint_bytes.last().copied().unwrap_or(0))
+        );
+    }
+    for (checkpoint, ms) in &s.recoveries {
+        println!(
+            "recovery: a lost worker; restarted from checkpoint {checkpoint} in {:.1} s",
+            *ms as f64 / 1000.0
+        );
+    }
 }
 
 /// `koala rescale|rebalance|migrate`: submits a request to a running coordinator.
@@ -634,9 +666,12 @@ mod tests {
                 parallelism: 2,
                 active_keys: 5,
                 active_shift: 1,
+                checkpoint_interval_ms: (backend == "memory").then_some(1000),
+                protocol: (backend == "memory").then(|| "stop-and-restart".into()),
             };
             let config = JobConfig::parse(&spec.config_text(Path::new("out")), "test").expect("parses");
             assert_eq!(config.state.backend.name(), backend);
+            assert_eq!(config.checkpoint_interval_ms, spec.checkpoint_interval_ms);
             let options = config.state.options();
             assert_eq!(options.cache_bytes, cache_mb.unwrap_or(0) << 20);
             assert_eq!(options.cache_from_budget, backend == "fjall" && cache_mb.is_none());

@@ -188,6 +188,14 @@ enum Command {
         /// one record while it is active; 10 about ten).
         #[arg(long, default_value_t = 1)]
         active_shift: u64,
+        /// Aligned checkpoints every this many ms (off by default; built for
+        /// `--protocol stop-and-restart` and `remote`).
+        #[arg(long)]
+        checkpoint_interval_ms: Option<u64>,
+        /// The job's reconfiguration protocol (default: koala); the bench reconfigures nothing,
+        /// but each protocol has its own stateful task loop.
+        #[arg(long)]
+        protocol: Option<String>,
         /// Where metrics and worker state go.
         #[arg(long, default_value = "koala-out/bench")]
         output_dir: PathBuf,
@@ -392,9 +400,21 @@ fn run(command: Command) -> anyhow::Result<()> {
             parallelism,
             active_keys,
             active_shift,
+            checkpoint_interval_ms,
+            protocol,
             output_dir,
         } => launch::bench(
-            &launch::BenchSpec { keys, records, backend, cache_mb, parallelism, active_keys, active_shift },
+            &launch::BenchSpec {
+                keys,
+                records,
+                backend,
+                cache_mb,
+                parallelism,
+                active_keys,
+                active_shift,
+                checkpoint_interval_ms,
+                protocol,
+            },
             &output_dir,
         )
         .map(|_| ()),

@@ -27,6 +27,27 @@ pub struct RuntimeOptions {
     /// data input (`[runtime] max_queued_records`; `KoalaTask::takes_data`).
     #[serde(default = "default_max_queued_records")]
     pub max_queued_records: usize,
+    /// Aligned checkpoints (off when `dir` is `None`) and the checkpoint a restarted job restores.
+    #[serde(default)]
+    pub checkpoint: CheckpointOptions,
+}
+
+/// Checkpoints as every task sees them (docs/architecture.md §10).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointOptions {
+    /// Where checkpoints go: `<dir>/<id>/<task>`; `None` = checkpoints off.
+    pub dir: Option<String>,
+    /// The checkpoint the tasks start from (a recovery), if any.
+    pub restore: Option<RestorePoint>,
+}
+
+/// A completed checkpoint a restarted job starts from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestorePoint {
+    /// Its number.
+    pub id: koala_types::CheckpointId,
+    /// Each source's position in it (records to skip, or `checkpoint::FINISHED`).
+    pub positions: BTreeMap<TaskId, u64>,
 }
 
 fn default_max_queued_records() -> usize {
@@ -234,6 +255,20 @@ pub enum CoordinatorMessage {
     /// DRRS: a subscale begins, or the upstreams switch to a subscale's routing table
     /// ([`crate::drrs::DrrsControl`]).
     Drrs(Box<crate::drrs::DrrsControl>),
+    /// The live sources inject the barrier of checkpoint `id` (docs/architecture.md §10).
+    /// Every live task answers `CheckpointAck` once its snapshot is written.
+    Checkpoint {
+        /// The checkpoint.
+        id: koala_types::CheckpointId,
+    },
+    /// Checkpoint `id` is complete: sinks commit the output it covers.
+    CheckpointCommitted {
+        /// The checkpoint.
+        id: koala_types::CheckpointId,
+    },
+    /// Recovery: drop every task and register again as a fresh worker (the process restarts
+    /// itself), to be deployed from the last completed checkpoint.
+    Restart,
     /// Exit.
     Shutdown,
 }
@@ -277,6 +312,7 @@ impl Deployment {
             sink_dir: ".".into(),
             capacity: Default::default(),
             max_queued_records: crate::koala::DEFAULT_MAX_QUEUED_RECORDS,
+            checkpoint: Default::default(),
         };
         Self {
             run: "r".into(),
@@ -465,6 +501,15 @@ pub enum WorkerMessage {
     /// The worker is alive (sent every second; the coordinator fails the job when a worker falls
     /// silent for `[runtime] heartbeat_timeout_s`).
     Heartbeat,
+    /// A task wrote its snapshot of a checkpoint.
+    CheckpointAck {
+        /// The task.
+        task: TaskId,
+        /// The checkpoint.
+        id: koala_types::CheckpointId,
+        /// Its part.
+        ack: crate::checkpoint::TaskCheckpoint,
+    },
     /// A task acknowledges a reconfiguration phase.
     TaskAck {
         /// The task.

@@ -24,6 +24,7 @@
 //!     sink_dir: ".".into(),
 //!     capacity: Default::default(),
 //!     max_queued_records: 1024,
+//!     checkpoint: Default::default(),
 //! };
 //! let deployment = Deployment {
 //!     run: "r".into(), query: "q".into(), query_params: String::new(), workers: BTreeMap::new(),

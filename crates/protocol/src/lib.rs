@@ -4,6 +4,7 @@
 //! socket or spawns a thread, so the same code runs under the real runtime and under a
 //! deterministic simulator.
 
+pub mod checkpoint;
 pub mod control;
 pub mod drrs;
 pub mod engine;
@@ -17,8 +18,9 @@ pub mod stop_restart;
 pub mod watermark;
 
 pub use control::{
-    ClientReply, ControlHello, CoordinatorMessage, Deployment, EmulatedCapacity, Protocol, ReconfigPlan,
-    ReconfigRequest, RuntimeOptions, StateBackendKind, StateOptions, TaskAck, TaskSample, WorkerMessage,
+    CheckpointOptions, ClientReply, ControlHello, CoordinatorMessage, Deployment, EmulatedCapacity, Protocol,
+    ReconfigPlan, ReconfigRequest, RestorePoint, RuntimeOptions, StateBackendKind, StateOptions, TaskAck,
+    TaskSample, WorkerMessage,
 };
 pub use moves::{AssignmentMismatch, Moves, moves_between};
 pub use watermark::WatermarkAligner;

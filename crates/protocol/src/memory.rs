@@ -147,6 +147,7 @@ mod tests {
             sink_dir: String::new(),
             capacity: Default::default(),
             max_queued_records: 32_768,
+            checkpoint: Default::default(),
         };
         let queues = queue_bytes_per_task(&options);
         assert_eq!(queues, (2 * 64 * 256 + 32_768) * QUEUED_RECORD_BYTES);

@@ -106,6 +106,7 @@ mod tests {
                 sink_dir: String::new(),
                 capacity: Default::default(),
                 max_queued_records: 1,
+                checkpoint: Default::default(),
             },
             protocol: crate::control::Protocol::StopAndRestart,
             extra_keys: 0,

@@ -46,6 +46,11 @@ impl<C: Ord + Clone> WatermarkAligner<C> {
         self.channels.keys().cloned()
     }
 
+    /// Each open channel's last watermark (what a checkpoint records).
+    pub fn watermarks(&self) -> impl Iterator<Item = (C, Option<Timestamp>)> + '_ {
+        self.channels.iter().map(|(c, w)| (c.clone(), *w))
+    }
+
     /// Number of channels still open.
     pub fn live_channels(&self) -> usize {
         self.channels.len()

@@ -117,6 +117,14 @@ pub enum RuntimeError {
     /// The coordinator's control connection broke or sent messages out of order.
     #[error("control plane: {0}")]
     Control(String),
+    /// A checkpoint could not be written or restored, or a barrier broke the alignment rule.
+    #[error("{task}: checkpoint: {what}")]
+    Checkpoint {
+        /// The task.
+        task: TaskId,
+        /// What went wrong.
+        what: String,
+    },
 }
 
 impl RuntimeError {

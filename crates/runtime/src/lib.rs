@@ -5,6 +5,7 @@
 
 mod batch_state;
 mod channel;
+mod checkpoint;
 mod error;
 mod links;
 mod memory;

@@ -238,6 +238,18 @@ impl Outputs {
         Ok(())
     }
 
+    /// Flushes, then sends the barrier of checkpoint `id` on every output channel (no router
+    /// decides: a checkpoint never runs during a reconfiguration, so every channel is current).
+    pub fn broadcast_barrier(&mut self, id: koala_types::CheckpointId) -> Result<(), RuntimeError> {
+        self.flush_all()?;
+        for edge in &mut self.edges {
+            for target in &mut edge.targets {
+                self.backpressure += target.send(ChannelMessage::Barrier(id))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Switches the edges to `consumer` (a reconfiguration): each edge's router takes
     /// `event(input, keyed)` and decides; this sends its markers, ends and watermarks, opening a
     /// channel to a task it names for the first time with `open(input, task)`, and closes the

@@ -82,6 +82,11 @@ impl TimerService {
         out.into_iter().collect()
     }
 
+    /// Every pending timer, in fire order (what a checkpoint records).
+    pub fn pending(&self) -> Vec<(Timestamp, Vec<u8>)> {
+        self.pending.iter().cloned().collect()
+    }
+
     /// Number of pending timers.
     #[cfg(test)]
     pub fn len(&self) -> usize {

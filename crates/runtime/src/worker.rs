@@ -279,6 +279,24 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     }
                 }
             }
+            CoordinatorMessage::Checkpoint { id } => {
+                if let Some(j) = &job {
+                    send_to_kind(j, |o| o.is_source(), || TaskCommand::Checkpoint(id));
+                }
+            }
+            CoordinatorMessage::CheckpointCommitted { id } => {
+                if let Some(j) = &job {
+                    send_to_kind(
+                        j,
+                        |o| matches!(o.kind, OperatorKind::Sink { .. }),
+                        || TaskCommand::CheckpointCommitted(id),
+                    );
+                }
+            }
+            CoordinatorMessage::Restart => {
+                tracing::warn!(worker = %me, "restarting for a recovery from the last checkpoint");
+                return Err(restart_process());
+            }
             CoordinatorMessage::Shutdown => {
                 tracing::info!(worker = %me, "shutting down");
                 // Give the writer a moment to send what is queued; correctness does not depend on it.
@@ -456,6 +474,33 @@ fn send_to(job: &Job, relayed: &[(TaskId, Relayed)], command: impl Fn(Relayed) -
             tracing::debug!(%task, "command to a task that already finished");
         }
     }
+}
+
+/// Sends every local task of the operators `which` selects a command.
+fn send_to_kind(
+    job: &Job,
+    which: impl Fn(&koala_dataflow::OperatorSpec) -> bool,
+    command: impl Fn() -> TaskCommand,
+) {
+    for (task, tx) in &job.commands {
+        if job.links.graph.operator(task.operator).is_some_and(&which) && tx.send(command()).is_err() {
+            tracing::debug!(%task, "checkpoint command to a task that already finished");
+        }
+    }
+}
+
+/// Recovery (docs/architecture.md §10): the process replaces itself with a fresh copy of the
+/// same command (same pid, same arguments), which registers with the coordinator again. Every
+/// task, queue, connection and open store of the failed run is gone at once, so nothing of it
+/// can reach the restored job. Returns only if that failed.
+fn restart_process() -> RuntimeError {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return RuntimeError::io("finding the worker's executable to restart it", e),
+    };
+    let e = std::process::Command::new(&exe).args(std::env::args_os().skip(1)).exec();
+    RuntimeError::io(format!("restarting the worker as {}", exe.display()), e)
 }
 
 /// Whether `task` is of a stateful operator (it shares the worker's memory budget).

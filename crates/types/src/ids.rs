@@ -9,6 +9,9 @@ pub type Timestamp = u64;
 /// Reconfiguration number; every control message and marker of a reconfiguration carries it.
 pub type Epoch = u64;
 
+/// A checkpoint's number (1, 2, …; never reused within a job).
+pub type CheckpointId = u64;
+
 /// A node of the dataflow DAG, numbered in the order the builder created it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OperatorId(pub u32);

@@ -14,7 +14,8 @@ pub mod metric;
 pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of, bucket_of_hash, placement_hash};
 pub use codec::{CodecError, decode, encode, encode_into};
 pub use ids::{
-    Epoch, InputChannel, OperatorId, PROCESSING_TIME, TaskId, TimeDomain, Timestamp, WorkerId, name_operators,
+    CheckpointId, Epoch, InputChannel, OperatorId, PROCESSING_TIME, TaskId, TimeDomain, Timestamp, WorkerId,
+    name_operators,
 };
 pub use key_hash::{KeyHashBuilder, KeyHashMap, KeyHasher};
 pub use message::{ChannelMessage, Record, StateEntry};

@@ -29,6 +29,9 @@ pub enum ChannelMessage {
     Watermark(Timestamp),
     /// The sender switched its routing table for `Epoch`; nothing after this was routed by the old one.
     Marker(Epoch),
+    /// An aligned checkpoint barrier (docs/architecture.md §10): everything before it on this
+    /// channel belongs to checkpoint `CheckpointId`, everything after it to the next.
+    Barrier(crate::CheckpointId),
     /// The sender will send nothing more on this channel.
     EndOfStream,
     /// Reconfiguration state transfer (peer channel): entries of moved buckets.

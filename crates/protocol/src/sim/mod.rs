@@ -52,6 +52,7 @@
 
 mod backpressure;
 mod channels;
+pub mod checkpoint;
 mod checks;
 mod drrs;
 mod rng;

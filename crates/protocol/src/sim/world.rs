@@ -189,6 +189,7 @@ impl World {
                 sink_dir: String::new(),
                 capacity: Default::default(),
                 max_queued_records: crate::koala::DEFAULT_MAX_QUEUED_RECORDS,
+                checkpoint: Default::default(),
             },
             protocol: cfg.protocol,
             extra_keys,

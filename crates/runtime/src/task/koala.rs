@@ -676,6 +676,7 @@ mod tests {
                 sink_dir: String::new(),
                 capacity: Default::default(),
                 max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
+                checkpoint: Default::default(),
             },
             protocol: Protocol::Koala,
             extra_keys: 0,

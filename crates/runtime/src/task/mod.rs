@@ -6,6 +6,7 @@ mod koala_intake;
 mod location;
 mod operator;
 mod sink;
+mod sink_parts;
 mod source;
 mod transfer;
 
@@ -69,6 +70,10 @@ pub enum TaskCommand {
     },
     /// A new task: this upstream finished before it switched routing; it will never send here.
     UpstreamEnded(TaskId),
+    /// A source: inject the barrier of this checkpoint (docs/architecture.md §10).
+    Checkpoint(koala_types::CheckpointId),
+    /// A sink: this checkpoint completed; commit the output it covers.
+    CheckpointCommitted(koala_types::CheckpointId),
 }
 
 impl TaskCommand {
@@ -86,6 +91,8 @@ impl TaskCommand {
             Self::Release => "Release",
             Self::HandOver { .. } => "HandOver",
             Self::UpstreamEnded(_) => "UpstreamEnded",
+            Self::Checkpoint(_) => "Checkpoint",
+            Self::CheckpointCommitted(_) => "CheckpointCommitted",
         }
     }
 }

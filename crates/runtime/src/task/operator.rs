@@ -16,6 +16,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::batch_state::{BatchState, NoState};
 use crate::channel::InputChannel;
+use crate::checkpoint::{BarrierGate, Gate, TaskMeta};
 use crate::links::PEER_INPUT;
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
@@ -59,6 +60,8 @@ pub(super) struct OperatorTask {
     last_watermark: Option<Timestamp>,
     /// When it reads its clock next ([`PROCESSING_TICK`]).
     next_clock: Instant,
+    /// Checkpoint barrier alignment over its data inputs (docs/architecture.md §10).
+    barriers: BarrierGate,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -103,7 +106,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                     return Err(RuntimeError::InputClosed(setup.task));
                 };
                 setup.inbox.took();
-                task.on_message(&setup, &mut outputs, item.channel, item.message)?;
+                task.on_input(&setup, &mut outputs, item.channel, item.message)?;
                 true
             },
             default(timeout) => false,
@@ -143,12 +146,24 @@ impl OperatorTask {
         metrics.budget = budget.as_ref().map(RecordBudget::rate);
         // Stop-and-restart and Remote process what they take: nothing is ever queued inside.
         metrics.queued_records = setup.spec.is_stateful().then_some(0);
+        let mut aligner = WatermarkAligner::new(setup.inputs.iter().copied());
+        let mut timers = TimerService::default();
+        let mut last_watermark = None;
+        if let Some(restored) = crate::checkpoint::restore_task(setup)? {
+            for (channel, w) in restored.watermarks {
+                if let Some(w) = w {
+                    aligner.update(&channel, w);
+                }
+            }
+            last_watermark = aligner.current();
+            timers.register(restored.timers.into_iter().map(|(t, k)| (k, t)));
+        }
         Ok(Self {
             logic: factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism }),
             event_time,
             allowed_lateness,
-            aligner: WatermarkAligner::new(setup.inputs.iter().copied()),
-            timers: TimerService::default(),
+            aligner,
+            timers,
             metrics,
             transfer: StateTransfer::new(
                 setup.task,
@@ -159,8 +174,9 @@ impl OperatorTask {
             budget,
             timer_due: TimerDue::default(),
             latency_by_caller: false,
-            last_watermark: None,
+            last_watermark,
             next_clock: Instant::now(),
+            barriers: BarrierGate::new(setup.task, setup.inputs.iter().copied()),
         })
     }
 
@@ -195,6 +211,7 @@ impl OperatorTask {
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
                     self.aligner.add_channel(c);
+                    self.barriers.add_channel(c);
                 }
                 setup.ack(epoch, koala_protocol::TaskAck::Prepared);
             }
@@ -208,11 +225,54 @@ impl OperatorTask {
                 self.on_transfer(setup, outputs, TargetEvent::Drain { epoch })?;
             }
             TaskCommand::Release => self.life.release(),
-            TaskCommand::StopSource | TaskCommand::Begin(_) | TaskCommand::DrrsBegin(_) => {}
+            TaskCommand::StopSource
+            | TaskCommand::Begin(_)
+            | TaskCommand::DrrsBegin(_)
+            | TaskCommand::Checkpoint(_)
+            | TaskCommand::CheckpointCommitted(_) => {}
             TaskCommand::Resume(plan) => {
                 // Not paused (a pause takes its Resume itself): the core refuses it.
                 let event = UpstreamEvent::Resume { epoch: plan.epoch };
                 setup.on_upstream(&mut self.upstream, event, Some(&plan), outputs)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes one message of a data input through the barrier gate: a held channel's messages
+    /// wait; an aligned checkpoint is written, its barrier forwarded and acknowledged, and the
+    /// held messages are taken in order (the loop checks the exit rule after it).
+    fn on_input(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        channel: InputChannel,
+        message: ChannelMessage,
+    ) -> Result<(), RuntimeError> {
+        let mut queue = std::collections::VecDeque::from([(channel, message)]);
+        while let Some((channel, message)) = queue.pop_front() {
+            let aligned = match self.barriers.admit(channel, message)? {
+                Gate::Take(ChannelMessage::EndOfStream) => {
+                    self.on_message(setup, outputs, channel, ChannelMessage::EndOfStream)?;
+                    self.barriers.on_end(&channel)
+                }
+                Gate::Take(message) => {
+                    self.on_message(setup, outputs, channel, message)?;
+                    None
+                }
+                Gate::Held | Gate::Waiting => None,
+                Gate::Aligned(id) => Some(id),
+            };
+            if let Some(id) = aligned {
+                let (held, alignment_ms) = self.barriers.release();
+                let meta = TaskMeta {
+                    watermarks: self.aligner.watermarks().collect(),
+                    timers: self.timers.pending(),
+                };
+                let ack = crate::checkpoint::write_task_checkpoint(setup, id, &meta, alignment_ms)?;
+                outputs.broadcast_barrier(id)?;
+                crate::checkpoint::acknowledge(setup, id, ack);
+                queue.extend(held);
             }
         }
         Ok(())
@@ -244,6 +304,10 @@ impl OperatorTask {
             // of one this task is done with) passes through the core.
             ChannelMessage::Marker(epoch) => {
                 self.on_transfer(setup, outputs, TargetEvent::Marker { channel, epoch })?
+            }
+            ChannelMessage::Barrier(_) => {
+                // The gate takes barriers (`on_input`); one here came on a lane without one.
+                return Err(RuntimeError::MisplacedMessage { task: setup.task, channel, message: "Barrier" });
             }
             ChannelMessage::EndOfStream => {
                 if let Some(w) = self.aligner.close(&channel) {

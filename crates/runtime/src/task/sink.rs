@@ -1,23 +1,29 @@
 //! The loop of a sink task: write every record out in arrival order until every input has ended,
 //! measuring each record's end-to-end latency (written − due at its source).
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::select;
 use koala_dataflow::logic::{SinkFormat, SinkLogic, ValueToJson};
 use koala_dataflow::{OperatorKind, TaskInstance};
 use koala_protocol::TaskAck;
+use koala_protocol::checkpoint::TaskCheckpoint;
 use koala_types::{ChannelMessage, Record};
 
+use super::sink_parts::PartFiles;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
+use crate::checkpoint::{BarrierGate, Gate};
 use crate::metrics::TaskMetrics;
 
 enum Writer {
     Lines(Box<dyn Write + Send>, ValueToJson),
+    /// Exactly once (checkpoints on): per-checkpoint part files (`sink_parts`).
+    Parts(PartFiles, ValueToJson),
     Discard,
     Custom(Box<dyn SinkLogic>),
 }
@@ -34,6 +40,12 @@ impl Writer {
                 }
                 Ok(())
             }
+            Self::Parts(parts, to_json) => {
+                for r in records {
+                    parts.write_line(to_json(&r.value)?.as_bytes())?;
+                }
+                Ok(())
+            }
             Self::Discard => Ok(()),
             Self::Custom(sink) => Ok(sink.write(records)?),
         }
@@ -42,6 +54,7 @@ impl Writer {
     fn flush(&mut self) -> Result<(), RuntimeError> {
         match self {
             Self::Lines(out, _) => out.flush().map_err(|e| RuntimeError::io("flushing sink output", e)),
+            Self::Parts(parts, _) => parts.flush(),
             Self::Discard => Ok(()),
             Self::Custom(sink) => Ok(sink.flush()?),
         }
@@ -59,6 +72,11 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
         return Err(RuntimeError::deployment(&setup.spec.name, "is not a sink"));
     };
     let mut writer = match format {
+        SinkFormat::JsonLines(to_json) if setup.options.checkpoint.dir.is_some() => {
+            let stem = format!("{}-{}", setup.spec.name, setup.task.index);
+            let restored = setup.options.checkpoint.restore.as_ref().map(|r| r.id);
+            Writer::Parts(PartFiles::open(Path::new(&setup.options.sink_dir), &stem, restored)?, to_json)
+        }
         SinkFormat::JsonLines(to_json) => {
             let path = sink_file(&setup.options.sink_dir, &setup.spec.name, setup.task.index);
             let file = File::create(&path)
@@ -72,6 +90,7 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
         }
     };
     let mut open = setup.inputs.clone();
+    let mut barriers = BarrierGate::new(setup.task, setup.inputs.iter().copied());
     let mut metrics = TaskMetrics::new(setup.task, false);
     let mut outputs = crate::output::Outputs::new(Vec::new(), 1, Duration::ZERO);
     while !open.is_empty() {
@@ -79,8 +98,16 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
         select! {
             recv(setup.commands) -> cmd => match cmd {
                 Ok(TaskCommand::AddInputs { epoch, channels }) => {
+                    for c in &channels {
+                        barriers.add_channel(*c);
+                    }
                     open.extend(channels);
                     setup.ack(epoch, TaskAck::Prepared);
+                }
+                Ok(TaskCommand::CheckpointCommitted(id)) => {
+                    if let Writer::Parts(parts, _) = &mut writer {
+                        parts.commit(id)?;
+                    }
                 }
                 Ok(other) => tracing::error!(task = %setup.task, command = ?other, "command a sink cannot apply; ignored"),
                 Err(_) => return Err(RuntimeError::WorkerGone(setup.task)),
@@ -90,19 +117,34 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                     return Err(RuntimeError::InputClosed(setup.task));
                 };
                 setup.inbox.took();
-                match item.message {
-                    ChannelMessage::Batch(records) => {
-                        let started = Instant::now();
-                        writer.write(&records)?;
-                        metrics.record_arrivals(&records, crate::metrics::unix_ms());
-                        metrics.records_in += records.len() as u64;
-                        metrics.records_out += records.len() as u64;
-                        metrics.record_batch(started.elapsed());
+                let mut queue = VecDeque::from([(item.channel, item.message)]);
+                while let Some((channel, message)) = queue.pop_front() {
+                    let aligned = match barriers.admit(channel, message)? {
+                        Gate::Take(ChannelMessage::Batch(records)) => {
+                            let started = Instant::now();
+                            writer.write(&records)?;
+                            metrics.record_arrivals(&records, crate::metrics::unix_ms());
+                            metrics.records_in += records.len() as u64;
+                            metrics.records_out += records.len() as u64;
+                            metrics.record_batch(started.elapsed());
+                            None
+                        }
+                        Gate::Take(ChannelMessage::EndOfStream) => {
+                            open.remove(&channel);
+                            barriers.on_end(&channel)
+                        }
+                        Gate::Take(_) | Gate::Held | Gate::Waiting => None,
+                        Gate::Aligned(id) => Some(id),
+                    };
+                    if let Some(id) = aligned {
+                        let (held, alignment_ms) = barriers.release();
+                        if let Writer::Parts(parts, _) = &mut writer {
+                            parts.barrier(id)?;
+                        }
+                        let ack = TaskCheckpoint { alignment_ms, ..TaskCheckpoint::default() };
+                        crate::checkpoint::acknowledge(&setup, id, ack);
+                        queue.extend(held);
                     }
-                    ChannelMessage::EndOfStream => {
-                        open.remove(&item.channel);
-                    }
-                    _ => {}
                 }
             },
             default(timeout) => writer.flush()?,
@@ -110,6 +152,10 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
         setup.report(&mut metrics, &mut outputs, Instant::now());
     }
     writer.flush()?;
+    if let Writer::Parts(parts, _) = &mut writer {
+        // The final commit: the input ended, nothing after it can be replayed.
+        parts.finish()?;
+    }
     setup.report(&mut metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
 use koala_dataflow::{OperatorKind, SourcePoll, TaskInstance};
+use koala_protocol::checkpoint::{FINISHED, TaskCheckpoint};
 use koala_protocol::stop_restart::{UpstreamCore, UpstreamEvent};
 use koala_types::{ChannelMessage, Timestamp};
 
@@ -29,24 +30,33 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut upstream = UpstreamCore::new();
     let batch = setup.options.batch_records.max(1);
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
-    let started = Instant::now();
+    // A restored source skips what it emitted before the checkpoint and goes on at the
+    // schedule's rate from there (docs/architecture.md §10).
+    let (skipped, finished) = rewind(&setup, logic.as_mut(), paced, batch)?;
+    let offset_ms = if paced { options.rate.due_ms(skipped, setup.parallelism).unwrap_or(0.0) } else { 0.0 };
+    let offset = Duration::from_secs_f64(offset_ms / 1000.0);
+    let started = Instant::now().checked_sub(offset).unwrap_or_else(Instant::now);
     // Wall-clock start in unix ms, to turn schedule offsets into due times.
-    let started_unix_ms = crate::metrics::unix_ms() as f64;
+    let started_unix_ms = crate::metrics::unix_ms() as f64 - offset_ms;
     // Paced sources: the due time of the `emitted`-th record, the oldest not yet emitted.
     let pending_due = |emitted: u64| {
         options.rate.due_ms(emitted, setup.parallelism).map(|due| (started_unix_ms + due) as u64)
     };
-    let mut emitted: u64 = 0;
+    let mut emitted: u64 = skipped;
     metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
     let mut max_time: Option<Timestamp> = None;
     let mut last_wm: Option<Timestamp> = None;
     let mut next_wm = started + wm_interval;
     let mut buf = Vec::with_capacity(batch);
     let mut lag_samples = Vec::new();
+    // A source that had finished at the checkpoint emits nothing.
     loop {
+        if finished {
+            break;
+        }
         // Commands first: a stop request ends the source between two batches.
         if let Ok(cmd) = setup.commands.try_recv()
-            && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics)?
+            && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)?
         {
             break;
         }
@@ -76,7 +86,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             }
             match setup.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(cmd) => {
-                    if on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics)? {
+                    if on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)? {
                         break;
                     }
                 }
@@ -120,7 +130,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             if was_empty && !paced {
                 outputs.flush_all()?;
                 if let Ok(cmd) = setup.commands.recv_timeout(IDLE_WAIT)
-                    && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics)?
+                    && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)?
                 {
                     break;
                 }
@@ -153,6 +163,43 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// A restored source's position (`checkpoint.restore`): skips the records it emitted before
+/// the checkpoint, regenerating them (generators are deterministic per task). Returns how many
+/// it skipped and whether it had finished.
+fn rewind(
+    setup: &TaskSetup,
+    logic: &mut dyn koala_dataflow::logic::SourceLogic,
+    paced: bool,
+    batch: usize,
+) -> Result<(u64, bool), RuntimeError> {
+    let Some(point) = &setup.options.checkpoint.restore else { return Ok((0, false)) };
+    let position = point.positions.get(&setup.task).copied().unwrap_or(0);
+    if position == FINISHED {
+        return Ok((0, true));
+    }
+    if position > 0 && !paced {
+        return Err(RuntimeError::Checkpoint {
+            task: setup.task,
+            what: "restoring a self-paced source (Kafka) at its checkpoint offsets is not built yet; \
+                   run Kafka jobs without checkpoint_interval_ms"
+                .into(),
+        });
+    }
+    let mut skipped = 0;
+    let mut buf = Vec::with_capacity(batch);
+    while skipped < position {
+        buf.clear();
+        let want = usize::try_from(position - skipped).unwrap_or(usize::MAX).min(batch);
+        let poll = logic.poll(want, &mut buf)?;
+        skipped += buf.len() as u64;
+        if poll == SourcePoll::Finished {
+            return Ok((skipped, true));
+        }
+    }
+    tracing::info!(task = %setup.task, skipped, "source rewound to its checkpoint position");
+    Ok((skipped, false))
+}
+
 /// Handles a command between two batches; returns true if the source must end now.
 fn on_command(
     setup: &TaskSetup,
@@ -160,9 +207,17 @@ fn on_command(
     upstream: &mut UpstreamCore,
     outputs: &mut Outputs,
     metrics: &mut TaskMetrics,
+    emitted: u64,
 ) -> Result<bool, RuntimeError> {
     match cmd {
         TaskCommand::StopSource => Ok(true),
+        TaskCommand::Checkpoint(id) => {
+            // Everything emitted so far precedes the barrier on every channel.
+            outputs.broadcast_barrier(id)?;
+            let ack = TaskCheckpoint { position: Some(emitted), ..TaskCheckpoint::default() };
+            crate::checkpoint::acknowledge(setup, id, ack);
+            Ok(false)
+        }
         TaskCommand::Drain { epoch } => setup.drain_and_pause(upstream, epoch, outputs, metrics),
         TaskCommand::Resume(plan) => {
             // Not paused (a pause takes its Resume itself): the core refuses it.

@@ -257,6 +257,7 @@ pub(super) fn message_kind(message: &ChannelMessage) -> &'static str {
         ChannelMessage::Batch(_) => "Batch",
         ChannelMessage::Watermark(_) => "Watermark",
         ChannelMessage::Marker(_) => "Marker",
+        ChannelMessage::Barrier(_) => "Barrier",
         ChannelMessage::EndOfStream => "EndOfStream",
         ChannelMessage::State { .. } => "State",
         ChannelMessage::Timers { .. } => "Timers",

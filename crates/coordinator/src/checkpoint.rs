@@ -1,0 +1,282 @@
+//! The coordinator's checkpoints and recoveries (docs/architecture.md §10): the I/O around the
+//! checkpoint core (`koala_protocol::checkpoint::CheckpointCore`, which the simulator drives
+//! too). Every `checkpoint_interval_ms` it injects barriers at the live sources — never while a
+//! reconfiguration runs or a cancelled Koala task still holds state, and no reconfiguration
+//! starts while a checkpoint runs — records each completed checkpoint in the metrics database,
+//! tells the sinks to commit, and deletes checkpoints beyond `checkpoints_retained`.
+//!
+//! A lost worker (closed connection or no heartbeat) then no longer fails the job: every other
+//! worker restarts its process and registers again (with any replacement that registered), and
+//! the job is deployed anew from the latest completed checkpoint — the same tasks and routing,
+//! placed over the workers there are now — with sources rewound to their recorded positions.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use koala_protocol::checkpoint::{CheckpointAction, CheckpointCore, TaskCheckpoint};
+use koala_protocol::engine::Engine;
+use koala_protocol::{ClientReply, CoordinatorMessage, Deployment, Protocol, RestorePoint, WorkerMessage};
+use koala_types::{CheckpointId, TaskId, WorkerId};
+
+use crate::control::{Event, Registrations};
+use crate::error::CoordinatorError;
+use crate::job::JobState;
+use crate::metrics_store::{CheckpointRecord, RecoveryRecord};
+use crate::reconfig::operator_inputs;
+use crate::server::{STARTUP_TIMEOUT, unix_ms};
+
+/// The protocols checkpoints are built for (the config refuses the others by name).
+pub const SUPPORTED: &[Protocol] = &[Protocol::StopAndRestart, Protocol::Remote];
+
+/// A completed checkpoint the job can restart from.
+struct Latest {
+    point: RestorePoint,
+    deployment: Deployment,
+}
+
+/// The job's checkpoints.
+pub(crate) struct Checkpoints {
+    core: CheckpointCore,
+    interval: Duration,
+    dir: PathBuf,
+    next_due: Instant,
+    /// The running checkpoint: when it started (unix ms) and the deployment it covers.
+    running: Option<(CheckpointId, u64, Deployment)>,
+    latest: Option<Latest>,
+    /// What a job restarts from when no checkpoint completed yet.
+    initial: Deployment,
+    /// Completed checkpoints and their sizes (bytes), for the summary.
+    pub(crate) sizes: Vec<u64>,
+    /// Recoveries: (checkpoint restored, ms from the loss to the restart).
+    pub(crate) recoveries: Vec<(CheckpointId, u64)>,
+    /// Reconfiguration requests started after the latest completed checkpoint started, oldest
+    /// first, up to the running checkpoint's start: a recovery runs them again.
+    redo: Vec<koala_protocol::ReconfigRequest>,
+}
+
+impl Checkpoints {
+    /// Checkpoints of a job deployed as `initial`, if its config turns them on.
+    pub(crate) fn new(config: &crate::config::JobConfig, initial: &Deployment) -> Option<Self> {
+        let interval = Duration::from_millis(config.checkpoint_interval_ms?);
+        Some(Self {
+            core: CheckpointCore::new(config.checkpoints_retained, 0),
+            interval,
+            dir: config.checkpoint_dir()?,
+            next_due: Instant::now() + interval,
+            running: None,
+            latest: None,
+            initial: initial.clone(),
+            sizes: Vec::new(),
+            recoveries: Vec::new(),
+            redo: Vec::new(),
+        })
+    }
+
+    /// Starts a checkpoint if one is due and the job allows it now.
+    pub(crate) fn tick(&mut self, state: &mut JobState) -> Result<(), CoordinatorError> {
+        let now = Instant::now();
+        if now < self.next_due || self.core.running().is_some() {
+            return Ok(());
+        }
+        // Not during a reconfiguration, nor while lazy Koala state sits at a cancelled task.
+        let retired = state.graph.operators.iter().any(|o| !state.engine.retired(o.id).is_empty());
+        if state.engine.running().is_some() || retired {
+            return Ok(());
+        }
+        self.next_due = now + self.interval;
+        let d = state.engine.deployment();
+        let is_source = |t: &TaskId| state.graph.operator(t.operator).is_some_and(|o| o.is_source());
+        let all: BTreeSet<TaskId> = d.placement.keys().copied().collect();
+        let live: BTreeSet<TaskId> = all.difference(&d.finished).copied().collect();
+        let sources: BTreeSet<TaskId> = live.iter().copied().filter(is_source).collect();
+        let finished: Vec<TaskId> = d.finished.iter().copied().filter(is_source).collect();
+        if let Some(CheckpointAction::Inject { id, .. }) = self.core.start(d.epoch, live, sources, finished) {
+            self.running = Some((id, unix_ms(), d.clone()));
+            state.checkpoint_running = true;
+            // What started before this checkpoint is in its deployment once it completes.
+            self.redo.append(&mut state.started_requests);
+            tracing::info!(id, "checkpoint {id} started");
+            state.workers.broadcast(&CoordinatorMessage::Checkpoint { id })?;
+        }
+        Ok(())
+    }
+
+    /// A task's acknowledgement.
+    pub(crate) fn on_ack(
+        &mut self,
+        state: &mut JobState,
+        task: TaskId,
+        id: CheckpointId,
+        ack: TaskCheckpoint,
+    ) -> Result<(), CoordinatorError> {
+        match self.core.on_ack(task, id, ack) {
+            Ok(action) => self.execute(state, action),
+            Err(e) => Err(CoordinatorError::Protocol {
+                epoch: state.epoch,
+                source_task: state.name(task),
+                error: e.to_string(),
+            }),
+        }
+    }
+
+    /// A task finished: the running checkpoint no longer waits for it.
+    pub(crate) fn on_finished(&mut self, state: &mut JobState, task: TaskId) -> Result<(), CoordinatorError> {
+        let action = self.core.on_finished(task);
+        self.execute(state, action)
+    }
+
+    fn execute(
+        &mut self,
+        state: &mut JobState,
+        action: Option<CheckpointAction>,
+    ) -> Result<(), CoordinatorError> {
+        let Some(CheckpointAction::Completed { checkpoint, discard }) = action else { return Ok(()) };
+        let id = checkpoint.id;
+        let Some((_, started_ms, deployment)) = self.running.take().filter(|(r, _, _)| *r == id) else {
+            return Ok(());
+        };
+        let completed_ms = unix_ms();
+        let parts = checkpoint.tasks.values();
+        let bytes: u64 = parts.clone().map(|t| t.bytes).sum();
+        let path = self.dir.join(id.to_string());
+        state.store.checkpoint_completed(
+            state.run,
+            &CheckpointRecord {
+                id,
+                epoch: checkpoint.epoch,
+                started_ms,
+                completed_ms,
+                bytes,
+                entries: parts.clone().map(|t| t.entries).sum(),
+                alignment_ms: parts.map(|t| t.alignment_ms).max().unwrap_or(0),
+                path: path.to_string_lossy().into_owned(),
+                deployment: koala_types::encode(&deployment).unwrap_or_default(),
+            },
+        )?;
+        tracing::info!(id, bytes, ms = completed_ms.saturating_sub(started_ms), "checkpoint {id} completed");
+        self.sizes.push(bytes);
+        state.workers.broadcast(&CoordinatorMessage::CheckpointCommitted { id })?;
+        let positions =
+            checkpoint.tasks.iter().filter_map(|(t, part)| part.position.map(|p| (*t, p))).collect();
+        self.latest = Some(Latest { point: RestorePoint { id, positions }, deployment });
+        self.redo.clear();
+        for old in discard {
+            let dir = self.dir.join(old.to_string());
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(error = %e, dir = %dir.display(), "could not delete an old checkpoint");
+            }
+        }
+        state.checkpoint_running = false;
+        state.start_next()
+    }
+
+    /// Recovery after `lost`: every other worker restarts; the job is deployed again from the
+    /// latest completed checkpoint (or from its start when none completed) over the workers that
+    /// register, and started. Returns the new workers' ids.
+    pub(crate) fn recover(
+        &mut self,
+        state: &mut JobState,
+        registrations: &mut Registrations,
+        events: &Receiver<Event>,
+        lost: &CoordinatorError,
+    ) -> Result<Vec<WorkerId>, CoordinatorError> {
+        let detected_ms = unix_ms();
+        let began = Instant::now();
+        tracing::warn!(%lost, "recovering from the last completed checkpoint");
+        if self.core.abandon().is_some() {
+            self.running = None;
+            state.checkpoint_running = false;
+        }
+        // The restored deployment predates these: they run again, in order, before any queued.
+        let mut redo = std::mem::take(&mut self.redo);
+        redo.append(&mut state.started_requests);
+        if let Some(plan) = state.engine.running() {
+            tracing::warn!(
+                epoch = plan.epoch,
+                "a reconfiguration was running at the loss; it runs again after the recovery"
+            );
+        }
+        for request in redo.into_iter().rev() {
+            state.queue.push_front(crate::job::Queued { request, reply: None, came_ms: unix_ms() });
+        }
+        let old = state.workers.ids();
+        for w in &old {
+            // The lost one fails to hear it; the others restart their processes.
+            let _ = state.workers.send(w.0 as usize, &CoordinatorMessage::Restart);
+        }
+        let expected = (old.len() as u32).saturating_sub(1).max(1);
+        let workers = registrations.collect(expected, STARTUP_TIMEOUT)?;
+        let (point, mut d) = match &self.latest {
+            Some(l) => (Some(l.point.clone()), l.deployment.clone()),
+            None => (None, self.initial.clone()),
+        };
+        // The same tasks, placed over the workers there are now (old ids in order, round-robin).
+        let new = workers.ids();
+        let olds: Vec<WorkerId> =
+            d.placement.values().copied().collect::<BTreeSet<_>>().into_iter().collect();
+        for w in d.placement.values_mut() {
+            let i = olds.iter().position(|o| o == w).unwrap_or(0);
+            *w = new[i % new.len()];
+        }
+        d.workers = workers.addrs.clone();
+        d.finished.clear();
+        d.options.checkpoint.restore = point.clone();
+        state.workers = workers;
+        state
+            .workers
+            .broadcast(&CoordinatorMessage::Deploy(Box::new(d.clone()), state.config.state_options()))?;
+        let mut deployed = BTreeSet::new();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        while deployed.len() < new.len() {
+            let event = events.recv_deadline(deadline).map_err(|_| {
+                CoordinatorError::Timeout(format!(
+                    "workers did not acknowledge the recovery within {} s",
+                    STARTUP_TIMEOUT.as_secs()
+                ))
+            })?;
+            match event {
+                Event::Worker(w, _) if !state.workers.contains(w) => {}
+                Event::Worker(w, Some(WorkerMessage::Deployed)) => {
+                    deployed.insert(w);
+                }
+                Event::Worker(worker, Some(WorkerMessage::DeployFailed { error })) => {
+                    return Err(CoordinatorError::Deploy { worker, error });
+                }
+                Event::Worker(w, None) => return Err(CoordinatorError::WorkerLost(w)),
+                Event::Worker(_, Some(_)) => {}
+                Event::Client(_, reply) => {
+                    let _ = reply.send(ClientReply::Rejected {
+                        error: "the job is recovering from a lost worker; submit again once it runs".into(),
+                    });
+                }
+            }
+        }
+        state.workers.broadcast(&CoordinatorMessage::Start)?;
+        let mut engine = Engine::new(d, operator_inputs(state.graph)).map_err(|e| {
+            CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
+        })?;
+        engine.set_drrs_options(state.config.drrs);
+        state.engine = engine;
+        state.timing = None;
+        state.ended_ms.clear();
+        let restarted_ms = unix_ms();
+        let checkpoint = point.as_ref().map_or(0, |p| p.id);
+        state.store.recovered(
+            state.run,
+            &RecoveryRecord { lost: lost.to_string(), detected_ms, restarted_ms, checkpoint },
+        )?;
+        let ms = began.elapsed().as_millis() as u64;
+        tracing::info!(
+            checkpoint,
+            ms,
+            workers = new.len(),
+            "recovered: the job restarted from checkpoint {checkpoint}"
+        );
+        self.recoveries.push((checkpoint, ms));
+        self.next_due = Instant::now() + self.interval;
+        state.start_next()?;
+        Ok(new)
+    }
+}
