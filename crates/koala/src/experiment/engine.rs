@@ -31,6 +31,21 @@ pub struct RunSpec {
     pub scenario: Scenario,
 }
 
+impl RunSpec {
+    /// One run of `scenario` per protocol, labelled by the protocol, in one group.
+    pub fn per_protocol(protocols: &[String], group: &str, scenario: &Scenario) -> Vec<RunSpec> {
+        protocols
+            .iter()
+            .map(|p| RunSpec {
+                label: p.clone(),
+                group: group.into(),
+                protocol: p.clone(),
+                scenario: scenario.clone(),
+            })
+            .collect()
+    }
+}
+
 /// What an experiment runs, from its description.
 pub struct Plan {
     /// The experiment's own settings, one line each (the page and the output's head list them).

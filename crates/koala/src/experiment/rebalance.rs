@@ -102,15 +102,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             "link_mb_per_sec = 10 per worker; per-task plots: records into each median_trip task per second"
                 .into(),
         ],
-        runs: protocols
-            .iter()
-            .map(|p| RunSpec {
-                label: p.clone(),
-                group: "Taxi".into(),
-                protocol: p.clone(),
-                scenario: scenario.clone(),
-            })
-            .collect(),
+        runs: RunSpec::per_protocol(protocols, "Taxi", &scenario),
         default_policy: PolicyName::Interleaved,
         policy_required: true,
         measured_step,

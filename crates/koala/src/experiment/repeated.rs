@@ -72,15 +72,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             format!("offered: {}", scenario.rates_line()),
             format!("task_records_per_sec = {per_task}, link_mb_per_sec = {link} per worker"),
         ],
-        runs: protocols
-            .iter()
-            .map(|p| RunSpec {
-                label: p.clone(),
-                group: "Q6*".into(),
-                protocol: p.clone(),
-                scenario: scenario.clone(),
-            })
-            .collect(),
+        runs: RunSpec::per_protocol(protocols, "Q6*", &scenario),
         default_policy: PolicyName::Interleaved,
         policy_required: false,
         measured_step: 0,

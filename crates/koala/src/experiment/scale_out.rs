@@ -137,15 +137,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             surge.line("aggregate", state),
             format!("offered: {}", scenario.rates_line()),
         ],
-        runs: protocols
-            .iter()
-            .map(|p| RunSpec {
-                label: p.clone(),
-                group: "keyed-aggregate".into(),
-                protocol: p.clone(),
-                scenario: scenario.clone(),
-            })
-            .collect(),
+        runs: RunSpec::per_protocol(protocols, "keyed-aggregate", &scenario),
         default_policy: PolicyName::Interleaved,
         policy_required: false,
         measured_step: 0,

@@ -120,15 +120,7 @@ fn large_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             ),
             surge.line("seller", keys as f64 * 2048.0),
         ],
-        runs: protocols
-            .iter()
-            .map(|p| RunSpec {
-                label: p.clone(),
-                group: "Q6*".into(),
-                protocol: p.clone(),
-                scenario: scenario.clone(),
-            })
-            .collect(),
+        runs: RunSpec::per_protocol(protocols, "Q6*", &scenario),
         default_policy: PolicyName::Interleaved,
         policy_required: false,
         measured_step: 0,

@@ -188,15 +188,7 @@ fn uniform_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
     let mut scenario = aggregate(s, keys, BYTES, 0, 0.0);
     // No surge: a fixed rate the old tasks sustain (70 % of their capacity).
     scenario.rates.truncate(1);
-    let runs = protocols
-        .iter()
-        .map(|p| RunSpec {
-            label: p.clone(),
-            group: "uniform".into(),
-            protocol: p.clone(),
-            scenario: scenario.clone(),
-        })
-        .collect();
+    let runs = RunSpec::per_protocol(protocols, "uniform", &scenario);
     Ok(Plan {
         settings: vec![
             format!(

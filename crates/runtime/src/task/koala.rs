@@ -587,6 +587,7 @@ mod tests {
         WindowSpec,
     };
     use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
+    use koala_protocol::koala::KeyFilter;
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
     use koala_state::{MemoryEnv, StateEnv};
     use koala_types::{OperatorId, Record, WorkerId};
@@ -770,22 +771,42 @@ mod tests {
         ] {
             peer_tx.send(peer(old, &Wire::Peer(message))).expect("peer");
         }
-        let is_fetch = |input: &TaskInput| match &input.message {
-            ChannelMessage::Protocol(bytes) => matches!(decode::<Wire>(bytes), Ok(Wire::Fetch(_))),
-            _ => false,
-        };
         let mut fetches = 0;
+        // Count.0 holds none of the buckets' keys: it answers each filter request with an empty
+        // filter (every request is answered, and the task ends its outputs only once the filters
+        // it asked for arrived).
+        let answer_filter = |request: &FilterRequest| {
+            let filter = FilterResponse {
+                bucket: request.bucket,
+                since: request.since,
+                filter: KeyFilter::build(Vec::new()),
+            };
+            // After the task exited (the last `serve`) nobody reads the answer.
+            let _ = fetch_tx.send(peer(old, &Wire::Filter(filter)));
+        };
+        // What count.0 got since: filter requests are answered, fetches counted.
+        let serve = |fetches: &mut usize| {
+            for input in old_rx.try_iter() {
+                let ChannelMessage::Protocol(bytes) = &input.message else { continue };
+                match decode::<Wire>(bytes) {
+                    Ok(Wire::FilterRequest(request)) => answer_filter(&request),
+                    Ok(Wire::Fetch(_)) => *fetches += 1,
+                    _ => {}
+                }
+            }
+        };
         {
             // The key's state location is still count.0: answer the fetch (count.0 holds none),
             // whether the record or the handed-over timer asks first; the other finds it here.
-            // The new task also asks count.0 for its filters of the buckets (left unanswered: the
-            // task asks count.0 on a miss meanwhile).
             let request = loop {
                 let fetch = old_rx.recv_timeout(WAIT).expect("a fetch from count.0");
                 let ChannelMessage::Protocol(bytes) = fetch.message else { panic!("not a protocol message") };
                 match decode::<Wire>(&bytes) {
                     Ok(Wire::Fetch(request)) => break request,
-                    Ok(Wire::FilterRequest(_)) => continue,
+                    Ok(Wire::FilterRequest(request)) => {
+                        answer_filter(&request);
+                        continue;
+                    }
                     _ => panic!("neither a fetch nor a filter request"),
                 }
             };
@@ -797,8 +818,13 @@ mod tests {
         }
 
         let mut until_end = Vec::new();
+        let deadline = Instant::now() + WAIT;
         while until_end.last() != Some(&ChannelMessage::EndOfStream) {
-            until_end.push(sink_rx.recv_timeout(WAIT).expect("the task's output").message);
+            serve(&mut fetches);
+            match sink_rx.recv_timeout(Duration::from_millis(10)) {
+                Ok(input) => until_end.push(input.message),
+                Err(_) => assert!(Instant::now() < deadline, "the task's output: nothing for {WAIT:?}"),
+            }
         }
         // The task reports its inputs ended once it has processed them; then it is released, and
         // whatever it still sends before it exits comes after its end of stream.
@@ -813,7 +839,7 @@ mod tests {
         cmd_tx.send(TaskCommand::Release).expect("release");
         task.join().expect("task thread").expect("task");
         let after_end = sink_rx.queue().try_iter().map(|i| i.message).collect();
-        fetches += old_rx.try_iter().filter(is_fetch).count();
+        serve(&mut fetches);
         acks.extend(events_rx.try_iter().filter_map(ack_of));
         Outcome { key, until_end, after_end, acks, fetches }
     }
