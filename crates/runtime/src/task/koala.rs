@@ -584,8 +584,8 @@ mod tests {
         Dataflow, JobGraph, KeyContext, KeyedStream, SourceOptions, TimeDomain, ValueState, Window,
         WindowSpec,
     };
-    use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
     use koala_protocol::koala::KeyFilter;
+    use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
     use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
     use koala_state::{MemoryEnv, StateEnv};
     use koala_types::{OperatorId, Record, WorkerId};
