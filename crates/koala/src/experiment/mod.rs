@@ -190,10 +190,13 @@ pub fn only(name: &str, protocols: &[String], allowed: &[&str]) -> anyhow::Resul
 mod tests {
     use super::*;
 
+    /// Seconds a quick run takes besides its sources' (measured 2026-12-03 at load ~13: 2–4 s
+    /// with 64 MB of warm state, ~8 s with 256 MB).
+    const RUN_OVERHEAD_S: u64 = 5;
+
     /// Every job experiment's runs, in every mode, under its own protocols: each config parses,
-    /// the protocol it records is the one asked for, and a quick variant's runs last ≤ 5 minutes
-    /// in all (the sources' seconds; `scale-out` keeps its 90 s per protocol, as its list entry
-    /// says).
+    /// the protocol it records is the one asked for, and a quick variant fits in 5 minutes: its
+    /// sources' seconds plus [`RUN_OVERHEAD_S`] per run (start, warm-state restore, drain).
     #[test]
     fn every_plan_parses_and_quick_ones_fit_in_five_minutes() {
         for info in EXPERIMENTS {
@@ -208,9 +211,10 @@ mod tests {
                     assert_eq!(config.protocol_label(), run.protocol, "{}", info.name);
                     assert_eq!(config.reconfigurations.len(), run.scenario.steps.len());
                 }
-                let seconds: u64 = plan.runs.iter().map(|r| r.scenario.duration_s).sum();
-                if mode == Mode::Quick && info.name != "scale-out" {
-                    assert!(seconds <= 300, "{} --quick runs {seconds} s", info.name);
+                let seconds: u64 =
+                    plan.runs.iter().map(|r| r.scenario.duration_s + RUN_OVERHEAD_S).sum();
+                if mode == Mode::Quick {
+                    assert!(seconds <= 300, "{} --quick takes about {seconds} s", info.name);
                 }
             }
         }
