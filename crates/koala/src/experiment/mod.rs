@@ -211,8 +211,7 @@ mod tests {
                     assert_eq!(config.protocol_label(), run.protocol, "{}", info.name);
                     assert_eq!(config.reconfigurations.len(), run.scenario.steps.len());
                 }
-                let seconds: u64 =
-                    plan.runs.iter().map(|r| r.scenario.duration_s + RUN_OVERHEAD_S).sum();
+                let seconds: u64 = plan.runs.iter().map(|r| r.scenario.duration_s + RUN_OVERHEAD_S).sum();
                 if mode == Mode::Quick {
                     assert!(seconds <= 300, "{} --quick takes about {seconds} s", info.name);
                 }
