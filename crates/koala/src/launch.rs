@@ -13,11 +13,17 @@ use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, ProgressEvent, 
 /// The demo job's config, also shipped as `examples/demo.toml`.
 pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
 
+static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// Whether Ctrl-C or SIGTERM stopped a job of this process (`koala experiment` then runs no more).
+pub fn interrupted() -> bool {
+    STOP.get().is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+}
+
 /// The flag Ctrl-C and SIGTERM set (registered once per process): the coordinator then ends the
 /// sources, the job drains and prints its summary, as at `duration_s`. A second signal, with the
 /// flag already set, ends the process at once (exit code 130).
 fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
-    static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
     if let Some(stop) = STOP.get() {
         return Ok(stop.clone());
     }

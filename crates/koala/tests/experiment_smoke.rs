@@ -115,3 +115,45 @@ fn the_klt_benchmark_writes_its_table_and_page() {
     assert_eq!(keys, vec!["20000", "160000"], "{summary}");
     assert!(std::fs::read_to_string(out.join("index.html")).expect("page").contains("B per handed-over key"));
 }
+
+/// SIGTERM during an experiment's first run drains that run and runs no more: the others are
+/// named as not run, and the experiment fails (before, each later run started, saw the stop flag
+/// still set and ended at once, and the page tabled their empty runs).
+#[test]
+fn an_interrupted_experiment_runs_no_more() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("exp");
+    let mut child = common::koala()
+        .args(["experiment", "scale-out", "--smoke", "--protocols", "koala,stop-and-restart", "--out"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start koala");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut seen = String::new();
+    // The first per-second line of run 1: its job is running.
+    loop {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).expect("read stdout") == 0 {
+            panic!("the experiment ended before its first run's seconds:\n{seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("rec/s") {
+            break;
+        }
+    }
+    let sent = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).expect("read stdout");
+    seen.push_str(&rest);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err).expect("stderr");
+    let status = child.wait().expect("wait");
+    assert!(!status.success(), "an interrupted experiment must fail:\n{seen}\n{err}");
+    assert!(seen.contains("=== run 1/2: koala") && !seen.contains("=== run 2/2"), "{seen}");
+    assert!(err.contains("stop-and-restart: not run (interrupted)"), "{err}");
+}

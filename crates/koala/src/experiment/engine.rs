@@ -138,6 +138,11 @@ pub fn execute(info: &Info, mode: Mode, plan: Plan, opts: &Options) -> anyhow::R
     let mut done: Vec<Done> = Vec::new();
     let mut failed = Vec::new();
     for (i, spec) in plan.runs.iter().enumerate() {
+        if crate::launch::interrupted() {
+            // Ctrl-C / SIGTERM drained the run it stopped; the others would end at once.
+            failed.push(format!("{}: not run (interrupted)", spec.label));
+            continue;
+        }
         println!();
         println!(
             "=== run {}/{}: {} ({}; {} of {}: {}) ===",

@@ -69,7 +69,11 @@ fn small_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             target,
             workers: surge.tasks.1,
             duration_s: surge.duration_s(),
-            steps: vec![Step::Rescale { at_s: surge.at_s(), operator: (*target).into(), tasks: surge.tasks.1 }],
+            steps: vec![Step::Rescale {
+                at_s: surge.at_s(),
+                operator: (*target).into(),
+                tasks: surge.tasks.1,
+            }],
             rates: surge.rates(),
             task_records_per_sec: surge.task_records_per_sec,
             link_mb_per_sec: Some(10.0),
