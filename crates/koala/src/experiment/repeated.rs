@@ -63,6 +63,8 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
         warm_keys: keys,
         value_bytes: bytes,
     };
+    let records = rates_total(&scenario.rates, segment * 4 + delay);
+    let sellers = (records / 3.0).max(keys as f64);
     Ok(Plan {
         settings: vec![
             format!(
@@ -74,11 +76,10 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
                 "task_records_per_sec = {per_task}, link_mb_per_sec = {link} per worker (from the warm state)"
             ),
             format!(
-                "Q6*'s state grows while it runs: each auction's seller is one of the newest 1 000 people and a person is born every 3 auctions, so about one new seller of ~{bytes} B per 3 records; by the last step (~{:.0} k records) that is ~{} beyond the warm state, which is why a step can move more than the warm state",
-                rates_total(&scenario.rates, segment * 4 + delay) / 1e3,
-                crate::launch::human_bytes(
-                    (rates_total(&scenario.rates, segment * 4 + delay) / 3.0 * bytes as f64) as u64
-                )
+                "Q6*'s state grows while it runs: each auction's seller is one of the newest 1 000 people and a person is born every 3 auctions (the warm sellers are the first {keys}), so by the last step (~{:.0} k records) about {:.0} k sellers hold ~{} in all, which is why a step can move more than the warm state",
+                records / 1e3,
+                sellers / 1e3,
+                crate::launch::human_bytes((sellers * bytes as f64) as u64)
             ),
         ],
         runs: RunSpec::per_protocol(protocols, "Q6*", &scenario),
