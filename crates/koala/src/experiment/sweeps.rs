@@ -226,7 +226,7 @@ fn uniform_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
 pub const UNIFORM: Info = Info {
     name: "uniform",
     figure: "Figure 22",
-    shows: "uniform access over the whole key space, Koala's worst case, at a fixed sustainable rate: Koala vs stop-and-restart vs DRRS",
+    shows: "uniform access over the whole key space of Azure, Koala's worst case, at a fixed sustainable rate: Koala vs stop-and-restart vs DRRS",
     quick: "128 MB warm, 2 → 4 tasks at 20 s, 65 s per run, 3 runs: about 3.5 minutes",
     full: "1 GB warm, 4 → 8 tasks at 3 min, 10 minutes per run: about 32 minutes",
     protocols: &["koala", "stop-and-restart", "drrs"],
