@@ -47,6 +47,7 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.filters_built += s.filters_built;
                 total.not_here += s.not_here;
                 total.fetches_racing_pulls += s.fetches_racing_pulls;
+                total.fed_with_backlog += s.fed_with_backlog;
                 total.pushed_buckets += s.pushed_buckets;
                 total.subscale_acks += s.subscale_acks;
                 total.waited += s.waited;
@@ -101,6 +102,9 @@ fn scale_in_4_to_2_progressive() {
     // A batch's fetch goes out while a pull to the same location is in flight (pulls never
     // block a batch); their answers come back in order.
     assert!(s.fetches_racing_pulls > 0, "no fetch ever raced a pull: {s:?}");
+    // Pulls yield to input: the world fails a run whose task pulls while batches wait for it,
+    // and this proves such events happened.
+    assert!(s.fed_with_backlog > 0, "no task was ever fed while input waited: {s:?}");
 }
 
 /// The background drain of live old owners: scale-out, rebalance, migration, the chain and mixed

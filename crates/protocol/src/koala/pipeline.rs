@@ -9,7 +9,10 @@
 //! Progressive migration (§3.4): fetches to retired tasks piggyback up to N extra keys, and the
 //! task pulls more on its own, one pull outstanding per location, the next sent as the last one's
 //! answer arrives (no timer): the pull size doubles while the task keeps up with its input and
-//! halves when records queue up behind a batch waiting for state. A pull never holds up a batch: a batch's fetch goes out while a pull to the same
+//! halves when records queue up behind a batch waiting for state or wait outside the core; no
+//! pull goes out while input waits outside the core (the runtime's queue, told by
+//! [`KoalaTask::set_input_backlog`]), so pulls take only the time the task would spend waiting
+//! for input. A pull never holds up a batch: a batch's fetch goes out while a pull to the same
 //! location is in flight; answers from one location come back in request order (the fetch lane is
 //! FIFO), so a key a pull took is installed before a racing fetch's "not here" for it arrives.
 //!
@@ -149,6 +152,8 @@ pub(crate) struct Pipeline {
     pull_size: usize,
     /// The background drain sent a round and waits for its `Wake` (rate limit).
     pub(crate) drain_resting: bool,
+    /// Data messages waiting for the task outside the core ([`KoalaTask::set_input_backlog`]).
+    input_backlog: usize,
     /// A batch's lookup and the inbox positions of its keys' records, kept for their
     /// allocations.
     lookup: BatchLookup,
@@ -165,6 +170,7 @@ impl Default for Pipeline {
             next_id: 0,
             pull_size: 1,
             drain_resting: false,
+            input_backlog: 0,
             lookup: BatchLookup::default(),
             positions: Vec::new(),
         }
@@ -197,6 +203,14 @@ impl Pipeline {
 }
 
 impl KoalaTask {
+    /// Sets how many data messages wait for the task outside the core (the runtime's input
+    /// queue; the simulator's data channels to the task), before an event is fed. While any
+    /// waits, the task is behind its input and sends no background pull: pulls use the time
+    /// the task would otherwise wait for input (see [`Self::pull`]).
+    pub fn set_input_backlog(&mut self, messages: usize) {
+        self.pipeline.input_backlog = messages;
+    }
+
     /// Processes or starts fetching the next batch; true if it did anything.
     pub(super) fn try_process(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) -> bool {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
@@ -314,9 +328,16 @@ impl KoalaTask {
 
     /// Background pull from every retired location without a pull outstanding, and the drain of
     /// the other old locations (not while a hand-over of this task is pending: that waits for the
-    /// pipeline to be quiet).
+    /// pipeline to be quiet). Neither goes out while input waits outside the core
+    /// ([`Self::set_input_backlog`]): installing pulled keys takes the task's own time, and a
+    /// task taking over a cancelled task's input (a scale-in) has none to spare. Its fetches'
+    /// piggybacked keys still drain a retired location meanwhile, and the pulls resume at the
+    /// first event that finds no input waiting (at the latest once the inputs ended).
     pub(super) fn pull(&mut self, out: &mut Vec<TaskAction>) {
-        if self.transition.as_ref().is_some_and(|t| t.hand_over_pending()) {
+        // Once the inputs ended there is no input to yield to (and a pull held back then could
+        // leave an idle task with state still to drain).
+        let yield_to_input = self.pipeline.input_backlog > 0 && self.has_inputs();
+        if self.transition.as_ref().is_some_and(|t| t.hand_over_pending()) || yield_to_input {
             return;
         }
         if self.extra_keys > 0 {
@@ -337,14 +358,17 @@ impl KoalaTask {
     /// to every old location progressive migration does not cover, then rest for as long as the
     /// rate allows before the next round; only while no batch waits for state (it yields to
     /// record processing). Once every input ended there is nothing to yield to: pulls of the
-    /// largest size, no rest, so the drain does not hold up the task's end. Their bytes count as
+    /// largest size, no rest — also not the rest of a round sent before the end, whose `Wake`
+    /// may come only after the task found itself idle, reported `InputsEnded` and was released
+    /// (the simulator's mixed_n0 seed 409: it exited with the woken round's pull unanswered).
+    /// So an idle task whose inputs ended has nothing left to drain. Their bytes count as
     /// pulled, not as moved on demand.
     fn drain(&mut self, out: &mut Vec<TaskAction>) {
         let rate = self.drain_keys_per_sec;
-        if rate == 0 || self.pipeline.drain_resting || self.pipeline.waiting.is_some() {
+        let ended = !self.has_inputs() && self.started;
+        if rate == 0 || (self.pipeline.drain_resting && !ended) || self.pipeline.waiting.is_some() {
             return;
         }
-        let ended = !self.has_inputs() && self.started;
         let size = if ended {
             MAX_PULL_KEYS
         } else {
@@ -410,9 +434,10 @@ impl KoalaTask {
         };
         if o.keys.is_empty() {
             // A background pull came back: pull more while the task keeps up with its input, less
-            // once records queue up behind a batch waiting for state (it is falling behind).
+            // once records queue up behind a batch waiting for state or input waits outside the
+            // core (it is falling behind).
             let size = self.pipeline.pull_size.max(self.extra_keys);
-            let behind = self.pipeline.inbox.len() > PULL_BACKLOG;
+            let behind = self.pipeline.inbox.len() > PULL_BACKLOG || self.pipeline.input_backlog > 0;
             // Capped where it grows, not only where it is used: a task that keeps pulling for a
             // long time (repeated scale-ins) would otherwise overflow it.
             self.pipeline.pull_size =

@@ -140,6 +140,19 @@ impl Channels {
         self.index.get(key).map_or(0, |&id| self.queues[id].1.len())
     }
 
+    /// Record batches queued on the data channels to `task` (the runtime's input queue: what
+    /// `KoalaTask::set_input_backlog` reports).
+    pub(crate) fn data_batches_to(&self, task: TaskId) -> usize {
+        self.nonempty
+            .iter()
+            .filter_map(|&id| self.queues.get(id))
+            .filter(|((_, to, kind), _)| *to == Node::Task(task) && matches!(kind, Kind::Data(_)))
+            .map(|(_, queue)| {
+                queue.iter().filter(|m| matches!(m, Msg::Data(ChannelMessage::Batch(_)))).count()
+            })
+            .sum()
+    }
+
     /// Puts `msg` back at the head of channel `key` (the part of a batch a task did not take).
     pub(crate) fn push_front(&mut self, key: ChannelKey, msg: Msg) {
         self.push(key, msg);

@@ -275,6 +275,9 @@ pub struct SimStats {
     pub not_here: u64,
     /// Fetches for a batch sent to a location while a pull to it was unanswered.
     pub fetches_racing_pulls: u64,
+    /// Koala: events fed to a task while record batches waited on its data channels (then it
+    /// sends no background pull: `KoalaTask::set_input_backlog`).
+    pub fed_with_backlog: u64,
     /// DRRS: buckets pushed.
     pub pushed_buckets: u64,
     /// DRRS: `Done` acks of subscales (one per task taking part).

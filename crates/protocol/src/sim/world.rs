@@ -19,7 +19,7 @@ use crate::drrs::{DrrsOptions, DrrsTask};
 use crate::engine::{Engine, EngineAction, StartError};
 use crate::koala::{
     KoalaTask, LocalKeys, PeerMessage, PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck,
-    TaskConfig, TaskEvent, TaskLife, UpstreamRouter,
+    TaskAction, TaskConfig, TaskEvent, TaskLife, UpstreamRouter,
 };
 use crate::moves_between;
 use crate::phases::Participants;
@@ -765,6 +765,9 @@ impl World {
         };
         let mut local = SimLocal { store, probes: 0 };
         core.set_intake_tag(self.step);
+        // The runtime tells its core how much input waits in its queue; so does the world.
+        let backlog = self.channels.data_batches_to(id);
+        core.set_input_backlog(backlog);
         let what = match &event {
             TaskEvent::Records { records, .. } => format!("{} records on a data channel", records.len()),
             TaskEvent::Peer { message: PeerMessage::Records { records, .. }, .. } => {
@@ -774,6 +777,18 @@ impl World {
         };
         let actions = core.on_with(event, &mut local);
         self.stats.local_probes += local.probes;
+        // Background pulls yield to input: none goes out while batches wait for the task.
+        if backlog > 0 {
+            self.stats.fed_with_backlog += 1;
+            if actions
+                .iter()
+                .any(|a| matches!(a, TaskAction::FetchState { request, .. } if request.keys.is_empty()))
+            {
+                return Err(format!(
+                    "pulls yield to input: {id} pulls while {backlog} batches wait for it, after {what}"
+                ));
+            }
+        }
         // The runtime's rule: a task holding `max_queued_records` takes no data input.
         if core.takes_data() {
             self.paused.remove(&id);

@@ -313,6 +313,8 @@ impl KoalaOperator {
         let mut local = StoreKeys::new(store(setup)?, self.op.logic.state_ids(), setup.num_buckets);
         // Records this event brings are taken now (per-batch latency starts here).
         self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
+        // Background pulls wait while input does (`KoalaTask::set_input_backlog`).
+        self.core.set_input_backlog(setup.inbox.queue().len() + usize::from(self.intake.has_data()));
         let actions = self.core.on_with(event, &mut local);
         let (spent, batches, error) = local.finish();
         self.op.metrics.klt_lookup.0 += spent;

@@ -115,13 +115,8 @@ impl TaskCache {
         }
     }
 
-    /// Sets `key` (dirty if `dirty`), keeping the byte count and dirty bookkeeping.
-    pub(super) fn set(&mut self, key: CompactKey, value: CompactValue, dirty: bool) {
-        let (hash, shard) = self.entries.locate(&key);
-        self.set_hashed(key, hash, shard, value, dirty);
-    }
-
-    /// [`Self::set`] of a key [`Entries::locate`]d already (its hash and table).
+    /// Sets `key` (dirty if `dirty`), [`Entries::locate`]d already (its hash and table),
+    /// keeping the byte count and dirty bookkeeping.
     pub(super) fn set_hashed(
         &mut self,
         key: CompactKey,
