@@ -150,7 +150,11 @@ impl Run {
         let existed: BTreeSet<TaskId> = self.tables[0].iter().copied().collect();
         let load = |t: TaskId| -> usize {
             let running = self.subs.iter().filter(|s| s.is_running());
-            running.flat_map(|s| s.moves.iter()).filter(|((f, to), _)| *f == t || *to == t).map(|(_, b)| b.len()).sum()
+            running
+                .flat_map(|s| s.moves.iter())
+                .filter(|((f, to), _)| *f == t || *to == t)
+                .map(|(_, b)| b.len())
+                .sum()
         };
         let task = ready
             .iter()
@@ -168,15 +172,19 @@ impl Run {
 
     /// Whether subscale `i` may begin now: under the ported schedule once no other runs; under
     /// the overlapping one once its sender and its receiver each move in fewer than
-    /// [`MAX_RUNNING_PER_TASK`] running subscales.
+    /// [`MAX_RUNNING_PER_TASK`] running subscales and none of its pair runs.
     fn may_begin(&self, i: usize) -> bool {
         match self.schedule {
             DrrsSchedule::Ported => !self.subs.iter().any(Sub::is_running),
             DrrsSchedule::Overlapping => self.subs[i].moves.keys().all(|(from, to)| {
-                [from, to].iter().all(|t| {
-                    self.subs.iter().filter(|s| s.is_running() && s.moves_at(**t)).count()
-                        < MAX_RUNNING_PER_TASK
-                })
+                // One running subscale per pair: a pair's subscales run one after another.
+                let pair_busy =
+                    self.subs.iter().any(|s| s.is_running() && s.moves.contains_key(&(*from, *to)));
+                !pair_busy
+                    && [from, to].iter().all(|t| {
+                        self.subs.iter().filter(|s| s.is_running() && s.moves_at(**t)).count()
+                            < MAX_RUNNING_PER_TASK
+                    })
             }),
         }
     }
