@@ -53,7 +53,7 @@ pub struct JobConfig {
     pub protocol: koala_protocol::Protocol,
     /// `[drrs]`: `schedule` (`ported`, the default: the Koala authors' port, every subscale a
     /// slice of every sender→receiver pair, run one after another; `overlapping`, the original
-    /// DRRS: one subscale per pair, several running at once, at most two per task),
+    /// DRRS: single-pair subscales, about two per pair, several running at once, at most two per task),
     /// `subscales` (ported only: 0, the default, = as many as there are pairs) and `wait_records` (direct
     /// records a receiver lets wait for state before it stops taking direct input, until half of
     /// them wait; default 2048). Only read under `protocol = "drrs"`.
@@ -495,7 +495,7 @@ impl JobConfig {
             return Err(invalid(
                 "drrs.subscales",
                 "schedule = \"overlapping\" (the original DRRS) runs one subscale per \
-                 sender→receiver pair; remove subscales, or use schedule = \"ported\" to choose \
+                 slice of a sender→receiver pair, about two per pair; remove subscales, or use schedule = \"ported\" to choose \
                  how many subscales each slice every pair",
             ));
         }

@@ -74,7 +74,7 @@ enum Command {
         /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
         /// stop-and-restart over a state server), drrs (only with the uniform partition policy;
         /// the Koala authors' port, the paper's baseline), drrs-overlapping (DRRS with the
-        /// original DRRS's schedule: one subscale per sender→receiver pair, several at once; the
+        /// original DRRS's schedule: single-pair subscales, about two per pair, several at once; the
         /// paper's Figure 16 compares the two).
         #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
         protocols: Vec<String>,

@@ -366,8 +366,8 @@ fn drrs_wait_buffer_bounds_every_record_it_holds() {
     }
 }
 
-/// DRRS under the original DRRS's overlapping schedule over every scenario: one subscale per
-/// sender→receiver pair, several running at once — a task sends or receives in two at once (the
+/// DRRS under the original DRRS's overlapping schedule over every scenario: single-pair subscales,
+/// several running at once — a task sends or receives in two at once (the
 /// ported schedule never runs two), never in more — and every invariant holds.
 #[test]
 fn drrs_overlapping_every_scenario() {

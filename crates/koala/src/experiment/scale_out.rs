@@ -205,7 +205,7 @@ fn drrs_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
     super::only("drrs-schedules", protocols, &["drrs", "drrs-overlapping", "koala"])?;
     let mut p = plan(mode, protocols)?;
     p.settings.push(
-        "drrs = the Koala authors' port (subscales one after another); drrs-overlapping = the original DRRS's schedule (one subscale per sender→receiver pair, several at once)".into(),
+        "drrs = the Koala authors' port (subscales one after another); drrs-overlapping = the original DRRS's schedule (single-pair subscales, about two per pair, several at once)".into(),
     );
     p.conclude = |done| {
         let ran = |p: &str| done.iter().find(|d| d.report.run.protocol == p);

@@ -69,7 +69,8 @@ struct Run {
     epoch: Epoch,
     schedule: DrrsSchedule,
     subs: Vec<Sub>,
-    /// Subscales begun (they begin in index order).
+    /// Subscales begun: `subs[..begun]`, in the order they began (a subscale's index, and so its
+    /// epoch, is its place in that order).
     begun: usize,
     /// `tables[0]` is the assignment before, `tables[k]` the one after the `k`-th switch.
     tables: Vec<Vec<TaskId>>,
@@ -132,21 +133,65 @@ impl Run {
         (i < self.subs.len()).then_some(i)
     }
 
+    /// The subscale to begin next, if one may. Under the ported schedule the next in index order,
+    /// once no other runs. Under the overlapping one as the original DRRS's `MinHoldScheduler`
+    /// picks: of the tasks moving in subscales that may begin, the one with the fewest buckets in
+    /// running subscales (new tasks first), and of its subscales that may begin, the one whose
+    /// pair has the most subscales left (then the lowest index).
+    fn next_to_begin(&self) -> Option<usize> {
+        let first = self.begun;
+        if first >= self.subs.len() {
+            return None;
+        }
+        if self.schedule == DrrsSchedule::Ported {
+            return self.may_begin(first).then_some(first);
+        }
+        let ready: Vec<usize> = (first..self.subs.len()).filter(|&j| self.may_begin(j)).collect();
+        let existed: BTreeSet<TaskId> = self.tables[0].iter().copied().collect();
+        let load = |t: TaskId| -> usize {
+            let running = self.subs.iter().filter(|s| s.is_running());
+            running
+                .flat_map(|s| s.moves.iter())
+                .filter(|((f, to), _)| *f == t || *to == t)
+                .map(|(_, b)| b.len())
+                .sum()
+        };
+        let task = ready
+            .iter()
+            .flat_map(|&j| self.subs[j].moves.keys().flat_map(|&(from, to)| [from, to]))
+            .min_by_key(|&t| (existed.contains(&t), load(t), t))?;
+        let left = |j: usize| {
+            let pairs: Vec<&Pair> = self.subs[j].moves.keys().collect();
+            self.subs[first..].iter().filter(|s| s.moves.keys().any(|p| pairs.contains(&p))).count()
+        };
+        ready
+            .into_iter()
+            .filter(|&j| self.subs[j].moves_at(task))
+            .max_by_key(|&j| (left(j), std::cmp::Reverse(j)))
+    }
+
     /// Whether subscale `i` may begin now: under the ported schedule once no other runs; under
     /// the overlapping one once its sender and its receiver each move in fewer than
-    /// [`MAX_RUNNING_PER_TASK`] running subscales.
+    /// [`MAX_RUNNING_PER_TASK`] running subscales and none of its pair runs.
     fn may_begin(&self, i: usize) -> bool {
         match self.schedule {
             DrrsSchedule::Ported => !self.subs.iter().any(Sub::is_running),
             DrrsSchedule::Overlapping => self.subs[i].moves.keys().all(|(from, to)| {
-                [from, to].iter().all(|t| {
-                    self.subs.iter().filter(|s| s.is_running() && s.moves_at(**t)).count()
-                        < MAX_RUNNING_PER_TASK
-                })
+                // One running subscale per pair: a pair's subscales run one after another.
+                let pair_busy =
+                    self.subs.iter().any(|s| s.is_running() && s.moves.contains_key(&(*from, *to)));
+                !pair_busy
+                    && [from, to].iter().all(|t| {
+                        self.subs.iter().filter(|s| s.is_running() && s.moves_at(**t)).count()
+                            < MAX_RUNNING_PER_TASK
+                    })
             }),
         }
     }
 }
+
+/// A sender and a receiver.
+type Pair = (TaskId, TaskId);
 
 /// `table` with `moves` made.
 fn applied(table: &[TaskId], moves: &Moves) -> Vec<TaskId> {
@@ -206,7 +251,7 @@ impl DrrsCoordinator {
             }
             DrrsSchedule::Overlapping if self.options.subscales != 0 => {
                 return Err(format!(
-                    "the overlapping DRRS schedule runs one subscale per sender→receiver pair; \
+                    "the overlapping DRRS schedule runs single-pair subscales, about two per pair; \
                      subscales = {} needs schedule = \"ported\"",
                     self.options.subscales
                 ));
@@ -246,13 +291,16 @@ impl DrrsCoordinator {
         Ok(out)
     }
 
-    /// Begins, in index order, every subscale that may begin: flushes end-of-upstream notices
+    /// Begins every subscale that may begin, in the order [`Run::next_to_begin`] picks: flushes end-of-upstream notices
     /// first (a task must not expect a marker from an upstream that finished), then `Begin`.
     fn begin_next(&mut self, out: &mut Vec<DrrsStep>) {
         self.notify_ended(out);
         let wait_records = self.options.wait_records;
         let Some(r) = self.run.as_mut() else { return };
-        while r.begun < r.subs.len() && r.may_begin(r.begun) {
+        while let Some(next) = r.next_to_begin() {
+            // Subscales begin, and are numbered, in the order picked: the rest keep theirs.
+            let sub = r.subs.remove(next);
+            r.subs.insert(r.begun, sub);
             let i = r.begun;
             r.begun += 1;
             let tasks = r.participants(i);

@@ -12,9 +12,10 @@
 //!    (inside [`crate::engine::Engine`]) drives them:
 //!    `Begin` → every `PeerReady` → upstreams `Switch` to the subscale's table with markers →
 //!    every `Done` → the next subscale. Under the original DRRS's schedule
-//!    ([`DrrsSchedule::Overlapping`]) [`plan::single_pairs`] makes one subscale per pair, and
-//!    several run at once: the next begins as soon as its sender and receiver each move in fewer
-//!    than [`MAX_RUNNING_PER_TASK`] running ones; switches still go in subscale order.
+//!    ([`DrrsSchedule::Overlapping`]) [`plan::single_pairs`] cuts each pair into subscales of
+//!    about half a pair, and several run at once: the next (the least-loaded task's, as the
+//!    original's controller picks) begins as soon as its sender and receiver each move in fewer
+//!    than [`MAX_RUNNING_PER_TASK`] running ones; switches go in the order they began.
 //! 2. A receiver sends `Open` with the watermark it emitted. The sender, once its event time
 //!    caught up, fires the moved buckets' due timers, sets their other timers aside and
 //!    *fast-forwards*: from then on it forwards the moved buckets' records (and its event time)
@@ -66,7 +67,7 @@ pub struct DrrsOptions {
     pub schedule: DrrsSchedule,
     /// Subscales a reconfiguration is split into, each with a slice of every sender→receiver
     /// pair; 0 = as many as there are pairs (the default, the artifact's `NumSubscales: -1`).
-    /// The ported schedule's knob: the overlapping one runs one subscale per pair and refuses
+    /// The ported schedule's knob: the overlapping one cuts pairs itself and refuses
     /// any other value.
     pub subscales: usize,
     /// Records a receiver lets wait for their bucket's state or their peer channel's close,
@@ -91,10 +92,11 @@ pub enum DrrsSchedule {
     /// sender→receiver pair, so all links work at once ([`plan::subscales`]).
     #[default]
     Ported,
-    /// The original DRRS (a Flink 1.17 fork): single-pair subscales that overlap, at most two
-    /// active per task ([`plan::single_pairs`], [`MAX_RUNNING_PER_TASK`]). Unlike the original,
-    /// a new subscale starts as soon as the cap allows (the original starts at most one per
-    /// second; the core has no clock) and routing switches go in subscale order
+    /// The original DRRS (a Flink 1.17 fork): single-pair subscales (about two per pair) that
+    /// overlap, at most two active per task, the least-loaded task's first
+    /// ([`plan::single_pairs`], [`MAX_RUNNING_PER_TASK`]). Unlike the original, a new subscale
+    /// starts as soon as the cap allows (the original starts at most one per second; the core
+    /// has no clock) and routing switches go in the order subscales began
     /// (docs/protocols.md §11).
     Overlapping,
 }
@@ -118,7 +120,7 @@ impl DrrsSchedule {
                 "the Koala authors' port: subscales one after another, each a slice of every sender→receiver pair"
             }
             Self::Overlapping => {
-                "the original DRRS: one subscale per sender→receiver pair, several at once, at most two per task"
+                "the original DRRS: single-pair subscales (about two per pair), several at once, at most two per task"
             }
         }
     }

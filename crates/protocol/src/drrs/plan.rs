@@ -1,7 +1,7 @@
 //! How DRRS splits a reconfiguration's moves into subscales (docs/protocols.md §11): as the Koala
 //! authors' port does ([`subscales`]; their `drrs` branch, `getDRRSSubscales`; artifact notes
 //! §5.6), every subscale holds a slice of *every* sender→receiver pair, so all links work at once;
-//! as the original DRRS does ([`single_pairs`]), one subscale per pair.
+//! as the original DRRS does ([`single_pairs`]), single-pair subscales, about two per pair.
 
 use std::collections::BTreeSet;
 
@@ -92,9 +92,15 @@ pub fn subscales(old: &[TaskId], new: &[TaskId], count: usize) -> Result<Vec<Ste
     Ok(steps)
 }
 
-/// The overlapping schedule's subscales (the original DRRS): one per sender→receiver pair, with
-/// all of the pair's buckets, in pair order. They have no assignment of their own: which run
-/// at once, and so the order of their routing switches, is decided as they run.
+/// The fewest buckets (key groups) in an overlapping subscale: the original DRRS's evaluation
+/// controller cuts a pair into subscales of at least 7 key groups.
+pub const MIN_PAIR_SUBSCALE: usize = 7;
+
+/// The overlapping schedule's subscales (the original DRRS, its evaluation controller's
+/// `MinHoldScheduler`): each sender→receiver pair's buckets, in bucket order, cut into contiguous
+/// subscales of [`pair_subscale_size`] buckets (about two per pair), pair after pair. They have
+/// no assignment of their own: which run at once, and so the order of their routing switches,
+/// is decided as they run (`DrrsCoordinator` picks the next one).
 ///
 /// ```
 /// use koala_protocol::drrs::plan::single_pairs;
@@ -106,13 +112,44 @@ pub fn subscales(old: &[TaskId], new: &[TaskId], count: usize) -> Result<Vec<Ste
 /// assert_eq!(subs.len(), 2);
 /// assert_eq!(subs[0].get(&(t(0), t(1))), Some(&vec![2, 3]));
 /// assert_eq!(subs[1].get(&(t(0), t(2))), Some(&vec![4, 5]));
+/// // 2 → 4 over 128 buckets: three pairs of 32, each cut into two subscales of 16.
+/// let old: Vec<TaskId> = (0..128).map(|b| t(b / 64)).collect();
+/// let new: Vec<TaskId> = (0..128).map(|b| t(b / 32)).collect();
+/// let subs = single_pairs(&old, &new).unwrap();
+/// assert_eq!(subs.len(), 6);
+/// assert!(subs.iter().all(|s| s.len() == 1 && s.values().all(|b| b.len() == 16)));
 /// ```
 pub fn single_pairs(old: &[TaskId], new: &[TaskId]) -> Result<Vec<Moves>, String> {
     let moves = moves_between(old, new).map_err(|e| e.to_string())?;
-    if moves.len() > super::MAX_SUBSCALES {
-        return Err(format!("{} subscales; at most {} are possible", moves.len(), super::MAX_SUBSCALES));
+    let size = pair_subscale_size(&moves);
+    let subs: Vec<Moves> = moves
+        .into_iter()
+        .flat_map(|(pair, buckets)| {
+            buckets.chunks(size).map(|c| Moves::from([(pair, c.to_vec())])).collect::<Vec<_>>()
+        })
+        .collect();
+    if subs.len() > super::MAX_SUBSCALES {
+        return Err(format!("{} subscales; at most {} are possible", subs.len(), super::MAX_SUBSCALES));
     }
-    Ok(moves.into_iter().map(|(pair, buckets)| Moves::from([(pair, buckets)])).collect())
+    Ok(subs)
+}
+
+/// Buckets per overlapping subscale: half the mean a pair moves (rounded up), at least
+/// [`MIN_PAIR_SUBSCALE`], as the original DRRS's `MinHoldScheduler` cuts them.
+///
+/// ```
+/// use koala_protocol::drrs::plan::pair_subscale_size;
+/// use koala_protocol::Moves;
+/// use koala_types::{OperatorId, TaskId};
+/// let t = |i| TaskId::new(OperatorId(1), i);
+/// let moves = Moves::from([((t(0), t(1)), (0..40).collect()), ((t(0), t(2)), (40..60).collect())]);
+/// assert_eq!(pair_subscale_size(&moves), 15); // half of the mean 30
+/// assert_eq!(pair_subscale_size(&Moves::from([((t(0), t(1)), vec![3])])), 7);
+/// ```
+pub fn pair_subscale_size(moves: &Moves) -> usize {
+    let total: usize = moves.values().map(Vec::len).sum();
+    let mean = total.div_ceil(moves.len().max(1));
+    mean.div_ceil(2).max(MIN_PAIR_SUBSCALE)
 }
 
 /// A sender and a receiver.

@@ -365,6 +365,33 @@ fn overlapping_subscales_run_at_most_two_per_task_and_switch_in_order() {
     assert!(err.expect_err("refused").contains("subscales"));
 }
 
+/// The overlapping schedule cuts pairs into subscales of at least 7 buckets (about two per pair)
+/// and begins them as the original DRRS's `MinHoldScheduler` picks: the least-loaded task first,
+/// new tasks before old ones, and of its pairs the one with the most subscales left — not in
+/// pair order (with pair order both assertions below fail).
+#[test]
+fn overlapping_subscales_begin_least_loaded_task_first() {
+    use super::{DrrsCoordinator, DrrsOptions, DrrsSchedule};
+    let t = |i| TaskId::new(OP, i);
+    let up = BTreeSet::from([TaskId::new(OperatorId(0), 0)]);
+    let options = DrrsOptions { schedule: DrrsSchedule::Overlapping, ..DrrsOptions::default() };
+    let pairs = |begins: Vec<Begun>| begins.into_iter().map(|(i, p)| (i, p[0], p.len())).collect::<Vec<_>>();
+    // 1 → 3 over 42 buckets: two pairs of 14, each cut in two. t1 (new, idle) takes its first
+    // half, then t2 (new, idle) — not t1's second half, which pair order would begin next.
+    let old = vec![t(0); 42];
+    let new: Vec<TaskId> = (0..42).map(|b| t(b / 14)).collect();
+    let mut c = DrrsCoordinator::new(options);
+    let (begins, _) = coordinator_steps(&c.start(OP, 1, old, new, up.clone()).expect("start"));
+    assert_eq!(pairs(begins), vec![(0, (t(0), t(1)), 1), (1, (t(0), t(2)), 1)]);
+    // t2 receives 7 buckets from t0 and 14 (two subscales) from t1: t1's pair goes first, as it
+    // has more subscales left; then t0's, t2 being the only new task.
+    let old: Vec<TaskId> = (0..28).map(|b| if b < 7 { t(0) } else { t(1) }).collect();
+    let new: Vec<TaskId> = (0..28).map(|b| if (7..14).contains(&b) { t(1) } else { t(2) }).collect();
+    let mut c = DrrsCoordinator::new(options);
+    let (begins, _) = coordinator_steps(&c.start(OP, 1, old, new, up).expect("start"));
+    assert_eq!(pairs(begins), vec![(0, (t(1), t(2)), 1), (1, (t(0), t(2)), 1)]);
+}
+
 /// A task in two running subscales at once (the overlapping schedule): it sends to one receiver
 /// and receives from another, each subscale finishing on its own.
 #[test]
