@@ -189,11 +189,25 @@ pub struct ReportSummary {
     pub files: Vec<PathBuf>,
 }
 
+/// One line of a plot: its name and its points (second's middle, value).
+pub type PlotLine = (&'static str, Vec<(f64, f64)>);
+
 impl ReportSummary {
     /// The reconfigurations as the plots draw them: spans from start to completion, to the
     /// millisecond, labelled by epoch.
     pub fn spans(&self) -> Vec<Span> {
         render::spans(self)
+    }
+
+    /// What each plot draws: per file (`throughput.png`, …), its lines as (name, points at each
+    /// second's middle), the data `report`, `compare` and `experiment` render.
+    pub fn plot_lines(&self) -> Vec<(&'static str, Vec<PlotLine>)> {
+        render::plots(&self.table.rows)
+            .into_iter()
+            .map(|(file, _, _, lines)| {
+                (file, lines.into_iter().map(|(name, _, points)| (name, points)).collect())
+            })
+            .collect()
     }
 }
 

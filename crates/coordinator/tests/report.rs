@@ -438,6 +438,13 @@ fn plots_show_offered_and_output_and_every_reconfiguration_as_a_span() {
     assert_eq!(spans[1].label, "2");
     assert!(spans[0].legend.starts_with("1: 4.20→4.23 s scale_out window"), "{}", spans[0].legend);
     assert_png(&out.join("throughput.png"));
+    // throughput.png draws what the sources took beside the offered rate and the sinks' output.
+    let plots = summary.plot_lines();
+    let (_, throughput) = plots.iter().find(|(file, _)| *file == "throughput.png").expect("throughput.png");
+    let names: Vec<&str> = throughput.iter().map(|(name, _)| *name).collect();
+    assert_eq!(names, ["offered (rate schedule)", "input (sources)", "output (sinks)"]);
+    assert_eq!(throughput[0].1[3], (3.5, 5000.0), "offered");
+    assert_eq!(throughput[2].1[3], (3.5, 700.0), "the sinks' output");
 
     // `koala experiment`'s throughput overlay draws the same offered line beside the runs'.
     let (name, points) = overlay_offered(&[&summary]).expect("the run has a rate schedule");

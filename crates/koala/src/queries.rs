@@ -71,6 +71,16 @@ pub fn find(name: &str) -> Result<Query, String> {
 }
 
 impl Query {
+    /// Its example config, relative to the repository root: `examples/<name>.toml`, except the
+    /// keyed aggregate (the demo's config) and the Kafka bid aggregate.
+    pub fn example(&self) -> String {
+        match self.name {
+            "keyed-aggregate" => "examples/demo.toml".to_string(),
+            "bid-aggregate" => "examples/kafka-bids.toml".to_string(),
+            name => format!("examples/{name}.toml"),
+        }
+    }
+
     /// Builds the graph from the `[params]` table as TOML text (what workers receive).
     pub fn build(&self, params: &str) -> Result<JobGraph, String> {
         match self.family {
@@ -303,7 +313,8 @@ pub fn help() -> String {
     }
     out.push_str(
         "A config names one with `query = \"...\"`, sets tasks per operator under [parallelism] and the \
-         query's parameters under [params]; see examples/demo.toml, examples/kafka-bids.toml, examples/nexmark-*.toml and examples/{twitch,taxi,azure,borg}.toml.",
+         query's parameters under [params]; every query has an example config, examples/<name>.toml \
+         (keyed-aggregate: examples/demo.toml, bid-aggregate: examples/kafka-bids.toml).",
     );
     out
 }
@@ -320,6 +331,7 @@ pub fn describe(only: Option<&str>) -> Result<String, String> {
         let operators = q.operators()?;
         let ops: Vec<String> = operators.iter().map(|(name, kind)| format!("{name} ({kind})")).collect();
         let _ = writeln!(out, "  operators: {}", ops.join(", "));
+        let _ = writeln!(out, "  example: {}", q.example());
         let _ = writeln!(out, "  parameters and their defaults:");
         for line in q.default_params().lines() {
             let _ = writeln!(out, "    {line}");
@@ -356,10 +368,10 @@ mod tests {
     }
 
     #[test]
-    fn every_nexmark_and_real_world_query_has_an_example_config_that_checks() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-        for q in all().into_iter().filter(|q| matches!(q.family, Family::Nexmark | Family::RealWorld)) {
-            let path = dir.join(format!("{}.toml", q.name));
+    fn every_query_has_an_example_config_that_checks() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for q in all() {
+            let path = root.join(q.example());
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(text.contains(&format!("query = {:?}", q.name)), "{}", path.display());
             let config = koala_coordinator::config::JobConfig::parse(&text, &path.display().to_string())

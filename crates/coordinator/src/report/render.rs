@@ -92,15 +92,17 @@ pub(super) fn offered_points(rows: &[SecondRow]) -> Vec<(f64, f64)> {
     rows.iter().filter_map(|r| Some((r.t_s as f64 + 0.5, r.offered?))).collect()
 }
 
-pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
-    let rows = &summary.table.rows;
+/// One plot: file name, title, unit of its y axis, lines.
+type Plot = (&'static str, &'static str, &'static str, Vec<Line>);
+
+/// The plots of a run's per-second rows, each with its lines.
+pub(super) fn plots(rows: &[SecondRow]) -> [Plot; 5] {
     // A second's value is drawn at its middle: the spans are placed to the millisecond, so state
     // moved in second 8 by a reconfiguration at 8.47 s is drawn under its span, not before it.
     let line = |f: &dyn Fn(&SecondRow) -> Option<f64>| -> Vec<(f64, f64)> {
         rows.iter().filter_map(|r| Some((r.t_s as f64 + 0.5, f(r)?))).collect()
     };
-    let spans = spans(summary);
-    let plots: [(&str, &str, &str, Vec<Line>); 5] = [
+    [
         (
             "throughput.png",
             "Throughput: offered, taken by the sources, written by the sinks",
@@ -145,11 +147,17 @@ pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec
             "MiB/s",
             vec![("moved", BLUE, line(&|r| Some(r.state_bytes_moved / MIB)))],
         ),
-    ];
+    ]
+}
+
+pub(super) fn write_plots(summary: &ReportSummary, out_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    let rows = &summary.table.rows;
+    let spans = spans(summary);
     let x_range = match (rows.first(), rows.last()) {
         (Some(a), Some(b)) => a.t_s as f64..b.t_s as f64 + 1.0,
         _ => 0.0..1.0,
     };
+    let plots = plots(rows);
     let mut files = Vec::with_capacity(plots.len());
     for (file, title, unit, lines) in plots {
         let path = out_dir.join(file);

@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use koala_dataflow::{KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions, local};
 use serde::de::DeserializeOwned;
 
+use crate::queries::ROLLUP_GROUPS;
 use crate::{
-    JoinPair, KeyedJoinPair, KeyedTotal, LastN, QueryError, QueryParams, SinkKind, WindowTotal, build_query,
+    GroupCount, JoinPair, KeyedJoinPair, KeyedTotal, LastN, QueryError, QueryParams, SinkKind, WindowTotal,
+    build_query,
 };
 
 fn params() -> QueryParams {
@@ -91,8 +93,13 @@ fn last_n_keeps_the_newest_values() -> Result<(), QueryError> {
 
 /// Count and sum per (key, window start) of windows of `size` starting every `slide`.
 fn expected_windows(p: &QueryParams, size: u64, slide: u64) -> Vec<WindowTotal> {
+    windows_of(events(p, p.generator.seed), size, slide)
+}
+
+/// Count and sum per (key, window start) of `events` in windows of `size` every `slide`.
+fn windows_of(events: Vec<(KeyedEvent, u64)>, size: u64, slide: u64) -> Vec<WindowTotal> {
     let mut totals: BTreeMap<(u64, u64), (u64, i64)> = BTreeMap::new();
-    for (e, t) in events(p, p.generator.seed) {
+    for (e, t) in events {
         let mut start = 0;
         while start <= t {
             if start + size > t {
@@ -210,6 +217,41 @@ fn self_join_emits_every_ordered_pair_of_a_key_once() -> Result<(), QueryError> 
     expected.sort();
     assert!(expected.len() > all.len());
     assert_eq!(got, expected);
+    Ok(())
+}
+
+/// Running totals per key, then per group `key % 16` the number of totals so far: a group's
+/// counts are 1, 2, … up to the records of its keys.
+#[test]
+fn two_stage_aggregate_counts_each_groups_totals() -> Result<(), QueryError> {
+    let mut p = params();
+    p.generator.key_space = 40; // more keys than groups: a group holds 2 or 3 keys
+    let got: Vec<GroupCount> = run("two-stage-aggregate", &p)?;
+    let mut per_group: BTreeMap<u64, u64> = BTreeMap::new();
+    for (e, _) in events(&p, p.generator.seed) {
+        *per_group.entry(e.key % ROLLUP_GROUPS).or_default() += 1;
+    }
+    let expected: BTreeMap<u64, Vec<u64>> =
+        per_group.into_iter().map(|(g, n)| (g, (1..=n).collect())).collect();
+    let mut counts: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for g in &got {
+        counts.entry(g.key).or_default().push(g.count);
+    }
+    assert_eq!(expected.len(), ROLLUP_GROUPS as usize);
+    assert_eq!(counts, expected);
+    Ok(())
+}
+
+/// The stateless "sample" drops the values divisible by 3 before the tumbling window.
+#[test]
+fn filtered_window_matches_grouped_totals_of_the_kept_values() -> Result<(), QueryError> {
+    let p = params();
+    let mut got: Vec<WindowTotal> = run("filtered-window", &p)?;
+    got.sort();
+    let all = events(&p, p.generator.seed);
+    let kept: Vec<(KeyedEvent, u64)> = all.iter().filter(|(e, _)| e.value % 3 != 0).cloned().collect();
+    assert!(kept.len() < all.len() && !kept.is_empty());
+    assert_eq!(got, windows_of(kept, 50, 50));
     Ok(())
 }
 
