@@ -212,6 +212,34 @@ fn a_worker_killed_during_a_reconfiguration_rolls_back_and_runs_it_again() {
     assert!(log.contains("reconfiguration 2 completed"), "the request did not run again:\n{log}");
 }
 
+/// Four more seeded kill points in the normal suite (with the two above and the two below:
+/// eight kill -9 points per run of the suite; ~16 s): the first seed from 100 on of each of the
+/// four kinds (keyed aggregate or tumbling window × barriers in flight or checkpoint completed).
+#[test]
+fn four_more_seeded_kill_points_recover_with_exact_output() {
+    let mut kinds = std::collections::BTreeSet::new();
+    let seeds: Vec<u64> = (100..)
+        .filter(|s| {
+            let p = KillPoint::of(*s);
+            kinds.insert((p.query, p.during))
+        })
+        .take(4)
+        .collect();
+    assert_eq!(seeds.len(), 4);
+    let failures: Vec<String> = seeds
+        .iter()
+        .filter_map(|s| {
+            run_seed(*s).err().map(|e| {
+                format!(
+                    "seed {s}: {e}\nreplay: KILL_SEED={s} cargo nextest run -p koala --test kill_recovery \
+                     -E 'test(replay_one_seed)' --run-ignored all"
+                )
+            })
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {seeds:?} failed:\n{}", failures.len(), failures.join("\n\n"));
+}
+
 #[test]
 #[ignore = "soak: 24 seeded kill points, several minutes (docs/testing.md)"]
 fn soak_seeded_kill_points() {
