@@ -25,6 +25,7 @@ use crate::error::CoordinatorError;
 use crate::job::JobState;
 use crate::metrics_store::{CheckpointRecord, RecoveryRecord};
 use crate::reconfig::operator_inputs;
+use crate::resume::CheckpointMetadata;
 use crate::server::{STARTUP_TIMEOUT, unix_ms};
 
 /// The protocols checkpoints are built for (the config refuses the others by name).
@@ -42,8 +43,8 @@ pub(crate) struct Checkpoints {
     interval: Duration,
     dir: PathBuf,
     next_due: Instant,
-    /// The running checkpoint: when it started (unix ms) and the deployment it covers.
-    running: Option<(CheckpointId, u64, Deployment)>,
+    /// The running checkpoint.
+    running: Option<RunningCheckpoint>,
     latest: Option<Latest>,
     /// What a job restarts from when no checkpoint completed yet.
     initial: Deployment,
@@ -54,24 +55,64 @@ pub(crate) struct Checkpoints {
     /// Reconfiguration requests started after the latest completed checkpoint started, oldest
     /// first, up to the running checkpoint's start: a recovery runs them again.
     redo: Vec<koala_protocol::ReconfigRequest>,
+    /// The job's config as TOML, for each checkpoint's metadata (`crate::resume`).
+    config_text: String,
+    /// The job's elapsed time at its (re)start, ms: 0, or a resumed checkpoint's.
+    elapsed_base_ms: u64,
+}
+
+/// A checkpoint whose barriers are out.
+struct RunningCheckpoint {
+    id: CheckpointId,
+    /// When it started (unix ms).
+    started_ms: u64,
+    /// The deployment it covers.
+    deployment: Deployment,
+    /// Requests queued (not started) at its start.
+    pending: Vec<koala_protocol::ReconfigRequest>,
+    /// The job's elapsed time at its start, ms.
+    elapsed_ms: u64,
 }
 
 impl Checkpoints {
-    /// Checkpoints of a job deployed as `initial`, if its config turns them on.
-    pub(crate) fn new(config: &crate::config::JobConfig, initial: &Deployment) -> Option<Self> {
-        let interval = Duration::from_millis(config.checkpoint_interval_ms?);
-        Some(Self {
-            core: CheckpointCore::new(config.checkpoints_retained, 0),
+    /// Checkpoints of a job deployed as `initial`, if its config turns them on; `resumed`: the
+    /// checkpoint a resumed job started from (`koala run --resume`). A fresh job clears the
+    /// checkpoints directory; a resumed one removes the checkpoints after its own (started, never
+    /// completed: their parts must not mix with the new ones').
+    pub(crate) fn new(
+        config: &crate::config::JobConfig,
+        initial: &Deployment,
+        resumed: Option<&CheckpointMetadata>,
+    ) -> Result<Option<Self>, CoordinatorError> {
+        let (Some(ms), Some(dir)) = (config.checkpoint_interval_ms, config.checkpoint_dir()) else {
+            return Ok(None);
+        };
+        let interval = Duration::from_millis(ms);
+        let after = resumed.map_or(0, |m| m.point.id);
+        if let Ok(listing) = std::fs::read_dir(&dir) {
+            for entry in listing.filter_map(Result::ok) {
+                let id = entry.file_name().to_str().and_then(|n| n.parse::<CheckpointId>().ok());
+                if id.is_some_and(|id| resumed.is_none() || id > after) {
+                    let path = entry.path();
+                    std::fs::remove_dir_all(&path)
+                        .map_err(crate::error::io(format!("clearing {}", path.display())))?;
+                }
+            }
+        }
+        Ok(Some(Self {
+            core: CheckpointCore::new(config.checkpoints_retained, after),
             interval,
-            dir: config.checkpoint_dir()?,
+            dir,
             next_due: Instant::now() + interval,
             running: None,
-            latest: None,
+            latest: resumed.map(|m| Latest { point: m.point.clone(), deployment: m.deployment.clone() }),
             initial: initial.clone(),
             sizes: Vec::new(),
             recoveries: Vec::new(),
             redo: Vec::new(),
-        })
+            config_text: toml::to_string(config).unwrap_or_default(),
+            elapsed_base_ms: resumed.map_or(0, |m| m.elapsed_ms),
+        }))
     }
 
     /// Starts a checkpoint if one is due and the job allows it now.
@@ -93,7 +134,14 @@ impl Checkpoints {
         let sources: BTreeSet<TaskId> = live.iter().copied().filter(is_source).collect();
         let finished: Vec<TaskId> = d.finished.iter().copied().filter(is_source).collect();
         if let Some(CheckpointAction::Inject { id, .. }) = self.core.start(d.epoch, live, sources, finished) {
-            self.running = Some((id, unix_ms(), d.clone()));
+            let started_ms = unix_ms();
+            self.running = Some(RunningCheckpoint {
+                id,
+                started_ms,
+                deployment: d.clone(),
+                pending: state.queue.iter().map(|q| q.request.clone()).collect(),
+                elapsed_ms: self.elapsed_base_ms + started_ms.saturating_sub(state.start_ms),
+            });
             state.checkpoint_running = true;
             // What started before this checkpoint is in its deployment once it completes.
             self.redo.append(&mut state.started_requests);
@@ -134,9 +182,11 @@ impl Checkpoints {
     ) -> Result<(), CoordinatorError> {
         let Some(CheckpointAction::Completed { checkpoint, discard }) = action else { return Ok(()) };
         let id = checkpoint.id;
-        let Some((_, started_ms, deployment)) = self.running.take().filter(|(r, _, _)| *r == id) else {
+        let Some(running) = self.running.take().filter(|r| r.id == id) else {
             return Ok(());
         };
+        let started_ms = running.started_ms;
+        let deployment = running.deployment;
         let completed_ms = unix_ms();
         let parts = checkpoint.tasks.values();
         let bytes: u64 = parts.clone().map(|t| t.bytes).sum();
@@ -155,12 +205,23 @@ impl Checkpoints {
                 deployment: koala_types::encode(&deployment).unwrap_or_default(),
             },
         )?;
-        tracing::info!(id, bytes, ms = completed_ms.saturating_sub(started_ms), "checkpoint {id} completed");
         self.sizes.push(bytes);
-        state.workers.broadcast(&CoordinatorMessage::CheckpointCommitted { id })?;
         let positions =
             checkpoint.tasks.iter().filter_map(|(t, part)| part.position.map(|p| (*t, p))).collect();
-        self.latest = Some(Latest { point: RestorePoint { id, positions }, deployment });
+        let point = RestorePoint { id, positions };
+        // Durable before any sink commits: every committed part belongs to a checkpoint a
+        // resume finds.
+        let meta = CheckpointMetadata {
+            point: point.clone(),
+            deployment: deployment.clone(),
+            pending: running.pending,
+            elapsed_ms: running.elapsed_ms,
+            config: self.config_text.clone(),
+        };
+        crate::resume::write(&path, &meta)?;
+        tracing::info!(id, bytes, ms = completed_ms.saturating_sub(started_ms), "checkpoint {id} completed");
+        state.workers.broadcast(&CoordinatorMessage::CheckpointCommitted { id })?;
+        self.latest = Some(Latest { point, deployment });
         self.redo.clear();
         for old in discard {
             let dir = self.dir.join(old.to_string());
@@ -214,14 +275,7 @@ impl Checkpoints {
         };
         // The same tasks, placed over the workers there are now (old ids in order, round-robin).
         let new = workers.ids();
-        let olds: Vec<WorkerId> =
-            d.placement.values().copied().collect::<BTreeSet<_>>().into_iter().collect();
-        for w in d.placement.values_mut() {
-            let i = olds.iter().position(|o| o == w).unwrap_or(0);
-            *w = new[i % new.len()];
-        }
-        d.workers = workers.addrs.clone();
-        d.finished.clear();
+        crate::resume::place(&mut d, &workers.addrs);
         d.options.checkpoint.restore = point.clone();
         state.workers = workers;
         state

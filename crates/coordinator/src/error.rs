@@ -64,6 +64,9 @@ pub enum CoordinatorError {
     /// The metrics database failed.
     #[error(transparent)]
     Metrics(#[from] MetricsStoreError),
+    /// A checkpoint's metadata could not be written, or a job could not resume.
+    #[error(transparent)]
+    Resume(#[from] crate::resume::ResumeError),
 }
 
 pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> CoordinatorError {

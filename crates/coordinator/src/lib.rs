@@ -13,6 +13,7 @@ mod placement;
 pub mod progress;
 pub mod reconfig;
 pub mod report;
+pub mod resume;
 pub mod server;
 
 pub use config::{ConfigError, JobConfig, StateSection};

@@ -38,6 +38,9 @@ use rusqlite::{Connection, Row, ToSql, params};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod checkpoints;
+pub use checkpoints::{CheckpointRecord, RecoveryRecord};
+
 /// How long a write waits for another connection's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -59,42 +62,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS recoveries (
     run TEXT, lost TEXT, detected_ms INTEGER, restarted_ms INTEGER, checkpoint INTEGER);
 ";
-
-/// A completed checkpoint as the `checkpoints` table holds it (docs/architecture.md §10).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointRecord {
-    /// Its number.
-    pub id: u64,
-    /// The deployment's epoch.
-    pub epoch: u64,
-    /// When its barriers were injected and when the last task acknowledged (unix ms).
-    pub started_ms: u64,
-    /// See `started_ms`.
-    pub completed_ms: u64,
-    /// Bytes written over all tasks.
-    pub bytes: u64,
-    /// State entries written.
-    pub entries: u64,
-    /// The longest barrier alignment of a task (ms).
-    pub alignment_ms: u64,
-    /// Its directory.
-    pub path: String,
-    /// The deployment it restores (`koala_types::encode`d).
-    pub deployment: Vec<u8>,
-}
-
-/// A recovery from a checkpoint after a lost worker (`recoveries` table).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecoveryRecord {
-    /// The worker lost and why.
-    pub lost: String,
-    /// When the loss was noticed and when the restored job started (unix ms).
-    pub detected_ms: u64,
-    /// See `detected_ms`.
-    pub restarted_ms: u64,
-    /// The checkpoint restored (0: none had completed; the job restarted from its beginning).
-    pub checkpoint: u64,
-}
 
 /// A failed metrics-store operation; every variant names the database file.
 #[derive(Debug, Error)]
@@ -354,61 +321,6 @@ impl MetricsStore {
             });
         }
         Ok(())
-    }
-
-    /// Records a completed checkpoint of `run`.
-    pub fn checkpoint_completed(&mut self, run: &str, c: &CheckpointRecord) -> Result<(), MetricsStoreError> {
-        let sql = "INSERT INTO checkpoints VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
-        let args = params![
-            run,
-            c.id,
-            c.epoch,
-            c.started_ms,
-            c.completed_ms,
-            c.bytes,
-            c.entries,
-            c.alignment_ms,
-            c.path,
-            c.deployment
-        ];
-        self.conn
-            .execute(sql, args)
-            .map_err(|e| self.fail(format!("record checkpoint {} of run {run:?}", c.id), e))?;
-        Ok(())
-    }
-
-    /// Records a recovery of `run`.
-    pub fn recovered(&mut self, run: &str, r: &RecoveryRecord) -> Result<(), MetricsStoreError> {
-        let sql = "INSERT INTO recoveries VALUES (?1, ?2, ?3, ?4, ?5)";
-        let args = params![run, r.lost, r.detected_ms, r.restarted_ms, r.checkpoint];
-        self.conn
-            .execute(sql, args)
-            .map_err(|e| self.fail(format!("record a recovery of run {run:?}"), e))?;
-        Ok(())
-    }
-
-    /// The completed checkpoints of `run`, oldest first.
-    pub fn checkpoints(&self, run: &str) -> Result<Vec<CheckpointRecord>, MetricsStoreError> {
-        let sql = "SELECT id, epoch, started_ms, completed_ms, bytes, entries, alignment_ms, path, deployment \
-                   FROM checkpoints WHERE run = ?1 ORDER BY id";
-        let read = || -> rusqlite::Result<Vec<CheckpointRecord>> {
-            let mut stmt = self.conn.prepare(sql)?;
-            let rows = stmt.query_map(params![run], |r| {
-                Ok(CheckpointRecord {
-                    id: r.get(0)?,
-                    epoch: r.get(1)?,
-                    started_ms: r.get(2)?,
-                    completed_ms: r.get(3)?,
-                    bytes: r.get(4)?,
-                    entries: r.get(5)?,
-                    alignment_ms: r.get(6)?,
-                    path: r.get(7)?,
-                    deployment: r.get(8)?,
-                })
-            })?;
-            rows.collect()
-        };
-        read().map_err(|e| self.fail(format!("read checkpoints of run {run:?}"), e))
     }
 
     /// Every run, oldest first.

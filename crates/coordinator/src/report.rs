@@ -41,11 +41,13 @@ use thiserror::Error;
 use crate::config::JobConfig;
 use crate::metrics_store::{MetricsStore, MetricsStoreError, Reconfiguration, RunInfo, TaskScope};
 
+mod checkpoints;
 pub mod derived;
 mod overlay;
 mod render;
 pub mod table;
 
+pub use checkpoints::CheckpointSummary;
 pub use overlay::{overlay_offered, write_overlay, write_throughput_overlay};
 pub use render::Span;
 pub use table::{GroupSeries, PerSecondTable, SecondRow, combine, group_series};
@@ -185,6 +187,8 @@ pub struct ReportSummary {
     pub input_last_t_s: Option<i64>,
     /// Whether the plots carry text (a DejaVu Sans font file was found in a usual place).
     pub plots_have_text: bool,
+    /// Checkpoints (duration, size, alignment) and recoveries after a lost worker.
+    pub checkpoints: CheckpointSummary,
     /// The files written: PNGs and `report.html`.
     pub files: Vec<PathBuf>,
 }
@@ -359,6 +363,10 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
         table,
         input_last_t_s: input_last,
         plots_have_text: render::plot_font_ready(),
+        checkpoints: CheckpointSummary {
+            checkpoints: store.checkpoints(&info.run)?,
+            recoveries: store.recoveries(&info.run)?,
+        },
         files: Vec::new(),
         run: info,
     })
@@ -483,6 +491,7 @@ impl fmt::Display for ReportSummary {
                 "input: last taken at t={last} s (later seconds are not judged for dips or recovery)"
             )?;
         }
+        write!(f, "{}", self.checkpoints)?;
         if self.reconfigurations.is_empty() {
             writeln!(f, "no reconfiguration in this run: no dip or backlog recovery to measure")?;
         } else {

@@ -70,6 +70,11 @@ pub struct JobRun {
     /// Where to serve the HTTP API, the dashboard and `/metrics` while the job runs (`None`: no
     /// HTTP server).
     pub http: Option<TcpListener>,
+    /// Resume a stopped job from this completed checkpoint (`koala run --resume`;
+    /// `crate::resume`): its deployment is placed over the workers that register, sources rewind,
+    /// its pending requests are queued, and `duration_s` and the reconfiguration schedule count
+    /// from its elapsed time.
+    pub resume: Option<crate::resume::CheckpointMetadata>,
 }
 
 /// Builds the graph and checks the config against it; returns tasks per operator.
@@ -95,8 +100,12 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     let (graph, parallelism) = resolve(config, &job.resolver)?;
     koala_types::name_operators(graph.operators.iter().map(|o| o.name.clone()).collect());
     let mut schedule: Vec<(f64, ReconfigRequest)> = Vec::new();
+    let resumed_s = job.resume.as_ref().map_or(0.0, |m| m.elapsed_ms as f64 / 1000.0);
     for (i, r) in config.reconfigurations.iter().enumerate() {
-        schedule.push((r.at_s, r.request(&format!("reconfigurations[{i}]"))?));
+        // A resumed job: what was due before its checkpoint is in the deployment or pending.
+        if r.at_s > resumed_s || job.resume.is_none() {
+            schedule.push((r.at_s - resumed_s, r.request(&format!("reconfigurations[{i}]"))?));
+        }
     }
     schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut schedule: VecDeque<_> = schedule.into();
@@ -118,7 +127,17 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     };
     let (mut workers, mut registrations) = accept(&listener, config.workers, &events_tx)?;
 
-    let deployment = initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run);
+    let deployment = match &job.resume {
+        None => initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run),
+        Some(meta) => {
+            let mut d = meta.deployment.clone();
+            crate::resume::place(&mut d, &workers.addrs);
+            d.run = job.run.clone();
+            d.options.checkpoint.restore = Some(meta.point.clone());
+            tracing::info!(checkpoint = meta.point.id, "resuming the job from checkpoint {}", meta.point.id);
+            d
+        }
+    };
     workers.broadcast(&CoordinatorMessage::Deploy(Box::new(deployment.clone()), config.state_options()))?;
     let mut deployed = 0;
     // Requests that arrive while the job starts are answered once it runs.
@@ -165,7 +184,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     tracing::info!(run = %job.run, tasks = deployment.placement.len(), "job started");
     let next_index =
         deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
-    let mut checkpoints = crate::checkpoint::Checkpoints::new(config, &deployment);
+    let mut checkpoints = crate::checkpoint::Checkpoints::new(config, &deployment, job.resume.as_ref())?;
     let mut engine = Engine::new(deployment, operator_inputs(&graph)).map_err(|e| {
         CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
     })?;
@@ -185,7 +204,12 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         next_index,
         store,
         progress: job.progress.clone(),
-        queue: VecDeque::new(),
+        queue: job
+            .resume
+            .iter()
+            .flat_map(|m| m.pending.iter())
+            .map(|request| Queued { request: request.clone(), reply: None, came_ms: started_ms })
+            .collect(),
         timing: None,
         last_progress: Instant::now(),
         epoch: 0,
@@ -207,6 +231,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         for (request, reply) in early_clients {
             state.submit(request, reply)?;
         }
+        // A resumed job's pending requests.
+        state.start_next()?;
         loop {
             if state.engine.all_finished() {
                 return Ok(());
@@ -234,7 +260,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             let asked_to_stop =
                 job.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
             let duration_over =
-                config.duration_s.is_some_and(|d| started.elapsed() >= Duration::from_secs(d));
+                config.duration_s.is_some_and(|d| started.elapsed().as_secs_f64() + resumed_s >= d as f64);
             if !stop_sent && (asked_to_stop || duration_over) {
                 stop_sent = true;
                 if asked_to_stop {

@@ -129,150 +129,31 @@ pub fn drrs_schedule_of(name: &str) -> koala_protocol::drrs::DrrsSchedule {
     if name == "drrs-overlapping" { DrrsSchedule::Overlapping } else { DrrsSchedule::Ported }
 }
 
-/// What `koala bench` runs.
-#[derive(Clone, Debug)]
-pub struct BenchSpec {
-    /// Distinct keys.
-    pub keys: u64,
-    /// Records over all source tasks.
-    pub records: u64,
-    /// `fjall`, `memory` or `none`.
-    pub backend: String,
-    /// `[state] cache_mb` (fjall only); `None` = the default.
-    pub cache_mb: Option<u64>,
-    /// Tasks of the source and of the aggregate.
-    pub parallelism: u32,
-    /// Size of the sliding window of active keys (0 = uniform over all keys).
-    pub active_keys: u64,
-    /// Records per one-key move of the window.
-    pub active_shift: u64,
-    /// Aligned checkpoints every this many ms (`None`: off).
-    pub checkpoint_interval_ms: Option<u64>,
-    /// The job's `protocol` (`None`: the default, koala); no reconfiguration runs in the bench,
-    /// but the stateful task loop is the protocol's.
-    pub protocol: Option<String>,
-}
-
-impl BenchSpec {
-    /// The job config of the run.
-    pub fn config_text(&self, output_dir: &Path) -> String {
-        let cache = self.cache_mb.map(|mb| format!("cache_mb = {mb}\n")).unwrap_or_default();
-        let active = if self.active_keys > 0 {
-            format!("active_keys = {}\nactive_shift_records = {}\n", self.active_keys, self.active_shift)
-        } else {
-            String::new()
-        };
-        let checkpoints = self
-            .checkpoint_interval_ms
-            .map(|ms| format!("checkpoint_interval_ms = {ms}\n"))
-            .into_iter()
-            .chain(self.protocol.as_ref().map(|p| format!("protocol = {p:?}\n")))
-            .collect::<String>();
-        format!(
-            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n{checkpoints}\
-             [state]\nbackend = {:?}\n{cache}\
-             [parallelism]\nsource = {p}\naggregate = {p}\nsink = 1\n\
-             [params]\nsink = \"discard\"\n[params.generator]\nkey_space = {}\nrecords = {}\n{active}",
-            output_dir.display().to_string(),
-            self.backend,
-            self.keys,
-            self.records,
-            p = self.parallelism,
-        )
-    }
-}
-
-/// The numbers `koala bench` prints, from the per-second table of a run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BenchResult {
-    /// Steady seconds: every full second but the first and the last.
-    pub steady_seconds: usize,
-    /// Mean records/s over the steady seconds.
-    pub steady: f64,
-    /// Mean records/s over the first and the last 10 % of the steady seconds (at least one).
-    pub first_tenth: f64,
-    /// See `first_tenth`.
-    pub last_tenth: f64,
-    /// Per-batch latency: median over steady seconds of the worst task's p99, µs.
-    pub batch_p99_us: f64,
-    /// Per-batch latency: mean over steady seconds of the mean, µs.
-    pub batch_mean_us: f64,
-}
-
-/// Steady-state numbers of a run's per-second rows (`None` if there is no steady second).
-pub fn bench_result(rows: &[koala_coordinator::report::SecondRow]) -> Option<BenchResult> {
-    let steady = rows.get(1..rows.len().saturating_sub(1))?;
-    if steady.is_empty() {
-        return None;
-    }
-    let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
-    let throughput: Vec<f64> = steady.iter().map(|r| r.throughput).collect();
-    let tenth = steady.len().div_ceil(10);
-    let mut p99: Vec<f64> = steady.iter().filter_map(|r| r.batch_latency_p99_us).collect();
-    p99.sort_by(f64::total_cmp);
-    let means: Vec<f64> = steady.iter().filter_map(|r| r.batch_latency_mean_us).collect();
-    Some(BenchResult {
-        steady_seconds: steady.len(),
-        steady: mean(&throughput),
-        first_tenth: mean(&throughput[..tenth]),
-        last_tenth: mean(&throughput[throughput.len() - tenth..]),
-        batch_p99_us: p99.get(p99.len() / 2).copied().unwrap_or(f64::NAN),
-        batch_mean_us: mean(&means),
-    })
-}
-
-/// `koala bench`: the keyed running aggregate at full speed on 2 workers.
-pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult> {
-    let config = JobConfig::parse(&spec.config_text(output_dir), "koala bench")
-        .map_err(|e| anyhow::anyhow!("{e} (check --backend and --cache-mb)"))?;
-    let summary = run_job_locally(config)?;
-    let report = koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), output_dir)?;
-    let result = bench_result(&report.table.rows)
-        .context("the run was too short for a steady state (it needs 3 seconds); raise --records")?;
-    let cache = match (spec.backend.as_str(), spec.cache_mb) {
-        ("fjall", Some(0)) => ", no cache".to_string(),
-        ("fjall", Some(mb)) => format!(", cache {mb} MiB per task"),
-        ("fjall", None) => ", cache from the worker memory budget ([memory] lines above)".to_string(),
-        _ => String::new(),
+/// `koala run <config>`, or `koala run --resume DIR` (a stopped job from its latest completed
+/// checkpoint); `http_port` (`--http-port`) overrides `[coordinator] http_port`.
+pub fn run_config(
+    path: Option<&Path>,
+    resume: Option<&Path>,
+    http_port: Option<u16>,
+) -> anyhow::Result<JobSummary> {
+    let (mut config, resume) = match (path, resume) {
+        (Some(path), None) => (load_config(path)?, None),
+        (None, Some(dir)) => {
+            let (config, meta) = resume_point(dir)?;
+            (config, Some(meta))
+        }
+        (Some(_), Some(_)) => anyhow::bail!(
+            "koala run: give a config or --resume DIR, not both (a resumed job runs the config its checkpoint recorded)"
+        ),
+        (None, None) => {
+            anyhow::bail!("koala run: give a job config, or --resume DIR to resume a stopped job")
+        }
     };
-    let active = if spec.active_keys > 0 {
-        format!(", active window {} keys sliding 1 key per {} records", spec.active_keys, spec.active_shift)
-    } else {
-        " uniform".to_string()
-    };
-    println!();
-    println!(
-        "keyed running aggregate: {} records over {} keys{active}; backend {}{cache}; {p} source + {p} aggregate tasks on 2 workers; {} steady seconds",
-        spec.records,
-        spec.keys,
-        spec.backend,
-        result.steady_seconds,
-        p = spec.parallelism,
-    );
-    println!("{:<44} {:>12}", "metric", "value");
-    println!("{:<44} {:>12.0}", "records/s, steady (mean of steady seconds)", result.steady);
-    println!("{:<44} {:>12.0}", "records/s, first 10 % of steady seconds", result.first_tenth);
-    println!("{:<44} {:>12.0}", "records/s, last 10 % of steady seconds", result.last_tenth);
-    println!("{:<44} {:>12.2}", "last / first", result.last_tenth / result.first_tenth);
-    println!("{:<44} {:>12.0}", "per-batch latency p99 (µs, median second)", result.batch_p99_us);
-    println!("{:<44} {:>12.0}", "per-batch latency mean (µs)", result.batch_mean_us);
-    if let Some(ms) = spec.checkpoint_interval_ms {
-        let n = summary.checkpoint_bytes.len();
-        let mean = summary.checkpoint_bytes.iter().sum::<u64>() / (n.max(1) as u64);
-        println!("{:<44} {:>12}", format!("checkpoints every {ms} ms, completed"), n);
-        println!("{:<44} {:>12}", "checkpoint size, mean", human_bytes(mean));
-    }
-    Ok(result)
-}
-
-/// `koala run <config>`; `http_port` (`--http-port`) overrides `[coordinator] http_port`.
-pub fn run_config(path: &Path, http_port: Option<u16>) -> anyhow::Result<JobSummary> {
-    let mut config = load_config(path)?;
     if http_port.is_some() {
         config.coordinator.http_port = http_port;
     }
     let out = config.output_dir.clone();
-    let summary = run_job_locally(config)?;
+    let summary = run_locally(config, resume)?;
     // The plots and the summary of the run (demo and bench compute their own).
     match koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), &out) {
         Ok(report) => println!("{report}"),
@@ -314,6 +195,7 @@ pub fn coordinator(
             progress: None,
             stop: Some(stop_on_signals()?),
             http: Some(http),
+            resume: None,
         },
     )?;
     print_summary(&summary);
@@ -418,9 +300,41 @@ fn start_state_servers(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(Server
     Ok((servers, addrs))
 }
 
+/// The latest completed checkpoint of the job whose output directory is `dir`, and its config.
+fn resume_point(dir: &Path) -> anyhow::Result<(JobConfig, koala_coordinator::resume::CheckpointMetadata)> {
+    let meta = koala_coordinator::resume::latest(&dir.join("checkpoints"))?;
+    let config = JobConfig::parse(&meta.config, "the checkpoint's recorded config")?;
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    anyhow::ensure!(
+        same(&config.output_dir, dir),
+        "--resume {}: its checkpoints belong to a job whose output_dir is {} (tasks and sinks find \
+         their files there); resume with that directory",
+        dir.display(),
+        config.output_dir.display()
+    );
+    println!(
+        "resuming {} from checkpoint {} (taken {:.1} s into the job)",
+        dir.display(),
+        meta.point.id,
+        meta.elapsed_ms as f64 / 1000.0
+    );
+    Ok((config, meta))
+}
+
 /// Runs a job with a coordinator in this process and `config.workers` worker processes (and
 /// the state servers of a remote backend without external addresses, `[state] servers`).
-pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
+pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
+    run_locally(config, None)
+}
+
+/// [`run_job_locally`], or resumed from a checkpoint (its sink files and checkpoints stay).
+fn run_locally(
+    mut config: JobConfig,
+    resume: Option<koala_coordinator::resume::CheckpointMetadata>,
+) -> anyhow::Result<JobSummary> {
     let resolver = crate::queries::resolver();
     koala_coordinator::resolve(&config, &resolver)?;
     let stop = stop_on_signals()?;
@@ -437,7 +351,13 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
     }
     let out = config.output_dir.clone();
     std::fs::create_dir_all(&out).with_context(|| format!("creating output dir {}", out.display()))?;
-    clear_previous_output(&out)?;
+    match resume {
+        None => clear_previous_output(&out)?,
+        // The stopped run's worker state is not the checkpoint's: tasks restore from it.
+        Some(_) if out.join("state").exists() => std::fs::remove_dir_all(out.join("state"))
+            .with_context(|| format!("clearing {}", out.join("state").display()))?,
+        Some(_) => {}
+    }
     let exe = std::env::current_exe().context("locating the koala binary")?;
     // Stopped (after the workers) when the job ends: dropped last.
     let _servers = match config.state.servers_to_start() {
@@ -484,6 +404,7 @@ pub fn run_job_locally(mut config: JobConfig) -> anyhow::Result<JobSummary> {
         progress: Some(tx),
         stop: Some(stop),
         http: Some(http),
+        resume,
     };
     let handle = std::thread::spawn(move || run_job(listener, job));
     // Progress lines come out once every task reported their second (about 2 s late); a
@@ -620,67 +541,4 @@ pub fn submit(coordinator: &str, request: koala_protocol::ReconfigRequest) -> an
 /// Parses `BUCKETS:TASK` (`3,4,10-12:1`) of `--move`, as `POST /api/rebalance` does.
 pub fn parse_move(text: &str) -> anyhow::Result<(Vec<u16>, u32)> {
     koala_coordinator::control::parse_move(text, "--move").map_err(anyhow::Error::msg)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use koala_coordinator::report::SecondRow;
-
-    fn second(t_s: i64, throughput: f64, p99: f64) -> SecondRow {
-        SecondRow {
-            t_s,
-            throughput,
-            output: throughput,
-            offered: None,
-            lag_mean_ms: None,
-            lag_p99_ms: None,
-            batch_latency_mean_us: Some(p99 / 10.0),
-            batch_latency_p99_us: Some(p99),
-            batch_latency_max_us: Some(p99),
-            state_bytes_moved: 0.0,
-            backpressure_ms: None,
-            latency_p50_ms: None,
-            latency_p99_ms: None,
-            latency_max_ms: None,
-        }
-    }
-
-    #[test]
-    fn bench_numbers_skip_the_partial_seconds_and_compare_the_first_and_last_tenth() {
-        // 22 seconds: the first and the last are partial; 20 steady, so a tenth is 2 seconds.
-        let rows: Vec<SecondRow> = (0..22)
-            .map(|t| second(t, if t == 0 || t == 21 { 1.0 } else { 100.0 * t as f64 }, t as f64))
-            .collect();
-        let r = bench_result(&rows).expect("steady seconds");
-        assert_eq!(r.steady_seconds, 20);
-        assert_eq!(r.steady, 1050.0);
-        assert_eq!((r.first_tenth, r.last_tenth), (150.0, 1950.0));
-        assert_eq!(r.batch_p99_us, 11.0, "the median second's p99");
-        assert!(bench_result(&rows[..2]).is_none(), "two partial seconds have no steady state");
-    }
-
-    #[test]
-    fn bench_configs_parse_for_every_backend() {
-        for (backend, cache_mb) in [("fjall", Some(0)), ("fjall", Some(8)), ("fjall", None), ("memory", None)]
-        {
-            let spec = BenchSpec {
-                keys: 10,
-                records: 100,
-                backend: backend.into(),
-                cache_mb,
-                parallelism: 2,
-                active_keys: 5,
-                active_shift: 1,
-                checkpoint_interval_ms: (backend == "memory").then_some(1000),
-                protocol: (backend == "memory").then(|| "stop-and-restart".into()),
-            };
-            let config = JobConfig::parse(&spec.config_text(Path::new("out")), "test").expect("parses");
-            assert_eq!(config.state.backend.name(), backend);
-            assert_eq!(config.checkpoint_interval_ms, spec.checkpoint_interval_ms);
-            let options = config.state.options();
-            assert_eq!(options.cache_bytes, cache_mb.unwrap_or(0) << 20);
-            assert_eq!(options.cache_from_budget, backend == "fjall" && cache_mb.is_none());
-        }
-    }
 }

@@ -1,5 +1,6 @@
 //! `koala`: run stateful dataflow jobs that can be reconfigured while they run.
 
+mod bench;
 mod compare;
 mod experiment;
 mod kafka;
@@ -82,8 +83,14 @@ enum Command {
     /// Run a job from a TOML config with local worker processes (see examples/*.toml).
     #[command(after_help = queries::help())]
     Run {
-        /// The job config.
-        config: PathBuf,
+        /// The job config (omit it with --resume).
+        config: Option<PathBuf>,
+        /// Resume a stopped job (its coordinator killed, or every process) from its latest
+        /// completed checkpoint: DIR is the job's output_dir (checkpoints under DIR/checkpoints);
+        /// the job runs the config the checkpoint recorded, sources rewind, and JSON-lines sinks
+        /// keep their committed parts.
+        #[arg(long, value_name = "DIR")]
+        resume: Option<PathBuf>,
         /// Port of the dashboard and HTTP API on 127.0.0.1 (overrides `[coordinator] http_port`;
         /// default: any free port; the URL is printed at the start).
         #[arg(long)]
@@ -189,7 +196,9 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         active_shift: u64,
         /// Aligned checkpoints every this many ms (off by default; built for
-        /// `--protocol stop-and-restart` and `remote`).
+        /// `--protocol stop-and-restart` and `remote`). The bench then runs twice, without and
+        /// with checkpoints, and prints both throughputs, their ratio, and the checkpoints'
+        /// duration, size and alignment time.
         #[arg(long)]
         checkpoint_interval_ms: Option<u64>,
         /// The job's reconfiguration protocol (default: koala); the bench reconfigures nothing,
@@ -369,7 +378,9 @@ fn run(command: Command) -> anyhow::Result<()> {
             compare::print_table(&outcomes);
             Ok(())
         }
-        Command::Run { config, http_port } => launch::run_config(&config, http_port).map(|_| ()),
+        Command::Run { config, resume, http_port } => {
+            launch::run_config(config.as_deref(), resume.as_deref(), http_port).map(|_| ())
+        }
         Command::Coordinator { config, listen, address_file, http_port } => {
             launch::coordinator(&config, &listen, address_file.as_deref(), http_port)
         }
@@ -403,8 +414,8 @@ fn run(command: Command) -> anyhow::Result<()> {
             checkpoint_interval_ms,
             protocol,
             output_dir,
-        } => launch::bench(
-            &launch::BenchSpec {
+        } => bench::bench(
+            &bench::BenchSpec {
                 keys,
                 records,
                 backend,

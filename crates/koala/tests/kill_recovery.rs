@@ -65,6 +65,8 @@ fn config(dir: &Path, query: &str, seed: u64, schedule: &str) -> String {
 
 struct Coordinator {
     child: Child,
+    /// Its stdout, open until it exits (it prints its summary there).
+    _out: Lines<BufReader<std::process::ChildStdout>>,
     log: Lines<BufReader<ChildStderr>>,
     seen: String,
 }
@@ -109,16 +111,13 @@ fn run_seed(seed: u64) -> Result<String, String> {
     run_killed(seed, point, "", &mark)
 }
 
-/// Runs `point.query` with `schedule`, kills `point.victim` once the log shows `mark`, and checks
-/// the recovery and the output.
-fn run_killed(seed: u64, point: KillPoint, schedule: &str, mark: &str) -> Result<String, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let text = config(dir.path(), point.query, seed, schedule);
-    std::fs::write(dir.path().join("job.toml"), &text).map_err(|e| e.to_string())?;
-    let addr_file = dir.path().join("addr");
+/// Starts a coordinator and two workers of the job `text` in `dir`.
+fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), String> {
+    std::fs::write(dir.join("job.toml"), text).map_err(|e| e.to_string())?;
+    let addr_file = dir.join("addr");
     let mut child = common::koala()
         .args(["coordinator", "--config"])
-        .arg(dir.path().join("job.toml"))
+        .arg(dir.join("job.toml"))
         .arg("--address-file")
         .arg(&addr_file)
         .env("KOALA_LOG", "info")
@@ -133,18 +132,27 @@ fn run_killed(seed: u64, point: KillPoint, schedule: &str, mark: &str) -> Result
     }
     let addr = std::fs::read_to_string(&addr_file).map_err(|e| e.to_string())?;
     let log = BufReader::new(child.stderr.take().ok_or("stderr")?).lines();
-    let mut coordinator = Coordinator { child, log, seen: String::new() };
-    let mut workers: Vec<Child> = (0..2)
+    let coordinator = Coordinator { child, _out: out, log, seen: String::new() };
+    let workers: Vec<Child> = (0..2)
         .map(|i| {
             common::koala()
                 .args(["worker", "--coordinator", &addr, "--data-dir"])
-                .arg(dir.path().join(format!("w{i}")))
+                .arg(dir.join(format!("w{i}")))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start worker")
         })
         .collect();
+    Ok((coordinator, workers))
+}
+
+/// Runs `point.query` with `schedule`, kills `point.victim` once the log shows `mark`, and checks
+/// the recovery and the output.
+fn run_killed(seed: u64, point: KillPoint, schedule: &str, mark: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let text = config(dir.path(), point.query, seed, schedule);
+    let (mut coordinator, mut workers) = start_job(dir.path(), &text)?;
     let reached = coordinator.wait_for(mark);
     if reached {
         let _ = workers[point.victim].kill();
@@ -204,6 +212,34 @@ fn a_worker_killed_during_a_reconfiguration_rolls_back_and_runs_it_again() {
     assert!(log.contains("reconfiguration 2 completed"), "the request did not run again:\n{log}");
 }
 
+/// Four more seeded kill points in the normal suite (with the two above and the two below:
+/// eight kill -9 points per run of the suite; ~16 s): the first seed from 100 on of each of the
+/// four kinds (keyed aggregate or tumbling window × barriers in flight or checkpoint completed).
+#[test]
+fn four_more_seeded_kill_points_recover_with_exact_output() {
+    let mut kinds = std::collections::BTreeSet::new();
+    let seeds: Vec<u64> = (100..)
+        .filter(|s| {
+            let p = KillPoint::of(*s);
+            kinds.insert((p.query, p.during))
+        })
+        .take(4)
+        .collect();
+    assert_eq!(seeds.len(), 4);
+    let failures: Vec<String> = seeds
+        .iter()
+        .filter_map(|s| {
+            run_seed(*s).err().map(|e| {
+                format!(
+                    "seed {s}: {e}\nreplay: KILL_SEED={s} cargo nextest run -p koala --test kill_recovery \
+                     -E 'test(replay_one_seed)' --run-ignored all"
+                )
+            })
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {seeds:?} failed:\n{}", failures.len(), failures.join("\n\n"));
+}
+
 #[test]
 #[ignore = "soak: 24 seeded kill points, several minutes (docs/testing.md)"]
 fn soak_seeded_kill_points() {
@@ -217,6 +253,62 @@ fn soak_seeded_kill_points() {
 fn replay_one_seed() {
     let seed = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).expect("set KILL_SEED=<seed>");
     check(seed);
+}
+
+/// `kill -9` of every process (coordinator and both workers) once checkpoint 2 completed, then
+/// `koala run --resume DIR`: the job goes on from its latest completed checkpoint and the output
+/// is exactly the expected output (the rows the sink had committed stay, none twice).
+#[test]
+fn a_job_whose_processes_were_all_killed_resumes_from_its_latest_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let seed = 5;
+    let text = config(dir.path(), "keyed-aggregate", seed, "");
+    let (mut coordinator, mut workers) = start_job(dir.path(), &text).expect("start");
+    let reached = coordinator.wait_for("checkpoint 2 completed");
+    let _ = coordinator.child.kill();
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let (_, log) = coordinator.wait_exit(Duration::from_secs(5));
+    assert!(reached, "the job never completed checkpoint 2:\n{log}");
+    let committed = std::fs::read_dir(dir.path().join("out")).map_or(0, |d| {
+        d.filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "jsonl")).count()
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_koala"))
+        .args(["run", "--resume"])
+        .arg(dir.path().join("out"))
+        .env("KOALA_LOG", "info")
+        .output()
+        .expect("run --resume");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("config:\n{text}\nfirst run:\n{log}\nresumed:\n{stdout}\n{stderr}");
+    assert!(out.status.success(), "the resumed job failed: {context}");
+    let from = stdout
+        .lines()
+        .find_map(|l| l.split("from checkpoint ").nth(1)?.split(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no 'resuming ... from checkpoint N' line: {context}"));
+    assert!(from >= 2, "resumed from checkpoint {from}, before the one the kill followed: {context}");
+    assert!(committed > 0, "the first run committed no sink part before the kill: {context}");
+    let shape = QueryShape { window_ms: 100, slide_ms: 100, last_n: 3 };
+    let expected = expected_rows("keyed-aggregate", &common::generator(RECORDS, seed), 2, shape);
+    let got = rows_per_key(&dir.path().join("out"));
+    compare_rows(&expected, &got).unwrap_or_else(|e| panic!("{e}\n{context}"));
+}
+
+/// `--resume` of a directory without a completed checkpoint says what it looked for.
+#[test]
+fn resume_without_a_checkpoint_names_the_directory_and_the_setting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_koala"))
+        .args(["run", "--resume"])
+        .arg(dir.path())
+        .output()
+        .expect("run --resume");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no completed checkpoint") && err.contains("checkpoint_interval_ms"), "{err}");
 }
 
 /// With checkpoints off, a lost worker still fails the job with today's message (and a config

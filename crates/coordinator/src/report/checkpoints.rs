@@ -1,0 +1,105 @@
+//! The report's checkpoint lines (docs/architecture.md §10): how long checkpoints took, how
+//! large they were and how long barriers aligned, and each recovery after a lost worker, from
+//! the metrics store's `checkpoints` and `recoveries` tables.
+
+use std::fmt;
+
+use crate::metrics_store::{CheckpointRecord, RecoveryRecord};
+
+/// A run's checkpoints and recoveries.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckpointSummary {
+    /// Completed checkpoints, oldest first.
+    pub checkpoints: Vec<CheckpointRecord>,
+    /// Recoveries, oldest first.
+    pub recoveries: Vec<RecoveryRecord>,
+}
+
+/// Mean and max of `values` (0, 0 when empty).
+fn mean_max(values: impl Iterator<Item = u64> + Clone) -> (u64, u64) {
+    let n = values.clone().count() as u64;
+    let sum: u64 = values.clone().sum();
+    (sum / n.max(1), values.max().unwrap_or(0))
+}
+
+impl CheckpointSummary {
+    /// Checkpoint duration (barriers injected → last acknowledgement), ms: mean and max.
+    pub fn duration_ms(&self) -> (u64, u64) {
+        mean_max(self.checkpoints.iter().map(|c| c.completed_ms.saturating_sub(c.started_ms)))
+    }
+
+    /// Bytes written per checkpoint: mean and max.
+    pub fn bytes(&self) -> (u64, u64) {
+        mean_max(self.checkpoints.iter().map(|c| c.bytes))
+    }
+
+    /// The longest alignment of a task per checkpoint, ms: mean and max.
+    pub fn alignment_ms(&self) -> (u64, u64) {
+        mean_max(self.checkpoints.iter().map(|c| c.alignment_ms))
+    }
+}
+
+impl fmt::Display for CheckpointSummary {
+    /// Nothing for a run without checkpoints or recoveries; else one line each.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.checkpoints.is_empty() {
+            let (d_mean, d_max) = self.duration_ms();
+            let (b_mean, b_max) = self.bytes();
+            let (a_mean, a_max) = self.alignment_ms();
+            writeln!(
+                f,
+                "checkpoints: {} completed; duration mean {d_mean} ms, max {d_max} ms; size mean {}, max {}; alignment mean {a_mean} ms, max {a_max} ms",
+                self.checkpoints.len(),
+                super::fmt_bytes(b_mean as f64),
+                super::fmt_bytes(b_max as f64),
+            )?;
+        }
+        for r in &self.recoveries {
+            let from = match r.checkpoint {
+                0 => "the job's start (no checkpoint had completed)".to_string(),
+                id => format!("checkpoint {id}"),
+            };
+            writeln!(
+                f,
+                "recovery: {}; restarted from {from} in {} ms",
+                r.lost,
+                r.restarted_ms.saturating_sub(r.detected_ms)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_give_duration_size_alignment_and_recovery_time() {
+        let c = |id, started_ms, completed_ms, bytes, alignment_ms| CheckpointRecord {
+            id,
+            epoch: 0,
+            started_ms,
+            completed_ms,
+            bytes,
+            entries: 0,
+            alignment_ms,
+            path: String::new(),
+            deployment: Vec::new(),
+        };
+        let summary = CheckpointSummary {
+            checkpoints: vec![c(1, 1000, 1040, 2048, 4), c(2, 2000, 2100, 4096, 10)],
+            recoveries: vec![RecoveryRecord {
+                lost: "worker1 disappeared".into(),
+                detected_ms: 5000,
+                restarted_ms: 5750,
+                checkpoint: 2,
+            }],
+        };
+        let text = summary.to_string();
+        assert!(text.contains("2 completed; duration mean 70 ms, max 100 ms"), "{text}");
+        assert!(text.contains("size mean 3.0 KiB, max 4.0 KiB; alignment mean 7 ms, max 10 ms"), "{text}");
+        assert!(text.contains("worker1 disappeared; restarted from checkpoint 2 in 750 ms"), "{text}");
+        assert_eq!(CheckpointSummary::default().to_string(), "");
+    }
+}

@@ -1,0 +1,243 @@
+//! `koala bench`: the keyed running aggregate at full speed on 2 workers, and with
+//! `--checkpoint-interval-ms` the cost of checkpoints measured in the same invocation.
+
+use std::path::Path;
+
+use anyhow::Context;
+use koala_coordinator::JobConfig;
+
+use crate::launch::{human_bytes, run_job_locally};
+
+/// What `koala bench` runs.
+#[derive(Clone, Debug)]
+pub struct BenchSpec {
+    /// Distinct keys.
+    pub keys: u64,
+    /// Records over all source tasks.
+    pub records: u64,
+    /// `fjall`, `memory` or `none`.
+    pub backend: String,
+    /// `[state] cache_mb` (fjall only); `None` = the default.
+    pub cache_mb: Option<u64>,
+    /// Tasks of the source and of the aggregate.
+    pub parallelism: u32,
+    /// Size of the sliding window of active keys (0 = uniform over all keys).
+    pub active_keys: u64,
+    /// Records per one-key move of the window.
+    pub active_shift: u64,
+    /// Aligned checkpoints every this many ms (`None`: off).
+    pub checkpoint_interval_ms: Option<u64>,
+    /// The job's `protocol` (`None`: the default, koala); no reconfiguration runs in the bench,
+    /// but the stateful task loop is the protocol's.
+    pub protocol: Option<String>,
+}
+
+impl BenchSpec {
+    /// The job config of the run.
+    pub fn config_text(&self, output_dir: &Path) -> String {
+        let cache = self.cache_mb.map(|mb| format!("cache_mb = {mb}\n")).unwrap_or_default();
+        let active = if self.active_keys > 0 {
+            format!("active_keys = {}\nactive_shift_records = {}\n", self.active_keys, self.active_shift)
+        } else {
+            String::new()
+        };
+        let checkpoints = self
+            .checkpoint_interval_ms
+            .map(|ms| format!("checkpoint_interval_ms = {ms}\n"))
+            .into_iter()
+            .chain(self.protocol.as_ref().map(|p| format!("protocol = {p:?}\n")))
+            .collect::<String>();
+        format!(
+            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n{checkpoints}\
+             [state]\nbackend = {:?}\n{cache}\
+             [parallelism]\nsource = {p}\naggregate = {p}\nsink = 1\n\
+             [params]\nsink = \"discard\"\n[params.generator]\nkey_space = {}\nrecords = {}\n{active}",
+            output_dir.display().to_string(),
+            self.backend,
+            self.keys,
+            self.records,
+            p = self.parallelism,
+        )
+    }
+}
+
+/// The numbers `koala bench` prints, from the per-second table of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchResult {
+    /// Steady seconds: every full second but the first and the last.
+    pub steady_seconds: usize,
+    /// Mean records/s over the steady seconds.
+    pub steady: f64,
+    /// Mean records/s over the first and the last 10 % of the steady seconds (at least one).
+    pub first_tenth: f64,
+    /// See `first_tenth`.
+    pub last_tenth: f64,
+    /// Per-batch latency: median over steady seconds of the worst task's p99, µs.
+    pub batch_p99_us: f64,
+    /// Per-batch latency: mean over steady seconds of the mean, µs.
+    pub batch_mean_us: f64,
+}
+
+/// Steady-state numbers of a run's per-second rows (`None` if there is no steady second).
+pub fn bench_result(rows: &[koala_coordinator::report::SecondRow]) -> Option<BenchResult> {
+    let steady = rows.get(1..rows.len().saturating_sub(1))?;
+    if steady.is_empty() {
+        return None;
+    }
+    let mean = |v: &[f64]| if v.is_empty() { f64::NAN } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let throughput: Vec<f64> = steady.iter().map(|r| r.throughput).collect();
+    let tenth = steady.len().div_ceil(10);
+    let mut p99: Vec<f64> = steady.iter().filter_map(|r| r.batch_latency_p99_us).collect();
+    p99.sort_by(f64::total_cmp);
+    let means: Vec<f64> = steady.iter().filter_map(|r| r.batch_latency_mean_us).collect();
+    Some(BenchResult {
+        steady_seconds: steady.len(),
+        steady: mean(&throughput),
+        first_tenth: mean(&throughput[..tenth]),
+        last_tenth: mean(&throughput[throughput.len() - tenth..]),
+        batch_p99_us: p99.get(p99.len() / 2).copied().unwrap_or(f64::NAN),
+        batch_mean_us: mean(&means),
+    })
+}
+
+/// `koala bench`: the keyed running aggregate at full speed on 2 workers. With
+/// `checkpoint_interval_ms` it runs twice in one invocation — first without checkpoints (into
+/// `<output_dir>/no-checkpoints`), then with them (`<output_dir>/checkpoints`) — and prints both
+/// and their ratio; it returns the run with checkpoints.
+pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult> {
+    let Some(ms) = spec.checkpoint_interval_ms else {
+        return bench_once(spec, output_dir).map(|(result, _)| result);
+    };
+    let off = BenchSpec { checkpoint_interval_ms: None, ..spec.clone() };
+    println!("run 1 of 2: without checkpoints");
+    let (without, _) = bench_once(&off, &output_dir.join("no-checkpoints"))?;
+    println!();
+    println!("run 2 of 2: aligned checkpoints every {ms} ms");
+    let (with, report) = bench_once(spec, &output_dir.join("checkpoints"))?;
+    let c = &report.checkpoints;
+    let (d_mean, d_max) = c.duration_ms();
+    let (b_mean, b_max) = c.bytes();
+    let (a_mean, a_max) = c.alignment_ms();
+    println!();
+    println!("checkpoint cost, both runs in this invocation (same machine, back to back)");
+    println!("{:<44} {:>12}", "metric", "value");
+    println!("{:<44} {:>12.0}", "records/s steady, without checkpoints", without.steady);
+    println!("{:<44} {:>12.0}", format!("records/s steady, checkpoints every {ms} ms"), with.steady);
+    println!("{:<44} {:>11.1} %", "with / without", 100.0 * with.steady / without.steady);
+    println!("{:<44} {:>12}", "checkpoints completed", c.checkpoints.len());
+    println!("{:<44} {:>12}", "checkpoint duration mean / max (ms)", format!("{d_mean} / {d_max}"));
+    println!("{:<44} {:>12}", "checkpoint size mean", human_bytes(b_mean));
+    println!("{:<44} {:>12}", "checkpoint size max", human_bytes(b_max));
+    println!("{:<44} {:>12}", "alignment mean / max (ms)", format!("{a_mean} / {a_max}"));
+    Ok(with)
+}
+
+/// One bench run into `output_dir`: its numbers, printed, and its report.
+fn bench_once(
+    spec: &BenchSpec,
+    output_dir: &Path,
+) -> anyhow::Result<(BenchResult, koala_coordinator::report::ReportSummary)> {
+    let config = JobConfig::parse(&spec.config_text(output_dir), "koala bench")
+        .map_err(|e| anyhow::anyhow!("{e} (check --backend, --cache-mb and --protocol)"))?;
+    let summary = run_job_locally(config)?;
+    let report = koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), output_dir)?;
+    let result = bench_result(&report.table.rows)
+        .context("the run was too short for a steady state (it needs 3 seconds); raise --records")?;
+    let cache = match (spec.backend.as_str(), spec.cache_mb) {
+        ("fjall", Some(0)) => ", no cache".to_string(),
+        ("fjall", Some(mb)) => format!(", cache {mb} MiB per task"),
+        ("fjall", None) => ", cache from the worker memory budget ([memory] lines above)".to_string(),
+        _ => String::new(),
+    };
+    let active = if spec.active_keys > 0 {
+        format!(", active window {} keys sliding 1 key per {} records", spec.active_keys, spec.active_shift)
+    } else {
+        " uniform".to_string()
+    };
+    println!();
+    println!(
+        "keyed running aggregate: {} records over {} keys{active}; backend {}{cache}; {p} source + {p} aggregate tasks on 2 workers; {} steady seconds",
+        spec.records,
+        spec.keys,
+        spec.backend,
+        result.steady_seconds,
+        p = spec.parallelism,
+    );
+    println!("{:<44} {:>12}", "metric", "value");
+    println!("{:<44} {:>12.0}", "records/s, steady (mean of steady seconds)", result.steady);
+    println!("{:<44} {:>12.0}", "records/s, first 10 % of steady seconds", result.first_tenth);
+    println!("{:<44} {:>12.0}", "records/s, last 10 % of steady seconds", result.last_tenth);
+    println!("{:<44} {:>12.2}", "last / first", result.last_tenth / result.first_tenth);
+    println!("{:<44} {:>12.0}", "per-batch latency p99 (µs, median second)", result.batch_p99_us);
+    println!("{:<44} {:>12.0}", "per-batch latency mean (µs)", result.batch_mean_us);
+    if let Some(ms) = spec.checkpoint_interval_ms {
+        let n = summary.checkpoint_bytes.len();
+        let mean = summary.checkpoint_bytes.iter().sum::<u64>() / (n.max(1) as u64);
+        println!("{:<44} {:>12}", format!("checkpoints every {ms} ms, completed"), n);
+        println!("{:<44} {:>12}", "checkpoint size, mean", human_bytes(mean));
+    }
+    Ok((result, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use koala_coordinator::report::SecondRow;
+
+    fn second(t_s: i64, throughput: f64, p99: f64) -> SecondRow {
+        SecondRow {
+            t_s,
+            throughput,
+            output: throughput,
+            offered: None,
+            lag_mean_ms: None,
+            lag_p99_ms: None,
+            batch_latency_mean_us: Some(p99 / 10.0),
+            batch_latency_p99_us: Some(p99),
+            batch_latency_max_us: Some(p99),
+            state_bytes_moved: 0.0,
+            backpressure_ms: None,
+            latency_p50_ms: None,
+            latency_p99_ms: None,
+            latency_max_ms: None,
+        }
+    }
+
+    #[test]
+    fn bench_numbers_skip_the_partial_seconds_and_compare_the_first_and_last_tenth() {
+        // 22 seconds: the first and the last are partial; 20 steady, so a tenth is 2 seconds.
+        let rows: Vec<SecondRow> = (0..22)
+            .map(|t| second(t, if t == 0 || t == 21 { 1.0 } else { 100.0 * t as f64 }, t as f64))
+            .collect();
+        let r = bench_result(&rows).expect("steady seconds");
+        assert_eq!(r.steady_seconds, 20);
+        assert_eq!(r.steady, 1050.0);
+        assert_eq!((r.first_tenth, r.last_tenth), (150.0, 1950.0));
+        assert_eq!(r.batch_p99_us, 11.0, "the median second's p99");
+        assert!(bench_result(&rows[..2]).is_none(), "two partial seconds have no steady state");
+    }
+
+    #[test]
+    fn bench_configs_parse_for_every_backend() {
+        for (backend, cache_mb) in [("fjall", Some(0)), ("fjall", Some(8)), ("fjall", None), ("memory", None)]
+        {
+            let spec = BenchSpec {
+                keys: 10,
+                records: 100,
+                backend: backend.into(),
+                cache_mb,
+                parallelism: 2,
+                active_keys: 5,
+                active_shift: 1,
+                checkpoint_interval_ms: (backend == "memory").then_some(1000),
+                protocol: (backend == "memory").then(|| "stop-and-restart".into()),
+            };
+            let config = JobConfig::parse(&spec.config_text(Path::new("out")), "test").expect("parses");
+            assert_eq!(config.state.backend.name(), backend);
+            assert_eq!(config.checkpoint_interval_ms, spec.checkpoint_interval_ms);
+            let options = config.state.options();
+            assert_eq!(options.cache_bytes, cache_mb.unwrap_or(0) << 20);
+            assert_eq!(options.cache_from_budget, backend == "fjall" && cache_mb.is_none());
+        }
+    }
+}
