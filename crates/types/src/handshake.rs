@@ -127,8 +127,9 @@ impl Token {
         format!("{}… ({} chars)", &self.0[..4.min(self.0.len())], self.0.len())
     }
 
-    /// Compares in time independent of where the first difference is.
-    fn matches(&self, other: &[u8]) -> bool {
+    /// Whether `other` is this token, compared in time independent of where the first
+    /// difference is.
+    pub fn matches(&self, other: &[u8]) -> bool {
         let ours = self.0.as_bytes();
         ours.len() == other.len() && ours.iter().zip(other).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
@@ -160,6 +161,8 @@ pub enum Refusal {
         ours: u32,
         /// The peer's.
         theirs: u32,
+        /// What the peer greeted as.
+        role: Role,
     },
     /// No token, on a listener that requires one.
     NoToken,
@@ -178,7 +181,7 @@ pub enum Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Version { ours, theirs } => write!(
+            Self::Version { ours, theirs, .. } => write!(
                 f,
                 "protocol version mismatch: the listener speaks version {ours}, the peer version {theirs}; \
                  run the same koala build on every host"
@@ -300,7 +303,7 @@ impl Pending {
             }
             // After the token: an unauthenticated peer learns nothing, not even our version.
             if version != PROTOCOL_VERSION {
-                return Err(Refusal::Version { ours: PROTOCOL_VERSION, theirs: version });
+                return Err(Refusal::Version { ours: PROTOCOL_VERSION, theirs: version, role });
             }
             Ok(role)
         });

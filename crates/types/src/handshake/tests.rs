@@ -45,7 +45,7 @@ fn another_version_is_refused_and_both_sides_name_both_versions() {
         read_verdict(&mut s)
     });
     let refusal = outcome.expect_err("refused");
-    assert_eq!(refusal, Refusal::Version { ours: PROTOCOL_VERSION, theirs });
+    assert_eq!(refusal, Refusal::Version { ours: PROTOCOL_VERSION, theirs, role: Role::Worker });
     let listener_says = refusal.to_string();
     assert!(listener_says.contains(&format!("version {PROTOCOL_VERSION}")), "{listener_says}");
     assert!(listener_says.contains(&format!("version {theirs}")), "{listener_says}");
