@@ -161,7 +161,13 @@ fn refused(peer: &str, refusal: &Refusal, workers: &Sender<Registration>) {
 }
 
 /// Reads the hello of an admitted connection and hands it on.
-fn greeted(stream: TcpStream, role: Role, peer: &str, workers: &Sender<Registration>, events: &Sender<Event>) {
+fn greeted(
+    stream: TcpStream,
+    role: Role,
+    peer: &str,
+    workers: &Sender<Registration>,
+    events: &Sender<Event>,
+) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
     let Ok(read_half) = stream.try_clone() else { return };
@@ -318,7 +324,11 @@ fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<E
 
 /// Sends one request to a running coordinator and waits for its reply (`koala rescale` …),
 /// presenting `token` (required if the coordinator does not listen on loopback).
-pub fn submit(coordinator: &str, request: ReconfigRequest, token: Option<&Token>) -> std::io::Result<ClientReply> {
+pub fn submit(
+    coordinator: &str,
+    request: ReconfigRequest,
+    token: Option<&Token>,
+) -> std::io::Result<ClientReply> {
     let stream = TcpStream::connect(coordinator)?;
     greet(&stream, Role::Client, token)?;
     let mut w = BufWriter::new(stream.try_clone()?);

@@ -66,4 +66,3 @@ pub fn start(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(ServerProcesses,
     }
     Ok((servers, addrs))
 }
-

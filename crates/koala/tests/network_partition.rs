@@ -131,14 +131,15 @@ fn cutting_a_workers_link_mid_reconfiguration_fails_the_job_naming_that_worker()
     )
     .expect("write config");
     let addr_file = dir.path().join("addr");
-    let mut coordinator = koala_in(&hosts.a, &["coordinator", "--listen", &format!("{HOST_A}:0"), "--config"])
-        .arg(&config)
-        .arg("--address-file")
-        .arg(&addr_file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the coordinator");
+    let mut coordinator =
+        koala_in(&hosts.a, &["coordinator", "--listen", &format!("{HOST_A}:0"), "--config"])
+            .arg(&config)
+            .arg("--address-file")
+            .arg(&addr_file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the coordinator");
     let (tx, log) = mpsc::channel();
     forward(coordinator.stdout.take().expect("stdout"), tx.clone());
     forward(coordinator.stderr.take().expect("stderr"), tx);

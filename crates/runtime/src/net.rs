@@ -72,7 +72,9 @@ pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gat
                     match pending.admit(&stream) {
                         Ok(Role::Channel) => read_channel(stream, &inboxes, &link),
                         Ok(role) => tracing::error!(%peer, ?role, "data port: not a channel; dropped"),
-                        Err(refusal) => tracing::warn!(%peer, reason = %refusal, "data port: refused a connection"),
+                        Err(refusal) => {
+                            tracing::warn!(%peer, reason = %refusal, "data port: refused a connection")
+                        }
                     }
                 });
                 if let Err(e) = spawned {

@@ -198,7 +198,8 @@ impl Scenario {
             let plane = &planes[h];
             let (queues, command) = create_inbox(*task, 1, &plane.inboxes).expect("task queues");
             let inbox = plane.inboxes.read().expect("registry").get(task).expect("registered").data.clone();
-            let links = Links { me: plane.id, graph: graph.clone(), inboxes: plane.inboxes.clone(), token: None };
+            let links =
+                Links { me: plane.id, graph: graph.clone(), inboxes: plane.inboxes.clone(), token: None };
             spawn_task(*task, &d, &links, &env, queues, &events_tx, false, None).expect("spawn a task");
             commands.push(command);
             data.push(inbox);

@@ -52,4 +52,3 @@ pub(crate) fn open_state(
         }
     })
 }
-

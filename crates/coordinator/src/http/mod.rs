@@ -37,9 +37,9 @@ use serde_json::{Value, json};
 use tiny_http::{Header, Method, Request, Response, Server};
 
 use crate::control::{Event, request_reply};
-use koala_types::handshake::Token;
 use crate::error::CoordinatorError;
 use api::ApiError;
+use koala_types::handshake::Token;
 use live::Live;
 
 /// The dashboard page.
@@ -169,7 +169,13 @@ impl PostAuth {
     }
 }
 
-fn serve(server: &Server, stopping: &AtomicBool, live: &Arc<Live>, events: &Sender<Event>, auth: &Arc<PostAuth>) {
+fn serve(
+    server: &Server,
+    stopping: &AtomicBool,
+    live: &Arc<Live>,
+    events: &Sender<Event>,
+    auth: &Arc<PostAuth>,
+) {
     let in_flight = Arc::new(AtomicUsize::new(0));
     loop {
         let request = match server.recv() {

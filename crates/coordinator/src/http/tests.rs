@@ -45,7 +45,13 @@ fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> (u
 }
 
 /// [`call`] with extra header lines (each ending in `\r\n`).
-fn call_with(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8], headers: &str) -> (u16, String) {
+fn call_with(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    headers: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
@@ -203,9 +209,11 @@ fn posts_off_loopback_need_the_job_token_and_gets_stay_open() {
     let (events_tx, events) = unbounded();
     let token = koala_types::handshake::Token::parse("0123456789abcdef-http", "test").unwrap();
     // 0.0.0.0 is not loopback: without a token the server does not start.
-    let refused = HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live.clone(), events_tx.clone(), None);
+    let refused =
+        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live.clone(), events_tx.clone(), None);
     assert!(refused.is_err_and(|e| e.to_string().contains("KOALA_TOKEN")));
-    let server = HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live, events_tx, Some(token)).unwrap();
+    let server =
+        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live, events_tx, Some(token)).unwrap();
     let answered = std::thread::spawn(move || {
         let mut n = 0;
         for event in events.iter().take(1) {
@@ -221,7 +229,8 @@ fn posts_off_loopback_need_the_job_token_and_gets_stay_open() {
     let (status, text) = call(addr, "POST", "/api/rescale", body);
     assert_eq!(status, 401, "{text}");
     assert!(error_of(&text).contains("Authorization: Bearer"), "{text}");
-    let (status, text) = call_with(addr, "POST", "/api/rescale", body, "Authorization: Bearer not-the-token\r\n");
+    let (status, text) =
+        call_with(addr, "POST", "/api/rescale", body, "Authorization: Bearer not-the-token\r\n");
     assert_eq!((status, error_of(&text)), (403, "Authorization: wrong job token".to_string()));
     let (status, text) = call(addr, "GET", "/api/job", b"");
     assert_eq!(status, 200, "{text}");

@@ -77,13 +77,16 @@ fn accept(listener: &TcpListener, env: &Arc<FjallEnv>) {
                     }
                 };
                 let env = env.clone();
-                let spawned = std::thread::Builder::new().name("koala-state-conn".into()).spawn(move || {
-                    match pending.admit(&stream) {
+                let spawned =
+                    std::thread::Builder::new().name("koala-state-conn".into()).spawn(move || match pending
+                        .admit(&stream)
+                    {
                         Ok(Role::State) => serve(stream, &env),
                         Ok(role) => tracing::error!(?role, "state server: not a state client; dropped"),
-                        Err(refusal) => tracing::warn!(reason = %refusal, "state server: refused a connection"),
-                    }
-                });
+                        Err(refusal) => {
+                            tracing::warn!(reason = %refusal, "state server: refused a connection")
+                        }
+                    });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot spawn a state connection thread; connection dropped");
                 }
