@@ -308,6 +308,9 @@ impl Pending {
             Ok(role)
         });
         let _ = stream.set_read_timeout(None);
+        // Its place frees before the verdict goes out: a peer that connects again on reading it
+        // must find the place free.
+        drop(self);
         let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
         let _ = write_verdict(&mut &*stream, outcome.as_ref().err());
         let _ = stream.set_write_timeout(None);
@@ -425,7 +428,7 @@ pub fn read_verdict(r: &mut impl Read) -> io::Result<()> {
     let len = u32::from_le_bytes(len) as usize;
     let bad =
         |why: &str| io::Error::new(io::ErrorKind::InvalidData, format!("the listener's verdict: {why}"));
-    if len > MAX_GREETING_BYTES || len < 11 {
+    if !(11..=MAX_GREETING_BYTES).contains(&len) {
         return Err(bad(&format!("{len} bytes is not a koala verdict")));
     }
     let mut buf = vec![0u8; len];
