@@ -1,5 +1,8 @@
 //! The coordinator's control port: workers register on it (then stay connected), and clients
-//! (`koala rescale|rebalance|migrate`) submit one request each and get one reply.
+//! (`koala rescale|rebalance|migrate`) submit one request each and get one reply. Every
+//! connection is admitted by the port's [`Gate`] first (protocol version, job token, bounds on
+//! unadmitted connections: `koala_types::handshake`), each on its own thread, so a silent peer
+//! holds no one up.
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Write};
@@ -10,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use koala_protocol::{ClientReply, ControlHello, CoordinatorMessage, ReconfigRequest, WorkerMessage};
 use koala_types::WorkerId;
 use koala_types::frame::{read_frame, write_frame};
+use koala_types::handshake::{Gate, Refusal, Role, Token, greet};
 
 use crate::error::CoordinatorError;
 
@@ -73,9 +77,14 @@ impl Workers {
     }
 }
 
+/// A worker's registration as the accept thread hands it over: its control connection and data
+/// address, or why an authenticated worker could not register (another build: the job fails
+/// loudly rather than wait for it).
+type Registration = Result<(TcpStream, String), String>;
+
 /// Workers that register after the job started (a recovery: restarted or replacement workers).
 pub struct Registrations {
-    incoming: Receiver<(TcpStream, String)>,
+    incoming: Receiver<Registration>,
     next_id: u32,
     events: Sender<Event>,
 }
@@ -85,7 +94,7 @@ impl Registrations {
     /// waiting (a replacement); ids continue after every id given so far.
     pub fn collect(&mut self, count: u32, limit: Duration) -> Result<Workers, CoordinatorError> {
         let mut workers = collect_workers(&self.incoming, count, &self.events, self.next_id, limit)?;
-        while let Ok((stream, addr)) = self.incoming.try_recv() {
+        while let Ok(Ok((stream, addr))) = self.incoming.try_recv() {
             let id = WorkerId(self.next_id + workers.len() as u32);
             register(&mut workers, id, stream, addr, &self.events)?;
         }
@@ -94,48 +103,91 @@ impl Registrations {
     }
 }
 
-/// Accepts connections for the life of the job: the first `expected` workers are returned once
-/// registered; clients are turned into [`Event::Client`]s.
+/// Accepts connections for the life of the job, each admitted by `gate`: the first `expected`
+/// workers are returned once registered; clients are turned into [`Event::Client`]s.
 pub fn accept(
     listener: &TcpListener,
+    gate: Gate,
     expected: u32,
     events: &Sender<Event>,
 ) -> Result<(Workers, Registrations), CoordinatorError> {
-    let (worker_tx, worker_rx) = unbounded::<(TcpStream, String)>();
+    let (worker_tx, worker_rx) = unbounded::<Registration>();
     let accept_listener = listener
         .try_clone()
         .map_err(|source| CoordinatorError::Io { context: "cloning the control listener".into(), source })?;
     let client_events = events.clone();
     std::thread::Builder::new()
         .name("koala-accept".into())
-        .spawn(move || accept_loop(&accept_listener, &worker_tx, &client_events))
+        .spawn(move || accept_loop(&accept_listener, &gate, &worker_tx, &client_events))
         .map_err(|source| CoordinatorError::Io { context: "spawning the accept thread".into(), source })?;
     let workers = collect_workers(&worker_rx, expected, events, 0, crate::server::STARTUP_TIMEOUT)?;
     let next_id = workers.len() as u32;
     Ok((workers, Registrations { incoming: worker_rx, next_id, events: events.clone() }))
 }
 
-fn accept_loop(listener: &TcpListener, workers: &Sender<(TcpStream, String)>, events: &Sender<Event>) {
+fn accept_loop(listener: &TcpListener, gate: &Gate, workers: &Sender<Registration>, events: &Sender<Event>) {
     for conn in listener.incoming() {
         let Ok(stream) = conn else { continue };
-        let _ = stream.set_nodelay(true);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let Ok(read_half) = stream.try_clone() else { continue };
-        match read_frame::<_, ControlHello>(&mut BufReader::new(read_half)) {
-            Ok(Some(ControlHello::Worker { data_addr, pid })) => {
-                tracing::info!(%data_addr, pid, "worker registered");
-                let _ = stream.set_read_timeout(None);
-                if workers.send((stream, data_addr)).is_err() {
-                    tracing::error!("a worker registered after the job started; ignored");
-                }
+        let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+        let pending = match gate.enter(&stream) {
+            Ok(pending) => pending,
+            Err(refusal) => {
+                tracing::warn!(%peer, reason = %refusal, "control port: refused a connection");
+                continue;
             }
-            Ok(Some(ControlHello::Client(request))) => {
-                let events = events.clone();
-                let _ = std::thread::Builder::new()
-                    .name("koala-client".into())
-                    .spawn(move || answer_client(stream, request, &events));
+        };
+        let (workers, events) = (workers.clone(), events.clone());
+        let spawned = std::thread::Builder::new().name("koala-greeting".into()).spawn(move || {
+            let role = match pending.admit(&stream) {
+                Ok(role) => role,
+                Err(refusal) => return refused(&peer, &refusal, &workers),
+            };
+            greeted(stream, role, &peer, &workers, &events);
+        });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot spawn a thread for a control connection; dropped");
+        }
+    }
+}
+
+/// Logs a refusal; a worker of another build (it had the token, or none is required) also
+/// fails the registration under way, loudly, instead of leaving the job waiting for it.
+fn refused(peer: &str, refusal: &Refusal, workers: &Sender<Registration>) {
+    tracing::warn!(%peer, reason = %refusal, "control port: refused a connection");
+    if let Refusal::Version { role: Role::Worker, .. } = refusal {
+        tracing::error!(%peer, reason = %refusal, "a worker of another koala build tried to register");
+        let _ = workers.send(Err(format!("the worker at {peer} was refused: {refusal}")));
+    }
+}
+
+/// Reads the hello of an admitted connection and hands it on.
+fn greeted(
+    stream: TcpStream,
+    role: Role,
+    peer: &str,
+    workers: &Sender<Registration>,
+    events: &Sender<Event>,
+) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(read_half) = stream.try_clone() else { return };
+    match (role, read_frame::<_, ControlHello>(&mut BufReader::new(read_half))) {
+        (Role::Worker, Ok(Some(ControlHello::Worker { data_addr, pid }))) => {
+            tracing::info!(%data_addr, pid, "worker registered");
+            let _ = stream.set_read_timeout(None);
+            if workers.send(Ok((stream, data_addr))).is_err() {
+                tracing::error!("a worker registered after the job ended; ignored");
             }
-            other => tracing::error!(?other, "a connection sent no valid greeting; dropped"),
+        }
+        (Role::Client, Ok(Some(ControlHello::Client(request)))) => answer_client(stream, request, events),
+        (Role::Worker, other) => {
+            // Same version and token, yet no worker hello: a broken build, not a stranger.
+            let error = format!("the worker at {peer} sent no valid registration ({other:?})");
+            tracing::error!(%peer, "{error}");
+            let _ = workers.send(Err(error));
+        }
+        (role, other) => {
+            tracing::error!(%peer, ?role, ?other, "an admitted connection sent no valid hello; dropped")
         }
     }
 }
@@ -204,7 +256,7 @@ pub fn parse_move(text: &str, field: &str) -> Result<(Vec<u16>, u32), String> {
 }
 
 fn collect_workers(
-    incoming: &Receiver<(TcpStream, String)>,
+    incoming: &Receiver<Registration>,
     expected: u32,
     events: &Sender<Event>,
     first_id: u32,
@@ -213,12 +265,15 @@ fn collect_workers(
     let mut workers = Workers { writers: BTreeMap::new(), addrs: BTreeMap::new() };
     let deadline = Instant::now() + limit;
     while (workers.writers.len() as u32) < expected {
-        let (stream, data_addr) = incoming.recv_deadline(deadline).map_err(|_| {
-            CoordinatorError::Timeout(format!(
-                "only {} of {expected} workers registered",
-                workers.writers.len()
-            ))
-        })?;
+        let (stream, data_addr) = incoming
+            .recv_deadline(deadline)
+            .map_err(|_| {
+                CoordinatorError::Timeout(format!(
+                    "only {} of {expected} workers registered",
+                    workers.writers.len()
+                ))
+            })?
+            .map_err(CoordinatorError::Registration)?;
         let id = WorkerId(first_id + workers.writers.len() as u32);
         register(&mut workers, id, stream, data_addr, events)?;
     }
@@ -267,9 +322,15 @@ fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<E
     let _ = events.send(Event::Worker(id, None));
 }
 
-/// Sends one request to a running coordinator and waits for its reply (`koala rescale` …).
-pub fn submit(coordinator: &str, request: ReconfigRequest) -> std::io::Result<ClientReply> {
+/// Sends one request to a running coordinator and waits for its reply (`koala rescale` …),
+/// presenting `token` (required if the coordinator does not listen on loopback).
+pub fn submit(
+    coordinator: &str,
+    request: ReconfigRequest,
+    token: Option<&Token>,
+) -> std::io::Result<ClientReply> {
     let stream = TcpStream::connect(coordinator)?;
+    greet(&stream, Role::Client, token)?;
     let mut w = BufWriter::new(stream.try_clone()?);
     write_frame(&mut w, &ControlHello::Client(request))?;
     w.flush()?;

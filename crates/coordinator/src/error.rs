@@ -38,6 +38,9 @@ pub enum CoordinatorError {
         /// Its error.
         error: String,
     },
+    /// A worker could not register: another koala build, or a broken registration.
+    #[error("a worker could not register: {0}")]
+    Registration(String),
     /// Something did not happen in time.
     #[error("timed out: {0}")]
     Timeout(String),

@@ -13,6 +13,7 @@ use koala_dataflow::graph::QueryResolver;
 use koala_protocol::engine::Engine;
 use koala_protocol::{ClientReply, CoordinatorMessage, ReconfigRequest, WorkerMessage};
 use koala_types::WorkerId;
+use koala_types::handshake::Gate;
 
 use crate::config::{ConfigError, JobConfig};
 use crate::control::{Event, accept};
@@ -75,6 +76,9 @@ pub struct JobRun {
     /// its pending requests are queued, and `duration_s` and the reconfiguration schedule count
     /// from its elapsed time.
     pub resume: Option<crate::resume::CheckpointMetadata>,
+    /// The job token: every connection to the control port presents it (required unless the
+    /// port is on loopback), and so do POSTs to the HTTP API.
+    pub token: Option<koala_types::handshake::Token>,
 }
 
 /// Builds the graph and checks the config against it; returns tasks per operator.
@@ -121,11 +125,14 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     );
     let live = Arc::new(Live::new(info));
     // Stops when dropped, whichever way this function returns.
+    let ip = listener.local_addr().map_err(io("reading the control address"))?.ip();
+    let gate = Gate::for_listener("control port", ip, job.token.clone(), config.coordinator.gate_limits())
+        .map_err(|message| ConfigError::Invalid { field: "coordinator.token_file".into(), message })?;
     let _http = match http {
-        Some(l) => Some(HttpServer::start(l, live.clone(), events_tx.clone())?),
+        Some(l) => Some(HttpServer::start(l, live.clone(), events_tx.clone(), job.token.clone())?),
         None => None,
     };
-    let (mut workers, mut registrations) = accept(&listener, config.workers, &events_tx)?;
+    let (mut workers, mut registrations) = accept(&listener, gate, config.workers, &events_tx)?;
 
     let deployment = match &job.resume {
         None => initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run),

@@ -178,6 +178,7 @@ pub fn coordinator(
         config.state.servers_to_start() == 0,
         "state.server_addresses: `koala coordinator` starts no state servers; start them with `koala state-server` and list their addresses there (or use `koala run`, which starts [state] servers)"
     );
+    let token = crate::token::find(config.coordinator.token_file.as_deref(), "coordinator.token_file")?;
     let listener = TcpListener::bind(listen).with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?.to_string();
     if let Some(f) = address_file {
@@ -196,6 +197,7 @@ pub fn coordinator(
             stop: Some(stop_on_signals()?),
             http: Some(http),
             resume: None,
+            token,
         },
     )?;
     print_summary(&summary);
@@ -237,67 +239,6 @@ impl Drop for WorkerProcesses {
             let _ = child.wait();
         }
     }
-}
-
-/// State server processes: they run until killed, which happens when the job is over.
-struct ServerProcesses(Vec<Child>);
-
-impl Drop for ServerProcesses {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// `koala state-server`: serves remote state until killed. Prints `state server listening on
-/// ADDR` first (`koala run` reads the address from it).
-pub fn state_server(listen: &str, data_dir: &Path) -> anyhow::Result<()> {
-    let server = koala_state::StateServer::start(listen, data_dir)
-        .with_context(|| format!("starting a state server on {listen} in {}", data_dir.display()))?;
-    println!("state server listening on {}", server.addr());
-    std::io::Write::flush(&mut std::io::stdout())?;
-    // Serves on its own threads; this one only waits (the process ends when it is killed).
-    loop {
-        std::thread::park();
-    }
-}
-
-/// Starts `n` state server processes (`koala state-server` on port 0) with their data under
-/// `out/state/server-<i>`; returns them and their addresses, read from their first line.
-fn start_state_servers(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(ServerProcesses, Vec<String>)> {
-    use std::io::BufRead;
-    let mut servers = ServerProcesses(Vec::new());
-    let mut addrs = Vec::new();
-    for i in 0..n {
-        let data_dir = out.join("state").join(format!("server-{i}"));
-        let mut child = Command::new(exe)
-            .arg("state-server")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            // The job drains against it after a Ctrl-C; it is stopped once the job ended.
-            .arg("--ignore-interrupt")
-            .spawn()
-            .with_context(|| format!("starting state server {i}"))?;
-        let stdout = child.stdout.take().context("the state server's stdout")?;
-        servers.0.push(child);
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .with_context(|| format!("reading state server {i}'s address"))?;
-        let addr = line
-            .trim()
-            .strip_prefix("state server listening on ")
-            .with_context(|| format!("state server {i} did not start (it printed {line:?})"))?;
-        addrs.push(addr.to_string());
-    }
-    Ok((servers, addrs))
 }
 
 /// The latest completed checkpoint of the job whose output directory is `dir`, and its config.
@@ -363,13 +304,15 @@ fn run_locally(
     let _servers = match config.state.servers_to_start() {
         0 => None,
         n => {
-            let (servers, addrs) = start_state_servers(&exe, &out, n)?;
+            let (servers, addrs) = crate::state_servers::start(&exe, &out, n)?;
             println!("state servers at {}", addrs.join(", "));
             config.state.server_addresses = addrs;
             config.state.servers = None;
             Some(servers)
         }
     };
+    // Loopback, so not required, but presented by every worker: one is generated unless given.
+    let token = crate::token::for_local_run(config.coordinator.token_file.as_deref())?;
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
     let addr = listener.local_addr()?.to_string();
     println!("coordinator at {addr} (koala rescale|rebalance|migrate --coordinator {addr} ...)");
@@ -388,6 +331,7 @@ fn run_locally(
                 config.warm_state.iter().flat_map(|w| [std::ffi::OsStr::new("--warm-state"), w.as_os_str()]),
             )
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(crate::token::ENV, token.expose())
             // A Ctrl-C at the terminal reaches the whole process group: the workers ignore it and
             // end when the coordinator, which stops the job cleanly, tells them to.
             .arg("--ignore-interrupt")
@@ -405,6 +349,7 @@ fn run_locally(
         stop: Some(stop),
         http: Some(http),
         resume,
+        token: Some(token),
     };
     let handle = std::thread::spawn(move || run_job(listener, job));
     // Progress lines come out once every task reported their second (about 2 s late); a
@@ -530,8 +475,13 @@ fn print_summary(s: &JobSummary) {
 }
 
 /// `koala rescale|rebalance|migrate`: submits a request to a running coordinator.
-pub fn submit(coordinator: &str, request: koala_protocol::ReconfigRequest) -> anyhow::Result<()> {
-    let reply = koala_coordinator::control::submit(coordinator, request)
+pub fn submit(
+    coordinator: &str,
+    token_file: Option<&Path>,
+    request: koala_protocol::ReconfigRequest,
+) -> anyhow::Result<()> {
+    let token = crate::token::find(token_file, "--token-file")?;
+    let reply = koala_coordinator::control::submit(coordinator, request, token.as_ref())
         .with_context(|| format!("talking to the coordinator at {coordinator}"))?;
     let line = koala_coordinator::control::reply_line(&reply).map_err(anyhow::Error::msg)?;
     println!("{line}");

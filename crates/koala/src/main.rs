@@ -7,6 +7,8 @@ mod kafka;
 mod launch;
 mod queries;
 mod settings;
+mod state_servers;
+mod token;
 mod warmup;
 
 use std::io::IsTerminal;
@@ -96,7 +98,9 @@ enum Command {
         #[arg(long)]
         http_port: Option<u16>,
     },
-    /// Run only the coordinator of a job; workers join with `koala worker --coordinator ADDR`.
+    /// Run only the coordinator of a job; workers join with `koala worker --coordinator ADDR`
+    /// (docs/deploy.md: several hosts). Off loopback, every connection and every POST to the API
+    /// must present the job token: `KOALA_TOKEN`, or `[coordinator] token_file`.
     Coordinator {
         /// The job config.
         #[arg(long)]
@@ -138,6 +142,15 @@ enum Command {
         /// Host the data plane listens on (the port is chosen by the OS).
         #[arg(long, default_value = "127.0.0.1")]
         listen_host: String,
+        /// The host other workers reach this worker's data port at (default: --listen-host, or,
+        /// when that is 0.0.0.0, this host's address on its route to the coordinator).
+        #[arg(long)]
+        advertise_host: Option<String>,
+        /// A file holding the job token (the environment variable KOALA_TOKEN takes precedence):
+        /// presented to the coordinator and other workers; required by this worker's data port
+        /// when --listen-host is not loopback.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Warm state (`koala warmup`) the worker's stateful tasks load their buckets from before
         /// the job starts (`koala run` passes the config's `warm_state`).
         #[arg(long)]
@@ -214,6 +227,10 @@ enum Command {
         /// The coordinator's control address (printed by `koala run`).
         #[arg(long)]
         coordinator: String,
+        /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
+        /// takes precedence).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Operator name.
         #[arg(long)]
         operator: String,
@@ -226,6 +243,10 @@ enum Command {
         /// The coordinator's control address.
         #[arg(long)]
         coordinator: String,
+        /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
+        /// takes precedence).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Operator name.
         #[arg(long)]
         operator: String,
@@ -238,6 +259,10 @@ enum Command {
         /// The coordinator's control address.
         #[arg(long)]
         coordinator: String,
+        /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
+        /// takes precedence).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Operator name.
         #[arg(long)]
         operator: String,
@@ -388,9 +413,17 @@ fn run(command: Command) -> anyhow::Result<()> {
             if ignore_interrupt {
                 launch::ignore_interrupt()?;
             }
-            launch::state_server(&listen, &data_dir)
+            state_servers::state_server(&listen, &data_dir)
         }
-        Command::Worker { coordinator, data_dir, listen_host, warm_state, ignore_interrupt } => {
+        Command::Worker {
+            coordinator,
+            data_dir,
+            listen_host,
+            advertise_host,
+            token_file,
+            warm_state,
+            ignore_interrupt,
+        } => {
             if ignore_interrupt {
                 launch::ignore_interrupt()?;
             }
@@ -398,6 +431,8 @@ fn run(command: Command) -> anyhow::Result<()> {
                 coordinator,
                 data_dir,
                 listen_host,
+                advertise_host,
+                token: token::find(token_file.as_deref(), "--token-file")?,
                 resolver: queries::resolver(),
                 warm_state,
             })
@@ -459,16 +494,21 @@ fn run(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Rescale { coordinator, operator, parallelism } => {
-            launch::submit(&coordinator, koala_protocol::ReconfigRequest::Rescale { operator, parallelism })
-        }
-        Command::Rebalance { coordinator, operator, moves } => {
+        Command::Rescale { coordinator, token_file, operator, parallelism } => launch::submit(
+            &coordinator,
+            token_file.as_deref(),
+            koala_protocol::ReconfigRequest::Rescale { operator, parallelism },
+        ),
+        Command::Rebalance { coordinator, token_file, operator, moves } => {
             let moves = moves.iter().map(|m| launch::parse_move(m)).collect::<anyhow::Result<Vec<_>>>()?;
-            launch::submit(&coordinator, koala_protocol::ReconfigRequest::Rebalance { operator, moves })
+            let request = koala_protocol::ReconfigRequest::Rebalance { operator, moves };
+            launch::submit(&coordinator, token_file.as_deref(), request)
         }
-        Command::Migrate { coordinator, operator, task, worker } => {
-            launch::submit(&coordinator, koala_protocol::ReconfigRequest::Migrate { operator, task, worker })
-        }
+        Command::Migrate { coordinator, token_file, operator, task, worker } => launch::submit(
+            &coordinator,
+            token_file.as_deref(),
+            koala_protocol::ReconfigRequest::Migrate { operator, task, worker },
+        ),
         Command::Broker { action } => kafka::broker(action),
         Command::Produce(args) => kafka::produce(args),
         Command::Experiment { name, list, quick, smoke, out, protocols, partition_policy } => {

@@ -1,5 +1,6 @@
 //! A worker that receives a malformed frame on a data connection drops that connection with a
-//! logged error and keeps running. The test plays the coordinator itself.
+//! logged error and keeps running, whether the garbage comes before the greeting (refused by the
+//! data port's gate, with a reason) or after it. The test plays the coordinator itself.
 
 use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -9,6 +10,7 @@ use std::time::Duration;
 use koala_protocol::{ControlHello, CoordinatorMessage};
 use koala_types::WorkerId;
 use koala_types::frame::{read_frame, write_frame};
+use koala_types::handshake::{Gate, Role, greet, read_verdict};
 
 #[test]
 fn worker_survives_garbage_on_its_data_port() {
@@ -23,6 +25,9 @@ fn worker_survives_garbage_on_its_data_port() {
         .spawn()
         .expect("start worker");
     let (control, _) = coordinator.accept().expect("worker connects");
+    let gate = Gate::new("test control port", None, false, Default::default());
+    let role = gate.enter(&control).and_then(|p| p.admit(&control)).expect("the worker greets");
+    assert_eq!(role, Role::Worker);
     let mut reader = BufReader::new(control.try_clone().expect("clone"));
     let mut writer = control;
     let data_addr = match read_frame::<_, ControlHello>(&mut reader).expect("read") {
@@ -31,10 +36,22 @@ fn worker_survives_garbage_on_its_data_port() {
     };
     write_frame(&mut writer, &CoordinatorMessage::Welcome { worker: WorkerId(0) }).expect("welcome");
 
-    // 1: a frame that claims 4 GiB; 2: bytes that do not decode. Each connection must be dropped
-    // by the worker.
+    // Before the greeting: 1: a frame that claims 4 GiB; 2: bytes that are no greeting. The
+    // gate answers why, then drops the connection.
+    for (garbage, reason) in [
+        (u32::MAX.to_le_bytes().to_vec(), "exceeds the 4096-byte limit"),
+        (vec![3, 0, 0, 0, 0xff, 0xff, 0xff], "not a koala greeting"),
+    ] {
+        let mut s = TcpStream::connect(&data_addr).expect("connect data port");
+        s.write_all(&garbage).expect("write garbage");
+        let refusal = read_verdict(&mut s).expect_err("refused");
+        assert!(refusal.to_string().contains(reason), "{refusal}");
+        assert_closed_by_peer(&mut s, &garbage);
+    }
+    // After the greeting: 1: a frame that claims 4 GiB; 2: bytes that do not decode.
     for garbage in [u32::MAX.to_le_bytes().to_vec(), vec![3, 0, 0, 0, 0xff, 0xff, 0xff]] {
         let mut s = TcpStream::connect(&data_addr).expect("connect data port");
+        greet(&s, Role::Channel, None).expect("admitted");
         s.write_all(&garbage).expect("write garbage");
         assert_closed_by_peer(&mut s, &garbage);
     }
@@ -48,6 +65,8 @@ fn worker_survives_garbage_on_its_data_port() {
     BufReader::new(worker.stderr.take().expect("stderr")).read_to_string(&mut log).expect("read log");
     let errors = log.lines().filter(|l| l.contains("malformed")).count();
     assert!(errors >= 2, "expected two logged malformed-frame errors, log:\n{log}");
+    let refusals = log.lines().filter(|l| l.contains("data port: refused a connection")).count();
+    assert!(refusals >= 2, "expected two logged refusals with their reason, log:\n{log}");
 }
 
 /// Asserts the worker closed `s`: a read returns 0 (EOF) or fails with a reset. A read that

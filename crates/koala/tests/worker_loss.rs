@@ -153,6 +153,7 @@ fn a_protocol_error_fails_the_job_naming_the_task() {
     let dir = tempfile::tempdir().expect("tempdir");
     let job = start_coordinator(dir.path(), 1, "");
     let control = std::net::TcpStream::connect(&job.addr).expect("connect");
+    koala_types::handshake::greet(&control, koala_types::handshake::Role::Worker, None).expect("admitted");
     let mut writer = control.try_clone().expect("clone");
     let mut reader = BufReader::new(control);
     let hello = ControlHello::Worker { data_addr: "127.0.0.1:9".into(), pid: 0 };

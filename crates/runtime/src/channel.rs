@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Sender, TrySendError};
 use koala_types::frame::write_frame;
+use koala_types::handshake::{Role, Token, greet};
 use koala_types::{ChannelMessage, TaskId};
 use serde::{Deserialize, Serialize};
 
@@ -55,8 +56,13 @@ pub enum ChannelSender {
 
 impl ChannelSender {
     /// Opens a channel to a task of another worker.
-    pub fn connect(addr: &str, to: TaskId, channel: InputChannel) -> Result<Self, RuntimeError> {
-        Ok(Self::Remote { to, stream: connect(addr, to, channel)? })
+    pub fn connect(
+        addr: &str,
+        to: TaskId,
+        channel: InputChannel,
+        token: Option<&Token>,
+    ) -> Result<Self, RuntimeError> {
+        Ok(Self::Remote { to, stream: connect(addr, to, channel, token)? })
     }
 
     /// The receiving task.
@@ -115,14 +121,18 @@ impl LocalQueue {
     }
 }
 
-/// Opens the connection of one channel to a task of another worker and greets it.
+/// Opens the connection of one channel to a task of another worker, passes its worker's gate
+/// (version, `token`) and greets the task.
 pub(crate) fn connect(
     addr: &str,
     to: TaskId,
     channel: InputChannel,
+    token: Option<&Token>,
 ) -> Result<BufWriter<TcpStream>, RuntimeError> {
     let stream =
         TcpStream::connect(addr).map_err(|e| RuntimeError::io(format!("connecting to {to} at {addr}"), e))?;
+    greet(&stream, Role::Channel, token)
+        .map_err(|e| RuntimeError::io(format!("opening a channel to {to} at {addr}"), e))?;
     stream.set_nodelay(true).map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
     let mut stream = BufWriter::with_capacity(64 * 1024, stream);
     write_frame(&mut stream, &ChannelHello { to, channel })

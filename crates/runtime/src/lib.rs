@@ -20,6 +20,7 @@ mod task;
 mod throttle;
 mod timers;
 mod worker;
+mod worker_state;
 
 pub use error::RuntimeError;
 pub use worker::{WorkerOptions, run_worker};

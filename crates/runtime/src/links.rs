@@ -34,6 +34,8 @@ pub struct Links {
     pub graph: Arc<JobGraph>,
     /// Input queues of this worker's tasks.
     pub inboxes: Inboxes,
+    /// The job token channels to other workers present (`None`: the job has none).
+    pub token: Option<koala_types::handshake::Token>,
 }
 
 /// Live task indices of an operator.
@@ -103,7 +105,7 @@ pub fn open_channel(
         Place::Local(inboxes) => {
             Ok(ChannelSender::Local { to, inbox: inboxes.for_input(channel.input), channel })
         }
-        Place::Remote(addr) => ChannelSender::connect(&addr, to, channel),
+        Place::Remote(addr) => ChannelSender::connect(&addr, to, channel, links.token.as_ref()),
     }
 }
 
@@ -117,7 +119,7 @@ pub fn open_peer(
     let channel = InputChannel { input: PEER_INPUT, from };
     match place(links, d, to)? {
         Place::Local(inboxes) => Ok(PeerSender::local(to, inboxes.peer, channel)),
-        Place::Remote(addr) => PeerSender::connect(&addr, to, channel),
+        Place::Remote(addr) => PeerSender::connect(&addr, to, channel, links.token.as_ref()),
     }
 }
 

@@ -1,7 +1,9 @@
 //! The worker's data-plane listener: one reader thread per incoming channel connection, feeding
 //! the receiving task's input queue of that channel's kind (data, peer or fetch lane). A reader
 //! blocked on a full queue stalls only its own connection, hence its own channel. A malformed
-//! frame drops that connection with a logged error; the worker keeps running.
+//! frame drops that connection with a logged error; the worker keeps running. Every connection
+//! is admitted by the data port's [`Gate`] first (protocol version, the job token when the port
+//! is not on loopback, bounds on unadmitted connections: `koala_types::handshake`).
 
 use std::collections::HashMap;
 use std::io::BufReader;
@@ -10,6 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use crossbeam_channel::Sender;
 use koala_types::frame::{read_frame, read_frame_sized};
+use koala_types::handshake::{Gate, Role};
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::channel::{ChannelHello, LocalQueue, TaskInput};
@@ -47,17 +50,33 @@ impl TaskInboxes {
 /// Input queues of the tasks of this worker, by task.
 pub type Inboxes = Arc<RwLock<HashMap<TaskId, TaskInboxes>>>;
 
-/// Accepts data connections forever (until the process exits). Frames arriving on peer and fetch
-/// lanes cross `link`, the worker's emulated network link (`crate::throttle`).
-pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>) {
+/// Accepts data connections forever (until the process exits), each admitted by `gate`. Frames
+/// arriving on peer and fetch lanes cross `link`, the worker's emulated network link
+/// (`crate::throttle`).
+pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gate: Gate) {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
+                let pending = match gate.enter(&stream) {
+                    Ok(pending) => pending,
+                    Err(refusal) => {
+                        let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+                        tracing::warn!(%peer, reason = %refusal, "data port: refused a connection");
+                        continue;
+                    }
+                };
                 let inboxes = inboxes.clone();
                 let link = link.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("koala-data-in".into())
-                    .spawn(move || read_channel(stream, &inboxes, &link));
+                let spawned = std::thread::Builder::new().name("koala-data-in".into()).spawn(move || {
+                    let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+                    match pending.admit(&stream) {
+                        Ok(Role::Channel) => read_channel(stream, &inboxes, &link),
+                        Ok(role) => tracing::error!(%peer, ?role, "data port: not a channel; dropped"),
+                        Err(refusal) => {
+                            tracing::warn!(%peer, reason = %refusal, "data port: refused a connection")
+                        }
+                    }
+                });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot spawn a reader thread; connection dropped");
                 }

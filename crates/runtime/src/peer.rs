@@ -65,8 +65,13 @@ impl PeerSender {
 
     /// The peer lane to a task of another worker: a connection written by its own thread, so
     /// waiting for the receiver is waiting on a queue.
-    pub fn connect(addr: &str, to: TaskId, channel: InputChannel) -> Result<Self, RuntimeError> {
-        let stream = connect(addr, to, channel)?;
+    pub fn connect(
+        addr: &str,
+        to: TaskId,
+        channel: InputChannel,
+        token: Option<&koala_types::handshake::Token>,
+    ) -> Result<Self, RuntimeError> {
+        let stream = connect(addr, to, channel, token)?;
         let (queue, outgoing) = bounded(REMOTE_QUEUE);
         std::thread::Builder::new()
             .name("koala-peer-out".into())

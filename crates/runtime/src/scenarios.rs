@@ -73,12 +73,17 @@ struct DataPlane {
     addr: String,
 }
 
+/// The data port's gate of a loopback test worker: no token.
+fn loopback_gate() -> koala_types::handshake::Gate {
+    koala_types::handshake::Gate::new("data port", None, false, Default::default())
+}
+
 fn data_plane(id: u32) -> DataPlane {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a data port");
     let addr = listener.local_addr().expect("the data address").to_string();
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let served = inboxes.clone();
-    std::thread::spawn(move || serve(listener, served, Default::default()));
+    std::thread::spawn(move || serve(listener, served, Default::default(), loopback_gate()));
     DataPlane { id: WorkerId(id), inboxes, addr }
 }
 
@@ -193,7 +198,8 @@ impl Scenario {
             let plane = &planes[h];
             let (queues, command) = create_inbox(*task, 1, &plane.inboxes).expect("task queues");
             let inbox = plane.inboxes.read().expect("registry").get(task).expect("registered").data.clone();
-            let links = Links { me: plane.id, graph: graph.clone(), inboxes: plane.inboxes.clone() };
+            let links =
+                Links { me: plane.id, graph: graph.clone(), inboxes: plane.inboxes.clone(), token: None };
             spawn_task(*task, &d, &links, &env, queues, &events_tx, false, None).expect("spawn a task");
             commands.push(command);
             data.push(inbox);
@@ -542,7 +548,7 @@ fn fast_sender_stays_within_the_peer_bound(two_workers: bool) {
         finished: Default::default(),
     };
     let graph = Arc::new(graph());
-    let links = Links { me: sender_plane.id, graph, inboxes: sender_plane.inboxes.clone() };
+    let links = Links { me: sender_plane.id, graph, inboxes: sender_plane.inboxes.clone(), token: None };
     let lane = open_peer(&links, &d, to, from).expect("open the peer lane");
     let (_own_tx, own) = bounded::<TaskInput>(1);
     let sender = std::thread::spawn(move || {

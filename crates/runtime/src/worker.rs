@@ -16,9 +16,9 @@ use koala_dataflow::graph::QueryResolver;
 use koala_protocol::drrs::DrrsCommand;
 use koala_protocol::relay::{Relayed, relay};
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
-use koala_protocol::{StateBackendKind, StateOptions};
-use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, RemoteEnv, StateEnv};
+use koala_state::StateEnv;
 use koala_types::frame::{read_frame, write_frame};
+use koala_types::handshake::{Gate, GateLimits, Role, Token, greet};
 use koala_types::{BucketId, Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
@@ -30,6 +30,7 @@ use crate::peer::peer_capacity;
 use crate::queue::{DataReceiver, data_queue};
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
 use crate::throttle::SharedLink;
+use crate::worker_state::open_state;
 
 /// How to start a worker.
 pub struct WorkerOptions {
@@ -37,58 +38,20 @@ pub struct WorkerOptions {
     pub coordinator: String,
     /// Where the worker keeps its state stores.
     pub data_dir: PathBuf,
-    /// The host the data plane listens on (port chosen by the OS).
+    /// The host the data plane listens on (port chosen by the OS). Not loopback: the data port
+    /// requires the job token.
     pub listen_host: String,
+    /// The host other workers reach this one's data port at (default: `listen_host`, or, when
+    /// that is a wildcard such as 0.0.0.0, this host's address on its route to the coordinator).
+    pub advertise_host: Option<String>,
+    /// The job token this worker presents to the coordinator and to other workers, and that its
+    /// data port requires when not on loopback.
+    pub token: Option<Token>,
     /// Builds the job graph from a query name and parameters.
     pub resolver: QueryResolver,
     /// Warm state (`koala warmup`): before it reports `Deployed`, each stateful task of this
     /// worker loads the buckets it owns from `<dir>/<operator name>`, if that holds a snapshot.
     pub warm_state: Option<PathBuf>,
-}
-
-/// Opens the worker's state stores as the job's `[state]` section says.
-/// Remote state crosses the worker's emulated link (`link`).
-fn open_state(
-    data_dir: &std::path::Path,
-    state: &StateOptions,
-    link: &Arc<SharedLink>,
-) -> Result<Arc<dyn StateEnv>, RuntimeError> {
-    let state = state.clone();
-    Ok(match state.backend {
-        StateBackendKind::Fjall => {
-            std::fs::create_dir_all(data_dir)
-                .map_err(|e| RuntimeError::io(format!("creating data dir {}", data_dir.display()), e))?;
-            let fjall = FjallEnv::open(data_dir)?;
-            match usize::try_from(state.cache_bytes) {
-                // Every task's cache is sized from its share before it opens (crate::memory).
-                _ if state.cache_from_budget => {
-                    Arc::new(CachedEnv::new(fjall, koala_state::MIN_BUDGET_BYTES))
-                }
-                Ok(0) => Arc::new(fjall),
-                Ok(bytes) => Arc::new(CachedEnv::new(fjall, bytes)),
-                Err(_) => Arc::new(CachedEnv::new(fjall, usize::MAX)),
-            }
-        }
-        StateBackendKind::Memory => Arc::new(MemoryEnv::new()),
-        StateBackendKind::None => Arc::new(DiscardEnv),
-        StateBackendKind::Remote => {
-            if state.servers.is_empty() {
-                return Err(RuntimeError::Control(
-                    "the job's state backend is remote but names no state server".into(),
-                ));
-            }
-            let link = link.clone();
-            let remote = RemoteEnv::with_link(state.servers, Arc::new(move |bytes| link.pace(bytes)));
-            match usize::try_from(state.cache_bytes) {
-                _ if state.cache_from_budget => {
-                    Arc::new(CachedEnv::new(remote, koala_state::MIN_BUDGET_BYTES))
-                }
-                Ok(0) => Arc::new(remote),
-                Ok(bytes) => Arc::new(CachedEnv::new(remote, bytes)),
-                Err(_) => Arc::new(CachedEnv::new(remote, usize::MAX)),
-            }
-        }
-    })
 }
 
 /// How often a worker tells the coordinator it is alive.
@@ -108,7 +71,18 @@ struct Job {
 pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     let listener = TcpListener::bind((options.listen_host.as_str(), 0))
         .map_err(|e| RuntimeError::io(format!("binding the data plane on {}", options.listen_host), e))?;
-    let data_addr = listener.local_addr().map_err(|e| RuntimeError::io("reading the data address", e))?;
+    let bound = listener.local_addr().map_err(|e| RuntimeError::io("reading the data address", e))?;
+    let gate = Gate::for_listener("data port", bound.ip(), options.token.clone(), GateLimits::default())
+        .map_err(RuntimeError::Control)?;
+    let stream = TcpStream::connect(&options.coordinator).map_err(|e| {
+        RuntimeError::io(format!("connecting to the coordinator at {}", options.coordinator), e)
+    })?;
+    let _ = stream.set_nodelay(true);
+    greet(&stream, Role::Worker, options.token.as_ref()).map_err(|e| {
+        tracing::error!(coordinator = %options.coordinator, error = %e, "the coordinator refused this worker");
+        RuntimeError::io(format!("registering with the coordinator at {}", options.coordinator), e)
+    })?;
+    let data_addr = advertised(&options, bound, &stream);
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let link = Arc::new(SharedLink::default());
     {
@@ -116,13 +90,9 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
         let link = link.clone();
         std::thread::Builder::new()
             .name("koala-data-listener".into())
-            .spawn(move || serve(listener, inboxes, link))
+            .spawn(move || serve(listener, inboxes, link, gate))
             .map_err(|e| RuntimeError::io("spawning the data listener", e))?;
     }
-    let stream = TcpStream::connect(&options.coordinator).map_err(|e| {
-        RuntimeError::io(format!("connecting to the coordinator at {}", options.coordinator), e)
-    })?;
-    let _ = stream.set_nodelay(true);
     let mut write_half = stream.try_clone().map_err(|e| RuntimeError::io("cloning the control socket", e))?;
     write_frame(
         &mut write_half,
@@ -183,7 +153,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 // servers too) at full speed, and the emulated link applies from the start.
                 link.set_rate(None);
                 let rate = d.options.capacity.link_mb_per_sec;
-                let prepared = prepare(me, *d, &options.resolver, &inboxes).and_then(|j| {
+                let prepared = prepare(me, *d, &options, &inboxes).and_then(|j| {
                     // Every cache gets its share before its task opens it (the warm restore).
                     memory.add(j.pending.iter().map(|(t, _)| *t).filter(|t| is_stateful(&j, *t)));
                     match &options.warm_state {
@@ -308,6 +278,19 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     }
 }
 
+/// The data address other workers dial: `advertise_host`, else the bound address, unless that
+/// is a wildcard (0.0.0.0, ::), then this host's address on its route to the coordinator.
+fn advertised(options: &WorkerOptions, bound: std::net::SocketAddr, control: &TcpStream) -> String {
+    match (&options.advertise_host, control.local_addr()) {
+        (Some(host), _) if host.contains(':') => format!("[{host}]:{}", bound.port()),
+        (Some(host), _) => format!("{host}:{}", bound.port()),
+        (None, Ok(local)) if bound.ip().is_unspecified() => {
+            std::net::SocketAddr::new(local.ip(), bound.port()).to_string()
+        }
+        (None, _) => bound.to_string(),
+    }
+}
+
 fn forward_to_coordinator(stream: TcpStream, rx: &Receiver<WorkerMessage>) {
     let mut w = BufWriter::new(stream);
     while let Ok(m) = rx.recv() {
@@ -319,8 +302,8 @@ fn forward_to_coordinator(stream: TcpStream, rx: &Receiver<WorkerMessage>) {
 }
 
 /// Builds the graph and the input queues of this worker's tasks.
-fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inboxes) -> Result<Job, String> {
-    let graph = resolver(&d.query, &d.query_params)?;
+fn prepare(me: WorkerId, d: Deployment, options: &WorkerOptions, inboxes: &Inboxes) -> Result<Job, String> {
+    let graph = (options.resolver)(&d.query, &d.query_params)?;
     koala_types::name_operators(graph.operators.iter().map(|o| o.name.clone()).collect());
     for (op, tasks) in &d.tasks {
         if graph.operator(*op).is_none() || tasks.is_empty() {
@@ -339,7 +322,7 @@ fn prepare(me: WorkerId, d: Deployment, resolver: &QueryResolver, inboxes: &Inbo
             pending.push((*task, queues));
         }
     }
-    let links = Links { me, graph: Arc::new(graph), inboxes: inboxes.clone() };
+    let links = Links { me, graph: Arc::new(graph), inboxes: inboxes.clone(), token: options.token.clone() };
     Ok(Job { initial: Arc::new(d), links, pending, commands, plans: HashMap::new() })
 }
 

@@ -6,6 +6,7 @@ pub mod bloom;
 mod bucket;
 mod codec;
 pub mod frame;
+pub mod handshake;
 mod ids;
 mod key_hash;
 mod message;

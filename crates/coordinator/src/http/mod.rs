@@ -15,6 +15,10 @@
 //! [`MAX_BODY`] bytes. A reconfiguration request takes the path of `koala rescale`'s
 //! ([`crate::control::request_reply`]): the event loop validates it against the deployment.
 //! Errors are `{"error": "…"}` with a 4xx status (5xx only when the metrics store fails).
+//!
+//! POST routes change the job, so when the server does not listen on loopback they require the
+//! job token (`Authorization: Bearer <token>`; 401 without it); a wrong token is refused (403)
+//! wherever the server listens. GET routes only read and stay open.
 
 pub mod api;
 pub mod live;
@@ -35,6 +39,7 @@ use tiny_http::{Header, Method, Request, Response, Server};
 use crate::control::{Event, request_reply};
 use crate::error::CoordinatorError;
 use api::ApiError;
+use koala_types::handshake::Token;
 use live::Live;
 
 /// The dashboard page.
@@ -52,6 +57,28 @@ pub struct CoordinatorSection {
     /// any free port; `koala run` and `koala demo` print the URL; `--http-port` overrides it).
     #[serde(default)]
     pub http_port: Option<u16>,
+    /// A file holding the job token (docs/deploy.md): required by the control port, the
+    /// workers' data ports and the API's POST routes when they do not listen on loopback. The
+    /// environment variable `KOALA_TOKEN` takes precedence; `koala run` generates one otherwise.
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Milliseconds a new control connection may take to send its greeting (default 5000).
+    #[serde(default)]
+    pub handshake_idle_ms: Option<u64>,
+    /// Control connections waiting for their greeting at once; more are refused (default 64).
+    #[serde(default)]
+    pub max_pending_connections: Option<usize>,
+}
+
+impl CoordinatorSection {
+    /// The bounds on the control port's unadmitted connections.
+    pub fn gate_limits(&self) -> koala_types::handshake::GateLimits {
+        let default = koala_types::handshake::GateLimits::default();
+        koala_types::handshake::GateLimits {
+            idle: self.handshake_idle_ms.map_or(default.idle, std::time::Duration::from_millis),
+            max_pending: self.max_pending_connections.unwrap_or(default.max_pending),
+        }
+    }
 }
 
 /// A running HTTP server; stops when dropped.
@@ -68,10 +95,20 @@ impl HttpServer {
         listener: TcpListener,
         live: Arc<Live>,
         events: Sender<Event>,
+        token: Option<Token>,
     ) -> Result<Self, CoordinatorError> {
         let addr = listener
             .local_addr()
             .map_err(|source| CoordinatorError::Io { context: "reading the HTTP address".into(), source })?;
+        let auth = Arc::new(PostAuth { required: !koala_types::handshake::is_loopback(addr.ip()), token });
+        if auth.required && auth.token.is_none() {
+            return Err(CoordinatorError::Io {
+                context: format!("serving the HTTP API on {addr}"),
+                source: std::io::Error::other(
+                    "not loopback, so POST routes need a job token: set KOALA_TOKEN or [coordinator] token_file",
+                ),
+            });
+        }
         let server = Server::from_listener(listener, None).map_err(|e| CoordinatorError::Io {
             context: format!("starting the HTTP server on {addr}"),
             source: std::io::Error::other(e.to_string()),
@@ -81,7 +118,7 @@ impl HttpServer {
         let (accept, stop) = (server.clone(), stopping.clone());
         let thread = std::thread::Builder::new()
             .name("koala-http".into())
-            .spawn(move || serve(&accept, &stop, &live, &events))
+            .spawn(move || serve(&accept, &stop, &live, &events, &auth))
             .map_err(|source| CoordinatorError::Io { context: "spawning the HTTP thread".into(), source })?;
         Ok(Self { server, stopping, addr, thread: Some(thread) })
     }
@@ -102,7 +139,43 @@ impl Drop for HttpServer {
     }
 }
 
-fn serve(server: &Server, stopping: &AtomicBool, live: &Arc<Live>, events: &Sender<Event>) {
+/// Who may POST.
+struct PostAuth {
+    /// Whether a POST without the token is refused (the server is not on loopback).
+    required: bool,
+    /// The job token.
+    token: Option<Token>,
+}
+
+impl PostAuth {
+    /// Checks a POST's `Authorization: Bearer` header.
+    fn check(&self, request: &Request) -> Result<(), ApiError> {
+        let presented = request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv("Authorization"))
+            .map(|h| h.value.as_str().trim().strip_prefix("Bearer ").unwrap_or("").trim().to_string());
+        match (presented, &self.token) {
+            (Some(given), Some(token)) if token.matches(given.as_bytes()) => Ok(()),
+            (Some(_), _) => Err(ApiError { status: 403, message: "Authorization: wrong job token".into() }),
+            (None, _) if !self.required => Ok(()),
+            (None, _) => Err(ApiError {
+                status: 401,
+                message: "this API is not on loopback: POST needs the job token, \
+                          header `Authorization: Bearer <token>` (KOALA_TOKEN)"
+                    .into(),
+            }),
+        }
+    }
+}
+
+fn serve(
+    server: &Server,
+    stopping: &AtomicBool,
+    live: &Arc<Live>,
+    events: &Sender<Event>,
+    auth: &Arc<PostAuth>,
+) {
     let in_flight = Arc::new(AtomicUsize::new(0));
     loop {
         let request = match server.recv() {
@@ -122,9 +195,9 @@ fn serve(server: &Server, stopping: &AtomicBool, live: &Arc<Live>, events: &Send
             let _ = request.respond(error_response(&busy));
             continue;
         }
-        let (live, events, count) = (live.clone(), events.clone(), in_flight.clone());
+        let (live, events, count, auth) = (live.clone(), events.clone(), in_flight.clone(), auth.clone());
         let spawned = std::thread::Builder::new().name("koala-http-request".into()).spawn(move || {
-            handle(request, &live, &events);
+            handle(request, &live, &events, &auth);
             count.fetch_sub(1, Ordering::SeqCst);
         });
         if spawned.is_err() {
@@ -177,11 +250,20 @@ fn body(request: &mut Request) -> Result<Vec<u8>, ApiError> {
     Ok(out)
 }
 
-fn handle(mut request: Request, live: &Live, events: &Sender<Event>) {
+fn handle(mut request: Request, live: &Live, events: &Sender<Event>, auth: &PostAuth) {
     let url = request.url().to_string();
     let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
     let method = request.method().clone();
-    let response = route(&mut request, &method, path, query, live, events);
+    let response = match method {
+        Method::Post => auth.check(&request),
+        _ => Ok(()),
+    };
+    let response = response.and_then(|()| route(&mut request, &method, path, query, live, events));
+    if let Err(e) = &response {
+        if matches!(e.status, 401 | 403) {
+            tracing::warn!(remote = ?request.remote_addr(), reason = %e.message, "HTTP API: refused a POST");
+        }
+    }
     let response = response.unwrap_or_else(|e| error_response(&e));
     if let Err(e) = request.respond(response) {
         tracing::debug!(error = %e, "an HTTP client left before its answer");

@@ -41,9 +41,20 @@ fn live(db: std::path::PathBuf) -> Live {
 
 /// One HTTP/1.1 exchange: (status, body).
 fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    call_with(addr, method, path, body, "")
+}
+
+/// [`call`] with extra header lines (each ending in `\r\n`).
+fn call_with(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    headers: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).unwrap();
@@ -66,7 +77,7 @@ fn requests_take_the_event_loops_path_and_errors_are_json_with_4xx() {
     let dir = tempfile::tempdir().unwrap();
     let live = Arc::new(live(dir.path().join("metrics.db")));
     let (events_tx, events) = unbounded();
-    let server = HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, events_tx).unwrap();
+    let server = HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, events_tx, None).unwrap();
     // A stand-in event loop: what reaches it, and its answers.
     let seen = std::thread::spawn(move || {
         let mut seen = Vec::new();
@@ -189,4 +200,43 @@ fn prometheus_text_has_base_units_labels_and_counter_totals() {
     assert!(!text.contains("koala_input_paused_seconds_total{"), "a NaN sample is skipped: {text}");
     assert!(text.contains("# TYPE koala_records_in_total counter\n"), "{text}");
     assert_eq!(text.matches("# TYPE koala_e2e_latency_seconds ").count(), 1, "one TYPE per name");
+}
+
+#[test]
+fn posts_off_loopback_need_the_job_token_and_gets_stay_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Arc::new(live(dir.path().join("metrics.db")));
+    let (events_tx, events) = unbounded();
+    let token = koala_types::handshake::Token::parse("0123456789abcdef-http", "test").unwrap();
+    // 0.0.0.0 is not loopback: without a token the server does not start.
+    let refused =
+        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live.clone(), events_tx.clone(), None);
+    assert!(refused.is_err_and(|e| e.to_string().contains("KOALA_TOKEN")));
+    let server =
+        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live, events_tx, Some(token)).unwrap();
+    let answered = std::thread::spawn(move || {
+        let mut n = 0;
+        for event in events.iter().take(1) {
+            if let Event::Client(_, reply) = event {
+                let _ = reply.send(ClientReply::Accepted { epoch: 1 });
+                n += 1;
+            }
+        }
+        n
+    });
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.addr().port()));
+    let body = br#"{"operator": "aggregate", "parallelism": 3}"#;
+    let (status, text) = call(addr, "POST", "/api/rescale", body);
+    assert_eq!(status, 401, "{text}");
+    assert!(error_of(&text).contains("Authorization: Bearer"), "{text}");
+    let (status, text) =
+        call_with(addr, "POST", "/api/rescale", body, "Authorization: Bearer not-the-token\r\n");
+    assert_eq!((status, error_of(&text)), (403, "Authorization: wrong job token".to_string()));
+    let (status, text) = call(addr, "GET", "/api/job", b"");
+    assert_eq!(status, 200, "{text}");
+    let (status, text) =
+        call_with(addr, "POST", "/api/rescale", body, "Authorization: Bearer 0123456789abcdef-http\r\n");
+    assert_eq!(status, 200, "{text}");
+    // Only the authenticated POST reached the event loop.
+    assert_eq!(answered.join().unwrap(), 1);
 }

@@ -722,7 +722,7 @@ mod tests {
             map.insert(old, TaskInboxes { data: old_data, peer: old_tx.clone(), fetch: old_tx });
             map.insert(new, TaskInboxes { data: data_tx, peer: peer_tx.clone(), fetch: fetch_tx.clone() });
         }
-        let links = Links { me: w, graph: Arc::new(graph), inboxes };
+        let links = Links { me: w, graph: Arc::new(graph), inboxes, token: None };
         let (cmd_tx, cmd_rx) = unbounded::<TaskCommand>();
         let (events_tx, events_rx) = unbounded::<WorkerMessage>();
         let setup = TaskSetup {

@@ -146,6 +146,7 @@ struct Conn {
 impl Conn {
     fn open(addr: &str) -> std::io::Result<Self> {
         let stream = TcpStream::connect(addr)?;
+        koala_types::handshake::greet(&stream, koala_types::handshake::Role::State, None)?;
         let _ = stream.set_nodelay(true);
         let reader = BufReader::with_capacity(64 * 1024, stream.try_clone()?);
         Ok(Self { reader, writer: BufWriter::with_capacity(64 * 1024, stream) })

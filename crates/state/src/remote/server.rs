@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use koala_types::frame::{read_frame, write_frame};
+use koala_types::handshake::{Gate, GateLimits, Role};
 use koala_types::{OperatorId, TaskId};
 
 use super::{SERVER_SCAN_CHUNK, StateRequest, StateResponse};
@@ -61,14 +62,31 @@ impl StateServer {
     }
 }
 
+/// Serves connections, each admitted first by the protocol-version greeting
+/// (`koala_types::handshake`; no job token yet: keep state servers on a private network).
 fn accept(listener: &TcpListener, env: &Arc<FjallEnv>) {
+    let gate = Gate::new("state server", None, false, GateLimits::default());
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
+                let pending = match gate.enter(&stream) {
+                    Ok(pending) => pending,
+                    Err(refusal) => {
+                        tracing::warn!(reason = %refusal, "state server: refused a connection");
+                        continue;
+                    }
+                };
                 let env = env.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("koala-state-conn".into())
-                    .spawn(move || serve(stream, &env));
+                let spawned =
+                    std::thread::Builder::new().name("koala-state-conn".into()).spawn(move || match pending
+                        .admit(&stream)
+                    {
+                        Ok(Role::State) => serve(stream, &env),
+                        Ok(role) => tracing::error!(?role, "state server: not a state client; dropped"),
+                        Err(refusal) => {
+                            tracing::warn!(reason = %refusal, "state server: refused a connection")
+                        }
+                    });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot spawn a state connection thread; connection dropped");
                 }
