@@ -259,10 +259,10 @@ fn handle(mut request: Request, live: &Live, events: &Sender<Event>, auth: &Post
         _ => Ok(()),
     };
     let response = response.and_then(|()| route(&mut request, &method, path, query, live, events));
-    if let Err(e) = &response {
-        if matches!(e.status, 401 | 403) {
-            tracing::warn!(remote = ?request.remote_addr(), reason = %e.message, "HTTP API: refused a POST");
-        }
+    if let Err(e) = &response
+        && matches!(e.status, 401 | 403)
+    {
+        tracing::warn!(remote = ?request.remote_addr(), reason = %e.message, "HTTP API: refused a POST");
     }
     let response = response.unwrap_or_else(|e| error_response(&e));
     if let Err(e) = request.respond(response) {
