@@ -322,27 +322,7 @@ fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
         }
         store.insert_samples(run, &samples).unwrap();
     }
-    for (epoch, at_s) in [(1, 4), (2, 8)] {
-        let started_ms = (RUN_START_S + at_s) * 1000 + 600;
-        let start = ReconfigurationStart {
-            epoch,
-            operator: "window".into(),
-            kind: "scale_out".into(),
-            protocol: "koala".into(),
-            started_ms,
-            buckets_moved: 40,
-            detail: String::new(),
-        };
-        store.reconfiguration_started(run, &start).unwrap();
-        let done = ReconfigurationCompletion {
-            epoch,
-            operator: "window".into(),
-            completed_ms: started_ms + 30,
-            bytes_moved: 0, // lazy: the state follows on first access, after completion
-            pause_ms: Some(0),
-        };
-        store.reconfiguration_completed(run, &done).unwrap();
-    }
+    lazy_scale_outs(&mut store, run, &[(1, 4), (2, 8)]);
     drop(store);
     let summary = report(&db, Some(run), &dir.path().join("out")).unwrap();
     let text = summary.to_string();
@@ -371,6 +351,74 @@ fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
     assert_eq!((first.backlog_recovery_s, second.backlog_recovery_s), (Some(2), Some(0)));
     assert_eq!((first.lag_recovery_s, second.lag_recovery_s), (Some(2), Some(0)));
     assert_eq!(summary.backlog_recovery_s, Some(2));
+}
+
+/// Koala scale-outs of `window` at 600 ms into each `(epoch, second)`, complete 30 ms later with
+/// nothing moved at the hand-over (their state follows on first access).
+fn lazy_scale_outs(store: &mut MetricsStore, run: &str, epochs: &[(u64, u64)]) {
+    for &(epoch, at_s) in epochs {
+        let started_ms = (RUN_START_S + at_s) * 1000 + 600;
+        let start = ReconfigurationStart {
+            epoch,
+            operator: "window".into(),
+            kind: "scale_out".into(),
+            protocol: "koala".into(),
+            started_ms,
+            buckets_moved: 40,
+            detail: String::new(),
+        };
+        store.reconfiguration_started(run, &start).unwrap();
+        let done = ReconfigurationCompletion {
+            epoch,
+            operator: "window".into(),
+            completed_ms: started_ms + 30,
+            bytes_moved: 0,
+            pause_ms: Some(0),
+        };
+        store.reconfiguration_completed(run, &done).unwrap();
+    }
+}
+
+/// Issue 28 point 3c: a dip in the second reconfiguration's seconds is the second's, not also
+/// the first's. Offered 8 000/s; scale-outs at 4 s and 8 s; the job falls to 6 000 at 5 s and to
+/// 2 000 at 9 s. Searched over 60 s from its start (the old window), the first epoch would claim
+/// the 9 s dip, long after it completed.
+#[test]
+fn each_reconfiguration_owns_only_the_dip_in_its_own_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    let run = "two-dips";
+    store
+        .begin_run(&RunInfo {
+            run: run.into(),
+            started_ms: RUN_START_S * 1000 + 250,
+            query: "tumbling-window".into(),
+            protocol: "koala".into(),
+            config: "[params.source]\nrate = [{ at_ms = 0, records_per_sec = 8000.0 }]\n".into(),
+        })
+        .unwrap();
+    for t in 0..20 {
+        let rate = match t {
+            5 => 6000.0,
+            9 => 2000.0,
+            0..=15 => 8000.0,
+            _ => 0.0,
+        };
+        // Source tasks are the ones reporting source lag: their records in are the throughput.
+        let at = |metric: &str, value| sample(RUN_START_S + t, "source.0", metric, value);
+        store
+            .insert_samples(run, &[at(metric::RECORDS_IN, rate), at(metric::SOURCE_LAG_MEAN_MS, 5.0)])
+            .unwrap();
+    }
+    lazy_scale_outs(&mut store, run, &[(1, 4), (2, 8)]);
+    drop(store);
+    let summary = report(&db, Some(run), &dir.path().join("out")).unwrap();
+    let [first, second] = &summary.reconfigurations[..] else { panic!("two epochs: {summary}") };
+    let (first, second) = (first.dip.unwrap(), second.dip.unwrap());
+    assert_eq!((first.min, first.at_t_s), (6000.0, 5), "the first epoch's own dip: {first}");
+    assert_eq!((second.min, second.at_t_s), (2000.0, 9), "the second epoch's: {second}");
+    assert!(summary.to_string().contains("worst throughput dip: min 2 000 rec/s of 8 000 offered at t=9 s"));
 }
 
 /// The plots' data: throughput beside the offered rate and the sinks' output; two

@@ -61,8 +61,11 @@ fn a_typo_inside_params_names_the_file_and_its_real_line() {
 
 #[test]
 fn a_negative_rate_is_refused_by_name() {
-    let err =
-        rejected(&format!("{BASE}[params.source]\nrate = [{{ at_ms = 0, records_per_sec = -50000.0 }}]\n"));
+    // Bounded, so that a config accepted by mistake ends (and fails the test) instead of running
+    // forever unthrottled.
+    let err = rejected(&format!(
+        "{BASE}[params.generator]\nrecords = 1000\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = -50000.0 }}]\n"
+    ));
     assert!(err.contains("job.toml") && err.contains("source.rate[0].records_per_sec = -50000"), "{err}");
 }
 

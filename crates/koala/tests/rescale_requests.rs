@@ -20,7 +20,7 @@ fn request(args: &[&str]) -> (bool, String) {
 fn bad_requests_are_rejected_and_the_job_keeps_running() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = format!(
-        "query = \"keyed-aggregate\"\nworkers = 2\nduration_s = 6\nnum_buckets = 16\noutput_dir = \"{}\"\n\
+        "query = \"keyed-aggregate\"\nworkers = 2\nduration_s = 8\nnum_buckets = 16\noutput_dir = \"{}\"\n\
          [parallelism]\nsource = 2\naggregate = 2\nsink = 1\n\
          [params]\nsink = \"discard\"\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = 4000.0 }}]\n",
         dir.path().join("out").display()
@@ -64,6 +64,17 @@ fn bad_requests_are_rejected_and_the_job_keeps_running() {
         let (ok, text) = request(&full);
         assert!(!ok, "{full:?} was accepted: {text}");
         assert!(text.contains(needle), "{full:?}: expected {needle:?} in: {text}");
+    }
+    // The good request goes in once the progress line of second 1 is out: progress lines lag
+    // the clock (every task must report its second first), so the reconfiguration starts in a
+    // second whose predecessor's line is still to come, and a start line printed as it arrives
+    // would come before it. (Sent earlier, in second 0, no line could be out of order.)
+    loop {
+        let line = rx.recv_timeout(Duration::from_secs(60)).expect("progress lines while the job runs");
+        let second = line.strip_prefix('[').and_then(|l| l.split_once("s]")).map(|(s, _)| s.trim());
+        if line.contains("rec/s") && second.and_then(|s| s.parse::<u64>().ok()).is_some_and(|s| s >= 1) {
+            break;
+        }
     }
     let (ok, text) =
         request(&["rescale", "--coordinator", &addr, "--operator", "aggregate", "--parallelism", "3"]);
