@@ -128,7 +128,10 @@ fn running_totals(events: &KeyedStream<u64, KeyedEvent>, padding: usize) -> Stre
 /// source → key_by key → "aggregate" (running count and sum per key) → sink.
 fn keyed_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = running_totals(&keyed_events(&df, "source", params, params.generator.seed), params.state_padding_bytes);
+    let totals = running_totals(
+        &keyed_events(&df, "source", params, params.generator.seed),
+        params.state_padding_bytes,
+    );
     sink(&totals, params.sink);
     df.build()
 }
@@ -142,7 +145,10 @@ pub const ROLLUP_GROUPS: u64 = 16;
 /// the order in which the aggregate's tasks feed it.
 fn two_stage_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = running_totals(&keyed_events(&df, "source", params, params.generator.seed), params.state_padding_bytes);
+    let totals = running_totals(
+        &keyed_events(&df, "source", params, params.generator.seed),
+        params.state_padding_bytes,
+    );
     let groups = totals.key_by(|t: &KeyedTotal| t.key % ROLLUP_GROUPS).stateful_map(
         "rollup",
         |group: &u64, _t: KeyedTotal, count: &mut ValueState<u64>| {

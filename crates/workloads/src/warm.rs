@@ -13,8 +13,8 @@ use koala_dataflow::state::{LIST_STATE, VALUE_STATE};
 use koala_types::{CodecError, encode};
 
 use crate::QueryParams;
-use crate::queries::{PADDING_BYTE, PaddedTotal};
 use crate::nexmark::{FIRST_CATEGORY_ID, FIRST_PERSON_ID, NexmarkParams};
+use crate::queries::{PADDING_BYTE, PaddedTotal};
 use crate::realworld::{CountState, EngagementState, LoyaltyState, RealWorldParams, TaxiPartition, Twitch};
 
 /// One state entry of one operator's key.
@@ -147,8 +147,8 @@ fn list_entries<T: serde::Serialize>(
 mod tests {
     use std::collections::BTreeMap;
 
-    use koala_dataflow::{DataflowError, OperatorContext, OperatorKind, TaskInstance};
     use koala_dataflow::logic::KeyedStateAccess;
+    use koala_dataflow::{DataflowError, OperatorContext, OperatorKind, TaskInstance};
     use koala_types::{Record, decode};
 
     use super::*;
@@ -254,15 +254,20 @@ mod tests {
                 }
                 let record = Record { key: mine[0].key.clone(), value: vec![0; 64], time: 0, due_ms: 0 };
                 let (mut output, mut timers) = (Vec::new(), Vec::new());
-                let mut ctx =
-                    OperatorContext { state: &mut state, output: &mut output, timers: &mut timers, watermark: None };
+                let mut ctx = OperatorContext {
+                    state: &mut state,
+                    output: &mut output,
+                    timers: &mut timers,
+                    watermark: None,
+                };
                 factory(TaskInstance { index: 0, parallelism: 1 })
                     .on_records(0, &[record], &mut ctx)
                     .unwrap_or_else(|e| panic!("{query}: {op}: {e}"));
+                assert!(mine.iter().any(|e| e.value.len() > PAD), "{query}: {op}: no padded entry");
                 for e in &mine {
                     let now = state.0.get(&(e.state, e.key.clone())).map_or(0, Vec::len);
                     assert!(
-                        now + 32 >= e.value.len() && e.value.len() > PAD,
+                        now + 32 >= e.value.len(),
                         "{query}: {op} state {}: {} B warm, {now} B after one update",
                         e.state,
                         e.value.len()
