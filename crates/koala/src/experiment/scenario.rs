@@ -243,8 +243,8 @@ mod tests {
     }
 
     /// Every experiment's warm runs, in every mode: the query's padding is the warm values'
-    /// (the Taxi runs of `scale-out-queries` and `rebalance`, `repeated --quick` and
-    /// `migration --quick` had another, so a touched key changed size before it moved).
+    /// (the Taxi runs of `scale-out-queries` and `rebalance`, `repeated --smoke` and
+    /// `migration --smoke` had another, so a touched key changed size before it moved).
     #[test]
     fn every_warm_run_of_every_experiment_keeps_its_keys_size() {
         use crate::experiment::{EXPERIMENTS, Mode, Runner};
