@@ -174,7 +174,8 @@ enum Command {
         /// Warm keys (0..N: the query's first N keys).
         #[arg(long)]
         keys: u64,
-        /// Bytes of padding per value (the paper's Q6* uses 2048).
+        /// Bytes of padding per value (the paper's Q6* uses 2048); give the job the same
+        /// `state_padding_bytes`, or each key it touches changes size.
         #[arg(long, default_value_t = 2048)]
         value_bytes: usize,
         /// Where the snapshots go (must not hold them).
@@ -492,6 +493,9 @@ fn run(command: Command) -> anyhow::Result<()> {
                 launch::human_bytes(total),
                 out.display()
             );
+            if let Some(note) = warmup::padding_note(&params, value_bytes) {
+                println!("{note}");
+            }
             Ok(())
         }
         Command::Rescale { coordinator, token_file, operator, parallelism } => launch::submit(

@@ -98,9 +98,32 @@ pub fn warmup(
     Ok(written)
 }
 
+/// A note when the job's `state_padding_bytes` (its `[params]` as TOML text) is not the warm
+/// values' `value_bytes`: the operators pad each key they touch to `state_padding_bytes`, so
+/// those keys would change size before a reconfiguration moves them.
+pub fn padding_note(params: &str, value_bytes: usize) -> Option<String> {
+    let table: toml::Table = params.parse().ok()?;
+    let padding = table.get("state_padding_bytes").and_then(toml::Value::as_integer).unwrap_or(0);
+    (usize::try_from(padding).ok() != Some(value_bytes)).then(|| {
+        format!(
+            "note: the job's state_padding_bytes is {padding}, the warm values' padding {value_bytes} B: \
+             each key the job touches will be re-padded to {padding} B; set `state_padding_bytes = \
+             {value_bytes}` under [params] to keep warm keys their size"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_padding_other_than_the_warm_bytes_is_pointed_out() {
+        assert_eq!(padding_note("state_padding_bytes = 2048\n", 2048), None);
+        let note = padding_note("sink = \"discard\"\n", 2048).expect("0 ≠ 2048");
+        assert!(note.contains("state_padding_bytes = 2048"), "{note}");
+        assert!(padding_note("state_padding_bytes = 256\n", 2048).is_some_and(|n| n.contains("256")));
+    }
 
     #[test]
     fn a_query_without_a_warm_layout_is_refused_with_the_list() {

@@ -44,6 +44,11 @@ pub struct QueryParams {
     /// Bytes of padding in each open window's state (tumbling-window, sliding-window,
     /// filtered-window), to make state as large as a real window's; the output does not change.
     pub window_padding_bytes: usize,
+    /// Bytes of padding in each key's state of the "aggregate" operator (keyed-aggregate,
+    /// two-stage-aggregate), created on a key's first record and kept on every update, so a key
+    /// the job touched stays as large as a warm one (`koala warmup --value-bytes`); the output
+    /// does not change. 0 (the default): count and sum only.
+    pub state_padding_bytes: usize,
     /// Where the sink writes.
     pub sink: SinkKind,
 }
@@ -58,6 +63,7 @@ impl Default for QueryParams {
             last_n: 10,
             allowed_lateness_ms: 0,
             window_padding_bytes: 0,
+            state_padding_bytes: 0,
             sink: SinkKind::default(),
         }
     }

@@ -21,7 +21,7 @@ type QueryBuilder = fn(&QueryParams) -> Result<JobGraph, DataflowError>;
 const QUERIES: &[(&str, &str, QueryBuilder)] = &[
     (
         "keyed-aggregate",
-        "source → key_by key → \"aggregate\" (running count and sum per key) → sink",
+        "source → key_by key → \"aggregate\" (running count and sum per key, state padded by state_padding_bytes) → sink",
         keyed_aggregate,
     ),
     ("last-n", "source → key_by key → \"last_n\" (the newest `last_n` values per key) → sink", last_n),
@@ -88,8 +88,33 @@ fn sink<T: Data>(stream: &Stream<T>, kind: SinkKind) {
     }
 }
 
-/// The "aggregate" operator: running count and sum per key.
-fn running_totals(events: &KeyedStream<u64, KeyedEvent>) -> Stream<KeyedTotal> {
+/// The "aggregate" operator's state with `state_padding_bytes` > 0: count, sum, padding.
+pub(crate) type PaddedTotal = (u64, i64, Vec<u8>);
+
+/// The byte the aggregate's padding (and its warm state's, `crate::warm`) is made of.
+pub(crate) const PADDING_BYTE: u8 = 0xA5;
+
+/// The "aggregate" operator: running count and sum per key. With `padding` > 0 its state also
+/// holds `padding` bytes, created on a key's first record and kept on every update, so a key
+/// the job touched is as large as a warm key (`koala warmup`) and a reconfiguration moves what
+/// a real operator's state would weigh (the paper's `DummyFieldSize`); the output is the same.
+fn running_totals(events: &KeyedStream<u64, KeyedEvent>, padding: usize) -> Stream<KeyedTotal> {
+    if padding > 0 {
+        return events.stateful_map(
+            "aggregate",
+            move |key: &u64, e: KeyedEvent, total: &mut ValueState<PaddedTotal>| {
+                let (count, sum) = total.update(|(count, sum, pad)| {
+                    if pad.len() != padding {
+                        *pad = vec![PADDING_BYTE; padding];
+                    }
+                    *count += 1;
+                    *sum = sum.wrapping_add(e.value);
+                    (*count, *sum)
+                });
+                KeyedTotal { key: *key, count, sum }
+            },
+        );
+    }
     events.stateful_map("aggregate", |key: &u64, e: KeyedEvent, total: &mut ValueState<(u64, i64)>| {
         let (count, sum) = total.update(|(count, sum)| {
             *count += 1;
@@ -103,7 +128,10 @@ fn running_totals(events: &KeyedStream<u64, KeyedEvent>) -> Stream<KeyedTotal> {
 /// source → key_by key → "aggregate" (running count and sum per key) → sink.
 fn keyed_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = running_totals(&keyed_events(&df, "source", params, params.generator.seed));
+    let totals = running_totals(
+        &keyed_events(&df, "source", params, params.generator.seed),
+        params.state_padding_bytes,
+    );
     sink(&totals, params.sink);
     df.build()
 }
@@ -117,7 +145,10 @@ pub const ROLLUP_GROUPS: u64 = 16;
 /// the order in which the aggregate's tasks feed it.
 fn two_stage_aggregate(params: &QueryParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let totals = running_totals(&keyed_events(&df, "source", params, params.generator.seed));
+    let totals = running_totals(
+        &keyed_events(&df, "source", params, params.generator.seed),
+        params.state_padding_bytes,
+    );
     let groups = totals.key_by(|t: &KeyedTotal| t.key % ROLLUP_GROUPS).stateful_map(
         "rollup",
         |group: &u64, _t: KeyedTotal, count: &mut ValueState<u64>| {

@@ -14,6 +14,7 @@ use koala_types::{CodecError, encode};
 
 use crate::QueryParams;
 use crate::nexmark::{FIRST_CATEGORY_ID, FIRST_PERSON_ID, NexmarkParams};
+use crate::queries::{PADDING_BYTE, PaddedTotal};
 use crate::realworld::{CountState, EngagementState, LoyaltyState, RealWorldParams, TaxiPartition, Twitch};
 
 /// One state entry of one operator's key.
@@ -54,8 +55,9 @@ pub enum WarmParams<'a> {
     RealWorld(&'a RealWorldParams),
 }
 
-/// Appends warm key `k`'s entries of `query` to `out`, each value padded with `value_bytes`
-/// (the state's padding field, or trailing bytes the decoder ignores for the keyed aggregate).
+/// Appends warm key `k`'s entries of `query` to `out`, each value padded with `value_bytes` in
+/// the state's padding field (the operators keep a padding of `state_padding_bytes`, so a run
+/// whose `state_padding_bytes` equals `value_bytes` keeps every warm key's size).
 /// `None` if `query` (with these parameters) has no known warm layout.
 pub fn entries(
     query: &str,
@@ -71,11 +73,10 @@ pub fn entries(
     };
     let result = match (query, params) {
         ("keyed-aggregate", WarmParams::Workloads(_)) => {
-            let value = encode(&(1u64, k as i64)).map(|mut v| {
-                v.resize(v.len().max(value_bytes), 0xA5);
-                v
-            });
-            put("aggregate", VALUE_STATE, encode(&k), value)
+            // The operator's padded state (count, sum, padding); with `state_padding_bytes = 0`
+            // it decodes (count, sum) and ignores the padding.
+            let total: PaddedTotal = (1, k as i64, vec![PADDING_BYTE; value_bytes]);
+            put("aggregate", VALUE_STATE, encode(&k), encode(&total))
         }
         ("nexmark-q3", WarmParams::Nexmark(_)) => {
             // Q3's person state: (name, city, state, padding), a seller outside Oregon.
@@ -144,7 +145,11 @@ fn list_entries<T: serde::Serialize>(
 
 #[cfg(test)]
 mod tests {
-    use koala_types::decode;
+    use std::collections::BTreeMap;
+
+    use koala_dataflow::logic::KeyedStateAccess;
+    use koala_dataflow::{DataflowError, OperatorContext, OperatorKind, TaskInstance};
+    use koala_types::{Record, decode};
 
     use super::*;
     use crate::realworld::TAXI_ZONES;
@@ -195,5 +200,86 @@ mod tests {
         assert_eq!(decode::<u64>(&e[0].key).ok(), Some(FIRST_PERSON_ID + 1));
         assert!(decode::<(String, String, String, String)>(&e[0].value).is_ok());
         assert!(entries("nexmark-q5", &WarmParams::Nexmark(&n), 0, 8, &mut Vec::new()).is_none());
+    }
+
+    /// One key's state as an operator task sees it.
+    #[derive(Default)]
+    struct KeyState(BTreeMap<(StateId, Vec<u8>), Vec<u8>>);
+
+    impl KeyedStateAccess for KeyState {
+        fn get(&self, state: StateId, key: &[u8]) -> Result<Option<&[u8]>, DataflowError> {
+            Ok(self.0.get(&(state, key.to_vec())).map(Vec::as_slice))
+        }
+        fn put(&mut self, state: StateId, key: &[u8], value: Vec<u8>) -> Result<(), DataflowError> {
+            self.0.insert((state, key.to_vec()), value);
+            Ok(())
+        }
+        fn delete(&mut self, state: StateId, key: &[u8]) -> Result<(), DataflowError> {
+            self.0.remove(&(state, key.to_vec()));
+            Ok(())
+        }
+    }
+
+    /// The ruler of a scale-out experiment: a warm key the job touches must stay the size of a
+    /// warm key (with `state_padding_bytes` = the warm `value_bytes`), or a protocol that moves
+    /// only touched keys looks cheaper in bytes than it is. Each warm operator processes one
+    /// record of warm key 3 (an all-zero encoding: every input type decodes from it) over the
+    /// key's warm state; every entry keeps its padding. The keyed aggregate used to re-encode
+    /// (count, sum) without it (~1 KiB → 4 B here).
+    #[test]
+    fn a_warm_key_keeps_its_size_when_the_job_updates_it() {
+        const PAD: usize = 1024;
+        let w = QueryParams { state_padding_bytes: PAD, ..QueryParams::default() };
+        let n = NexmarkParams { state_padding_bytes: PAD, ..NexmarkParams::default() };
+        let r = RealWorldParams { state_padding_bytes: PAD, ..RealWorldParams::default() };
+        for (query, operators) in WARM_QUERIES {
+            let (params, graph) = match *query {
+                "keyed-aggregate" => (WarmParams::Workloads(&w), crate::build_query(query, &w).ok()),
+                q if q.starts_with("nexmark") => {
+                    (WarmParams::Nexmark(&n), crate::nexmark::build(query, &n).and_then(Result::ok))
+                }
+                _ => (WarmParams::RealWorld(&r), crate::realworld::build(query, &r).and_then(Result::ok)),
+            };
+            let graph = graph.expect("builds");
+            let mut warm = Vec::new();
+            entries(query, &params, 3, PAD, &mut warm).expect("supported").expect("encodes");
+            for op in *operators {
+                let Some(OperatorKind::Transform { factory, .. }) = graph.by_name(op).map(|o| &o.kind) else {
+                    panic!("{query}: {op} is not a transform");
+                };
+                let mine: Vec<&WarmEntry> = warm.iter().filter(|e| e.operator == *op).collect();
+                let mut state = KeyState::default();
+                for e in &mine {
+                    state.0.insert((e.state, e.key.clone()), e.value.clone());
+                }
+                let record = Record { key: mine[0].key.clone(), value: vec![0; 64], time: 0, due_ms: 0 };
+                let (mut output, mut timers) = (Vec::new(), Vec::new());
+                let mut ctx = OperatorContext {
+                    state: &mut state,
+                    output: &mut output,
+                    timers: &mut timers,
+                    watermark: None,
+                };
+                factory(TaskInstance { index: 0, parallelism: 1 })
+                    .on_records(0, &[record], &mut ctx)
+                    .unwrap_or_else(|e| panic!("{query}: {op}: {e}"));
+                assert!(mine.iter().any(|e| e.value.len() > PAD), "{query}: {op}: no padded entry");
+                for e in &mine {
+                    let now = state.0.get(&(e.state, e.key.clone())).map_or(0, Vec::len);
+                    assert!(
+                        now + 32 >= e.value.len(),
+                        "{query}: {op} state {}: {} B warm, {now} B after one update",
+                        e.state,
+                        e.value.len()
+                    );
+                }
+                if *query == "keyed-aggregate" {
+                    // Warm (1, 3) plus a record of value 0: (2, 3), the padding kept.
+                    let now = state.0.get(&(VALUE_STATE, mine[0].key.clone())).expect("written");
+                    let total = decode::<PaddedTotal>(now).expect("the padded layout");
+                    assert_eq!((total.0, total.1, total.2.len()), (2, 3, PAD));
+                }
+            }
+        }
     }
 }

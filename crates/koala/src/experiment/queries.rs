@@ -95,23 +95,6 @@ fn tables(q: &Query, keys: u64) -> String {
     }
 }
 
-/// `params` with its `state_padding_bytes` (if any) set to the warm values' `value_bytes`: the
-/// operators pad a key's state to `state_padding_bytes` on its first record, so any other value
-/// would shrink or grow every warm key the run touches (Azure's 256 and Borg's 4 096 against 2 048
-/// warm bytes did), and the state moved would not be the warm state's.
-fn padded(params: &str, value_bytes: usize) -> String {
-    params
-        .lines()
-        .map(|l| {
-            if l.starts_with("state_padding_bytes") {
-                format!("state_padding_bytes = {value_bytes}\n")
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect()
-}
-
 pub(super) fn scenario(q: &Query, surge: Surge, warm_keys: u64, value_bytes: usize) -> Scenario {
     let keys = warm_keys.min(q.max_keys);
     let state = keys as f64 * value_bytes as f64;
@@ -124,7 +107,8 @@ pub(super) fn scenario(q: &Query, surge: Surge, warm_keys: u64, value_bytes: usi
     parallelism.push(("sink", 1));
     Scenario {
         query: q.query,
-        params: padded(q.params, value_bytes),
+        // `Scenario::params_text` sets `state_padding_bytes` to `value_bytes`.
+        params: q.params.into(),
         param_tables: tables(q, keys),
         source: "max_disorder_ms = 0\n".into(),
         parallelism,

@@ -146,11 +146,29 @@ impl Scenario {
         let _ = write!(
             text,
             "\n[params]\n{}\n{}\n[params.source]\n{}rate = [{}]\n",
-            self.params.trim_end(),
+            self.params_text().trim_end(),
             self.param_tables.trim_end(),
             self.source,
             rates.join(", ")
         );
+        text
+    }
+
+    /// The `[params]` lines: [`Self::params`], and with warm state `state_padding_bytes` set to
+    /// the warm values' [`Self::value_bytes`] (whatever `params` says). Every warm query's
+    /// operators pad a key's state to `state_padding_bytes` on each update, so any other value
+    /// would shrink or grow every warm key the run touches (the Taxi runs had none: 0 against
+    /// 2 048 warm bytes), and the state a protocol moves would not be the warm state's.
+    pub fn params_text(&self) -> String {
+        let mut text: String = self
+            .params
+            .lines()
+            .filter(|l| self.warm_keys == 0 || !l.trim_start().starts_with("state_padding_bytes"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if self.warm_keys > 0 {
+            let _ = writeln!(text, "state_padding_bytes = {}", self.value_bytes);
+        }
         text
     }
 
@@ -203,5 +221,47 @@ mod tests {
             assert_eq!(config.protocol_label(), protocol, "{text}");
             assert!(text.contains("records_per_sec = 2000.0"), "{text}");
         }
+    }
+
+    fn padding(text: &str) -> Option<i64> {
+        let config = koala_coordinator::JobConfig::parse(text, "test").expect(text);
+        config.params.get("state_padding_bytes").and_then(toml::Value::as_integer)
+    }
+
+    /// With warm state, the query pads a key to the warm values' size, whatever `params` says;
+    /// without, `params` stands.
+    #[test]
+    fn a_warm_run_pads_state_as_its_warm_values() {
+        let s = Scenario { params: "sink = \"discard\"\nstate_padding_bytes = 4096\n".into(), ..scenario() };
+        let text = s.config("koala", Path::new("/tmp/x"), None);
+        assert_eq!(padding(&text), Some(8), "{text}");
+        assert_eq!(text.matches("state_padding_bytes").count(), 1, "{text}");
+        let cold = Scenario { warm_keys: 0, ..s.clone() };
+        assert_eq!(padding(&cold.config("koala", Path::new("/tmp/x"), None)), Some(4096));
+        let plain = Scenario { params: "sink = \"discard\"".into(), ..s };
+        assert_eq!(padding(&plain.config("koala", Path::new("/tmp/x"), None)), Some(8));
+    }
+
+    /// Every experiment's warm runs, in every mode: the query's padding is the warm values'
+    /// (the Taxi runs of `scale-out-queries` and `rebalance`, `repeated --smoke` and
+    /// `migration --smoke` had another, so a touched key changed size before it moved).
+    #[test]
+    fn every_warm_run_of_every_experiment_keeps_its_keys_size() {
+        use crate::experiment::{EXPERIMENTS, Mode, Runner};
+        let mut warm_runs = 0;
+        for info in EXPERIMENTS {
+            let Runner::Jobs(plan) = info.runner else { continue };
+            let protocols: Vec<String> = info.protocols.iter().map(|p| p.to_string()).collect();
+            for mode in [Mode::Smoke, Mode::Quick, Mode::Full] {
+                let plan = plan(mode, &protocols).expect("plans");
+                for run in plan.runs.iter().filter(|r| r.scenario.warm_keys > 0) {
+                    let text = run.scenario.config(&run.protocol, Path::new("/tmp/x"), None);
+                    let want = i64::try_from(run.scenario.value_bytes).ok();
+                    assert_eq!(padding(&text), want, "{} {mode:?} {}", info.name, run.label);
+                    warm_runs += 1;
+                }
+            }
+        }
+        assert!(warm_runs > 50, "{warm_runs} warm runs");
     }
 }

@@ -30,8 +30,8 @@ pub struct NexmarkParams {
     pub q1_price_factor: f64,
     /// Q2: the auctions whose bids pass the filter.
     pub q2_auctions: Vec<u64>,
-    /// Bytes of padding in Q3's person state and in Q4*'s and Q6*'s per-key state (the paper's
-    /// `DummyFieldSize`, 2 KB in its runs).
+    /// Bytes of padding in Q3's person state and in Q4's, Q4*'s, Q6's and Q6*'s per-key state
+    /// (the paper's `DummyFieldSize`, 2 KB in its runs; 0, the default, for standard Nexmark).
     pub state_padding_bytes: usize,
     /// Q5: sliding window size; Q7: tumbling window size.
     pub window_ms: u64,

@@ -438,14 +438,14 @@ fn seller_averages(closed: &Stream<ClosedAuction>, n: usize, padding: usize) -> 
 /// Q4: "events" → "closed_auction" → "category" → sink.
 fn q4(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    sink(&category_averages(&closed_auctions(&df, p), 0), p.sink);
+    sink(&category_averages(&closed_auctions(&df, p), p.state_padding_bytes), p.sink);
     df.build()
 }
 
 /// Q6: "events" → "closed_auction" → "seller" → sink.
 fn q6(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    sink(&seller_averages(&closed_auctions(&df, p), p.last_prices, 0), p.sink);
+    sink(&seller_averages(&closed_auctions(&df, p), p.last_prices, p.state_padding_bytes), p.sink);
     df.build()
 }
 

@@ -73,6 +73,17 @@ fn keyed_aggregate_matches_running_totals() -> Result<(), QueryError> {
     Ok(())
 }
 
+/// Padding makes the aggregate's state larger (and keeps it so), not the output different.
+#[test]
+fn padded_aggregate_state_gives_the_same_output() -> Result<(), QueryError> {
+    let plain: Vec<KeyedTotal> = run("keyed-aggregate", &params())?;
+    let padded: Vec<KeyedTotal> =
+        run("keyed-aggregate", &QueryParams { state_padding_bytes: 512, ..params() })?;
+    assert_eq!(plain.len(), 300);
+    assert_eq!(per_key(&padded, |t| t.key), per_key(&plain, |t| t.key));
+    Ok(())
+}
+
 #[test]
 fn last_n_keeps_the_newest_values() -> Result<(), QueryError> {
     let p = params();
