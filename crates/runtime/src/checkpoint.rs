@@ -218,7 +218,7 @@ impl Drop for CheckpointWriter {
 
 /// Buckets per part file of a task's state in a checkpoint: `num_buckets / PARTS_PER_TASK`, so
 /// a part changes only when one of its few buckets changed.
-const PARTS_PER_TASK: u16 = 64;
+const PARTS_PER_TASK: u16 = 16;
 
 /// Writes `task`'s part of a checkpoint: its frozen store (if any), sharing unchanged part files
 /// with `base`, and its meta; returns the acknowledgement and the state directory written.

@@ -82,9 +82,27 @@ impl OverlayView {
     fn order(&self) -> &[Span] {
         self.order.get_or_init(|| {
             let bytes = self.overlay.bytes();
-            let mut order: Vec<Span> = self.overlay.spans().collect();
-            // A key is in the overlay once (the cache holds one entry per key).
-            order.sort_unstable_by(|a, b| bytes[a.0.clone()].cmp(&bytes[b.0.clone()]));
+            let bucket = |span: &Span| u16::from_be_bytes([bytes[span.0.start], bytes[span.0.start + 1]]);
+            // By bucket first (a counting sort on the 2-byte prefix), then each bucket's keys:
+            // many small sorts, not one of every dirty key.
+            let mut counts = vec![0usize; usize::from(u16::MAX) + 2];
+            for span in self.overlay.spans() {
+                counts[usize::from(bucket(&span)) + 1] += 1;
+            }
+            for i in 1..counts.len() {
+                counts[i] += counts[i - 1];
+            }
+            let starts = counts.clone();
+            let mut order: Vec<Span> = vec![(0..0, None); self.overlay.len()];
+            for span in self.overlay.spans() {
+                let at = &mut counts[usize::from(bucket(&span))];
+                order[*at] = span;
+                *at += 1;
+            }
+            for w in starts.windows(2).filter(|w| w[1] - w[0] > 1) {
+                // A key is in the overlay once (the cache holds one entry per key).
+                order[w[0]..w[1]].sort_unstable_by(|a, b| bytes[a.0.clone()].cmp(&bytes[b.0.clone()]));
+            }
             order
         })
     }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use koala_state::snapshot::{IncrementalStats, restore, snapshot, snapshot_frozen};
 use koala_state::{
-    CachedEnv, FjallEnv, MemoryEnv, MIN_BUDGET_BYTES, StateBackend, StateEnv, StateKey, StateWrite,
+    CachedEnv, FjallEnv, MIN_BUDGET_BYTES, MemoryEnv, StateBackend, StateEnv, StateKey, StateWrite,
 };
 use koala_types::{OperatorId, TaskId};
 
@@ -134,7 +134,8 @@ fn an_incremental_chain_restores_what_a_full_snapshot_does() {
     assert_eq!((same.parts, same.shared_parts, same.written_bytes), (8, 8, 0));
     // Bucket 3 (part 1 of buckets 2–3) changes: one part is written, seven are shared.
     let bucket3 = (3u32..20_000).step_by(16);
-    let mut writes: Vec<StateWrite> = bucket3.clone().step_by(2).map(|i| StateWrite::Delete(key(i))).collect();
+    let mut writes: Vec<StateWrite> =
+        bucket3.clone().step_by(2).map(|i| StateWrite::Delete(key(i))).collect();
     writes.extend(bucket3.skip(1).step_by(2).map(|i| StateWrite::Put(key(i), b"changed".to_vec())));
     apply(store.as_ref(), &mut model, writes);
     let third = take(store.as_ref(), &root, "3", Some("2"));
