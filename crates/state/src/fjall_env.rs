@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch, PersistMode};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, OwnedWriteBatch, PersistMode, Readable, Snapshot};
 use koala_types::{BucketId, TaskId};
 
+use crate::frozen::{FrozenSink, FrozenView};
 use crate::scan::{Chunker, sorted_buckets};
 use crate::{
     ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch, bucket_bounds,
@@ -347,6 +348,29 @@ impl StateBackend for FjallBackend {
 
     fn approximate_len(&self) -> Result<u64, StateError> {
         Ok(self.keyspace("approximate_len")?.approximate_len() as u64)
+    }
+
+    fn freeze(&self, _num_buckets: u16) -> Result<Box<dyn FrozenView>, StateError> {
+        let keyspace = self.keyspace("freeze")?.clone();
+        Ok(Box::new(FjallView { task: self.store.task, snapshot: self.db.snapshot(), keyspace }))
+    }
+}
+
+/// An MVCC read snapshot of a task's keyspace: fjall keeps the versions it sees until it is
+/// dropped.
+struct FjallView {
+    task: TaskId,
+    snapshot: Snapshot,
+    keyspace: Keyspace,
+}
+
+impl FrozenView for FjallView {
+    fn scan_bucket(&self, bucket: BucketId, sink: FrozenSink<'_>) -> Result<(), StateError> {
+        for guard in self.snapshot.range(&self.keyspace, bucket_bounds(bucket)) {
+            let (key, value) = guard.into_inner().map_err(store_error(self.task, "freeze"))?;
+            sink(&key, &value)?;
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,7 @@ mod compact;
 mod discard;
 mod error;
 mod fjall_env;
+mod frozen;
 mod key;
 mod memory;
 pub mod remote;
@@ -54,6 +55,7 @@ pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES, MIN_BUDGET_BYTES
 pub use discard::DiscardEnv;
 pub use error::{BackendError, StateError};
 pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};
+pub use frozen::{CopiedView, FrozenSink, FrozenView};
 pub use key::{
     KEY_HEADER_LEN, LayoutError, MAX_USER_KEY_LEN, MAX_VALUE_LEN, StateId, StateKey, bucket_bounds,
     decode_state_key, encode_state_key,
@@ -125,6 +127,23 @@ impl StoredBatch {
     /// Key and value bytes (as scans count them).
     pub fn byte_len(&self) -> usize {
         self.bytes.len()
+    }
+
+    /// The buffer the writes are in.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Each write's stored key and value (`None`: delete) as ranges of [`Self::bytes`].
+    pub(crate) fn spans(
+        &self,
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, Option<std::ops::Range<usize>>)> + '_ {
+        let mut start = 0;
+        self.ends.iter().map(move |&(key_end, value_end)| {
+            let key = start..key_end;
+            start = value_end.unwrap_or(key_end);
+            (key, value_end.map(|end| key_end..end))
+        })
     }
 }
 
@@ -231,6 +250,15 @@ pub trait StateBackend: Send + Sync {
     fn release_buckets(&self, buckets: &[BucketId]) -> Result<u64, StateError> {
         let _ = buckets;
         Err(StateError::Unsupported { task: self.task(), op: "release_buckets" })
+    }
+
+    /// A view of the whole store (buckets `0..num_buckets`) as of now that later writes do not
+    /// change, to be written out on another thread (an asynchronous checkpoint,
+    /// docs/architecture.md §10). By default every entry is copied ([`CopiedView`]); fjall
+    /// takes an MVCC read snapshot, and the write-back cache copies only its dirty entries over
+    /// the view of the store below.
+    fn freeze(&self, num_buckets: u16) -> Result<Box<dyn FrozenView>, StateError> {
+        Ok(Box::new(CopiedView::copy(self, num_buckets)?))
     }
 
     /// Lookups a cache in front of this store answered and did not, since the store was opened

@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use koala_types::BucketId;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::{StateBackend, StateError, StateKey, StateWrite, decode_state_key, encode_state_key};
+use crate::{FrozenView, StateBackend, StateError, StateKey, StateWrite, decode_state_key, encode_state_key};
 
 const MAGIC: &str = "koala-snapshot 1";
 /// Bytes of entries a restore writes per batch.
@@ -141,11 +141,18 @@ impl PartWriter {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<Part, SnapshotError> {
+    fn finish(self) -> Result<Part, SnapshotError> {
+        let (part, file, path) = self.finish_unsynced()?;
+        file.sync_all().map_err(io(&path, "syncing a part"))?;
+        Ok(part)
+    }
+
+    /// Closes the part without syncing it: its manifest entry, its file and path.
+    fn finish_unsynced(mut self) -> Result<(Part, File, PathBuf), SnapshotError> {
         self.out.flush().map_err(io(&self.path, "writing a part"))?;
-        self.out.get_ref().sync_all().map_err(io(&self.path, "syncing a part"))?;
         self.part.checksum = self.hash.digest();
-        Ok(self.part)
+        let file = self.out.into_inner().map_err(|e| io(&self.path, "writing a part")(e.into_error()))?;
+        Ok((self.part, file, self.path))
     }
 }
 
@@ -254,6 +261,102 @@ pub fn snapshot(
         scanned?;
     }
     writer.finish()
+}
+
+/// What [`snapshot_frozen`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IncrementalStats {
+    /// Entries in the snapshot.
+    pub entries: u64,
+    /// Bytes of its part files (written or shared).
+    pub bytes: u64,
+    /// Bytes of the part files written anew (the rest is shared with the base).
+    pub written_bytes: u64,
+    /// Part files shared with the base (hard links), of `parts` in all.
+    pub shared_parts: u64,
+    /// Part files in the snapshot.
+    pub parts: u64,
+}
+
+/// Writes a snapshot of `view` (buckets `0..num_buckets`) into `dir` (created; it must not hold
+/// one), one part per group of `group_buckets` consecutive buckets (empty groups have none):
+/// the same layout [`restore`] reads. Incremental: a group whose part comes out identical to the
+/// part of the same buckets in the snapshot at `base` (same buckets, entries, bytes and xxh3) is
+/// not kept but hard-linked from there, so consecutive checkpoints share the files of unchanged
+/// buckets (as Flink's incremental RocksDB checkpoints share SST files), and deleting a snapshot
+/// directory deletes only what no other snapshot links. A base that cannot be read or linked
+/// from (deleted meanwhile) only costs the sharing.
+pub fn snapshot_frozen(
+    view: &dyn FrozenView,
+    num_buckets: u16,
+    dir: &Path,
+    group_buckets: u16,
+    base: Option<&Path>,
+) -> Result<IncrementalStats, SnapshotError> {
+    let writer = SnapshotWriter::create(dir, num_buckets, u64::MAX)?;
+    let base_parts: Vec<(PathBuf, Part)> = base
+        .and_then(|b| read_manifest(b).ok().map(|m| (b, m)))
+        .filter(|(_, m)| m.num_buckets == num_buckets)
+        .map(|(b, m)| m.parts.into_iter().map(|p| (b.join(&p.file), p)).collect())
+        .unwrap_or_default();
+    let mut stats = IncrementalStats::default();
+    let mut parts = Vec::new();
+    let mut unsynced: Vec<(File, PathBuf)> = Vec::new();
+    let group = group_buckets.max(1);
+    for first in (0..num_buckets).step_by(usize::from(group)) {
+        let mut part: Option<PartWriter> = None;
+        let mut failed = None;
+        for bucket in first..first.saturating_add(group).min(num_buckets) {
+            let scanned = view.scan_bucket(bucket, &mut |key, value| {
+                let writer = match part.as_mut() {
+                    Some(w) => w,
+                    None => match PartWriter::create(dir, parts.len(), bucket) {
+                        Ok(w) => part.insert(w),
+                        Err(e) => return Err(StateError::sink(failed.insert(e).to_string())),
+                    },
+                };
+                writer.write(bucket, key, value).map_err(|e| StateError::sink(failed.insert(e).to_string()))
+            });
+            if let Err(e) = scanned {
+                return Err(failed.take().unwrap_or(SnapshotError::State(e)));
+            }
+        }
+        let Some(part) = part else { continue };
+        let (part, file, path) = part.finish_unsynced()?;
+        let same = base_parts.iter().find(|(_, p)| {
+            (p.buckets, p.entries, p.bytes, p.checksum)
+                == (part.buckets, part.entries, part.bytes, part.checksum)
+        });
+        let linked = same.is_some_and(|(from, _)| {
+            let link = path.with_extension("link");
+            std::fs::hard_link(from, &link).and_then(|()| std::fs::rename(&link, &path)).is_ok()
+        });
+        if linked {
+            stats.shared_parts += 1;
+        } else {
+            unsynced.push((file, path));
+            stats.written_bytes += part.bytes;
+        }
+        stats.entries += part.entries;
+        stats.bytes += part.bytes;
+        parts.push(part);
+    }
+    // Synced together, each on its own thread: the file system commits concurrent syncs in one
+    // journal transaction, where one after another each waits for its own (on a loaded machine
+    // a sync takes tens of milliseconds).
+    std::thread::scope(|scope| {
+        let syncs: Vec<_> = unsynced
+            .iter()
+            .map(|(file, path)| scope.spawn(move || file.sync_data().map_err(io(path, "syncing a part"))))
+            .collect();
+        syncs
+            .into_iter()
+            .try_for_each(|sync| sync.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })?;
+    stats.parts = parts.len() as u64;
+    let manifest = Manifest { num_buckets, parts };
+    write_manifest(&writer.dir.join("manifest"), &manifest)?;
+    Ok(stats)
 }
 
 fn write_manifest(path: &Path, m: &Manifest) -> Result<(), SnapshotError> {

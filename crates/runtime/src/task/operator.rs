@@ -16,7 +16,7 @@ use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::batch_state::{BatchState, NoState};
 use crate::channel::InputChannel;
-use crate::checkpoint::{BarrierGate, Gate, TaskMeta};
+use crate::checkpoint::{BarrierGate, CheckpointWriter, Gate, TaskMeta};
 use crate::links::PEER_INPUT;
 use crate::metrics::TaskMetrics;
 use crate::output::Outputs;
@@ -62,6 +62,8 @@ pub(super) struct OperatorTask {
     next_clock: Instant,
     /// Checkpoint barrier alignment over its data inputs (docs/architecture.md §10).
     barriers: BarrierGate,
+    /// Writes its checkpoints in the background (started at its first barrier).
+    checkpoints: Option<CheckpointWriter>,
 }
 
 /// Runs a transform task until every input channel has ended.
@@ -120,11 +122,17 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             setup.ack(epoch, koala_protocol::TaskAck::InputsEnded);
         }
         if handled && task.life.target_may_exit(task.transfer.busy()) {
+            if let Some(writer) = task.checkpoints.as_mut() {
+                writer.finish()?;
+            }
             setup.report(&mut task.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
             return Ok(());
         }
         let now = Instant::now();
         task.processing_tick(&setup, &mut outputs, now)?;
+        if let Some(writer) = &task.checkpoints {
+            writer.check()?;
+        }
         outputs.flush_due(now)?;
         setup.report(&mut task.metrics, &mut outputs, now);
     }
@@ -177,6 +185,7 @@ impl OperatorTask {
             last_watermark,
             next_clock: Instant::now(),
             barriers: BarrierGate::new(setup.task, setup.inputs.iter().copied()),
+            checkpoints: None,
         })
     }
 
@@ -269,9 +278,14 @@ impl OperatorTask {
                     watermarks: self.aligner.watermarks().collect(),
                     timers: self.timers.pending(),
                 };
-                let ack = crate::checkpoint::write_task_checkpoint(setup, id, &meta, alignment_ms)?;
+                // Only the freeze runs here; the writer writes the part and acknowledges it.
+                let view = setup.store.as_deref().map(|s| s.freeze(setup.num_buckets)).transpose()?;
                 outputs.broadcast_barrier(id)?;
-                crate::checkpoint::acknowledge(setup, id, ack);
+                let writer = match &mut self.checkpoints {
+                    Some(writer) => writer,
+                    None => self.checkpoints.insert(CheckpointWriter::start(setup, id)?),
+                };
+                writer.submit(id, view, meta, alignment_ms)?;
                 queue.extend(held);
             }
         }

@@ -57,7 +57,9 @@ use koala_types::{BucketId, TaskId};
 use crate::compact::{CompactKey, CompactValue, check_key};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
-use crate::{CacheCounts, ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch};
+use crate::{
+    CacheCounts, FrozenView, ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, StoredBatch,
+};
 
 mod entries;
 mod task_cache;
@@ -617,6 +619,17 @@ impl StateBackend for CachedBackend {
 
     fn is_shared(&self) -> bool {
         self.shared.inner.is_shared()
+    }
+
+    fn freeze(&self, num_buckets: u16) -> Result<Box<dyn FrozenView>, StateError> {
+        const OP: &str = "freeze";
+        let cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
+        let overlay = cache.dirty_overlay();
+        // Under the lock, with nothing in flight: no write reaches the store below between the
+        // copy and the view of it.
+        let below = self.shared.inner.freeze(num_buckets)?;
+        drop(cache);
+        Ok(Box::new(crate::frozen::OverlayView::new(below, overlay)))
     }
 
     fn cache_counts(&self) -> Option<CacheCounts> {

@@ -194,6 +194,16 @@ impl TaskCache {
         self.commit(keys, inner)
     }
 
+    /// Every dirty entry (puts and deletes) in stored form, unsorted: what differs from the
+    /// store below. The caller waited for the in-flight runs.
+    pub(super) fn dirty_overlay(&self) -> StoredBatch {
+        let mut out = StoredBatch::default();
+        for (key, slot) in self.entries.iter().filter(|(_, slot)| slot.dirty) {
+            out.push(|o| key.put_stored(o), slot.value.as_slice());
+        }
+        out
+    }
+
     /// Writes back every dirty entry (they stay cached, clean). The caller waited for the
     /// in-flight runs.
     pub(super) fn write_back_all(&mut self, inner: &dyn StateBackend) -> Result<u64, StateError> {
