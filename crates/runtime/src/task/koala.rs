@@ -48,6 +48,9 @@ use crate::peer::Outbox;
 
 mod wait;
 
+#[cfg(test)]
+mod tests_serve;
+
 /// Keys a filter build reads per turn of the loop, between two inputs.
 const FILTER_BUILD_STEP: usize = 4096;
 
