@@ -496,7 +496,11 @@ impl fmt::Display for ReportSummary {
         }
         write!(f, "{}", self.checkpoints)?;
         for d in &self.autoscale {
-            writeln!(f, "autoscale at t={} s: {} {} ({}); {}", d.t_s, d.kind, d.request, d.reason, d.outcome)?;
+            writeln!(
+                f,
+                "autoscale at t={} s: {} {} ({}); {}",
+                d.t_s, d.kind, d.request, d.reason, d.outcome
+            )?;
         }
         if self.reconfigurations.is_empty() {
             writeln!(f, "no reconfiguration in this run: no dip or backlog recovery to measure")?;

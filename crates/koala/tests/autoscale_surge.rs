@@ -36,9 +36,10 @@ fn a_surge_makes_the_policy_scale_the_running_job_out() {
     let rec = RunRecord::read(&db).expect("run record");
     let store = MetricsStore::open(&db).expect("metrics db");
     let decisions = store.autoscale_decisions(&rec.run).expect("decisions");
-    let first = decisions.iter().find(|d| d.kind == "scale_out").unwrap_or_else(|| {
-        panic!("the policy decided no scale-out: {decisions:?}\n{stdout}")
-    });
+    let first = decisions
+        .iter()
+        .find(|d| d.kind == "scale_out")
+        .unwrap_or_else(|| panic!("the policy decided no scale-out: {decisions:?}\n{stdout}"));
     assert!(first.request.contains("Rescale") && first.request.contains("aggregate"), "{first:?}");
     assert!(first.reason.contains("DS2"), "the decision does not say why: {first:?}");
     // The coordinator accepted it as an epoch, and that epoch ran to completion as a scale-out.
@@ -54,20 +55,35 @@ fn a_surge_makes_the_policy_scale_the_running_job_out() {
         .unwrap_or_else(|| panic!("no reconfiguration {epoch} recorded: {:?}", rec.reconfigurations));
     assert_eq!((run.kind.as_str(), run.operator.as_str()), ("scale_out", "aggregate"), "{run:?}");
     assert!(run.completed_ms.is_some(), "the policy's scale-out never completed: {run:?}\n{stdout}");
-    assert!(run.detail.contains(&first.request), "the job ran {} for the decision {}", run.detail, first.request);
+    assert!(
+        run.detail.contains(&first.request),
+        "the job ran {} for the decision {}",
+        run.detail,
+        first.request
+    );
     // Every reconfiguration the job ran was one of the policy's decisions, and it printed each.
-    assert_eq!(rec.reconfigurations.len(), decisions.iter().filter(|d| d.outcome.starts_with("accepted")).count());
+    assert_eq!(
+        rec.reconfigurations.len(),
+        decisions.iter().filter(|d| d.outcome.starts_with("accepted")).count()
+    );
     assert!(stdout.contains("autoscale: scale_out"), "koala run did not print the decision:\n{stdout}");
     // The report shows it too.
-    let report =
-        common::koala().arg("report").arg(&db).arg("--out").arg(dir.path().join("report")).output().expect("koala report");
+    let report = common::koala()
+        .arg("report")
+        .arg(&db)
+        .arg("--out")
+        .arg(dir.path().join("report"))
+        .output()
+        .expect("koala report");
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(text.contains("autoscale at t="), "koala report does not show the decisions:\n{text}");
     // And the job still processed every record once.
     let processed: f64 = rec
         .sums
         .iter()
-        .filter(|((task, metric), _)| task.starts_with("aggregate.") && metric == koala_types::metric::RECORDS_IN)
+        .filter(|((task, metric), _)| {
+            task.starts_with("aggregate.") && metric == koala_types::metric::RECORDS_IN
+        })
         .map(|(_, v)| v)
         .sum();
     assert_eq!(processed as u64, RECORDS, "records the aggregate processed");

@@ -73,15 +73,22 @@ impl AutoscaleSection {
         if !(2..=3600).contains(&self.window_s) {
             return Err(invalid(
                 "window_s",
-                format!("{} s is outside 2..=3600; a window of ~10 s (the default) fits most jobs", self.window_s),
+                format!(
+                    "{} s is outside 2..=3600; a window of ~10 s (the default) fits most jobs",
+                    self.window_s
+                ),
             ));
         }
-        for (field, v) in [("target_latency_ms", Some(self.target_latency_ms)), ("target_lag_ms", self.target_lag_ms)]
+        for (field, v) in
+            [("target_latency_ms", Some(self.target_latency_ms)), ("target_lag_ms", self.target_lag_ms)]
         {
             if let Some(v) = v
                 && !(v.is_finite() && v > 0.0)
             {
-                return Err(invalid(field, format!("{v} is not a positive number of ms; e.g. {field} = 200")));
+                return Err(invalid(
+                    field,
+                    format!("{v} is not a positive number of ms; e.g. {field} = 200"),
+                ));
             }
         }
         if !(self.target_utilisation > 0.0 && self.target_utilisation <= 1.0) {
@@ -105,7 +112,10 @@ impl AutoscaleSection {
         if !(self.hot_factor.is_finite() && self.hot_factor > 1.0) {
             return Err(invalid(
                 "hot_factor",
-                format!("{} must be above 1 (a hot task takes more than the others); e.g. 2", self.hot_factor),
+                format!(
+                    "{} must be above 1 (a hot task takes more than the others); e.g. 2",
+                    self.hot_factor
+                ),
             ));
         }
         if self.min_parallelism == 0 || self.min_parallelism > self.max_parallelism {
@@ -134,7 +144,10 @@ impl AutoscaleSection {
                 let Some(op) = stateful.iter().find(|o| &o.name == name) else {
                     return Err(invalid(
                         "operator",
-                        format!("{name:?} is not a stateful operator of this query; its stateful operators are {}", names()),
+                        format!(
+                            "{name:?} is not a stateful operator of this query; its stateful operators are {}",
+                            names()
+                        ),
                     ));
                 };
                 op.id
@@ -142,11 +155,19 @@ impl AutoscaleSection {
             None if !self.enabled => return Ok(None),
             None => match stateful.as_slice() {
                 [one] => one.id,
-                [] => return Err(invalid("enabled", "this query has no stateful operator to rescale; set enabled = false")),
+                [] => {
+                    return Err(invalid(
+                        "enabled",
+                        "this query has no stateful operator to rescale; set enabled = false",
+                    ));
+                }
                 _ => {
                     return Err(invalid(
                         "operator",
-                        format!("this query has several stateful operators ({}); name the one to drive", names()),
+                        format!(
+                            "this query has several stateful operators ({}); name the one to drive",
+                            names()
+                        ),
                     ));
                 }
             },

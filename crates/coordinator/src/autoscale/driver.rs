@@ -46,14 +46,28 @@ impl Driver {
     /// Called after every event: marks a running or queued reconfiguration, judges the seconds
     /// every task has reported, and submits a decision. `sources_stopped`: the job drains to its
     /// end, nothing is decided any more.
-    pub(crate) fn tick(&mut self, state: &mut JobState<'_>, sources_stopped: bool) -> Result<(), CoordinatorError> {
+    pub(crate) fn tick(
+        &mut self,
+        state: &mut JobState<'_>,
+        sources_stopped: bool,
+    ) -> Result<(), CoordinatorError> {
         let now_s = unix_ms() / 1000;
+        // A source task that finished: the input is ending, the job drains; nothing to decide.
+        let sources_stopped = sources_stopped
+            || state
+                .graph
+                .operators
+                .iter()
+                .filter(|o| o.is_source())
+                .any(|o| state.ended_ms.keys().any(|t| t.operator == o.id));
         if state.engine.running().is_some() || !state.queue.is_empty() {
             self.policy.busy(now_s);
         }
         for second in self.observer.complete(now_s) {
-            let routing = state.engine.deployment().routing.get(&self.operator).cloned().unwrap_or_default();
-            if let Some(decision) = self.policy.on_second(second, &routing)
+            let d = state.engine.deployment();
+            let routing = d.routing.get(&self.operator).cloned().unwrap_or_default();
+            let live: Vec<u32> = d.tasks.get(&self.operator).cloned().unwrap_or_default();
+            if let Some(decision) = self.policy.on_second(second, &routing, &live)
                 && !sources_stopped
             {
                 self.submit(state, decision)?;
@@ -72,7 +86,8 @@ impl Driver {
         };
         self.policy.busy(unix_ms() / 1000);
         let t_s = d.t.saturating_sub(state.start_s);
-        let description = format!("{} at t={t_s} s: {:?}: {}; {}", d.kind.name(), d.request, d.reason, outcome);
+        let description =
+            format!("{} at t={t_s} s: {:?}: {}; {}", d.kind.name(), d.request, d.reason, outcome);
         tracing::info!(kind = d.kind.name(), window = %d.window, "autoscale decision: {description}");
         state.store.autoscale_decision(
             state.run,

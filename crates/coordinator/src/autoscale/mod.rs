@@ -210,8 +210,10 @@ impl Autoscaler {
         self.idle_seconds = 0;
     }
 
-    /// Judges one complete second; `routing` is the operator's bucket → task index table now.
-    pub fn on_second(&mut self, second: Second, routing: &[u32]) -> Option<Decision> {
+    /// Judges one complete second; `routing` is the operator's bucket → task index table now and
+    /// `live` its live tasks (not the cancelled ones a Koala job keeps while they serve state).
+    pub fn on_second(&mut self, mut second: Second, routing: &[u32], live: &[u32]) -> Option<Decision> {
+        second.tasks.retain(|t| live.contains(&t.index));
         if second.t <= self.quiet_until || second.tasks.is_empty() {
             return None;
         }
@@ -229,7 +231,7 @@ impl Autoscaler {
         if (self.window.len() as u64) < c.window_s {
             return None;
         }
-        let decision = self.decide(routing)?;
+        let decision = self.decide(routing, live.len() as u32)?;
         let t = decision.t;
         self.busy(t);
         Some(decision)
@@ -240,9 +242,8 @@ impl Autoscaler {
             || s.lag_p99_ms.is_some_and(|v| v > self.config.lag_target_ms())
     }
 
-    fn stats(&self, routing: &[u32]) -> WindowStats {
+    fn stats(&self, parallelism: u32) -> WindowStats {
         let w = &self.window;
-        let live: std::collections::BTreeSet<u32> = routing.iter().copied().collect();
         let n = w.len() as f64;
         let (from_t, to_t) = (w.front().map_or(0, |s| s.t), w.back().map_or(0, |s| s.t));
         let input_rate = w.iter().map(|s| s.input_per_s).sum::<f64>() / n;
@@ -253,8 +254,7 @@ impl Autoscaler {
         let min_of = |f: fn(&Second) -> Option<f64>| w.iter().filter_map(f).reduce(f64::min);
         let mut per_task: std::collections::BTreeMap<u32, (f64, f64, f64)> = Default::default();
         for s in w {
-            // Tasks that own buckets now (a cancelled Koala task still reports while it serves state).
-            for t in s.tasks.iter().filter(|t| live.contains(&t.index)) {
+            for t in &s.tasks {
                 let e = per_task.entry(t.index).or_default();
                 e.0 += t.records_in;
                 e.1 += t.busy_ms / 1000.0;
@@ -265,7 +265,7 @@ impl Autoscaler {
         WindowStats {
             from_t,
             to_t,
-            parallelism: live.len() as u32,
+            parallelism,
             input_rate,
             lag_slope,
             demand_rate,
@@ -284,9 +284,9 @@ impl Autoscaler {
         Some(p.clamp(1.0, f64::from(u32::MAX)) as u32)
     }
 
-    fn decide(&self, routing: &[u32]) -> Option<Decision> {
+    fn decide(&self, routing: &[u32], parallelism: u32) -> Option<Decision> {
         let c = &self.config;
-        let stats = self.stats(routing);
+        let stats = self.stats(parallelism);
         let t = stats.to_t;
         let current = stats.parallelism;
         let operator = self.operator.clone();

@@ -48,8 +48,12 @@ impl Observer {
     /// An observer of `operator` in `graph`; `budget` is `[runtime] task_records_per_sec`.
     pub fn new(graph: &JobGraph, operator: OperatorId, budget: Option<f64>) -> Self {
         let sources = graph.operators.iter().filter(|o| o.is_source()).map(|o| o.id).collect();
-        let sinks =
-            graph.operators.iter().filter(|o| matches!(o.kind, OperatorKind::Sink { .. })).map(|o| o.id).collect();
+        let sinks = graph
+            .operators
+            .iter()
+            .filter(|o| matches!(o.kind, OperatorKind::Sink { .. }))
+            .map(|o| o.id)
+            .collect();
         Self { sources, sinks, operator, budget, seconds: BTreeMap::new() }
     }
 
@@ -70,7 +74,9 @@ impl Observer {
                 metric::RECORDS_IN if op == self.operator => {
                     p.tasks.entry(s.task.index).or_default().records_in += s.value
                 }
-                metric::BATCHES if op == self.operator => p.tasks.entry(s.task.index).or_default().batches += s.value,
+                metric::BATCHES if op == self.operator => {
+                    p.tasks.entry(s.task.index).or_default().batches += s.value
+                }
                 metric::BATCH_LATENCY_MEAN_US if op == self.operator => {
                     p.tasks.entry(s.task.index).or_default().batch_mean_us = s.value
                 }

@@ -37,8 +37,15 @@ fn routing(n: usize, tasks: u32) -> Vec<u32> {
 }
 
 /// Feeds seconds `from..` of `make` until a decision; returns it and its second.
-fn until_decision(a: &mut Autoscaler, from: u64, seconds: u64, routing: &[u32], make: impl Fn(u64) -> Second) -> Option<(u64, Decision)> {
-    (from..from + seconds).find_map(|t| a.on_second(make(t), routing).map(|d| (t, d)))
+fn until_decision(
+    a: &mut Autoscaler,
+    from: u64,
+    seconds: u64,
+    routing: &[u32],
+    make: impl Fn(u64) -> Second,
+) -> Option<(u64, Decision)> {
+    let live: Vec<u32> = (0..=routing.iter().copied().max().unwrap_or(0)).collect();
+    (from..from + seconds).find_map(|t| a.on_second(make(t), routing, &live).map(|d| (t, d)))
 }
 
 #[test]
@@ -53,7 +60,12 @@ fn a_surge_scales_out_after_one_window_to_the_ds2_parallelism() {
     assert_eq!(t, 139, "after exactly one window of 10 overloaded seconds");
     assert_eq!(d.kind, DecisionKind::ScaleOut);
     // Demand 40 000 / (1 − 1/3) = 60 000; 60 000 / (20 000 × 0.8) = 3.75 → 4.
-    assert_eq!(d.request, ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 4 }, "{}", d.reason);
+    assert_eq!(
+        d.request,
+        ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 4 },
+        "{}",
+        d.reason
+    );
     assert!((d.window.demand_rate - 60_000.0).abs() < 100.0, "{}", d.window);
     assert_eq!(d.window.task_rate.map(f64::round), Some(20_000.0));
     assert!(d.reason.contains("DS2") && d.reason.contains("2 → 4"), "{}", d.reason);
@@ -61,13 +73,22 @@ fn a_surge_scales_out_after_one_window_to_the_ds2_parallelism() {
 
 #[test]
 fn the_parallelism_is_bounded_by_max_parallelism() {
-    let mut a = Autoscaler::new(AutoscaleSection { max_parallelism: 3, ..config() }, "aggregate", Some(BUDGET));
+    let mut a =
+        Autoscaler::new(AutoscaleSection { max_parallelism: 3, ..config() }, "aggregate", Some(BUDGET));
     let r = routing(128, 2);
     let surge = |t: u64| second(t, &[20_000.0, 20_000.0], 500.0 * t as f64, 900.0);
     let (_, d) = until_decision(&mut a, 1, 20, &r, surge).expect("a scale-out");
     assert_eq!(d.request, ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 3 });
     // At the bound, still overloaded: nothing more to do.
-    assert!(until_decision(&mut a, 21, 40, &routing(128, 3), |t| second(t, &[20_000.0; 3], 500.0 * t as f64, 900.0)).is_none());
+    assert!(
+        until_decision(&mut a, 21, 40, &routing(128, 3), |t| second(
+            t,
+            &[20_000.0; 3],
+            500.0 * t as f64,
+            900.0
+        ))
+        .is_none()
+    );
 }
 
 #[test]
@@ -78,7 +99,11 @@ fn seconds_of_a_reconfiguration_and_its_cooldown_are_never_judged_and_one_decisi
     // A reconfiguration runs during 100..=120 (the coordinator says so each second).
     for t in 100..=120 {
         a.busy(t);
-        assert!(a.on_second(over(t - 1), &r).is_none(), "second {} judged during a reconfiguration", t - 1);
+        assert!(
+            a.on_second(over(t - 1), &r, &[0, 1]).is_none(),
+            "second {} judged during a reconfiguration",
+            t - 1
+        );
     }
     // Cooldown 5 s: seconds up to 125 are not judged; the first window is 126..=135.
     let (t, _) = until_decision(&mut a, 121, 40, &r, over).expect("a decision");
@@ -150,7 +175,8 @@ fn low_utilisation_for_three_windows_scales_in() {
     assert_eq!(d.kind, DecisionKind::ScaleIn);
     assert_eq!(d.request, ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 1 });
     // min_parallelism bounds it.
-    let mut b = Autoscaler::new(AutoscaleSection { min_parallelism: 2, ..config() }, "aggregate", Some(BUDGET));
+    let mut b =
+        Autoscaler::new(AutoscaleSection { min_parallelism: 2, ..config() }, "aggregate", Some(BUDGET));
     let (_, d) = until_decision(&mut b, 1, 60, &r, idle).expect("a scale-in");
     assert_eq!(d.request, ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 2 });
     // Half busy: no scale-in.
@@ -207,11 +233,15 @@ fn bad_autoscale_settings_are_refused_naming_the_field_and_the_fix() {
         ("enabled = true\nmax_parallelism = 500", "autoscale.max_parallelism", "num_buckets"),
         ("enabled = true\nmin_parallelism = 0", "autoscale.min_parallelism", "at least 1"),
         ("enabled = true\ntarget_utilisation = 1.5", "autoscale.target_utilisation", "(0, 1]"),
-        ("enabled = true\nscale_in_utilisation = 0.9", "autoscale.scale_in_utilisation", "below target_utilisation"),
+        (
+            "enabled = true\nscale_in_utilisation = 0.9",
+            "autoscale.scale_in_utilisation",
+            "below target_utilisation",
+        ),
         ("enabled = true\nhot_factor = 1.0", "autoscale.hot_factor", "above 1"),
         ("enabled = true\ntarget_latency_ms = -5", "autoscale.target_latency_ms", "positive"),
         ("enabled = true\noperator = \"events\"", "autoscale.operator", "stateful operators are count"),
-        ("enabled = true\nwindow = 10", "autoscale", "unknown field `window`"),
+        ("enabled = true\nwindow = 10", "unknown field `window`", "window_s"),
     ] {
         let err = check(section).expect_err(section);
         assert!(err.contains(field) && err.contains(fix), "{section}: {err}");

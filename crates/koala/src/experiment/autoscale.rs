@@ -57,7 +57,11 @@ fn scenario(t: &Timeline) -> Scenario {
         target: "aggregate",
         workers: 2,
         duration_s: t.end_s,
-        steps: vec![Step::Rebalance { at_s: t.hot_s as f64, operator: "aggregate".into(), moves: vec![(even, 0)] }],
+        steps: vec![Step::Rebalance {
+            at_s: t.hot_s as f64,
+            operator: "aggregate".into(),
+            moves: vec![(even, 0)],
+        }],
         rates: vec![(0.0, BASE), (t.surge_s as f64, SURGE)],
         task_records_per_sec: PER_TASK,
         link_mb_per_sec: Some(100.0),
@@ -148,12 +152,17 @@ fn figures(report: &ReportSummary, t: &Timeline) -> Vec<(bool, String)> {
     out.push(match first_out {
         Some(at) => (
             at - surge <= 2.0 * t.window_s as f64,
-            format!("first scale-out decided at {at:.1} s, {:.1} s after the surge (goal ≤ 2 windows = {} s)", at - surge, 2 * t.window_s),
+            format!(
+                "first scale-out decided at {at:.1} s, {:.1} s after the surge (goal ≤ 2 windows = {} s)",
+                at - surge,
+                2 * t.window_s
+            ),
         ),
         None => (false, "no scale-out decided".into()),
     });
     // The first second from which e2e p99 stays below the target for 5 s, in the steady rate.
-    let rows: Vec<_> = report.table.rows.iter().filter(|r| r.t_s as f64 >= surge && (r.t_s as f64) < hot).collect();
+    let rows: Vec<_> =
+        report.table.rows.iter().filter(|r| r.t_s as f64 >= surge && (r.t_s as f64) < hot).collect();
     let below = |r: &&koala_coordinator::report::SecondRow| r.latency_p99_ms.is_some_and(|v| v < TARGET_MS);
     let back = first_out.and_then(|at| {
         rows.windows(5).find(|w| w[0].t_s as f64 >= at && w.iter().all(below)).map(|w| w[0].t_s)
@@ -214,7 +223,11 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
         std::fs::write(dir.join("seconds.csv"), csv).with_context(|| format!("writing {}", dir.display()))?;
         let _ = writeln!(summary, "== {protocol} ==\n{table}");
         for d in &report.autoscale {
-            let _ = writeln!(summary, "decision at t={} s: {} {}: {} [{}]; {}", d.t_s, d.kind, d.request, d.reason, d.window, d.outcome);
+            let _ = writeln!(
+                summary,
+                "decision at t={} s: {} {}: {} [{}]; {}",
+                d.t_s, d.kind, d.request, d.reason, d.window, d.outcome
+            );
         }
         for (ok, line) in figures(&report, &t) {
             let _ = writeln!(summary, "{} {line}", if ok { "MET   " } else { "MISSED" });
