@@ -119,7 +119,7 @@ fn a_short_spike_does_not_act() {
     let r = routing(128, 2);
     // 9 of every 10 seconds overloaded: never a whole window.
     let spiky = |t: u64| {
-        let lat = if t % 10 == 0 { 50.0 } else { 900.0 };
+        let lat = if t.is_multiple_of(10) { 50.0 } else { 900.0 };
         Second { lag_p99_ms: Some(10.0), ..second(t, &[20_000.0, 20_000.0], 10.0, lat) }
     };
     assert!(until_decision(&mut a, 1, 60, &r, spiky).is_none());
