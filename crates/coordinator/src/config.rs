@@ -89,6 +89,9 @@ pub struct JobConfig {
     /// Completed checkpoints kept on disk (older ones are deleted).
     #[serde(default = "defaults::checkpoints_retained")]
     pub checkpoints_retained: usize,
+    /// `[autoscale]`: the reconfiguration policy (off by default; `crate::autoscale`).
+    #[serde(default)]
+    pub autoscale: crate::autoscale::AutoscaleSection,
 }
 
 /// One entry of the reconfiguration schedule. Give exactly one of: `parallelism` (rescale),
@@ -547,6 +550,7 @@ impl JobConfig {
             ));
         }
         self.state.validate(self.protocol)?;
+        self.autoscale.validate(graph, self.num_buckets)?;
         if let Some(mb) = self.runtime.worker_memory_mb
             && !(MIN_WORKER_MEMORY_MB..=MAX_WORKER_MEMORY_MB).contains(&mb)
         {

@@ -1,6 +1,7 @@
 //! Coordinator: job config, deployment, placement, partition policies, the job driver, metrics
 //! store and reports (docs/architecture.md §3, §6, §7, §9).
 
+pub mod autoscale;
 pub mod checkpoint;
 pub mod config;
 pub mod control;

@@ -39,7 +39,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 mod checkpoints;
+mod decisions;
 pub use checkpoints::{CheckpointRecord, RecoveryRecord};
+pub use decisions::DecisionRecord;
 
 /// How long a write waits for another connection's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -61,6 +63,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     bytes INTEGER, entries INTEGER, alignment_ms INTEGER, path TEXT, deployment BLOB);
 CREATE TABLE IF NOT EXISTS recoveries (
     run TEXT, lost TEXT, detected_ms INTEGER, restarted_ms INTEGER, checkpoint INTEGER);
+CREATE TABLE IF NOT EXISTS autoscale_decisions (
+    run TEXT, at_ms INTEGER, t_s INTEGER, kind TEXT, request TEXT, reason TEXT, figures TEXT,
+    outcome TEXT);
 ";
 
 /// A failed metrics-store operation; every variant names the database file.

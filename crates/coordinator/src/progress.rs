@@ -42,6 +42,13 @@ pub enum ProgressEvent {
         /// Why.
         error: String,
     },
+    /// The reconfiguration policy (`[autoscale]`) decided and submitted a request.
+    AutoscaleDecision {
+        /// The last second of the window it judged, since the run's start second.
+        second: u64,
+        /// What, why, and the coordinator's answer.
+        description: String,
+    },
     /// A worker's memory budget and its split (at deployment, and when a reconfiguration adds
     /// or removes stateful tasks on it).
     Memory {

@@ -189,6 +189,8 @@ pub struct ReportSummary {
     pub plots_have_text: bool,
     /// Checkpoints (duration, size, alignment) and recoveries after a lost worker.
     pub checkpoints: CheckpointSummary,
+    /// The reconfiguration policy's decisions (`[autoscale]`), oldest first.
+    pub autoscale: Vec<crate::metrics_store::DecisionRecord>,
     /// The files written: PNGs and `report.html`.
     pub files: Vec<PathBuf>,
 }
@@ -367,6 +369,7 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
             checkpoints: store.checkpoints(&info.run)?,
             recoveries: store.recoveries(&info.run)?,
         },
+        autoscale: store.autoscale_decisions(&info.run)?,
         files: Vec::new(),
         run: info,
     })
@@ -492,6 +495,13 @@ impl fmt::Display for ReportSummary {
             )?;
         }
         write!(f, "{}", self.checkpoints)?;
+        for d in &self.autoscale {
+            writeln!(
+                f,
+                "autoscale at t={} s: {} {} ({}); {}",
+                d.t_s, d.kind, d.request, d.reason, d.outcome
+            )?;
+        }
         if self.reconfigurations.is_empty() {
             writeln!(f, "no reconfiguration in this run: no dip or backlog recovery to measure")?;
         } else {

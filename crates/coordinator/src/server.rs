@@ -229,6 +229,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     };
     let mut stop_sent = false;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
+    let mut autoscale = crate::autoscale::driver::Driver::new(config, &graph)?;
     let mut totals = Totals::default();
     let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
     let mut last_seen: BTreeMap<WorkerId, Instant> =
@@ -294,6 +295,9 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             match event {
                 Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
                     live.add_samples(&samples);
+                    if let Some(a) = autoscale.as_mut() {
+                        a.add(&samples);
+                    }
                     totals.add(&graph, &samples);
                     seconds.add(&samples);
                     let rows: Vec<MetricSample> = samples
@@ -355,6 +359,9 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(CoordinatorError::Timeout("event channel closed".into()));
                 }
+            }
+            if let Some(a) = autoscale.as_mut() {
+                a.tick(&mut state, stop_sent)?;
             }
             publish(&live, &state, &mut published);
             if let Some(tx) = &job.progress {

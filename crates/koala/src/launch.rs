@@ -393,6 +393,9 @@ fn run_locally(
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
+            ProgressEvent::AutoscaleDecision { second, description } => {
+                pending.push((second, format!("autoscale: {description}")));
+            }
             ProgressEvent::Memory { worker, report } => {
                 println!("{}", koala_coordinator::progress::memory_lines(worker, &report))
             }

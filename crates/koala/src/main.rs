@@ -82,7 +82,12 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "koala,stop-and-restart,remote,drrs")]
         protocols: Vec<String>,
     },
-    /// Run a job from a TOML config with local worker processes (see examples/*.toml).
+    /// Run a job from a TOML config with local worker processes (see examples/*.toml). With
+    /// `[autoscale] enabled = true` the coordinator rescales (and rebalances a hot task of) one
+    /// stateful operator by itself: fields `operator`, `window_s` (10), `target_latency_ms` (200),
+    /// `target_lag_ms`, `target_utilisation` (0.8), `min_parallelism` (1), `max_parallelism` (8),
+    /// `scale_in_utilisation` (0.3), `scale_in_windows` (3), `cooldown_s` (5), `hot_factor` (2);
+    /// docs/architecture.md §7, "The reconfiguration policy".
     #[command(after_help = queries::help())]
     Run {
         /// The job config (omit it with --resume).

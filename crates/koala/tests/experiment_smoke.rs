@@ -39,6 +39,7 @@ fn the_list_names_every_experiment_and_bad_requests_are_refused() {
         "small-state",
         "hot-keys",
         "large-scale",
+        "autoscale",
     ] {
         assert!(list.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{list}");
     }

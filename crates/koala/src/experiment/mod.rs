@@ -13,6 +13,7 @@
 //! testbed. Every run of one experiment gets the same partition policy and memory rule
 //! (`crate::settings`).
 
+mod autoscale;
 mod engine;
 mod klt;
 mod migration;
@@ -133,6 +134,7 @@ pub const EXPERIMENTS: &[Info] = &[
     small::SMALL_STATE,
     sweeps::HOT_KEYS,
     small::LARGE_SCALE,
+    autoscale::AUTOSCALE,
 ];
 
 /// The experiment `name`, or an error listing them.

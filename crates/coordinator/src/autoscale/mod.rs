@@ -1,0 +1,421 @@
+//! The reconfiguration policy (`[autoscale]`, docs/architecture.md §7, "The reconfiguration policy"): decides *when* to
+//! reconfigure the job's stateful operator and *how*, from the per-second metrics the
+//! coordinator already gathers. A sans-IO core ([`Autoscaler`]): seconds in, at most one
+//! [`Decision`] out; the coordinator submits a decision's request through the path of `koala
+//! rescale` and `POST /api/rescale` (`JobState::submit`), records it, and tells the core when a
+//! reconfiguration runs ([`Autoscaler::busy`]).
+//!
+//! - **Scale-out** (DS2, Kalavri et al., OSDI '18): when end-to-end latency p99 or source lag
+//!   p99 stays above its target for a whole window. Each task's true processing rate is records
+//!   in ÷ busy time (time in the capacity emulation counts as busy: a task with a budget of
+//!   `task_records_per_sec` is busy `records / budget` of each second at least); the input rate
+//!   the job must sustain is the sources' output corrected by how fast their lag grows (a paced
+//!   source that emits `r` records/s while its lag grows by `g` s per s is offered `r / (1 − g)`).
+//!   The parallelism is demand ÷ (per-task rate × `target_utilisation`), at least one more task
+//!   than now, at most `max_parallelism`. Overloaded but with enough tasks by that estimate while
+//!   both the source lag and the end-to-end p99 fall: the policy waits (the backlog drains). A
+//!   backlog that stopped draining (one task's queue grows while the sources keep up) gets one
+//!   task more.
+//! - **Hot task**: overloaded, one task's input ≥ `hot_factor` × the mean of the others', it
+//!   saturated (≥ 80 % busy) and they not (≤ 60 %): one rebalance instead of a scale-out, which
+//!   deals the hot task's buckets out evenly over all tasks (per-bucket load is not measured yet,
+//!   so the load is assumed even over the hot task's buckets).
+//! - **Scale-in**: when mean utilisation stays below `scale_in_utilisation` for
+//!   `scale_in_windows` windows, to the DS2 parallelism (at least `min_parallelism`).
+//!
+//! At most one decision per window: after one the window starts afresh, and seconds of a
+//! running or queued reconfiguration, and `cooldown_s` after it, are never judged.
+
+mod config;
+pub(crate) mod driver;
+pub mod observe;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+
+use koala_protocol::ReconfigRequest;
+
+pub use config::AutoscaleSection;
+
+/// A task's busy fraction above which it counts as saturated (a hot task). Measured: on a loaded
+/// 2-core machine a hot task under Koala's on-demand fetches reached 88 % of its budget.
+const SATURATED: f64 = 0.8;
+/// The others' mean busy fraction at most, for one task to count as hot.
+const OTHERS_IDLE: f64 = 0.6;
+/// The largest lag growth (s per s) the demand estimate trusts: near 1 the source emits almost
+/// nothing and `r / (1 − g)` is noise.
+const MAX_LAG_SLOPE: f64 = 0.9;
+
+/// One task of the driven operator in one second.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskSecond {
+    /// Its index.
+    pub index: u32,
+    /// Records it took from its inputs.
+    pub records_in: f64,
+    /// Milliseconds it was busy: processing batches, or held by its emulated capacity.
+    pub busy_ms: f64,
+}
+
+/// One second of the job as the policy sees it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Second {
+    /// Unix second.
+    pub t: u64,
+    /// Records the sources emitted.
+    pub input_per_s: f64,
+    /// Mean source lag, ms (mean over source tasks).
+    pub lag_mean_ms: Option<f64>,
+    /// Worst source task's p99 lag, ms.
+    pub lag_p99_ms: Option<f64>,
+    /// Worst sink's p99 end-to-end latency, ms.
+    pub latency_p99_ms: Option<f64>,
+    /// The driven operator's tasks that reported.
+    pub tasks: Vec<TaskSecond>,
+}
+
+impl Second {
+    /// Mean busy fraction over its tasks (0 without any).
+    pub fn utilisation(&self) -> f64 {
+        if self.tasks.is_empty() {
+            return 0.0;
+        }
+        self.tasks.iter().map(|t| t.busy_ms / 1000.0).sum::<f64>() / self.tasks.len() as f64
+    }
+}
+
+/// What the policy decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionKind {
+    /// More tasks.
+    ScaleOut,
+    /// Fewer tasks.
+    ScaleIn,
+    /// The same tasks, a hot task's buckets spread.
+    Rebalance,
+}
+
+impl DecisionKind {
+    /// `scale_out`, `scale_in` or `rebalance`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecisionKind::ScaleOut => "scale_out",
+            DecisionKind::ScaleIn => "scale_in",
+            DecisionKind::Rebalance => "rebalance",
+        }
+    }
+}
+
+/// The figures of the window a decision was taken on.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WindowStats {
+    /// First and last unix second of the window.
+    pub from_t: u64,
+    /// See `from_t`.
+    pub to_t: u64,
+    /// Tasks of the operator.
+    pub parallelism: u32,
+    /// Mean records/s the sources emitted.
+    pub input_rate: f64,
+    /// Source lag growth, s per s (mean lag's slope over the window).
+    pub lag_slope: f64,
+    /// End-to-end p99 growth, s per s (its slope over the window).
+    pub latency_slope: f64,
+    /// The input rate the job must sustain (DS2's target rate).
+    pub demand_rate: f64,
+    /// Lowest p99 end-to-end latency and source lag of the window, ms.
+    pub latency_p99_min_ms: Option<f64>,
+    /// See `latency_p99_min_ms`.
+    pub lag_p99_min_ms: Option<f64>,
+    /// Mean busy fraction of the tasks.
+    pub utilisation: f64,
+    /// True processing rate of one task, records/s (Σ records ÷ Σ busy seconds).
+    pub task_rate: Option<f64>,
+    /// Mean records/s into each task, by index.
+    pub task_input: Vec<(u32, f64)>,
+}
+
+impl std::fmt::Display for WindowStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
+        write!(
+            f,
+            "{} tasks, input {:.0}/s, lag {:+.2} s/s, e2e p99 {:+.2} s/s, demand {:.0}/s, e2e p99 ≥ {}, lag p99 ≥ {}, busy {:.0} %, task rate {}, per task [{}]",
+            self.parallelism,
+            self.input_rate,
+            self.lag_slope,
+            self.latency_slope,
+            self.demand_rate,
+            ms(self.latency_p99_min_ms),
+            ms(self.lag_p99_min_ms),
+            100.0 * self.utilisation,
+            self.task_rate.map_or("-".to_string(), |r| format!("{r:.0}/s")),
+            self.task_input.iter().map(|(i, r)| format!("{i}: {r:.0}/s")).collect::<Vec<_>>().join(", ")
+        )
+    }
+}
+
+/// One decision: the request to submit and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The unix second of the window's last second.
+    pub t: u64,
+    /// What kind.
+    pub kind: DecisionKind,
+    /// The request, as `koala rescale` / `koala rebalance` would send it.
+    pub request: ReconfigRequest,
+    /// Why, in one line.
+    pub reason: String,
+    /// The window's figures.
+    pub window: WindowStats,
+}
+
+/// The policy's state: the current window of judged seconds.
+#[derive(Debug)]
+pub struct Autoscaler {
+    config: AutoscaleSection,
+    operator: String,
+    /// `[runtime] task_records_per_sec`, if set: the emulated capacity counts as busy time.
+    budget: Option<f64>,
+    window: VecDeque<Second>,
+    /// Seconds up to this one are not judged (a reconfiguration ran, or a decision was taken).
+    quiet_until: u64,
+    /// Consecutive judged seconds with utilisation below `scale_in_utilisation`.
+    idle_seconds: u64,
+}
+
+impl Autoscaler {
+    /// A policy driving `operator` under `config`; `budget` is `[runtime] task_records_per_sec`.
+    pub fn new(config: AutoscaleSection, operator: &str, budget: Option<f64>) -> Self {
+        Self {
+            config,
+            operator: operator.to_string(),
+            budget,
+            window: VecDeque::new(),
+            quiet_until: 0,
+            idle_seconds: 0,
+        }
+    }
+
+    /// The config it runs with.
+    pub fn config(&self) -> &AutoscaleSection {
+        &self.config
+    }
+
+    /// The emulated budget per task, if any.
+    pub fn budget(&self) -> Option<f64> {
+        self.budget
+    }
+
+    /// A reconfiguration runs or waits at unix second `now_s`: that second and `cooldown_s`
+    /// after it are not judged, and the window starts afresh.
+    pub fn busy(&mut self, now_s: u64) {
+        self.quiet_until = self.quiet_until.max(now_s + self.config.cooldown_s);
+        self.window.clear();
+        self.idle_seconds = 0;
+    }
+
+    /// Judges one complete second; `routing` is the operator's bucket → task index table now and
+    /// `live` its live tasks (not the cancelled ones a Koala job keeps while they serve state).
+    pub fn on_second(&mut self, mut second: Second, routing: &[u32], live: &[u32]) -> Option<Decision> {
+        second.tasks.retain(|t| live.contains(&t.index));
+        if second.t <= self.quiet_until || second.tasks.is_empty() {
+            return None;
+        }
+        let c = &self.config;
+        if self.window.back().is_some_and(|b| second.t != b.t + 1) {
+            // A gap (a second without the operator's samples): windows are consecutive seconds.
+            self.window.clear();
+        }
+        let idle = second.utilisation() < c.scale_in_utilisation && !self.overloaded(&second);
+        self.idle_seconds = if idle { self.idle_seconds + 1 } else { 0 };
+        self.window.push_back(second);
+        while self.window.len() as u64 > c.window_s {
+            self.window.pop_front();
+        }
+        if (self.window.len() as u64) < c.window_s {
+            return None;
+        }
+        let decision = self.decide(routing, live.len() as u32)?;
+        let t = decision.t;
+        self.busy(t);
+        Some(decision)
+    }
+
+    fn overloaded(&self, s: &Second) -> bool {
+        s.latency_p99_ms.is_some_and(|v| v > self.config.target_latency_ms)
+            || s.lag_p99_ms.is_some_and(|v| v > self.config.lag_target_ms())
+    }
+
+    fn stats(&self, parallelism: u32) -> WindowStats {
+        let w = &self.window;
+        let n = w.len() as f64;
+        let (from_t, to_t) = (w.front().map_or(0, |s| s.t), w.back().map_or(0, |s| s.t));
+        let input_rate = w.iter().map(|s| s.input_per_s).sum::<f64>() / n;
+        let lags: Vec<(f64, f64)> =
+            w.iter().filter_map(|s| Some(((s.t - from_t) as f64, s.lag_mean_ms? / 1000.0))).collect();
+        let lag_slope = slope(&lags).clamp(-MAX_LAG_SLOPE, MAX_LAG_SLOPE);
+        let demand_rate = input_rate / (1.0 - lag_slope);
+        let latencies: Vec<(f64, f64)> =
+            w.iter().filter_map(|s| Some(((s.t - from_t) as f64, s.latency_p99_ms? / 1000.0))).collect();
+        let latency_slope = slope(&latencies);
+        let min_of = |f: fn(&Second) -> Option<f64>| w.iter().filter_map(f).reduce(f64::min);
+        let mut per_task: std::collections::BTreeMap<u32, (f64, f64, f64)> = Default::default();
+        for s in w {
+            for t in &s.tasks {
+                let e = per_task.entry(t.index).or_default();
+                e.0 += t.records_in;
+                e.1 += t.busy_ms / 1000.0;
+                e.2 += 1.0;
+            }
+        }
+        let (records, busy): (f64, f64) = per_task.values().fold((0.0, 0.0), |a, v| (a.0 + v.0, a.1 + v.1));
+        WindowStats {
+            from_t,
+            to_t,
+            parallelism,
+            input_rate,
+            lag_slope,
+            latency_slope,
+            demand_rate,
+            latency_p99_min_ms: min_of(|s| s.latency_p99_ms),
+            lag_p99_min_ms: min_of(|s| s.lag_p99_ms),
+            utilisation: w.iter().map(Second::utilisation).sum::<f64>() / n,
+            task_rate: (busy > 0.0 && records > 0.0).then(|| records / busy),
+            task_input: per_task.iter().map(|(i, v)| (*i, v.0 / v.2.max(1.0))).collect(),
+        }
+    }
+
+    /// The DS2 parallelism for the window's demand.
+    fn ds2(&self, stats: &WindowStats) -> Option<u32> {
+        let rate = stats.task_rate?;
+        let p = (stats.demand_rate / (rate * self.config.target_utilisation)).ceil();
+        Some(p.clamp(1.0, f64::from(u32::MAX)) as u32)
+    }
+
+    fn decide(&self, routing: &[u32], parallelism: u32) -> Option<Decision> {
+        let c = &self.config;
+        let stats = self.stats(parallelism);
+        let t = stats.to_t;
+        let current = stats.parallelism;
+        let operator = self.operator.clone();
+        if self.window.iter().all(|s| self.overloaded(s)) {
+            let over = format!(
+                "e2e p99 or source lag p99 above {:.0}/{:.0} ms for {} s",
+                c.target_latency_ms,
+                c.lag_target_ms(),
+                c.window_s
+            );
+            if let Some((request, why)) = self.hot_rebalance(&stats, routing) {
+                let reason = format!("{over}, and {why}");
+                return Some(Decision { t, kind: DecisionKind::Rebalance, request, reason, window: stats });
+            }
+            if current >= c.max_parallelism {
+                return None;
+            }
+            let target = self.ds2(&stats);
+            let parallelism = match target {
+                Some(p) if p > current => p.min(c.max_parallelism),
+                // Enough tasks by the estimate and the backlog drains: wait.
+                Some(_) if stats.lag_slope < 0.0 && stats.latency_slope <= 0.0 => return None,
+                _ => current + 1,
+            };
+            let how = match (target, stats.task_rate) {
+                (Some(p), Some(rate)) => format!(
+                    "DS2: demand {:.0}/s ÷ ({rate:.0}/s per task × {}) → {p} tasks",
+                    stats.demand_rate, c.target_utilisation
+                ),
+                _ => "no processing rate measured: one task more".to_string(),
+            };
+            let reason = format!("{over}; {how}; {current} → {parallelism}");
+            let request = ReconfigRequest::Rescale { operator, parallelism };
+            return Some(Decision { t, kind: DecisionKind::ScaleOut, request, reason, window: stats });
+        }
+        let idle_for = u64::from(c.scale_in_windows) * c.window_s;
+        if self.idle_seconds >= idle_for && current > c.min_parallelism {
+            let p = self.ds2(&stats)?.max(c.min_parallelism);
+            if p >= current {
+                return None;
+            }
+            let reason = format!(
+                "busy below {:.0} % for {idle_for} s (now {:.0} %); DS2: demand {:.0}/s → {p} tasks; {current} → {p}",
+                100.0 * c.scale_in_utilisation,
+                100.0 * stats.utilisation,
+                stats.demand_rate
+            );
+            let request = ReconfigRequest::Rescale { operator, parallelism: p };
+            return Some(Decision { t, kind: DecisionKind::ScaleIn, request, reason, window: stats });
+        }
+        None
+    }
+
+    /// A rebalance of a hot task's buckets, if one task is hot in the window.
+    fn hot_rebalance(&self, stats: &WindowStats, routing: &[u32]) -> Option<(ReconfigRequest, String)> {
+        if stats.task_input.len() < 2 {
+            return None;
+        }
+        let busy = |index: u32| -> f64 {
+            let (sum, n) = self
+                .window
+                .iter()
+                .flat_map(|s| s.tasks.iter().filter(|t| t.index == index))
+                .fold((0.0, 0.0), |a, t| (a.0 + t.busy_ms / 1000.0, a.1 + 1.0));
+            sum / f64::max(n, 1.0)
+        };
+        let (hot, hot_in) = stats.task_input.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let others: Vec<(u32, f64)> = stats.task_input.iter().copied().filter(|(i, _)| *i != hot).collect();
+        let others_in = others.iter().map(|o| o.1).sum::<f64>() / others.len() as f64;
+        let others_busy = others.iter().map(|o| busy(o.0)).sum::<f64>() / others.len() as f64;
+        let hot_busy = busy(hot);
+        if hot_in < self.config.hot_factor * others_in || hot_busy < SATURATED || others_busy > OTHERS_IDLE {
+            return None;
+        }
+        let moves = spread(hot, &others, routing);
+        if moves.is_empty() {
+            return None;
+        }
+        let why = format!(
+            "task {hot} is hot: {hot_in:.0}/s at {:.0} % busy against {others_in:.0}/s at {:.0} % for the others; its {} buckets are dealt out over all {} tasks",
+            100.0 * hot_busy,
+            100.0 * others_busy,
+            routing.iter().filter(|o| **o == hot).count(),
+            others.len() + 1
+        );
+        Some((ReconfigRequest::Rebalance { operator: self.operator.clone(), moves }, why))
+    }
+}
+
+/// Deals the buckets `hot` owns in `routing` out round-robin over `hot` and `others` (the
+/// coldest first): `hot` keeps one share. Returns the moves for the others.
+fn spread(hot: u32, others: &[(u32, f64)], routing: &[u32]) -> Vec<(Vec<u16>, u32)> {
+    let mut targets: Vec<(u32, f64)> = others.to_vec();
+    targets.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    let order: Vec<u32> = std::iter::once(hot).chain(targets.iter().map(|t| t.0)).collect();
+    let mut moves: Vec<(Vec<u16>, u32)> = targets.iter().map(|t| (Vec::new(), t.0)).collect();
+    let owned = routing.iter().enumerate().filter(|(_, o)| **o == hot).map(|(b, _)| b);
+    for (j, b) in owned.enumerate() {
+        let to = order[j % order.len()];
+        if to == hot {
+            continue;
+        }
+        if let (Some(m), Ok(b)) = (moves.iter_mut().find(|m| m.1 == to), u16::try_from(b)) {
+            m.0.push(b);
+        }
+    }
+    moves.retain(|m| !m.0.is_empty());
+    moves
+}
+
+/// Least-squares slope of `points` (0 with fewer than two).
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    if sxx == 0.0 { 0.0 } else { sxy / sxx }
+}
