@@ -121,7 +121,7 @@ impl FrozenView for OverlayView {
         let bytes = self.overlay.bytes();
         let order = self.order();
         let prefix = bucket.to_be_bytes();
-        let first = order.partition_point(|s| &bytes[s.0.clone()] < &prefix[..]);
+        let first = order.partition_point(|s| bytes[s.0.clone()] < prefix[..]);
         let len = order[first..].iter().take_while(|s| in_bucket(&bytes[s.0.clone()], bucket)).count();
         let mut ours = order[first..first + len].iter().peekable();
         self.below.scan_bucket(bucket, &mut |below_key, value| {
