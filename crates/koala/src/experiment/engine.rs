@@ -70,7 +70,8 @@ pub struct Done {
     pub spec: RunSpec,
     /// Its report (`koala report` of its metrics DB).
     pub report: ReportSummary,
-    /// Mean per-batch latency (µs) in the 5 s before the measured reconfiguration and 1–11 s after.
+    /// Mean per-batch latency (µs) in the 5 s before the measured reconfiguration and in the first
+    /// 10 s after it in which the sources took input (`compare::mean_batch_latency`).
     pub latency: (Option<f64>, Option<f64>),
     /// The config it ran with (the shared settings applied).
     pub config: JobConfig,
