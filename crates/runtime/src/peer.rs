@@ -94,6 +94,14 @@ impl PeerSender {
         }
     }
 
+    /// Sends `message`, blocking while the lane is full (for a thread that has no input of its
+    /// own to take meanwhile: the task's thread drains it, `send_draining`).
+    pub fn send(&self, message: ChannelMessage) -> Result<(), RuntimeError> {
+        self.queue
+            .send(TaskInput { channel: self.channel, message })
+            .map_err(|_| RuntimeError::ChannelClosed(self.to))
+    }
+
     /// Sends `message`, blocking while the lane is full — but taking the sender's own peer input
     /// from `own` meanwhile and handing it to `on_input`, so two tasks streaming to each other
     /// both progress. `on_input` must not send on a peer lane. Returns how long it waited.
