@@ -75,7 +75,7 @@ fn growth_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
 /// Such a task builds a backlog the scale-out then has to clear, so the run's recovery measures
 /// what the machine left it, whatever its state size (session 18: the same 31 MiB and 250 MiB
 /// runs, alternated at load 12–13, recovered in > 20 / > 20 s and 20 / 7 s).
-fn short_of_cpu(d: &Done) -> anyhow::Result<(u64, Option<f64>)> {
+fn short_of_cpu(d: &Done) -> anyhow::Result<Shortfall> {
     let Some(budget) = d.config.runtime.task_records_per_sec else { return Ok((0, None)) };
     let Some(start) = d.measured(0).map(|r| r.start_t_s) else { return Ok((0, None)) };
     let operator = d.spec.scenario.target;
@@ -87,6 +87,9 @@ fn short_of_cpu(d: &Done) -> anyhow::Result<(u64, Option<f64>)> {
     Ok(shortfall_before(&samples, start_s, operator, tasks, start, budget))
 }
 
+/// Seconds short of CPU and the lowest capacity sampled, records/s ([`short_of_cpu`]).
+type Shortfall = (u64, Option<f64>);
+
 /// [`short_of_cpu`] over capacity samples `(task, unix s, records/s)` of a run started at unix
 /// second `start_s`: tasks `operator.0 .. operator.{tasks - 1}`, seconds `1 .. before`.
 fn shortfall_before(
@@ -96,7 +99,7 @@ fn shortfall_before(
     tasks: u32,
     before: i64,
     budget: f64,
-) -> (u64, Option<f64>) {
+) -> Shortfall {
     let mut short = 0;
     let mut lowest: Option<f64> = None;
     for t in 1..before {
@@ -146,8 +149,7 @@ fn flat(done: &[Done]) -> Vec<String> {
             "- (a recovery was not seen)".into()
         }
     )];
-    let short: Vec<(&Done, anyhow::Result<(u64, Option<f64>)>)> =
-        done.iter().map(|d| (d, short_of_cpu(d))).collect();
+    let short: Vec<(&Done, anyhow::Result<Shortfall>)> = done.iter().map(|d| (d, short_of_cpu(d))).collect();
     lines.push(format!(
         "seconds before the scale-out with a task short of CPU (below its emulated capacity): {}",
         short
