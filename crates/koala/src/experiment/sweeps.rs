@@ -153,7 +153,7 @@ fn flat(done: &[Done]) -> Vec<String> {
     )];
     let short: Vec<(&Done, anyhow::Result<Shortfall>)> = done.iter().map(|d| (d, short_of_cpu(d))).collect();
     lines.push(format!(
-        "seconds before the scale-out with a task short of CPU (below its emulated capacity): {}",
+        "seconds before the scale-out with a task short of CPU (measured capacity below its emulated one, or no sample: under half of it processed): {}",
         short
             .iter()
             .map(|(d, s)| match s {
