@@ -89,7 +89,49 @@ fn sink<T: Data>(stream: &Stream<T>, kind: SinkKind) {
 }
 
 /// The "aggregate" operator's state with `state_padding_bytes` > 0: count, sum, padding.
-pub(crate) type PaddedTotal = (u64, i64, Vec<u8>);
+pub(crate) type PaddedTotal = (u64, i64, Padding);
+
+/// The aggregate's padding bytes, encoded as one byte string. The codec (postcard) writes a
+/// byte string exactly as a sequence of `u8` — its length, then the bytes — so state written
+/// as a `Vec<u8>` decodes as this and back; but serde takes a `Vec<u8>` one element at a time,
+/// and with 2 KB of padding that per-byte encode and decode on every record was a third of an
+/// aggregate task's CPU (`perf`, session 18), the part of each record that scales with the
+/// value's size, where one copy of the bytes does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Padding(pub(crate) Vec<u8>);
+
+impl serde::Serialize for Padding {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Padding {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bytes;
+        impl<'de> serde::de::Visitor<'de> for Bytes {
+            type Value = Padding;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("padding bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<Padding, E> {
+                Ok(Padding(bytes.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, bytes: Vec<u8>) -> Result<Padding, E> {
+                Ok(Padding(bytes))
+            }
+            // Self-describing formats (JSON) write bytes as a sequence.
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Padding, A::Error> {
+                let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+                while let Some(b) = seq.next_element()? {
+                    bytes.push(b);
+                }
+                Ok(Padding(bytes))
+            }
+        }
+        deserializer.deserialize_byte_buf(Bytes)
+    }
+}
 
 /// The byte the aggregate's padding (and its warm state's, `crate::warm`) is made of.
 pub(crate) const PADDING_BYTE: u8 = 0xA5;
@@ -104,8 +146,8 @@ fn running_totals(events: &KeyedStream<u64, KeyedEvent>, padding: usize) -> Stre
             "aggregate",
             move |key: &u64, e: KeyedEvent, total: &mut ValueState<PaddedTotal>| {
                 let (count, sum) = total.update(|(count, sum, pad)| {
-                    if pad.len() != padding {
-                        *pad = vec![PADDING_BYTE; padding];
+                    if pad.0.len() != padding {
+                        *pad = Padding(vec![PADDING_BYTE; padding]);
                     }
                     *count += 1;
                     *sum = sum.wrapping_add(e.value);
