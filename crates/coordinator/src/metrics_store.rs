@@ -432,13 +432,13 @@ impl MetricsStore {
 
     /// The reconfigurations of `run`, by start time.
     pub fn reconfigurations(&self, run: &str) -> Result<Vec<Reconfiguration>, MetricsStoreError> {
-        let result = (|| -> rusqlite::Result<Vec<Reconfiguration>> {
-            let mut stmt = self.conn.prepare_cached(
-                "SELECT epoch, operator, kind, protocol, started_ms, completed_ms, buckets_moved, \
-                 bytes_moved, pause_ms, detail FROM reconfigurations WHERE run = ?1 \
-                 ORDER BY started_ms, epoch, operator",
-            )?;
-            let rows = stmt.query_map([run], |r| {
+        let sql = "SELECT epoch, operator, kind, protocol, started_ms, completed_ms, buckets_moved, \
+                   bytes_moved, pause_ms, detail FROM reconfigurations WHERE run = ?1 \
+                   ORDER BY started_ms, epoch, operator";
+        self.rows(
+            sql,
+            [run],
+            |r| {
                 Ok(Reconfiguration {
                     epoch: r.get(0)?,
                     operator: r.get(1)?,
@@ -451,10 +451,9 @@ impl MetricsStore {
                     pause_ms: r.get(8)?,
                     detail: r.get(9)?,
                 })
-            })?;
-            rows.collect()
-        })();
-        result.map_err(|e| self.fail(format!("list reconfigurations of run {run:?}"), e))
+            },
+            || format!("list reconfigurations of run {run:?}"),
+        )
     }
 
     /// Rows of `runs` selected by `clause` (after `FROM runs`).
@@ -466,12 +465,25 @@ impl MetricsStore {
         operation: &str,
     ) -> Result<Vec<RunInfo>, MetricsStoreError> {
         let sql = format!("SELECT run, started_ms, query, protocol, config FROM runs {clause}");
-        let result = (|| -> rusqlite::Result<Vec<RunInfo>> {
-            let mut stmt = self.conn.prepare_cached(&sql)?;
+        self.rows(&sql, args, map, || operation.to_string())
+    }
+
+    /// The rows `sql` selects with `args`, each read by `map`; a failure names `operation`. The
+    /// one reading path of every table (runs, reconfigurations, checkpoints, recoveries,
+    /// autoscale decisions).
+    fn rows<T, P: rusqlite::Params>(
+        &self,
+        sql: &str,
+        args: P,
+        map: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+        operation: impl FnOnce() -> String,
+    ) -> Result<Vec<T>, MetricsStoreError> {
+        let result = (|| -> rusqlite::Result<Vec<T>> {
+            let mut stmt = self.conn.prepare_cached(sql)?;
             let rows = stmt.query_map(args, map)?;
             rows.collect()
         })();
-        result.map_err(|e| self.fail(operation.to_string(), e))
+        result.map_err(|e| self.fail(operation(), e))
     }
 
     fn fail(&self, operation: String, source: rusqlite::Error) -> MetricsStoreError {
