@@ -10,14 +10,14 @@ use koala_dataflow::{
 };
 use koala_protocol::koala::KeyFilter;
 use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
-use koala_protocol::{Protocol, ReconfigPlan, RuntimeOptions, WorkerMessage};
+use koala_protocol::{ReconfigPlan, WorkerMessage};
 use koala_state::{MemoryEnv, StateEnv};
-use koala_types::{OperatorId, Record, WorkerId};
+use koala_types::{OperatorId, Record};
 
 use super::test_harness::{Inbox, WORKER, deployment, task_setup};
 use super::*;
 use crate::channel::TaskInput;
-use crate::links::{FETCH_INPUT, Links, PEER_INPUT, build_outputs, input_channels};
+use crate::links::{FETCH_INPUT, Links, PEER_INPUT};
 use crate::net::TaskInboxes;
 use crate::queue::data_queue;
 
