@@ -157,7 +157,7 @@ fn the_readmes_window_example_gives_windows_of_one_second_at_its_rate() {
         let digits = n.to_string();
         let mut out = String::new();
         for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 out.push(' ');
             }
             out.push(c);
