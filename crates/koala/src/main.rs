@@ -548,3 +548,55 @@ fn run(command: Command) -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    /// What a subscriber with [`super::log_filter`] writes for rskafka's controller error (which
+    /// it logs when a topic exists), an rskafka warning and an error of ours.
+    fn logged(koala_log: Option<&str>) -> String {
+        let text = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = Arc::clone(&text);
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(super::log_filter(koala_log.map(str::to_string), "warn"))
+            .with_ansi(false)
+            .with_writer(move || Writer(Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(target: "rskafka::client::controller", "request encountered fatal error: TopicAlreadyExists");
+            tracing::warn!(target: "rskafka::connection", "connection refused");
+            tracing::error!(target: "koala_coordinator::job", "ours");
+        });
+        let text = text.lock().expect("log").clone();
+        String::from_utf8(text).expect("utf-8")
+    }
+
+    struct Writer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Writer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 28, point 8: an existing sink topic is quiet — rskafka's controller, which logs "topic
+    /// already exists" as a fatal error, is silent and the rest of rskafka kept to errors, unless
+    /// `KOALA_LOG` names rskafka itself.
+    #[test]
+    fn rskafkas_controller_is_silent_unless_koala_log_names_it() {
+        for koala_log in [None, Some("info"), Some("debug,koala=trace")] {
+            let log = logged(koala_log);
+            assert!(log.contains("ours"), "{koala_log:?}: our error is logged: {log:?}");
+            assert!(!log.contains("TopicAlreadyExists"), "{koala_log:?}: the controller is silent: {log:?}");
+            assert!(!log.contains("connection refused"), "{koala_log:?}: rskafka kept to errors: {log:?}");
+        }
+        let log = logged(Some("warn,rskafka=warn"));
+        assert!(log.contains("TopicAlreadyExists") && log.contains("connection refused"), "{log:?}");
+    }
+}

@@ -113,3 +113,51 @@ fn a_real_world_query_continues_from_its_warm_lists() {
         assert!(row.min <= 1_000 && row.max >= 3_000 && row.median == 2_000, "VM {vm}: {row:?}");
     }
 }
+
+/// A worker names the operators of the job it runs, so its own messages say `aggregate.0`, as
+/// configs and reports do, not the internal `op1.0` (issue 28, point 9). The message here is a
+/// worker's: its task cannot restore the warm state (a part file of the snapshot is missing),
+/// which the worker reports to the coordinator in its own words before any task runs.
+#[test]
+fn a_workers_own_error_names_the_task_by_its_operator() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let warm = dir.path().join("warm");
+    let config = common::config_top(
+        dir.path(),
+        "keyed-aggregate",
+        &format!("warm_state = {:?}", warm.display().to_string()),
+        &[("source", 1), ("aggregate", 1), ("sink", 1)],
+        &common::generator(1_000, 3),
+        "",
+    );
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, &config).expect("write config");
+    let out = common::koala()
+        .args(["warmup", "--keys", "100", "--value-bytes", "16", "--config"])
+        .arg(&path)
+        .arg("--out")
+        .arg(&warm)
+        .output()
+        .expect("start koala warmup");
+    assert!(out.status.success(), "warmup failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let parts: Vec<_> = std::fs::read_dir(warm.join("aggregate"))
+        .expect("the snapshot of aggregate")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "kv"))
+        .collect();
+    assert!(!parts.is_empty(), "no part files in {}", warm.join("aggregate").display());
+    for part in &parts {
+        std::fs::remove_file(part).expect("remove a part");
+    }
+
+    let run = common::run_koala(dir.path(), &config, common::RUN_TIMEOUT);
+    assert!(!run.success() && !run.timed_out, "the job ran without its warm state:\n{}", run.log());
+    let error =
+        run.stderr.lines().map(common::strip_ansi).find(|l| l.starts_with("error: ")).unwrap_or_default();
+    assert!(error.contains("on worker") && error.contains("restoring warm state"), "{}", run.log());
+    assert!(
+        error.contains("aggregate.0: restoring"),
+        "the worker's error does not name the operator: {error}"
+    );
+    assert!(!run.log().contains("op1."), "an internal operator id in the log:\n{}", run.log());
+}

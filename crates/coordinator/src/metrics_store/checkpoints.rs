@@ -76,9 +76,10 @@ impl MetricsStore {
     pub fn checkpoints(&self, run: &str) -> Result<Vec<CheckpointRecord>, MetricsStoreError> {
         let sql = "SELECT id, epoch, started_ms, completed_ms, bytes, entries, alignment_ms, path, deployment \
                    FROM checkpoints WHERE run = ?1 ORDER BY id";
-        let read = || -> rusqlite::Result<Vec<CheckpointRecord>> {
-            let mut stmt = self.conn.prepare(sql)?;
-            let rows = stmt.query_map(params![run], |r| {
+        self.rows(
+            sql,
+            params![run],
+            |r| {
                 Ok(CheckpointRecord {
                     id: r.get(0)?,
                     epoch: r.get(1)?,
@@ -90,28 +91,27 @@ impl MetricsStore {
                     path: r.get(7)?,
                     deployment: r.get(8)?,
                 })
-            })?;
-            rows.collect()
-        };
-        read().map_err(|e| self.fail(format!("read checkpoints of run {run:?}"), e))
+            },
+            || format!("read checkpoints of run {run:?}"),
+        )
     }
 
     /// The recoveries of `run`, oldest first.
     pub fn recoveries(&self, run: &str) -> Result<Vec<RecoveryRecord>, MetricsStoreError> {
         let sql = "SELECT lost, detected_ms, restarted_ms, checkpoint FROM recoveries WHERE run = ?1 \
                    ORDER BY detected_ms";
-        let read = || -> rusqlite::Result<Vec<RecoveryRecord>> {
-            let mut stmt = self.conn.prepare(sql)?;
-            let rows = stmt.query_map(params![run], |r| {
+        self.rows(
+            sql,
+            params![run],
+            |r| {
                 Ok(RecoveryRecord {
                     lost: r.get(0)?,
                     detected_ms: r.get(1)?,
                     restarted_ms: r.get(2)?,
                     checkpoint: r.get(3)?,
                 })
-            })?;
-            rows.collect()
-        };
-        read().map_err(|e| self.fail(format!("read recoveries of run {run:?}"), e))
+            },
+            || format!("read recoveries of run {run:?}"),
+        )
     }
 }

@@ -40,9 +40,10 @@ impl MetricsStore {
     pub fn autoscale_decisions(&self, run: &str) -> Result<Vec<DecisionRecord>, MetricsStoreError> {
         let sql = "SELECT at_ms, t_s, kind, request, reason, figures, outcome FROM autoscale_decisions \
                    WHERE run = ?1 ORDER BY at_ms";
-        let read = || -> rusqlite::Result<Vec<DecisionRecord>> {
-            let mut stmt = self.conn.prepare(sql)?;
-            let rows = stmt.query_map(params![run], |r| {
+        self.rows(
+            sql,
+            params![run],
+            |r| {
                 Ok(DecisionRecord {
                     at_ms: r.get(0)?,
                     t_s: r.get(1)?,
@@ -52,9 +53,8 @@ impl MetricsStore {
                     window: r.get(5)?,
                     outcome: r.get(6)?,
                 })
-            })?;
-            rows.collect()
-        };
-        read().map_err(|e| self.fail(format!("read autoscale decisions of run {run:?}"), e))
+            },
+            || format!("read autoscale decisions of run {run:?}"),
+        )
     }
 }

@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::unbounded;
 use koala_dataflow::{Dataflow, SourceOptions, ValueState};
+use koala_protocol::ReconfigPlan;
 use koala_protocol::koala::{FetchRequest, FilterRequest, PeerMessage, Reconfiguration};
-use koala_protocol::{Deployment, Protocol, ReconfigPlan, RuntimeOptions};
 use koala_state::{MemoryEnv, StateEnv, StateKey, StateWrite};
-use koala_types::{ChannelMessage, InputChannel, TaskId, WorkerId, bucket_of, decode, encode};
+use koala_types::{ChannelMessage, InputChannel, TaskId, bucket_of, decode, encode};
 
-use super::{TaskCommand, TaskSetup, Wire, run_koala_operator};
+use super::test_harness::{Inbox, WORKER, deployment, task_setup};
+use super::{TaskCommand, Wire, run_koala_operator};
 use crate::channel::TaskInput;
-use crate::links::{FETCH_INPUT, Links, PEER_INPUT, build_outputs, input_channels};
+use crate::links::{FETCH_INPUT, Links, PEER_INPUT};
 use crate::net::TaskInboxes;
 use crate::queue::data_queue;
 
@@ -55,35 +56,11 @@ fn a_fetch_is_answered_before_the_filters_requested_ahead_of_it() {
     let (src, count, out) = (op("src"), op("count"), op("out"));
     let (up, old, new, sink) =
         (TaskId::new(src, 0), TaskId::new(count, 0), TaskId::new(count, 1), TaskId::new(out, 0));
-    let w = WorkerId(0);
     let moved: Vec<u16> = (0..MOVED).collect();
     let before: Vec<u32> = (0..BUCKETS).map(|b| if b < MOVED { 0 } else { 1 }).collect();
-    let deployment = |epoch, routing: Vec<u32>| Deployment {
-        run: "t".into(),
-        query: String::new(),
-        query_params: String::new(),
-        workers: BTreeMap::from([(w, "127.0.0.1:9".to_string())]),
-        placement: [up, old, new, sink].into_iter().map(|t| (t, w)).collect(),
-        tasks: BTreeMap::from([(src, vec![0]), (count, vec![0, 1]), (out, vec![0])]),
-        epoch,
-        routing: BTreeMap::from([(count, routing)]),
-        num_buckets: BUCKETS,
-        options: RuntimeOptions {
-            batch_records: 64,
-            linger_ms: 1,
-            channel_capacity: 64,
-            sink_dir: String::new(),
-            capacity: Default::default(),
-            max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
-            checkpoint: Default::default(),
-        },
-        protocol: Protocol::Koala,
-        extra_keys: 0,
-        drain_keys_per_sec: 0,
-        finished: BTreeSet::new(),
-    };
-    let d0 = deployment(0, (0..BUCKETS).map(|_| 0).collect());
-    let d1 = deployment(1, before);
+    let tasks = [up, old, new, sink];
+    let d0 = deployment(&tasks, count, 0, (0..BUCKETS).map(|_| 0).collect());
+    let d1 = deployment(&tasks, count, 1, before);
     let moves = BTreeMap::from([((old, new), moved.clone())]);
     let plan = ReconfigPlan {
         epoch: 1,
@@ -134,27 +111,11 @@ fn a_fetch_is_answered_before_the_filters_requested_ahead_of_it() {
         map.insert(old, TaskInboxes { data: data_tx, peer: peer_tx.clone(), fetch: fetch_tx.clone() });
         map.insert(new, TaskInboxes { data: new_data, peer: to_new_peer, fetch: to_new_fetch });
     }
-    let links = Links { me: w, graph: Arc::new(graph), inboxes, token: None };
+    let links = Links { me: WORKER, graph: Arc::new(graph), inboxes, token: None };
     let (cmd_tx, cmd_rx) = unbounded::<TaskCommand>();
     let (events_tx, _events_rx) = unbounded();
-    let setup = TaskSetup {
-        task: old,
-        spec: links.graph.operator(count).cloned().expect("spec"),
-        parallelism: 2,
-        outputs: build_outputs(&links, &d0, old).expect("outputs"),
-        inputs: input_channels(&d0, &links.graph, old),
-        deployment: Arc::new(d0.clone()),
-        created_by_reconfiguration: false,
-        links,
-        inbox: data_rx,
-        peer_inbox: peer_rx,
-        fetch_inbox: fetch_rx,
-        commands: cmd_rx,
-        events: events_tx,
-        options: d0.options.clone(),
-        num_buckets: BUCKETS,
-        store: Some(store),
-    };
+    let inbox = Inbox { data: data_rx, peer: peer_rx, fetch: fetch_rx, commands: cmd_rx };
+    let setup = task_setup(links, &d0, old, false, inbox, events_tx, store);
     let task = std::thread::spawn(move || run_koala_operator(setup));
     cmd_tx.send(TaskCommand::Prepare(Arc::new(plan))).expect("prepare");
     cmd_tx.send(TaskCommand::Begin(Arc::new(reconfiguration))).expect("begin");
