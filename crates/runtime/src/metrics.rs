@@ -41,6 +41,9 @@ pub struct TaskMetrics {
     pub budget: Option<f64>,
     /// Time spent processing batches and timer rounds.
     busy: Duration,
+    /// Stateful tasks: records processed per bucket this second, indexed by bucket (empty until
+    /// [`Self::count_buckets`] first runs; `metric::bucket_records`).
+    bucket_records: Vec<u64>,
     /// When the task last warned that it cannot reach its budget.
     warned_short: Option<std::time::Instant>,
     /// External sources: records behind the end of the input.
@@ -162,6 +165,7 @@ impl TaskMetrics {
             throttled: Duration::ZERO,
             budget: None,
             busy: Duration::ZERO,
+            bucket_records: Vec::new(),
             warned_short: None,
             klt_size: None,
             cache_counts: None,
@@ -193,6 +197,20 @@ impl TaskMetrics {
     pub fn record_busy(&mut self, busy: Duration) {
         self.batches += 1;
         self.busy += busy;
+    }
+
+    /// Stateful tasks: counts `records` by their key's bucket (of `num_buckets`), for the
+    /// per-bucket load (`metric::bucket_records`): one hash and one increment per record.
+    pub fn count_buckets(&mut self, records: &[koala_types::Record], num_buckets: u16) {
+        if self.bucket_records.len() != usize::from(num_buckets) {
+            self.bucket_records.resize(usize::from(num_buckets), 0);
+        }
+        for r in records {
+            let b = koala_types::bucket_of(&r.key, num_buckets);
+            if let Some(n) = self.bucket_records.get_mut(usize::from(b)) {
+                *n += 1;
+            }
+        }
     }
 
     /// Records one batch's latency: first record taken → last output (docs/architecture.md §9).
@@ -275,6 +293,13 @@ impl TaskMetrics {
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         push(metric::INPUT_PAUSED_MS, self.input_paused.as_secs_f64() * 1000.0);
+        push(metric::BUSY_MS, (self.busy + self.throttled).as_secs_f64() * 1000.0);
+        for (b, n) in self.bucket_records.iter_mut().enumerate().filter(|(_, n)| **n > 0) {
+            if let Ok(b) = u16::try_from(b) {
+                push(&metric::bucket_records(b), *n as f64);
+            }
+            *n = 0;
+        }
         if let Some(queued) = self.queued_records {
             push(metric::QUEUED_RECORDS, queued as f64);
             push(metric::QUEUED_RECORDS_MAX, self.queued_peak.max(queued) as f64);
