@@ -503,4 +503,27 @@ mod tests {
         let max = value(&s, metric::BATCH_LATENCY_MAX_US).unwrap_or_default();
         assert!((39_900.0..=40_100.0).contains(&max), "{max}");
     }
+
+    /// A stateful task's per-bucket counts: one sample per bucket with records, summing to the
+    /// records counted, reset with each sample; busy time adds the throttle's holds.
+    #[test]
+    fn bucket_records_and_busy_time_are_sampled_per_second() {
+        let mut m = TaskMetrics::new(task(), false);
+        let record = |key: &[u8]| Record { key: key.to_vec(), value: Vec::new(), time: 0, due_ms: 0 };
+        let keys: Vec<Record> = (0u32..200).map(|k| record(&k.to_le_bytes())).collect();
+        m.count_buckets(&keys, 16);
+        m.count_buckets(&keys[..50], 16);
+        m.record_busy(Duration::from_millis(30));
+        m.throttled = Duration::from_millis(700);
+        let s = m.take();
+        let buckets: Vec<(u16, f64)> =
+            s.iter().filter_map(|x| Some((metric::bucket_of_metric(&x.metric)?, x.value))).collect();
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<f64>(), 250.0);
+        let key0 = koala_types::bucket_of(&0u32.to_le_bytes(), 16);
+        assert!(buckets.iter().any(|b| b.0 == key0 && b.1 >= 2.0), "{buckets:?}");
+        assert!(buckets.iter().all(|b| b.1 > 0.0 && b.0 < 16), "only buckets with records: {buckets:?}");
+        assert_eq!(value(&s, metric::BUSY_MS), Some(730.0));
+        let next = m.take();
+        assert!(next.iter().all(|x| metric::bucket_of_metric(&x.metric).is_none()), "counts reset");
+    }
 }
