@@ -7,6 +7,8 @@ use koala_dataflow::{JobGraph, OperatorKind};
 use koala_protocol::TaskSample;
 use koala_types::{OperatorId, metric};
 
+use crate::autoscale::{TaskSecond, busy_ms};
+
 /// What `koala run` prints while a job runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ProgressEvent {
@@ -151,12 +153,45 @@ impl Totals {
     }
 }
 
-/// Folds per-task samples into per-second progress.
+/// One task of the driven operator in one second, as folded so far.
+#[derive(Default)]
+struct TaskFold {
+    records_in: f64,
+    batches: f64,
+    batch_mean_us: f64,
+    busy_ms: Option<f64>,
+    buckets: BTreeMap<u16, f64>,
+}
+
+/// One second as folded so far.
+struct Fold {
+    progress: Progress,
+    lag_n: u32,
+    lag_sum: f64,
+    tasks: BTreeMap<u32, TaskFold>,
+}
+
+/// One complete second of the job: its progress line and, when a policy drives an operator
+/// (`[autoscale]`), that operator's tasks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobSecond {
+    /// Unix second.
+    pub t: u64,
+    /// The progress line's figures.
+    pub progress: Progress,
+    /// The driven operator's tasks that reported the second (none without a driven operator).
+    pub tasks: Vec<TaskSecond>,
+}
+
+/// Folds per-task samples into per-second rows: the one aggregator behind `koala run`'s progress
+/// lines and the reconfiguration policy's seconds (`crate::autoscale`).
 pub struct SecondAggregator {
     sources: HashSet<OperatorId>,
     sinks: HashSet<OperatorId>,
     start_s: u64,
-    seconds: BTreeMap<u64, (Progress, u32, f64)>,
+    /// The operator the policy drives and `[runtime] task_records_per_sec`.
+    driven: Option<(OperatorId, Option<f64>)>,
+    seconds: BTreeMap<u64, Fold>,
 }
 
 impl SecondAggregator {
@@ -169,51 +204,163 @@ impl SecondAggregator {
             .filter(|o| matches!(o.kind, OperatorKind::Sink { .. }))
             .map(|o| o.id)
             .collect();
-        Self { sources, sinks, start_s, seconds: BTreeMap::new() }
+        Self { sources, sinks, start_s, driven: None, seconds: BTreeMap::new() }
+    }
+
+    /// Also folds the tasks of `operator` (the one the policy drives); `budget` is `[runtime]
+    /// task_records_per_sec`, whose emulated capacity counts as busy time.
+    pub fn driving(mut self, operator: OperatorId, budget: Option<f64>) -> Self {
+        self.driven = Some((operator, budget));
+        self
     }
 
     /// Adds one batch of samples.
     pub fn add(&mut self, samples: &[TaskSample]) {
-        for s in samples {
-            let entry = self.seconds.entry(s.time_s).or_insert_with(|| {
-                (Progress { second: s.time_s.saturating_sub(self.start_s), ..Progress::default() }, 0, 0.0)
+        for s in samples.iter().filter(|s| s.value.is_finite()) {
+            let start_s = self.start_s;
+            let fold = self.seconds.entry(s.time_s).or_insert_with(|| Fold {
+                progress: Progress { second: s.time_s.saturating_sub(start_s), ..Progress::default() },
+                lag_n: 0,
+                lag_sum: 0.0,
+                tasks: BTreeMap::new(),
             });
-            let (p, lag_n, lag_sum) = entry;
-            let source = self.sources.contains(&s.task.operator);
+            let p = &mut fold.progress;
+            let op = s.task.operator;
+            let source = self.sources.contains(&op);
+            let max = |v: &mut Option<f64>| *v = Some(v.map_or(s.value, |m| m.max(s.value)));
             match s.metric.as_str() {
                 metric::RECORDS_OUT if source => p.input_per_s += s.value,
-                metric::RECORDS_IN if self.sinks.contains(&s.task.operator) => p.output_per_s += s.value,
-                metric::SOURCE_LAG_MEAN_MS => {
-                    *lag_n += 1;
-                    *lag_sum += s.value;
-                    p.lag_mean_ms = Some(*lag_sum / f64::from(*lag_n));
+                metric::RECORDS_IN if self.sinks.contains(&op) => p.output_per_s += s.value,
+                metric::SOURCE_LAG_MEAN_MS if source => {
+                    fold.lag_n += 1;
+                    fold.lag_sum += s.value;
+                    p.lag_mean_ms = Some(fold.lag_sum / f64::from(fold.lag_n));
                 }
-                metric::SOURCE_LAG_P99_MS => {
-                    p.lag_p99_ms = Some(p.lag_p99_ms.map_or(s.value, |v| v.max(s.value)))
-                }
-                metric::LATENCY_P99_MS => {
-                    p.latency_p99_ms = Some(p.latency_p99_ms.map_or(s.value, |v| v.max(s.value)));
-                }
-                metric::BATCH_LATENCY_P99_US if !source => {
-                    p.batch_p99_us = Some(p.batch_p99_us.map_or(s.value, |v| v.max(s.value)));
-                }
+                metric::SOURCE_LAG_P99_MS if source => max(&mut p.lag_p99_ms),
+                metric::LATENCY_P99_MS if self.sinks.contains(&op) => max(&mut p.latency_p99_ms),
+                metric::BATCH_LATENCY_P99_US if !source => max(&mut p.batch_p99_us),
                 metric::BACKPRESSURE_MS => p.backpressure_ms += s.value,
                 _ => {}
+            }
+            if self.driven.is_some_and(|d| d.0 == op) {
+                let t = fold.tasks.entry(s.task.index).or_default();
+                match s.metric.as_str() {
+                    metric::RECORDS_IN => t.records_in += s.value,
+                    metric::BATCHES => t.batches += s.value,
+                    metric::BATCH_LATENCY_MEAN_US => t.batch_mean_us = s.value,
+                    metric::BUSY_MS => t.busy_ms = Some(t.busy_ms.unwrap_or(0.0) + s.value),
+                    name => {
+                        if let Some(b) = metric::bucket_of_metric(name) {
+                            *t.buckets.entry(b).or_default() += s.value;
+                        }
+                    }
+                }
             }
         }
     }
 
-    /// Seconds old enough that every task has reported them.
-    pub fn complete(&mut self, now_s: u64) -> Vec<Progress> {
+    /// Seconds old enough that every task has reported them (two seconds behind `now_s`; all of
+    /// them for `u64::MAX`), oldest first.
+    pub fn complete(&mut self, now_s: u64) -> Vec<JobSecond> {
         let mut out = Vec::new();
         while let Some((&t, _)) = self.seconds.first_key_value() {
             if now_s != u64::MAX && t + 2 > now_s {
                 break;
             }
-            if let Some((_, (p, _, _))) = self.seconds.pop_first() {
-                out.push(p);
-            }
+            let Some((_, fold)) = self.seconds.pop_first() else { break };
+            let budget = self.driven.and_then(|d| d.1);
+            let tasks = fold
+                .tasks
+                .into_iter()
+                .map(|(index, x)| TaskSecond {
+                    index,
+                    records_in: x.records_in,
+                    busy_ms: busy_ms(
+                        x.records_in,
+                        x.busy_ms.unwrap_or(x.batches * x.batch_mean_us / 1000.0),
+                        budget,
+                    ),
+                    buckets: x.buckets.into_iter().collect(),
+                })
+                .collect();
+            out.push(JobSecond { t, progress: fold.progress, tasks });
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use koala_dataflow::{Dataflow, KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions, ValueState};
+    use koala_types::TaskId;
+
+    use super::*;
+
+    #[test]
+    fn one_aggregator_gives_the_progress_line_and_the_driven_operators_tasks() {
+        let df = Dataflow::new();
+        let config = KeyedEventsConfig { key_space: 3, records: Some(30), ..Default::default() };
+        KeyedEvents::source(&df, "events", SourceOptions::default(), config)
+            .key_by(|e: &KeyedEvent| e.key)
+            .stateful_map("count", |key: &u64, _e: KeyedEvent, n: &mut ValueState<u64>| {
+                (*key, n.update(|n| *n += 1))
+            })
+            .sink_json_lines("counts");
+        let graph = df.build().expect("graph");
+        let id = |name: &str| graph.by_name(name).map(|o| o.id).expect(name);
+        let sample = |op: &str, index: u32, metric: &str, value: f64| TaskSample {
+            time_s: 1_000,
+            task: TaskId { operator: id(op), index },
+            metric: metric.to_string(),
+            value,
+        };
+        let samples = [
+            sample("events", 0, metric::RECORDS_OUT, 30_000.0),
+            sample("events", 0, metric::SOURCE_LAG_MEAN_MS, 40.0),
+            sample("events", 0, metric::SOURCE_LAG_P99_MS, 90.0),
+            sample("counts", 0, metric::RECORDS_IN, 29_000.0),
+            sample("counts", 0, metric::LATENCY_P99_MS, 120.0),
+            sample("count", 1, metric::RECORDS_IN, 12_000.0),
+            sample("count", 1, metric::BUSY_MS, 1_500.0),
+            sample("count", 1, &metric::bucket_records(7), 9_000.0),
+            sample("count", 1, &metric::bucket_records(9), 3_000.0),
+            sample("count", 0, metric::RECORDS_IN, 4_000.0),
+            sample("count", 0, metric::BATCHES, 10.0),
+            sample("count", 0, metric::BATCH_LATENCY_MEAN_US, 2_000.0),
+        ];
+        // Without a driven operator: the progress line only.
+        let mut plain = SecondAggregator::new(&graph, 990);
+        plain.add(&samples);
+        assert!(plain.complete(1_001).is_empty(), "a second is complete two seconds later");
+        let [s] = plain.complete(1_002).try_into().expect("one second");
+        assert_eq!(
+            (s.t, s.progress.second, s.progress.input_per_s, s.progress.output_per_s),
+            (1_000, 10, 30_000.0, 29_000.0)
+        );
+        assert_eq!(
+            (s.progress.lag_mean_ms, s.progress.lag_p99_ms, s.progress.latency_p99_ms),
+            (Some(40.0), Some(90.0), Some(120.0))
+        );
+        assert!(s.tasks.is_empty());
+        // Driving `count` under a 10 000/s budget: the same line, and its tasks.
+        let mut driving = SecondAggregator::new(&graph, 990).driving(id("count"), Some(10_000.0));
+        driving.add(&samples);
+        let [d] = driving.complete(u64::MAX).try_into().expect("one second");
+        assert_eq!(d.progress, s.progress);
+        // Task 1: the worker's busy time (1.5 s: its sample covered more than a second) and
+        // its buckets. Task 0 sent no busy time: batches × mean latency (20 ms), or its budget
+        // share (400 ms), whichever is more.
+        assert_eq!(
+            d.tasks[1],
+            TaskSecond {
+                index: 1,
+                records_in: 12_000.0,
+                busy_ms: 1_500.0,
+                buckets: vec![(7, 9_000.0), (9, 3_000.0)]
+            }
+        );
+        assert_eq!(d.tasks[0], TaskSecond { index: 0, records_in: 4_000.0, busy_ms: 400.0, buckets: vec![] });
+        let policy: crate::autoscale::Second = d.into();
+        assert_eq!((policy.t, policy.input_per_s, policy.latency_p99_ms), (1_000, 30_000.0, Some(120.0)));
     }
 }

@@ -228,8 +228,11 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         started_requests: Vec::new(),
     };
     let mut stop_sent = false;
-    let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
     let mut autoscale = crate::autoscale::driver::Driver::new(config, &graph)?;
+    let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
+    if let Some((operator, budget)) = autoscale.as_ref().map(|a| a.driven()) {
+        seconds = seconds.driving(operator, budget);
+    }
     let mut totals = Totals::default();
     let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
     let mut last_seen: BTreeMap<WorkerId, Instant> =
@@ -295,9 +298,6 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             match event {
                 Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
                     live.add_samples(&samples);
-                    if let Some(a) = autoscale.as_mut() {
-                        a.add(&samples);
-                    }
                     totals.add(&graph, &samples);
                     seconds.add(&samples);
                     let rows: Vec<MetricSample> = samples
@@ -360,13 +360,16 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                     return Err(CoordinatorError::Timeout("event channel closed".into()));
                 }
             }
+            // One aggregator: the seconds every task has reported feed the policy and the
+            // progress lines alike.
+            let complete = seconds.complete(unix_ms() / 1000);
             if let Some(a) = autoscale.as_mut() {
-                a.tick(&mut state, stop_sent)?;
+                a.tick(&mut state, stop_sent, &complete)?;
             }
             publish(&live, &state, &mut published);
             if let Some(tx) = &job.progress {
-                for p in seconds.complete(unix_ms() / 1000) {
-                    let _ = tx.send(ProgressEvent::Second(p));
+                for s in complete {
+                    let _ = tx.send(ProgressEvent::Second(s.progress));
                 }
             }
         }
@@ -384,8 +387,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         }
     }
     if let Some(tx) = &job.progress {
-        for p in seconds.complete(u64::MAX) {
-            let _ = tx.send(ProgressEvent::Second(p));
+        for s in seconds.complete(u64::MAX) {
+            let _ = tx.send(ProgressEvent::Second(s.progress));
         }
     }
     let completed = state.completed;

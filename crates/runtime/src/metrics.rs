@@ -41,6 +41,9 @@ pub struct TaskMetrics {
     pub budget: Option<f64>,
     /// Time spent processing batches and timer rounds.
     busy: Duration,
+    /// Stateful tasks: records processed per bucket this second, indexed by bucket (empty until
+    /// [`Self::count_buckets`] first runs; `metric::bucket_records`).
+    bucket_records: Vec<u64>,
     /// When the task last warned that it cannot reach its budget.
     warned_short: Option<std::time::Instant>,
     /// External sources: records behind the end of the input.
@@ -162,6 +165,7 @@ impl TaskMetrics {
             throttled: Duration::ZERO,
             budget: None,
             busy: Duration::ZERO,
+            bucket_records: Vec::new(),
             warned_short: None,
             klt_size: None,
             cache_counts: None,
@@ -193,6 +197,20 @@ impl TaskMetrics {
     pub fn record_busy(&mut self, busy: Duration) {
         self.batches += 1;
         self.busy += busy;
+    }
+
+    /// Stateful tasks: counts `records` by their key's bucket (of `num_buckets`), for the
+    /// per-bucket load (`metric::bucket_records`): one hash and one increment per record.
+    pub fn count_buckets(&mut self, records: &[koala_types::Record], num_buckets: u16) {
+        if self.bucket_records.len() != usize::from(num_buckets) {
+            self.bucket_records.resize(usize::from(num_buckets), 0);
+        }
+        for r in records {
+            let b = koala_types::bucket_of(&r.key, num_buckets);
+            if let Some(n) = self.bucket_records.get_mut(usize::from(b)) {
+                *n += 1;
+            }
+        }
     }
 
     /// Records one batch's latency: first record taken → last output (docs/architecture.md §9).
@@ -275,6 +293,13 @@ impl TaskMetrics {
         push(metric::LATE_DROPPED, self.late_dropped as f64);
         push(metric::BACKPRESSURE_MS, self.backpressure.as_secs_f64() * 1000.0);
         push(metric::INPUT_PAUSED_MS, self.input_paused.as_secs_f64() * 1000.0);
+        push(metric::BUSY_MS, (self.busy + self.throttled).as_secs_f64() * 1000.0);
+        for (b, n) in self.bucket_records.iter_mut().enumerate().filter(|(_, n)| **n > 0) {
+            if let Ok(b) = u16::try_from(b) {
+                push(&metric::bucket_records(b), *n as f64);
+            }
+            *n = 0;
+        }
         if let Some(queued) = self.queued_records {
             push(metric::QUEUED_RECORDS, queued as f64);
             push(metric::QUEUED_RECORDS_MAX, self.queued_peak.max(queued) as f64);
@@ -477,5 +502,28 @@ mod tests {
         assert_eq!(value(&s, metric::BATCHES), Some(1.0));
         let max = value(&s, metric::BATCH_LATENCY_MAX_US).unwrap_or_default();
         assert!((39_900.0..=40_100.0).contains(&max), "{max}");
+    }
+
+    /// A stateful task's per-bucket counts: one sample per bucket with records, summing to the
+    /// records counted, reset with each sample; busy time adds the throttle's holds.
+    #[test]
+    fn bucket_records_and_busy_time_are_sampled_per_second() {
+        let mut m = TaskMetrics::new(task(), false);
+        let record = |key: &[u8]| Record { key: key.to_vec(), value: Vec::new(), time: 0, due_ms: 0 };
+        let keys: Vec<Record> = (0u32..200).map(|k| record(&k.to_le_bytes())).collect();
+        m.count_buckets(&keys, 16);
+        m.count_buckets(&keys[..50], 16);
+        m.record_busy(Duration::from_millis(30));
+        m.throttled = Duration::from_millis(700);
+        let s = m.take();
+        let buckets: Vec<(u16, f64)> =
+            s.iter().filter_map(|x| Some((metric::bucket_of_metric(&x.metric)?, x.value))).collect();
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<f64>(), 250.0);
+        let key0 = koala_types::bucket_of(&0u32.to_le_bytes(), 16);
+        assert!(buckets.iter().any(|b| b.0 == key0 && b.1 >= 2.0), "{buckets:?}");
+        assert!(buckets.iter().all(|b| b.1 > 0.0 && b.0 < 16), "only buckets with records: {buckets:?}");
+        assert_eq!(value(&s, metric::BUSY_MS), Some(730.0));
+        let next = m.take();
+        assert!(next.iter().all(|x| metric::bucket_of_metric(&x.metric).is_none()), "counts reset");
     }
 }

@@ -93,6 +93,27 @@ pub const CACHE_HITS: &str = "cache_hits";
 /// Stateful tasks with a state cache: keys their reads did not find in the cache.
 pub const CACHE_MISSES: &str = "cache_misses";
 
+/// Milliseconds the task was busy in the interval its sample covers: processing batches and
+/// timer rounds, plus the time the capacity emulation held its input back (`throttled_ms`: the
+/// emulated task is still working). An interval may exceed a second when the task was held at the
+/// boundary, so the value is not clamped at 1000; the autoscaler sums it over its window.
+pub const BUSY_MS: &str = "busy_ms";
+
+/// Stateful tasks: records of one bucket they processed in the interval, as the metric
+/// `bucket_records.<bucket>` (one sample per bucket that had records; [`bucket_records`] names it,
+/// [`bucket_of_metric`] reads it back). The autoscaler's per-bucket load.
+pub const BUCKET_RECORDS_PREFIX: &str = "bucket_records.";
+
+/// The metric of bucket `bucket`'s records: `bucket_records.<bucket>`.
+pub fn bucket_records(bucket: u16) -> String {
+    format!("{BUCKET_RECORDS_PREFIX}{bucket}")
+}
+
+/// The bucket of a `bucket_records.<bucket>` metric name, `None` for any other name.
+pub fn bucket_of_metric(name: &str) -> Option<u16> {
+    name.strip_prefix(BUCKET_RECORDS_PREFIX)?.parse().ok()
+}
+
 /// Every metric name above, for validation and reports.
 pub const ALL: &[&str] = &[
     RECORDS_IN,
@@ -126,4 +147,5 @@ pub const ALL: &[&str] = &[
     KLT_LOOKUP_MEAN_US,
     CACHE_HITS,
     CACHE_MISSES,
+    BUSY_MS,
 ];

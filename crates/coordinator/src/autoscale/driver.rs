@@ -1,26 +1,24 @@
-//! The policy inside the coordinator's event loop: folds the live samples into seconds, tells
-//! the policy when a reconfiguration runs, and submits its decisions through the one request
-//! path (`JobState::submit`, as `koala rescale` and `POST /api/rescale` do), logging and
-//! storing each with the coordinator's answer.
+//! The policy inside the coordinator's event loop: judges the seconds the coordinator's one
+//! aggregator (`crate::progress::SecondAggregator`) completes, tells the policy when a
+//! reconfiguration runs, and submits its decisions through the one request path
+//! (`JobState::submit`, as `koala rescale` and `POST /api/rescale` do), logging and storing each
+//! with the coordinator's answer.
 
 use crossbeam_channel::bounded;
 use koala_dataflow::JobGraph;
-use koala_protocol::TaskSample;
 use koala_types::OperatorId;
 
-use super::observe::Observer;
 use super::{Autoscaler, Decision};
 use crate::config::JobConfig;
 use crate::error::CoordinatorError;
 use crate::job::JobState;
 use crate::metrics_store::DecisionRecord;
-use crate::progress::ProgressEvent;
+use crate::progress::{JobSecond, ProgressEvent};
 use crate::server::unix_ms;
 
-/// The policy and its observer, for one job.
+/// The policy, for one job.
 pub(crate) struct Driver {
     policy: Autoscaler,
-    observer: Observer,
     operator: OperatorId,
 }
 
@@ -31,25 +29,23 @@ impl Driver {
         let name = graph.operator(operator).map_or_else(String::new, |o| o.name.clone());
         let budget = config.runtime.task_records_per_sec;
         tracing::info!(operator = %name, window_s = config.autoscale.window_s, "autoscale: the policy drives {name}");
-        Ok(Some(Self {
-            policy: Autoscaler::new(config.autoscale.clone(), &name, budget),
-            observer: Observer::new(graph, operator, budget),
-            operator,
-        }))
+        Ok(Some(Self { policy: Autoscaler::new(config.autoscale.clone(), &name, budget), operator }))
     }
 
-    /// Samples as they come.
-    pub(crate) fn add(&mut self, samples: &[TaskSample]) {
-        self.observer.add(samples);
+    /// The operator it drives and its emulated budget, for the aggregator
+    /// (`SecondAggregator::driving`).
+    pub(crate) fn driven(&self) -> (OperatorId, Option<f64>) {
+        (self.operator, self.policy.budget())
     }
 
-    /// Called after every event: marks a running or queued reconfiguration, judges the seconds
-    /// every task has reported, and submits a decision. `sources_stopped`: the job drains to its
-    /// end, nothing is decided any more.
+    /// Called after every event with the seconds every task has reported (the aggregator's
+    /// `complete`): marks a running or queued reconfiguration, judges the seconds, and submits a
+    /// decision. `sources_stopped`: the job drains to its end, nothing is decided any more.
     pub(crate) fn tick(
         &mut self,
         state: &mut JobState<'_>,
         sources_stopped: bool,
+        seconds: &[JobSecond],
     ) -> Result<(), CoordinatorError> {
         let now_s = unix_ms() / 1000;
         // A source task that finished: the input is ending, the job drains; nothing to decide.
@@ -63,11 +59,11 @@ impl Driver {
         if state.engine.running().is_some() || !state.queue.is_empty() {
             self.policy.busy(now_s);
         }
-        for second in self.observer.complete(now_s) {
+        for second in seconds {
             let d = state.engine.deployment();
             let routing = d.routing.get(&self.operator).cloned().unwrap_or_default();
             let live: Vec<u32> = d.tasks.get(&self.operator).cloned().unwrap_or_default();
-            if let Some(decision) = self.policy.on_second(second, &routing, &live)
+            if let Some(decision) = self.policy.on_second(second.clone().into(), &routing, &live)
                 && !sources_stopped
             {
                 self.submit(state, decision)?;

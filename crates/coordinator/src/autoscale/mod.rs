@@ -1,25 +1,33 @@
 //! The reconfiguration policy (`[autoscale]`, docs/architecture.md §7, "The reconfiguration policy"): decides *when* to
 //! reconfigure the job's stateful operator and *how*, from the per-second metrics the
-//! coordinator already gathers. A sans-IO core ([`Autoscaler`]): seconds in, at most one
-//! [`Decision`] out; the coordinator submits a decision's request through the path of `koala
-//! rescale` and `POST /api/rescale` (`JobState::submit`), records it, and tells the core when a
-//! reconfiguration runs ([`Autoscaler::busy`]).
+//! coordinator already gathers (one aggregator, [`crate::progress::SecondAggregator`], folds them
+//! for the progress lines and for the policy). A sans-IO core ([`Autoscaler`]): seconds in, at
+//! most one [`Decision`] out; the coordinator submits a decision's request through the path of
+//! `koala rescale` and `POST /api/rescale` (`JobState::submit`), records it, and tells the core
+//! when a reconfiguration runs ([`Autoscaler::busy`]).
 //!
+//! - **Busy time** of a task is summed over the whole window: the worker's `busy_ms` (processing,
+//!   plus the capacity emulation's holds), and under the emulation at least `records / budget`.
+//!   A task held at a second's boundary reports two seconds in one sample and none in the next;
+//!   a per-second busy clamped at 100 % would halve such a saturated task.
 //! - **Scale-out** (DS2, Kalavri et al., OSDI '18): when end-to-end latency p99 or source lag
 //!   p99 stays above its target for a whole window. Each task's true processing rate is records
-//!   in ÷ busy time (time in the capacity emulation counts as busy: a task with a budget of
-//!   `task_records_per_sec` is busy `records / budget` of each second at least); the input rate
-//!   the job must sustain is the sources' output corrected by how fast their lag grows (a paced
-//!   source that emits `r` records/s while its lag grows by `g` s per s is offered `r / (1 − g)`).
-//!   The parallelism is demand ÷ (per-task rate × `target_utilisation`), at least one more task
-//!   than now, at most `max_parallelism`. Overloaded but with enough tasks by that estimate while
-//!   both the source lag and the end-to-end p99 fall: the policy waits (the backlog drains). A
-//!   backlog that stopped draining (one task's queue grows while the sources keep up) gets one
-//!   task more.
+//!   in ÷ busy time; the input rate the job must sustain is the sources' output corrected by how
+//!   fast their lag grows (a paced source that emits `r` records/s while its lag grows by `g` s
+//!   per s is offered `r / (1 − g)`). The parallelism is demand ÷ (per-task rate ×
+//!   `target_utilisation`), at most `max_parallelism`. Overloaded with enough tasks by that
+//!   estimate while both the source lag and the end-to-end p99 fall: the policy waits (the
+//!   backlog drains).
+//! - **Skew**: overloaded with enough tasks by DS2 and the backlog not draining: the cause is
+//!   skew, not capacity. The policy rebalances the most loaded task's hottest buckets ([`skew`])
+//!   when that lowers the most loaded task's estimated load by at least 10 %; only when the load
+//!   is already even does it add one task.
 //! - **Hot task**: overloaded, one task's input ≥ `hot_factor` × the mean of the others', it
-//!   saturated (≥ 80 % busy) and they not (≤ 60 %): one rebalance instead of a scale-out, which
-//!   deals the hot task's buckets out evenly over all tasks (per-bucket load is not measured yet,
-//!   so the load is assumed even over the hot task's buckets).
+//!   saturated (≥ 80 % busy over the window) and they not (≤ 60 %): one rebalance instead of a
+//!   scale-out.
+//! - Both rebalances move the hot task's *hottest* buckets, by the per-bucket load the stateful
+//!   tasks count (`metric::bucket_records`), to the coldest tasks until the estimated loads even
+//!   out (greedy bin-packing; [`skew::plan`]).
 //! - **Scale-in**: when mean utilisation stays below `scale_in_utilisation` for
 //!   `scale_in_windows` windows, to the DS2 parallelism (at least `min_parallelism`).
 //!
@@ -28,7 +36,7 @@
 
 mod config;
 pub(crate) mod driver;
-pub mod observe;
+pub mod skew;
 #[cfg(test)]
 mod tests;
 
@@ -38,24 +46,31 @@ use koala_protocol::ReconfigRequest;
 
 pub use config::AutoscaleSection;
 
-/// A task's busy fraction above which it counts as saturated (a hot task). Measured: on a loaded
-/// 2-core machine a hot task under Koala's on-demand fetches reached 88 % of its budget.
-const SATURATED: f64 = 0.8;
-/// The others' mean busy fraction at most, for one task to count as hot.
-const OTHERS_IDLE: f64 = 0.6;
 /// The largest lag growth (s per s) the demand estimate trusts: near 1 the source emits almost
 /// nothing and `r / (1 − g)` is noise.
 const MAX_LAG_SLOPE: f64 = 0.9;
 
 /// One task of the driven operator in one second.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct TaskSecond {
     /// Its index.
     pub index: u32,
     /// Records it took from its inputs.
     pub records_in: f64,
-    /// Milliseconds it was busy: processing batches, or held by its emulated capacity.
+    /// Milliseconds it was busy ([`busy_ms`]); may exceed 1000 when its sample covers more than
+    /// a second.
     pub busy_ms: f64,
+    /// Records it processed per bucket (`metric::bucket_records`), buckets with records only.
+    pub buckets: Vec<(u16, f64)>,
+}
+
+/// Busy milliseconds of a task's sample: its processing time (`processing_ms`: the worker's
+/// `busy_ms`, or batches × mean batch latency from a worker that does not send it), or, under
+/// the capacity emulation, at least the share of its budget its records used. Not clamped: a
+/// sample may cover more than a second.
+pub fn busy_ms(records_in: f64, processing_ms: f64, budget: Option<f64>) -> f64 {
+    let emulated = budget.map_or(0.0, |b| records_in * 1000.0 / b);
+    processing_ms.max(emulated).max(0.0)
 }
 
 /// One second of the job as the policy sees it.
@@ -76,12 +91,25 @@ pub struct Second {
 }
 
 impl Second {
-    /// Mean busy fraction over its tasks (0 without any).
+    /// Mean busy fraction over its tasks, each at most 1 (0 without any).
     pub fn utilisation(&self) -> f64 {
         if self.tasks.is_empty() {
             return 0.0;
         }
-        self.tasks.iter().map(|t| t.busy_ms / 1000.0).sum::<f64>() / self.tasks.len() as f64
+        self.tasks.iter().map(|t| (t.busy_ms / 1000.0).min(1.0)).sum::<f64>() / self.tasks.len() as f64
+    }
+}
+
+impl From<crate::progress::JobSecond> for Second {
+    fn from(s: crate::progress::JobSecond) -> Self {
+        Second {
+            t: s.t,
+            input_per_s: s.progress.input_per_s,
+            lag_mean_ms: s.progress.lag_mean_ms,
+            lag_p99_ms: s.progress.lag_p99_ms,
+            latency_p99_ms: s.progress.latency_p99_ms,
+            tasks: s.tasks,
+        }
     }
 }
 
@@ -128,12 +156,17 @@ pub struct WindowStats {
     pub latency_p99_min_ms: Option<f64>,
     /// See `latency_p99_min_ms`.
     pub lag_p99_min_ms: Option<f64>,
-    /// Mean busy fraction of the tasks.
+    /// Mean busy fraction of the tasks over the window.
     pub utilisation: f64,
     /// True processing rate of one task, records/s (Σ records ÷ Σ busy seconds).
     pub task_rate: Option<f64>,
-    /// Mean records/s into each task, by index.
+    /// Mean records/s into each task over the window, by index.
     pub task_input: Vec<(u32, f64)>,
+    /// Each task's busy fraction over the window (Σ busy ÷ the window's length, at most 1).
+    pub task_busy: Vec<(u32, f64)>,
+    /// Mean records/s of each bucket over the window (buckets with records), whichever task
+    /// processed them.
+    pub bucket_rate: Vec<(u16, f64)>,
 }
 
 impl std::fmt::Display for WindowStats {
@@ -261,16 +294,22 @@ impl Autoscaler {
             w.iter().filter_map(|s| Some(((s.t - from_t) as f64, s.latency_p99_ms? / 1000.0))).collect();
         let latency_slope = slope(&latencies);
         let min_of = |f: fn(&Second) -> Option<f64>| w.iter().filter_map(f).reduce(f64::min);
-        let mut per_task: std::collections::BTreeMap<u32, (f64, f64, f64)> = Default::default();
+        let mut per_task: std::collections::BTreeMap<u32, (f64, f64)> = Default::default();
+        let mut buckets: std::collections::BTreeMap<u16, f64> = Default::default();
         for s in w {
             for t in &s.tasks {
                 let e = per_task.entry(t.index).or_default();
                 e.0 += t.records_in;
                 e.1 += t.busy_ms / 1000.0;
-                e.2 += 1.0;
+                for (b, r) in &t.buckets {
+                    *buckets.entry(*b).or_default() += r;
+                }
             }
         }
         let (records, busy): (f64, f64) = per_task.values().fold((0.0, 0.0), |a, v| (a.0 + v.0, a.1 + v.1));
+        // Sums over the window ÷ its length: a task whose samples jitter between seconds (two
+        // seconds in one sample, none in the next) keeps its true mean.
+        let task_busy: Vec<(u32, f64)> = per_task.iter().map(|(i, v)| (*i, (v.1 / n).min(1.0))).collect();
         WindowStats {
             from_t,
             to_t,
@@ -281,9 +320,11 @@ impl Autoscaler {
             demand_rate,
             latency_p99_min_ms: min_of(|s| s.latency_p99_ms),
             lag_p99_min_ms: min_of(|s| s.lag_p99_ms),
-            utilisation: w.iter().map(Second::utilisation).sum::<f64>() / n,
+            utilisation: task_busy.iter().map(|t| t.1).sum::<f64>() / task_busy.len().max(1) as f64,
             task_rate: (busy > 0.0 && records > 0.0).then(|| records / busy),
-            task_input: per_task.iter().map(|(i, v)| (*i, v.0 / v.2.max(1.0))).collect(),
+            task_input: per_task.iter().map(|(i, v)| (*i, v.0 / n)).collect(),
+            task_busy,
+            bucket_rate: buckets.into_iter().map(|(b, r)| (b, r / n)).collect(),
         }
     }
 
@@ -307,20 +348,11 @@ impl Autoscaler {
                 c.lag_target_ms(),
                 c.window_s
             );
-            if let Some((request, why)) = self.hot_rebalance(&stats, routing) {
+            if let Some((request, why)) = skew::hot_rebalance(self, &stats, routing) {
                 let reason = format!("{over}, and {why}");
                 return Some(Decision { t, kind: DecisionKind::Rebalance, request, reason, window: stats });
             }
-            if current >= c.max_parallelism {
-                return None;
-            }
             let target = self.ds2(&stats);
-            let parallelism = match target {
-                Some(p) if p > current => p.min(c.max_parallelism),
-                // Enough tasks by the estimate and the backlog drains: wait.
-                Some(_) if stats.lag_slope < 0.0 && stats.latency_slope <= 0.0 => return None,
-                _ => current + 1,
-            };
             let how = match (target, stats.task_rate) {
                 (Some(p), Some(rate)) => format!(
                     "DS2: demand {:.0}/s ÷ ({rate:.0}/s per task × {}) → {p} tasks",
@@ -328,7 +360,39 @@ impl Autoscaler {
                 ),
                 _ => "no processing rate measured: one task more".to_string(),
             };
-            let reason = format!("{over}; {how}; {current} → {parallelism}");
+            let parallelism = match target {
+                Some(p) if p > current => p.min(c.max_parallelism),
+                // Enough tasks by the estimate and the backlog drains: wait.
+                Some(_) if stats.lag_slope < 0.0 && stats.latency_slope <= 0.0 => return None,
+                // Enough tasks by the estimate, yet the backlog does not drain: skew, not
+                // capacity. Spread the most loaded task's hottest buckets; only an even load
+                // gets one task more (the estimate fell short).
+                Some(_) => {
+                    if let Some((request, why)) = skew::skew_rebalance(self, &stats, routing) {
+                        let reason = format!(
+                            "{over}; {how}, no more than run, yet the backlog does not drain: skew, not capacity; {why}"
+                        );
+                        return Some(Decision {
+                            t,
+                            kind: DecisionKind::Rebalance,
+                            request,
+                            reason,
+                            window: stats,
+                        });
+                    }
+                    current + 1
+                }
+                None => current + 1,
+            };
+            if current >= c.max_parallelism || parallelism <= current {
+                return None;
+            }
+            let even = if target.is_some_and(|p| p <= current) {
+                "; the backlog does not drain and the load is even: one task more"
+            } else {
+                ""
+            };
+            let reason = format!("{over}; {how}{even}; {current} → {parallelism}");
             let request = ReconfigRequest::Rescale { operator, parallelism };
             return Some(Decision { t, kind: DecisionKind::ScaleOut, request, reason, window: stats });
         }
@@ -350,61 +414,10 @@ impl Autoscaler {
         None
     }
 
-    /// A rebalance of a hot task's buckets, if one task is hot in the window.
-    fn hot_rebalance(&self, stats: &WindowStats, routing: &[u32]) -> Option<(ReconfigRequest, String)> {
-        if stats.task_input.len() < 2 {
-            return None;
-        }
-        let busy = |index: u32| -> f64 {
-            let (sum, n) = self
-                .window
-                .iter()
-                .flat_map(|s| s.tasks.iter().filter(|t| t.index == index))
-                .fold((0.0, 0.0), |a, t| (a.0 + t.busy_ms / 1000.0, a.1 + 1.0));
-            sum / f64::max(n, 1.0)
-        };
-        let (hot, hot_in) = stats.task_input.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))?;
-        let others: Vec<(u32, f64)> = stats.task_input.iter().copied().filter(|(i, _)| *i != hot).collect();
-        let others_in = others.iter().map(|o| o.1).sum::<f64>() / others.len() as f64;
-        let others_busy = others.iter().map(|o| busy(o.0)).sum::<f64>() / others.len() as f64;
-        let hot_busy = busy(hot);
-        if hot_in < self.config.hot_factor * others_in || hot_busy < SATURATED || others_busy > OTHERS_IDLE {
-            return None;
-        }
-        let moves = spread(hot, &others, routing);
-        if moves.is_empty() {
-            return None;
-        }
-        let why = format!(
-            "task {hot} is hot: {hot_in:.0}/s at {:.0} % busy against {others_in:.0}/s at {:.0} % for the others; its {} buckets are dealt out over all {} tasks",
-            100.0 * hot_busy,
-            100.0 * others_busy,
-            routing.iter().filter(|o| **o == hot).count(),
-            others.len() + 1
-        );
-        Some((ReconfigRequest::Rebalance { operator: self.operator.clone(), moves }, why))
+    /// The operator it drives.
+    pub fn operator(&self) -> &str {
+        &self.operator
     }
-}
-
-/// Deals the buckets `hot` owns in `routing` out round-robin over `hot` and `others` (the
-/// coldest first): `hot` keeps one share. Returns the moves for the others.
-fn spread(hot: u32, others: &[(u32, f64)], routing: &[u32]) -> Vec<(Vec<u16>, u32)> {
-    let mut targets: Vec<(u32, f64)> = others.to_vec();
-    targets.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-    let order: Vec<u32> = std::iter::once(hot).chain(targets.iter().map(|t| t.0)).collect();
-    let mut moves: Vec<(Vec<u16>, u32)> = targets.iter().map(|t| (Vec::new(), t.0)).collect();
-    let owned = routing.iter().enumerate().filter(|(_, o)| **o == hot).map(|(b, _)| b);
-    for (j, b) in owned.enumerate() {
-        let to = order[j % order.len()];
-        if to == hot {
-            continue;
-        }
-        if let (Some(m), Ok(b)) = (moves.iter_mut().find(|m| m.1 == to), u16::try_from(b)) {
-            m.0.push(b);
-        }
-    }
-    moves.retain(|m| !m.0.is_empty());
-    moves
 }
 
 /// Least-squares slope of `points` (0 with fewer than two).

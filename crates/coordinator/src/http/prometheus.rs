@@ -98,6 +98,13 @@ const EXPOSED: &[Exposed] = &[
         "Time the task spent blocked on a full downstream queue or socket.",
     ),
     counter(
+        metric::BUSY_MS,
+        "koala_busy_seconds_total",
+        0.001,
+        "",
+        "Time the task was busy: processing batches and timers, or held by its emulated processing budget.",
+    ),
+    counter(
         metric::THROTTLED_MS,
         "koala_throttled_seconds_total",
         0.001,
@@ -211,6 +218,26 @@ pub fn render(info: &JobInfo, now: &Snapshot) -> String {
             let Some(v) = v else { continue };
             let extra = if e.label.is_empty() { String::new() } else { format!(",{}", e.label) };
             let _ = writeln!(out, "{}{{{}{extra}}} {}", e.name, labels(task), value(v * e.scale));
+        }
+    }
+    // Stateful tasks' per-bucket load (`metric::bucket_records`), the autoscaler's input.
+    let mut described_buckets = false;
+    for (task, m) in &now.tasks {
+        for (name, v) in &m.total {
+            let Some(bucket) = metric::bucket_of_metric(name) else { continue };
+            if !std::mem::replace(&mut described_buckets, true) {
+                let _ = writeln!(
+                    out,
+                    "# HELP koala_bucket_records_total Records a stateful task processed per bucket."
+                );
+                let _ = writeln!(out, "# TYPE koala_bucket_records_total counter");
+            }
+            let _ = writeln!(
+                out,
+                "koala_bucket_records_total{{{},bucket=\"{bucket}\"}} {}",
+                labels(task),
+                value(*v)
+            );
         }
     }
     let job = format!("run=\"{}\",protocol=\"{}\"", escape(&info.run), escape(&info.protocol));

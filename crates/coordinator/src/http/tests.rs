@@ -186,6 +186,8 @@ fn prometheus_text_has_base_units_labels_and_counter_totals() {
         sample(101, source, koala_types::metric::RECORDS_IN, 500.0),
         sample(101, sink, koala_types::metric::LATENCY_P99_MS, 250.0),
         sample(101, sink, koala_types::metric::INPUT_PAUSED_MS, f64::NAN),
+        sample(100, sink, &koala_types::metric::bucket_records(7), 40.0),
+        sample(101, sink, &koala_types::metric::bucket_records(7), 2.0),
     ]);
     let text = super::prometheus::render(&live.info, &live.snapshot());
     // Counters add up over the run; gauges are the last second's, in seconds.
@@ -200,6 +202,13 @@ fn prometheus_text_has_base_units_labels_and_counter_totals() {
     assert!(!text.contains("koala_input_paused_seconds_total{"), "a NaN sample is skipped: {text}");
     assert!(text.contains("# TYPE koala_records_in_total counter\n"), "{text}");
     assert_eq!(text.matches("# TYPE koala_e2e_latency_seconds ").count(), 1, "one TYPE per name");
+    // Per-bucket load: a counter per task and bucket.
+    assert!(
+        text.contains(
+            "koala_bucket_records_total{operator=\"sink\",task=\"sink.0\",worker=\"\",bucket=\"7\"} 42\n"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

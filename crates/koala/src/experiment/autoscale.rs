@@ -8,8 +8,8 @@
 //! last 30 s of the steady rate, and answer the hot range with one rebalance.
 //!
 //! The hot range is made by a bucket assignment, not by the generator: its key skew cannot be
-//! switched on mid-run, and the policy sees per-task load only (per-bucket load is not measured
-//! yet), so it spreads the hot task's buckets evenly — right when the load is even over them.
+//! switched on mid-run. The policy packs the hot task's buckets by their measured per-bucket
+//! load (`bucket_records`), hottest first, onto the coldest tasks.
 
 use std::fmt::Write as _;
 use std::path::Path;

@@ -402,6 +402,7 @@ impl OperatorTask {
         let mut timers = Vec::new();
         match setup.store.as_deref() {
             Some(store) if !self.logic.state_ids().is_empty() => {
+                self.metrics.count_buckets(&records, setup.num_buckets);
                 let keys = records.iter().map(|r| r.key.as_slice());
                 let (mut state, io) =
                     BatchState::fetch(store, setup.num_buckets, self.logic.state_ids(), keys)?;
