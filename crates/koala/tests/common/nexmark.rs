@@ -321,10 +321,10 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     // The reference test of `bid-aggregate` without a broker: the final deployment's rows are
     // the generator's bids folded per auction by a plain loop (one source task: each auction's
     // bids in generator order, so every running row is determined).
-    if q.name == "bid-aggregate" {
-        if let Err(e) = compare_rows(&bid_totals(&events), &b) {
-            panic!("bid-aggregate reference run against a plain fold of the generator's bids: {e}");
-        }
+    if q.name == "bid-aggregate"
+        && let Err(e) = compare_rows(&bid_totals(&events), &b)
+    {
+        panic!("bid-aggregate reference run against a plain fold of the generator's bids: {e}");
     }
     let result = match q.compare {
         Compare::Rows => compare_rows(&b, &a),

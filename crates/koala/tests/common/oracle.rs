@@ -444,6 +444,9 @@ pub fn self_join_rescaled_and_rebalanced(protocol: &str, top: &str) {
     rescaled_and_rebalanced(protocol, top, "self-join");
 }
 
+/// Start and end tasks, schedule, `[params]` lines, records per source, seed.
+type Fixed<'a> = (Vec<(&'a str, u32)>, Vec<(&'a str, u32)>, String, &'a str, u64, u64);
+
 /// One run of `query` under `protocol` with a fixed scale-out, rebalance and scale-in of its
 /// stateful operator (each kind checked by epoch in the run's reconfiguration records,
 /// [`super::verify`]):
@@ -463,14 +466,7 @@ pub fn rescaled_and_rebalanced(protocol: &str, top: &str, query: &str) {
         format!("[[reconfigurations]]\nat_s = {at}\noperator = \"{op}\"\nparallelism = {p}\n")
     };
     let out_rebalance_in = |op: &str| rescale(0.3, op, 4) + &rebalance(op) + &rescale(1.1, op, 2);
-    let (start, end, schedule, params, records, seed): (
-        Vec<(&str, u32)>,
-        Vec<(&str, u32)>,
-        String,
-        &str,
-        u64,
-        u64,
-    ) = match query {
+    let (start, end, schedule, params, records, seed): Fixed<'_> = match query {
         "self-join" => {
             let tasks = vec![("source", 2), ("join", 2), ("sink", 1)];
             (tasks.clone(), tasks, out_rebalance_in("join"), "", 12_000, 31)
