@@ -107,7 +107,7 @@ fn operator_keys(query: &str, op: &str, events: u64) -> BTreeSet<KeyBytes> {
 }
 
 /// `others_tasks`: the other operators' tasks instead of `Query::others`' (Twitch's two-operator
-/// scale-out).
+/// scale-out); `(rate, events)`: records per second and records.
 fn config(
     dir: &std::path::Path,
     protocol: &str,
@@ -115,8 +115,7 @@ fn config(
     target_tasks: u32,
     others_tasks: Option<u32>,
     schedule: &str,
-    rate: u64,
-    events: u64,
+    (rate, events): (u64, u64),
 ) -> String {
     let policy = if protocol == "drrs" { "partition_policy = \"uniform\"\n" } else { "" };
     let mut text = format!(
@@ -203,7 +202,7 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     };
 
     let run = super::run_scheduled(RATE as u32, |dir, rate| {
-        config(dir, protocol, q, start, others.map(|o| o.0), &schedule, u64::from(rate), events)
+        config(dir, protocol, q, start, others.map(|o| o.0), &schedule, (u64::from(rate), events))
     });
     let input_ms = events * 1000 / u64::from(run.rate);
     let (text, out_a, log) = (&run.text, &run.out, &run.log);
@@ -224,7 +223,7 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     }
     let reference = tempfile::tempdir().expect("tempdir");
     let ref_text =
-        config(reference.path(), protocol, q, end, others.map(|o| o.1), "", u64::from(run.rate), events);
+        config(reference.path(), protocol, q, end, others.map(|o| o.1), "", (u64::from(run.rate), events));
     let (out_b, ref_log) = run_job_logged(reference.path(), &ref_text);
     if let Err(e) = verify(&out_b, &ref_text, input_ms) {
         panic!("{query} ({protocol}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}");
