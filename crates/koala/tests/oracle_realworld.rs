@@ -2,8 +2,9 @@
 //! operator the paper reconfigures, under every protocol, judged by the oracle (docs/testing.md
 //! §1): the output with the reconfiguration equals the output of the final deployment from the
 //! start. Every run uses 2 worker processes over loopback TCP. Koala runs every case in the
-//! normal suite, the baselines their scale-outs; their scale-ins and rebalances are ignored for
-//! time (`--run-ignored only`).
+//! normal suite; the baselines their scale-outs and, per query, one run that rebalances and then
+//! scales in; their separate scale-ins and rebalances are ignored for time (`--run-ignored
+//! only`).
 
 mod common;
 

@@ -16,19 +16,32 @@ use koala_dataflow::{KeyedEvent, KeyedEventsConfig};
 use serde::de::DeserializeOwned;
 
 /// The start parallelism, the end parallelism and the `[[reconfigurations]]` of an oracle
-/// scenario of operator `op` at `at_s`: scale-out 2 → 4, scale-in 4 → 2, or a rebalance that
-/// moves 32 buckets to task 1 and 8 to task 0.
+/// scenario of operator `op` at `at_s`: scale-out 2 → 4, scale-in 4 → 2, a rebalance that moves
+/// 32 buckets to task 1 and 8 to task 0, a migration of task 0 to worker 1 (the load rebalance of
+/// a stateless operator, which has no buckets), or `out-rebalance-in`: 2 → 4 at `at_s`, the
+/// rebalance (to tasks 3 and 0) 0.4 s later and 4 → 2 0.8 s later.
 pub fn scenario_schedule(scenario: &str, op: &str, at_s: f64) -> (u32, u32, String) {
-    let head = format!("[[reconfigurations]]\nat_s = {at_s}\noperator = \"{op}\"\n");
+    let head = |at: f64| format!("[[reconfigurations]]\nat_s = {at}\noperator = \"{op}\"\n");
+    let moves = |to: u32| {
+        format!(
+            "moves = [{{ buckets = [{}], to = {to} }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
+            (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+        )
+    };
+    let first = head(at_s);
     match scenario {
-        "scale-out" => (2, 4, format!("{head}parallelism = 4\n")),
-        "scale-in" => (4, 2, format!("{head}parallelism = 2\n")),
-        "rebalance" => (
+        "scale-out" => (2, 4, format!("{first}parallelism = 4\n")),
+        "scale-in" => (4, 2, format!("{first}parallelism = 2\n")),
+        "rebalance" => (2, 2, format!("{first}{}", moves(1))),
+        "migrate" => (2, 2, format!("{first}task = 0\nworker = 1\n")),
+        "out-rebalance-in" => (
             2,
             2,
             format!(
-                "{head}moves = [{{ buckets = [{}], to = 1 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
-                (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+                "{first}parallelism = 4\n{}{}{}parallelism = 2\n",
+                head(at_s + 0.4),
+                moves(3),
+                head(at_s + 0.8)
             ),
         ),
         other => panic!("no scenario {other}"),

@@ -118,6 +118,8 @@ pub fn parse_config(text: &str) -> (JobConfig, JobGraph) {
         koala_workloads::realworld::build(&config.query, &params)
     } {
         built.unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"))
+    } else if let Some(built) = koala_connectors::queries::build_query(&config.query, &config.params_text()) {
+        built.unwrap_or_else(|e| panic!("query does not build: {e}\n{text}"))
     } else {
         let params: koala_workloads::QueryParams =
             toml::from_str(&config.params_text()).unwrap_or_else(|e| panic!("bad params: {e}\n{text}"));

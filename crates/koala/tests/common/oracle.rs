@@ -40,9 +40,14 @@ const RATE: u32 = 8_000;
 
 /// The sink output of a run as JSON rows per key (the key as JSON text), each key's rows sorted.
 pub fn rows_per_key(dir: &Path) -> BTreeMap<String, Vec<String>> {
+    rows_per_key_by(dir, "key")
+}
+
+/// Like [`rows_per_key`], the key read from the rows' field `field` (e.g. `auction`).
+pub fn rows_per_key_by(dir: &Path, field: &str) -> BTreeMap<String, Vec<String>> {
     let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for row in sink_output::<Value>(dir, "sink") {
-        let key = row.get("key").map(Value::to_string).unwrap_or_default();
+        let key = row.get(field).map(Value::to_string).unwrap_or_default();
         map.entry(key).or_default().push(row.to_string());
     }
     for rows in map.values_mut() {
@@ -128,12 +133,13 @@ pub fn verify_run(out: &Path, text: &str, spec: &RunSpec<'_>) -> Result<super::v
     super::verify::check_run(out, &expect)
 }
 
-/// The input of a case: 300 keys with hot keys; an unwindowed self-join emits every pair of a key,
-/// so its input spreads over 3 000 keys without hot keys (a few records per key).
+/// The input of a case: 300 keys with hot keys; an unwindowed join emits every pair of a key, so
+/// the input of a self-join or keyed join spreads over 3 000 keys without hot keys (a few records
+/// per key).
 fn case_generator(case: &Case<'_>) -> koala_dataflow::KeyedEventsConfig {
     let mut generator = super::generator(case.records, case.seed);
     generator.key_space = 300;
-    if case.query == "self-join" {
+    if matches!(case.query, "self-join" | "keyed-join") {
         generator.key_space = 3_000;
         generator.hot_keys = 0;
         generator.hot_key_ratio = 0.0;
@@ -295,7 +301,9 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     });
 }
 
-/// The 20 tests of one protocol: 4 scenarios × 5 operator families.
+/// The tests of one protocol: 4 scenarios × 5 operator families; the delete-then-return case,
+/// a stateless rescale, the all-bucket swap; and one fixed scale-out, rebalance and scale-in of
+/// `keyed-join`, `filtered-window` and `two-stage-aggregate` each ([`rescaled_and_rebalanced`]).
 #[macro_export]
 macro_rules! oracle_matrix {
     ($protocol:literal) => {
@@ -343,6 +351,21 @@ macro_rules! oracle_matrix {
         #[test]
         fn every_bucket_swapped_between_workers_with_one_message_queues() {
             common::oracle::swap_with_one_message_queues($protocol, "");
+        }
+
+        #[test]
+        fn keyed_join_scaled_out_rebalanced_scaled_in() {
+            common::oracle::rescaled_and_rebalanced($protocol, "", "keyed-join");
+        }
+
+        #[test]
+        fn filtered_window_scaled_out_rebalanced_scaled_in() {
+            common::oracle::rescaled_and_rebalanced($protocol, "", "filtered-window");
+        }
+
+        #[test]
+        fn two_stage_aggregate_scaled_out_rebalanced_scaled_in() {
+            common::oracle::rescaled_and_rebalanced($protocol, "", "two-stage-aggregate");
         }
     };
 }
@@ -418,19 +441,64 @@ pub fn swap_with_one_message_queues(protocol: &str, runtime: &str) {
 /// in 4 → 2 under `protocol` with the `top` lines: every source task marks both of its channels
 /// to a join task at each switch, and cancelled join tasks get an end of stream on both.
 pub fn self_join_rescaled_and_rebalanced(protocol: &str, top: &str) {
+    rescaled_and_rebalanced(protocol, top, "self-join");
+}
+
+/// Start and end tasks, schedule, `[params]` lines, records per source, seed.
+type Fixed<'a> = (Vec<(&'a str, u32)>, Vec<(&'a str, u32)>, String, &'a str, u64, u64);
+
+/// One run of `query` under `protocol` with a fixed scale-out, rebalance and scale-in of its
+/// stateful operator (each kind checked by epoch in the run's reconfiguration records,
+/// [`super::verify`]):
+/// - `self-join`, `keyed-join` ("join"), `filtered-window` ("window", behind the stateless
+///   "sample"): 2 → 4 at 0.3 s, buckets 0–31 to task 3 and 100–107 to task 0 at 0.7 s, 4 → 2 at
+///   1.1 s;
+/// - `two-stage-aggregate`: "aggregate" 2 → 4 at 0.3 s, then its downstream "rollup" (16 groups,
+///   fed by a stateful operator) rebalanced at 0.7 s and scaled in 4 → 2 at 1.1 s.
+pub fn rescaled_and_rebalanced(protocol: &str, top: &str, query: &str) {
+    let rebalance = |op: &str| {
+        format!(
+            "[[reconfigurations]]\nat_s = 0.7\noperator = \"{op}\"\nmoves = [{{ buckets = [{}], to = 3 }}, {{ buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }}]\n",
+            (0..32).map(|b| b.to_string()).collect::<Vec<_>>().join(", ")
+        )
+    };
+    let rescale = |at: f64, op: &str, p: u32| {
+        format!("[[reconfigurations]]\nat_s = {at}\noperator = \"{op}\"\nparallelism = {p}\n")
+    };
+    let out_rebalance_in = |op: &str| rescale(0.3, op, 4) + &rebalance(op) + &rescale(1.1, op, 2);
+    let (start, end, schedule, params, records, seed): Fixed<'_> = match query {
+        "self-join" => {
+            let tasks = vec![("source", 2), ("join", 2), ("sink", 1)];
+            (tasks.clone(), tasks, out_rebalance_in("join"), "", 12_000, 31)
+        }
+        "keyed-join" => {
+            let tasks = vec![("left", 2), ("right", 2), ("join", 2), ("sink", 1)];
+            (tasks.clone(), tasks, out_rebalance_in("join"), "", 12_000, 32)
+        }
+        "filtered-window" => {
+            let tasks = vec![("source", 2), ("sample", 2), ("window", 2), ("sink", 1)];
+            (tasks.clone(), tasks, out_rebalance_in("window"), "window_ms = 300\n", 12_000, 33)
+        }
+        "two-stage-aggregate" => (
+            vec![("source", 2), ("aggregate", 2), ("rollup", 4), ("sink", 1)],
+            vec![("source", 2), ("aggregate", 4), ("rollup", 2), ("sink", 1)],
+            rescale(0.3, "aggregate", 4) + &rebalance("rollup") + &rescale(1.1, "rollup", 2),
+            "",
+            12_000,
+            34,
+        ),
+        other => panic!("no fixed out/rebalance/in case for query {other}"),
+    };
     check(&Case {
         protocol,
         top,
-        query: "self-join",
-        start: &[("source", 2), ("join", 2), ("sink", 1)],
-        end: &[("source", 2), ("join", 2), ("sink", 1)],
-        schedule: "[[reconfigurations]]\nat_s = 0.3\noperator = \"join\"\nparallelism = 4\n\
-                   [[reconfigurations]]\nat_s = 0.7\noperator = \"join\"\n\
-                   moves = [{ buckets = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], to = 3 }, { buckets = [100, 101, 102, 103, 104, 105, 106, 107], to = 0 }]\n\
-                   [[reconfigurations]]\nat_s = 1.1\noperator = \"join\"\nparallelism = 2\n",
-        params: "",
-        records: 12_000,
-        seed: 31,
+        query,
+        start: &start,
+        end: &end,
+        schedule: &schedule,
+        params,
+        records,
+        seed,
         expect_reconfigurations: 3,
     });
 }

@@ -62,15 +62,23 @@ const QUERIES: &[Query] = &[
     },
 ];
 
-/// Records per run and per second: ~0.75 s of input, the reconfiguration at 0.3 s.
+/// Records per run and per second: ~0.75 s of input, the reconfiguration at 0.3 s; the
+/// rebalance-then-scale-in runs 1 s of input ([`events_of_scenario`]).
 const EVENTS: u64 = 6_000;
 const RATE: u64 = 8_000;
 
+/// Records of a run of `scenario`: the rebalance-then-scale-in runs 8 000 (1 s), so that its
+/// second reconfiguration, at 0.5 s, starts ≥ 300 ms before the input ends and the run checks
+/// must see it move state.
+fn events_of_scenario(scenario: &str) -> u64 {
+    if scenario == "rebalance-in" { 8_000 } else { EVENTS }
+}
+
 /// The generator of every case: 16 fixed hot keys take a quarter of the records (so every
 /// moved bucket set holds keys accessed again), the rest slide through 2 000 keys.
-fn generator(query: &str) -> RealWorldConfig {
+fn generator(query: &str, events: u64) -> RealWorldConfig {
     RealWorldConfig {
-        events: Some(EVENTS),
+        events: Some(events),
         seed: 11,
         keys: (query != "taxi").then_some(if query == "twitch" { 200 } else { 2_000 }),
         active_keys: Some(if query == "taxi" { 40 } else { 100 }),
@@ -84,8 +92,8 @@ fn generator(query: &str) -> RealWorldConfig {
 
 /// The keys `op` holds state for, encoded as `key_by` encodes them (Twitch's "engagement" is
 /// keyed by (streamer, viewer) pairs).
-fn operator_keys(query: &str, op: &str) -> BTreeSet<KeyBytes> {
-    let g = generator(query);
+fn operator_keys(query: &str, op: &str, events: u64) -> BTreeSet<KeyBytes> {
+    let g = generator(query, events);
     match (query, op) {
         ("twitch", "loyalty") => key_bytes(events_of::<Twitch>(&g, 0, 1).iter().map(|e| e.streamer)),
         ("twitch", "engagement") => {
@@ -99,7 +107,7 @@ fn operator_keys(query: &str, op: &str) -> BTreeSet<KeyBytes> {
 }
 
 /// `others_tasks`: the other operators' tasks instead of `Query::others`' (Twitch's two-operator
-/// scale-out).
+/// scale-out); `(rate, events)`: records per second and records.
 fn config(
     dir: &std::path::Path,
     protocol: &str,
@@ -107,7 +115,7 @@ fn config(
     target_tasks: u32,
     others_tasks: Option<u32>,
     schedule: &str,
-    rate: u64,
+    (rate, events): (u64, u64),
 ) -> String {
     let policy = if protocol == "drrs" { "partition_policy = \"uniform\"\n" } else { "" };
     let mut text = format!(
@@ -121,10 +129,10 @@ fn config(
     for (op, n) in q.others {
         text.push_str(&format!("{op} = {}\n", others_tasks.unwrap_or(*n)));
     }
-    let g = generator(q.name);
+    let g = generator(q.name, events);
     let keys = g.keys.map(|k| format!("keys = {k}\n")).unwrap_or_default();
     text.push_str(&format!(
-        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.generator]\nevents = {EVENTS}\nseed = {}\n{keys}active_keys = {}\nactive_shift_events = {}\nhot_ratio = {}\nhot_keys = {}\nviewers = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
+        "sink = 1\n\n{schedule}\n[params]\nsink = \"jsonl\"\n{}\n[params.generator]\nevents = {events}\nseed = {}\n{keys}active_keys = {}\nactive_shift_events = {}\nhot_ratio = {}\nhot_keys = {}\nviewers = {}\n\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\nmax_disorder_ms = 0\nwatermark_interval_ms = 20\n",
         q.params,
         g.seed,
         g.active_keys.unwrap_or(1),
@@ -136,11 +144,14 @@ fn config(
     text
 }
 
-/// Runs `query` under `protocol` with `scenario` (scale-out 2 → 4, scale-in 4 → 2, or a
-/// rebalance of 40 buckets) and against the final deployment, and compares their outputs.
+/// Runs `query` under `protocol` with `scenario` (scale-out 2 → 4, scale-in 4 → 2, a rebalance
+/// of 40 buckets, Twitch's two operators scaled out together, or `rebalance-in`: 4 tasks
+/// rebalanced at 0.25 s — buckets 0–31 to task 3, 100–107 to task 0 — then scaled in 4 → 2 at
+/// 0.5 s) and against the final deployment, and compares their outputs.
 pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     let q = QUERIES.iter().find(|q| q.name == query).unwrap_or_else(|| panic!("no query {query}"));
     let op = q.target;
+    let events = events_of_scenario(scenario);
     // Twitch's both operators at once (the paper's Figure 21): "engagement" 2 → 4 too.
     let others = (scenario == "scale-out-both").then_some((2, 4));
     let (start, end, schedule) = match scenario {
@@ -151,13 +162,24 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
                 "[[reconfigurations]]\nat_s = 0.3\noperator = \"{op}\"\nparallelism = 4\n\n[[reconfigurations]]\nat_s = 0.3\noperator = \"engagement\"\nparallelism = 4\n"
             ),
         ),
+        "rebalance-in" => {
+            let (_, _, rebalance) = super::scenario_schedule("rebalance", op, 0.25);
+            let rebalance = rebalance.replace("to = 1 }", "to = 3 }");
+            (
+                4,
+                2,
+                format!(
+                    "{rebalance}\n[[reconfigurations]]\nat_s = 0.5\noperator = \"{op}\"\nparallelism = 2\n"
+                ),
+            )
+        }
         other => super::scenario_schedule(other, op, 0.3),
     };
     // Every stateful operator's keys, Twitch's (streamer, viewer) pairs too: the run checks place
     // them in buckets, so its "engagement" moves are checked as the target's are.
     let keys: BTreeMap<&str, BTreeSet<KeyBytes>> = std::iter::once(op)
         .chain(q.others.iter().map(|(o, _)| *o))
-        .map(|o| (o, operator_keys(query, o)))
+        .map(|o| (o, operator_keys(query, o, events)))
         .collect();
     let keys_of = |o: &str| keys.get(o).cloned().unwrap_or_default();
     let min_state_keys = |_: &str| 20;
@@ -180,16 +202,28 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
     };
 
     let run = super::run_scheduled(RATE as u32, |dir, rate| {
-        config(dir, protocol, q, start, others.map(|o| o.0), &schedule, u64::from(rate))
+        config(dir, protocol, q, start, others.map(|o| o.0), &schedule, (u64::from(rate), events))
     });
-    let input_ms = EVENTS * 1000 / u64::from(run.rate);
+    let input_ms = events * 1000 / u64::from(run.rate);
     let (text, out_a, log) = (&run.text, &run.out, &run.log);
     match verify(out_a, text, input_ms) {
-        Ok(rec) => println!("{query} ({protocol}, {scenario}): checked {}", rec.checked.join(", ")),
+        Ok(rec) => {
+            println!("{query} ({protocol}, {scenario}): checked {}", rec.checked.join(", "));
+            if scenario == "rebalance-in" {
+                assert_moved_state(
+                    protocol,
+                    &rec,
+                    text,
+                    &keys_of,
+                    &format!("{query} ({protocol}, {scenario})"),
+                );
+            }
+        }
         Err(e) => panic!("{query} ({protocol}, {scenario}): {e}\nconfig:\n{text}\nlog:\n{log}"),
     }
     let reference = tempfile::tempdir().expect("tempdir");
-    let ref_text = config(reference.path(), protocol, q, end, others.map(|o| o.1), "", u64::from(run.rate));
+    let ref_text =
+        config(reference.path(), protocol, q, end, others.map(|o| o.1), "", (u64::from(run.rate), events));
     let (out_b, ref_log) = run_job_logged(reference.path(), &ref_text);
     if let Err(e) = verify(&out_b, &ref_text, input_ms) {
         panic!("{query} ({protocol}) reference run: {e}\nconfig:\n{ref_text}\nlog:\n{ref_log}");
@@ -200,11 +234,56 @@ pub fn scenario(protocol: &str, query: &str, scenario: &str) {
         "{query}: the reference run wrote rows for {} keys; the test proves little",
         b.len()
     );
-    assert_eq!(b.values().map(Vec::len).sum::<usize>() as u64, EVENTS, "{query}: one row per record");
+    assert_eq!(b.values().map(Vec::len).sum::<usize>() as u64, events, "{query}: one row per record");
     let result = if q.rows { compare_rows(&b, &a) } else { compare_loyalty(&b, &a) };
     if let Err(e) = result {
         panic!("{query} ({protocol}, {scenario}): {e}\nconfig:\n{text}\nlog:\n{log}");
     }
+}
+
+/// That every reconfiguration of a rebalance-then-scale-in run moved buckets holding keys with
+/// state (≥ 20 of the operator's keys, the 16 hot ones among those with state from the first
+/// records on, counted from the generator with the model's routing), and that the run shows it
+/// as its protocol does, whenever in the input the reconfiguration ran (the state never
+/// expires): stop-and-restart moved bytes in each epoch, DRRS's senders pushed state; under
+/// remote no state goes from task to task (checked by [`super::verify`]) and the new owners read
+/// it from the state servers, which the compared outputs judge.
+fn assert_moved_state(
+    protocol: &str,
+    rec: &super::verify::RunRecord,
+    text: &str,
+    keys_of: &dyn Fn(&str) -> BTreeSet<KeyBytes>,
+    case: &str,
+) {
+    let (model, applied) = super::model::apply_schedule(text)
+        .unwrap_or_else(|e| panic!("{case}: the schedule is rejected: {e}"));
+    assert_eq!(applied.len(), 2, "{case}: a rebalance and a scale-in");
+    for (a, row) in applied.iter().zip(&rec.reconfigurations) {
+        let moved: BTreeSet<u16> = a.moved.iter().copied().collect();
+        let keys = keys_of(&a.operator)
+            .iter()
+            .filter(|k| moved.contains(&koala_types::bucket_of(k, model.num_buckets)))
+            .count();
+        assert!(
+            keys >= 20,
+            "{case}: epoch {} ({}) moved {} buckets holding {keys} keys; the case proves little",
+            row.epoch,
+            a.kind,
+            moved.len()
+        );
+        assert!(
+            protocol != "stop-and-restart" || row.bytes_moved > 0,
+            "{case}: epoch {} ({}) moved {} buckets holding {keys} keys but 0 state bytes",
+            row.epoch,
+            a.kind,
+            moved.len()
+        );
+    }
+    let pushed = rec.total(koala_types::metric::STATE_BYTES_BACKGROUND);
+    assert!(
+        protocol != "drrs" || pushed > 0.0,
+        "{case}: DRRS moved buckets holding keys but pushed no state"
+    );
 }
 
 /// What no interleaving of a streamer's engagement signals changes: its running counts are
@@ -252,8 +331,10 @@ fn compare_loyalty(
 }
 
 /// The real-world oracle tests of one protocol: every query × scale-out, scale-in, rebalance.
-/// `koala` runs them all in the normal suite; the baselines run the scale-outs there and the
-/// rest `#[ignore]`d (the suite's time budget, docs/testing.md §7).
+/// `koala` runs them all in the normal suite; the baselines run the scale-outs there and, per
+/// query, one run that rebalances and then scales in (each a separate epoch, both moving keys
+/// with state: `assert_moved_state`), and the separate scale-ins and rebalances `#[ignore]`d
+/// (the suite's time budget, docs/testing.md §7).
 #[macro_export]
 macro_rules! realworld_matrix {
     ($protocol:literal, all) => {
@@ -262,6 +343,12 @@ macro_rules! realworld_matrix {
     };
     ($protocol:literal, scale_out) => {
         $crate::realworld_matrix!(@scale_out $protocol, allow(unused));
+        $crate::realworld_matrix!(@tests $protocol; allow(unused);
+            twitch_rebalanced_then_scaled_in: "twitch", "rebalance-in";
+            taxi_rebalanced_then_scaled_in: "taxi", "rebalance-in";
+            azure_rebalanced_then_scaled_in: "azure", "rebalance-in";
+            borg_rebalanced_then_scaled_in: "borg", "rebalance-in";
+        );
         $crate::realworld_matrix!(@others $protocol, ignore = "time budget: run with --run-ignored only (docs/testing.md §7)");
     };
     (@scale_out $protocol:literal, $attr:meta) => {
