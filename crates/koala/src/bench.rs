@@ -189,17 +189,10 @@ mod tests {
             t_s,
             throughput,
             output: throughput,
-            offered: None,
-            lag_mean_ms: None,
-            lag_p99_ms: None,
             batch_latency_mean_us: Some(p99 / 10.0),
             batch_latency_p99_us: Some(p99),
             batch_latency_max_us: Some(p99),
-            state_bytes_moved: 0.0,
-            backpressure_ms: None,
-            latency_p50_ms: None,
-            latency_p99_ms: None,
-            latency_max_ms: None,
+            ..SecondRow::default()
         }
     }
 

@@ -182,17 +182,8 @@ mod tests {
             t_s,
             throughput,
             output: throughput,
-            offered: None,
-            lag_mean_ms: None,
-            lag_p99_ms: None,
             batch_latency_mean_us: batch,
-            batch_latency_p99_us: None,
-            batch_latency_max_us: None,
-            state_bytes_moved: 0.0,
-            backpressure_ms: None,
-            latency_p50_ms: None,
-            latency_p99_ms: None,
-            latency_max_ms: None,
+            ..SecondRow::default()
         }
     }
 

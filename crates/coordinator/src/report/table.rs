@@ -37,7 +37,8 @@ pub fn combine(metric_name: &str) -> Aggregate {
 }
 
 /// One second of the report table (see the module docs for each column's definition).
-#[derive(Debug, Clone, PartialEq)]
+/// `Default`: second 0 with nothing measured (tests fill in what they need).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SecondRow {
     /// Seconds since the run's start second.
     pub t_s: i64,
