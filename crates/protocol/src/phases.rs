@@ -254,8 +254,14 @@ impl Reconfiguring {
         Expect::of(ack).is_some_and(|e| self.waiting.contains(&(task, e)))
     }
 
-    /// An upstream task finished before it switched: it will not ack this reconfiguration.
-    pub fn forget_upstream(&mut self, task: TaskId) -> Result<Option<CoordinatorMessage>, PhaseError> {
+    /// Whether any ack of `task` is still awaited.
+    pub fn awaits_any(&self, task: TaskId) -> bool {
+        self.waiting.iter().any(|(t, _)| *t == task)
+    }
+
+    /// A task finished (an upstream before it switched, a consumer before it prepared): it will
+    /// not ack this reconfiguration.
+    pub fn forget(&mut self, task: TaskId) -> Result<Option<CoordinatorMessage>, PhaseError> {
         self.upstream.retain(|t| *t != task);
         let before = self.waiting.len();
         self.waiting.retain(|(t, _)| *t != task);
@@ -321,7 +327,7 @@ mod tests {
         d.on_ack(t0, &TaskAck::Prepared).expect("an awaited ack");
         assert!(matches!(d.on_ack(t1, &TaskAck::Prepared), Ok(Some(CoordinatorMessage::Drain { .. }))));
         d.on_ack(u0, &TaskAck::Paused).expect("an awaited ack");
-        assert_eq!(d.forget_upstream(u1), Ok(None));
+        assert_eq!(d.forget(u1), Ok(None));
         d.on_ack(t0, &TaskAck::StateSent { bytes: 0, entries: 0 }).expect("an awaited ack");
         assert!(matches!(d.on_ack(t1, &TaskAck::StateReceived), Ok(Some(CoordinatorMessage::Resume { .. }))));
         assert!(d.on_ack(u1, &TaskAck::Resumed).is_err(), "a forgotten upstream is not waited for");
@@ -332,7 +338,7 @@ mod tests {
         let (mut d, _) = Reconfiguring::start(plan(vec![u0]), who);
         d.on_ack(t0, &TaskAck::Prepared).expect("an awaited ack");
         d.on_ack(t1, &TaskAck::Prepared).expect("an awaited ack");
-        assert_eq!(d.forget_upstream(u0), Ok(None));
+        assert_eq!(d.forget(u0), Ok(None));
         d.on_ack(t0, &TaskAck::StateSent { bytes: 0, entries: 0 }).expect("an awaited ack");
         assert!(matches!(d.on_ack(t1, &TaskAck::StateReceived), Ok(Some(CoordinatorMessage::Resume { .. }))));
         assert_eq!(d.phase(), Phase::Complete);

@@ -76,9 +76,19 @@ impl ChannelSender {
     /// (backpressure).
     pub fn send(&mut self, message: ChannelMessage) -> Result<Duration, RuntimeError> {
         match self {
-            Self::Local { to, inbox, channel } => inbox
-                .send(TaskInput { channel: *channel, message })
-                .map_err(|_| RuntimeError::ChannelClosed(*to)),
+            Self::Local { to, inbox, channel } => {
+                match inbox.send(TaskInput { channel: *channel, message }) {
+                    Ok(blocked) => Ok(blocked),
+                    // The receiver finished. Records would be lost: an error. Anything else is
+                    // dropped: a consumer finishes once every input it knew ended, and one that
+                    // finished while its upstream operator was being reconfigured is sent a new
+                    // task's watermarks and end of stream, never records (`net::read_channel`).
+                    Err(item) if matches!(item.message, ChannelMessage::Batch(_)) => {
+                        Err(RuntimeError::ChannelClosed(*to))
+                    }
+                    Err(_) => Ok(Duration::ZERO),
+                }
+            }
             Self::Remote { to, stream } => {
                 let started = Instant::now();
                 write_frame(stream, &message)
@@ -138,4 +148,28 @@ pub(crate) fn connect(
     write_frame(&mut stream, &ChannelHello { to, channel })
         .map_err(|e| RuntimeError::io(format!("greeting {to}"), e))?;
     Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use koala_types::{OperatorId, Record};
+
+    use super::*;
+
+    /// A receiver that finished takes no more: its new upstream's watermarks and end of stream
+    /// are dropped (a consumer that finished while its upstream operator was reconfigured), but
+    /// records sent to it would be lost, so they fail the sender.
+    #[test]
+    fn a_finished_receiver_drops_all_but_records() {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        drop(rx);
+        let to = TaskId::new(OperatorId(2), 0);
+        let channel = InputChannel { input: 0, from: TaskId::new(OperatorId(1), 3) };
+        let mut sender = ChannelSender::Local { to, inbox: LocalQueue::Lane(tx), channel };
+        assert_eq!(sender.send(ChannelMessage::Watermark(5)).ok(), Some(Duration::ZERO));
+        assert_eq!(sender.send(ChannelMessage::EndOfStream).ok(), Some(Duration::ZERO));
+        let record = Record { key: vec![1], value: vec![2], time: 5, due_ms: 0 };
+        let lost = sender.send(ChannelMessage::Batch(vec![record]));
+        assert!(matches!(lost, Err(RuntimeError::ChannelClosed(t)) if t == to), "{lost:?}");
+    }
 }

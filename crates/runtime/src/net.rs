@@ -115,7 +115,18 @@ fn read_channel(stream: TcpStream, inboxes: &Inboxes, link: &SharedLink) {
                     link.pace(bytes);
                 }
                 let end = message == ChannelMessage::EndOfStream;
-                if inbox.send(TaskInput { channel: hello.channel, message }).is_err() || end {
+                let records = matches!(message, ChannelMessage::Batch(_));
+                if inbox.send(TaskInput { channel: hello.channel, message }).is_err() && records {
+                    // The task finished: dropping the connection fails the sender, loudly.
+                    tracing::error!(%peer, to = %hello.to, from = %hello.channel.from,
+                        "records for a task that finished; dropping the connection");
+                    return;
+                }
+                // Anything else for a finished task is read and dropped, so its sender does not
+                // fail: a consumer that finished while its upstream operator was being
+                // reconfigured is sent a new task's watermarks and end of stream, never records
+                // (`ChannelSender::send`).
+                if end {
                     return;
                 }
             }
