@@ -388,17 +388,20 @@ impl Engine {
     /// would have come first, on the same connection) never acks and never opens a channel to
     /// the new tasks: they are told not to wait for it.
     ///
-    /// A finished task never acks again, so whatever else the running reconfiguration awaits
-    /// from it is forgotten too: a consumer of the operator that finished after the `Prepare`
-    /// went out (the coordinator heard of its upstreams' end later than of its own) never
-    /// answers it, since its worker drops commands to finished tasks. It needs no channel from
-    /// the new tasks: its inputs all ended, so the operator's tasks ended their outputs, and
-    /// they fired every timer first, so nothing is left for the new tasks to send it.
+    /// A consumer of the operator that finished after the `Prepare` went out (the coordinator
+    /// heard of its end before it heard of the operator's upstreams ending) never answers it,
+    /// since its worker drops commands to finished tasks: it is forgotten too. It needs no
+    /// channel from the new tasks: its inputs all ended, so the operator's tasks ended their
+    /// outputs, and they fired every timer first, so nothing is left for the new tasks to send
+    /// it. A task of the reconfigured operator itself is never forgotten: it exits only once
+    /// released, never while a reconfiguration runs, so one that finished is a bug the wait
+    /// keeps visible (the simulator's `ExitWithoutRelease` fault).
     pub fn task_finished(&mut self, task: TaskId) -> Result<Vec<EngineAction>, EngineError> {
         let mut out = Vec::new();
         self.deployment.finished.insert(task);
         self.upstream_ended(task, &mut out)?;
         if let Some(a) = self.active.as_mut()
+            && task.operator != a.driver.plan.operator
             && a.driver.awaits_any(task)
         {
             let step = a.driver.forget(task);
