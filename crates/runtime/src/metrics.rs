@@ -255,6 +255,15 @@ impl TaskMetrics {
         self.next_tick
     }
 
+    /// The time to ask for a task's last report with as it exits: its next tick or now, whichever
+    /// is later, so the report is due however soon after the last tick the task exits. (A task's
+    /// first tick can be up to 1.05 s away, `next_whole_second`: "now + 1 s" missed it, and a
+    /// task that lived a few milliseconds — created by one migration, moved on by the next —
+    /// exited without reporting the state it had written back.)
+    pub fn last_report_at(&self) -> std::time::Instant {
+        std::time::Instant::now().max(self.next_tick)
+    }
+
     /// The samples of the second that ended, if one did; resets the counters.
     pub fn take_if_due(&mut self, now: std::time::Instant) -> Option<Vec<TaskSample>> {
         if now < self.next_tick {
@@ -435,6 +444,19 @@ mod tests {
         m.pending_due_ms = Some(unix_ms() - 5_000);
         let lag = value(&m.take(), metric::SOURCE_LAG_P99_MS).unwrap_or(0.0);
         assert!((5_000.0..6_000.0).contains(&lag), "{lag}");
+    }
+
+    /// A task that exits before its first tick, which can be more than a second away, still
+    /// reports what it counted (the lost `state_bytes_eager` of `oracle_random`'s
+    /// `remote::seed_28_last_n`: a task created by one migration and moved on by the next).
+    #[test]
+    fn the_last_report_is_due_before_the_first_tick() {
+        let mut m = TaskMetrics::new(task(), false);
+        m.next_tick = Instant::now() + Duration::from_millis(1040);
+        m.state_bytes_eager = 28;
+        assert!(m.take_if_due(Instant::now() + Duration::from_secs(1)).is_none(), "the old last report");
+        let last = m.take_if_due(m.last_report_at()).unwrap_or_default();
+        assert_eq!(value(&last, metric::STATE_BYTES_EAGER), Some(28.0));
     }
 
     /// Paused time counts from a call with `true` to the next with `false`; a pause still on at

@@ -215,7 +215,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         if task.life.may_exit() && !task.outbox.has_waiting() {
             // Released (no live task points here any more), nothing left to process or send.
             task.sample_klt();
-            setup.report(&mut task.op.metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+            setup.report_last(&mut task.op.metrics, &mut outputs);
             return Ok(());
         }
         if now >= task.op.metrics.next_tick() {

@@ -276,6 +276,13 @@ impl TaskSetup {
     }
 
     /// Sends the second's samples if one ended.
+    /// The task's last report as it exits: due whenever its next tick would have come
+    /// ([`TaskMetrics::last_report_at`]).
+    pub(crate) fn report_last(&self, metrics: &mut TaskMetrics, outputs: &mut Outputs) {
+        let at = metrics.last_report_at();
+        self.report(metrics, outputs, at);
+    }
+
     pub(crate) fn report(&self, metrics: &mut TaskMetrics, outputs: &mut Outputs, now: Instant) {
         metrics.backpressure += std::mem::take(&mut outputs.backpressure);
         if now >= metrics.next_tick()

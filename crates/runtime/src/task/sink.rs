@@ -156,6 +156,6 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
         // The final commit: the input ended, nothing after it can be replayed.
         parts.finish()?;
     }
-    setup.report(&mut metrics, &mut outputs, Instant::now() + Duration::from_secs(1));
+    setup.report_last(&mut metrics, &mut outputs);
     Ok(())
 }
