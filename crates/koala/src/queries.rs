@@ -369,7 +369,9 @@ mod tests {
 
     #[test]
     fn every_query_has_an_example_config_that_checks() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let crate_dir =
+            std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+        let root = std::path::Path::new(&crate_dir).join("../..");
         for q in all() {
             let path = root.join(q.example());
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::run_koala;
@@ -26,7 +25,7 @@ struct HandOver {
 }
 
 fn run(protocol: &str) -> HandOver {
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/lazy-windows.toml");
+    let example = common::repo_root().join("examples/lazy-windows.toml");
     let text = std::fs::read_to_string(&example).expect("examples/lazy-windows.toml");
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out");

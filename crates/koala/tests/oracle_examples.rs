@@ -8,11 +8,9 @@
 
 mod common;
 
-use std::path::Path;
-
 #[test]
 fn every_example_schedule_is_accepted_by_the_coordinator() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let dir = common::repo_root().join("examples");
     let mut checked = Vec::new();
     let mut failures = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(&dir)

@@ -136,8 +136,7 @@ fn self_join() {
 /// names the count its own config gives (20 windows of 50 000 records).
 #[test]
 fn the_readmes_window_example_gives_windows_of_one_second_at_its_rate() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).expect("README");
+    let readme = std::fs::read_to_string(common::repo_root().join("README.md")).expect("README");
     let block = readme.split("## A config\n").nth(1).expect("README has `## A config`");
     let block =
         block.split("```toml\n").nth(1).and_then(|b| b.split("\n```").next()).expect("its toml block");

@@ -48,6 +48,13 @@ pub fn scenario_schedule(scenario: &str, op: &str, at_s: f64) -> (u32, u32, Stri
     }
 }
 
+/// The repository's root: from the run-time `CARGO_MANIFEST_DIR` (cargo and nextest set it), so a
+/// test binary reused from a shared build cache reads this checkout, not the one it was built in.
+pub fn repo_root() -> PathBuf {
+    let crate_dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    Path::new(&crate_dir).join("../..")
+}
+
 /// The `koala` binary built for this test run.
 pub fn koala() -> Command {
     Command::new(env!("CARGO_BIN_EXE_koala"))
