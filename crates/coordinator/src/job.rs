@@ -290,6 +290,7 @@ impl JobState<'_> {
 
     /// A task's ack, fed to the engine.
     pub(crate) fn on_ack(&mut self, task: TaskId, epoch: u64, ack: TaskAck) -> Result<(), CoordinatorError> {
+        tracing::debug!(task = %self.name(task), epoch, ?ack, "ack");
         if ack == TaskAck::InputsEnded {
             self.ended_ms.entry(task).or_insert_with(unix_ms);
         }
