@@ -130,6 +130,10 @@ pub fn execute(info: &Info, mode: Mode, plan: Plan, opts: &Options) -> anyhow::R
         vec![format!("koala experiment {} ({}, {}): {}", info.name, mode.name(), info.figure, info.shows)];
     head.extend(plan.settings.iter().cloned());
     head.push(shared.line());
+    head.push(format!(
+        "every run's channels hold {} batches (`[runtime] channel_capacity`; about the authors' artifact's bytes in flight per channel)",
+        super::scenario::CHANNEL_CAPACITY
+    ));
     if let Some(line) = crate::settings::drrs_line(&protocols) {
         head.push(line);
     }

@@ -7,6 +7,14 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+/// `[runtime] channel_capacity` of every experiment run: 16 batches of 256 records, about
+/// 200 KB of keyed-aggregate records in flight per channel, as the authors' artifact buffers
+/// (`BufferSize` 50 slots of `BatchSize` 4 KiB; Flink's network buffers hold less). The runtime's
+/// default (64) holds four times that, and a marker waits behind all of it: under the surge a
+/// task's backlog (64 k records over four source channels, 8.5 s at 7 500 records/s) delayed
+/// every subscale of DRRS by a stop-and-restart drain, seven times over.
+pub const CHANNEL_CAPACITY: usize = 16;
+
 /// A reconfiguration of the schedule.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -129,7 +137,7 @@ impl Scenario {
         }
         let _ = write!(
             text,
-            "\n[runtime]\ntask_records_per_sec = {:?}\nreconfiguration_timeout_s = 600.0\n",
+            "\n[runtime]\ntask_records_per_sec = {:?}\nchannel_capacity = {CHANNEL_CAPACITY}\nreconfiguration_timeout_s = 600.0\n",
             self.task_records_per_sec
         );
         if let Some(link) = self.link_mb_per_sec {
@@ -217,6 +225,7 @@ mod tests {
             assert_eq!(config.extra_keys, 25);
             assert_eq!(config.reconfigurations.len(), 3, "{text}");
             assert_eq!(config.runtime.task_records_per_sec, Some(500.0));
+            assert_eq!(config.runtime.channel_capacity, CHANNEL_CAPACITY);
             assert_eq!(config.runtime.link_mb_per_sec, Some(1.5));
             assert_eq!(config.protocol_label(), protocol, "{text}");
             assert!(text.contains("records_per_sec = 2000.0"), "{text}");
