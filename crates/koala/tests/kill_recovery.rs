@@ -10,12 +10,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Lines};
 use std::path::Path;
-use std::process::{Child, ChildStderr, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::expected::{QueryShape, expected_rows};
+use common::job::start_job;
 use common::oracle::{compare_rows, rows_per_key};
 
 /// Where a seed kills.
@@ -63,88 +63,12 @@ fn config(dir: &Path, query: &str, seed: u64, schedule: &str) -> String {
         + schedule
 }
 
-struct Coordinator {
-    child: Child,
-    /// Its stdout, open until it exits (it prints its summary there).
-    _out: Lines<BufReader<std::process::ChildStdout>>,
-    log: Lines<BufReader<ChildStderr>>,
-    seen: String,
-}
-
-impl Coordinator {
-    /// Reads the log until a line contains `what`; false if the coordinator ended first.
-    fn wait_for(&mut self, what: &str) -> bool {
-        for line in self.log.by_ref() {
-            let Ok(line) = line else { return false };
-            self.seen.push_str(&line);
-            self.seen.push('\n');
-            if line.contains(what) {
-                return true;
-            }
-        }
-        false
-    }
-
-    fn wait_exit(mut self, limit: Duration) -> (bool, String) {
-        let deadline = Instant::now() + limit;
-        // Reading the log to its end also waits for the exit (stderr closes then).
-        let rest: Vec<String> = self.log.by_ref().map_while(Result::ok).collect();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("wait") {
-                break Some(s);
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        (status.is_some_and(|s| s.success()), self.seen + &rest.join("\n"))
-    }
-}
-
 /// Runs one seed; `Err` says what went wrong, with the log.
 fn run_seed(seed: u64) -> Result<String, String> {
     let point = KillPoint::of(seed);
     let mark =
         format!("checkpoint {} {}", point.checkpoint, if point.during { "started" } else { "completed" });
     run_killed(seed, point, "", &mark)
-}
-
-/// Starts a coordinator and two workers of the job `text` in `dir`.
-fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), String> {
-    std::fs::write(dir.join("job.toml"), text).map_err(|e| e.to_string())?;
-    let addr_file = dir.join("addr");
-    let mut child = common::koala()
-        .args(["coordinator", "--config"])
-        .arg(dir.join("job.toml"))
-        .arg("--address-file")
-        .arg(&addr_file)
-        .env("KOALA_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let mut out = BufReader::new(child.stdout.take().ok_or("stdout")?).lines();
-    let first = out.next().ok_or("no line")?.map_err(|e| e.to_string())?;
-    if !first.starts_with("coordinator listening on") {
-        return Err(first);
-    }
-    let addr = std::fs::read_to_string(&addr_file).map_err(|e| e.to_string())?;
-    let log = BufReader::new(child.stderr.take().ok_or("stderr")?).lines();
-    let coordinator = Coordinator { child, _out: out, log, seen: String::new() };
-    let workers: Vec<Child> = (0..2)
-        .map(|i| {
-            common::koala()
-                .args(["worker", "--coordinator", &addr, "--data-dir"])
-                .arg(dir.join(format!("w{i}")))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start worker")
-        })
-        .collect();
-    Ok((coordinator, workers))
 }
 
 /// Runs `point.query` with `schedule`, kills `point.victim` once the log shows `mark`, and checks

@@ -409,6 +409,7 @@ pub fn assert_same<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
 }
 
 pub mod expected;
+pub mod job;
 pub mod model;
 pub mod nexmark;
 pub mod oracle;

@@ -1,0 +1,86 @@
+//! A job as real processes: a coordinator (`koala coordinator`) and worker processes
+//! (`koala worker`) over TCP, with the coordinator's log readable line by line, so a test can
+//! act at a logged moment (a checkpoint completed, a reconfiguration started) and `kill -9` a
+//! worker then, never after a sleep.
+
+use std::io::{BufRead, BufReader, Lines};
+use std::path::Path;
+use std::process::{Child, ChildStderr, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running coordinator process.
+pub struct Coordinator {
+    pub child: Child,
+    /// Its stdout, open until it exits (it prints its summary there).
+    _out: Lines<BufReader<std::process::ChildStdout>>,
+    pub log: Lines<BufReader<ChildStderr>>,
+    pub seen: String,
+}
+
+impl Coordinator {
+    /// Reads the log until a line contains `what`; false if the coordinator ended first.
+    pub fn wait_for(&mut self, what: &str) -> bool {
+        for line in self.log.by_ref() {
+            let Ok(line) = line else { return false };
+            self.seen.push_str(&line);
+            self.seen.push('\n');
+            if line.contains(what) {
+                return true;
+            }
+        }
+        false
+    }
+
+    pub fn wait_exit(mut self, limit: Duration) -> (bool, String) {
+        let deadline = Instant::now() + limit;
+        // Reading the log to its end also waits for the exit (stderr closes then).
+        let rest: Vec<String> = self.log.by_ref().map_while(Result::ok).collect();
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break Some(s);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (status.is_some_and(|s| s.success()), self.seen + &rest.join("\n"))
+    }
+}
+
+/// Starts a coordinator and two workers of the job `text` in `dir`.
+pub fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), String> {
+    std::fs::write(dir.join("job.toml"), text).map_err(|e| e.to_string())?;
+    let addr_file = dir.join("addr");
+    let mut child = super::koala()
+        .args(["coordinator", "--config"])
+        .arg(dir.join("job.toml"))
+        .arg("--address-file")
+        .arg(&addr_file)
+        .env("KOALA_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut out = BufReader::new(child.stdout.take().ok_or("stdout")?).lines();
+    let first = out.next().ok_or("no line")?.map_err(|e| e.to_string())?;
+    if !first.starts_with("coordinator listening on") {
+        return Err(first);
+    }
+    let addr = std::fs::read_to_string(&addr_file).map_err(|e| e.to_string())?;
+    let log = BufReader::new(child.stderr.take().ok_or("stderr")?).lines();
+    let coordinator = Coordinator { child, _out: out, log, seen: String::new() };
+    let workers: Vec<Child> = (0..2)
+        .map(|i| {
+            super::koala()
+                .args(["worker", "--coordinator", &addr, "--data-dir"])
+                .arg(dir.join(format!("w{i}")))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start worker")
+        })
+        .collect();
+    Ok((coordinator, workers))
+}
