@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use koala_protocol::checkpoint::{CheckpointAction, CheckpointCore, TaskCheckpoint};
 use koala_protocol::engine::Engine;
-use koala_protocol::{ClientReply, CoordinatorMessage, Deployment, Protocol, RestorePoint, WorkerMessage};
+use koala_protocol::{ClientReply, CoordinatorMessage, Deployment, RestorePoint, WorkerMessage};
 use koala_types::{CheckpointId, TaskId, WorkerId};
 
 use crate::control::{Event, Registrations};
@@ -27,9 +27,6 @@ use crate::metrics_store::{CheckpointRecord, RecoveryRecord};
 use crate::reconfig::operator_inputs;
 use crate::resume::CheckpointMetadata;
 use crate::server::{STARTUP_TIMEOUT, unix_ms};
-
-/// The protocols checkpoints are built for (the config refuses the others by name).
-pub const SUPPORTED: &[Protocol] = &[Protocol::StopAndRestart, Protocol::Remote];
 
 /// A completed checkpoint the job can restart from.
 struct Latest {
@@ -308,6 +305,9 @@ impl Checkpoints {
             }
         }
         state.workers.broadcast(&CoordinatorMessage::Start)?;
+        // The restore point belongs to the Deploy above: tasks a later reconfiguration creates
+        // (the redone request's first) start empty, never from the checkpoint.
+        d.options.checkpoint.restore = None;
         let mut engine = Engine::new(d, operator_inputs(state.graph)).map_err(|e| {
             CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }
         })?;

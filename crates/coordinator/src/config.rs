@@ -472,21 +472,6 @@ impl JobConfig {
                 "recovery needs the last completed checkpoint; keep at least 1 (the default is 3)",
             ));
         }
-        if self.checkpoint_interval_ms.is_some() && !crate::checkpoint::SUPPORTED.contains(&self.protocol) {
-            return Err(invalid(
-                "checkpoint_interval_ms",
-                format!(
-                    "checkpoints are built for protocol = {} so far, not {:?} (docs/architecture.md §10); \
-                     remove checkpoint_interval_ms or choose one of those protocols",
-                    crate::checkpoint::SUPPORTED
-                        .iter()
-                        .map(|p| format!("{:?}", p.name()))
-                        .collect::<Vec<_>>()
-                        .join(" or "),
-                    self.protocol.name()
-                ),
-            ));
-        }
         if self.protocol == koala_protocol::Protocol::Drrs && self.partition_policy != PolicyName::Uniform {
             return Err(invalid(
                 "partition_policy",

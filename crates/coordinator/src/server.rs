@@ -188,9 +188,13 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     })?;
     workers.broadcast(&CoordinatorMessage::Start)?;
     let started = Instant::now();
-    tracing::info!(run = %job.run, tasks = deployment.placement.len(), "job started");
+    tracing::info!(run = %job.run, tasks = deployment.placement.len(), protocol = %deployment.protocol.name(), "job started");
     let next_index =
         deployment.tasks.iter().map(|(op, t)| (*op, t.iter().max().map_or(0, |m| m + 1))).collect();
+    // The restore point belongs to this one deployment: tasks a later reconfiguration creates
+    // start empty, never from the checkpoint.
+    let mut deployment = deployment;
+    deployment.options.checkpoint.restore = None;
     let mut checkpoints = crate::checkpoint::Checkpoints::new(config, &deployment, job.resume.as_ref())?;
     let mut engine = Engine::new(deployment, operator_inputs(&graph)).map_err(|e| {
         CoordinatorError::Protocol { epoch: 0, source_task: "coordinator".into(), error: e.to_string() }

@@ -1,26 +1,34 @@
-//! Checkpoints and recovery end to end (docs/architecture.md §10): a coordinator and two worker
-//! processes run a job with `checkpoint_interval_ms`; the test `kill -9`s one worker at a seeded
-//! point — after checkpoint `k` completed (steady state), or right after checkpoint `k` started
-//! (barriers in flight) — and the job must recover on the surviving worker and end with exactly
-//! the expected output: every row once, none lost, none twice (the exactly-once file sink).
+//! Checkpoints and recovery end to end (docs/architecture.md §10), under every protocol: a
+//! coordinator and two worker processes run a job with `checkpoint_interval_ms`; the test
+//! `kill -9`s one worker at a seeded point — after checkpoint `k` completed (steady state), right
+//! after checkpoint `k` started (barriers in flight), in the middle of a reconfiguration, or after
+//! a Koala scale-out while the new owners still fetch state from the old ones — and the job must
+//! recover on the surviving worker and end with exactly the expected output: every row once,
+//! none lost, none twice (the exactly-once file sink). Each run proves the protocol it was given
+//! ran (the coordinator's `job started … protocol=` line) and that it recovered.
 //!
-//! Kill points are read from the coordinator's log (`checkpoint k started|completed`), never
-//! from sleeps. A failing seed prints its replay command:
-//! `KILL_SEED=<seed> cargo nextest run -p koala --test kill_recovery -E 'test(replay_one_seed)' --run-ignored all`.
+//! Kill points are read from the coordinator's log (`checkpoint k started|completed`,
+//! `reconfiguration 1 started|completed`), never from sleeps. A failing seed prints its replay
+//! command: `KILL_PROTOCOL=<protocol> KILL_SEED=<seed> cargo nextest run -p koala --test
+//! kill_recovery -E 'test(replay_one_seed)' --run-ignored all`.
 
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use common::expected::{QueryShape, expected_rows};
-use common::job::start_job;
+use common::job::{start_job, start_state_server};
 use common::oracle::{compare_rows, rows_per_key};
+
+/// The protocols every kill point runs under.
+const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
 
 /// Where a seed kills.
 #[derive(Clone, Copy, Debug)]
 struct KillPoint {
+    protocol: &'static str,
     /// The checkpoint that decides the moment.
     checkpoint: u64,
     /// Right after it started (barriers in flight), or once it completed.
@@ -31,9 +39,10 @@ struct KillPoint {
 }
 
 impl KillPoint {
-    fn of(seed: u64) -> Self {
+    fn of(protocol: &'static str, seed: u64) -> Self {
         let mix = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 17;
         Self {
+            protocol,
             checkpoint: 1 + mix % 4,
             during: (mix >> 8) % 2 == 1,
             victim: ((mix >> 12) % 2) as usize,
@@ -45,54 +54,74 @@ impl KillPoint {
 const RECORDS: u64 = 12_000;
 const RATE: u64 = 4_000;
 
-fn config(dir: &Path, query: &str, seed: u64, schedule: &str) -> String {
+/// A scale-out of the stateful operator from 2 to 3 tasks at 1.2 s.
+fn scale_out(query: &str) -> String {
+    let operator = if query == "keyed-aggregate" { "aggregate" } else { "window" };
+    format!("[[reconfigurations]]\nat_s = 1.2\noperator = \"{operator}\"\nparallelism = 3\n")
+}
+
+/// The job's config; `state_server`: the Remote backend's server address.
+fn config(dir: &Path, point: KillPoint, seed: u64, schedule: &str, state_server: Option<&str>) -> String {
     let generator = common::generator(RECORDS, seed);
-    let parallelism: &[(&str, u32)] = if query == "keyed-aggregate" {
+    let parallelism: &[(&str, u32)] = if point.query == "keyed-aggregate" {
         &[("source", 2), ("aggregate", 2), ("sink", 1)]
     } else {
         &[("source", 2), ("window", 2), ("sink", 1)]
     };
-    common::config_top(
-        dir,
-        query,
-        "protocol = \"stop-and-restart\"\ncheckpoint_interval_ms = 300\ncheckpoints_retained = 2",
-        parallelism,
-        &generator,
-        "window_ms = 100\n",
-    ) + &format!("rate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\n")
+    let mut top =
+        format!("protocol = \"{}\"\ncheckpoint_interval_ms = 300\ncheckpoints_retained = 2", point.protocol);
+    if point.protocol == "drrs" {
+        top.push_str("\npartition_policy = \"uniform\"");
+    }
+    if let Some(addr) = state_server {
+        top.push_str(&format!("\nstate.backend = \"remote\"\nstate.server_addresses = [\"{addr}\"]"));
+    }
+    common::config_top(dir, point.query, &top, parallelism, &generator, "window_ms = 100\n")
+        + &format!("rate = [{{ at_ms = 0, records_per_sec = {RATE}.0 }}]\n")
         + schedule
 }
 
 /// Runs one seed; `Err` says what went wrong, with the log.
-fn run_seed(seed: u64) -> Result<String, String> {
-    let point = KillPoint::of(seed);
+fn run_seed(protocol: &'static str, seed: u64) -> Result<String, String> {
+    let point = KillPoint::of(protocol, seed);
     let mark =
         format!("checkpoint {} {}", point.checkpoint, if point.during { "started" } else { "completed" });
-    run_killed(seed, point, "", &mark)
+    run_killed(seed, point, "", &[&mark])
 }
 
-/// Runs `point.query` with `schedule`, kills `point.victim` once the log shows `mark`, and checks
-/// the recovery and the output.
-fn run_killed(seed: u64, point: KillPoint, schedule: &str, mark: &str) -> Result<String, String> {
+/// Runs `point.query` with `schedule`, kills `point.victim` once the log showed each of `marks`
+/// in order, and checks the protocol, the recovery and the output.
+fn run_killed(seed: u64, point: KillPoint, schedule: &str, marks: &[&str]) -> Result<String, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let text = config(dir.path(), point.query, seed, schedule);
+    let mut server: Option<Child> = None;
+    let addr = if point.protocol == "remote" {
+        let (child, addr) = start_state_server(dir.path())?;
+        server = Some(child);
+        Some(addr)
+    } else {
+        None
+    };
+    let text = config(dir.path(), point, seed, schedule, addr.as_deref());
     let (mut coordinator, mut workers) = start_job(dir.path(), &text)?;
-    let reached = coordinator.wait_for(mark);
+    let reached = coordinator.wait_for_each(marks);
     if reached {
         let _ = workers[point.victim].kill();
         let _ = workers[point.victim].wait();
     }
     let (ok, log) = coordinator.wait_exit(Duration::from_secs(90));
-    for w in &mut workers {
+    for w in workers.iter_mut().chain(server.as_mut()) {
         let _ = w.kill();
         let _ = w.wait();
     }
     let context = format!("seed {seed} ({point:?})\nconfig:\n{text}\nlog:\n{log}");
     if !reached {
-        return Err(format!("the job never reached '{mark}': {context}"));
+        return Err(format!("the job never reached {marks:?}: {context}"));
     }
     if !ok {
         return Err(format!("the job failed: {context}"));
+    }
+    if !log.contains(&format!("protocol={}", point.protocol)) {
+        return Err(format!("the job did not run under {}: {context}", point.protocol));
     }
     if !log.contains("recovered: the job restarted from checkpoint") {
         return Err(format!("no recovery after the kill: {context}"));
@@ -100,83 +129,153 @@ fn run_killed(seed: u64, point: KillPoint, schedule: &str, mark: &str) -> Result
     let shape = QueryShape { window_ms: 100, slide_ms: 100, last_n: 3 };
     let expected = expected_rows(point.query, &common::generator(RECORDS, seed), 2, shape);
     let got = rows_per_key(&dir.path().join("out"));
-    compare_rows(&expected, &got).map_err(|e| format!("{e}\n{context}"))?;
+    if let Err(e) = compare_rows(&expected, &got) {
+        // Kept for a look: the config, the log and every output part.
+        let kept = dir.keep();
+        return Err(format!("{e}\n(files kept in {})\n{context}", kept.display()));
+    }
     Ok(log)
 }
 
-fn check(seed: u64) {
-    if let Err(e) = run_seed(seed) {
-        panic!(
-            "{e}\nreplay: KILL_SEED={seed} cargo nextest run -p koala --test kill_recovery \
-             -E 'test(replay_one_seed)' --run-ignored all"
-        );
+fn replay(protocol: &str, seed: u64) -> String {
+    format!(
+        "replay: KILL_PROTOCOL={protocol} KILL_SEED={seed} cargo nextest run -p koala --test kill_recovery \
+         -E 'test(replay_one_seed)' --run-ignored all"
+    )
+}
+
+fn check(protocol: &'static str, seed: u64) {
+    if let Err(e) = run_seed(protocol, seed) {
+        panic!("{e}\n{}", replay(protocol, seed));
     }
 }
 
-#[test]
-fn a_worker_killed_after_a_checkpoint_completed_recovers_with_exact_output() {
-    // Seeds whose kill point is a completed checkpoint, one per query.
-    let seed = (0..).find(|s| !KillPoint::of(*s).during && KillPoint::of(*s).query == "keyed-aggregate");
-    check(seed.expect("a seed"));
+/// The first seed whose kill point is of this kind.
+fn seed_where(protocol: &'static str, during: bool, query: &str) -> u64 {
+    (0..)
+        .find(|s| KillPoint::of(protocol, *s).during == during && KillPoint::of(protocol, *s).query == query)
+        .unwrap_or(0)
 }
 
-#[test]
-fn a_worker_killed_while_barriers_are_in_flight_recovers_with_exact_output() {
-    let seed = (0..).find(|s| KillPoint::of(*s).during && KillPoint::of(*s).query == "tumbling-window");
-    check(seed.expect("a seed"));
+/// A worker killed once checkpoint `k` completed (steady state), and one killed while the
+/// barriers of checkpoint `k` are in flight, under `protocol`.
+fn steady_and_in_flight(protocol: &'static str) {
+    check(protocol, seed_where(protocol, false, "keyed-aggregate"));
+    check(protocol, seed_where(protocol, true, "tumbling-window"));
 }
 
-/// A worker killed in the middle of a stop-and-restart scale-out: the job rolls back to the last
-/// checkpoint (taken before the reconfiguration started) and runs the request again.
-#[test]
-fn a_worker_killed_during_a_reconfiguration_rolls_back_and_runs_it_again() {
-    let point = KillPoint { checkpoint: 0, during: true, victim: 1, query: "keyed-aggregate" };
-    let schedule = "[[reconfigurations]]\nat_s = 1.2\noperator = \"aggregate\"\nparallelism = 3\n";
-    let log = run_killed(3, point, schedule, "reconfiguration 1 started").unwrap_or_else(|e| panic!("{e}"));
+/// A worker killed in the middle of a scale-out: the job rolls back to the last checkpoint
+/// (taken before the reconfiguration started) and runs the request again.
+fn during_a_reconfiguration(protocol: &'static str, query: &'static str) {
+    let point = KillPoint { protocol, checkpoint: 0, during: true, victim: 1, query };
+    let log = run_killed(3, point, &scale_out(query), &["reconfiguration 1 started"])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(log.contains("reconfiguration 2 completed"), "the request did not run again:\n{log}");
 }
 
-/// Four more seeded kill points in the normal suite (with the two above and the two below:
-/// eight kill -9 points per run of the suite; ~16 s): the first seed from 100 on of each of the
-/// four kinds (keyed aggregate or tumbling window × barriers in flight or checkpoint completed).
-#[test]
-fn four_more_seeded_kill_points_recover_with_exact_output() {
-    let mut kinds = std::collections::BTreeSet::new();
-    let seeds: Vec<u64> = (100..)
-        .filter(|s| {
-            let p = KillPoint::of(*s);
-            kinds.insert((p.query, p.during))
-        })
-        .take(4)
-        .collect();
-    assert_eq!(seeds.len(), 4);
-    let failures: Vec<String> = seeds
-        .iter()
-        .filter_map(|s| {
-            run_seed(*s).err().map(|e| {
-                format!(
-                    "seed {s}: {e}\nreplay: KILL_SEED={s} cargo nextest run -p koala --test kill_recovery \
-                     -E 'test(replay_one_seed)' --run-ignored all"
-                )
-            })
-        })
-        .collect();
-    assert!(failures.is_empty(), "{} of {seeds:?} failed:\n{}", failures.len(), failures.join("\n\n"));
+/// A worker killed after a scale-out completed, at the next checkpoint: under Koala the new task
+/// still fetches state from the old owners then, so the checkpoint's cut and the restore's
+/// order (docs/protocols.md §12) decide whether state is lost or comes back twice.
+fn after_a_reconfiguration(protocol: &'static str, query: &'static str, victim: usize) {
+    let point = KillPoint { protocol, checkpoint: 0, during: false, victim, query };
+    run_killed(4, point, &scale_out(query), &["reconfiguration 1 completed", "completed"])
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
-#[ignore = "soak: 24 seeded kill points, several minutes (docs/testing.md)"]
+fn koala_recovers_exactly_from_kills_in_steady_state_and_with_barriers_in_flight() {
+    steady_and_in_flight("koala");
+}
+
+#[test]
+fn stop_and_restart_recovers_exactly_from_kills_in_steady_state_and_with_barriers_in_flight() {
+    steady_and_in_flight("stop-and-restart");
+}
+
+#[test]
+fn remote_recovers_exactly_from_kills_in_steady_state_and_with_barriers_in_flight() {
+    steady_and_in_flight("remote");
+}
+
+#[test]
+fn drrs_recovers_exactly_from_kills_in_steady_state_and_with_barriers_in_flight() {
+    steady_and_in_flight("drrs");
+}
+
+#[test]
+fn koala_rolls_back_a_scale_out_a_kill_interrupted_and_runs_it_again() {
+    during_a_reconfiguration("koala", "keyed-aggregate");
+}
+
+#[test]
+fn stop_and_restart_rolls_back_a_scale_out_a_kill_interrupted_and_runs_it_again() {
+    during_a_reconfiguration("stop-and-restart", "keyed-aggregate");
+}
+
+#[test]
+fn remote_rolls_back_a_scale_out_a_kill_interrupted_and_runs_it_again() {
+    during_a_reconfiguration("remote", "tumbling-window");
+}
+
+#[test]
+fn drrs_rolls_back_a_scale_out_a_kill_interrupted_and_runs_it_again() {
+    during_a_reconfiguration("drrs", "keyed-aggregate");
+}
+
+#[test]
+fn koala_recovers_exactly_when_killed_while_new_owners_fetch_from_old_ones() {
+    after_a_reconfiguration("koala", "keyed-aggregate", 0);
+    after_a_reconfiguration("koala", "tumbling-window", 1);
+}
+
+#[test]
+fn remote_recovers_exactly_when_killed_after_a_scale_out() {
+    after_a_reconfiguration("remote", "keyed-aggregate", 1);
+}
+
+/// Four more seeded kill points in the normal suite, one protocol each (the first seed from 100
+/// on whose kind — query × barriers in flight or checkpoint completed — the protocol's other
+/// tests do not cover).
+#[test]
+fn four_more_seeded_kill_points_recover_with_exact_output() {
+    let kinds = [(false, "tumbling-window"), (true, "keyed-aggregate")];
+    let failures: Vec<String> = PROTOCOLS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, protocol)| {
+            let (during, query) = kinds[i % 2];
+            let seed = (100..)
+                .find(|s| {
+                    KillPoint::of(protocol, *s).during == during && KillPoint::of(protocol, *s).query == query
+                })
+                .unwrap_or(100);
+            run_seed(protocol, seed)
+                .err()
+                .map(|e| format!("{protocol} seed {seed}: {e}\n{}", replay(protocol, seed)))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} failed:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+#[test]
+#[ignore = "soak: 24 seeded kill points per protocol, several minutes (docs/testing.md)"]
 fn soak_seeded_kill_points() {
-    let failures: Vec<String> =
-        (0..24).filter_map(|s| run_seed(s).err().map(|e| format!("seed {s}: {e}"))).collect();
+    let failures: Vec<String> = PROTOCOLS
+        .iter()
+        .flat_map(|p| (0..24).map(move |s| (*p, s)))
+        .filter_map(|(p, s)| run_seed(p, s).err().map(|e| format!("{p} seed {s}: {e}\n{}", replay(p, s))))
+        .collect();
     assert!(failures.is_empty(), "{} seeds failed:\n{}", failures.len(), failures.join("\n\n"));
 }
 
 #[test]
-#[ignore = "replays KILL_SEED"]
+#[ignore = "replays KILL_PROTOCOL (default koala) and KILL_SEED"]
 fn replay_one_seed() {
     let seed = std::env::var("KILL_SEED").ok().and_then(|s| s.parse().ok()).expect("set KILL_SEED=<seed>");
-    check(seed);
+    let protocol = std::env::var("KILL_PROTOCOL").unwrap_or_else(|_| "koala".into());
+    let protocol =
+        PROTOCOLS.into_iter().find(|p| *p == protocol).expect("KILL_PROTOCOL: one of the four protocols");
+    check(protocol, seed);
 }
 
 /// `kill -9` of every process (coordinator and both workers) once checkpoint 2 completed, then
@@ -186,7 +285,9 @@ fn replay_one_seed() {
 fn a_job_whose_processes_were_all_killed_resumes_from_its_latest_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let seed = 5;
-    let text = config(dir.path(), "keyed-aggregate", seed, "");
+    let point =
+        KillPoint { protocol: "koala", checkpoint: 2, during: false, victim: 0, query: "keyed-aggregate" };
+    let text = config(dir.path(), point, seed, "", None);
     let (mut coordinator, mut workers) = start_job(dir.path(), &text).expect("start");
     let reached = coordinator.wait_for("checkpoint 2 completed");
     let _ = coordinator.child.kill();
@@ -235,20 +336,39 @@ fn resume_without_a_checkpoint_names_the_directory_and_the_setting() {
     assert!(err.contains("no completed checkpoint") && err.contains("checkpoint_interval_ms"), "{err}");
 }
 
-/// With checkpoints off, a lost worker still fails the job with today's message (and a config
-/// with checkpoints under a protocol they are not built for is refused by name).
+/// `koala run` with checkpoints under every protocol, with a scale-out in the middle: the job
+/// takes checkpoints before and after it and its output is exact.
 #[test]
-fn checkpoints_under_koala_are_refused_by_name() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let text = config(dir.path(), "keyed-aggregate", 1, "")
-        .replace("protocol = \"stop-and-restart\"", "protocol = \"koala\"");
-    std::fs::write(dir.path().join("job.toml"), &text).expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_koala"))
-        .args(["run"])
-        .arg(dir.path().join("job.toml"))
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("checkpoint_interval_ms") && err.contains("stop-and-restart"), "{err}");
+fn koala_run_takes_checkpoints_under_every_protocol() {
+    for protocol in PROTOCOLS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let point = KillPoint { protocol, checkpoint: 0, during: false, victim: 0, query: "keyed-aggregate" };
+        let mut text = config(dir.path(), point, 9, &scale_out("keyed-aggregate"), None);
+        if protocol == "remote" {
+            // `koala run` starts the state server itself.
+            text = text.replacen(
+                "checkpoints_retained = 2",
+                "checkpoints_retained = 2\nstate.backend = \"remote\"",
+                1,
+            );
+        }
+        std::fs::write(dir.path().join("job.toml"), &text).expect("write");
+        let out = Command::new(env!("CARGO_BIN_EXE_koala"))
+            .args(["run"])
+            .arg(dir.path().join("job.toml"))
+            .env("KOALA_LOG", "info")
+            .output()
+            .expect("run");
+        let log =
+            format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{protocol}: the job failed:\n{text}\n{log}");
+        assert!(log.contains(&format!("protocol={protocol}")), "{protocol}: another protocol ran:\n{log}");
+        assert!(log.contains("reconfiguration 1 completed"), "{protocol}: no scale-out:\n{log}");
+        let completed = log.lines().filter(|l| l.contains("checkpoint") && l.contains("completed")).count();
+        assert!(completed >= 2, "{protocol}: {completed} checkpoints completed:\n{log}");
+        let shape = QueryShape { window_ms: 100, slide_ms: 100, last_n: 3 };
+        let expected = expected_rows("keyed-aggregate", &common::generator(RECORDS, 9), 2, shape);
+        compare_rows(&expected, &rows_per_key(&dir.path().join("out")))
+            .unwrap_or_else(|e| panic!("{protocol}: {e}"));
+    }
 }

@@ -5,7 +5,17 @@
 //! per-channel watermarks — into `<dir>/<id>/<operator>-<index>`, and restoring from one.
 //!
 //! A restore re-buckets: a stateful task loads the buckets it owns from the snapshots of every
-//! task of its operator, so a key's state is found wherever it was at the checkpoint.
+//! task of its operator, so a key's state is found wherever it was at the checkpoint — under
+//! Koala at an old location that still holds it (cold state), or retained by one that served it
+//! to an owner already past the barrier — in the order of Koala's cut rule
+//! (`koala_protocol::koala::restore_steps`, docs/protocols.md §12): the other parts, then the
+//! owner's tombstones, then its own part. Over a store every task shares (the Remote backend's
+//! state servers), a task snapshots and restores only the buckets it owns, so no restore
+//! touches another task's buckets and tasks may restore concurrently.
+//!
+//! A task whose protocol core holds records (Koala, DRRS) checkpoints through
+//! [`CoreCheckpoints`]: once aligned, its snapshot waits until the core has processed every
+//! record taken before the barrier and has no fetch outstanding.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -14,9 +24,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use koala_protocol::WorkerMessage;
 use koala_protocol::checkpoint::{BarrierAligner, TaskCheckpoint};
-use koala_state::FrozenView;
+use koala_protocol::koala::{CutPart, RestoreStep, restore_steps};
+use koala_protocol::{Deployment, Protocol, WorkerMessage};
+use koala_state::{FrozenView, OwnedView, StateKey, StateWrite};
 use koala_types::{BucketId, ChannelMessage, CheckpointId, InputChannel, TaskId, Timestamp, bucket_of};
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +41,9 @@ pub(crate) struct TaskMeta {
     pub(crate) watermarks: Vec<(InputChannel, Option<Timestamp>)>,
     /// Pending timers.
     pub(crate) timers: Vec<(Timestamp, Vec<u8>)>,
+    /// Koala's checkpoint cut: entries served to owners already past this checkpoint, and keys
+    /// installed from fetches since the previous one (empty under the other protocols).
+    pub(crate) cut: CutPart,
 }
 
 /// The directory of `task`'s part of checkpoint `id` under `root`.
@@ -105,6 +119,116 @@ impl BarrierGate {
     }
 }
 
+/// Messages of data channels held behind a barrier, in arrival order.
+type Held = VecDeque<(InputChannel, ChannelMessage)>;
+
+/// Checkpoints of a task whose protocol core holds records (Koala, DRRS): the barrier gate in
+/// front of the core and, once a checkpoint is aligned, the snapshot deferred until the loop
+/// says the core is idle — it has processed every record taken before the barrier and waits for
+/// no state (rule 1 of the cut, `koala_protocol::koala::CheckpointCut`). Until then the task
+/// takes no data input ([`Self::holds_input`]); commands, peer and fetch lanes go on.
+pub(crate) struct CoreCheckpoints {
+    gate: BarrierGate,
+    /// An aligned checkpoint waiting for the core: its id, what is held behind its barrier, and
+    /// the alignment time (ms).
+    pending: Option<(CheckpointId, Held, u64)>,
+    writer: Option<CheckpointWriter>,
+}
+
+impl CoreCheckpoints {
+    /// Checkpoints over these input channels.
+    pub(crate) fn new(task: TaskId, channels: impl IntoIterator<Item = InputChannel>) -> Self {
+        Self { gate: BarrierGate::new(task, channels), pending: None, writer: None }
+    }
+
+    /// A reconfiguration added an input channel.
+    pub(crate) fn add_channel(&mut self, channel: InputChannel) {
+        self.gate.add_channel(channel);
+    }
+
+    /// Whether data input must wait: an aligned checkpoint waits for its snapshot.
+    pub(crate) fn holds_input(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// One message of a data channel: `Some` to hand to the core now; a barrier, or a message
+    /// of a channel held behind one, stays here.
+    pub(crate) fn admit(
+        &mut self,
+        channel: InputChannel,
+        message: ChannelMessage,
+    ) -> Result<Option<ChannelMessage>, RuntimeError> {
+        if let Some((_, held, _)) = self.pending.as_mut() {
+            held.push_back((channel, message));
+            return Ok(None);
+        }
+        match self.gate.admit(channel, message)? {
+            Gate::Take(ChannelMessage::EndOfStream) => {
+                // An ended channel counts as arrived: its end may align a checkpoint.
+                if let Some(id) = self.gate.on_end(&channel) {
+                    self.align(id);
+                }
+                Ok(Some(ChannelMessage::EndOfStream))
+            }
+            Gate::Take(message) => Ok(Some(message)),
+            Gate::Held | Gate::Waiting => Ok(None),
+            Gate::Aligned(id) => {
+                self.align(id);
+                Ok(None)
+            }
+        }
+    }
+
+    /// An input channel ended without its end of stream passing [`Self::admit`] (its upstream
+    /// finished before this task knew it).
+    pub(crate) fn on_end(&mut self, channel: &InputChannel) {
+        if let Some(id) = self.gate.on_end(channel) {
+            self.align(id);
+        }
+    }
+
+    fn align(&mut self, id: CheckpointId) {
+        let (held, alignment_ms) = self.gate.release();
+        self.pending = Some((id, held, alignment_ms));
+    }
+
+    /// The checkpoint aligned and waiting for the core, if any.
+    pub(crate) fn pending(&self) -> Option<CheckpointId> {
+        self.pending.as_ref().map(|(id, _, _)| *id)
+    }
+
+    /// Takes the pending checkpoint's snapshot now (the caller checked that the core is idle):
+    /// `meta` as the task gives it, its store frozen, the barrier forwarded on every output and
+    /// the part handed to the writer. Returns what was held behind the barrier, to be admitted
+    /// again in order.
+    pub(crate) fn snapshot(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut crate::output::Outputs,
+        view: Option<Box<dyn FrozenView>>,
+        meta: TaskMeta,
+    ) -> Result<Held, RuntimeError> {
+        let Some((id, held, alignment_ms)) = self.pending.take() else { return Ok(Held::new()) };
+        outputs.broadcast_barrier(id)?;
+        let writer = match &mut self.writer {
+            Some(writer) => writer,
+            None => self.writer.insert(CheckpointWriter::start(setup, id)?),
+        };
+        writer.submit(id, view, meta, alignment_ms)?;
+        Ok(held)
+    }
+
+    /// The writer's failure, if it failed.
+    pub(crate) fn check(&self) -> Result<(), RuntimeError> {
+        self.writer.as_ref().map_or(Ok(()), CheckpointWriter::check)
+    }
+
+    /// Waits until every part handed over is written (before the task reports it finished).
+    pub(crate) fn finish(&mut self) -> Result<(), RuntimeError> {
+        self.writer.as_mut().map_or(Ok(()), CheckpointWriter::finish)
+    }
+}
+
 /// One checkpoint as a task captured it at its barrier, for its writer.
 struct Job {
     id: CheckpointId,
@@ -176,8 +300,9 @@ impl CheckpointWriter {
         alignment_ms: u64,
     ) -> Result<(), RuntimeError> {
         self.check()?;
-        let sent = self.jobs.as_ref().map(|jobs| jobs.send(Job { id, view, meta, alignment_ms }));
-        if !matches!(sent, Some(Ok(()))) {
+        let sent =
+            self.jobs.as_ref().is_some_and(|jobs| jobs.send(Job { id, view, meta, alignment_ms }).is_ok());
+        if !sent {
             self.check()?;
             let what = format!("its writer stopped before checkpoint {id}");
             return Err(RuntimeError::Checkpoint { task: self.task, what });
@@ -261,23 +386,39 @@ pub(crate) fn acknowledge(setup: &TaskSetup, id: CheckpointId, ack: TaskCheckpoi
     let _ = setup.events.send(WorkerMessage::CheckpointAck { task: setup.task, id, ack });
 }
 
-/// The buckets `task` owns in the deployment (`None`: not a stateful operator).
-fn owned_buckets(setup: &TaskSetup) -> Option<BTreeSet<BucketId>> {
-    let table = setup.deployment.routing.get(&setup.task.operator)?;
-    Some(
-        table
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| **o == setup.task.index)
-            .map(|(b, _)| b as BucketId)
-            .collect(),
-    )
+/// The buckets `task` owns in `deployment` (none if its operator is not keyed).
+pub(crate) fn owned_in(deployment: &Deployment, task: TaskId) -> BTreeSet<BucketId> {
+    deployment.routing.get(&task.operator).map_or_else(BTreeSet::new, |table| {
+        table.iter().enumerate().filter(|(_, o)| **o == task.index).map(|(b, _)| b as BucketId).collect()
+    })
+}
+
+/// Whether the task's store is shared by every task of its operator (the Remote backend).
+fn shared_store(setup: &TaskSetup) -> bool {
+    setup.deployment.protocol == Protocol::Remote
+}
+
+/// The task's store frozen at its barrier (`None`: a stateless task): every bucket of a private
+/// store (cold state a Koala task still holds for others included), only `owned` of a shared one.
+pub(crate) fn freeze(
+    setup: &TaskSetup,
+    owned: impl FnOnce() -> BTreeSet<BucketId>,
+) -> Result<Option<Box<dyn FrozenView>>, RuntimeError> {
+    let Some(store) = setup.store.as_deref() else { return Ok(None) };
+    if shared_store(setup) {
+        let owned: Vec<BucketId> = owned().into_iter().collect();
+        let view = store.freeze(&owned)?;
+        return Ok(Some(Box::new(OwnedView::new(view, owned))));
+    }
+    let all: Vec<BucketId> = (0..setup.num_buckets).collect();
+    Ok(Some(store.freeze(&all)?))
 }
 
 /// A restarted job (`checkpoint.restore`): loads this task's state and timers from the
-/// checkpoint — the buckets it owns from every task of its operator — and returns its own
-/// record's watermarks with those timers. `None` when the job does not restore.
-pub(crate) fn restore_task(setup: &TaskSetup) -> Result<Option<TaskMeta>, RuntimeError> {
+/// checkpoint — the buckets it owns, from every task of its operator, in the cut rule's order —
+/// and returns its own record's watermarks with those timers. `state_ids`: the operator's state
+/// ids (a tombstone deletes a key under each). `None` when the job does not restore.
+pub(crate) fn restore_task(setup: &TaskSetup, state_ids: &[u8]) -> Result<Option<TaskMeta>, RuntimeError> {
     let task = setup.task;
     let fail = |what: String| RuntimeError::Checkpoint { task, what };
     let (Some(root), Some(point)) =
@@ -285,8 +426,12 @@ pub(crate) fn restore_task(setup: &TaskSetup) -> Result<Option<TaskMeta>, Runtim
     else {
         return Ok(None);
     };
-    let own = task_dir(Path::new(root), point.id, task);
-    let owned = owned_buckets(setup);
+    if setup.created_by_reconfiguration {
+        // A task a reconfiguration created is not in the checkpoint: it owns nothing yet, and a
+        // copy of its future buckets' state would shadow what their old owners hand over.
+        return Ok(None);
+    }
+    let owned = setup.spec.is_stateful().then(|| owned_in(&setup.deployment, task));
     let prefix = format!("{}-", task.operator.0);
     let checkpoint = Path::new(root).join(point.id.to_string());
     // No directory: no transform task had a part (every one had finished).
@@ -295,23 +440,13 @@ pub(crate) fn restore_task(setup: &TaskSetup) -> Result<Option<TaskMeta>, Runtim
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(fail(format!("reading {}: {e}", checkpoint.display()))),
     };
-    let mut dirs: Vec<PathBuf> = listing
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix)))
-        .collect();
-    dirs.sort();
-    if let Some(store) = setup.store.as_deref() {
-        // Whatever the store held before the crash is not the checkpoint's.
-        let all: Vec<BucketId> = (0..setup.num_buckets).collect();
-        store.delete_buckets(&all)?;
-        for dir in &dirs {
-            let state = dir.join("state");
-            if state.join("manifest").exists() {
-                koala_state::snapshot::restore(store, &state, owned.as_ref())
-                    .map_err(|e| fail(e.to_string()))?;
-            }
+    // The parts of this operator's tasks, by task index.
+    let mut parts: std::collections::BTreeMap<u32, PathBuf> = std::collections::BTreeMap::new();
+    for entry in listing.into_iter().flatten().filter_map(Result::ok) {
+        let name = entry.file_name();
+        let index = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|i| i.parse::<u32>().ok());
+        if let Some(index) = index {
+            parts.insert(index, entry.path());
         }
     }
     let read = |dir: &Path| -> Result<Option<TaskMeta>, RuntimeError> {
@@ -322,16 +457,83 @@ pub(crate) fn restore_task(setup: &TaskSetup) -> Result<Option<TaskMeta>, Runtim
         let bytes = std::fs::read(&path).map_err(|e| fail(format!("reading {}: {e}", path.display())))?;
         koala_types::decode(&bytes).map(Some).map_err(|e| fail(format!("{}: {e}", path.display())))
     };
-    let mut meta = read(&own)?.unwrap_or_default();
+    let mut metas = std::collections::BTreeMap::new();
+    for (index, dir) in &parts {
+        if let Some(meta) = read(dir)? {
+            metas.insert(*index, meta);
+        }
+    }
+    let mut meta = metas.remove(&task.index).unwrap_or_default();
+    if let (Some(store), Some(owned)) = (setup.store.as_deref(), owned.as_ref()) {
+        let nb = setup.num_buckets;
+        let mine = |key: &[u8]| owned.contains(&bucket_of(key, nb));
+        let restore_state = |dir: &Path| -> Result<(), RuntimeError> {
+            let state = dir.join("state");
+            if state.join("manifest").exists() {
+                koala_state::snapshot::restore(store, &state, Some(owned))
+                    .map_err(|e| fail(e.to_string()))?;
+            }
+            Ok(())
+        };
+        if shared_store(setup) {
+            // Its own buckets only: the other tasks' are theirs to restore, perhaps right now.
+            store.delete_buckets(&owned.iter().copied().collect::<Vec<_>>())?;
+            if let Some(dir) = parts.get(&task.index) {
+                restore_state(dir)?;
+            }
+        } else {
+            // Whatever the store held before the crash is not the checkpoint's.
+            store.delete_buckets(&(0..nb).collect::<Vec<_>>())?;
+            for step in restore_steps(task.index, parts.keys().copied()) {
+                match step {
+                    RestoreStep::Other(index) => {
+                        restore_state(&parts[&index])?;
+                        let retained =
+                            metas.get(&index).map(|m| m.cut.retained.as_slice()).unwrap_or_default();
+                        let entries = retained.iter().filter(|(k, _)| mine(k)).cloned();
+                        let writes = crate::task::bundle_writes(entries, nb)?;
+                        if !writes.is_empty() {
+                            store.write_many(writes)?;
+                        }
+                    }
+                    RestoreStep::Tombstones => {
+                        let writes: Vec<StateWrite> = meta
+                            .cut
+                            .installed
+                            .iter()
+                            .filter(|k| mine(k))
+                            .flat_map(|key| {
+                                let bucket = bucket_of(key, nb);
+                                state_ids.iter().map(move |state| {
+                                    StateWrite::Delete(StateKey { bucket, state: *state, key: key.clone() })
+                                })
+                            })
+                            .collect();
+                        if !writes.is_empty() {
+                            store.write_many(writes)?;
+                        }
+                    }
+                    RestoreStep::Own => {
+                        if let Some(dir) = parts.get(&task.index) {
+                            restore_state(dir)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
     meta.timers.clear();
-    for dir in &dirs {
+    meta.cut = CutPart::default();
+    let own_dir = parts.get(&task.index);
+    for (index, dir) in &parts {
         // A stateless task's timers are its own; a stateful task's are those of its buckets.
-        let Some(other) = read(dir)? else { continue };
+        let other = if *index == task.index { read(dir)? } else { metas.remove(index) };
+        let Some(other) = other else { continue };
         match &owned {
             Some(owned) => meta.timers.extend(
                 other.timers.into_iter().filter(|(_, k)| owned.contains(&bucket_of(k, setup.num_buckets))),
             ),
-            None if *dir == own => meta.timers.extend(other.timers),
+            None if Some(dir) == own_dir => meta.timers.extend(other.timers),
             None => {}
         }
     }

@@ -551,6 +551,15 @@ fn build_setup(
     let spec = graph.operator(task.operator).cloned().ok_or(RuntimeError::UnknownOperator(task.operator))?;
     let outputs = build_outputs(&links, &d, task)?;
     let store = if spec.is_stateful() { Some(env.open_task(task)?) } else { None };
+    if let Some(store) = store.as_deref()
+        && created_by_reconfiguration
+        && d.protocol != koala_protocol::Protocol::Remote
+    {
+        // A new task owns nothing yet, so its private store starts empty: a store of the same
+        // task left by an attempt a recovery rolled back (or by an earlier task of that index)
+        // would otherwise answer Koala's local-first lookups with stale state.
+        store.delete_buckets(&(0..d.num_buckets).collect::<Vec<_>>())?;
+    }
     Ok(TaskSetup {
         task,
         parallelism: live(&d, task.operator).len() as u32,

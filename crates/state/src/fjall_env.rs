@@ -350,7 +350,7 @@ impl StateBackend for FjallBackend {
         Ok(self.keyspace("approximate_len")?.approximate_len() as u64)
     }
 
-    fn freeze(&self, _num_buckets: u16) -> Result<Box<dyn FrozenView>, StateError> {
+    fn freeze(&self, _buckets: &[BucketId]) -> Result<Box<dyn FrozenView>, StateError> {
         let keyspace = self.keyspace("freeze")?.clone();
         Ok(Box::new(FjallView { task: self.store.task, snapshot: self.db.snapshot(), keyspace }))
     }

@@ -32,12 +32,11 @@ pub struct CopiedView {
 }
 
 impl CopiedView {
-    /// Copies every entry of buckets `0..num_buckets` of `store` (through its scan).
-    pub fn copy<S: StateBackend + ?Sized>(store: &S, num_buckets: u16) -> Result<Self, StateError> {
+    /// Copies every entry of `buckets` of `store` (through its scan).
+    pub fn copy<S: StateBackend + ?Sized>(store: &S, buckets: &[BucketId]) -> Result<Self, StateError> {
         let task = store.task();
-        let buckets: Vec<BucketId> = (0..num_buckets).collect();
         let mut entries = Vec::new();
-        store.scan_buckets(&buckets, 1 << 20, &mut |chunk| {
+        store.scan_buckets(buckets, 1 << 20, &mut |chunk| {
             for (key, value) in chunk {
                 let key = encode_state_key(&key).map_err(|source| StateError::Layout {
                     task,
@@ -138,5 +137,26 @@ impl FrozenView for OverlayView {
             emit(bytes, span, &mut *sink)?;
         }
         Ok(())
+    }
+}
+
+/// Only some buckets of a view: the others read as empty. A task over a store shared by every
+/// task of its operator (the Remote backend) snapshots only the buckets it owns, so each bucket
+/// is in exactly one task's part of a checkpoint.
+pub struct OwnedView {
+    inner: Box<dyn FrozenView>,
+    buckets: std::collections::BTreeSet<BucketId>,
+}
+
+impl OwnedView {
+    /// `inner` restricted to `buckets`.
+    pub fn new(inner: Box<dyn FrozenView>, buckets: impl IntoIterator<Item = BucketId>) -> Self {
+        Self { inner, buckets: buckets.into_iter().collect() }
+    }
+}
+
+impl FrozenView for OwnedView {
+    fn scan_bucket(&self, bucket: BucketId, sink: FrozenSink<'_>) -> Result<(), StateError> {
+        if self.buckets.contains(&bucket) { self.inner.scan_bucket(bucket, sink) } else { Ok(()) }
     }
 }

@@ -55,7 +55,7 @@ pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES, MIN_BUDGET_BYTES
 pub use discard::DiscardEnv;
 pub use error::{BackendError, StateError};
 pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};
-pub use frozen::{CopiedView, FrozenSink, FrozenView};
+pub use frozen::{CopiedView, FrozenSink, FrozenView, OwnedView};
 pub use key::{
     KEY_HEADER_LEN, LayoutError, MAX_USER_KEY_LEN, MAX_VALUE_LEN, StateId, StateKey, bucket_bounds,
     decode_state_key, encode_state_key,
@@ -252,13 +252,14 @@ pub trait StateBackend: Send + Sync {
         Err(StateError::Unsupported { task: self.task(), op: "release_buckets" })
     }
 
-    /// A view of the whole store (buckets `0..num_buckets`) as of now that later writes do not
-    /// change, to be written out on another thread (an asynchronous checkpoint,
-    /// docs/architecture.md §10). By default every entry is copied ([`CopiedView`]); fjall
-    /// takes an MVCC read snapshot, and the write-back cache copies only its dirty entries over
-    /// the view of the store below.
-    fn freeze(&self, num_buckets: u16) -> Result<Box<dyn FrozenView>, StateError> {
-        Ok(Box::new(CopiedView::copy(self, num_buckets)?))
+    /// A view of `buckets` of the store as of now that later writes do not change, to be
+    /// written out on another thread (an asynchronous checkpoint, docs/architecture.md §10). By
+    /// default every entry of those buckets is copied ([`CopiedView`]); fjall takes an MVCC read
+    /// snapshot (of every bucket: the view is read per bucket), and the write-back cache copies
+    /// only its dirty entries over the view of the store below. A view may show other buckets
+    /// than those asked for; a reader that must not see them filters (`OwnedView`).
+    fn freeze(&self, buckets: &[BucketId]) -> Result<Box<dyn FrozenView>, StateError> {
+        Ok(Box::new(CopiedView::copy(self, buckets)?))
     }
 
     /// Lookups a cache in front of this store answered and did not, since the store was opened

@@ -72,7 +72,7 @@ fn restored(dir: &Path) -> BTreeMap<StateKey, Vec<u8>> {
 fn freeze_while_writing(store: &dyn StateBackend, check: &dyn Fn(usize)) {
     let mut model = fill(store);
     let at_freeze = model.clone();
-    let view = store.freeze(BUCKETS).unwrap();
+    let view = store.freeze(&(0..BUCKETS).collect::<Vec<u16>>()).unwrap();
     check(at_freeze.len());
     let mut after: Vec<StateWrite> =
         (0u32..20_000).step_by(3).map(|i| StateWrite::Put(key(i), b"after the barrier".to_vec())).collect();
@@ -115,7 +115,7 @@ fn a_frozen_memory_store_holds_the_state_at_the_freeze_while_writes_continue() {
 
 /// Writes an incremental snapshot of `store` into `root/name` on top of `base`.
 fn take(store: &dyn StateBackend, root: &Path, name: &str, base: Option<&str>) -> IncrementalStats {
-    let view = store.freeze(BUCKETS).unwrap();
+    let view = store.freeze(&(0..BUCKETS).collect::<Vec<u16>>()).unwrap();
     let base = base.map(|b| root.join(b));
     snapshot_frozen(view.as_ref(), BUCKETS, &root.join(name), 2, base.as_deref()).unwrap()
 }

@@ -31,6 +31,12 @@ impl Coordinator {
         false
     }
 
+    /// Reads the log until each of `marks` was seen, in this order (a later mark counts only
+    /// after the one before it); false if the coordinator ended first.
+    pub fn wait_for_each(&mut self, marks: &[&str]) -> bool {
+        marks.iter().all(|mark| self.wait_for(mark))
+    }
+
     pub fn wait_exit(mut self, limit: Duration) -> (bool, String) {
         let deadline = Instant::now() + limit;
         // Reading the log to its end also waits for the exit (stderr closes then).
@@ -83,4 +89,22 @@ pub fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), St
         })
         .collect();
     Ok((coordinator, workers))
+}
+
+/// Starts a state server (the Remote backend's store) with its database under `dir`; returns it
+/// and the address it listens on (an OS-chosen port).
+pub fn start_state_server(dir: &Path) -> Result<(Child, String), String> {
+    let mut child = super::koala()
+        .args(["state-server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("state-server"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut out = BufReader::new(child.stdout.take().ok_or("stdout")?).lines();
+    let first = out.next().ok_or("no line from the state server")?.map_err(|e| e.to_string())?;
+    let addr = first.strip_prefix("state server listening on ").ok_or(first.clone())?.trim().to_string();
+    // Whatever else it prints is read, so its stdout never closes under it.
+    std::thread::spawn(move || out.for_each(drop));
+    Ok((child, addr))
 }

@@ -39,6 +39,11 @@ impl ChannelWatermarks {
         Ok(())
     }
 
+    /// A channel's last watermark (`None`: none yet, or not a live channel).
+    pub(crate) fn get(&self, channel: InputSource) -> Option<Timestamp> {
+        self.channels.get(&channel).copied().flatten()
+    }
+
     /// The channel closed (end of stream, peer channel closed).
     pub(crate) fn close(&mut self, channel: InputSource) {
         if self.channels.remove(&channel).is_some() {

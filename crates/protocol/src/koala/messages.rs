@@ -247,6 +247,8 @@ pub struct FetchRequest {
     pub keys: Vec<Vec<u8>>,
     /// Progressive migration: also send up to this many other keys of these buckets.
     pub extra: Option<ExtraKeys>,
+    /// The last checkpoint the requester snapshotted (the checkpoint cut's tag, `cut.rs`).
+    pub checkpoint: koala_types::CheckpointId,
 }
 
 /// The piggybacked part of a fetch (paper §3.4).

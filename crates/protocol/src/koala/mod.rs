@@ -28,6 +28,7 @@
 //!    releases a cancelled task once no KLT names it.
 
 mod coordinator;
+mod cut;
 mod error;
 mod event_time;
 mod filter;
@@ -47,6 +48,7 @@ mod transition;
 mod upstream;
 
 pub use coordinator::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
+pub use cut::{CheckpointCut, CutPart, Entry as CutEntry, RestoreStep, restore_steps};
 pub use error::ProtocolError;
 pub(crate) use event_time::{ChannelWatermarks, HeldTimes};
 pub use filter::{FilterBuild, KeyFilter};

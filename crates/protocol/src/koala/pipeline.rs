@@ -148,6 +148,8 @@ pub(crate) struct Pipeline {
     pub(crate) batches: Vec<BatchTaken>,
     outstanding: BTreeMap<u64, Outstanding>,
     next_id: u64,
+    /// The tag every request carries: the last checkpoint the task snapshotted (`cut.rs`).
+    pub(crate) checkpoint: koala_types::CheckpointId,
     /// Keys the next background pull asks for.
     pull_size: usize,
     /// The background drain sent a round and waits for its `Wake` (rate limit).
@@ -168,6 +170,7 @@ impl Default for Pipeline {
             batches: Vec::new(),
             outstanding: BTreeMap::new(),
             next_id: 0,
+            checkpoint: 0,
             pull_size: 1,
             drain_resting: false,
             input_backlog: 0,
@@ -196,7 +199,8 @@ impl Pipeline {
         self.next_id += 1;
         let id = self.next_id;
         let extra_buckets = extra.as_ref().map(|e| e.buckets.iter().copied().collect()).unwrap_or_default();
-        let request = FetchRequest { id, keys: keys.iter().cloned().collect(), extra };
+        let request =
+            FetchRequest { id, keys: keys.iter().cloned().collect(), extra, checkpoint: self.checkpoint };
         self.outstanding.insert(id, Outstanding { location, keys, extra_buckets });
         (id, request)
     }

@@ -44,7 +44,7 @@
 //! let mut here = Map(BTreeMap::from([(vec![1], vec![10]), (vec![5], vec![50]), (vec![9], vec![90])]));
 //! let mut cursors = PullCursors::new();
 //! let owner = TaskId::new(OperatorId(1), 0);
-//! let pull = |id| FetchRequest { id, keys: vec![], extra: Some(ExtraKeys { buckets: vec![1], max: 1 }) };
+//! let pull = |id| FetchRequest { id, keys: vec![], extra: Some(ExtraKeys { buckets: vec![1], max: 1 }), checkpoint: 0 };
 //! let request = FetchRequest { id: 7, keys: vec![vec![1], vec![2]], ..pull(7) };
 //! let response = serve_fetch(&mut here, &mut cursors, owner, request).unwrap();
 //! assert_eq!(response.values, vec![(vec![1], Some(vec![10])), (vec![2], None)]);
@@ -277,7 +277,12 @@ mod tests {
     }
 
     fn pull(buckets: &[BucketId], max: usize) -> FetchRequest {
-        FetchRequest { id: 0, keys: Vec::new(), extra: Some(ExtraKeys { buckets: buckets.to_vec(), max }) }
+        FetchRequest {
+            id: 0,
+            keys: Vec::new(),
+            extra: Some(ExtraKeys { buckets: buckets.to_vec(), max }),
+            checkpoint: 0,
+        }
     }
 
     #[test]

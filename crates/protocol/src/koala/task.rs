@@ -401,10 +401,42 @@ impl KoalaTask {
         self.held.min().is_some() || !self.pipeline.is_quiet() || !self.timers.is_idle()
     }
 
+    /// Whether the task may take a checkpoint's snapshot now (rule 1 of the cut, `cut.rs`): it
+    /// holds no record it took and has no fetch or pull outstanding. Handed-over timers that wait
+    /// for their key's state do not hold a snapshot back: they wait for event time the barrier
+    /// holds back, and their keys' state is in the old location's snapshot.
+    pub fn may_snapshot(&self) -> bool {
+        self.queued_records() == 0 && self.pipeline.is_quiet()
+    }
+
     /// Whether a filter this task asked for has not arrived yet: the location must not be
     /// released meanwhile, so the task does not report `InputsEnded` (`TaskLife`).
     pub fn awaits_filters(&self) -> bool {
         self.filters_awaited > 0
+    }
+
+    /// The last checkpoint the task snapshotted or was restored from: the tag its fetches and
+    /// pulls carry from now on (the checkpoint cut, `cut.rs`). Set only while no fetch is
+    /// outstanding (a task snapshots only then).
+    pub fn set_checkpoint(&mut self, id: koala_types::CheckpointId) {
+        debug_assert!(self.pipeline.is_quiet(), "a checkpoint tag changed with a fetch outstanding");
+        self.pipeline.checkpoint = id;
+    }
+
+    /// A restored task's input channels' watermarks as its checkpoint recorded them: its event
+    /// time resumes there, not from nothing (records late then are late now).
+    pub fn restore_watermarks(&mut self, watermarks: impl IntoIterator<Item = (InputChannel, Timestamp)>) {
+        for (channel, time) in watermarks {
+            if self.inputs.contains(&channel) {
+                let _ = self.watermarks.set(InputSource::Upstream(channel), time);
+            }
+        }
+        self.emitted = self.frontier();
+    }
+
+    /// Each input channel's last watermark, for a checkpoint.
+    pub fn channel_watermarks(&self) -> Vec<(InputChannel, Option<Timestamp>)> {
+        self.inputs.iter().map(|c| (*c, self.watermarks.get(InputSource::Upstream(*c)))).collect()
     }
 
     /// Sets `[runtime] max_queued_records` (at least 1): see [`Self::takes_data`].

@@ -159,7 +159,7 @@ fn protocol_surprises_are_typed_errors() {
     assert!(is_error(a.on(TaskEvent::Peer { from: t(1), message: close })));
     let response = FetchResponse { id: 7, values: vec![], extra: vec![], exhausted: vec![] };
     assert!(is_error(a.on(TaskEvent::FetchResponse { from: t(1), response })));
-    let request = FetchRequest { id: 1, keys: vec![key_in(1)], extra: None };
+    let request = FetchRequest { id: 1, keys: vec![key_in(1)], extra: None, checkpoint: 0 };
     assert!(is_error(a.on(TaskEvent::FetchRequest { from: t(1), request })));
     assert!(is_error(
         a.on(TaskEvent::Watermark { channel: ch(0), time: 5 })

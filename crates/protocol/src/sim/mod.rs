@@ -54,6 +54,7 @@ mod backpressure;
 mod channels;
 pub mod checkpoint;
 mod checks;
+pub mod cut;
 mod drrs;
 mod rng;
 mod scenario;

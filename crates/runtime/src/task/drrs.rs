@@ -35,6 +35,7 @@ use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::InputChannel;
+use crate::checkpoint::{CoreCheckpoints, TaskMeta};
 use crate::links::open_peer;
 use crate::metrics::{BatchEnds, timer_bytes};
 use crate::output::Outputs;
@@ -99,6 +100,8 @@ struct DrrsOperator {
     released: bool,
     /// The core's intake tags are microseconds since this instant (per-batch latency).
     clock: Instant,
+    /// Barrier alignment in front of the core, the deferred snapshot and its writer.
+    checkpoints: CoreCheckpoints,
 }
 
 /// Runs a stateful task under DRRS until its inputs ended and no reconfiguration needs it.
@@ -113,7 +116,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         .filter(|_| !setup.created_by_reconfiguration)
         .map(|t| t.iter().enumerate().filter(|(_, o)| **o == me.index).map(|(b, _)| b as BucketId).collect())
         .unwrap_or_default();
-    let core = DrrsTask::new(TaskConfig {
+    let mut core = DrrsTask::new(TaskConfig {
         id: me,
         num_buckets: setup.num_buckets,
         owned,
@@ -121,13 +124,17 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         // deploys it): before that it owns nothing and emits no watermark.
         inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
     });
+    if setup.options.checkpoint.restore.is_some() {
+        core.restore_watermarks(op.input_watermarks());
+    }
+    let watermark = core.emitted_watermark();
     let mut task = DrrsOperator {
         op,
         core,
         deployment: d,
         outbox: Outbox::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
-        watermark: None,
+        watermark,
         epoch: 0,
         intake: Intake::default(),
         aside: Vec::new(),
@@ -137,6 +144,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         last_subscale: false,
         released: false,
         clock: Instant::now(),
+        checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied()),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     loop {
@@ -151,14 +159,17 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         let deadline = gate.map_or(deadline, |g| g.min(deadline));
         let deadline = task.op.clock_deadline().map_or(deadline, |c| c.min(deadline));
         let outbox_full = task.outbox.waiting_len() >= OUTBOX_BOUND;
-        let data_open = gate.is_none() && !outbox_full;
+        let data_open = gate.is_none() && !outbox_full && !task.checkpoints.holds_input();
         // Held back by the protocol (records its core refused wait); a full outbox counts as
         // backpressure.
         task.op.metrics.input_paused(gate.is_none() && task.intake.has_data(), now);
         task.turn(&setup, &mut outputs, data_open, deadline.saturating_duration_since(now))?;
         task.pump_streams(&setup, &mut outputs)?;
         task.check_taking_part();
+        task.snapshot_when_idle(&setup, &mut outputs)?;
+        task.checkpoints.check()?;
         if task.done() {
+            task.checkpoints.finish()?;
             task.op.advance(&setup, &mut outputs, Timestamp::MAX)?;
             outputs.flush_all()?;
             outputs.broadcast(&ChannelMessage::EndOfStream)?;
@@ -211,10 +222,7 @@ impl DrrsOperator {
             Ok(i) if Some(i) == data => match setup.inbox.queue().try_recv() {
                 Ok(item) => {
                     setup.inbox.took();
-                    match self.intake.take(&self.core, item.channel, item.message) {
-                        Some(message) => self.on_data(setup, outputs, item.channel, message),
-                        None => Ok(()),
-                    }
+                    self.take_data(setup, outputs, item.channel, item.message)
                 }
                 Err(TryRecvError::Empty) => Ok(()),
                 Err(TryRecvError::Disconnected) => Err(RuntimeError::InputClosed(setup.task)),
@@ -248,6 +256,47 @@ impl DrrsOperator {
                 self.feed(setup, outputs, TaskEvent::Pushed { to, bucket })?;
             }
         }
+    }
+
+    /// A message taken off the data queue: through the barrier gate, then the intake, then the
+    /// core.
+    fn take_data(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        channel: InputChannel,
+        message: ChannelMessage,
+    ) -> Result<(), RuntimeError> {
+        if let Some(message) = self.checkpoints.admit(channel, message)?
+            && let Some(message) = self.intake.take(&self.core, channel, message)
+        {
+            self.on_data(setup, outputs, channel, message)?;
+        }
+        Ok(())
+    }
+
+    /// Takes an aligned checkpoint's snapshot once the core holds no record taken before the
+    /// barrier (checkpoints never overlap a reconfiguration, so every bucket's state is at its
+    /// owner), then takes what was held behind the barrier.
+    fn snapshot_when_idle(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
+        if self.checkpoints.pending().is_none()
+            || self.core.is_busy()
+            || self.core.in_transition()
+            || self.intake.has_data()
+        {
+            return Ok(());
+        }
+        let meta = TaskMeta {
+            watermarks: self.core.channel_watermarks(),
+            timers: self.op.timers.pending(),
+            cut: Default::default(),
+        };
+        let view = crate::checkpoint::freeze(setup, BTreeSet::new)?;
+        let held = self.checkpoints.snapshot(setup, outputs, view, meta)?;
+        for (channel, message) in held {
+            self.take_data(setup, outputs, channel, message)?;
+        }
+        Ok(())
     }
 
     /// Feeds the core what waited in the intake for room, as far as it takes it now.
@@ -322,11 +371,13 @@ impl DrrsOperator {
                     return Ok(());
                 }
                 for channel in self.core.inputs_from(upstream) {
+                    self.checkpoints.on_end(&channel);
                     self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
             }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
+                    self.checkpoints.add_channel(c);
                     match self.unstarted.as_mut() {
                         Some((known, _)) => {
                             known.insert(c);

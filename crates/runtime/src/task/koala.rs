@@ -27,20 +27,21 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::select;
 use koala_protocol::koala::{
-    BatchTaken, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse, HandOver, KoalaTask,
-    PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, TaskLife, serve_fetch,
+    BatchTaken, CheckpointCut, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse,
+    HandOver, KoalaTask, PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, TaskLife, serve_fetch,
 };
 use koala_protocol::{Deployment, TaskAck};
-use koala_state::{StateKey, StateWrite};
+use koala_state::StateKey;
 use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
 
 use super::koala_intake::Intake;
-use super::location::{Bundle, StoreKeys, StoreLocation, codec};
+use super::location::{StoreKeys, StoreLocation, bundle_writes};
 use super::operator::OperatorTask;
 use super::{TaskCommand, TaskSetup};
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel};
+use crate::checkpoint::{CoreCheckpoints, TaskMeta};
 use crate::links::{FETCH_INPUT, open_channel, open_peer};
 use crate::metrics::{BatchEnds, entry_bytes};
 use crate::output::Outputs;
@@ -95,6 +96,11 @@ struct KoalaOperator {
     life: TaskLife,
     /// The core's intake tags are microseconds since this instant (per-batch latency).
     clock: Instant,
+    /// Barrier alignment in front of the core, the deferred snapshot and its writer.
+    checkpoints: CoreCheckpoints,
+    /// Its side of the checkpoint cut: what it served to owners past its snapshot, what it
+    /// installed since its last one.
+    cut: CheckpointCut,
 }
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
@@ -119,6 +125,13 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         inputs: if setup.created_by_reconfiguration { BTreeSet::new() } else { setup.inputs.clone() },
     });
     core.set_max_queued_records(setup.options.max_queued_records);
+    // A restored task resumes its channels' event time and its requests' checkpoint tag.
+    let restored = setup.options.checkpoint.restore.as_ref().map_or(0, |p| p.id);
+    if restored > 0 {
+        core.set_checkpoint(restored);
+        core.restore_watermarks(op.input_watermarks());
+    }
+    let watermark = core.emitted_watermark();
     let mut op = op;
     op.latency_by_caller = true;
     let mut task = KoalaOperator {
@@ -132,9 +145,11 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         outbox: Outbox::default(),
         intake: Intake::default(),
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
-        watermark: None,
+        watermark,
         life: TaskLife::new(setup.created_by_reconfiguration),
         clock: Instant::now(),
+        checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied()),
+        cut: CheckpointCut::new(restored),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     let closed = crossbeam_channel::never();
@@ -182,14 +197,12 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         task.on_peer(&setup, &mut outputs, item.channel.from, item.message)?;
                     }
                 },
-                recv(if gate.is_some() || full { &closed } else { setup.inbox.queue() }) -> item => {
+                recv(if gate.is_some() || full || task.checkpoints.holds_input() { &closed } else { setup.inbox.queue() }) -> item => {
                     let Ok(item) = item else {
                         return Err(RuntimeError::InputClosed(me));
                     };
                     setup.inbox.took();
-                    if let Some(message) = task.intake.take(&task.core, item.channel, item.message) {
-                        task.on_data(&setup, &mut outputs, item.channel, message)?;
-                    }
+                    task.take_data(&setup, &mut outputs, item.channel, item.message)?;
                 },
                 default(timeout) => {}
             }
@@ -211,9 +224,11 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             // Processing-time timers fire when the core says their keys' state is here.
             task.feed(&setup, &mut outputs, TaskEvent::ProcessingTime { now: clock })?;
         }
+        task.snapshot_when_idle(&setup, &mut outputs)?;
         task.check_inputs_ended(&setup, &mut outputs)?;
         if task.life.may_exit() && !task.outbox.has_waiting() {
             // Released (no live task points here any more), nothing left to process or send.
+            task.checkpoints.finish()?;
             task.sample_klt();
             setup.report_last(&mut task.op.metrics, &mut outputs);
             return Ok(());
@@ -221,12 +236,52 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         if now >= task.op.metrics.next_tick() {
             task.sample_klt();
         }
+        task.checkpoints.check()?;
         outputs.flush_due(now)?;
         setup.report(&mut task.op.metrics, &mut outputs, now);
     }
 }
 
 impl KoalaOperator {
+    /// A message taken off the data queue: through the barrier gate, then the intake, then the
+    /// core.
+    fn take_data(
+        &mut self,
+        setup: &TaskSetup,
+        outputs: &mut Outputs,
+        channel: InputChannel,
+        message: ChannelMessage,
+    ) -> Result<(), RuntimeError> {
+        if let Some(message) = self.checkpoints.admit(channel, message)?
+            && let Some(message) = self.intake.take(&self.core, channel, message)
+        {
+            self.on_data(setup, outputs, channel, message)?;
+        }
+        Ok(())
+    }
+
+    /// Takes an aligned checkpoint's snapshot once the core has processed everything taken
+    /// before the barrier and has no fetch outstanding (the checkpoint cut, docs/protocols.md
+    /// §13), then takes what was held behind the barrier.
+    fn snapshot_when_idle(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
+        let Some(id) = self.checkpoints.pending() else { return Ok(()) };
+        if !self.core.may_snapshot() || self.intake.has_data() || self.intake.peer_waiting() {
+            return Ok(());
+        }
+        let meta = TaskMeta {
+            watermarks: self.core.channel_watermarks(),
+            timers: self.op.timers.pending(),
+            cut: self.cut.snapshot(id),
+        };
+        self.core.set_checkpoint(id);
+        let view = crate::checkpoint::freeze(setup, BTreeSet::new)?;
+        let held = self.checkpoints.snapshot(setup, outputs, view, meta)?;
+        for (channel, message) in held {
+            self.take_data(setup, outputs, channel, message)?;
+        }
+        Ok(())
+    }
+
     /// Records the KLT's size and the records the core holds for the next metrics sample.
     fn sample_klt(&mut self) {
         let klt = self.core.klt();
@@ -276,11 +331,13 @@ impl KoalaOperator {
                 }
                 // Every channel from it: a self-join's upstream has two.
                 for channel in self.core.inputs_from(upstream) {
+                    self.checkpoints.on_end(&channel);
                     self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
             }
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
+                    self.checkpoints.add_channel(c);
                     match self.unstarted.as_mut() {
                         Some((known, _)) => {
                             known.insert(c);
@@ -552,7 +609,10 @@ impl KoalaOperator {
     ) -> Result<FetchResponse, RuntimeError> {
         let ids = self.state_ids();
         let mut location = StoreLocation::new(store(setup)?, &ids, setup.num_buckets);
+        let tag = request.checkpoint;
         let response = serve_fetch(&mut location, &mut self.pull_cursors, to, request)?;
+        let served = response.values.iter().filter_map(|(k, v)| Some((k.clone(), v.clone()?)));
+        self.cut.on_served(tag, served.chain(response.extra.iter().cloned()));
         self.op.metrics.state_reads += location.reads;
         // A key's state ids travel as one bundle: the key counts once, with the bundle
         // (within a few bytes per state id of `entry_bytes` per entry).
@@ -568,16 +628,8 @@ impl KoalaOperator {
     }
 
     fn install(&mut self, setup: &TaskSetup, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), RuntimeError> {
-        let mut writes = Vec::new();
-        for (key, bundle) in entries {
-            let bundle: Bundle = decode(&bundle).map_err(codec)?;
-            for (state, value) in bundle {
-                writes.push(StateWrite::Put(
-                    StateKey { bucket: bucket_of(&key, setup.num_buckets), state, key: key.clone() },
-                    value,
-                ));
-            }
-        }
+        self.cut.on_installed(entries.iter().map(|(k, _)| k.as_slice()));
+        let writes = bundle_writes(entries, setup.num_buckets)?;
         self.op.metrics.state_writes += writes.len() as u64;
         if !writes.is_empty() {
             store(setup)?.write_many(writes)?;

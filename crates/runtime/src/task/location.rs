@@ -12,7 +12,7 @@ use koala_types::{BucketId, bucket_of, encode};
 use crate::RuntimeError;
 
 /// A key's state over all the operator's state ids, as one value for the core.
-pub(super) type Bundle = Vec<(u8, Vec<u8>)>;
+pub(crate) type Bundle = Vec<(u8, Vec<u8>)>;
 
 /// A key and its state, if it had any here.
 pub(super) type Taken = (Vec<u8>, Option<Bundle>);
@@ -177,6 +177,23 @@ fn state_keys<K: AsRef<[u8]>>(keys: &[K], state_ids: &[u8], num_buckets: u16) ->
         .collect()
 }
 
+/// The writes that put fetched entries (each a key and its encoded [`Bundle`]) into a store:
+/// a fetch answer installed by its owner, or retained entries restored from a checkpoint.
+pub(crate) fn bundle_writes(
+    entries: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    num_buckets: u16,
+) -> Result<Vec<StateWrite>, RuntimeError> {
+    let mut writes = Vec::new();
+    for (key, bundle) in entries {
+        let bundle: Bundle = koala_types::decode(&bundle).map_err(codec)?;
+        let bucket = bucket_of(&key, num_buckets);
+        for (state, value) in bundle {
+            writes.push(StateWrite::Put(StateKey { bucket, state, key: key.clone() }, value));
+        }
+    }
+    Ok(writes)
+}
+
 /// A bundle that did not encode or decode.
 pub(super) fn codec(e: koala_types::CodecError) -> RuntimeError {
     RuntimeError::Codec { what: "a key's state bundle".into(), source: e }
@@ -252,8 +269,12 @@ mod tests {
         let mut pulled: Vec<(Vec<u8>, Bundle)> = Vec::new();
         let mut exhausted = false;
         for id in 0..100 {
-            let request =
-                FetchRequest { id, keys: Vec::new(), extra: Some(ExtraKeys { buckets: vec![2], max: 2 }) };
+            let request = FetchRequest {
+                id,
+                keys: Vec::new(),
+                extra: Some(ExtraKeys { buckets: vec![2], max: 2 }),
+                checkpoint: 0,
+            };
             let response = serve_fetch(
                 &mut StoreLocation::new(store.as_ref(), &ids, nb),
                 &mut cursors,
@@ -394,7 +415,7 @@ mod tests {
         let mut pull = |max: usize, buckets: &mut Vec<BucketId>, scan: &mut Duration, take: &mut Duration| {
             id += 1;
             let extra = Some(ExtraKeys { buckets: buckets.clone(), max });
-            let request = FetchRequest { id, keys: Vec::new(), extra };
+            let request = FetchRequest { id, keys: Vec::new(), extra, checkpoint: 0 };
             let location = StoreLocation::new(store.as_ref(), &ids, num_buckets);
             let response =
                 serve_fetch(&mut Timed { location, scan, take }, &mut cursors, requester, request)?;

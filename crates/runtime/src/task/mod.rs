@@ -21,6 +21,7 @@ use koala_protocol::{Deployment, ReconfigPlan, RuntimeOptions, TaskAck, WorkerMe
 use koala_state::StateBackend;
 use koala_types::{ChannelMessage, Epoch, TaskId};
 
+pub(crate) use self::location::bundle_writes;
 pub use self::operator::run_operator;
 pub use self::sink::run_sink;
 pub use self::source::run_source;

@@ -157,7 +157,8 @@ impl OperatorTask {
         let mut aligner = WatermarkAligner::new(setup.inputs.iter().copied());
         let mut timers = TimerService::default();
         let mut last_watermark = None;
-        if let Some(restored) = crate::checkpoint::restore_task(setup)? {
+        let logic = factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism });
+        if let Some(restored) = crate::checkpoint::restore_task(setup, logic.state_ids())? {
             for (channel, w) in restored.watermarks {
                 if let Some(w) = w {
                     aligner.update(&channel, w);
@@ -167,7 +168,7 @@ impl OperatorTask {
             timers.register(restored.timers.into_iter().map(|(t, k)| (k, t)));
         }
         Ok(Self {
-            logic: factory(TaskInstance { index: setup.task.index, parallelism: setup.parallelism }),
+            logic,
             event_time,
             allowed_lateness,
             aligner,
@@ -187,6 +188,12 @@ impl OperatorTask {
             barriers: BarrierGate::new(setup.task, setup.inputs.iter().copied()),
             checkpoints: None,
         })
+    }
+
+    /// Each input channel's watermark as the task knows it now (a restored task: as its
+    /// checkpoint recorded it).
+    pub(super) fn input_watermarks(&self) -> impl Iterator<Item = (InputChannel, Timestamp)> + '_ {
+        self.aligner.watermarks().filter_map(|(c, w)| Some((c, w?)))
     }
 
     /// Until when the processing budget holds data input back (`None`: take data now). The loop
@@ -277,9 +284,10 @@ impl OperatorTask {
                 let meta = TaskMeta {
                     watermarks: self.aligner.watermarks().collect(),
                     timers: self.timers.pending(),
+                    cut: Default::default(),
                 };
                 // Only the freeze runs here; the writer writes the part and acknowledges it.
-                let view = setup.store.as_deref().map(|s| s.freeze(setup.num_buckets)).transpose()?;
+                let view = crate::checkpoint::freeze(setup, || self.transfer.owned(setup))?;
                 outputs.broadcast_barrier(id)?;
                 let writer = match &mut self.checkpoints {
                     Some(writer) => writer,

@@ -32,7 +32,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
     // A restored source skips what it emitted before the checkpoint and goes on at the
     // schedule's rate from there (docs/architecture.md §10).
-    let (skipped, finished) = rewind(&setup, logic.as_mut(), paced, batch)?;
+    let (skipped, finished, skipped_max_time) = rewind(&setup, logic.as_mut(), paced, batch)?;
     let offset_ms = if paced { options.rate.due_ms(skipped, setup.parallelism).unwrap_or(0.0) } else { 0.0 };
     let offset = Duration::from_secs_f64(offset_ms / 1000.0);
     let started = Instant::now().checked_sub(offset).unwrap_or_else(Instant::now);
@@ -44,7 +44,9 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     };
     let mut emitted: u64 = skipped;
     metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
-    let mut max_time: Option<Timestamp> = None;
+    // Watermarks go on from the skipped records' event time: a restored source never sends one
+    // below what it sent before the checkpoint (downstream, a watermark does not go back).
+    let mut max_time: Option<Timestamp> = skipped_max_time;
     let mut last_wm: Option<Timestamp> = None;
     let mut next_wm = started + wm_interval;
     let mut buf = Vec::with_capacity(batch);
@@ -165,17 +167,20 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 
 /// A restored source's position (`checkpoint.restore`): skips the records it emitted before
 /// the checkpoint, regenerating them (generators are deterministic per task). Returns how many
-/// it skipped and whether it had finished.
+/// it skipped, whether it had finished, and the skipped records' largest event time.
 fn rewind(
     setup: &TaskSetup,
     logic: &mut dyn koala_dataflow::logic::SourceLogic,
     paced: bool,
     batch: usize,
-) -> Result<(u64, bool), RuntimeError> {
-    let Some(point) = &setup.options.checkpoint.restore else { return Ok((0, false)) };
+) -> Result<(u64, bool, Option<Timestamp>), RuntimeError> {
+    let Some(point) = setup.options.checkpoint.restore.as_ref().filter(|_| !setup.created_by_reconfiguration)
+    else {
+        return Ok((0, false, None));
+    };
     let position = point.positions.get(&setup.task).copied().unwrap_or(0);
     if position == FINISHED {
-        return Ok((0, true));
+        return Ok((0, true, None));
     }
     if position > 0 && !paced {
         return Err(RuntimeError::Checkpoint {
@@ -186,18 +191,20 @@ fn rewind(
         });
     }
     let mut skipped = 0;
+    let mut max_time: Option<Timestamp> = None;
     let mut buf = Vec::with_capacity(batch);
     while skipped < position {
         buf.clear();
         let want = usize::try_from(position - skipped).unwrap_or(usize::MAX).min(batch);
         let poll = logic.poll(want, &mut buf)?;
         skipped += buf.len() as u64;
+        max_time = buf.iter().map(|r| r.time).chain(max_time).max();
         if poll == SourcePoll::Finished {
-            return Ok((skipped, true));
+            return Ok((skipped, true, max_time));
         }
     }
     tracing::info!(task = %setup.task, skipped, "source rewound to its checkpoint position");
-    Ok((skipped, false))
+    Ok((skipped, false, max_time))
 }
 
 /// Handles a command between two batches; returns true if the source must end now.

@@ -58,6 +58,13 @@ impl StateTransfer {
         self.core.may_read(bucket)
     }
 
+    /// The buckets `task` owns under the last plan it prepared for (or the deployment it started
+    /// with): what it snapshots over a shared store (`crate::checkpoint::freeze`).
+    pub fn owned(&self, setup: &TaskSetup) -> BTreeSet<BucketId> {
+        let deployment = self.plan.as_ref().map_or(&*setup.deployment, |p| &p.deployment);
+        crate::checkpoint::owned_in(deployment, setup.task)
+    }
+
     /// Whether a reconfiguration part is running: the task must not exit yet.
     pub fn busy(&self) -> bool {
         self.core.busy()

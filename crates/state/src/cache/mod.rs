@@ -621,13 +621,13 @@ impl StateBackend for CachedBackend {
         self.shared.inner.is_shared()
     }
 
-    fn freeze(&self, num_buckets: u16) -> Result<Box<dyn FrozenView>, StateError> {
+    fn freeze(&self, buckets: &[BucketId]) -> Result<Box<dyn FrozenView>, StateError> {
         const OP: &str = "freeze";
         let cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
         let overlay = cache.dirty_overlay();
         // Under the lock, with nothing in flight: no write reaches the store below between the
         // copy and the view of it.
-        let below = self.shared.inner.freeze(num_buckets)?;
+        let below = self.shared.inner.freeze(buckets)?;
         drop(cache);
         Ok(Box::new(crate::frozen::OverlayView::new(below, overlay)))
     }

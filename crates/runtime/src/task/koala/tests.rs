@@ -14,6 +14,8 @@ use koala_protocol::{ReconfigPlan, WorkerMessage};
 use koala_state::{MemoryEnv, StateEnv};
 use koala_types::{OperatorId, Record};
 
+use crate::task::location::Bundle;
+
 use super::test_harness::{Inbox, WORKER, deployment, task_setup};
 use super::*;
 use crate::channel::TaskInput;

@@ -134,7 +134,10 @@ fn a_fetch_is_answered_before_the_filters_requested_ahead_of_it() {
         .iter()
         .map(|&bucket| message(new, &Wire::FilterRequest(FilterRequest { bucket, since: 1 })))
         .collect();
-    lane.push(message(new, &Wire::Fetch(FetchRequest { id: 1, keys: vec![key.clone()], extra: None })));
+    lane.push(message(
+        new,
+        &Wire::Fetch(FetchRequest { id: 1, keys: vec![key.clone()], extra: None, checkpoint: 0 }),
+    ));
     for m in lane {
         fetch_tx.send(m).expect("fetch lane");
     }
