@@ -156,7 +156,8 @@ pub struct Engine {
     /// Koala keyed tasks that reported `InputsEnded`: their outputs ended (end of stream sent
     /// downstream) though they live on to serve state, so as upstreams they count as finished.
     outputs_ended: BTreeSet<TaskId>,
-    /// Tasks released because every input of their operator ended (each is told once).
+    /// Tasks released: every input of their operator ended, or (Koala) retired and drained by
+    /// every live task. Each is told once.
     released: BTreeSet<TaskId>,
 }
 
@@ -517,7 +518,13 @@ impl Engine {
                 }
                 CoordinatorAction::SwitchRouting { epoch, .. } => switch = Some(epoch),
                 CoordinatorAction::Completed { epoch, .. } => completed = Some(epoch),
-                CoordinatorAction::ReleaseTask { task } => out.push(EngineAction::Release(task)),
+                CoordinatorAction::ReleaseTask { task } => {
+                    // A retired task nobody points at: told once (a later release of every
+                    // task whose inputs ended skips it).
+                    if self.released.insert(task) {
+                        out.push(EngineAction::Release(task));
+                    }
+                }
                 CoordinatorAction::Aborted { operator, epoch, error } => {
                     return Err(EngineError {
                         epoch,
