@@ -17,6 +17,7 @@ use koala_types::handshake::Gate;
 
 use crate::config::{ConfigError, JobConfig};
 use crate::control::{Event, accept};
+use crate::ending::EndWatch;
 use crate::error::{CoordinatorError, io};
 use crate::http::HttpServer;
 use crate::http::live::{JobInfo, Live, Phase, Running};
@@ -239,6 +240,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     }
     let mut totals = Totals::default();
     let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
+    let mut end_watch = EndWatch::new(Duration::from_secs_f64(config.runtime.end_timeout_s));
     let mut last_seen: BTreeMap<WorkerId, Instant> =
         state.engine.deployment().workers.keys().map(|w| (*w, Instant::now())).collect();
     // Every error ends the loop, so the workers are always told to shut down.
@@ -272,6 +274,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                 c.tick(&mut state)?;
             }
             state.check_stalled()?;
+            state.check_ending(&mut end_watch)?;
             let asked_to_stop =
                 job.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
             let duration_over =
