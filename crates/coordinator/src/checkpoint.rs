@@ -207,7 +207,7 @@ impl Checkpoints {
         )?;
         self.sizes.push(bytes);
         let positions =
-            checkpoint.tasks.iter().filter_map(|(t, part)| part.position.map(|p| (*t, p))).collect();
+            checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.position.clone()?))).collect();
         let point = RestorePoint { id, positions };
         // Durable before any sink commits: every committed part belongs to a checkpoint a
         // resume finds.
@@ -275,6 +275,9 @@ impl Checkpoints {
         };
         // The same tasks, placed over the workers there are now (old ids in order, round-robin).
         let new = workers.ids();
+        if let Some(point) = &point {
+            crate::resume::log_positions(point);
+        }
         crate::resume::place(&mut d, &workers.addrs);
         d.options.checkpoint.restore = point.clone();
         state.workers = workers;
