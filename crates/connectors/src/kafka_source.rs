@@ -464,6 +464,19 @@ impl KafkaSource {
                     if self.settings.until_end && r.end.is_none() {
                         r.end = Some(hw);
                     }
+                    if let Some(first) = records.first().filter(|f| f.offset > r.fetch_at) {
+                        // Offsets may be missing (compaction, transaction markers); a whole batch
+                        // missing after a seek is tansu 0.6's memory engine, which answers a Fetch
+                        // from the first batch *starting* at or after the offset asked for.
+                        warn!(
+                            topic = %self.settings.topic, partition = r.partition,
+                            "asked for offset {}, the broker answered from offset {}: {} offsets skipped \
+                             (compacted or transaction markers, or a broker that serves a Fetch from a \
+                             batch start only, as tansu's memory engine does: restore Kafka sources \
+                             from its SQLite engine)",
+                            r.fetch_at, first.offset, first.offset - r.fetch_at
+                        );
+                    }
                     if let Some(last) = records.last() {
                         r.fetch_at = last.offset + 1;
                     }

@@ -118,3 +118,42 @@ impl SourceLogic for KafkaTopics {
         Ok(Restored::default())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use koala_dataflow::{SourceLogic, TaskInstance};
+    use koala_types::{PartitionOffset, SourcePosition};
+
+    use super::KafkaTopics;
+    use crate::{KafkaSourceSpec, ValueFormat};
+
+    fn at(topic: &str, partition: i32, offset: i64) -> PartitionOffset {
+        PartitionOffset { topic: topic.into(), partition, offset }
+    }
+
+    /// Each topic's source gets its own offsets back, and the checkpoint holds them all (no
+    /// broker: the sources connect on their first poll).
+    #[test]
+    fn a_restore_hands_each_topic_its_offsets_and_refuses_an_unknown_topic() {
+        let task = TaskInstance { index: 0, parallelism: 1 };
+        let build = || {
+            let spec =
+                |topic| KafkaSourceSpec::<u64>::new(vec!["127.0.0.1:1".into()], topic, ValueFormat::Json);
+            KafkaTopics::new(vec![spec("people").build(task), spec("auctions").build(task)], task)
+        };
+        let mut source = build();
+        let recorded = vec![at("people", 0, 5), at("auctions", 0, 7), at("auctions", 1, 9)];
+        source.restore(&SourcePosition::Offsets(recorded.clone())).expect("restore");
+        assert_eq!(source.sources[0].positions(), vec![(0, 5)]);
+        assert_eq!(source.sources[1].positions(), vec![(0, 7), (1, 9)]);
+        assert_eq!(source.checkpoint_position(0), SourcePosition::Offsets(recorded));
+
+        let err = build().restore(&SourcePosition::Offsets(vec![at("bids", 0, 1)])).expect_err("refused");
+        assert!(
+            err.to_string().contains("topic bids") && err.to_string().contains("people, auctions"),
+            "{err}"
+        );
+        let mut finished = build();
+        assert!(finished.restore(&SourcePosition::Finished).expect("finished").finished);
+    }
+}

@@ -113,3 +113,43 @@ impl Drop for KafkaSource {
         self.commit_positions(true);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use koala_dataflow::{SourceLogic, TaskInstance};
+    use koala_types::{PartitionOffset, SourcePosition};
+
+    use crate::{KafkaSourceSpec, ValueFormat};
+
+    fn at(topic: &str, partition: i32, offset: i64) -> PartitionOffset {
+        PartitionOffset { topic: topic.into(), partition, offset }
+    }
+
+    /// Restoring needs no broker (the source connects on its first poll), so neither do these.
+    #[test]
+    fn a_restored_source_records_the_offsets_it_was_restored_at_and_refuses_foreign_ones() {
+        let spec = KafkaSourceSpec::<u64>::new(vec!["127.0.0.1:1".into()], "bids", ValueFormat::Json);
+        let task = TaskInstance { index: 1, parallelism: 2 };
+        let mut source = spec.build(task);
+        let mine = SourcePosition::Offsets(vec![at("bids", 1, 40), at("bids", 3, 7)]);
+        assert!(!source.restore(&mine).expect("its own partitions").finished);
+        assert_eq!(source.positions(), vec![(1, 40), (3, 7)]);
+        assert_eq!(source.checkpoint_position(0), mine, "unconnected, it records where it was put");
+
+        let err =
+            |position: SourcePosition| spec.build(task).restore(&position).expect_err("refused").to_string();
+        let other_task = err(SourcePosition::Offsets(vec![at("bids", 2, 1)]));
+        assert!(
+            other_task.contains("partition 2 of bids") && other_task.contains("[parallelism]"),
+            "{other_task}"
+        );
+        let other_topic = err(SourcePosition::Offsets(vec![at("asks", 1, 1)]));
+        assert!(
+            other_topic.contains("topic asks") && other_topic.contains("[params.kafka]"),
+            "{other_topic}"
+        );
+        let counted = err(SourcePosition::Records(12));
+        assert!(counted.contains("12 records") && counted.contains("generator"), "{counted}");
+        assert!(spec.build(task).restore(&SourcePosition::Finished).expect("finished").finished);
+    }
+}
