@@ -146,7 +146,7 @@ impl Checkpoints {
             // What started before this checkpoint is in its deployment once it completes.
             self.redo.append(&mut state.started_requests);
             tracing::info!(id, "checkpoint {id} started");
-            state.workers.broadcast(&CoordinatorMessage::Checkpoint { id })?;
+            state.workers.broadcast_to_reachable(&CoordinatorMessage::Checkpoint { id });
         }
         Ok(())
     }
@@ -220,7 +220,7 @@ impl Checkpoints {
         };
         crate::resume::write(&path, &meta)?;
         tracing::info!(id, bytes, ms = completed_ms.saturating_sub(started_ms), "checkpoint {id} completed");
-        state.workers.broadcast(&CoordinatorMessage::CheckpointCommitted { id })?;
+        state.workers.broadcast_to_reachable(&CoordinatorMessage::CheckpointCommitted { id });
         self.latest = Some(Latest { point, deployment });
         self.redo.clear();
         for old in discard {

@@ -114,8 +114,8 @@ fn nexmark_q3_over_the_person_and_auction_topics_recovers_from_a_kill_with_the_g
 
 /// Runs the job `text` in `dir` as processes, `kill -9`s the second worker once checkpoint
 /// `after` completed, and checks that the job recovered from a checkpoint ≥ `after` and that
-/// every restored Kafka source seeked each partition of `topics` (two each) to the offset that
-/// checkpoint recorded. Returns the logs, for failure messages.
+/// every restored Kafka source seeked each partition it was reading (of `topics`) to the offset
+/// that checkpoint recorded. Returns the logs, for failure messages.
 fn run_killed(dir: &Path, text: &str, after: u64, topics: &[&str]) -> String {
     let (mut coordinator, mut workers) = start_job(dir, text).expect("start the job");
     let reached = coordinator.wait_for(&format!("checkpoint {after} completed"));
@@ -149,17 +149,16 @@ fn run_killed(dir: &Path, text: &str, after: u64, topics: &[&str]) -> String {
         restored >= after,
         "recovered from checkpoint {restored}, before the one the kill followed: {context}"
     );
-    // …the coordinator restored each source at the partition offsets it recorded, and each
-    // restored Kafka source seeked its partitions there.
+    // …the coordinator restored each source at the partition offsets it recorded (a source
+    // that had read all its partitions by then is restored as finished), and each restored Kafka
+    // source seeked its partitions there.
     let recorded = recorded_offsets(&log, restored);
-    let partitions: Vec<(String, i32)> = recorded.keys().cloned().collect();
-    let expected: Vec<(String, i32)> = topics
-        .iter()
-        .flat_map(|t| [(t.to_string(), 0), (t.to_string(), 1)])
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    assert_eq!(partitions, expected, "checkpoint {restored} should record every partition read: {context}");
+    for topic in topics {
+        assert!(
+            recorded.keys().any(|(t, _)| t == topic),
+            "checkpoint {restored} records no partition of {topic} being read: {context}"
+        );
+    }
     assert!(
         recorded.values().any(|&o| o > 0),
         "checkpoint {restored} recorded no record read: the kill came too early to test a seek: {context}"
