@@ -143,7 +143,7 @@ impl Checkpoints {
             // What started before this checkpoint is in its deployment once it completes.
             self.redo.append(&mut state.started_requests);
             tracing::info!(id, "checkpoint {id} started");
-            state.workers.broadcast(&CoordinatorMessage::Checkpoint { id })?;
+            state.workers.broadcast_to_reachable(&CoordinatorMessage::Checkpoint { id });
         }
         Ok(())
     }
@@ -204,7 +204,7 @@ impl Checkpoints {
         )?;
         self.sizes.push(bytes);
         let positions =
-            checkpoint.tasks.iter().filter_map(|(t, part)| part.position.map(|p| (*t, p))).collect();
+            checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.position.clone()?))).collect();
         let point = RestorePoint { id, positions };
         // Durable before any sink commits: every committed part belongs to a checkpoint a
         // resume finds.
@@ -217,7 +217,7 @@ impl Checkpoints {
         };
         crate::resume::write(&path, &meta)?;
         tracing::info!(id, bytes, ms = completed_ms.saturating_sub(started_ms), "checkpoint {id} completed");
-        state.workers.broadcast(&CoordinatorMessage::CheckpointCommitted { id })?;
+        state.workers.broadcast_to_reachable(&CoordinatorMessage::CheckpointCommitted { id });
         self.latest = Some(Latest { point, deployment });
         self.redo.clear();
         for old in discard {
@@ -272,6 +272,9 @@ impl Checkpoints {
         };
         // The same tasks, placed over the workers there are now (old ids in order, round-robin).
         let new = workers.ids();
+        if let Some(point) = &point {
+            crate::resume::log_positions(point);
+        }
         crate::resume::place(&mut d, &workers.addrs);
         d.options.checkpoint.restore = point.clone();
         state.workers = workers;

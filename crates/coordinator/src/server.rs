@@ -143,6 +143,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             d.run = job.run.clone();
             d.options.checkpoint.restore = Some(meta.point.clone());
             tracing::info!(checkpoint = meta.point.id, "resuming the job from checkpoint {}", meta.point.id);
+            crate::resume::log_positions(&meta.point);
             d
         }
     };

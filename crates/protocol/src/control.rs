@@ -46,8 +46,9 @@ pub struct CheckpointOptions {
 pub struct RestorePoint {
     /// Its number.
     pub id: koala_types::CheckpointId,
-    /// Each source's position in it (records to skip, or `checkpoint::FINISHED`).
-    pub positions: BTreeMap<TaskId, u64>,
+    /// Each source's position in it (what it resumes from: records to skip, partition offsets
+    /// to seek to, or finished).
+    pub positions: BTreeMap<TaskId, koala_types::SourcePosition>,
 }
 
 fn default_max_queued_records() -> usize {
