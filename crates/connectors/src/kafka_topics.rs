@@ -94,7 +94,7 @@ impl SourceLogic for KafkaTopics {
     fn restore(&mut self, position: &SourcePosition) -> Result<Restored, DataflowError> {
         let SourcePosition::Offsets(offsets) = position else {
             // Finished, or a position of another kind of source: the first topic's source says.
-            let mut restored = Restored { finished: true, ..Restored::default() };
+            let mut restored = Restored { skipped: 0, finished: true };
             for s in &mut self.sources {
                 restored.finished &= s.restore(position)?.finished;
             }

@@ -205,7 +205,9 @@ impl Checkpoints {
         self.sizes.push(bytes);
         let positions =
             checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.position.clone()?))).collect();
-        let point = RestorePoint { id, positions };
+        let event_times =
+            checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.event_time?))).collect();
+        let point = RestorePoint { id, positions, event_times };
         // Durable before any sink commits: every committed part belongs to a checkpoint a
         // resume finds.
         let meta = CheckpointMetadata {

@@ -166,7 +166,7 @@ mod tests {
         assert!(err.contains("no completed checkpoint") && err.contains("checkpoint_interval_ms"), "{err}");
         let d = sample_deployment();
         let meta = |id| CheckpointMetadata {
-            point: RestorePoint { id, positions: Default::default() },
+            point: RestorePoint { id, ..Default::default() },
             deployment: d.clone(),
             pending: Vec::new(),
             elapsed_ms: id * 1000,

@@ -152,7 +152,7 @@ pub trait SourceLogic: Send {
     /// records a [`SourcePosition::Records`] counts and drops them.
     fn restore(&mut self, position: &SourcePosition) -> Result<Restored, DataflowError> {
         match position {
-            SourcePosition::Finished => Ok(Restored { finished: true, ..Restored::default() }),
+            SourcePosition::Finished => Ok(Restored { skipped: 0, finished: true }),
             SourcePosition::Records(records) => skip_records(self, *records),
             SourcePosition::Offsets(_) => Err(DataflowError::Other(format!(
                 "the checkpoint recorded {position} for this source, which resumes by counting \
@@ -170,9 +170,6 @@ pub struct Restored {
     pub skipped: u64,
     /// The source had finished: it emits nothing more.
     pub finished: bool,
-    /// The largest event time among the records before its position, if the source knows it:
-    /// its watermarks go on from there, never below one it sent before the checkpoint.
-    pub max_time: Option<koala_types::Timestamp>,
 }
 
 /// Records a deterministic source regenerates per `poll` while it skips to its position.
@@ -181,16 +178,14 @@ const SKIP_CHUNK: u64 = 4096;
 /// Polls `source` for `records` records and drops them (fewer if it finishes first).
 fn skip_records<S: SourceLogic + ?Sized>(source: &mut S, records: u64) -> Result<Restored, DataflowError> {
     let mut skipped = 0;
-    let mut max_time = None;
     let mut buf = Vec::new();
     while skipped < records {
         buf.clear();
         let want = usize::try_from((records - skipped).min(SKIP_CHUNK)).unwrap_or(1);
         let poll = source.poll(want, &mut buf)?;
         skipped += buf.len() as u64;
-        max_time = buf.iter().map(|r| r.time).chain(max_time).max();
         if poll == SourcePoll::Finished {
-            return Ok(Restored { skipped, finished: true, max_time });
+            return Ok(Restored { skipped, finished: true });
         }
         if buf.is_empty() {
             // Only a source that waits for an external system returns nothing: it cannot be
@@ -201,7 +196,7 @@ fn skip_records<S: SourceLogic + ?Sized>(source: &mut S, records: u64) -> Result
             )));
         }
     }
-    Ok(Restored { skipped, finished: false, max_time })
+    Ok(Restored { skipped, finished: false })
 }
 
 /// A sink implemented outside the runtime (e.g. a Kafka producer). Built per task.

@@ -121,6 +121,8 @@ pub struct TaskCheckpoint {
     /// records a generator emitted, a Kafka source's partition offsets), or
     /// [`SourcePosition::Finished`].
     pub position: Option<SourcePosition>,
+    /// Sources: the largest event time among the records emitted before the barrier.
+    pub event_time: Option<koala_types::Timestamp>,
     /// State entries written.
     pub entries: u64,
     /// Bytes written (state, timers, watermarks).

@@ -49,6 +49,9 @@ pub struct RestorePoint {
     /// Each source's position in it (what it resumes from: records to skip, partition offsets
     /// to seek to, or finished).
     pub positions: BTreeMap<TaskId, koala_types::SourcePosition>,
+    /// Each source's largest event time emitted before the barrier: its watermarks resume there.
+    #[serde(default)]
+    pub event_times: BTreeMap<TaskId, koala_types::Timestamp>,
 }
 
 fn default_max_queued_records() -> usize {

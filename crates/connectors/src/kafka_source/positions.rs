@@ -42,7 +42,7 @@ impl KafkaSource {
     pub(super) fn restore_offsets(&mut self, position: &SourcePosition) -> Result<Restored, DataflowError> {
         let topic = &self.settings.topic;
         let offsets = match position {
-            SourcePosition::Finished => return Ok(Restored { finished: true, ..Restored::default() }),
+            SourcePosition::Finished => return Ok(Restored { skipped: 0, finished: true }),
             SourcePosition::Offsets(offsets) => offsets,
             SourcePosition::Records(_) => {
                 return Err(DataflowError::Other(format!(

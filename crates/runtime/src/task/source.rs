@@ -33,7 +33,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
     // A restored source resumes where the checkpoint recorded it (a generator skips what it
     // emitted before and goes on at the schedule's rate from there; docs/architecture.md §10).
-    let Restored { skipped, finished, max_time: skipped_max_time } = rewind(&setup, logic.as_mut())?;
+    let Restored { skipped, finished } = rewind(&setup, logic.as_mut())?;
     let offset_ms = if paced { options.rate.due_ms(skipped, setup.parallelism).unwrap_or(0.0) } else { 0.0 };
     let offset = Duration::from_secs_f64(offset_ms / 1000.0);
     let started = Instant::now().checked_sub(offset).unwrap_or_else(Instant::now);
@@ -47,7 +47,13 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
     // Watermarks go on from the skipped records' event time: a restored source never sends one
     // below what it sent before the checkpoint (downstream, a watermark does not go back).
-    let mut max_time: Option<Timestamp> = skipped_max_time;
+    let mut max_time: Option<Timestamp> = setup
+        .options
+        .checkpoint
+        .restore
+        .as_ref()
+        .filter(|_| !setup.created_by_reconfiguration)
+        .and_then(|p| p.event_times.get(&setup.task).copied());
     let mut last_wm: Option<Timestamp> = None;
     let mut next_wm = started + wm_interval;
     let mut buf = Vec::with_capacity(batch);
@@ -59,7 +65,15 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         // Commands first: a stop request ends the source between two batches.
         if let Ok(cmd) = setup.commands.try_recv()
-            && on_command(&setup, cmd, logic.as_mut(), &mut upstream, &mut outputs, &mut metrics, emitted)?
+            && on_command(
+                &setup,
+                cmd,
+                logic.as_mut(),
+                &mut upstream,
+                &mut outputs,
+                &mut metrics,
+                SourceProgress { emitted, max_time },
+            )?
         {
             break;
         }
@@ -96,7 +110,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         &mut upstream,
                         &mut outputs,
                         &mut metrics,
-                        emitted,
+                        SourceProgress { emitted, max_time },
                     )? {
                         break;
                     }
@@ -148,7 +162,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         &mut upstream,
                         &mut outputs,
                         &mut metrics,
-                        emitted,
+                        SourceProgress { emitted, max_time },
                     )?
                 {
                     break;
@@ -202,6 +216,16 @@ fn rewind(setup: &TaskSetup, logic: &mut dyn SourceLogic) -> Result<Restored, Ru
     Ok(restored)
 }
 
+/// How far a source got: what its checkpoint acknowledgement records.
+#[derive(Clone, Copy)]
+struct SourceProgress {
+    /// Records emitted.
+    emitted: u64,
+    /// The largest event time among them: a restored source's watermarks go on from there, never
+    /// below one it sent before the checkpoint (downstream, a watermark does not go back).
+    max_time: Option<Timestamp>,
+}
+
 /// Handles a command between two batches; returns true if the source must end now.
 fn on_command(
     setup: &TaskSetup,
@@ -210,15 +234,15 @@ fn on_command(
     upstream: &mut UpstreamCore,
     outputs: &mut Outputs,
     metrics: &mut TaskMetrics,
-    emitted: u64,
+    progress: SourceProgress,
 ) -> Result<bool, RuntimeError> {
     match cmd {
         TaskCommand::StopSource => Ok(true),
         TaskCommand::Checkpoint(id) => {
             // Everything emitted so far precedes the barrier on every channel.
             outputs.broadcast_barrier(id)?;
-            let position = Some(logic.checkpoint_position(emitted));
-            let ack = TaskCheckpoint { position, ..TaskCheckpoint::default() };
+            let position = Some(logic.checkpoint_position(progress.emitted));
+            let ack = TaskCheckpoint { position, event_time: progress.max_time, ..TaskCheckpoint::default() };
             crate::checkpoint::acknowledge(setup, id, ack);
             Ok(false)
         }
