@@ -262,7 +262,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             {
                 let lost =
                     CoordinatorError::WorkerSilent { worker: *worker, seconds: seen.elapsed().as_secs_f64() };
-                let Some(c) = checkpoints.as_mut().filter(|_| !sinks_finished(&state)) else {
+                let Some(c) = checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_finished(&state))
+                else {
                     return Err(lost);
                 };
                 let ids = c.recover(&mut state, &mut registrations, &events, &lost)?;
@@ -336,14 +337,25 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                     c.on_ack(&mut state, task, id, ack)?;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
-                    return Err(CoordinatorError::TaskFailed { task: state.name(task), error });
+                    // With checkpoints, a failed task rolls the job back like a lost worker does:
+                    // often it failed because a worker died (its channel to a task there broke)
+                    // before the coordinator heard of the death.
+                    let failed = CoordinatorError::TaskFailed { task: state.name(task), error };
+                    let Some(c) = checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_finished(&state))
+                    else {
+                        return Err(failed);
+                    };
+                    let ids = c.recover(&mut state, &mut registrations, &events, &failed)?;
+                    last_seen = ids.into_iter().map(|w| (w, Instant::now())).collect();
+                    stop_sent = false;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => {
                     state.on_ack(task, epoch, ack)?;
                 }
                 Ok(Event::Worker(worker, None)) => {
                     let lost = CoordinatorError::WorkerLost(worker);
-                    let Some(c) = checkpoints.as_mut().filter(|_| !sinks_finished(&state)) else {
+                    let Some(c) = checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_finished(&state))
+                    else {
                         return Err(lost);
                     };
                     let ids = c.recover(&mut state, &mut registrations, &events, &lost)?;
