@@ -4,10 +4,11 @@
 //! - **Assignment.** Task `i` of `n` reads the partitions `p` with `p % n == i`
 //!   ([`assigned_partitions`]); the coordinator's source assignment *is* this function, so no
 //!   consumer group is involved.
-//! - **Positions.** Each partition's next offset to emit is tracked; [`KafkaSource::positions`]
-//!   is what a checkpoint records and [`KafkaSourceSpec::resume`] starts from it, so a resumed
-//!   source reads no record twice and misses none. Without a position a partition starts at its
-//!   earliest retained offset.
+//! - **Positions.** Each partition's next offset to emit is tracked ([`KafkaSource::positions`]).
+//!   A checkpoint records them (`SourceLogic::checkpoint_position`: the offsets of the records
+//!   emitted before the barrier) and a restored source seeks each partition there
+//!   (`SourceLogic::restore`, as [`KafkaSourceSpec::resume`] does), so it reads no record twice
+//!   and misses none; `positions.rs`.
 //! - **Where it starts** ([`StartAt`], `koala run` says which when the job starts): without a
 //!   position a partition starts at its earliest retained offset (a re-run reads the whole topic
 //!   again), at its end as the task connects (only records produced from then on), or at the
@@ -33,15 +34,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use koala_dataflow::{DataflowError, SourceLogic, SourcePoll, TaskInstance, graph::SourceFactory};
-use koala_types::{Record, Timestamp};
+use koala_dataflow::{DataflowError, Restored, SourceLogic, SourcePoll, TaskInstance, graph::SourceFactory};
+use koala_types::{Record, SourcePosition, Timestamp};
 use rskafka::{
     client::partition::{PartitionClient, UnknownTopicHandling},
     record::RecordAndOffset,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::{runtime::Runtime, task::JoinSet};
-use tracing::{error, warn};
+use tracing::{error, info, warn};
+
+mod positions;
 
 use crate::group_offsets::GroupOffsets;
 pub use crate::kafka_fetch::StartAt;
@@ -73,6 +76,10 @@ type Decoder = Arc<dyn Fn(&[u8]) -> Result<(Vec<u8>, Option<Timestamp>), String>
 /// Extracts the event time (ms) from a decoded value.
 type EventTimeFn<T> = Arc<dyn Fn(&T) -> Option<Timestamp> + Send + Sync>;
 
+/// Decodes a Kafka value in the topic's format into the value the job receives, with the event
+/// time an earlier type of it gave ([`KafkaSourceSpec::map_values`]), if any.
+type ParseFn<T> = Arc<dyn Fn(ValueFormat, &[u8]) -> Result<(T, Option<Timestamp>), String> + Send + Sync>;
+
 /// A typed Kafka source declaration: topic, brokers, value format and event-time extractor.
 ///
 /// ```
@@ -85,13 +92,19 @@ type EventTimeFn<T> = Arc<dyn Fn(&T) -> Option<Timestamp> + Send + Sync>;
 /// ```
 pub struct KafkaSourceSpec<T> {
     settings: Settings,
+    parse: ParseFn<T>,
     event_time: Option<EventTimeFn<T>>,
     _type: PhantomData<fn() -> T>,
 }
 
 impl<T> Clone for KafkaSourceSpec<T> {
     fn clone(&self) -> Self {
-        Self { settings: self.settings.clone(), event_time: self.event_time.clone(), _type: PhantomData }
+        Self {
+            settings: self.settings.clone(),
+            parse: self.parse.clone(),
+            event_time: self.event_time.clone(),
+            _type: PhantomData,
+        }
     }
 }
 
@@ -122,7 +135,29 @@ impl<T: Serialize + DeserializeOwned + 'static> KafkaSourceSpec<T> {
             start: StartAt::Earliest,
             group: String::new(),
         };
-        Self { settings, event_time: None, _type: PhantomData }
+        let parse: ParseFn<T> = Arc::new(|format, bytes| Ok((format.decode(bytes)?, None)));
+        Self { settings, parse, event_time: None, _type: PhantomData }
+    }
+
+    /// Hands the job `f(value)` instead of each decoded value (e.g. Nexmark people as
+    /// `Event::Person`, so several topics make one stream of events). The event time stays what
+    /// [`Self::event_time`] took from the decoded value unless the new spec sets its own.
+    pub fn map_values<U: Serialize + DeserializeOwned + 'static>(
+        self,
+        f: impl Fn(T) -> U + Send + Sync + 'static,
+    ) -> KafkaSourceSpec<U> {
+        let (parse, event_time) = (self.parse, self.event_time);
+        let parse: ParseFn<U> = Arc::new(move |format, bytes| {
+            let (value, time) = parse(format, bytes)?;
+            let time = event_time.as_ref().and_then(|t| t(&value)).or(time);
+            Ok((f(value), time))
+        });
+        KafkaSourceSpec { settings: self.settings, parse, event_time: None, _type: PhantomData }
+    }
+
+    /// The topic read.
+    pub fn topic(&self) -> &str {
+        &self.settings.topic
     }
 
     /// Takes the event time (ms) from the value; `None` falls back to the record timestamp.
@@ -178,10 +213,10 @@ impl<T: Serialize + DeserializeOwned + 'static> KafkaSourceSpec<T> {
 
     fn decoder(&self) -> Decoder {
         let format = self.settings.format;
-        let event_time = self.event_time.clone();
+        let (parse, event_time) = (self.parse.clone(), self.event_time.clone());
         Arc::new(move |bytes| {
-            let value: T = format.decode(bytes)?;
-            let time = event_time.as_ref().and_then(|f| f(&value));
+            let (value, earlier): (T, _) = parse(format, bytes)?;
+            let time = event_time.as_ref().and_then(|f| f(&value)).or(earlier);
             let encoded = koala_types::encode(&value).map_err(|e| e.to_string())?;
             Ok((encoded, time))
         })
@@ -284,6 +319,11 @@ impl KafkaSource {
         kafka_ms.max(self.reading_since_ms.unwrap_or(0))
     }
 
+    /// The topic read.
+    pub fn topic(&self) -> &str {
+        &self.settings.topic
+    }
+
     /// Records that could not be decoded and were skipped.
     pub fn undecodable(&self) -> u64 {
         self.undecodable
@@ -346,15 +386,18 @@ impl KafkaSource {
         match opened {
             Ok(Some((clients, starts, group))) => {
                 self.group = group;
+                let topic = &self.settings.topic;
                 let readers = clients
                     .into_iter()
                     .map(|(partition, client)| {
-                        let start = self
-                            .resume_from
-                            .get(&partition)
-                            .or_else(|| starts.get(&partition))
-                            .copied()
-                            .unwrap_or(0);
+                        let recorded = self.resume_from.get(&partition).copied();
+                        if let Some(offset) = recorded {
+                            info!(
+                                task = self.task.index,
+                                "kafka: {topic} partition {partition} seeks to offset {offset}, its recorded position"
+                            );
+                        }
+                        let start = recorded.or_else(|| starts.get(&partition).copied()).unwrap_or(0);
                         PartitionReader {
                             partition,
                             client,
@@ -421,6 +464,19 @@ impl KafkaSource {
                     if self.settings.until_end && r.end.is_none() {
                         r.end = Some(hw);
                     }
+                    if let Some(first) = records.first().filter(|f| f.offset > r.fetch_at) {
+                        // Offsets may be missing (compaction, transaction markers); a whole batch
+                        // missing after a seek is tansu 0.6's memory engine, which answers a Fetch
+                        // from the first batch *starting* at or after the offset asked for.
+                        warn!(
+                            topic = %self.settings.topic, partition = r.partition,
+                            "asked for offset {}, the broker answered from offset {}: {} offsets skipped \
+                             (compacted or transaction markers, or a broker that serves a Fetch from a \
+                             batch start only, as tansu's memory engine does: restore Kafka sources \
+                             from its SQLite engine)",
+                            r.fetch_at, first.offset, first.offset - r.fetch_at
+                        );
+                    }
                     if let Some(last) = records.last() {
                         r.fetch_at = last.offset + 1;
                     }
@@ -471,44 +527,6 @@ impl KafkaSource {
                 }
             }
         }
-    }
-}
-
-impl KafkaSource {
-    /// `StartAt::Committed`: commits the positions if they changed, at most once per
-    /// [`COMMIT_INTERVAL`] unless `now`. A failed commit is logged and tried again later: it
-    /// never fails the task.
-    fn commit_positions(&mut self, now: bool) {
-        if self.group.is_none() || self.committed_at.is_some_and(|at| !now && at.elapsed() < COMMIT_INTERVAL)
-        {
-            return;
-        }
-        let positions = self.positions();
-        if positions == self.committed {
-            return;
-        }
-        self.committed_at = Some(Instant::now());
-        let (Some(rt), Some(group)) = (self.rt.as_ref(), self.group.as_mut()) else {
-            return;
-        };
-        let topic = &self.settings.topic;
-        match block_on_within(
-            rt,
-            Duration::from_secs(5),
-            "committing offsets",
-            group.commit(topic, &positions),
-        ) {
-            Ok(()) => self.committed = positions,
-            Err(e) => {
-                warn!(topic = %topic, group = %self.settings.group, "kafka offset commit failed, retrying: {e}")
-            }
-        }
-    }
-}
-
-impl Drop for KafkaSource {
-    fn drop(&mut self) {
-        self.commit_positions(true);
     }
 }
 
@@ -568,5 +586,13 @@ impl SourceLogic for KafkaSource {
         let fronts = self.readers.iter().flatten().filter_map(|r| r.buffer.front());
         let kafka_ms = fronts.filter_map(|r| u64::try_from(r.record.timestamp.timestamp_millis()).ok()).min();
         kafka_ms.map(|ms| self.available_ms(ms))
+    }
+
+    fn checkpoint_position(&mut self, _emitted: u64) -> SourcePosition {
+        SourcePosition::Offsets(self.checkpoint_offsets())
+    }
+
+    fn restore(&mut self, position: &SourcePosition) -> Result<Restored, DataflowError> {
+        self.restore_offsets(position)
     }
 }

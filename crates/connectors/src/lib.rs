@@ -15,6 +15,7 @@ pub mod group_offsets;
 mod kafka_fetch;
 pub mod kafka_sink;
 pub mod kafka_source;
+pub mod kafka_topics;
 pub mod produce;
 pub mod queries;
 
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 pub use broker::{BrokerHandle, BrokerOptions, BrokerStatus};
 pub use kafka_sink::{KafkaSink, KafkaSinkSpec};
 pub use kafka_source::{KafkaSource, KafkaSourceSpec, StartAt, assigned_partitions};
+pub use kafka_topics::{KafkaTopics, topics_factory};
 pub use produce::{ProduceOptions, ProduceSummary, produce};
 
 /// An error of a connector or of the broker lifecycle.

@@ -4,12 +4,16 @@
 //! embedded, so the two can be compared on one query; its output a Kafka topic, JSON lines or
 //! nothing.
 
-use koala_dataflow::graph::SourceFactory;
+use std::sync::Arc;
+
 use koala_dataflow::{
     Dataflow, DataflowError, Generator, JobGraph, SourceOptions, Stream, TaskInstance, ValueState,
 };
 use koala_types::Timestamp;
-use koala_workloads::nexmark::{Bid, Event, NexmarkConfig, NexmarkGenerator, NexmarkKafka};
+use koala_workloads::nexmark::{
+    Auction, Bid, Event, EventKind, KafkaSourceBuilder, KafkaStream, NexmarkConfig, NexmarkGenerator,
+    NexmarkKafka, Person, closed_auction_of,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::ValueFormat;
@@ -202,16 +206,58 @@ pub fn bid_aggregate(p: &BidAggregateParams) -> Result<JobGraph, DataflowError> 
     df.build()
 }
 
-/// The Kafka source of the Nexmark bid queries (`[params] input = "kafka"`, [`NexmarkKafka`]):
-/// `<topic_prefix>-bid` as `koala produce` writes it, each bid's event time its `date_time`.
-pub fn nexmark_bid_source(k: &NexmarkKafka) -> Result<SourceFactory, String> {
+/// The Kafka sources of the Nexmark queries (`[params] input = "kafka"`, [`NexmarkKafka`]): per
+/// [`KafkaStream`], the topics `koala produce` writes under `topic_prefix` — one topic read as it
+/// is, or two read by each source task as one stream of events ([`crate::topics_factory`]) —
+/// each record's event time its `date_time`.
+pub fn nexmark_kafka_source(k: &NexmarkKafka) -> Result<KafkaSourceBuilder, String> {
     let format: ValueFormat = k.format.parse().map_err(|e| format!("params.kafka.format: {e}"))?;
     let start = parse_start(&k.start)?;
-    let spec = KafkaSourceSpec::<Bid>::new(k.brokers.clone(), format!("{}-bid", k.topic_prefix), format)
-        .event_time(|b: &Bid| Some(b.date_time))
-        .until_end(k.until_end)
-        .start_at(start, k.group.clone());
-    Ok(spec.factory())
+    let k = k.clone();
+    Ok(Arc::new(move |stream: KafkaStream| {
+        let spec = |kind: EventKind| {
+            let topic = format!("{}-{}", k.topic_prefix, kind.name());
+            (k.brokers.clone(), topic, format)
+        };
+        let of = |kind: EventKind| -> KafkaSourceSpec<Event> {
+            let (brokers, topic, format) = spec(kind);
+            let events = match kind {
+                EventKind::Person => {
+                    KafkaSourceSpec::<Person>::new(brokers, topic, format).map_values(Event::Person)
+                }
+                EventKind::Auction => {
+                    KafkaSourceSpec::<Auction>::new(brokers, topic, format).map_values(Event::Auction)
+                }
+                EventKind::Bid => KafkaSourceSpec::<Bid>::new(brokers, topic, format).map_values(Event::Bid),
+            };
+            events
+                .event_time(|e: &Event| Some(e.date_time()))
+                .until_end(k.until_end)
+                .start_at(start, k.group.clone())
+        };
+        match stream {
+            KafkaStream::Bids => {
+                let (brokers, topic, format) = spec(EventKind::Bid);
+                KafkaSourceSpec::<Bid>::new(brokers, topic, format)
+                    .event_time(|b: &Bid| Some(b.date_time))
+                    .until_end(k.until_end)
+                    .start_at(start, k.group.clone())
+                    .factory()
+            }
+            KafkaStream::ClosedAuctions => {
+                let (brokers, topic, format) = spec(EventKind::Auction);
+                KafkaSourceSpec::<Auction>::new(brokers, topic, format)
+                    .event_time(|a: &Auction| Some(a.date_time))
+                    .map_values(|a: Auction| closed_auction_of(&a))
+                    .until_end(k.until_end)
+                    .start_at(start, k.group.clone())
+                    .factory()
+            }
+            KafkaStream::PeopleAndAuctions | KafkaStream::AuctionsAndBids => {
+                crate::topics_factory(stream.kinds().iter().map(|&kind| of(kind)).collect())
+            }
+        }
+    }))
 }
 
 /// `params.kafka.start` as written in a config.

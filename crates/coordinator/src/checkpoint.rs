@@ -28,6 +28,11 @@ use crate::reconfig::operator_inputs;
 use crate::resume::CheckpointMetadata;
 use crate::server::{STARTUP_TIMEOUT, unix_ms};
 
+/// Recoveries in a row, with no checkpoint completed between them, after which a failure ends
+/// the job: a task that fails the same way after every restart (a bug, a bad record) must not
+/// restart forever.
+const MAX_RECOVERIES_WITHOUT_PROGRESS: u32 = 3;
+
 /// A completed checkpoint the job can restart from.
 struct Latest {
     point: RestorePoint,
@@ -49,6 +54,9 @@ pub(crate) struct Checkpoints {
     pub(crate) sizes: Vec<u64>,
     /// Recoveries: (checkpoint restored, ms from the loss to the restart).
     pub(crate) recoveries: Vec<(CheckpointId, u64)>,
+    /// Recoveries since a checkpoint last completed (a failure that recurs before the job gets
+    /// anywhere ends it after [`MAX_RECOVERIES_WITHOUT_PROGRESS`]).
+    recoveries_since_completed: u32,
     /// Reconfiguration requests started after the latest completed checkpoint started, oldest
     /// first, up to the running checkpoint's start: a recovery runs them again.
     redo: Vec<koala_protocol::ReconfigRequest>,
@@ -106,6 +114,7 @@ impl Checkpoints {
             initial: initial.clone(),
             sizes: Vec::new(),
             recoveries: Vec::new(),
+            recoveries_since_completed: 0,
             redo: Vec::new(),
             config_text: toml::to_string(config).unwrap_or_default(),
             elapsed_base_ms: resumed.map_or(0, |m| m.elapsed_ms),
@@ -143,7 +152,7 @@ impl Checkpoints {
             // What started before this checkpoint is in its deployment once it completes.
             self.redo.append(&mut state.started_requests);
             tracing::info!(id, "checkpoint {id} started");
-            state.workers.broadcast(&CoordinatorMessage::Checkpoint { id })?;
+            state.workers.broadcast_to_reachable(&CoordinatorMessage::Checkpoint { id });
         }
         Ok(())
     }
@@ -204,8 +213,10 @@ impl Checkpoints {
         )?;
         self.sizes.push(bytes);
         let positions =
-            checkpoint.tasks.iter().filter_map(|(t, part)| part.position.map(|p| (*t, p))).collect();
-        let point = RestorePoint { id, positions };
+            checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.position.clone()?))).collect();
+        let event_times =
+            checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.event_time?))).collect();
+        let point = RestorePoint { id, positions, event_times };
         // Durable before any sink commits: every committed part belongs to a checkpoint a
         // resume finds.
         let meta = CheckpointMetadata {
@@ -217,8 +228,9 @@ impl Checkpoints {
         };
         crate::resume::write(&path, &meta)?;
         tracing::info!(id, bytes, ms = completed_ms.saturating_sub(started_ms), "checkpoint {id} completed");
-        state.workers.broadcast(&CoordinatorMessage::CheckpointCommitted { id })?;
+        state.workers.broadcast_to_reachable(&CoordinatorMessage::CheckpointCommitted { id });
         self.latest = Some(Latest { point, deployment });
+        self.recoveries_since_completed = 0;
         self.redo.clear();
         for old in discard {
             let dir = self.dir.join(old.to_string());
@@ -230,7 +242,12 @@ impl Checkpoints {
         state.start_next()
     }
 
-    /// Recovery after `lost`: every other worker restarts; the job is deployed again from the
+    /// Whether a failure may still be recovered from (see [`MAX_RECOVERIES_WITHOUT_PROGRESS`]).
+    pub(crate) fn may_recover(&self) -> bool {
+        self.recoveries_since_completed < MAX_RECOVERIES_WITHOUT_PROGRESS
+    }
+
+    /// Recovery after `lost` (a lost or silent worker, or a failed task): every other worker restarts; the job is deployed again from the
     /// latest completed checkpoint (or from its start when none completed) over the workers that
     /// register, and started. Returns the new workers' ids.
     pub(crate) fn recover(
@@ -259,12 +276,24 @@ impl Checkpoints {
         for request in redo.into_iter().rev() {
             state.queue.push_front(crate::job::Queued { request, reply: None, came_ms: unix_ms() });
         }
-        let old = state.workers.ids();
-        for w in &old {
-            // The lost one fails to hear it; the others restart their processes.
-            let _ = state.workers.send(w.0 as usize, &CoordinatorMessage::Restart);
+        self.recoveries_since_completed += 1;
+        let lost_worker = match lost {
+            CoordinatorError::WorkerLost(w) => Some(*w),
+            CoordinatorError::WorkerSilent { worker, .. } => Some(*worker),
+            _ => None,
+        };
+        // Every worker that hears it restarts its process; the lost one is not told, and one
+        // whose connection is gone (a failed task's peer, dead before its loss was noticed) does
+        // not hear it.
+        let mut restarting = 0u32;
+        for w in state.workers.ids() {
+            if Some(w) != lost_worker
+                && state.workers.send(w.0 as usize, &CoordinatorMessage::Restart).is_ok()
+            {
+                restarting += 1;
+            }
         }
-        let expected = (old.len() as u32).saturating_sub(1).max(1);
+        let expected = restarting.max(1);
         let workers = registrations.collect(expected, STARTUP_TIMEOUT)?;
         let (point, mut d) = match &self.latest {
             Some(l) => (Some(l.point.clone()), l.deployment.clone()),
@@ -272,6 +301,9 @@ impl Checkpoints {
         };
         // The same tasks, placed over the workers there are now (old ids in order, round-robin).
         let new = workers.ids();
+        if let Some(point) = &point {
+            crate::resume::log_positions(point);
+        }
         crate::resume::place(&mut d, &workers.addrs);
         d.options.checkpoint.restore = point.clone();
         state.workers = workers;

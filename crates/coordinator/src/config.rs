@@ -165,6 +165,12 @@ pub struct RuntimeSection {
     /// job fails, naming the tasks it waits for. Generous, so a multi-GB stop-and-restart transfer
     /// (one step) is not cut off; raise it for larger state.
     pub reconfiguration_timeout_s: f64,
+    /// Seconds a job whose sources have all finished may go without getting closer to its end —
+    /// no task finishing, reporting its inputs ended or being released, no reconfiguration
+    /// completing — before it fails, naming every unfinished task and what it still waits for
+    /// (`crate::ending`). A job whose input ended drains in seconds; this catches one that
+    /// never would.
+    pub end_timeout_s: f64,
     /// Emulated processing capacity: records per second each task of a stateful operator may
     /// process, enforced per batch by a token bucket that sleeps (docs/architecture.md §4).
     /// Unset = as fast as the CPU allows. Keep the total (tasks × this) at or below half of what
@@ -215,6 +221,7 @@ impl Default for RuntimeSection {
             channel_capacity: 64,
             heartbeat_timeout_s: 10.0,
             reconfiguration_timeout_s: 120.0,
+            end_timeout_s: 60.0,
             task_records_per_sec: None,
             link_mb_per_sec: None,
             max_queued_records: koala_protocol::koala::DEFAULT_MAX_QUEUED_RECORDS,
@@ -517,6 +524,7 @@ impl JobConfig {
         for (name, v, min) in [
             ("runtime.heartbeat_timeout_s", self.runtime.heartbeat_timeout_s, 1.0),
             ("runtime.reconfiguration_timeout_s", self.runtime.reconfiguration_timeout_s, 1.0),
+            ("runtime.end_timeout_s", self.runtime.end_timeout_s, 1.0),
         ] {
             if !(v.is_finite() && v >= min) {
                 return Err(invalid(

@@ -56,6 +56,20 @@ impl Workers {
         Ok(())
     }
 
+    /// Sends one message to every worker that still takes it: a worker whose connection broke
+    /// is skipped with a warning, as its loss reaches the event loop when the connection's reader
+    /// sees it close (or its heartbeats stop), which starts a recovery. For the checkpoint
+    /// messages, so a worker killed as a checkpoint starts or completes is recovered from instead
+    /// of failing the job on the write.
+    pub fn broadcast_to_reachable(&mut self, msg: &CoordinatorMessage) {
+        let ids: Vec<WorkerId> = self.writers.keys().copied().collect();
+        for id in ids {
+            if let Err(e) = self.send(id.0 as usize, msg) {
+                tracing::warn!(worker = %id, "{e}; its loss is handled when its connection closes");
+            }
+        }
+    }
+
     /// Whether no worker registered.
     pub fn is_empty(&self) -> bool {
         self.writers.is_empty()

@@ -44,6 +44,19 @@ pub enum CoordinatorError {
     /// Something did not happen in time.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// Every source finished, but the job did not end: nothing moved towards its end for
+    /// `[runtime] end_timeout_s` (`crate::ending`).
+    #[error(
+        "the job's input ended, but for {seconds:.0} s ([runtime] end_timeout_s) no task finished, reported its inputs ended or was released; {count} task(s) did not finish: {tasks}"
+    )]
+    Unfinished {
+        /// Seconds nothing moved.
+        seconds: f64,
+        /// How many tasks did not finish.
+        count: usize,
+        /// Each one, `operator.index: what it waits for`, separated by `; `.
+        tasks: String,
+    },
     /// A worker stopped sending heartbeats (stopped, hung or partitioned away).
     #[error(
         "{worker} sent no heartbeat for {seconds:.1} s (stopped or hung); the job cannot continue without recovery"

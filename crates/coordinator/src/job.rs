@@ -14,6 +14,7 @@ use koala_types::{OperatorId, TaskId};
 
 use crate::config::JobConfig;
 use crate::control::Workers;
+use crate::ending::EndWatch;
 use crate::error::CoordinatorError;
 use crate::metrics_store::{MetricsStore, ReconfigurationCompletion, ReconfigurationStart};
 use crate::progress::ProgressEvent;
@@ -347,6 +348,33 @@ impl JobState<'_> {
             lazy,
         });
         Ok(())
+    }
+
+    /// Whether every source task has finished: the job's input ended.
+    pub(crate) fn input_ended(&self) -> bool {
+        let d = self.engine.deployment();
+        self.graph.operators.iter().filter(|o| o.is_source()).all(|o| {
+            d.tasks.get(&o.id).into_iter().flatten().all(|i| d.finished.contains(&TaskId::new(o.id, *i)))
+        })
+    }
+
+    /// Fails the job if its input ended and nothing moved towards its end for `[runtime]
+    /// end_timeout_s` (`crate::ending`), naming every unfinished task and what it waits for.
+    pub(crate) fn check_ending(&self, watch: &mut EndWatch) -> Result<(), CoordinatorError> {
+        let progress = crate::ending::mark(self.engine.end_progress());
+        let Some(still) = watch.overdue(self.input_ended(), progress, Instant::now()) else {
+            return Ok(());
+        };
+        let unfinished = self.engine.unfinished();
+        let tasks: Vec<String> = unfinished
+            .iter()
+            .map(|(t, waiting)| format!("{}: {}", self.name(*t), waiting.describe(|t| self.name(t))))
+            .collect();
+        Err(CoordinatorError::Unfinished {
+            seconds: still.as_secs_f64(),
+            count: tasks.len(),
+            tasks: tasks.join("; "),
+        })
     }
 
     /// Fails the job if the running reconfiguration made no progress for too long.

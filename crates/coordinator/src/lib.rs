@@ -5,6 +5,7 @@ pub mod autoscale;
 pub mod checkpoint;
 pub mod config;
 pub mod control;
+pub mod ending;
 mod error;
 pub mod http;
 mod job;

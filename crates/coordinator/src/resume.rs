@@ -4,17 +4,23 @@
 //! at its start, the job's elapsed time then, and the job's config — before it tells the sinks to
 //! commit, so a sink's committed part always belongs to a checkpoint a resume can find. A job
 //! stopped any way (its coordinator killed, or every process) restarts from the highest
-//! checkpoint with a readable `_metadata`.
+//! checkpoint with a readable `_metadata`. The file starts with [`FORMAT`], the version of its
+//! layout, so one written by a koala that lays it out otherwise is refused by name.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use koala_protocol::{Deployment, ReconfigRequest, RestorePoint};
-use koala_types::WorkerId;
+use koala_types::{CheckpointId, WorkerId};
 use serde::{Deserialize, Serialize};
 
 /// The file name of a completed checkpoint's metadata.
 pub const METADATA: &str = "_metadata";
+
+/// The first line of a metadata file: its layout's version (2: sources' positions are
+/// [`koala_types::SourcePosition`]s — counts, Kafka offsets or finished; version 1 files had no
+/// such line and counted records only).
+pub const FORMAT: &[u8] = b"koala checkpoint metadata v2\n";
 
 /// A completed checkpoint as a resumed job needs it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +51,18 @@ pub enum ResumeError {
         /// The checkpoints directory looked in.
         dir: PathBuf,
     },
+    /// The latest checkpoints' metadata cannot be read by this koala (and no older one can).
+    #[error(
+        "{}: unreadable checkpoint metadata: {message}; this koala cannot resume it: start the job \
+         afresh with koala run <config>",
+        path.display()
+    )]
+    Unreadable {
+        /// The newest metadata file that did not decode.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
     /// Reading or writing a metadata file failed.
     #[error("{}: {message}", path.display())]
     Io {
@@ -60,7 +78,8 @@ pub fn write(dir: &Path, meta: &CheckpointMetadata) -> Result<(), ResumeError> {
     use std::io::Write;
     let path = dir.join(METADATA);
     let fail = |e: &dyn std::fmt::Display| ResumeError::Io { path: path.clone(), message: e.to_string() };
-    let bytes = koala_types::encode(meta).map_err(|e| fail(&e))?;
+    let mut bytes = FORMAT.to_vec();
+    koala_types::encode_into(meta, &mut bytes).map_err(|e| fail(&e))?;
     std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
     let tmp = dir.join(format!("{METADATA}.tmp"));
     let mut file = std::fs::File::create(&tmp).map_err(|e| fail(&e))?;
@@ -73,21 +92,54 @@ pub fn write(dir: &Path, meta: &CheckpointMetadata) -> Result<(), ResumeError> {
 pub fn latest(checkpoints: &Path) -> Result<CheckpointMetadata, ResumeError> {
     let none = || ResumeError::NoCheckpoint { dir: checkpoints.to_path_buf() };
     let listing = std::fs::read_dir(checkpoints).map_err(|_| none())?;
-    let mut ids: Vec<u64> =
-        listing.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok()).collect();
+    let mut ids: Vec<CheckpointId> =
+        listing.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<CheckpointId>().ok()).collect();
     ids.sort_unstable();
+    // The newest metadata that exists but does not decode: named if none does.
+    let mut unreadable = None;
     for id in ids.into_iter().rev() {
         let path = checkpoints.join(id.to_string()).join(METADATA);
         let Ok(bytes) = std::fs::read(&path) else { continue };
-        match koala_types::decode::<CheckpointMetadata>(&bytes) {
+        match decode(&bytes) {
             Ok(meta) if meta.point.id == id => return Ok(meta),
             Ok(_) => tracing::warn!(path = %path.display(), "checkpoint metadata names another id; skipped"),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "unreadable checkpoint metadata; skipped")
+            Err(message) => {
+                tracing::warn!(path = %path.display(), "unreadable checkpoint metadata, skipped: {message}");
+                unreadable.get_or_insert(ResumeError::Unreadable { path, message });
             }
         }
     }
-    Err(none())
+    Err(unreadable.unwrap_or_else(none))
+}
+
+/// A metadata file's bytes: [`FORMAT`], then the metadata.
+fn decode(bytes: &[u8]) -> Result<CheckpointMetadata, String> {
+    let Some(body) = bytes.strip_prefix(FORMAT) else {
+        let first = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+        let named = first.starts_with(b"koala checkpoint metadata ");
+        let current = String::from_utf8_lossy(FORMAT.strip_suffix(b"\n").unwrap_or(FORMAT)).into_owned();
+        return Err(if named {
+            format!("it is \"{}\", this koala reads \"{current}\"", String::from_utf8_lossy(first))
+        } else {
+            format!(
+                "it does not start with \"{current}\" (a koala from before source positions carried Kafka \
+                 offsets wrote it, or it is damaged)"
+            )
+        });
+    };
+    koala_types::decode(body)
+        .map_err(|e| format!("its header is this koala's but its contents do not decode: {e}"))
+}
+
+/// Logs where each source of `point` resumes.
+pub fn log_positions(point: &RestorePoint) {
+    for (task, position) in &point.positions {
+        tracing::info!(
+            checkpoint = point.id,
+            "source {task} resumes at {position} (checkpoint {})",
+            point.id
+        );
+    }
 }
 
 /// `d`'s tasks placed over the workers there are now: the old workers in order, round-robin
@@ -114,7 +166,7 @@ mod tests {
         assert!(err.contains("no completed checkpoint") && err.contains("checkpoint_interval_ms"), "{err}");
         let d = sample_deployment();
         let meta = |id| CheckpointMetadata {
-            point: RestorePoint { id, positions: Default::default() },
+            point: RestorePoint { id, ..Default::default() },
             deployment: d.clone(),
             pending: Vec::new(),
             elapsed_ms: id * 1000,
@@ -127,6 +179,19 @@ mod tests {
         assert_eq!(latest(dir.path()).expect("latest"), meta(3));
         std::fs::write(dir.path().join("3").join(METADATA), b"\xff").expect("corrupt");
         assert_eq!(latest(dir.path()).expect("latest").point.id, 2);
+        // None readable: the newest unreadable one is named, with why and the fix.
+        std::fs::write(dir.path().join("2").join(METADATA), b"koala checkpoint metadata v1\n").expect("v1");
+        let err = latest(dir.path()).expect_err("unreadable").to_string();
+        assert!(err.contains("3/_metadata") && err.contains("does not start with"), "{err}");
+        assert!(err.contains("koala run <config>"), "{err}");
+        std::fs::remove_dir_all(dir.path().join("3")).expect("rm");
+        let err = latest(dir.path()).expect_err("unreadable").to_string();
+        assert!(
+            err.contains(
+                "it is \"koala checkpoint metadata v1\", this koala reads \"koala checkpoint metadata v2\""
+            ),
+            "{err}"
+        );
     }
 
     fn sample_deployment() -> Deployment {

@@ -17,6 +17,7 @@ use koala_types::handshake::Gate;
 
 use crate::config::{ConfigError, JobConfig};
 use crate::control::{Event, accept};
+use crate::ending::EndWatch;
 use crate::error::{CoordinatorError, io};
 use crate::http::HttpServer;
 use crate::http::live::{JobInfo, Live, Phase, Running};
@@ -142,6 +143,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             d.run = job.run.clone();
             d.options.checkpoint.restore = Some(meta.point.clone());
             tracing::info!(checkpoint = meta.point.id, "resuming the job from checkpoint {}", meta.point.id);
+            crate::resume::log_positions(&meta.point);
             d
         }
     };
@@ -239,6 +241,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     }
     let mut totals = Totals::default();
     let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
+    let mut end_watch = EndWatch::new(Duration::from_secs_f64(config.runtime.end_timeout_s));
     let mut last_seen: BTreeMap<WorkerId, Instant> =
         state.engine.deployment().workers.keys().map(|w| (*w, Instant::now())).collect();
     // Every error ends the loop, so the workers are always told to shut down.
@@ -259,7 +262,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             {
                 let lost =
                     CoordinatorError::WorkerSilent { worker: *worker, seconds: seen.elapsed().as_secs_f64() };
-                let Some(c) = checkpoints.as_mut().filter(|_| !sinks_finished(&state)) else {
+                let Some(c) = checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_finished(&state))
+                else {
                     return Err(lost);
                 };
                 let ids = c.recover(&mut state, &mut registrations, &events, &lost)?;
@@ -272,6 +276,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                 c.tick(&mut state)?;
             }
             state.check_stalled()?;
+            state.check_ending(&mut end_watch)?;
             let asked_to_stop =
                 job.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
             let duration_over =
@@ -332,14 +337,25 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                     c.on_ack(&mut state, task, id, ack)?;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskFailed { task, error }))) => {
-                    return Err(CoordinatorError::TaskFailed { task: state.name(task), error });
+                    // With checkpoints, a failed task rolls the job back like a lost worker does:
+                    // often it failed because a worker died (its channel to a task there broke)
+                    // before the coordinator heard of the death.
+                    let failed = CoordinatorError::TaskFailed { task: state.name(task), error };
+                    let Some(c) = checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_finished(&state))
+                    else {
+                        return Err(failed);
+                    };
+                    let ids = c.recover(&mut state, &mut registrations, &events, &failed)?;
+                    last_seen = ids.into_iter().map(|w| (w, Instant::now())).collect();
+                    stop_sent = false;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::TaskAck { task, epoch, ack }))) => {
                     state.on_ack(task, epoch, ack)?;
                 }
                 Ok(Event::Worker(worker, None)) => {
                     let lost = CoordinatorError::WorkerLost(worker);
-                    let Some(c) = checkpoints.as_mut().filter(|_| !sinks_finished(&state)) else {
+                    let Some(c) = checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_finished(&state))
+                    else {
                         return Err(lost);
                     };
                     let ids = c.recover(&mut state, &mut registrations, &events, &lost)?;

@@ -35,7 +35,7 @@ mod stream;
 pub mod window;
 
 pub use graph::{JobGraph, OperatorKind, OperatorSpec, Partitioning, QueryResolver, TaskInstance};
-pub use logic::{DataflowError, OperatorContext, OperatorLogic, SourceLogic, SourcePoll, TimerDue};
+pub use logic::{DataflowError, OperatorContext, OperatorLogic, Restored, SourceLogic, SourcePoll, TimerDue};
 pub use source::{RateSchedule, RateStep, SourceOptions};
 
 pub use builder::Dataflow;

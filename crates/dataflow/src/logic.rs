@@ -6,7 +6,7 @@
 //! [`OperatorLogic::on_records`] with the records **in input order**, then writes back only the
 //! state the operator changed.
 
-use koala_types::{CodecError, Record, Timestamp};
+use koala_types::{CodecError, Record, SourcePosition, Timestamp};
 
 /// Identifies one of an operator's per-key states (e.g. 0 = value, 1 = list).
 pub type StateId = u8;
@@ -137,6 +137,66 @@ pub trait SourceLogic: Send {
     fn offset_lag(&self) -> Option<u64> {
         None
     }
+
+    /// What a checkpoint records for this source at a barrier, after it emitted `emitted`
+    /// records since the task started (a restored source counts the ones it skipped): whatever
+    /// it needs to resume exactly there. Deterministic sources (the default) record the count; a
+    /// source reading an external system records where it is in it (Kafka: each partition's
+    /// next offset).
+    fn checkpoint_position(&mut self, emitted: u64) -> SourcePosition {
+        SourcePosition::Records(emitted)
+    }
+
+    /// Puts a restored source where a checkpoint recorded it ([`Self::checkpoint_position`]),
+    /// before its first `poll`. The default serves deterministic sources: it regenerates the
+    /// records a [`SourcePosition::Records`] counts and drops them.
+    fn restore(&mut self, position: &SourcePosition) -> Result<Restored, DataflowError> {
+        match position {
+            SourcePosition::Finished => Ok(Restored { skipped: 0, finished: true }),
+            SourcePosition::Records(records) => skip_records(self, *records),
+            SourcePosition::Offsets(_) => Err(DataflowError::Other(format!(
+                "the checkpoint recorded {position} for this source, which resumes by counting \
+                 records: the checkpoint was taken by a job whose source read Kafka; resume it with \
+                 the config it was taken with (koala run --resume uses the recorded one)"
+            ))),
+        }
+    }
+}
+
+/// Where [`SourceLogic::restore`] left a source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Records regenerated and dropped (a paced source's schedule goes on after them).
+    pub skipped: u64,
+    /// The source had finished: it emits nothing more.
+    pub finished: bool,
+}
+
+/// Records a deterministic source regenerates per `poll` while it skips to its position.
+const SKIP_CHUNK: u64 = 4096;
+
+/// Polls `source` for `records` records and drops them (fewer if it finishes first).
+fn skip_records<S: SourceLogic + ?Sized>(source: &mut S, records: u64) -> Result<Restored, DataflowError> {
+    let mut skipped = 0;
+    let mut buf = Vec::new();
+    while skipped < records {
+        buf.clear();
+        let want = usize::try_from((records - skipped).min(SKIP_CHUNK)).unwrap_or(1);
+        let poll = source.poll(want, &mut buf)?;
+        skipped += buf.len() as u64;
+        if poll == SourcePoll::Finished {
+            return Ok(Restored { skipped, finished: true });
+        }
+        if buf.is_empty() {
+            // Only a source that waits for an external system returns nothing: it cannot be
+            // rewound by regenerating, and must implement `restore` itself.
+            return Err(DataflowError::Other(format!(
+                "returned no record at {skipped} of the {records} it emitted before the checkpoint: \
+                 a source that is not deterministic resumes through its own SourceLogic::restore"
+            )));
+        }
+    }
+    Ok(Restored { skipped, finished: false })
 }
 
 /// A sink implemented outside the runtime (e.g. a Kafka producer). Built per task.

@@ -87,7 +87,11 @@ enum Command {
     /// stateful operator by itself: fields `operator`, `window_s` (10), `target_latency_ms` (200),
     /// `target_lag_ms`, `target_utilisation` (0.8), `min_parallelism` (1), `max_parallelism` (8),
     /// `scale_in_utilisation` (0.3), `scale_in_windows` (3), `cooldown_s` (5), `hot_factor` (2);
-    /// docs/architecture.md §7, "The reconfiguration policy".
+    /// docs/architecture.md §7, "The reconfiguration policy". Watchdogs under `[runtime]`, each
+    /// failing the job with a non-zero exit that names who it waited for: `heartbeat_timeout_s`
+    /// (10; a silent worker), `reconfiguration_timeout_s` (120; a reconfiguration without
+    /// progress), `end_timeout_s` (60; a job whose input ended but that gets no closer to its end:
+    /// every unfinished task and what it still waits for).
     #[command(after_help = queries::help())]
     Run {
         /// The job config (omit it with --resume).

@@ -173,13 +173,13 @@ impl Query {
     pub fn input_note(&self, params: &toml::Table) -> Option<String> {
         use koala_connectors::StartAt;
         let text = toml::to_string(params).unwrap_or_default();
-        let (prefix, start, group, until_end) = match self.family {
+        let (topics, start, group, until_end) = match self.family {
             Family::Kafka => {
                 let p = toml::from_str::<koala_connectors::queries::BidAggregateParams>(&text).ok()?;
                 if p.input != koala_connectors::queries::Input::Kafka {
                     return None;
                 }
-                (p.kafka.topic_prefix, p.kafka.start, p.kafka.group, p.kafka.until_end)
+                (format!("{}-bid", p.kafka.topic_prefix), p.kafka.start, p.kafka.group, p.kafka.until_end)
             }
             Family::Nexmark => {
                 let p = toml::from_str::<koala_workloads::nexmark::NexmarkParams>(&text).ok()?;
@@ -187,7 +187,10 @@ impl Query {
                     return None;
                 }
                 let start = koala_connectors::queries::parse_start(&p.kafka.start).ok()?;
-                (p.kafka.topic_prefix, start, p.kafka.group, p.kafka.until_end)
+                let kinds = koala_workloads::nexmark::kafka_stream_of(self.name)?.kinds();
+                let topics: Vec<String> =
+                    kinds.iter().map(|k| format!("{}-{}", p.kafka.topic_prefix, k.name())).collect();
+                (topics.join(" and "), start, p.kafka.group, p.kafka.until_end)
             }
             Family::Workloads | Family::RealWorld => return None,
         };
@@ -199,7 +202,7 @@ impl Query {
             ),
         };
         Some(format!(
-            "kafka: reading {prefix}-bid {start}{}; \
+            "kafka: reading {topics} {start}{}; \
              lag counts from when a record became available (its timestamp, or the job's start for records written before)",
             if until_end { ", up to its end as the job starts" } else { ", then waits for new records" }
         ))
@@ -245,13 +248,13 @@ impl Query {
 }
 
 /// Builds the Nexmark query `name` (registered: the registry lists only these names).
-/// With `input = "kafka"` a bid query reads the Kafka source `[params.kafka]` describes.
+/// With `input = "kafka"` it reads the Kafka topics `[params.kafka]` describes.
 fn nexmark(name: &str, params: &koala_workloads::nexmark::NexmarkParams) -> Result<JobGraph, String> {
-    use koala_workloads::nexmark::{BID_QUERIES, ExternalSource, NexmarkInput};
+    use koala_workloads::nexmark::{ExternalSource, NexmarkInput};
     let mut params = params.clone();
-    if params.input == NexmarkInput::Kafka && BID_QUERIES.contains(&name) {
-        params.bids_from =
-            ExternalSource(Some(koala_connectors::queries::nexmark_bid_source(&params.kafka)?));
+    if params.input == NexmarkInput::Kafka {
+        params.kafka_source =
+            ExternalSource(Some(koala_connectors::queries::nexmark_kafka_source(&params.kafka)?));
     }
     koala_workloads::nexmark::build(name, &params)
         .unwrap_or_else(|| Err(format!("query {name:?} is not a Nexmark query (a registry bug)")))

@@ -22,11 +22,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use koala_types::{CheckpointId, Epoch, TaskId};
+use koala_types::{CheckpointId, Epoch, SourcePosition, TaskId};
 use serde::{Deserialize, Serialize};
-
-/// A source's position meaning "it had finished": a restored source emits nothing.
-pub const FINISHED: u64 = u64::MAX;
 
 /// A barrier that breaks the rule.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -120,9 +117,12 @@ impl<C: Ord + Clone> BarrierAligner<C> {
 /// What a task reports when its snapshot of a checkpoint is written.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCheckpoint {
-    /// Sources: records emitted before the barrier (a restored source skips them), or
-    /// [`FINISHED`].
-    pub position: Option<u64>,
+    /// Sources: where the source was at the barrier, as it needs it to resume exactly (the
+    /// records a generator emitted, a Kafka source's partition offsets), or
+    /// [`SourcePosition::Finished`].
+    pub position: Option<SourcePosition>,
+    /// Sources: the largest event time among the records emitted before the barrier.
+    pub event_time: Option<koala_types::Timestamp>,
     /// State entries written.
     pub entries: u64,
     /// Bytes written (state, timers, watermarks).
@@ -138,7 +138,8 @@ pub struct CompletedCheckpoint {
     pub id: CheckpointId,
     /// The deployment's epoch it was taken at.
     pub epoch: Epoch,
-    /// Every task's part (finished tasks have none; finished sources have [`FINISHED`]).
+    /// Every task's part (finished tasks have none; finished sources have
+    /// [`SourcePosition::Finished`]).
     pub tasks: BTreeMap<TaskId, TaskCheckpoint>,
 }
 
@@ -218,7 +219,7 @@ impl CheckpointCore {
     }
 
     /// Starts a checkpoint of the deployment at `epoch` over `live` tasks (`sources` among
-    /// them; `finished_sources` recorded as [`FINISHED`]). None while one runs or nothing is live.
+    /// them; `finished_sources` recorded as [`SourcePosition::Finished`]). None while one runs or nothing is live.
     pub fn start(
         &mut self,
         epoch: Epoch,
@@ -233,7 +234,9 @@ impl CheckpointCore {
         self.next += 1;
         let acks = finished_sources
             .into_iter()
-            .map(|t| (t, TaskCheckpoint { position: Some(FINISHED), ..TaskCheckpoint::default() }))
+            .map(|t| {
+                (t, TaskCheckpoint { position: Some(SourcePosition::Finished), ..TaskCheckpoint::default() })
+            })
             .collect();
         let inject: Vec<TaskId> = sources.iter().copied().collect();
         self.running = Some(Running { id, epoch, waiting: live, sources, acks });
@@ -258,13 +261,14 @@ impl CheckpointCore {
     }
 
     /// A task finished: the running checkpoint no longer waits for it (a source is recorded as
-    /// [`FINISHED`]).
+    /// [`SourcePosition::Finished`]).
     pub fn on_finished(&mut self, task: TaskId) -> Option<CheckpointAction> {
         let running = self.running.as_mut()?;
         if running.waiting.remove(&task) && running.sources.contains(&task) {
-            running
-                .acks
-                .insert(task, TaskCheckpoint { position: Some(FINISHED), ..TaskCheckpoint::default() });
+            running.acks.insert(
+                task,
+                TaskCheckpoint { position: Some(SourcePosition::Finished), ..TaskCheckpoint::default() },
+            );
         }
         self.complete()
     }
@@ -324,7 +328,10 @@ mod tests {
             let inject = core.start(0, live.clone(), sources.clone(), []);
             assert_eq!(inject, Some(CheckpointAction::Inject { id, sources: vec![t(0, 0), t(0, 1)] }));
             assert_eq!(core.start(0, live.clone(), sources.clone(), []), None, "one at a time");
-            let ack = |p| TaskCheckpoint { position: Some(p), ..TaskCheckpoint::default() };
+            let ack = |p| TaskCheckpoint {
+                position: Some(SourcePosition::Records(p)),
+                ..TaskCheckpoint::default()
+            };
             assert_eq!(core.on_ack(t(0, 0), id, ack(10 * id)), Ok(None));
             assert_eq!(
                 core.on_ack(t(0, 0), id, ack(1)),
@@ -336,8 +343,8 @@ mod tests {
             else {
                 panic!("checkpoint {id} did not complete");
             };
-            assert_eq!(checkpoint.tasks[&t(0, 0)].position, Some(10 * id));
-            assert_eq!(checkpoint.tasks[&t(0, 1)].position, Some(FINISHED));
+            assert_eq!(checkpoint.tasks[&t(0, 0)].position, Some(SourcePosition::Records(10 * id)));
+            assert_eq!(checkpoint.tasks[&t(0, 1)].position, Some(SourcePosition::Finished));
             assert_eq!(discard, if id == 3 { vec![1] } else { vec![] });
         }
         assert_eq!(

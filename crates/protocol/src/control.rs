@@ -46,8 +46,12 @@ pub struct CheckpointOptions {
 pub struct RestorePoint {
     /// Its number.
     pub id: koala_types::CheckpointId,
-    /// Each source's position in it (records to skip, or `checkpoint::FINISHED`).
-    pub positions: BTreeMap<TaskId, u64>,
+    /// Each source's position in it (what it resumes from: records to skip, partition offsets
+    /// to seek to, or finished).
+    pub positions: BTreeMap<TaskId, koala_types::SourcePosition>,
+    /// Each source's largest event time emitted before the barrier: its watermarks resume there.
+    #[serde(default)]
+    pub event_times: BTreeMap<TaskId, koala_types::Timestamp>,
 }
 
 fn default_max_queued_records() -> usize {

@@ -11,6 +11,7 @@ mod ids;
 mod key_hash;
 mod message;
 pub mod metric;
+mod position;
 
 pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of, bucket_of_hash, placement_hash};
 pub use codec::{CodecError, decode, encode, encode_into};
@@ -20,3 +21,4 @@ pub use ids::{
 };
 pub use key_hash::{KeyHashBuilder, KeyHashMap, KeyHasher};
 pub use message::{ChannelMessage, Record, StateEntry};
+pub use position::{PartitionOffset, SourcePosition};

@@ -55,7 +55,14 @@ impl Coordinator {
     }
 }
 
-/// Starts a coordinator and two workers of the job `text` in `dir`.
+/// The logs of the workers [`start_job`] started in `dir` (`w0.log`, `w1.log`; a worker that
+/// restarts for a recovery goes on writing its own), concatenated.
+pub fn worker_logs(dir: &Path) -> String {
+    (0..2).filter_map(|i| std::fs::read_to_string(dir.join(format!("w{i}.log"))).ok()).collect()
+}
+
+/// Starts a coordinator and two workers of the job `text` in `dir`; each worker logs to
+/// `dir/w<i>.log` ([`worker_logs`]).
 pub fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), String> {
     std::fs::write(dir.join("job.toml"), text).map_err(|e| e.to_string())?;
     let addr_file = dir.join("addr");
@@ -79,11 +86,14 @@ pub fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), St
     let coordinator = Coordinator { child, _out: out, log, seen: String::new() };
     let workers: Vec<Child> = (0..2)
         .map(|i| {
+            let log = std::fs::File::create(dir.join(format!("w{i}.log")))
+                .map_or_else(|_| Stdio::null(), Stdio::from);
             super::koala()
                 .args(["worker", "--coordinator", &addr, "--data-dir"])
                 .arg(dir.join(format!("w{i}")))
+                .env("KOALA_LOG", "info")
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(log)
                 .spawn()
                 .expect("start worker")
         })

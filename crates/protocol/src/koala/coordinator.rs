@@ -199,6 +199,15 @@ impl KoalaCoordinator {
         self.operators.get(&operator).map(|o| o.retired.clone()).unwrap_or_default()
     }
 
+    /// Live tasks of `location`'s operator that have not reported it drained for the last epoch
+    /// (its release waits for them).
+    pub fn undrained(&self, location: TaskId) -> Vec<TaskId> {
+        let Some(op) = self.operators.get(&location.operator) else { return Vec::new() };
+        let reports = op.drained.get(&location);
+        let live: BTreeSet<TaskId> = op.assignment.iter().copied().collect();
+        live.into_iter().filter(|t| reports.and_then(|m| m.get(t)) != Some(&op.last_epoch)).collect()
+    }
+
     /// The upstream tasks of `operator` changed (an upstream operator was reconfigured); they
     /// switch routing in the next epoch.
     pub fn set_upstreams(&mut self, operator: OperatorId, upstreams: BTreeSet<TaskId>) {

@@ -27,6 +27,8 @@
 //!    up to N extra keys, the owner keeps pulling as answers arrive (§3.4), and the coordinator
 //!    releases a cancelled task once no KLT names it.
 
+mod awaited;
+mod bound;
 mod coordinator;
 mod cut;
 mod error;

@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, InputChannel, PROCESSING_TIME, Record, TaskId, TimeDomain, Timestamp};
 
+use super::awaited::AwaitedFilters;
 use super::error::ProtocolError;
 use super::event_time::{ChannelWatermarks, HeldTimes};
 use super::klt::KeyLookupTable;
@@ -306,7 +307,7 @@ pub struct KoalaTask {
     /// Fault injection: the reverted hold-back rule ([`Self::inject_fault_hold_back_after_marker`]).
     pub(super) fault_hold_back_after_marker: bool,
     /// Filter requests sent and not answered yet ([`Self::awaits_filters`]).
-    pub(super) filters_awaited: usize,
+    pub(super) filters: AwaitedFilters,
 }
 
 impl KoalaTask {
@@ -340,7 +341,7 @@ impl KoalaTask {
             timers: HandedTimers::default(),
             hold_handed_timers: true,
             max_queued: super::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
-            filters_awaited: 0,
+            filters: AwaitedFilters::default(),
             intake_tag: 0,
             fault_hold_back_after_marker: false,
         }
@@ -412,7 +413,7 @@ impl KoalaTask {
     /// Whether a filter this task asked for has not arrived yet: the location must not be
     /// released meanwhile, so the task does not report `InputsEnded` (`TaskLife`).
     pub fn awaits_filters(&self) -> bool {
-        self.filters_awaited > 0
+        self.filters.any()
     }
 
     /// The last checkpoint the task snapshotted or was restored from: the tag its fetches and
@@ -458,93 +459,6 @@ impl KoalaTask {
             })
             .sum();
         self.held.len().saturating_sub(self.timers.queued) + early
-    }
-
-    /// Records parked until a sender's peer channel closes (per-key FIFO).
-    fn parked_records(&self) -> usize {
-        self.transition.as_ref().map_or(0, |t| t.parked.values().map(VecDeque::len).sum())
-    }
-
-    /// Whether the task takes any data-channel input now (bounded memory, docs/architecture.md
-    /// §4): not once it holds `max_queued_records`. Then the backlog waits upstream
-    /// (backpressure, source lag); commands, peer and fetch lanes keep flowing, and what the task
-    /// holds drains without data input (see [`Self::data_room`]).
-    pub fn takes_data(&self) -> bool {
-        if self.fault_hold_back_after_marker {
-            return self.transition.as_ref().is_some_and(|t| !t.markers_pending.is_empty())
-                || self.queued_records() < self.max_queued;
-        }
-        self.queued_records() < self.max_queued
-    }
-
-    /// How many of `records`, from the front, the task takes now from data channel `channel`;
-    /// the rest stays at the head of the channel (the runtime and the simulator split the
-    /// batch), and a channel whose head is refused entirely waits at its sender. With this rule
-    /// [`Self::queued_records`] never exceeds `max_queued_records`, and nothing deadlocks:
-    /// - queued records drain with fetch answers alone, which every task serves whatever it
-    ///   waits for;
-    /// - parked records (those of a bucket whose sender's peer channel is open, which only come
-    ///   after this channel's marker) wait for the sender's `Close`, which waits for the sender's
-    ///   markers and for everything it forwards on the peer lane; so they may fill at most
-    ///   `max_queued_records − 1`, and a record that would park past that is refused: room for
-    ///   one record always comes back, for the channels whose marker is still to come (they
-    ///   carry no parked records, so a task reaches its markers) and for forwarded records
-    ///   ([`Self::peer_room`]). Two tasks that hand buckets to each other, each full of the
-    ///   other's parked records, would otherwise never reach their markers.
-    pub fn data_room(&self, channel: InputChannel, records: &[Record]) -> usize {
-        let queued = self.queued_records();
-        let room = self.max_queued.saturating_sub(queued);
-        if self.fault_hold_back_after_marker {
-            return self.reverted_data_room(channel, records.len());
-        }
-        let Some(t) = &self.transition else { return room.min(records.len()) };
-        // Fast path: even if every one parked, parked records stay below the bound.
-        if queued + records.len() < self.max_queued {
-            return records.len();
-        }
-        let mut parked = self.parked_records();
-        for (taken, r) in records.iter().enumerate() {
-            if taken == room {
-                return taken;
-            }
-            let bucket = koala_types::bucket_of(&r.key, self.num_buckets);
-            if matches!(t.route_direct(channel, bucket, self.park_direct), Some(Route::Park)) {
-                if parked + 1 >= self.max_queued {
-                    return taken;
-                }
-                parked += 1;
-            }
-        }
-        records.len()
-    }
-
-    /// How many of `records` forwarded on the peer lane the task takes now (they queue; the
-    /// rest stays at the head of the lane): the room left under `max_queued_records`.
-    pub fn peer_room(&self, records: usize) -> usize {
-        self.max_queued.saturating_sub(self.queued_records()).min(records)
-    }
-
-    /// Fault injection for the simulator's negative tests: the rule tried and reverted on
-    /// 2026-12-02 (`0e8e770`). Parked records do not count while a marker is still to come, and
-    /// every channel whose marker is in waits at its sender until the task's markers are all in,
-    /// whatever its records are (the runtime held them back once the task held the bound minus
-    /// what its queue might still deliver, 16 384 records by default: at small bounds, always).
-    #[doc(hidden)]
-    pub fn inject_fault_hold_back_after_marker(&mut self) {
-        self.fault_hold_back_after_marker = true;
-    }
-
-    fn reverted_data_room(&self, channel: InputChannel, records: usize) -> usize {
-        let held = self.queued_records();
-        match &self.transition {
-            Some(t) if !t.markers_pending.is_empty() => {
-                let parked = self.parked_records();
-                let takes = held - parked.min(held) < self.max_queued;
-                if t.markers_pending.contains(&channel) && takes { records } else { 0 }
-            }
-            _ if held < self.max_queued => records,
-            _ => 0,
-        }
     }
 
     /// Sets the tag records taken from now on carry: an opaque, nondecreasing number from the
@@ -605,7 +519,7 @@ impl KoalaTask {
                 Ok(())
             }
             TaskEvent::Filter { from, response } => {
-                self.filters_awaited = self.filters_awaited.saturating_sub(1);
+                self.filters.arrived(from, response.bucket);
                 self.klt.filter_arrived(from, response.bucket, response.since, response.filter);
                 Ok(())
             }
@@ -781,13 +695,18 @@ impl KoalaTask {
         }
     }
 
-    /// Reports retired locations this task's KLT no longer points at (outside transitions).
+    /// Reports retired locations this task's KLT no longer points at and owes no filter
+    /// (outside transitions; `super::awaited`).
     fn report_drained(&mut self, out: &mut Vec<TaskAction>) {
         if self.transition.is_some() || !self.pipeline.is_quiet() {
             return;
         }
         for &loc in &self.retired {
-            if loc == self.id || self.drained.get(&loc) == Some(&self.epoch) || self.klt.references(loc) {
+            if loc == self.id
+                || self.drained.get(&loc) == Some(&self.epoch)
+                || self.klt.references(loc)
+                || self.filters.from(loc)
+            {
                 continue;
             }
             self.drained.insert(loc, self.epoch);

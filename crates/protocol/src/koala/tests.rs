@@ -581,3 +581,102 @@ fn handed_processing_time_timers_hold_the_firing_bound_until_their_key_is_access
     assert!(out.contains(&TaskAction::EmitWatermark(2_000)), "{out:?}");
     assert!(!r.is_busy());
 }
+
+/// Bucket 3 moves from t0, cancelled (so retired, pulled from with `extra_keys`), to t1.
+fn scale_in_reconf(extra_keys: usize) -> Arc<Reconfiguration> {
+    Arc::new(Reconfiguration {
+        cancelled: BTreeSet::from([t(0)]),
+        retired: BTreeSet::from([t(0)]),
+        extra_keys,
+        ..(*reconf()).clone()
+    })
+}
+
+/// t0 (bucket 3) hands over to t1 (buckets 0–2) in epoch 1 and is cancelled; returns the
+/// receiver after the epoch, its filter request to t0 unanswered, and everything it did since the
+/// hand-over.
+fn received_awaiting_filter(extra_keys: usize) -> (KoalaTask, FilterRequest, Vec<TaskAction>) {
+    let (mut s, mut r) = (task(t(0), &[3]), task(t(1), &[0, 1, 2]));
+    let open = peer_messages(&r.on(TaskEvent::Start(scale_in_reconf(extra_keys))));
+    s.on(TaskEvent::Start(scale_in_reconf(extra_keys)));
+    let hand_over = peer_messages(&deliver(&mut s, t(1), open));
+    let mut done = deliver(&mut r, t(0), hand_over);
+    let asked: Vec<FilterRequest> = done
+        .iter()
+        .filter_map(|a| match a {
+            TaskAction::RequestFilter { from, request } if *from == t(0) => Some(request.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked.len(), 1, "the receiver asks the sender for its filter: {done:?}");
+    done.extend(r.on(marker(ch(0))));
+    let close = peer_messages(&s.on(marker(ch(0))));
+    done.extend(deliver(&mut r, t(0), close));
+    assert!(done.contains(&TaskAction::Ack { epoch: 1, ack: TaskAck::Done }), "{done:?}");
+    assert!(r.awaits_filters());
+    (r, asked[0].clone(), done)
+}
+
+fn drained_reports(out: &[TaskAction]) -> Vec<TaskId> {
+    out.iter()
+        .filter_map(|a| match a {
+            TaskAction::Ack { ack: TaskAck::LocationDrained { location }, .. } => Some(*location),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A retired location is released once every live task reported it drained, and then exits
+/// with its background filter builds. A task whose layer at the location went — a pull emptied
+/// the bucket — while its filter request was still unanswered must not report the location
+/// drained until the filter came: else the location was released and exited owing it, and the
+/// task waited for it for ever, never reported its inputs ended, and the job never ended (the
+/// job-end soak's hang: three aggregate tasks and the sink alive after the input ended).
+#[test]
+fn a_location_owing_a_filter_is_not_reported_drained() {
+    let (mut r, asked, end) = received_awaiting_filter(8);
+    // The epoch's end pulls from the retired sender; its answer: bucket 3 is empty there.
+    let pulls: Vec<FetchRequest> = end
+        .into_iter()
+        .filter_map(|a| match a {
+            TaskAction::FetchState { from, request } if from == t(0) => Some(request),
+            _ => None,
+        })
+        .collect();
+    let id = pulls.first().map(|p| p.id).expect("a pull from the retired sender");
+    let response = FetchResponse { id, values: vec![], extra: vec![], exhausted: vec![3] };
+    let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+    assert!(!r.klt().references(t(0)), "the pull emptied the layer");
+    assert_eq!(drained_reports(&out), vec![], "t0 still owes the filter: {out:?}");
+    let filter =
+        FilterResponse { bucket: asked.bucket, since: asked.since, filter: KeyFilter::build(vec![]) };
+    let out = r.on(TaskEvent::Filter { from: t(0), response: filter });
+    assert_eq!(drained_reports(&out), vec![t(0)]);
+    assert!(!r.awaits_filters());
+}
+
+/// A task does not hand a bucket over while it awaits that bucket's filter: a task cancelled by
+/// the reconfiguration would otherwise retire still owing nothing to anyone's release condition
+/// but waiting for the answer, and the location could be released and exit first.
+#[test]
+fn a_bucket_is_not_handed_over_while_its_filter_is_awaited() {
+    // Fetch on demand only: no pull keeps the task busy.
+    let (mut r, asked, _) = received_awaiting_filter(0);
+    let (mut n, next) = (
+        task(t(2), &[]),
+        Arc::new(Reconfiguration {
+            epoch: 2,
+            moves: BTreeMap::from([((t(1), t(2)), vec![3])]),
+            new_tasks: BTreeSet::from([t(2)]),
+            cancelled: BTreeSet::new(),
+            ..(*scale_in_reconf(0)).clone()
+        }),
+    );
+    n.on(TaskEvent::Start(next.clone()));
+    let out = r.on(TaskEvent::Start(next));
+    assert!(peer_messages(&out).iter().all(|m| !matches!(m, PeerMessage::HandOver { .. })), "{out:?}");
+    let filter =
+        FilterResponse { bucket: asked.bucket, since: asked.since, filter: KeyFilter::build(vec![]) };
+    let out = r.on(TaskEvent::Filter { from: t(0), response: filter });
+    assert!(peer_messages(&out).iter().any(|m| matches!(m, PeerMessage::HandOver { .. })), "{out:?}");
+}

@@ -255,7 +255,7 @@ impl KoalaTask {
                 let watermark = hand_over.watermark;
                 let pending = self.klt.install(hand_over)?;
                 for p in pending {
-                    self.filters_awaited += 1;
+                    self.filters.asked(p.location, p.bucket);
                     out.push(TaskAction::RequestFilter {
                         from: p.location,
                         request: FilterRequest { bucket: p.bucket, since: p.since },
@@ -322,12 +322,14 @@ impl KoalaTask {
         if !quiet {
             return false;
         }
+        // Not while a filter of a moved bucket is awaited (`super::awaited`).
+        let filters = &self.filters;
         let ready: Vec<TaskId> = t
             .outbound
             .iter()
-            .filter(|(_, (_, s))| match s {
-                Outbound::Open(None) => true,
-                Outbound::Open(Some(w)) => frontier.is_some_and(|f| f >= *w),
+            .filter(|(_, (buckets, s))| match s {
+                Outbound::Open(None) => !filters.of_any(buckets),
+                Outbound::Open(Some(w)) => frontier.is_some_and(|f| f >= *w) && !filters.of_any(buckets),
                 _ => false,
             })
             .map(|(&to, _)| to)

@@ -70,6 +70,14 @@ pub(crate) enum Msg {
     /// A Koala task's clock, on a channel to itself: delivered as `TaskEvent::ProcessingTime`
     /// at the world's step then.
     Clock,
+    /// A location's filter build (`TaskAction::BuildFilter`), on a channel to itself: the
+    /// runtime builds filters in the background, between its inputs, so the filter is built and
+    /// sent at a random later step — after the answers to fetches the location serves meanwhile,
+    /// and never if the location exits first.
+    BuildFilter {
+        to: TaskId,
+        request: FilterRequest,
+    },
     /// The coordinator tells a new task that an upstream finished before it switched.
     EndedUpstream(TaskId),
     /// DRRS: a peer-channel message.

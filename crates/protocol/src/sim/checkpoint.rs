@@ -11,10 +11,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use koala_types::{OperatorId, TaskId};
+use koala_types::{OperatorId, SourcePosition, TaskId};
 
 use super::rng::SplitMix64 as Rng;
-use crate::checkpoint::{BarrierAligner, CheckpointAction, CheckpointCore, FINISHED, TaskCheckpoint};
+use crate::checkpoint::{BarrierAligner, CheckpointAction, CheckpointCore, TaskCheckpoint};
+
+/// The harness's position of a finished source (its sources count records).
+const FINISHED: u64 = u64::MAX;
 
 const SOURCES: usize = 2;
 const COUNTERS: usize = 2;
@@ -158,7 +161,8 @@ pub fn run_checkpoint_sim(seed: u64, records: u64) -> Result<CheckpointSimStats,
                 for c in 0..COUNTERS {
                     job.to_counter[s * COUNTERS + c].push_back(Msg::Barrier(id));
                 }
-                let ack = TaskCheckpoint { position: Some(job.emitted[s]), ..TaskCheckpoint::default() };
+                let position = Some(SourcePosition::Records(job.emitted[s]));
+                let ack = TaskCheckpoint { position, ..TaskCheckpoint::default() };
                 actions.extend(core.on_ack(task(0, s), id, ack).map_err(|e| e.to_string())?);
             } else if !job.source_done[s] {
                 if job.emitted[s] == records {
@@ -210,7 +214,10 @@ pub fn run_checkpoint_sim(seed: u64, records: u64) -> Result<CheckpointSimStats,
                     stats.completed += 1;
                     let id = checkpoint.id;
                     let pos: [u64; SOURCES] = std::array::from_fn(|s| {
-                        checkpoint.tasks.get(&task(0, s)).and_then(|t| t.position).unwrap_or(FINISHED)
+                        match checkpoint.tasks.get(&task(0, s)).and_then(|t| t.position.as_ref()) {
+                            Some(SourcePosition::Records(n)) => *n,
+                            _ => FINISHED,
+                        }
                     });
                     let counts = job.snapshots.remove(&id).unwrap_or_default();
                     // The cut: each counter counted exactly the records before the positions.

@@ -32,8 +32,8 @@ use super::world::Core;
 use super::world::{Kind, Msg, Node, SimTask, World};
 use crate::control::Protocol;
 use crate::koala::{
-    Answered, FilterBuild, FilterResponse, HandOver, KeyFilter, KeyPage, LocationStore, PeerMessage,
-    TaskAction, key_hash, serve_fetch,
+    Answered, FilterBuild, FilterRequest, FilterResponse, HandOver, KeyFilter, KeyPage, LocationStore,
+    PeerMessage, TaskAction, key_hash, serve_fetch,
 };
 
 /// What the operator has done to one key, as the harness saw it (never read from a store).
@@ -137,10 +137,9 @@ impl World {
                     .push((Node::Task(me), Node::Task(from), Kind::State), Msg::FilterRequest(request));
             }
             TaskAction::BuildFilter { to, request } => {
-                let filter = self.build_filter(me, request.bucket)?;
-                self.stats.filters_built += 1;
-                let response = FilterResponse { bucket: request.bucket, since: request.since, filter };
-                self.channels.push((Node::Task(me), Node::Task(to), Kind::State), Msg::Filter(response));
+                // Built later, as the runtime builds it (`World::build_and_send_filter`).
+                self.channels
+                    .push((Node::Task(me), Node::Task(me), Kind::State), Msg::BuildFilter { to, request });
             }
             TaskAction::ServeFetch { to, request } => {
                 let task = self.tasks.get_mut(&me).ok_or("serve by unknown task")?;
@@ -433,6 +432,21 @@ impl World {
     /// it between batches. Every workload key outside the store goes in with probability 1/4 as a
     /// forced false positive (a real filter has ≈ 0.4 %), so owners ask for keys that are not
     /// there and must still settle them; the broken variant leaves out a key that is there.
+    /// A location's deferred filter build comes due: it builds the filter of the bucket from
+    /// its store as it is now and sends it to the owner that asked.
+    pub(crate) fn build_and_send_filter(
+        &mut self,
+        me: TaskId,
+        to: TaskId,
+        request: FilterRequest,
+    ) -> Result<(), String> {
+        let filter = self.build_filter(me, request.bucket)?;
+        self.stats.filters_built += 1;
+        let response = FilterResponse { bucket: request.bucket, since: request.since, filter };
+        self.channels.push((Node::Task(me), Node::Task(to), Kind::State), Msg::Filter(response));
+        Ok(())
+    }
+
     fn build_filter(&mut self, me: TaskId, bucket: u16) -> Result<KeyFilter, String> {
         let nb = self.cfg.num_buckets;
         let task = self.tasks.get_mut(&me).ok_or("filter of unknown task")?;

@@ -654,6 +654,10 @@ impl World {
                     Some(true) if matches!(msg, Msg::FetchRequest(_) | Msg::FilterRequest(_)) => {
                         return Err(format!("exit: {from:?} asks {id}, which exited, for state: {msg:?}"));
                     }
+                    // So would the owner whose filter was still to be built when it exited.
+                    Some(true) if matches!(msg, Msg::BuildFilter { .. }) => {
+                        return Err(format!("exit: {id} exited before it built the filter of {msg:?}"));
+                    }
                     Some(true) => {
                         self.stats.after_exit += 1;
                         return Ok(());
@@ -714,6 +718,9 @@ impl World {
                 TaskEvent::ProcessingTime { now: self.step }
             }
             (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
+            (Msg::BuildFilter { to, request }, Some(from)) if from == id => {
+                return self.build_and_send_filter(id, to, request);
+            }
             (Msg::Start(r), None) => {
                 if let Some(t) = self.tasks.get_mut(&id) {
                     t.life.started(r.epoch);

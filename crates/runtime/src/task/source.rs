@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::RecvTimeoutError;
-use koala_dataflow::{OperatorKind, SourcePoll, TaskInstance};
-use koala_protocol::checkpoint::{FINISHED, TaskCheckpoint};
+use koala_dataflow::logic::SourceLogic;
+use koala_dataflow::{OperatorKind, Restored, SourcePoll, TaskInstance};
+use koala_protocol::checkpoint::TaskCheckpoint;
 use koala_protocol::stop_restart::{UpstreamCore, UpstreamEvent};
 use koala_types::{ChannelMessage, Timestamp};
 
@@ -30,9 +31,9 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut upstream = UpstreamCore::new();
     let batch = setup.options.batch_records.max(1);
     let wm_interval = Duration::from_millis(options.watermark_interval_ms.max(1));
-    // A restored source skips what it emitted before the checkpoint and goes on at the
-    // schedule's rate from there (docs/architecture.md §10).
-    let (skipped, finished, skipped_max_time) = rewind(&setup, logic.as_mut(), paced, batch)?;
+    // A restored source resumes where the checkpoint recorded it (a generator skips what it
+    // emitted before and goes on at the schedule's rate from there; docs/architecture.md §10).
+    let Restored { skipped, finished } = rewind(&setup, logic.as_mut())?;
     let offset_ms = if paced { options.rate.due_ms(skipped, setup.parallelism).unwrap_or(0.0) } else { 0.0 };
     let offset = Duration::from_secs_f64(offset_ms / 1000.0);
     let started = Instant::now().checked_sub(offset).unwrap_or_else(Instant::now);
@@ -46,7 +47,13 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
     // Watermarks go on from the skipped records' event time: a restored source never sends one
     // below what it sent before the checkpoint (downstream, a watermark does not go back).
-    let mut max_time: Option<Timestamp> = skipped_max_time;
+    let mut max_time: Option<Timestamp> = setup
+        .options
+        .checkpoint
+        .restore
+        .as_ref()
+        .filter(|_| !setup.created_by_reconfiguration)
+        .and_then(|p| p.event_times.get(&setup.task).copied());
     let mut last_wm: Option<Timestamp> = None;
     let mut next_wm = started + wm_interval;
     let mut buf = Vec::with_capacity(batch);
@@ -58,7 +65,15 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         }
         // Commands first: a stop request ends the source between two batches.
         if let Ok(cmd) = setup.commands.try_recv()
-            && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)?
+            && on_command(
+                &setup,
+                cmd,
+                logic.as_mut(),
+                &mut upstream,
+                &mut outputs,
+                &mut metrics,
+                SourceProgress { emitted, max_time },
+            )?
         {
             break;
         }
@@ -88,7 +103,15 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             }
             match setup.commands.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(cmd) => {
-                    if on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)? {
+                    if on_command(
+                        &setup,
+                        cmd,
+                        logic.as_mut(),
+                        &mut upstream,
+                        &mut outputs,
+                        &mut metrics,
+                        SourceProgress { emitted, max_time },
+                    )? {
                         break;
                     }
                 }
@@ -132,7 +155,15 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
             if was_empty && !paced {
                 outputs.flush_all()?;
                 if let Ok(cmd) = setup.commands.recv_timeout(IDLE_WAIT)
-                    && on_command(&setup, cmd, &mut upstream, &mut outputs, &mut metrics, emitted)?
+                    && on_command(
+                        &setup,
+                        cmd,
+                        logic.as_mut(),
+                        &mut upstream,
+                        &mut outputs,
+                        &mut metrics,
+                        SourceProgress { emitted, max_time },
+                    )?
                 {
                     break;
                 }
@@ -165,63 +196,53 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// A restored source's position (`checkpoint.restore`): skips the records it emitted before
-/// the checkpoint, regenerating them (generators are deterministic per task). Returns how many
-/// it skipped, whether it had finished, and the skipped records' largest event time.
-fn rewind(
-    setup: &TaskSetup,
-    logic: &mut dyn koala_dataflow::logic::SourceLogic,
-    paced: bool,
-    batch: usize,
-) -> Result<(u64, bool, Option<Timestamp>), RuntimeError> {
+/// A restored source's position (`checkpoint.restore`): the source resumes where the checkpoint
+/// recorded it ([`SourceLogic::restore`]).
+fn rewind(setup: &TaskSetup, logic: &mut dyn SourceLogic) -> Result<Restored, RuntimeError> {
+    // A source a reconfiguration created is not in the checkpoint.
     let Some(point) = setup.options.checkpoint.restore.as_ref().filter(|_| !setup.created_by_reconfiguration)
     else {
-        return Ok((0, false, None));
+        return Ok(Restored::default());
     };
-    let position = point.positions.get(&setup.task).copied().unwrap_or(0);
-    if position == FINISHED {
-        return Ok((0, true, None));
-    }
-    if position > 0 && !paced {
-        return Err(RuntimeError::Checkpoint {
-            task: setup.task,
-            what: "restoring a self-paced source (Kafka) at its checkpoint offsets is not built yet; \
-                   run Kafka jobs without checkpoint_interval_ms"
-                .into(),
-        });
-    }
-    let mut skipped = 0;
-    let mut max_time: Option<Timestamp> = None;
-    let mut buf = Vec::with_capacity(batch);
-    while skipped < position {
-        buf.clear();
-        let want = usize::try_from(position - skipped).unwrap_or(usize::MAX).min(batch);
-        let poll = logic.poll(want, &mut buf)?;
-        skipped += buf.len() as u64;
-        max_time = buf.iter().map(|r| r.time).chain(max_time).max();
-        if poll == SourcePoll::Finished {
-            return Ok((skipped, true, max_time));
-        }
-    }
-    tracing::info!(task = %setup.task, skipped, "source rewound to its checkpoint position");
-    Ok((skipped, false, max_time))
+    let Some(position) = point.positions.get(&setup.task) else { return Ok(Restored::default()) };
+    let restored = logic.restore(position).map_err(|e| RuntimeError::Checkpoint {
+        task: setup.task,
+        what: format!("restoring the source at {position} from checkpoint {}: {e}", point.id),
+    })?;
+    tracing::info!(
+        task = %setup.task, checkpoint = point.id, skipped = restored.skipped,
+        "source restored at {position} from checkpoint {}", point.id
+    );
+    Ok(restored)
+}
+
+/// How far a source got: what its checkpoint acknowledgement records.
+#[derive(Clone, Copy)]
+struct SourceProgress {
+    /// Records emitted.
+    emitted: u64,
+    /// The largest event time among them: a restored source's watermarks go on from there, never
+    /// below one it sent before the checkpoint (downstream, a watermark does not go back).
+    max_time: Option<Timestamp>,
 }
 
 /// Handles a command between two batches; returns true if the source must end now.
 fn on_command(
     setup: &TaskSetup,
     cmd: TaskCommand,
+    logic: &mut dyn SourceLogic,
     upstream: &mut UpstreamCore,
     outputs: &mut Outputs,
     metrics: &mut TaskMetrics,
-    emitted: u64,
+    progress: SourceProgress,
 ) -> Result<bool, RuntimeError> {
     match cmd {
         TaskCommand::StopSource => Ok(true),
         TaskCommand::Checkpoint(id) => {
             // Everything emitted so far precedes the barrier on every channel.
             outputs.broadcast_barrier(id)?;
-            let ack = TaskCheckpoint { position: Some(emitted), ..TaskCheckpoint::default() };
+            let position = Some(logic.checkpoint_position(progress.emitted));
+            let ack = TaskCheckpoint { position, event_time: progress.max_time, ..TaskCheckpoint::default() };
             crate::checkpoint::acknowledge(setup, id, ack);
             Ok(false)
         }

@@ -18,7 +18,10 @@ pub use generator::{
 };
 pub use model::{Auction, Bid, Event, EventKind, Person};
 pub use operators::{ClosedAuction, closed_auction_of};
-pub use params::{BID_QUERIES, ExternalSource, NexmarkInput, NexmarkKafka, NexmarkParams};
+pub use params::{
+    ExternalSource, KafkaSourceBuilder, KafkaStream, NexmarkInput, NexmarkKafka, NexmarkParams,
+    kafka_stream_of,
+};
 pub use queries::{
     AuctionBid, CategoryAverage, ConvertedBid, HighestBid, HotAuction, NewSeller, QUERIES, SellerAuction,
     SellerAverage, build,
@@ -152,5 +155,30 @@ mod tests {
                 .expect("valid json config");
         assert_eq!(ok.hot_ratio, 0.5);
         assert_eq!(ok.active_people, 100);
+    }
+
+    /// `kafka_stream_of` names the stream each query's source asks the Kafka builder for.
+    #[test]
+    fn every_query_reads_from_kafka_the_stream_kafka_stream_of_names() {
+        use std::sync::{Arc, Mutex};
+        let asked: Arc<Mutex<Vec<KafkaStream>>> = Arc::default();
+        let record = asked.clone();
+        let builder: KafkaSourceBuilder = Arc::new(move |stream| {
+            record.lock().expect("lock").push(stream);
+            Arc::new(|_| -> Box<dyn koala_dataflow::SourceLogic> { unreachable!("never deployed") })
+        });
+        for (name, _, _) in QUERIES {
+            let params = NexmarkParams {
+                input: NexmarkInput::Kafka,
+                kafka_source: ExternalSource(Some(builder.clone())),
+                ..Default::default()
+            };
+            build(name, &params).expect("a nexmark query").expect("builds over kafka");
+            let streams = std::mem::take(&mut *asked.lock().expect("lock"));
+            assert_eq!(streams, vec![kafka_stream_of(name).expect("a stream")], "{name}");
+        }
+        let none = NexmarkParams { input: NexmarkInput::Kafka, ..Default::default() };
+        let Some(Err(err)) = build("nexmark-q3", &none) else { panic!("q3 built without a kafka source") };
+        assert!(err.contains("[params.kafka]"), "{err}");
     }
 }

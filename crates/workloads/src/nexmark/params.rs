@@ -1,9 +1,11 @@
 //! The parameters of the Nexmark queries (`[params]` of a config) and where their events come
-//! from: the embedded generator, or for the bid queries the Kafka source the caller builds.
+//! from: the embedded generator, or the Kafka topics `koala produce` writes, through the source
+//! the caller builds ([`ExternalSource`]).
 
 use koala_dataflow::SourceOptions;
 use koala_dataflow::graph::SourceFactory;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use super::NexmarkConfig;
 use crate::params::SinkKind;
@@ -43,14 +45,14 @@ pub struct NexmarkParams {
     pub new_user_period_ms: u64,
     /// Where the sink writes.
     pub sink: SinkKind,
-    /// Where the events come from: the embedded generator, or Kafka (the bid queries only).
+    /// Where the events come from: the embedded generator, or Kafka.
     pub input: NexmarkInput,
     /// The Kafka source when `input = "kafka"`.
     pub kafka: NexmarkKafka,
-    /// The source the bid queries read when `input = "kafka"`, built by the caller from
+    /// The Kafka sources the queries read when `input = "kafka"`, built by the caller from
     /// [`Self::kafka`] (not a parameter: never read from or written to a config).
     #[serde(skip)]
-    pub bids_from: ExternalSource,
+    pub kafka_source: ExternalSource,
 }
 
 /// Where the Nexmark queries read their events.
@@ -60,18 +62,56 @@ pub enum NexmarkInput {
     /// The embedded generator (`[params.nexmark]`).
     #[default]
     Generator,
-    /// The `<topic_prefix>-bid` topic `koala produce` writes: the bid queries Q1, Q2, Q5, Q7.
+    /// The `<topic_prefix>-person`, `-auction` and `-bid` topics `koala produce` writes, each
+    /// query reading the ones it needs ([`KafkaStream`]).
     Kafka,
 }
 
-/// The Kafka source of the bid queries (`[params.kafka]`), read by koala-connectors, which checks
+/// What a Nexmark query's source reads from Kafka, and the type of its records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KafkaStream {
+    /// `<prefix>-bid`, as [`super::Bid`]s (Q1, Q2, Q5, Q7).
+    Bids,
+    /// `<prefix>-person` and `<prefix>-auction`, as [`super::Event`]s (Q3, Q8).
+    PeopleAndAuctions,
+    /// `<prefix>-auction` and `<prefix>-bid`, as [`super::Event`]s (Q4, Q6).
+    AuctionsAndBids,
+    /// `<prefix>-auction`, each auction as its [`super::ClosedAuction`] (Q4*, Q6*).
+    ClosedAuctions,
+}
+
+/// The stream Nexmark query `name` reads from Kafka with `input = "kafka"`, if it is one.
+pub fn kafka_stream_of(name: &str) -> Option<KafkaStream> {
+    Some(match name.strip_prefix("nexmark-")? {
+        "q1" | "q2" | "q5" | "q7" => KafkaStream::Bids,
+        "q3" | "q8" => KafkaStream::PeopleAndAuctions,
+        "q4" | "q6" => KafkaStream::AuctionsAndBids,
+        "q4star" | "q6star" => KafkaStream::ClosedAuctions,
+        _ => return None,
+    })
+}
+
+impl KafkaStream {
+    /// The kinds of event, hence the topics, it reads.
+    pub fn kinds(self) -> &'static [super::EventKind] {
+        use super::EventKind::{Auction, Bid, Person};
+        match self {
+            Self::Bids => &[Bid],
+            Self::PeopleAndAuctions => &[Person, Auction],
+            Self::AuctionsAndBids => &[Auction, Bid],
+            Self::ClosedAuctions => &[Auction],
+        }
+    }
+}
+
+/// The Kafka source of the queries (`[params.kafka]`), read by koala-connectors, which checks
 /// `format` and `start`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NexmarkKafka {
     /// Bootstrap brokers, `host:port`.
     pub brokers: Vec<String>,
-    /// Bids are read from `<topic_prefix>-bid`.
+    /// Events are read from `<topic_prefix>-person`, `-auction` and `-bid`.
     pub topic_prefix: String,
     /// Value format: `json` or `binary` (as `koala produce --format`).
     pub format: String,
@@ -97,9 +137,12 @@ impl Default for NexmarkKafka {
     }
 }
 
-/// A source built outside this crate (the Kafka source of the bid queries).
+/// Builds a query's Kafka source for the stream it reads.
+pub type KafkaSourceBuilder = Arc<dyn Fn(KafkaStream) -> SourceFactory + Send + Sync>;
+
+/// The Kafka sources, built outside this crate (it knows no Kafka).
 #[derive(Clone, Default)]
-pub struct ExternalSource(pub Option<SourceFactory>);
+pub struct ExternalSource(pub Option<KafkaSourceBuilder>);
 
 impl std::fmt::Debug for ExternalSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -110,15 +153,12 @@ impl std::fmt::Debug for ExternalSource {
 impl PartialEq for ExternalSource {
     fn eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
-            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
         }
     }
 }
-
-/// The queries whose only input is bids: the ones that read Kafka with `input = "kafka"`.
-pub const BID_QUERIES: &[&str] = &["nexmark-q1", "nexmark-q2", "nexmark-q5", "nexmark-q7"];
 
 impl Default for NexmarkParams {
     fn default() -> Self {
@@ -135,7 +175,7 @@ impl Default for NexmarkParams {
             sink: SinkKind::default(),
             input: NexmarkInput::Generator,
             kafka: NexmarkKafka::default(),
-            bids_from: ExternalSource::default(),
+            kafka_source: ExternalSource::default(),
         }
     }
 }

@@ -1,8 +1,9 @@
 //! The Nexmark queries of the Koala paper (§5) over the embedded generator: Q1–Q8 and the
 //! variants Q4* and Q6* (the artifact's `_modified` queries, over pre-joined closed auctions).
-//! The bid queries (Q1, Q2, Q5, Q7) also read the `<prefix>-bid` topic `koala produce` writes
-//! (`input = "kafka"`); this crate knows no Kafka, so the caller passes that source in
-//! ([`NexmarkParams::bids_from`], which `koala run` fills from `[params.kafka]`).
+//! Every query also reads the topics `koala produce` writes (`input = "kafka"`: the bid queries
+//! `<prefix>-bid`, Q3 and Q8 `-person` and `-auction`, …, [`KafkaStream`]); this crate knows no
+//! Kafka, so the caller passes those sources in ([`NexmarkParams::kafka_source`], which
+//! `koala run` fills from `[params.kafka]`).
 //! Operator names are part of the contract: configs and reconfiguration requests name them.
 //!
 //! Every query's sink rows carry the key of the operator that produced them as `key`, so outputs
@@ -20,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::operators::{
     AuctionClosing, ClosedAuction, NewUserState, close_auctions, closed_auction_of, new_users,
 };
-use super::params::{BID_QUERIES, NexmarkInput, NexmarkParams};
+use super::params::{KafkaStream, NexmarkInput, NexmarkParams};
 use super::{Auction, Bid, Event, NexmarkGenerator, Person};
 use crate::params::SinkKind;
 
@@ -179,22 +180,14 @@ pub const QUERIES: &[(&str, &str, Builder)] = &[
 
 /// Builds the Nexmark query `name`, or `None` if no Nexmark query has that name.
 ///
-/// With `input = "kafka"` only the bid queries build ([`BID_QUERIES`]), and only with the
-/// Kafka source given in [`NexmarkParams::bids_from`].
+/// With `input = "kafka"` a query builds only with the Kafka sources given in
+/// [`NexmarkParams::kafka_source`].
 pub fn build(name: &str, params: &NexmarkParams) -> Option<Result<JobGraph, String>> {
     let (_, _, builder) = QUERIES.iter().find(|(n, _, _)| *n == name)?;
-    if params.input == NexmarkInput::Kafka {
-        if !BID_QUERIES.contains(&name) {
-            return Some(Err(format!(
-                "input = \"kafka\": {name} reads people or auctions, which are not read from Kafka yet (only bids are: {}); set input = \"generator\"",
-                BID_QUERIES.join(", ")
-            )));
-        }
-        if params.bids_from.0.is_none() {
-            return Some(Err(format!(
-                "input = \"kafka\": {name}'s Kafka source is built by koala-connectors from [params.kafka] (koala run does this); this caller gave none"
-            )));
-        }
+    if params.input == NexmarkInput::Kafka && params.kafka_source.0.is_none() {
+        return Some(Err(format!(
+            "input = \"kafka\": {name}'s Kafka source is built by koala-connectors from [params.kafka] (koala run does this); this caller gave none"
+        )));
     }
     Some(params.validate().and_then(|()| builder(params).map_err(|e| e.to_string())))
 }
@@ -220,8 +213,18 @@ impl<T> Generator<T> for Picked<T> {
 }
 
 /// A source `name` of the generator's events that `pick` keeps; task `i` of `n` generates
-/// producer `i`'s share of the sequence.
-fn source<T: Data>(df: &Dataflow, name: &str, p: &NexmarkParams, pick: fn(Event) -> Option<T>) -> Stream<T> {
+/// producer `i`'s share of the sequence. With `input = "kafka"`, the Kafka source of `stream`
+/// instead (its records are what `pick` keeps of the same events).
+fn source<T: Data>(
+    df: &Dataflow,
+    name: &str,
+    p: &NexmarkParams,
+    stream: KafkaStream,
+    pick: fn(Event) -> Option<T>,
+) -> Stream<T> {
+    if let (NexmarkInput::Kafka, Some(kafka)) = (p.input, &p.kafka_source.0) {
+        return df.source_from(name, p.source.clone(), kafka(stream));
+    }
     let config = p.nexmark.clone();
     df.source(name, p.source.clone(), move |task: TaskInstance| {
         let share = config.for_producer(task.index, task.parallelism.max(1));
@@ -238,13 +241,9 @@ fn tracing_free_log(task: u32, error: &str) {
     eprintln!("nexmark source task {task}: generator refused its share: {error}");
 }
 
-/// The bid queries' source "bids": the generator's bids, or the Kafka source given with
-/// `input = "kafka"`.
+/// The bid queries' source "bids".
 fn bids(df: &Dataflow, p: &NexmarkParams) -> Stream<Bid> {
-    match (&p.input, &p.bids_from.0) {
-        (NexmarkInput::Kafka, Some(factory)) => df.source_from("bids", p.source.clone(), factory.clone()),
-        _ => source(df, "bids", p, bid),
-    }
+    source(df, "bids", p, KafkaStream::Bids, bid)
 }
 
 fn bid(e: Event) -> Option<Bid> {
@@ -324,7 +323,7 @@ fn person_key(e: &Event) -> u64 {
 fn q3(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let padding = "x".repeat(p.state_padding_bytes);
-    let joined = source(&df, "events", p, person_or_auction)
+    let joined = source(&df, "events", p, KafkaStream::PeopleAndAuctions, person_or_auction)
         .filter("filter", |e: &Event| match e {
             Event::Person(p) => p.state != "OR",
             Event::Auction(a) => a.category != 10,
@@ -366,7 +365,7 @@ fn q3(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
 
 /// "closed_auction" over "events": Q4's and Q6's first stage.
 fn closed_auctions(df: &Dataflow, p: &NexmarkParams) -> Stream<ClosedAuction> {
-    source(df, "events", p, auction_or_bid)
+    source(df, "events", p, KafkaStream::AuctionsAndBids, auction_or_bid)
         .key_by(|e: &Event| match e {
             Event::Auction(a) => a.id,
             Event::Bid(b) => b.auction,
@@ -452,7 +451,7 @@ fn q6(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
 /// Q4*: "closed_auctions" → "category" → sink.
 fn q4_star(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let closed = source(&df, "closed_auctions", p, closed);
+    let closed = source(&df, "closed_auctions", p, KafkaStream::ClosedAuctions, closed);
     sink(&category_averages(&closed, p.state_padding_bytes), p.sink);
     df.build()
 }
@@ -460,7 +459,7 @@ fn q4_star(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
 /// Q6*: "closed_auctions" → "seller" → sink.
 fn q6_star(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
-    let closed = source(&df, "closed_auctions", p, closed);
+    let closed = source(&df, "closed_auctions", p, KafkaStream::ClosedAuctions, closed);
     sink(&seller_averages(&closed, p.last_prices, p.state_padding_bytes), p.sink);
     df.build()
 }
@@ -539,16 +538,21 @@ fn q7(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
 fn q8(p: &NexmarkParams) -> Result<JobGraph, DataflowError> {
     let df = Dataflow::new();
     let period = p.new_user_period_ms;
-    let out = source(&df, "events", p, person_or_auction).key_by(person_key).process_with_timers(
-        "new_users",
-        move |_person: &u64,
-              e: Event,
-              c: &mut KeyContext<NewUserState, (u64, u64)>,
-              out: &mut Vec<NewSeller>| { new_users::on_event(e, period, c, out) },
-        move |person: &u64, time, c: &mut KeyContext<NewUserState, (u64, u64)>, out: &mut Vec<NewSeller>| {
-            new_users::on_timer(*person, time, period, c, out)
-        },
-    );
+    let out = source(&df, "events", p, KafkaStream::PeopleAndAuctions, person_or_auction)
+        .key_by(person_key)
+        .process_with_timers(
+            "new_users",
+            move |_person: &u64,
+                  e: Event,
+                  c: &mut KeyContext<NewUserState, (u64, u64)>,
+                  out: &mut Vec<NewSeller>| { new_users::on_event(e, period, c, out) },
+            move |person: &u64,
+                  time,
+                  c: &mut KeyContext<NewUserState, (u64, u64)>,
+                  out: &mut Vec<NewSeller>| {
+                new_users::on_timer(*person, time, period, c, out)
+            },
+        );
     sink(&out, p.sink);
     df.build()
 }
