@@ -167,12 +167,7 @@ fn remote_protocol_and_backend_must_go_together() {
 }
 
 #[test]
-fn nexmark_over_kafka_names_the_queries_it_is_built_for_and_the_start_values() {
-    let q3 = rejected("query = \"nexmark-q3\"\noutput_dir = \"unused\"\n[params]\ninput = \"kafka\"\n");
-    assert!(
-        q3.contains("nexmark-q3") && q3.contains("nexmark-q7") && q3.contains("input = \"generator\""),
-        "{q3}"
-    );
+fn nexmark_over_kafka_names_the_start_values() {
     let start = rejected(
         "query = \"nexmark-q7\"\noutput_dir = \"unused\"\n[params]\ninput = \"kafka\"\n[params.kafka]\nstart = \"newest\"\n",
     );
