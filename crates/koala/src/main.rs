@@ -218,10 +218,9 @@ enum Command {
         /// one record while it is active; 10 about ten).
         #[arg(long, default_value_t = 1)]
         active_shift: u64,
-        /// Aligned checkpoints every this many ms (off by default; built for
-        /// `--protocol stop-and-restart` and `remote`). The bench then runs twice, without and
-        /// with checkpoints, and prints both throughputs, their ratio, and the checkpoints'
-        /// duration, size and alignment time.
+        /// Aligned checkpoints every this many ms (off by default; every protocol). The bench
+        /// then runs twice, without and with checkpoints, and prints both throughputs, their
+        /// ratio, and the checkpoints' duration, size and alignment time.
         #[arg(long)]
         checkpoint_interval_ms: Option<u64>,
         /// The job's reconfiguration protocol (default: koala); the bench reconfigures nothing,

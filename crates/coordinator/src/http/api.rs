@@ -95,7 +95,7 @@ pub fn job(live: &Live, now: &Snapshot) -> Value {
         "running": now.running.as_ref().map(|r| json!({ "epoch": r.epoch, "operator": r.operator })),
         "queued": now.queued,
         "completed": now.completed,
-        "checkpoints": "not served by the API yet: with checkpoint_interval_ms set (stop-and-restart and remote), completed checkpoints are in the metrics DB's checkpoints table and the run summary (docs/architecture.md §10)",
+        "checkpoints": "not served by the API yet: with checkpoint_interval_ms set, completed checkpoints are in the metrics DB's checkpoints table and the run summary (docs/architecture.md §10)",
     })
 }
 
