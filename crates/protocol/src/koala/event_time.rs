@@ -39,9 +39,26 @@ impl ChannelWatermarks {
         Ok(())
     }
 
-    /// A channel's last watermark (`None`: none yet, or not a live channel).
-    pub(crate) fn get(&self, channel: InputSource) -> Option<Timestamp> {
-        self.channels.get(&channel).copied().flatten()
+    /// Each live upstream (data) channel's last watermark: what a task's checkpoint records.
+    pub(crate) fn upstream_marks(&self) -> Vec<(koala_types::InputChannel, Option<Timestamp>)> {
+        let upstream = |(c, w): (&InputSource, &Option<Timestamp>)| match c {
+            InputSource::Upstream(c) => Some((*c, *w)),
+            _ => None,
+        };
+        self.channels.iter().filter_map(upstream).collect()
+    }
+
+    /// A restored task's upstream channels' watermarks as its checkpoint recorded them; a
+    /// channel it does not expect is ignored.
+    pub(crate) fn restore_upstream(
+        &mut self,
+        marks: impl IntoIterator<Item = (koala_types::InputChannel, Timestamp)>,
+    ) {
+        for (channel, time) in marks {
+            if let Some(slot) = self.channels.get_mut(&InputSource::Upstream(channel)) {
+                *slot = Some(time);
+            }
+        }
     }
 
     /// The channel closed (end of stream, peer channel closed).

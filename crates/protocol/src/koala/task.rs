@@ -427,17 +427,13 @@ impl KoalaTask {
     /// A restored task's input channels' watermarks as its checkpoint recorded them: its event
     /// time resumes there, not from nothing (records late then are late now).
     pub fn restore_watermarks(&mut self, watermarks: impl IntoIterator<Item = (InputChannel, Timestamp)>) {
-        for (channel, time) in watermarks {
-            if self.inputs.contains(&channel) {
-                let _ = self.watermarks.set(InputSource::Upstream(channel), time);
-            }
-        }
+        self.watermarks.restore_upstream(watermarks);
         self.emitted = self.frontier();
     }
 
     /// Each input channel's last watermark, for a checkpoint.
     pub fn channel_watermarks(&self) -> Vec<(InputChannel, Option<Timestamp>)> {
-        self.inputs.iter().map(|c| (*c, self.watermarks.get(InputSource::Upstream(*c)))).collect()
+        self.watermarks.upstream_marks()
     }
 
     /// Sets `[runtime] max_queued_records` (at least 1): see [`Self::takes_data`].
