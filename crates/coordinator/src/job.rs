@@ -339,14 +339,7 @@ impl JobState<'_> {
         tracing::info!(epoch, "reconfiguration {epoch} completed");
         let lazy = self.config.protocol == Protocol::Koala;
         let second = self.second_of(completed_ms);
-        self.say(ProgressEvent::ReconfigurationCompleted {
-            epoch,
-            second,
-            bytes_moved,
-            pause_ms,
-            duration_ms,
-            lazy,
-        });
+        self.say(ProgressEvent::ReconfigurationCompleted { epoch, second, pause_ms, duration_ms, lazy });
         Ok(())
     }
 

@@ -24,14 +24,17 @@ pub enum ProgressEvent {
         /// What it does, e.g. `scale_out aggregate 2→4 (12 buckets move)`.
         description: String,
     },
-    /// A reconfiguration completed.
+    /// A reconfiguration completed. The state it moved is read off the per-second progress (its
+    /// [`Progress::state_bytes`] from its start second to this one), the report's ruler for every
+    /// protocol: the protocol's own figure ([`ReconfigurationCompletion::bytes_moved`]) counts
+    /// only what stop-and-restart's hand-over acknowledged.
+    ///
+    /// [`ReconfigurationCompletion::bytes_moved`]: crate::metrics_store::ReconfigurationCompletion
     ReconfigurationCompleted {
         /// Its epoch.
         epoch: u64,
         /// The second it completed in, since the run's start second (as `second` above).
         second: u64,
-        /// Bytes of state moved.
-        bytes_moved: u64,
         /// How long upstream tasks were paused, ms.
         pause_ms: u64,
         /// From start to completion, ms.
@@ -121,6 +124,9 @@ pub struct Progress {
     pub batch_p99_us: Option<f64>,
     /// Milliseconds tasks spent blocked on full channels, summed.
     pub backpressure_ms: f64,
+    /// State bytes moved between tasks in that second, on demand, in the background and eagerly
+    /// (Σ of the three `state_bytes_*` metrics over every task: the report's state moved).
+    pub state_bytes: f64,
 }
 
 /// Totals over the whole run.
@@ -240,6 +246,9 @@ impl SecondAggregator {
                 metric::LATENCY_P99_MS if self.sinks.contains(&op) => max(&mut p.latency_p99_ms),
                 metric::BATCH_LATENCY_P99_US if !source => max(&mut p.batch_p99_us),
                 metric::BACKPRESSURE_MS => p.backpressure_ms += s.value,
+                metric::STATE_BYTES_ON_DEMAND
+                | metric::STATE_BYTES_BACKGROUND
+                | metric::STATE_BYTES_EAGER => p.state_bytes += s.value,
                 _ => {}
             }
             if self.driven.is_some_and(|d| d.0 == op) {

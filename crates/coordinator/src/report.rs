@@ -11,8 +11,8 @@
 //! - **lag** = mean over source tasks of `source_lag_mean_ms` (tasks weighted equally); lag p99 =
 //!   max over source tasks of `source_lag_p99_ms`.
 //! - **end-to-end latency** (records written by sinks: arrival − due at the source) = max over
-//!   tasks of `latency_p50_ms` (the worst sink's median; the series backlog recovery is measured
-//!   on), p99 = max of `latency_p99_ms`, max = max of `latency_max_ms`.
+//!   tasks of `latency_p50_ms` (the worst sink's median), p99 = max of `latency_p99_ms` (the
+//!   worst sink's p99, the series recovery is measured on), max = max of `latency_max_ms`.
 //! - **per-batch latency** = mean over processing tasks of `batch_latency_mean_us`; p99 = max over
 //!   processing tasks of `batch_latency_p99_us`; max = max over processing tasks of
 //!   `batch_latency_max_us` (the longest batch of the second: one stall among hundreds of batches
@@ -27,12 +27,12 @@
 //! - Times are seconds since the run's start second (`runs.started_ms / 1000`); a
 //!   reconfiguration belongs to the second its `started_ms` falls in.
 //!
-//! The derived figures — throughput dip against the offered rate, backlog recovery, state moved
-//! on demand vs in the background — are defined once, in [`derived`], and every command that
+//! The derived figures — throughput dip against the offered rate, recovery on the end-to-end p99
+//! and its drain limit, state moved on demand vs in the background — are defined once, in
+//! [`derived`] and [`recovery`], and every command that
 //! prints them (`koala report`, `run`, `demo`, `compare`) takes them from a [`ReportSummary`].
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use koala_types::metric;
@@ -44,8 +44,10 @@ use crate::metrics_store::{MetricsStore, MetricsStoreError, Reconfiguration, Run
 mod checkpoints;
 pub mod derived;
 mod overlay;
+pub mod recovery;
 mod render;
 pub mod table;
+mod text;
 
 pub use checkpoints::CheckpointSummary;
 pub use overlay::{overlay_offered, write_overlay, write_throughput_overlay};
@@ -53,9 +55,12 @@ pub use render::Span;
 pub use table::{GroupSeries, PerSecondTable, SecondRow, combine, group_series};
 
 pub use derived::{
-    BASELINE_S, DISRUPTION_WINDOW_S, DipReference, OfferedRate, RECOVERY_HOLD_S, StateMoved, ThroughputDip,
-    backlog_recovery_s, fmt_records, fmt_recovery, input_last_t_s, moving_average, recovery_watched_s,
-    state_moved_by_epoch, throughput_dip,
+    BASELINE_S, DISRUPTION_WINDOW_S, DipReference, OfferedRate, StateMoved, ThroughputDip, fmt_records,
+    input_last_t_s, moving_average, state_moved_by_epoch, throughput_dip,
+};
+pub use recovery::{
+    DrainLimit, RECOVERY_FACTOR, RECOVERY_HOLD_S, fmt_drain_limit, fmt_recovery, recovery_rule, recovery_s,
+    recovery_watched_s,
 };
 
 /// Seconds at the end of a run whose lag p99 is reported as its tail lag (the demo's "has the
@@ -132,10 +137,26 @@ pub struct ReconfigurationSummary {
     /// State moved from its start second until the next reconfiguration's
     /// ([`state_moved_by_epoch`]): the reconfigurations add up to [`ReportSummary::state_moved`].
     pub state_moved: StateMoved,
-    /// See [`backlog_recovery_s`]: on end-to-end latency ([`SecondRow::latency_p50_ms`]).
-    pub backlog_recovery_s: Option<u64>,
+    /// Its recovery ([`recovery_s`]) on the worst sink's end-to-end p99
+    /// ([`SecondRow::latency_p99_ms`]): the recovery every command prints first.
+    pub recovery_s: Option<u64>,
+    /// The same on the worst sink's median ([`SecondRow::latency_p50_ms`]), printed beside it.
+    pub recovery_p50_s: Option<u64>,
     /// The same on source lag ([`SecondRow::lag_mean_ms`]), which misses records inside the job.
     pub lag_recovery_s: Option<u64>,
+    /// The recovery no protocol can beat ([`DrainLimit`]); `None` without an emulated capacity
+    /// (`[runtime] task_records_per_sec`), a rate schedule, or a completed reconfiguration.
+    pub drain_limit: Option<DrainLimit>,
+}
+
+impl ReconfigurationSummary {
+    /// The drain limit for a summary line, or why there is none.
+    pub fn drain_limit_text(&self) -> String {
+        match &self.drain_limit {
+            Some(limit) => limit.to_string(),
+            None => "drain limit n/a (needs [runtime] task_records_per_sec, a finite rate and a completed reconfiguration)".into(),
+        }
+    }
 }
 
 /// Everything `koala report` computed for one run.
@@ -151,10 +172,10 @@ pub struct ReportSummary {
     pub peak_lag_mean_ms: Option<f64>,
     /// Highest per-second p99 source lag, ms.
     pub peak_lag_p99_ms: Option<f64>,
-    /// Highest per-second median end-to-end latency (worst sink), ms.
-    pub peak_latency_p50_ms: Option<f64>,
-    /// Highest per-second p99 end-to-end latency (worst sink), ms.
+    /// Highest per-second p99 end-to-end latency (worst sink), ms: the peak latency printed first.
     pub peak_latency_p99_ms: Option<f64>,
+    /// Highest per-second median end-to-end latency (worst sink), ms, printed beside it.
+    pub peak_latency_p50_ms: Option<f64>,
     /// State moved between tasks: on demand, in the background and eagerly ([`StateMoved`]).
     pub state_moved: StateMoved,
     /// Worst per-second p99 source lag over the last [`TAIL_S`] seconds with lag samples, ms.
@@ -174,9 +195,11 @@ pub struct ReportSummary {
     pub cache_lookups: Vec<(String, f64, f64)>,
     /// The dip with the lowest [`ThroughputDip::ratio`] over all reconfigurations.
     pub worst_dip: Option<ThroughputDip>,
-    /// The longest backlog recovery (end-to-end latency); `None` without reconfigurations or if
-    /// any never recovered.
-    pub backlog_recovery_s: Option<u64>,
+    /// The longest recovery (end-to-end p99, [`ReconfigurationSummary::recovery_s`]); `None`
+    /// without reconfigurations or if any never recovered.
+    pub recovery_s: Option<u64>,
+    /// The longest recovery on the end-to-end median, likewise.
+    pub recovery_p50_s: Option<u64>,
     /// The longest recovery of source lag, likewise.
     pub lag_recovery_s: Option<u64>,
     /// Each reconfiguration, by start time.
@@ -257,7 +280,8 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
     let run_start_s = secs_of_ms(info.started_ms);
     let throughput: Vec<(i64, f64)> = table.rows.iter().map(|r| (r.t_s, r.throughput)).collect();
     let lag: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.lag_mean_ms)).collect();
-    let latency: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.latency_p50_ms)).collect();
+    let latency_p99: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.latency_p99_ms)).collect();
+    let latency_p50: Vec<(i64, Option<f64>)> = table.rows.iter().map(|r| (r.t_s, r.latency_p50_ms)).collect();
     let config = JobConfig::parse(&info.config, "runs.config").ok();
     let offered = OfferedRate::from_config(&info.config, info.started_ms);
     let offered_at = offered.as_ref().map(|o| move |t: i64| o.in_second(run_start_s + t));
@@ -270,6 +294,12 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
     let input_last = input_last_t_s(&throughput);
     let recorded = store.reconfigurations(&info.run)?;
     let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms) - run_start_s).collect();
+    let budget = config.as_ref().and_then(|c| c.runtime.task_records_per_sec);
+    // Every task takes records; which ran after a reconfiguration gives its capacity after.
+    let task_records = match budget {
+        Some(_) => store.task_samples(&info.run, metric::RECORDS_IN)?,
+        None => Vec::new(),
+    };
     let moved = |m: &str| -> Result<Vec<(i64, f64)>, ReportError> {
         Ok(store
             .per_second(&info.run, m, combine(m), TaskScope::All)?
@@ -306,13 +336,19 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
                 end_s: r.completed_ms.map(since_start),
                 dip: throughput_dip(&throughput, window, offered_fn),
                 state_moved: moved_by_epoch.next().unwrap_or_default(),
-                backlog_recovery_s: backlog_recovery_s(&latency, start_t_s, overload_t_s, input_last),
-                lag_recovery_s: backlog_recovery_s(&lag, start_t_s, overload_t_s, input_last),
+                recovery_s: recovery_s(&latency_p99, start_t_s, overload_t_s, input_last),
+                recovery_p50_s: recovery_s(&latency_p50, start_t_s, overload_t_s, input_last),
+                lag_recovery_s: recovery_s(&lag, start_t_s, overload_t_s, input_last),
+                drain_limit: budget.zip(offered_fn).zip(r.completed_ms).and_then(
+                    |((budget, offered), done)| {
+                        let tasks = recovery::tasks_after(&task_records, &r.operator, done / 1000);
+                        DrainLimit::at(&throughput, offered, start_t_s, budget * tasks as f64)
+                    },
+                ),
                 reconfiguration: r,
             }
         })
         .collect();
-    let budget = config.as_ref().and_then(|c| c.runtime.task_records_per_sec);
     let capacity_shortfall = match budget {
         Some(budget) => shortfall(&store.task_samples(&info.run, metric::CAPACITY_RECORDS_PER_SEC)?, budget),
         None => Vec::new(),
@@ -359,7 +395,8 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
             .iter()
             .filter_map(|r| r.dip)
             .min_by(|a, b| a.ratio().total_cmp(&b.ratio())),
-        backlog_recovery_s: longest(|r| r.backlog_recovery_s),
+        recovery_s: longest(|r| r.recovery_s),
+        recovery_p50_s: longest(|r| r.recovery_p50_s),
         lag_recovery_s: longest(|r| r.lag_recovery_s),
         reconfigurations,
         table,
@@ -401,154 +438,6 @@ fn shortfall(samples: &[(String, u64, f64)], budget: f64) -> Vec<(String, u64, f
 /// Whole unix seconds of a unix-milliseconds instant (the store caps values at `i64::MAX`).
 pub(crate) fn secs_of_ms(ms: u64) -> i64 {
     i64::try_from(ms / 1000).unwrap_or(i64::MAX)
-}
-
-fn fmt_opt(v: Option<f64>, unit: &str) -> String {
-    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.1} {unit}"))
-}
-
-/// Bytes in the largest unit that keeps them ≥ 1 (B, KiB, MiB, GiB).
-fn fmt_bytes(b: f64) -> String {
-    match b {
-        b if b >= MIB * 1024.0 => format!("{:.2} GiB", b / MIB / 1024.0),
-        b if b >= MIB => format!("{:.2} MiB", b / MIB),
-        b if b >= 1024.0 => format!("{:.1} KiB", b / 1024.0),
-        b => format!("{b:.0} B"),
-    }
-}
-
-fn fmt_dip(dip: Option<ThroughputDip>) -> String {
-    dip.map_or_else(|| "n/a".to_string(), |d| d.to_string())
-}
-
-fn fmt_state(s: &StateMoved) -> String {
-    format!(
-        "{} ({} on demand, {} in the background, {} eager)",
-        fmt_bytes(s.total()),
-        fmt_bytes(s.on_demand),
-        fmt_bytes(s.background),
-        fmt_bytes(s.eager)
-    )
-}
-
-impl fmt::Display for ReportSummary {
-    /// The summary only; print [`ReportSummary::table`] for the per-second rows.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let run = &self.run;
-        writeln!(
-            f,
-            "run {} (query {}, protocol {}): {} s of metrics",
-            run.run,
-            run.query,
-            run.protocol,
-            self.table.rows.len()
-        )?;
-        writeln!(
-            f,
-            "records in at sources: {:.0}, mean throughput {:.1} rec/s",
-            self.records_total, self.mean_throughput
-        )?;
-        writeln!(
-            f,
-            "peak end-to-end latency: p50 {}, p99 {}; peak source lag: mean {}, p99 {}",
-            fmt_opt(self.peak_latency_p50_ms, "ms"),
-            fmt_opt(self.peak_latency_p99_ms, "ms"),
-            fmt_opt(self.peak_lag_mean_ms, "ms"),
-            fmt_opt(self.peak_lag_p99_ms, "ms")
-        )?;
-        writeln!(
-            f,
-            "capacity: {}",
-            self.capacity.as_deref().unwrap_or("unknown (the run's config is not readable)")
-        )?;
-        for (task, seconds, min) in &self.capacity_shortfall {
-            writeln!(
-                f,
-                "WARNING: {task} could not reach its processing budget in {seconds} s (measured capacity as low as {min:.0} rec/s): the machine is short of CPU for this task_records_per_sec"
-            )?;
-        }
-        writeln!(f, "lag p99 over the last {TAIL_S} s: {}", fmt_opt(self.tail_lag_p99_ms, "ms"))?;
-        writeln!(
-            f,
-            "state moved: {}; input paused: {} ms",
-            fmt_state(&self.state_moved),
-            self.pause_ms_total
-        )?;
-        if let Some((task, n)) = &self.max_queued_records {
-            writeln!(f, "queued records: at most {n:.0} (task {task})")?;
-        }
-        if !self.cache_lookups.is_empty() {
-            let rates: Vec<String> = self
-                .cache_lookups
-                .iter()
-                .map(|(task, hits, misses)| match hits + misses {
-                    0.0 => format!("{task} no lookups"),
-                    all => format!("{task} {:.1} % of {all:.0}", 100.0 * hits / all),
-                })
-                .collect();
-            writeln!(f, "state cache hit rate (hits / keys read): {}", rates.join(", "))?;
-        }
-        if let Some(last) = self.input_last_t_s {
-            writeln!(
-                f,
-                "input: last taken at t={last} s (later seconds are not judged for dips or recovery)"
-            )?;
-        }
-        write!(f, "{}", self.checkpoints)?;
-        for d in &self.autoscale {
-            writeln!(
-                f,
-                "autoscale at t={} s: {} {} ({}); {}",
-                d.t_s, d.kind, d.request, d.reason, d.outcome
-            )?;
-        }
-        if self.reconfigurations.is_empty() {
-            writeln!(f, "no reconfiguration in this run: no dip or backlog recovery to measure")?;
-        } else {
-            writeln!(f, "worst throughput dip: {}", fmt_dip(self.worst_dip))?;
-            // The last reconfiguration was watched the shortest: "> N s" holds for every one.
-            let last_start = self.reconfigurations.iter().map(|r| r.start_t_s).max().unwrap_or(0);
-            let watched = recovery_watched_s(last_start, self.input_last_t_s);
-            writeln!(
-                f,
-                "backlog recovery (longest, end-to-end latency): {}; by source lag: {}",
-                fmt_recovery(self.backlog_recovery_s, watched),
-                fmt_recovery(self.lag_recovery_s, watched)
-            )?;
-        }
-        if !self.plots_have_text {
-            writeln!(f, "plots drawn without text: no font in {:?}", render::FONT_CANDIDATES)?;
-        }
-        for r in &self.reconfigurations {
-            let c = &r.reconfiguration;
-            writeln!(
-                f,
-                "  epoch {} {} of {} ({}): t={}..{} s, {} buckets, state moved {}, pause {}; dip {}; recovery {} (source lag: {})",
-                c.epoch,
-                c.kind,
-                c.operator,
-                c.protocol,
-                r.start_t_s,
-                r.end_t_s.map_or_else(|| "?".to_string(), |t| t.to_string()),
-                c.buckets_moved,
-                fmt_state(&r.state_moved),
-                c.pause_ms.map_or_else(|| "-".to_string(), |p| format!("{p} ms")),
-                fmt_dip(r.dip),
-                fmt_recovery(r.backlog_recovery_s, recovery_watched_s(r.start_t_s, self.input_last_t_s)),
-                fmt_recovery(r.lag_recovery_s, recovery_watched_s(r.start_t_s, self.input_last_t_s))
-            )?;
-        }
-        if let Some(dir) = self.files.first().and_then(|f| f.parent()) {
-            let names: Vec<String> = self
-                .files
-                .iter()
-                .filter_map(|f| f.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-                .collect();
-            writeln!(f, "plots and report written to {}: {}", dir.display(), names.join(", "))?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

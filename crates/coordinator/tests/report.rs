@@ -48,6 +48,16 @@ fn latency(t: u64) -> f64 {
     }
 }
 
+/// The sink's p99: 60 ms steady, 6 s while the median is 3 s, then a slow tail of 400 ms until
+/// 85 s that the median does not show; healthy from 86 s.
+fn latency_p99(t: u64) -> f64 {
+    match t {
+        60..=79 => 6000.0,
+        80..=85 => 400.0,
+        _ => 60.0,
+    }
+}
+
 fn write_run(db: &Path, run: &str, started_s: u64) {
     let mut store = MetricsStore::open(db).unwrap();
     store
@@ -94,7 +104,7 @@ fn write_run(db: &Path, run: &str, started_s: u64) {
         }
         samples.push(at("sink.0", metric::RECORDS_IN, throughput(t)));
         samples.push(at("sink.0", metric::LATENCY_P50_MS, latency(t)));
-        samples.push(at("sink.0", metric::LATENCY_P99_MS, latency(t) * 2.0));
+        samples.push(at("sink.0", metric::LATENCY_P99_MS, latency_p99(t)));
         samples.push(at("sink.0", metric::LATENCY_MAX_MS, latency(t) * 3.0));
         // A second sink, faster: the columns take the worst sink.
         samples.push(at("sink.1", metric::LATENCY_P50_MS, 10.0));
@@ -200,15 +210,20 @@ fn scale_out_dip_and_backlog_recovery() {
     let dip = summary.worst_dip.unwrap();
     assert_eq!((dip.offered, dip.min, dip.at_t_s), (1000.0, 200.0, 60));
     assert!((dip.ratio() - 0.2).abs() < 1e-12);
-    // Lag exceeds max(1.5 × 20, 20 + 50) = 70 ms from 60 s; 71–72 s are healthy but 73 s is not,
-    // so lag recovery holds from 74 s on. End-to-end latency is back under max(45, 80) ms only at
-    // 80 s: backlog recovery is 20 s, the records the sources had emitted still inside the job.
+    // Lag exceeds max(2 × 20, 20 + 20) = 40 ms from 60 s; 71–72 s are healthy but 73 s is not,
+    // so lag recovery holds from 74 s on. The end-to-end median is back under max(60, 50) ms at
+    // 80 s, the records the sources had emitted still inside the job until then; its p99 is back
+    // under max(120, 80) ms only at 86 s: the recovery is the p99's, 26 s.
     assert_eq!(summary.lag_recovery_s, Some(14));
-    assert_eq!(summary.backlog_recovery_s, Some(20));
+    assert_eq!((summary.recovery_s, summary.recovery_p50_s), (Some(26), Some(20)));
     let reconfig = &summary.reconfigurations[0];
     assert_eq!((reconfig.start_t_s, reconfig.end_t_s), (60, Some(65)));
     assert_eq!(reconfig.reconfiguration.bytes_moved, 5 * 1_048_576);
-    assert_eq!((reconfig.backlog_recovery_s, reconfig.lag_recovery_s), (Some(20), Some(14)));
+    assert_eq!(
+        (reconfig.recovery_s, reconfig.recovery_p50_s, reconfig.lag_recovery_s),
+        (Some(26), Some(20), Some(14))
+    );
+    assert_eq!(reconfig.drain_limit, None, "no capacity emulation in this run's config");
 
     for name in ["throughput.png", "lag.png", "latency.png", "batch_latency.png", "state_moved.png"] {
         assert_png(&out.join(name));
@@ -216,7 +231,10 @@ fn scale_out_dip_and_backlog_recovery() {
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<img src=\"throughput.png\""));
     assert!(
-        html.contains("backlog recovery (longest, end-to-end latency): 20 s; by source lag: 14 s"),
+        html.contains(
+            "recovery (longest; e2e p99 (worst sink) back within 2× its level before the surge for 5 s): \
+             26 s; on the median: 20 s; on source lag: 14 s"
+        ),
         "{html}"
     );
     assert!(html.contains("<img src=\"latency.png\""));
@@ -224,7 +242,7 @@ fn scale_out_dip_and_backlog_recovery() {
 
     let older = report(&db, Some("older"), &out).unwrap();
     assert_eq!(older.run.run, "older");
-    assert_eq!(older.backlog_recovery_s, Some(20));
+    assert_eq!(older.recovery_s, Some(26));
     let text = summary.to_string();
     assert!(
         text.contains(&format!("plots and report written to {}: throughput.png", out.display()))
@@ -256,7 +274,7 @@ fn run_without_reconfigurations_or_samples() {
     assert!(summary.table.rows.is_empty());
     assert_eq!(summary.records_total, 0.0);
     assert_eq!(summary.worst_dip, None);
-    assert_eq!((summary.backlog_recovery_s, summary.lag_recovery_s), (None, None));
+    assert_eq!((summary.recovery_s, summary.lag_recovery_s), (None, None));
     assert_eq!(summary.peak_latency_p99_ms, None);
     assert_png(&dir.path().join("out").join("throughput.png"));
 }
@@ -348,9 +366,10 @@ fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
     assert!(text.contains("worst throughput dip: min 4 100 rec/s of 8 000 offered at t=5 s"), "{text}");
     assert!(!text.contains('%'), "a dip is a rate, not a percentage: {text}");
     // Latency is over its threshold only at 5 s; the end of input is no excursion.
-    assert_eq!((first.backlog_recovery_s, second.backlog_recovery_s), (Some(2), Some(0)));
+    assert_eq!((first.recovery_p50_s, second.recovery_p50_s), (Some(2), Some(0)));
     assert_eq!((first.lag_recovery_s, second.lag_recovery_s), (Some(2), Some(0)));
-    assert_eq!(summary.backlog_recovery_s, Some(2));
+    assert_eq!(summary.recovery_p50_s, Some(2));
+    assert_eq!(summary.recovery_s, None, "this run's sinks report no p99");
 }
 
 /// Koala scale-outs of `window` at 600 ms into each `(epoch, second)`, complete 30 ms later with
@@ -506,4 +525,87 @@ fn plots_show_offered_and_output_and_every_reconfiguration_as_a_span() {
     let mut unscheduled = summary.clone();
     unscheduled.table.rows.iter_mut().for_each(|r| r.offered = None);
     assert_eq!(overlay_offered(&[&unscheduled]), None, "no schedule, no offered line");
+}
+
+/// A surge at 10 s the two aggregate tasks cannot keep up with, a scale-out to four at 20 s: the
+/// drain limit beside the recovery is the backlog at the start over the spare capacity after.
+#[test]
+fn the_drain_limit_is_printed_beside_the_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut store = MetricsStore::open(&db).unwrap();
+    let run = "surge";
+    let config = "query = \"keyed-aggregate\"\nworkers = 2\nduration_s = 60\n\
+                  [parallelism]\nsource = 1\naggregate = 2\nsink = 1\n\
+                  [runtime]\ntask_records_per_sec = 1000\n\
+                  [params.source]\nrate = [{ at_ms = 0, records_per_sec = 1400.0 }, \
+                  { at_ms = 10000, records_per_sec = 2800.0 }]\n";
+    store
+        .begin_run(&RunInfo {
+            run: run.into(),
+            started_ms: RUN_START_S * 1000,
+            query: "keyed-aggregate".into(),
+            protocol: "koala".into(),
+            config: config.into(),
+        })
+        .unwrap();
+    for t in 0..50 {
+        let at = |task: &str, metric: &str, value| sample(RUN_START_S + t, task, metric, value);
+        let taken = match t {
+            0..=9 => 1400.0,
+            10..=19 => 2000.0,
+            20..=29 => 4000.0,
+            _ => 2800.0,
+        };
+        let mut samples = vec![
+            at("source.0", metric::RECORDS_IN, taken),
+            at("source.0", metric::SOURCE_LAG_MEAN_MS, if (10..30).contains(&t) { 900.0 } else { 5.0 }),
+            at("sink.0", metric::LATENCY_P50_MS, if (10..30).contains(&t) { 900.0 } else { 10.0 }),
+            at("sink.0", metric::LATENCY_P99_MS, if (10..32).contains(&t) { 1900.0 } else { 20.0 }),
+        ];
+        let tasks = if t <= 20 { 2 } else { 4 };
+        for i in 0..tasks {
+            samples.push(at(&format!("aggregate.{i}"), metric::RECORDS_IN, taken / f64::from(tasks)));
+        }
+        store.insert_samples(run, &samples).unwrap();
+    }
+    let start_ms = (RUN_START_S + 20) * 1000 + 100;
+    store
+        .reconfiguration_started(
+            run,
+            &ReconfigurationStart {
+                epoch: 1,
+                operator: "aggregate".into(),
+                kind: "scale_out".into(),
+                protocol: "koala".into(),
+                started_ms: start_ms,
+                buckets_moved: 64,
+                detail: "scale-out of aggregate from 2 to 4 tasks".into(),
+            },
+        )
+        .unwrap();
+    let done = ReconfigurationCompletion {
+        epoch: 1,
+        operator: "aggregate".into(),
+        completed_ms: start_ms + 500,
+        bytes_moved: 0,
+        pause_ms: None,
+    };
+    store.reconfiguration_completed(run, &done).unwrap();
+    drop(store);
+    let summary = report(&db, Some(run), &dir.path().join("out")).unwrap();
+    let text = summary.to_string();
+    let r = &summary.reconfigurations[0];
+    // 800 records/s behind for 10 s; 4 × 1 000 − 2 800 = 1 200 records/s spare after.
+    let limit = r.drain_limit.expect("drain limit");
+    assert_eq!((limit.backlog, limit.capacity, limit.offered), (8_000.0, 4_000.0, 2_800.0));
+    assert_eq!((r.recovery_s, r.recovery_p50_s), (Some(12), Some(10)));
+    assert!(
+        text.contains(
+            "recovery 12 s (e2e p99; median 10 s, source lag 10 s); \
+             drain limit 7 s (backlog 8 000 records ÷ 1 200 records/s spare)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("peak end-to-end latency: p99 1900.0 ms (median 900.0 ms)"), "{text}");
 }

@@ -1,15 +1,16 @@
 //! What the demo's reconfiguration did to the job, for `koala demo` and `koala compare`. Every
 //! figure comes from the run's [`ReportSummary`] (`koala_coordinator::report`, one definition of
-//! each: dip against the offered rate, backlog recovery on end-to-end latency (and on source lag
-//! beside it), state moved on demand vs in the background), so the demo, `compare` and
-//! `koala report <db>` print the same numbers.
+//! each: dip against the offered rate, recovery on the end-to-end p99 (the median and source lag
+//! beside it) and the drain limit no protocol can beat, state moved on demand vs in the
+//! background), so the demo, `compare` and `koala report <db>` print the same numbers.
 
 use std::path::Path;
 
 use anyhow::Context;
 use koala_coordinator::JobSummary;
 use koala_coordinator::report::{
-    ReportSummary, SecondRow, StateMoved, TAIL_S, ThroughputDip, fmt_recovery, recovery_watched_s, report,
+    DrainLimit, ReportSummary, SecondRow, StateMoved, TAIL_S, ThroughputDip, fmt_drain_limit, fmt_recovery,
+    recovery_rule, recovery_watched_s, report,
 };
 
 /// One run's outcome.
@@ -18,15 +19,21 @@ pub struct Outcome {
     pub protocol: String,
     /// State moved between tasks over the whole run.
     pub state_moved: StateMoved,
-    /// Backlog recovery of the first reconfiguration (end-to-end latency), seconds.
+    /// Recovery of the first reconfiguration on the end-to-end p99, seconds.
     pub recovery_s: Option<u64>,
+    /// The same on the end-to-end median, seconds.
+    pub recovery_p50_s: Option<u64>,
     /// The same on source lag, seconds.
     pub lag_recovery_s: Option<u64>,
+    /// The first reconfiguration's drain limit.
+    pub drain_limit: Option<DrainLimit>,
     /// Seconds from the first reconfiguration's start to the input's last second: how long a
     /// recovery was watched for.
     pub watched_s: Option<i64>,
+    /// Highest per-second p99 end-to-end latency of the run (worst sink), ms.
+    pub peak_latency_p99_ms: Option<f64>,
     /// Highest per-second median end-to-end latency of the run (worst sink), ms.
-    pub peak_latency_ms: Option<f64>,
+    pub peak_latency_p50_ms: Option<f64>,
     /// Throughput dip of the first reconfiguration.
     pub dip: Option<ThroughputDip>,
     /// Mean per-batch latency (µs) in the 5 s before the reconfiguration and in the first 10 s
@@ -74,10 +81,13 @@ pub fn outcome(summary: &JobSummary, out: &Path) -> anyhow::Result<(Outcome, Rep
     let outcome = Outcome {
         protocol: rep.run.protocol.clone(),
         state_moved: rep.state_moved,
-        recovery_s: first.and_then(|r| r.backlog_recovery_s),
+        recovery_s: first.and_then(|r| r.recovery_s),
+        recovery_p50_s: first.and_then(|r| r.recovery_p50_s),
         lag_recovery_s: first.and_then(|r| r.lag_recovery_s),
+        drain_limit: first.and_then(|r| r.drain_limit),
         watched_s: first.and_then(|r| recovery_watched_s(r.start_t_s, rep.input_last_t_s)),
-        peak_latency_ms: rep.peak_latency_p50_ms,
+        peak_latency_p99_ms: rep.peak_latency_p99_ms,
+        peak_latency_p50_ms: rep.peak_latency_p50_ms,
         dip: first.and_then(|r| r.dip),
         latency,
         peak_lag_ms: rep.peak_lag_mean_ms,
@@ -109,20 +119,8 @@ fn fmt_dip(dip: Option<ThroughputDip>) -> String {
 pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
     println!();
     print!("{rep}");
-    println!(
-        "demo: peak end-to-end latency {}, peak lag {} (overloaded if above 1 s), lag p99 over the last {TAIL_S} s {} (drained if below 200 ms)",
-        opt_ms(o.peak_latency_ms),
-        opt_ms(o.peak_lag_ms),
-        opt_ms(o.tail_lag_p99_ms)
-    );
-    let lag_recovery = fmt_recovery(o.lag_recovery_s, o.watched_s);
-    match o.recovery_s {
-        Some(s) => println!(
-            "demo: backlog recovered {s} s after the reconfiguration started (end-to-end latency; source lag: {lag_recovery})"
-        ),
-        None => println!(
-            "demo: the backlog (end-to-end latency) did not recover before the run ended (source lag: {lag_recovery})"
-        ),
+    for line in demo_lines(o) {
+        println!("{line}");
     }
     println!(
         "demo: per-batch latency {} before the reconfiguration, {} after",
@@ -131,18 +129,57 @@ pub fn print_outcome(o: &Outcome, rep: &ReportSummary) {
     );
 }
 
+/// The demo's own lines on its run: peak latency and recovery, each on the p99 with the median
+/// named beside it, and the drain limit.
+fn demo_lines(o: &Outcome) -> Vec<String> {
+    let recovery = match o.recovery_s {
+        Some(s) => format!("demo: recovered {s} s after the reconfiguration started"),
+        None => format!(
+            "demo: not recovered {} after the reconfiguration started (the run ended first)",
+            fmt_recovery(None, o.watched_s)
+        ),
+    };
+    vec![
+        format!(
+            "demo: peak end-to-end latency p99 {} (median {}), peak source lag {} (overloaded if above 1 s), \
+             lag p99 over the last {TAIL_S} s {} (drained if below 200 ms)",
+            opt_ms(o.peak_latency_p99_ms),
+            opt_ms(o.peak_latency_p50_ms),
+            opt_ms(o.peak_lag_ms),
+            opt_ms(o.tail_lag_p99_ms)
+        ),
+        format!(
+            "{recovery} ({}; on the median {}, on source lag {})",
+            recovery_rule(),
+            fmt_recovery(o.recovery_p50_s, o.watched_s),
+            fmt_recovery(o.lag_recovery_s, o.watched_s)
+        ),
+        match &o.drain_limit {
+            Some(limit) => format!("demo: {limit}: no protocol recovers sooner"),
+            None => "demo: drain limit n/a (the run has no emulated capacity or rate schedule)".into(),
+        },
+    ]
+}
+
 /// The `koala compare` table.
 pub fn print_table(outcomes: &[Outcome]) {
     println!();
     println!(
-        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>26} {:>22} {:>9} {:>10}",
+        "recovery: {}; drain limit: the backlog at the start ÷ the spare capacity after it, which no \
+         protocol can beat",
+        recovery_rule()
+    );
+    println!(
+        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>11} {:>11} {:>10} {:>12} {:>10} {:>12} {:>26} {:>22} {:>9} {:>10}",
         "protocol",
         "on demand",
         "background",
         "eager",
         "recovery",
+        "drain limit",
+        "median rec.",
         "lag rec.",
-        "peak e2e",
+        "peak e2e p99",
         "peak lag",
         "tail p99",
         "lowest rate (vs offered)",
@@ -152,17 +189,20 @@ pub fn print_table(outcomes: &[Outcome]) {
     );
     for o in outcomes {
         let rec = fmt_recovery(o.recovery_s, o.watched_s);
+        let median_rec = fmt_recovery(o.recovery_p50_s, o.watched_s);
         let lag_rec = fmt_recovery(o.lag_recovery_s, o.watched_s);
         let lat = format!("{} → {}", opt_us(o.latency.0), opt_us(o.latency.1));
         println!(
-            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>26} {:>22} {:>6} ms {:>10}",
+            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>11} {:>11} {:>10} {:>12} {:>10} {:>12} {:>26} {:>22} {:>6} ms {:>10}",
             o.protocol,
             mib(o.state_moved.on_demand),
             mib(o.state_moved.background),
             mib(o.state_moved.eager),
             rec,
+            fmt_drain_limit(o.drain_limit.as_ref()),
+            median_rec,
             lag_rec,
-            opt_ms(o.peak_latency_ms),
+            opt_ms(o.peak_latency_p99_ms),
             opt_ms(o.peak_lag_ms),
             opt_ms(o.tail_lag_p99_ms),
             fmt_dip(o.dip),
@@ -185,6 +225,44 @@ mod tests {
             batch_latency_mean_us: batch,
             ..SecondRow::default()
         }
+    }
+
+    #[test]
+    fn the_demo_names_the_p99_recovery_with_the_median_beside_it_and_the_drain_limit() {
+        let o = Outcome {
+            protocol: "koala".into(),
+            state_moved: StateMoved::default(),
+            recovery_s: Some(21),
+            recovery_p50_s: Some(8),
+            lag_recovery_s: Some(6),
+            drain_limit: Some(DrainLimit { backlog: 120_000.0, capacity: 80_000.0, offered: 60_000.0 }),
+            watched_s: Some(31),
+            peak_latency_p99_ms: Some(2827.0),
+            peak_latency_p50_ms: Some(2145.0),
+            dip: None,
+            latency: (None, None),
+            peak_lag_ms: Some(1900.0),
+            tail_lag_p99_ms: Some(20.0),
+            pause_ms: 0,
+            max_queued: None,
+        };
+        let lines = demo_lines(&o);
+        assert!(
+            lines[0].starts_with("demo: peak end-to-end latency p99 2827 ms (median 2145 ms)"),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines[1],
+            "demo: recovered 21 s after the reconfiguration started (e2e p99 (worst sink) back within 2× \
+             its level before the surge for 5 s; on the median 8 s, on source lag 6 s)"
+        );
+        assert_eq!(
+            lines[2],
+            "demo: drain limit 6 s (backlog 120 000 records ÷ 20 000 records/s spare): no protocol recovers sooner"
+        );
+        let unrecovered = Outcome { recovery_s: None, drain_limit: None, ..o };
+        let lines = demo_lines(&unrecovered);
+        assert!(lines[1].starts_with("demo: not recovered > 31 s after"), "{lines:?}");
     }
 
     /// Stop-and-restart's shape: input paused for 20 s after the start, one sink-only second of

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, ProgressEvent, run_job};
+use koala_coordinator::{JobConfig, JobRun, JobSummary, ProgressEvent, run_job};
 
 /// The demo job's config, also shipped as `examples/demo.toml`.
 pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
@@ -60,15 +60,15 @@ pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
 /// `koala demo`. `shared`: the settings every run of a `koala compare` gets (partition policy,
 /// cache size); a lone demo keeps the demo config's, except that DRRS runs with the uniform policy.
 pub fn demo(
-    duration_s: u64,
+    duration_s: Option<u64>,
+    quick: bool,
     output_dir: &Path,
     protocol: &str,
     shared: Option<crate::settings::SharedSettings>,
     http_port: Option<u16>,
 ) -> anyhow::Result<crate::compare::Outcome> {
-    let mut config = JobConfig::parse(DEMO_CONFIG, "examples/demo.toml")?;
+    let mut config = crate::demo::config(duration_s, quick)?;
     config.coordinator.http_port = http_port;
-    config.duration_s = Some(duration_s);
     config.output_dir = output_dir.to_path_buf();
     config.protocol = parse_protocol(protocol)?;
     config.drrs.schedule = drrs_schedule_of(protocol);
@@ -89,9 +89,10 @@ pub fn demo(
         shared.apply(&mut config);
     }
     println!(
-        "koala demo: {} with {} workers for {duration_s} s (rate 30k/s, surge to 60k/s 20–45 s, aggregate scaled out 2 → 4 at 25 s, {}; {}); output in {}",
+        "koala demo: {} with {} workers ({}; {}; {}); output in {}",
         config.query,
         config.workers,
+        crate::demo::describe(&config),
         config.protocol_label(),
         config.runtime.capacity_line(),
         output_dir.display()
@@ -355,53 +356,42 @@ fn run_locally(
     // Progress lines come out once every task reported their second (about 2 s late); a
     // reconfiguration's lines wait for them, so both are printed in the order of one clock, the
     // report's (seconds since the run's start second).
-    let mut pending: Vec<(u64, String)> = Vec::new();
-    let flush = |pending: &mut Vec<(u64, String)>, up_to: u64| {
-        pending.retain(|(second, line)| {
-            let due = *second <= up_to;
-            if due {
-                println!("[{second:>4}s] {line}");
-            }
-            !due
-        });
-    };
+    let mut lines = crate::progress_lines::ProgressLines::default();
     for event in rx.iter() {
         match event {
-            ProgressEvent::Second(p) => {
-                flush(&mut pending, p.second);
-                println!("{}", progress_line(&p));
-            }
+            ProgressEvent::Second(p) => lines.second(&p),
             ProgressEvent::ReconfigurationStarted { epoch, second, description } => {
-                pending.push((second, format!("reconfiguration {epoch} started: {description}")));
+                lines.started(epoch, second, format!("reconfiguration {epoch} started: {description}"));
             }
-            ProgressEvent::ReconfigurationCompleted { epoch, second, pause_ms, duration_ms, lazy: true, .. } => {
-                pending.push((second, format!(
-                    "reconfiguration {epoch} completed in {duration_ms} ms (ownership moved, upstreams paused {pause_ms} ms); state follows on first access"
-                )));
+            ProgressEvent::ReconfigurationCompleted { epoch, second, pause_ms, duration_ms, lazy } => {
+                lines.completed(epoch, second, move |moved| {
+                    if lazy {
+                        format!(
+                            "reconfiguration {epoch} completed in {duration_ms} ms (ownership moved, upstreams paused \
+                             {pause_ms} ms; {} of state moved so far); the rest follows on first access",
+                            human_bytes(moved)
+                        )
+                    } else {
+                        format!(
+                            "reconfiguration {epoch} completed in {duration_ms} ms: {} of state moved, upstreams \
+                             paused {pause_ms} ms",
+                            human_bytes(moved)
+                        )
+                    }
+                });
             }
-            ProgressEvent::ReconfigurationCompleted {
-                epoch,
-                second,
-                bytes_moved,
-                pause_ms,
-                duration_ms,
-                lazy: false,
-            } => pending.push((second, format!(
-                "reconfiguration {epoch} completed in {duration_ms} ms: {} moved, upstreams paused {pause_ms} ms",
-                human_bytes(bytes_moved)
-            ))),
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
             ProgressEvent::AutoscaleDecision { second, description } => {
-                pending.push((second, format!("autoscale: {description}")));
+                lines.at(second, format!("autoscale: {description}"));
             }
             ProgressEvent::Memory { worker, report } => {
                 println!("{}", koala_coordinator::progress::memory_lines(worker, &report))
             }
         }
     }
-    flush(&mut pending, u64::MAX);
+    lines.flush(u64::MAX);
     let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
     drop(workers);
     print_summary(&summary);
@@ -421,21 +411,6 @@ fn clear_previous_output(out: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn progress_line(p: &Progress) -> String {
-    let opt = |v: Option<f64>, unit: &str| v.map_or("-".to_string(), |v| format!("{v:.0} {unit}"));
-    format!(
-        "[{:>4}s] in {:>8.0} rec/s | out {:>8.0} rec/s | lag mean {:>7} p99 {:>7} | e2e p99 {:>8} | batch p99 {:>9} | backpressure {:>5.0} ms",
-        p.second,
-        p.input_per_s,
-        p.output_per_s,
-        opt(p.lag_mean_ms, "ms"),
-        opt(p.lag_p99_ms, "ms"),
-        opt(p.latency_p99_ms, "ms"),
-        opt(p.batch_p99_us, "µs"),
-        p.backpressure_ms
-    )
 }
 
 /// Bytes for people: B, KiB, MiB, GiB.

@@ -2,9 +2,11 @@
 
 mod bench;
 mod compare;
+mod demo;
 mod experiment;
 mod kafka;
 mod launch;
+mod progress_lines;
 mod queries;
 mod settings;
 mod state_servers;
@@ -42,9 +44,14 @@ enum Command {
     /// it. Prints one progress line per second, then the run's report summary; writes the metrics
     /// DB and PNG plots.
     Demo {
-        /// Seconds to run (the surge is at 20–45 s).
-        #[arg(long, default_value_t = 60)]
-        duration_s: u64,
+        /// Seconds the sources run (default 60, or 30 with --quick; the surge is at 20–45 s, the
+        /// scale-out at 25 s, and a shorter run ends inside the surge).
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// The same run in half the time: every rate step and the scale-out at half its time,
+        /// 30 s by default.
+        #[arg(long)]
+        quick: bool,
         /// Where metrics, plots and worker state go.
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
@@ -58,14 +65,18 @@ enum Command {
         http_port: Option<u16>,
     },
     /// Run the demo workload once per protocol (`--protocols`) and print a table: state
-    /// moved on demand, in the background and eagerly, backlog recovery time on end-to-end
-    /// latency and on source lag, peak end-to-end latency, peak lag, lag p99 over the last 5 s,
+    /// moved on demand, in the background and eagerly, recovery time on the end-to-end p99 (and
+    /// on the median and source lag beside it), the drain limit no protocol can beat, peak
+    /// end-to-end latency p99, peak lag, lag p99 over the last 5 s,
     /// worst throughput dip against the offered rate, per-batch latency before and after, pause
     /// (input paused, every protocol), the most records a task held.
     Compare {
-        /// Seconds each run lasts.
-        #[arg(long, default_value_t = 60)]
-        duration_s: u64,
+        /// Seconds the sources of each run run (default 60, or 30 with --quick).
+        #[arg(long)]
+        duration_s: Option<u64>,
+        /// Each run in half the time, as `koala demo --quick`.
+        #[arg(long)]
+        quick: bool,
         /// Partition policy of every run (consistent, uniform or interleaved; default: uniform when
         /// drrs is among --protocols, which runs only with it, else the demo config's, consistent).
         /// Every run also gets the same state cache size.
@@ -375,21 +386,21 @@ fn log_filter(koala_log: Option<String>, default_level: &str) -> tracing_subscri
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Demo { duration_s, output_dir, protocol, http_port } => {
-            launch::demo(duration_s, &output_dir, &protocol, None, http_port).map(|_| ())
+        Command::Demo { duration_s, quick, output_dir, protocol, http_port } => {
+            launch::demo(duration_s, quick, &output_dir, &protocol, None, http_port).map(|_| ())
         }
-        Command::Compare { duration_s, output_dir, protocols, partition_policy } => {
+        Command::Compare { duration_s, quick, output_dir, protocols, partition_policy } => {
             let parsed = protocols
                 .iter()
                 .map(|p| launch::parse_protocol_flag(p, "--protocols"))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
             // The demo config's policy (consistent) unless DRRS is among the runs.
-            let workers =
-                koala_coordinator::JobConfig::parse(launch::DEMO_CONFIG, "examples/demo.toml")?.workers;
+            let demo = demo::config(duration_s, quick)?;
+            let workers = demo.workers;
             let shared =
                 settings::SharedSettings::choose(&parsed, requested, PolicyName::Consistent, workers)?;
-            println!("koala compare: {}", shared.line());
+            println!("koala compare: {}; {}", demo::describe(&demo), shared.line());
             let drrs = settings::drrs_line(&protocols);
             if let Some(line) = &drrs {
                 println!("{line}");
@@ -398,6 +409,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             for protocol in &protocols {
                 outcomes.push(launch::demo(
                     duration_s,
+                    quick,
                     &output_dir.join(protocol),
                     protocol,
                     Some(shared),

@@ -208,15 +208,25 @@ fn reconfiguration_json(summary: &ReportSummary, r: &report::ReconfigurationSumm
             "total_bytes": r.state_moved.total(),
         },
         "dip": r.dip.map(|d| json!({ "min": d.min, "against": d.offered, "at_t_s": d.at_t_s, "text": d.to_string() })),
-        "backlog_recovery_s": r.backlog_recovery_s,
+        "recovery_rule": report::recovery_rule(),
+        "recovery_s": r.recovery_s,
+        "recovery_p50_s": r.recovery_p50_s,
         "lag_recovery_s": r.lag_recovery_s,
-        "backlog_recovery": report::fmt_recovery(r.backlog_recovery_s, watched),
+        "recovery": report::fmt_recovery(r.recovery_s, watched),
+        "recovery_p50": report::fmt_recovery(r.recovery_p50_s, watched),
         "lag_recovery": report::fmt_recovery(r.lag_recovery_s, watched),
+        "drain_limit": r.drain_limit.map(|d| json!({
+            "seconds": d.seconds(),
+            "backlog_records": d.backlog,
+            "capacity_records_per_sec": d.capacity,
+            "offered_records_per_sec": d.offered,
+            "text": d.to_string(),
+        })),
     })
 }
 
 /// `GET /api/reconfigurations`: every reconfiguration so far with the report's figures (state
-/// moved, pause, throughput dip, backlog recovery), and the run's totals beside them.
+/// moved, pause, throughput dip, recovery on the p99 and the drain limit), and the run's totals beside them.
 pub fn reconfigurations(live: &Live, now: &Snapshot) -> Result<Value, ApiError> {
     let running = now.running.as_ref().map(|r| json!({ "epoch": r.epoch, "operator": r.operator }));
     let Some((store, info)) = open_run(live)? else {

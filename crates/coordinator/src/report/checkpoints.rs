@@ -50,8 +50,8 @@ impl fmt::Display for CheckpointSummary {
                 f,
                 "checkpoints: {} completed; duration mean {d_mean} ms, max {d_max} ms; size mean {}, max {}; alignment mean {a_mean} ms, max {a_max} ms",
                 self.checkpoints.len(),
-                super::fmt_bytes(b_mean as f64),
-                super::fmt_bytes(b_max as f64),
+                super::text::fmt_bytes(b_mean as f64),
+                super::text::fmt_bytes(b_max as f64),
             )?;
         }
         for r in &self.recoveries {

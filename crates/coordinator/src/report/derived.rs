@@ -5,17 +5,13 @@
 //!   rate the sources were *offered* that second (the config's rate schedule, [`OfferedRate`]),
 //!   so a scheduled rate drop is not a dip; without a schedule, against the mean of the
 //!   [`BASELINE_S`] seconds before the start.
-//! - [`backlog_recovery_s`]: seconds from a reconfiguration's start until end-to-end latency (the
-//!   worst sink's per-second median, arrival − due at the source) is back to its level before the
-//!   overload began (the last rate increase at or before the start), and stays there
-//!   [`RECOVERY_HOLD_S`] seconds. The same function over mean source lag gives the *lag recovery*
-//!   printed beside it, which misses records queued inside the job (issue 26).
-//! - **peak latency**: the highest per-second median and p99 end-to-end latency.
+//! - recovery and the drain limit beside it: [`super::recovery`].
+//! - **peak latency**: the highest per-second p99 end-to-end latency (the median's peak printed
+//!   beside it, named).
 //! - [`StateMoved`]: state moved on demand (a record waits for it: Koala fetches), in the
 //!   background (Koala's progressive pulls and drain, DRRS's pushes) and eagerly with the hand-over
 //!   (stop-and-restart's transfer, Remote's write-back, a Koala hand-over's messages).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 
@@ -26,8 +22,6 @@ use koala_dataflow::RateSchedule;
 pub const BASELINE_S: i64 = 10;
 /// Seconds from a reconfiguration's start searched for the throughput dip and the lag excursion.
 pub const DISRUPTION_WINDOW_S: i64 = 60;
-/// Seconds lag must stay under its threshold to count as recovered.
-pub const RECOVERY_HOLD_S: i64 = 3;
 
 /// The total rate the sources were offered over time, from a run's config: its
 /// `params.source.rate` schedule, with time 0 at the run's start and sources stopped after
@@ -218,63 +212,6 @@ impl fmt::Display for ThroughputDip {
     }
 }
 
-/// Backlog recovery time (paper §5.1.3: "from the start of reconfiguration until lag returns to
-/// zero") of a reconfiguration starting at second `start_t_s`, in seconds, from a per-second
-/// latency series `lag` (ms; `None` = no sample that second): the report passes end-to-end latency
-/// (the worst sink's median) for backlog recovery and mean source lag for lag recovery. "Zero" is the lag before the
-/// overload: pre = mean lag over the [`BASELINE_S`] seconds before `overload_t_s` (the second the
-/// offered rate last went up at or before the start; the start itself if none or unknown), and
-/// threshold = max(1.5 × pre, pre + 50 ms). A second is *healthy* if it has a lag sample at or
-/// under the threshold. If every second of `[start, start + DISRUPTION_WINDOW_S)` that the series
-/// covers is healthy, recovery is 0. Otherwise, after the first unhealthy second, recovery ends at
-/// the first second that begins [`RECOVERY_HOLD_S`] healthy seconds in a row; the result is that
-/// second − start. Only seconds up to `input_last_t_s` (the input's last second,
-/// [`input_last_t_s`]; the series' last if `None`) are judged: once the input ended there is no
-/// latency to measure (seconds after it without samples are not an excursion). `None` if there is no lag before the overload, or lag never recovers while input lasts.
-pub fn backlog_recovery_s(
-    lag: &[(i64, Option<f64>)],
-    start_t_s: i64,
-    overload_t_s: Option<i64>,
-    input_last_t_s: Option<i64>,
-) -> Option<u64> {
-    let by_second: BTreeMap<i64, f64> = lag.iter().filter_map(|&(t, v)| Some((t, v?))).collect();
-    let base_end = overload_t_s.map_or(start_t_s, |o| o.min(start_t_s));
-    let before: Vec<f64> = by_second.range(base_end - BASELINE_S..base_end).map(|(_, v)| *v).collect();
-    if before.is_empty() {
-        return None;
-    }
-    let pre = before.iter().sum::<f64>() / before.len() as f64;
-    let threshold = (1.5 * pre).max(pre + 50.0);
-    let healthy = |t: i64| by_second.get(&t).is_some_and(|v| *v <= threshold);
-    let series_last = lag.iter().map(|(t, _)| *t).max()?;
-    let last_t = input_last_t_s.map_or(series_last, |i| i.min(series_last));
-    let window_end = (start_t_s + DISRUPTION_WINDOW_S).min(last_t + 1);
-    let Some(excursion) = (start_t_s..window_end).find(|t| !healthy(*t)) else {
-        return Some(0);
-    };
-    (excursion + 1..=last_t - (RECOVERY_HOLD_S - 1))
-        .find(|s| (*s..*s + RECOVERY_HOLD_S).all(healthy))
-        .and_then(|s| u64::try_from(s - start_t_s).ok())
-}
-
-/// The latest recovery a run can show for a reconfiguration starting at `start_t_s`: a recovery
-/// is judged up to the input's last second and needs [`RECOVERY_HOLD_S`] healthy seconds, so one
-/// not found took longer than this (`None` without input).
-pub fn recovery_watched_s(start_t_s: i64, input_last_t_s: Option<i64>) -> Option<i64> {
-    input_last_t_s.map(|last| last - start_t_s - (RECOVERY_HOLD_S - 1))
-}
-
-/// A recovery time for a table: `17 s`, or, when the run's input ended first, `> 44 s` (the
-/// seconds it was watched after the reconfiguration began: not recovered *within the run*, which
-/// says nothing of after it); `never` only when nothing was watched.
-pub fn fmt_recovery(recovery_s: Option<u64>, watched_s: Option<i64>) -> String {
-    match (recovery_s, watched_s) {
-        (Some(s), _) => format!("{s} s"),
-        (None, Some(w)) if w >= 0 => format!("> {w} s"),
-        (None, _) => "never".into(),
-    }
-}
-
 /// The trailing moving average over `window` seconds of a per-second series (the paper plots
 /// throughput and lag as 10 s moving averages): each second's value is the mean of the values
 /// of the `window` seconds ending there that the series has.
@@ -358,10 +295,6 @@ pub fn state_moved_by_epoch(
 mod tests {
     use super::*;
 
-    fn lag(values: &[Option<f64>]) -> Vec<(i64, Option<f64>)> {
-        (0..).zip(values.iter().copied()).collect()
-    }
-
     #[test]
     fn no_dip_without_baseline_or_window() {
         let flat: Vec<(i64, f64)> = (0..20).map(|t| (t, 100.0)).collect();
@@ -402,8 +335,8 @@ mod tests {
         assert_eq!((dip.min, dip.offered), (8000.0, 8000.0));
         assert_eq!(dip.to_string(), "min 8 000 rec/s of 8 000 before the start at t=10 s");
         let latency: Vec<(i64, Option<f64>)> = (0..30).map(|t| (t, (t <= 19).then_some(20.0))).collect();
-        assert_eq!(backlog_recovery_s(&latency, 10, None, Some(end)), Some(0));
-        assert_eq!(backlog_recovery_s(&latency, 10, None, None), None, "judged past the input");
+        assert_eq!(crate::report::recovery_s(&latency, 10, None, Some(end)), Some(0));
+        assert_eq!(crate::report::recovery_s(&latency, 10, None, None), None, "judged past the input");
     }
 
     #[test]
@@ -451,60 +384,6 @@ mod tests {
         let unlimited = "[params.source]\nrate = [{ at_ms = 0, records_per_sec = 0.0 }]\n";
         assert_eq!(OfferedRate::from_config(unlimited, 0), None);
         assert_eq!(OfferedRate::from_config("{\"not\": \"toml\"}", 0), None);
-    }
-
-    #[test]
-    fn recovery_is_zero_when_lag_never_rises() {
-        let series = lag(&[Some(10.0); 30]);
-        assert_eq!(backlog_recovery_s(&series, 10, None, None), Some(0));
-    }
-
-    #[test]
-    fn recovery_needs_three_healthy_seconds() {
-        // pre = 20 → threshold = max(30, 70) = 70.
-        let mut v = vec![Some(20.0); 10];
-        v.extend([Some(900.0), Some(500.0), Some(60.0), Some(60.0), Some(80.0)]);
-        v.extend([Some(60.0), Some(70.0), Some(10.0), Some(10.0)]);
-        assert_eq!(backlog_recovery_s(&lag(&v), 10, None, None), Some(5));
-    }
-
-    #[test]
-    fn recovery_is_measured_against_the_lag_before_the_overload() {
-        // Healthy 10 ms until a surge at 10 s; lag grows until the reconfiguration at 15 s and
-        // is back to 10 ms from 20 s.
-        let mut v = vec![Some(10.0); 10];
-        v.extend([100.0, 300.0, 600.0, 900.0, 1200.0, 1500.0, 1000.0, 600.0, 300.0, 100.0].map(Some));
-        v.extend([Some(10.0); 10]);
-        let series = lag(&v);
-        assert_eq!(backlog_recovery_s(&series, 15, Some(10), None), Some(5));
-        // Measured against the 10 s just before the start, the backlog is the baseline: the
-        // threshold (1.5 × mean of 5–14 s = 472.5 ms) "recovers" at 18 s, with 300 ms of lag.
-        assert_eq!(backlog_recovery_s(&series, 15, None, None), Some(3));
-    }
-
-    #[test]
-    fn missing_lag_is_not_recovered() {
-        let mut v = vec![Some(20.0); 10];
-        v.extend([None, None, Some(20.0), Some(20.0), None, Some(20.0), Some(20.0), Some(20.0)]);
-        assert_eq!(backlog_recovery_s(&lag(&v), 10, None, None), Some(5));
-    }
-
-    #[test]
-    fn recovery_none_when_lag_never_recovers_or_no_baseline() {
-        let mut v = vec![Some(20.0); 10];
-        v.extend([Some(900.0), Some(20.0), Some(20.0)]);
-        assert_eq!(backlog_recovery_s(&lag(&v), 10, None, None), None, "only 2 healthy seconds");
-        let mut growing = vec![Some(5.0); 10];
-        growing.extend((1..40).map(|i| Some(f64::from(i) * 100.0)));
-        assert_eq!(backlog_recovery_s(&lag(&growing), 10, None, None), None);
-        assert_eq!(backlog_recovery_s(&lag(&[None, Some(5.0)]), 0, None, None), None);
-    }
-
-    #[test]
-    fn a_recovery_after_the_input_ended_reads_as_longer_than_the_run_watched() {
-        assert_eq!(fmt_recovery(Some(17), Some(44)), "17 s");
-        assert_eq!(fmt_recovery(None, Some(44)), "> 44 s");
-        assert_eq!(fmt_recovery(None, None), "never");
     }
 
     #[test]

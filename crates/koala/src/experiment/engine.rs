@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 use koala_coordinator::config::PolicyName;
-use koala_coordinator::report::{ReportSummary, fmt_recovery, recovery_watched_s};
+use koala_coordinator::report::{ReportSummary, fmt_drain_limit, fmt_recovery, recovery_watched_s};
 
 use super::scenario::Scenario;
 use super::{Info, Mode, Options};
@@ -324,8 +324,11 @@ fn table(done: &[Done], step: usize) -> Table {
     let columns = vec![
         "run",
         "protocol",
-        "recovery",
+        "recovery (e2e p99)",
+        "drain limit",
+        "median rec.",
         "lag rec.",
+        "peak e2e p99",
         "state moved",
         "on demand",
         "background",
@@ -347,8 +350,11 @@ fn table(done: &[Done], step: usize) -> Table {
             vec![
                 d.spec.label.clone(),
                 r.run.protocol.clone(),
-                fmt_recovery(m.and_then(|c| c.backlog_recovery_s), watched),
+                fmt_recovery(m.and_then(|c| c.recovery_s), watched),
+                fmt_drain_limit(m.and_then(|c| c.drain_limit.as_ref())),
+                fmt_recovery(m.and_then(|c| c.recovery_p50_s), watched),
                 fmt_recovery(m.and_then(|c| c.lag_recovery_s), watched),
+                r.peak_latency_p99_ms.map_or("-".into(), |l| format!("{l:.0} ms")),
                 bytes(r.state_moved.total()),
                 bytes(r.state_moved.on_demand),
                 bytes(r.state_moved.background),

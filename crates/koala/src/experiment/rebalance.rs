@@ -113,9 +113,9 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
                     let step = d.report.reconfigurations.len().saturating_sub(1);
                     let c = d.report.reconfigurations.get(step);
                     format!(
-                        "{}: after the skew-aware rebalance, backlog recovery {}, lag recovery {}, lowest rate {}; per-task throughput in tasks-{}.png",
+                        "{}: after the skew-aware rebalance, recovery (e2e p99) {}, on source lag {}, lowest rate {}; per-task throughput in tasks-{}.png",
                         d.report.run.protocol,
-                        c.and_then(|c| c.backlog_recovery_s).map_or("not seen".into(), |s| format!("{s} s")),
+                        c.and_then(|c| c.recovery_s).map_or("not seen".into(), |s| format!("{s} s")),
                         c.and_then(|c| c.lag_recovery_s).map_or("not seen".into(), |s| format!("{s} s")),
                         c.and_then(|c| c.dip).map_or("-".into(), |x| x.short()),
                         super::engine::slug(&d.spec.label)

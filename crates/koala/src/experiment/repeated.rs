@@ -125,7 +125,7 @@ fn per_step(done: &[Done]) -> Vec<String> {
                         i + 1,
                         crate::launch::human_bytes(c.state_moved.total() as u64),
                         c.state_moved.total() / warm.max(1.0),
-                        c.backlog_recovery_s.map_or("not seen".into(), |s| format!("{s} s"))
+                        c.recovery_s.map_or("not seen".into(), |s| format!("{s} s"))
                     )
                 })
                 .collect();

@@ -125,8 +125,7 @@ fn shortfall_before(
 /// which runs were short of CPU before the scale-out ([`short_of_cpu`]), with the spread of
 /// the others.
 fn flat(done: &[Done]) -> Vec<String> {
-    let rec: Vec<u64> =
-        done.iter().filter_map(|d| d.measured(0).and_then(|c| c.backlog_recovery_s)).collect();
+    let rec: Vec<u64> = done.iter().filter_map(|d| d.measured(0).and_then(|c| c.recovery_s)).collect();
     let moved: Vec<f64> = done.iter().map(|d| d.report.state_moved.total()).collect();
     let spread = |v: &[f64]| {
         let (lo, hi) = v.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
@@ -138,9 +137,7 @@ fn flat(done: &[Done]) -> Vec<String> {
             .map(|d| format!(
                 "{} {}",
                 d.spec.label,
-                d.measured(0)
-                    .and_then(|c| c.backlog_recovery_s)
-                    .map_or("not seen".into(), |s| format!("{s} s"))
+                d.measured(0).and_then(|c| c.recovery_s).map_or("not seen".into(), |s| format!("{s} s"))
             ))
             .collect::<Vec<_>>()
             .join(", "),
@@ -170,11 +167,8 @@ fn flat(done: &[Done]) -> Vec<String> {
     ));
     let fed: Vec<&Done> = short.iter().filter(|(_, s)| matches!(s, Ok((0, _)))).map(|(d, _)| *d).collect();
     if fed.len() < done.len() {
-        let rec: Vec<f64> = fed
-            .iter()
-            .filter_map(|d| d.measured(0).and_then(|c| c.backlog_recovery_s))
-            .map(|r| r as f64)
-            .collect();
+        let rec: Vec<f64> =
+            fed.iter().filter_map(|d| d.measured(0).and_then(|c| c.recovery_s)).map(|r| r as f64).collect();
         lines.push(format!(
             "a run short of CPU before the scale-out enters it with a backlog the state size did not make: its recovery measures the machine; recovery spread over the {} run(s) that were not: {}",
             fed.len(),
@@ -251,7 +245,7 @@ fn hot_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
                         crate::launch::human_bytes(d.report.state_moved.total() as u64),
                         last.map_or("0 s".into(), |t| format!("{} s", t - start)),
                         d.measured(0)
-                            .and_then(|c| c.backlog_recovery_s)
+                            .and_then(|c| c.recovery_s)
                             .map_or("not seen".into(), |s| format!("{s} s"))
                     )
                 })
