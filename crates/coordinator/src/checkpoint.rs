@@ -24,6 +24,7 @@ use crate::control::{Event, Registrations};
 use crate::error::CoordinatorError;
 use crate::job::JobState;
 use crate::metrics_store::{CheckpointRecord, RecoveryRecord};
+use crate::progress::ProgressEvent;
 use crate::reconfig::operator_inputs;
 use crate::resume::CheckpointMetadata;
 use crate::server::{STARTUP_TIMEOUT, unix_ms};
@@ -216,7 +217,19 @@ impl Checkpoints {
             checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.position.clone()?))).collect();
         let event_times =
             checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.event_time?))).collect();
-        let point = RestorePoint { id, positions, event_times };
+        // A source that finished before the barrier acknowledged nothing: its count is its last.
+        let records = checkpoint
+            .tasks
+            .iter()
+            .map(|(t, part)| match part.position {
+                Some(koala_types::SourcePosition::Finished) => {
+                    (*t, state.totals.latest_total(*t).unwrap_or(0))
+                }
+                _ => (*t, part.records),
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let point = RestorePoint { id, positions, event_times, records };
         // Durable before any sink commits: every committed part belongs to a checkpoint a
         // resume finds.
         let meta = CheckpointMetadata {
@@ -306,6 +319,7 @@ impl Checkpoints {
         }
         crate::resume::place(&mut d, &workers.addrs);
         d.options.checkpoint.restore = point.clone();
+        state.totals.rewound(&point.as_ref().map(|p| p.records.clone()).unwrap_or_default());
         state.workers = workers;
         state
             .workers
@@ -353,13 +367,21 @@ impl Checkpoints {
             state.run,
             &RecoveryRecord { lost: lost.to_string(), detected_ms, restarted_ms, checkpoint },
         )?;
-        let ms = began.elapsed().as_millis() as u64;
+        // One figure wherever it is printed: from the loss's detection to the restarted job.
+        let ms = restarted_ms.saturating_sub(detected_ms);
         tracing::info!(
             checkpoint,
             ms,
             workers = new.len(),
+            setup_ms = began.elapsed().as_millis() as u64,
             "recovered: the job restarted from checkpoint {checkpoint}"
         );
+        state.say(ProgressEvent::Recovered {
+            second: state.second_of(restarted_ms),
+            lost: lost.to_string(),
+            checkpoint,
+            ms,
+        });
         self.recoveries.push((checkpoint, ms));
         self.next_due = Instant::now() + self.interval;
         state.start_next()?;

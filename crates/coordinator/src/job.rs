@@ -39,6 +39,8 @@ pub(crate) struct JobState<'a> {
     pub(crate) engine: Engine,
     pub(crate) next_index: BTreeMap<OperatorId, u32>,
     pub(crate) store: MetricsStore,
+    /// Records in and out over the run, and what recoveries replayed.
+    pub(crate) totals: crate::progress::Totals,
     pub(crate) progress: Option<Sender<ProgressEvent>>,
     pub(crate) queue: VecDeque<Queued>,
     /// When the running reconfiguration started, and when its upstreams were told to pause.
@@ -64,7 +66,7 @@ pub(crate) struct JobState<'a> {
 
 impl JobState<'_> {
     /// The second `unix_ms` falls in, since the run's start second.
-    fn second_of(&self, unix_ms: u64) -> u64 {
+    pub(crate) fn second_of(&self, unix_ms: u64) -> u64 {
         (unix_ms / 1000).saturating_sub(self.start_s)
     }
 

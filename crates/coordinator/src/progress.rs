@@ -42,6 +42,17 @@ pub enum ProgressEvent {
         /// Whether state keeps moving after completion (Koala: on first access).
         lazy: bool,
     },
+    /// The job lost a worker and restarted from a checkpoint.
+    Recovered {
+        /// The second it restarted in, since the run's start second.
+        second: u64,
+        /// What was lost (`worker1 disappeared`).
+        lost: String,
+        /// The checkpoint restored (0: none had completed; the job restarted from its beginning).
+        checkpoint: u64,
+        /// From the loss's detection to the restarted job, ms.
+        ms: u64,
+    },
     /// A reconfiguration request was rejected or skipped.
     ReconfigurationRejected {
         /// Why.
@@ -132,12 +143,21 @@ pub struct Progress {
 /// Totals over the whole run.
 #[derive(Default)]
 pub struct Totals {
-    /// Records produced by sources.
+    /// Records produced by sources, replayed ones each time.
     pub records_in: u64,
-    /// Records written by sinks.
+    /// Records written by sinks, rewritten ones each time.
     pub records_out: u64,
     /// Records dropped as too late.
     pub late_dropped: u64,
+    /// Per source task, its latest `records_total` sample: (second, records since the job's start).
+    sources_once: BTreeMap<koala_types::TaskId, (u64, u64)>,
+    /// The same per sink task.
+    sinks_once: BTreeMap<koala_types::TaskId, (u64, u64)>,
+    /// Records the sources took again after recoveries, as far as their samples reached the
+    /// coordinator before the loss (a lost worker's last second never does): a lower bound.
+    pub replayed_at_least: u64,
+    /// Records the sinks wrote again after recoveries, likewise a lower bound.
+    pub rewritten_at_least: u64,
 }
 
 impl Totals {
@@ -153,9 +173,48 @@ impl Totals {
                     self.records_out += s.value as u64;
                 }
                 metric::LATE_DROPPED => self.late_dropped += s.value as u64,
+                metric::RECORDS_TOTAL => {
+                    let once = if op.is_source() { &mut self.sources_once } else { &mut self.sinks_once };
+                    let latest = once.entry(s.task).or_insert((s.time_s, s.value as u64));
+                    if s.time_s >= latest.0 {
+                        *latest = (s.time_s, s.value as u64);
+                    }
+                }
                 _ => {}
             }
         }
+    }
+
+    /// A recovery rewound every source and sink to `restored` (their `records_total` in the
+    /// checkpoint restored; absent = 0, the job's start): what each had reported past it is taken
+    /// or written again.
+    pub fn rewound(&mut self, restored: &BTreeMap<koala_types::TaskId, u64>) {
+        for (once, again) in [
+            (&mut self.sources_once, &mut self.replayed_at_least),
+            (&mut self.sinks_once, &mut self.rewritten_at_least),
+        ] {
+            for (task, (_, latest)) in once.iter_mut() {
+                let back = restored.get(task).copied().unwrap_or(0);
+                *again += latest.saturating_sub(back);
+                *latest = back.min(*latest);
+            }
+        }
+    }
+
+    /// A task's latest `records_total` (a source's records emitted since the job's start).
+    pub fn latest_total(&self, task: koala_types::TaskId) -> Option<u64> {
+        self.sources_once.get(&task).or_else(|| self.sinks_once.get(&task)).map(|(_, n)| *n)
+    }
+
+    /// Records the sources took once each (Σ of their latest `records_total`): what a recovery
+    /// replayed counts once. `None` if no source reported it.
+    pub fn records_in_once(&self) -> Option<u64> {
+        (!self.sources_once.is_empty()).then(|| self.sources_once.values().map(|(_, n)| n).sum())
+    }
+
+    /// Records the sinks wrote once each, likewise.
+    pub fn records_out_once(&self) -> Option<u64> {
+        (!self.sinks_once.is_empty()).then(|| self.sinks_once.values().map(|(_, n)| n).sum())
     }
 }
 

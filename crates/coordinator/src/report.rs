@@ -49,6 +49,8 @@ mod render;
 pub mod table;
 mod text;
 
+pub use text::fmt_ms;
+
 pub use checkpoints::CheckpointSummary;
 pub use overlay::{overlay_offered, write_overlay, write_throughput_overlay};
 pub use render::Span;

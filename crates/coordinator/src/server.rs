@@ -39,10 +39,20 @@ pub struct JobSummary {
     pub run: String,
     /// Wall-clock duration.
     pub elapsed: Duration,
-    /// Records produced by all sources.
+    /// Records produced by all sources, those a recovery replayed each time they were taken.
     pub records_in: u64,
-    /// Records written by all sinks.
+    /// Records written by all sinks, those written again after a recovery each time.
     pub records_out: u64,
+    /// Records the sources took once each, whatever a recovery replayed (Σ of their latest
+    /// `records_total`; `None` if none reported it).
+    pub records_in_once: Option<u64>,
+    /// Records the sinks wrote once each, likewise.
+    pub records_out_once: Option<u64>,
+    /// Records recoveries made the sources take again, at least (see
+    /// [`crate::progress::Totals::replayed_at_least`]).
+    pub replayed_at_least: u64,
+    /// Records recoveries made the sinks write again, at least.
+    pub rewritten_at_least: u64,
     /// Records dropped as too late.
     pub late_dropped: u64,
     /// Where the metrics went.
@@ -216,6 +226,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         engine,
         next_index,
         store,
+        totals: Totals::default(),
         progress: job.progress.clone(),
         queue: job
             .resume
@@ -239,7 +250,6 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     if let Some((operator, budget)) = autoscale.as_ref().map(|a| a.driven()) {
         seconds = seconds.driving(operator, budget);
     }
-    let mut totals = Totals::default();
     let heartbeat_timeout = Duration::from_secs_f64(config.runtime.heartbeat_timeout_s);
     let mut end_watch = EndWatch::new(Duration::from_secs_f64(config.runtime.end_timeout_s));
     let mut last_seen: BTreeMap<WorkerId, Instant> =
@@ -307,7 +317,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             match event {
                 Ok(Event::Worker(_, Some(WorkerMessage::Metrics(samples)))) => {
                     live.add_samples(&samples);
-                    totals.add(&graph, &samples);
+                    state.totals.add(&graph, &samples);
                     seconds.add(&samples);
                     let rows: Vec<MetricSample> = samples
                         .iter()
@@ -414,6 +424,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     let completed = state.completed;
     // Every sample is stored now: each reconfiguration's bytes moved by the report's ruler.
     state.store.settle_bytes_moved(&job.run)?;
+    let totals = std::mem::take(&mut state.totals);
     drop(state);
     let (checkpoint_bytes, recoveries) = checkpoints.map(|c| (c.sizes, c.recoveries)).unwrap_or_default();
     Ok(JobSummary {
@@ -421,6 +432,10 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         elapsed: started.elapsed(),
         records_in: totals.records_in,
         records_out: totals.records_out,
+        records_in_once: totals.records_in_once(),
+        records_out_once: totals.records_out_once(),
+        replayed_at_least: totals.replayed_at_least,
+        rewritten_at_least: totals.rewritten_at_least,
         late_dropped: totals.late_dropped,
         metrics_db: config.metrics_path(),
         reconfigurations: completed,

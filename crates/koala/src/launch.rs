@@ -201,7 +201,7 @@ pub fn coordinator(
             token,
         },
     )?;
-    print_summary(&summary);
+    crate::progress_lines::print_summary(&summary);
     Ok(())
 }
 
@@ -380,6 +380,9 @@ fn run_locally(
                     }
                 });
             }
+            ProgressEvent::Recovered { second, lost, checkpoint, ms } => {
+                lines.at(second, crate::progress_lines::recovery_line(&lost, checkpoint, ms));
+            }
             ProgressEvent::ReconfigurationRejected { error } => {
                 println!("[reconfiguration] rejected: {error}")
             }
@@ -394,7 +397,7 @@ fn run_locally(
     lines.flush(u64::MAX);
     let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
     drop(workers);
-    print_summary(&summary);
+    crate::progress_lines::print_summary(&summary);
     Ok(summary)
 }
 
@@ -420,35 +423,6 @@ pub fn human_bytes(b: u64) -> String {
         b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / f64::from(1u32 << 20)),
         b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
         b => format!("{b} B"),
-    }
-}
-
-fn print_summary(s: &JobSummary) {
-    let secs = s.elapsed.as_secs_f64();
-    println!(
-        "done: run {} in {secs:.1} s — {} records in ({:.0}/s), {} records out, {} late dropped, {} reconfigurations; metrics in {}",
-        s.run,
-        s.records_in,
-        s.records_in as f64 / secs.max(1e-9),
-        s.records_out,
-        s.late_dropped,
-        s.reconfigurations,
-        s.metrics_db.display()
-    );
-    if !s.checkpoint_bytes.is_empty() {
-        let total: u64 = s.checkpoint_bytes.iter().sum();
-        println!(
-            "checkpoints: {} completed, {} each on average, last {}",
-            s.checkpoint_bytes.len(),
-            human_bytes(total / s.checkpoint_bytes.len() as u64),
-            human_bytes(s.checkpoint_bytes.last().copied().unwrap_or(0))
-        );
-    }
-    for (checkpoint, ms) in &s.recoveries {
-        println!(
-            "recovery: a lost worker; restarted from checkpoint {checkpoint} in {:.1} s",
-            *ms as f64 / 1000.0
-        );
     }
 }
 

@@ -6,7 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use koala_coordinator::Progress;
+use koala_coordinator::report::fmt_ms;
+use koala_coordinator::{JobSummary, Progress};
+
+use crate::launch::human_bytes;
 
 /// A line waiting for its second's progress line.
 enum Pending {
@@ -93,9 +96,119 @@ fn progress_line(p: &Progress) -> String {
     )
 }
 
+/// The line of a recovery: what was lost, where the job restarted from and how fast.
+pub fn recovery_line(lost: &str, checkpoint: u64, ms: u64) -> String {
+    let from = match checkpoint {
+        0 => "its beginning (no checkpoint had completed)".to_string(),
+        id => format!("checkpoint {id}"),
+    };
+    format!(
+        "recovery: {lost}; the job restarted from {from} in {} (sources rewound there and take again what \
+         they took after it)",
+        fmt_ms(ms)
+    )
+}
+
+/// `12 000 records in`, and after a recovery how many of them were taken again: `(a recovery
+/// replayed at least 395 of them)`. `once`: the count that takes each record once (the tasks'
+/// `records_total`), `counted`: Σ of the per-second samples, used without it.
+fn counted(once: Option<u64>, counted: u64, what: &str, again: u64, verb: &str) -> String {
+    let n = koala_coordinator::report::fmt_records(once.unwrap_or(counted) as f64);
+    match again {
+        0 => format!("{n} {what}"),
+        again => format!(
+            "{n} {what} (each once; a recovery {verb} at least {} of them again)",
+            koala_coordinator::report::fmt_records(again as f64)
+        ),
+    }
+}
+
+/// The run's closing lines.
+pub fn summary_lines(s: &JobSummary) -> Vec<String> {
+    let secs = s.elapsed.as_secs_f64();
+    let taken = s.records_in_once.unwrap_or(s.records_in);
+    let mut lines = vec![format!(
+        "done: run {} in {secs:.1} s — {} ({:.0}/s), {}, {} late dropped, {} reconfigurations; metrics in {}",
+        s.run,
+        counted(s.records_in_once, s.records_in, "records in", s.replayed_at_least, "took"),
+        taken as f64 / secs.max(1e-9),
+        counted(s.records_out_once, s.records_out, "records out", s.rewritten_at_least, "wrote"),
+        s.late_dropped,
+        s.reconfigurations,
+        s.metrics_db.display()
+    )];
+    if !s.checkpoint_bytes.is_empty() {
+        let total: u64 = s.checkpoint_bytes.iter().sum();
+        lines.push(format!(
+            "checkpoints: {} completed, {} each on average, last {}",
+            s.checkpoint_bytes.len(),
+            human_bytes(total / s.checkpoint_bytes.len() as u64),
+            human_bytes(s.checkpoint_bytes.last().copied().unwrap_or(0))
+        ));
+    }
+    for (checkpoint, ms) in &s.recoveries {
+        lines.push(recovery_line("a lost worker", *checkpoint, *ms));
+    }
+    if s.rewritten_at_least > 0 {
+        lines.push(
+            "rows written again after a recovery: a JSON-lines sink keeps each row once (it commits \
+             with checkpoints and drops what it wrote after the restored one); a Kafka sink holds \
+             them twice (at least once)"
+                .into(),
+        );
+    }
+    lines
+}
+
+/// Prints [`summary_lines`].
+pub fn print_summary(s: &JobSummary) {
+    for line in summary_lines(s) {
+        println!("{line}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After a recovery the summary counts each record once and says what was taken and written
+    /// again; the recovery's time is printed one way.
+    #[test]
+    fn a_summary_after_a_recovery_says_what_was_replayed() {
+        let s = JobSummary {
+            run: "r".into(),
+            elapsed: std::time::Duration::from_secs(40),
+            records_in: 2_019_708,
+            records_out: 402_414,
+            records_in_once: Some(2_000_000),
+            records_out_once: Some(392_596),
+            replayed_at_least: 19_708,
+            rewritten_at_least: 9_818,
+            late_dropped: 0,
+            metrics_db: "m.db".into(),
+            reconfigurations: 0,
+            checkpoint_bytes: vec![1 << 20],
+            recoveries: vec![(3, 13)],
+        };
+        let lines = summary_lines(&s);
+        assert!(
+            lines[0].contains(
+                "2 000 000 records in (each once; a recovery took at least 19 708 of them again) (50000/s), \
+                 392 596 records out (each once; a recovery wrote at least 9 818 of them again)"
+            ),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l
+                    .starts_with("recovery: a lost worker; the job restarted from checkpoint 3 in 13 ms")),
+            "{lines:?}"
+        );
+        let clean = JobSummary { recoveries: Vec::new(), replayed_at_least: 0, rewritten_at_least: 0, ..s };
+        assert!(summary_lines(&clean)[0].contains("— 2 000 000 records in (50000/s), 392 596 records out,"));
+        assert!(summary_lines(&clean).iter().all(|l| !l.contains("written again")));
+    }
 
     fn second(second: u64, state_bytes: f64) -> Progress {
         Progress { second, state_bytes, ..Progress::default() }

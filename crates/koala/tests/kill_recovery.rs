@@ -134,7 +134,39 @@ fn run_killed(seed: u64, point: KillPoint, schedule: &str, marks: &[&str]) -> Re
         let kept = dir.keep();
         return Err(format!("{e}\n(files kept in {})\n{context}", kept.display()));
     }
+    // The summary adds up: what the sources took once is the input, what the sinks wrote once
+    // is the output, whatever the recovery replayed.
+    let rows: usize = got.values().map(Vec::len).sum();
+    let (taken, written) = once_counts(&log).ok_or_else(|| format!("no summary line: {context}"))?;
+    if (taken, written) != (RECORDS, rows as u64) {
+        let kept = dir.keep();
+        return Err(format!(
+            "the summary says {taken} records in and {written} out once each; the input had {RECORDS} \
+             and the output has {rows} (files kept in {}): {context}",
+            kept.display()
+        ));
+    }
     Ok(log)
+}
+
+/// From the summary's `done:` line, the records the sources took and the sinks wrote, each once:
+/// `12 000 records in (each once; …)`.
+fn once_counts(log: &str) -> Option<(u64, u64)> {
+    let line = log.lines().find(|l| l.starts_with("done: run"))?;
+    let number = |what: &str| -> Option<u64> {
+        let before = line.split_once(what)?.0;
+        before.rsplit([',', '—']).next()?.trim().replace(' ', "").parse().ok()
+    };
+    Some((number(" records in")?, number(" records out")?))
+}
+
+#[test]
+fn the_summary_counts_are_read_once_each() {
+    let line = "done: run r in 9.1 s — 12 000 records in (each once; a recovery took at least 400 of them \
+                again) (1360/s), 21 records out (each once; a recovery wrote at least 4 of them again), 0 late dropped";
+    assert_eq!(once_counts(line), Some((12_000, 21)));
+    let clean = "done: run r in 9.1 s — 12 000 records in (1360/s), 21 records out, 0 late dropped";
+    assert_eq!(once_counts(clean), Some((12_000, 21)));
 }
 
 fn replay(protocol: &str, seed: u64) -> String {
@@ -368,7 +400,9 @@ fn koala_run_takes_checkpoints_under_every_protocol() {
         assert!(completed >= 2, "{protocol}: {completed} checkpoints completed:\n{log}");
         let shape = QueryShape { window_ms: 100, slide_ms: 100, last_n: 3 };
         let expected = expected_rows("keyed-aggregate", &common::generator(RECORDS, 9), 2, shape);
-        compare_rows(&expected, &rows_per_key(&dir.path().join("out")))
-            .unwrap_or_else(|e| panic!("{protocol}: {e}"));
+        let got = rows_per_key(&dir.path().join("out"));
+        compare_rows(&expected, &got).unwrap_or_else(|e| panic!("{protocol}: {e}"));
+        let rows: usize = got.values().map(Vec::len).sum();
+        assert_eq!(once_counts(&log), Some((RECORDS, rows as u64)), "{protocol}: the summary:\n{log}");
     }
 }

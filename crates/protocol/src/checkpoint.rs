@@ -123,6 +123,9 @@ pub struct TaskCheckpoint {
     pub position: Option<SourcePosition>,
     /// Sources: the largest event time among the records emitted before the barrier.
     pub event_time: Option<koala_types::Timestamp>,
+    /// Sources and sinks: records emitted or written since the job's start before the barrier
+    /// (`koala_types::metric::RECORDS_TOTAL`), so a restored task counts on from there.
+    pub records: u64,
     /// State entries written.
     pub entries: u64,
     /// Bytes written (state, timers, watermarks).

@@ -52,6 +52,10 @@ pub struct RestorePoint {
     /// Each source's largest event time emitted before the barrier: its watermarks resume there.
     #[serde(default)]
     pub event_times: BTreeMap<TaskId, koala_types::Timestamp>,
+    /// Each source's and sink's records emitted or written since the job's start before the
+    /// barrier: a restored one counts on from there (`koala_types::metric::RECORDS_TOTAL`).
+    #[serde(default)]
+    pub records: BTreeMap<TaskId, u64>,
 }
 
 fn default_max_queued_records() -> usize {

@@ -15,6 +15,9 @@ pub struct TaskMetrics {
     pub records_in: u64,
     /// Records emitted (sinks: written).
     pub records_out: u64,
+    /// Sources and sinks: records emitted or written since the job's start, restored ones
+    /// included (`metric::RECORDS_TOTAL`).
+    pub records_total: Option<u64>,
     /// Batches processed.
     pub batches: u64,
     /// State entries read.
@@ -152,6 +155,7 @@ impl TaskMetrics {
             task,
             records_in: 0,
             records_out: 0,
+            records_total: None,
             batches: 0,
             state_reads: 0,
             state_writes: 0,
@@ -297,6 +301,9 @@ impl TaskMetrics {
         push(metric::RECORDS_IN, self.records_in as f64);
         push(metric::RECORDS_OUT, self.records_out as f64);
         push(metric::BATCHES, self.batches as f64);
+        if let Some(total) = self.records_total {
+            push(metric::RECORDS_TOTAL, total as f64);
+        }
         push(metric::STATE_READS, self.state_reads as f64);
         push(metric::STATE_WRITES, self.state_writes as f64);
         push(metric::LATE_DROPPED, self.late_dropped as f64);

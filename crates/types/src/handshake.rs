@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 /// state-server requests). **Bump it by hand in every change that alters a wire type** (any
 /// serde type in `koala_protocol::control`, `koala_types::message`, `koala_state::remote`): two
 /// builds with different numbers refuse each other at the greeting instead of misreading frames.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest greeting a listener reads; a longer length prefix is refused before anything is
 /// allocated for it.

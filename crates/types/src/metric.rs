@@ -5,6 +5,11 @@
 pub const RECORDS_IN: &str = "records_in";
 /// Records a task emitted downstream (sinks: records written).
 pub const RECORDS_OUT: &str = "records_out";
+/// Sources and sinks, a gauge: records emitted (sources) or written (sinks) since the job's start,
+/// a task restored from a checkpoint counting on from what it had there. The latest sample of
+/// each task is what the run took and wrote *once*: `records_in` / `records_out` also count what a
+/// recovery replayed.
+pub const RECORDS_TOTAL: &str = "records_total";
 /// Batches processed.
 pub const BATCHES: &str = "batches";
 /// Mean per-batch latency, microseconds: from when the task took the batch's first record from its
@@ -148,4 +153,5 @@ pub const ALL: &[&str] = &[
     CACHE_HITS,
     CACHE_MISSES,
     BUSY_MS,
+    RECORDS_TOTAL,
 ];

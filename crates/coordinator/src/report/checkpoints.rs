@@ -61,9 +61,9 @@ impl fmt::Display for CheckpointSummary {
             };
             writeln!(
                 f,
-                "recovery: {}; restarted from {from} in {} ms",
+                "recovery: {}; restarted from {from} in {}",
                 r.lost,
-                r.restarted_ms.saturating_sub(r.detected_ms)
+                super::fmt_ms(r.restarted_ms.saturating_sub(r.detected_ms))
             )?;
         }
         Ok(())

@@ -12,6 +12,16 @@ fn fmt_opt(v: Option<f64>, unit: &str) -> String {
     v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.1} {unit}"))
 }
 
+/// A duration for people, one format wherever one is printed: `13 ms`, `2.4 s`.
+///
+/// ```
+/// use koala_coordinator::report::fmt_ms;
+/// assert_eq!((fmt_ms(13), fmt_ms(2_400)), ("13 ms".to_string(), "2.4 s".to_string()));
+/// ```
+pub fn fmt_ms(ms: u64) -> String {
+    if ms < 1000 { format!("{ms} ms") } else { format!("{:.1} s", ms as f64 / 1000.0) }
+}
+
 /// Bytes in the largest unit that keeps them ≥ 1 (B, KiB, MiB, GiB).
 pub(super) fn fmt_bytes(b: f64) -> String {
     match b {

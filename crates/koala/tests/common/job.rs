@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 /// A running coordinator process.
 pub struct Coordinator {
     pub child: Child,
-    /// Its stdout, open until it exits (it prints its summary there).
-    _out: Lines<BufReader<std::process::ChildStdout>>,
+    /// Its stdout, open until it exits (it prints its summary there; [`Coordinator::wait_exit`]
+    /// returns it after the log).
+    out: Lines<BufReader<std::process::ChildStdout>>,
     pub log: Lines<BufReader<ChildStderr>>,
     pub seen: String,
 }
@@ -37,6 +38,8 @@ impl Coordinator {
         marks.iter().all(|mark| self.wait_for(mark))
     }
 
+    /// Waits for the coordinator to exit (killing it past `limit`); returns whether it succeeded
+    /// and its log followed by what it printed on stdout after its first line (the summary).
     pub fn wait_exit(mut self, limit: Duration) -> (bool, String) {
         let deadline = Instant::now() + limit;
         // Reading the log to its end also waits for the exit (stderr closes then).
@@ -51,7 +54,8 @@ impl Coordinator {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        (status.is_some_and(|s| s.success()), self.seen + &rest.join("\n"))
+        let printed: Vec<String> = self.out.by_ref().map_while(Result::ok).collect();
+        (status.is_some_and(|s| s.success()), self.seen + &rest.join("\n") + "\n" + &printed.join("\n"))
     }
 }
 
@@ -83,7 +87,7 @@ pub fn start_job(dir: &Path, text: &str) -> Result<(Coordinator, Vec<Child>), St
     }
     let addr = std::fs::read_to_string(&addr_file).map_err(|e| e.to_string())?;
     let log = BufReader::new(child.stderr.take().ok_or("stderr")?).lines();
-    let coordinator = Coordinator { child, _out: out, log, seen: String::new() };
+    let coordinator = Coordinator { child, out, log, seen: String::new() };
     let workers: Vec<Child> = (0..2)
         .map(|i| {
             let log = std::fs::File::create(dir.join(format!("w{i}.log")))

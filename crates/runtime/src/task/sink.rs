@@ -92,6 +92,17 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut open = setup.inputs.clone();
     let mut barriers = BarrierGate::new(setup.task, setup.inputs.iter().copied());
     let mut metrics = TaskMetrics::new(setup.task, false);
+    // Records written since the job's start, a restored sink counting on from its checkpoint
+    // (`metric::RECORDS_TOTAL`).
+    let mut total = setup
+        .options
+        .checkpoint
+        .restore
+        .as_ref()
+        .filter(|_| !setup.created_by_reconfiguration)
+        .and_then(|p| p.records.get(&setup.task).copied())
+        .unwrap_or(0);
+    metrics.records_total = Some(total);
     let mut outputs = crate::output::Outputs::new(Vec::new(), 1, Duration::ZERO);
     while !open.is_empty() {
         let timeout = metrics.next_tick().saturating_duration_since(Instant::now());
@@ -125,6 +136,8 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                             writer.write(&records)?;
                             metrics.record_arrivals(&records, crate::metrics::unix_ms());
                             metrics.records_in += records.len() as u64;
+                            total += records.len() as u64;
+                            metrics.records_total = Some(total);
                             metrics.records_out += records.len() as u64;
                             metrics.record_batch(started.elapsed());
                             None
@@ -141,7 +154,7 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                         if let Writer::Parts(parts, _) = &mut writer {
                             parts.barrier(id)?;
                         }
-                        let ack = TaskCheckpoint { alignment_ms, ..TaskCheckpoint::default() };
+                        let ack = TaskCheckpoint { alignment_ms, records: total, ..TaskCheckpoint::default() };
                         crate::checkpoint::acknowledge(&setup, id, ack);
                         queue.extend(held);
                     }

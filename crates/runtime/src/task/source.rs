@@ -44,6 +44,18 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         options.rate.due_ms(emitted, setup.parallelism).map(|due| (started_unix_ms + due) as u64)
     };
     let mut emitted: u64 = skipped;
+    // Records emitted since the job's start, restored ones included (`metric::RECORDS_TOTAL`): a
+    // generator's skipped records, a Kafka source's count at the checkpoint.
+    let restored_total = setup
+        .options
+        .checkpoint
+        .restore
+        .as_ref()
+        .filter(|_| !setup.created_by_reconfiguration)
+        .and_then(|p| p.records.get(&setup.task).copied())
+        .unwrap_or(skipped);
+    let total = move |emitted: u64| restored_total + emitted.saturating_sub(skipped);
+    metrics.records_total = Some(total(emitted));
     metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
     // Watermarks go on from the skipped records' event time: a restored source never sends one
     // below what it sent before the checkpoint (downstream, a watermark does not go back).
@@ -72,7 +84,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 &mut upstream,
                 &mut outputs,
                 &mut metrics,
-                SourceProgress { emitted, max_time },
+                SourceProgress { emitted, max_time, total: total(emitted) },
             )?
         {
             break;
@@ -110,7 +122,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         &mut upstream,
                         &mut outputs,
                         &mut metrics,
-                        SourceProgress { emitted, max_time },
+                        SourceProgress { emitted, max_time, total: total(emitted) },
                     )? {
                         break;
                     }
@@ -141,6 +153,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                 }
             }
             emitted += buf.len() as u64;
+            metrics.records_total = Some(total(emitted));
             metrics.pending_due_ms = if paced { pending_due(emitted) } else { logic.pending_due_ms() };
             metrics.records_in += buf.len() as u64;
             metrics.records_out += buf.len() as u64;
@@ -162,7 +175,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
                         &mut upstream,
                         &mut outputs,
                         &mut metrics,
-                        SourceProgress { emitted, max_time },
+                        SourceProgress { emitted, max_time, total: total(emitted) },
                     )?
                 {
                     break;
@@ -221,6 +234,8 @@ fn rewind(setup: &TaskSetup, logic: &mut dyn SourceLogic) -> Result<Restored, Ru
 struct SourceProgress {
     /// Records emitted.
     emitted: u64,
+    /// Records emitted since the job's start, restored ones included.
+    total: u64,
     /// The largest event time among them: a restored source's watermarks go on from there, never
     /// below one it sent before the checkpoint (downstream, a watermark does not go back).
     max_time: Option<Timestamp>,
@@ -242,7 +257,12 @@ fn on_command(
             // Everything emitted so far precedes the barrier on every channel.
             outputs.broadcast_barrier(id)?;
             let position = Some(logic.checkpoint_position(progress.emitted));
-            let ack = TaskCheckpoint { position, event_time: progress.max_time, ..TaskCheckpoint::default() };
+            let ack = TaskCheckpoint {
+                position,
+                event_time: progress.max_time,
+                records: progress.total,
+                ..TaskCheckpoint::default()
+            };
             crate::checkpoint::acknowledge(setup, id, ack);
             Ok(false)
         }
