@@ -22,6 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::Context;
 
 static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+/// Set once a second Ctrl-C is ending the process: the main thread then says nothing more (the
+/// job's end, a lost worker, is the forced exit's doing).
+static FORCING: AtomicBool = AtomicBool::new(false);
 /// The job a forced exit concerns, if one runs.
 static JOB: Mutex<Option<RunningJob>> = Mutex::new(None);
 /// Processes this one started for its job (workers, state servers): a forced exit kills them.
@@ -76,6 +79,11 @@ pub fn stop_flag() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
+/// Whether a second Ctrl-C is ending the process (the main thread waits for it to).
+pub fn forcing() -> bool {
+    FORCING.load(Ordering::SeqCst)
+}
+
 /// The standard output closed: the job stops as at a first Ctrl-C, without a word (there is no
 /// one to read it).
 pub fn stdout_closed() {
@@ -112,7 +120,12 @@ fn first_interrupt_note(name: &str) -> String {
 /// The second Ctrl-C: say what stopping now leaves, kill the job's processes, record the run as
 /// interrupted and exit 130.
 fn force_exit(name: &str) -> ! {
+    FORCING.store(true, Ordering::SeqCst);
     let job = JOB.lock().ok().and_then(|j| j.clone());
+    // Before the kill: the coordinator, seeing its workers go, would record a failure.
+    if let Some(job) = &job {
+        record_forced_end(job, name);
+    }
     let killed = kill_children();
     let mut text = format!("second {name}: stopping now, without draining and without a summary");
     if killed > 0 {
@@ -131,7 +144,6 @@ fn force_exit(name: &str) -> ! {
                  run it again with `koala run <config>` (its sink files in {dir} are partial)"
             ));
         }
-        record_forced_end(job, name);
     }
     crate::terminal::note(&text);
     std::process::exit(130);

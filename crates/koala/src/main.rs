@@ -67,7 +67,8 @@ enum Command {
         /// Seconds to run (the surge is at 20–45 s).
         #[arg(long, default_value_t = 60)]
         duration_s: u64,
-        /// Where metrics, plots and worker state go.
+        /// Where metrics and worker state go; the run's plots and report go to its own
+        /// directory under it, `runs/<run id>/` (`latest` points at it).
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
         /// Reconfiguration protocol: koala, stop-and-restart, remote or drrs (with the uniform
@@ -93,7 +94,7 @@ enum Command {
         /// Every run also gets the same state cache size.
         #[arg(long)]
         partition_policy: Option<String>,
-        /// Where each run's metrics and plots go (`<dir>/<protocol>`).
+        /// Where each run's metrics go (`<dir>/<protocol>`; plots in `<dir>/<protocol>/runs/<run id>/`).
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
         /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
@@ -169,7 +170,8 @@ enum Command {
     },
     /// Run a worker process that hosts tasks placed on it by a coordinator.
     Worker {
-        /// The coordinator's control address, `host:port`.
+        /// The coordinator's control address, `host:port` (`coordinator listening on ADDR`, not
+        /// the dashboard's).
         #[arg(long)]
         coordinator: String,
         /// Where this worker keeps its state stores. `{id}` in it becomes the number of the id
@@ -263,7 +265,8 @@ enum Command {
     },
     /// Change the number of tasks of an operator of a running job (scale-out or scale-in).
     Rescale {
-        /// The coordinator's control address (printed by `koala run`).
+        /// The coordinator's control address: `koala run` prints it as `coordinator at ADDR`
+        /// (not the dashboard's address, which is the HTTP API).
         #[arg(long)]
         coordinator: String,
         /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
@@ -279,7 +282,7 @@ enum Command {
     },
     /// Move buckets of a stateful operator between its tasks in a running job.
     Rebalance {
-        /// The coordinator's control address.
+        /// The coordinator's control address (`coordinator at ADDR`, not the dashboard's).
         #[arg(long)]
         coordinator: String,
         /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
@@ -295,7 +298,7 @@ enum Command {
     },
     /// Move one task of a running job to another worker.
     Migrate {
-        /// The coordinator's control address.
+        /// The coordinator's control address (`coordinator at ADDR`, not the dashboard's).
         #[arg(long)]
         coordinator: String,
         /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
@@ -385,6 +388,11 @@ fn main() {
     };
     logging::init(default_level);
     let result = run(cli.command);
+    // A second Ctrl-C is ending the process on the signal thread: whatever the job's end looks
+    // like from here (its workers killed), that thread says what happened and exits 130.
+    while interrupt::forcing() {
+        std::thread::park();
+    }
     // A closed standard output stopped the command (and its job, cleanly): exit as a process
     // killed by SIGPIPE would, without an error of our own (there is no one to read it).
     if terminal::stdout_closed() {
@@ -563,30 +571,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             let out = out.unwrap_or_else(|| PathBuf::from(format!("koala-out/experiment-{name}")));
             experiment::run(&name, mode, &experiment::Options { out, protocols, policy })
         }
-        Command::Report { db, list, run, out } => {
-            let db = if db.is_dir() { db.join("metrics.db") } else { db };
-            if list {
-                print!("{}", run_dir::list(&db)?);
-                return Ok(());
-            }
-            let run = match run {
-                Some(run) => Some(run),
-                None if db.exists() => {
-                    koala_coordinator::metrics_store::MetricsStore::open(&db)?.latest_run()?.map(|r| r.run)
-                }
-                None => None,
-            };
-            let out = match (out, &run) {
-                (Some(out), _) => out,
-                (None, Some(run)) => run_dir::of(&db, run),
-                (None, None) => db.parent().map(PathBuf::from).unwrap_or_default(),
-            };
-            let summary = koala_coordinator::report::report(&db, run.as_deref(), &out)
-                .with_context(|| format!("reporting on {}", db.display()))?;
-            println!("{}", summary.table);
-            println!("{summary}");
-            Ok(())
-        }
+        Command::Report { db, list, run, out } => run_dir::report(&db, list, run, out),
         Command::Queries { name } => {
             print!("{}", queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?);
             Ok(())

@@ -96,6 +96,31 @@ pub fn list(db: &Path) -> anyhow::Result<String> {
     Ok(text)
 }
 
+/// `koala report [DB] [--list] [--run RUN] [--out DIR]`: `db` is the metrics database or the
+/// output dir holding it; the plots go to the run's directory unless `--out` says otherwise.
+pub fn report(db: &Path, list: bool, run: Option<String>, out: Option<PathBuf>) -> anyhow::Result<()> {
+    let db = if db.is_dir() { db.join("metrics.db") } else { db.to_path_buf() };
+    if list {
+        print!("{}", self::list(&db)?);
+        return Ok(());
+    }
+    let run = match run {
+        Some(run) => Some(run),
+        None if db.exists() => MetricsStore::open(&db)?.latest_run()?.map(|r| r.run),
+        None => None,
+    };
+    let out = match (out, &run) {
+        (Some(out), _) => out,
+        (None, Some(run)) => of(&db, run),
+        (None, None) => db.parent().map(PathBuf::from).unwrap_or_default(),
+    };
+    let summary = koala_coordinator::report::report(&db, run.as_deref(), &out)
+        .with_context(|| format!("reporting on {}", db.display()))?;
+    println!("{}", summary.table);
+    println!("{summary}");
+    Ok(())
+}
+
 /// `koala run --resume DIR` of a job whose latest run finished: an error that says when, where
 /// its results are and how to run it again. A run that was interrupted, failed or killed may be
 /// resumed.

@@ -99,7 +99,9 @@ impl RunListing {
 }
 
 impl MetricsStore {
-    /// Records how `run` ended (at `ended_ms`, unix ms), with `detail` (why).
+    /// Records how `run` ended (at `ended_ms`, unix ms), with `detail` (why). The first end
+    /// recorded stands: a forced exit records the run as interrupted before it kills the workers,
+    /// whose loss the coordinator would otherwise record as the failure.
     pub fn end_run(
         &mut self,
         run: &str,
@@ -107,7 +109,8 @@ impl MetricsStore {
         ended_ms: u64,
         detail: Option<&str>,
     ) -> Result<(), MetricsStoreError> {
-        let sql = "UPDATE runs SET status = ?2, ended_ms = ?3, detail = ?4 WHERE run = ?1";
+        let sql = "UPDATE runs SET status = ?2, ended_ms = ?3, detail = ?4 \
+                   WHERE run = ?1 AND (status IS NULL OR status = 'running')";
         self.conn
             .execute(sql, params![run, status.as_str(), ended_ms, detail])
             .map_err(|e| self.fail(format!("record the end of run {run:?}"), e))?;
@@ -191,6 +194,7 @@ mod tests {
         store.begin_run(&info("c", 3_000))?;
         store.end_run("a", RunStatus::Finished, 1_500, None)?;
         store.end_run("b", RunStatus::Interrupted, 2_500, Some("Ctrl-C"))?;
+        store.end_run("b", RunStatus::Failed, 2_600, Some("worker0 disappeared"))?;
         assert_eq!(store.run_end("a")?.status, Some(RunStatus::Finished));
         let b = store.run_end("b")?;
         assert_eq!(
