@@ -198,9 +198,7 @@ pub fn coordinator(
         },
     )?;
     interrupt::set_job(None);
-    for line in summary_lines(&summary) {
-        println!("{line}");
-    }
+    crate::terminal::print_if_read(&summary_lines(&summary));
     Ok(())
 }
 

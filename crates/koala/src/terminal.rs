@@ -31,6 +31,19 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Writes `lines` to the standard output if anyone still reads it, and nothing else: for the
+/// summary of `koala coordinator`, whose scripts may close the pipe after its first line (the
+/// job is over by then, and that is no reason to exit 141).
+pub fn print_if_read(lines: &[String]) {
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        if writeln!(out, "{line}").is_err() {
+            return;
+        }
+    }
+    let _ = out.flush();
+}
+
 /// Whether the standard output closed under this process.
 pub fn stdout_closed() -> bool {
     STDOUT_CLOSED.load(Ordering::SeqCst)
