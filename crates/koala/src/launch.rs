@@ -139,6 +139,8 @@ pub fn run_config(
     if let Some(brokers) = brokers {
         crate::kafka::override_brokers(&mut config, brokers)?;
     }
+    // A config the job cannot run with leaves no run directory behind.
+    koala_coordinator::resolve(&config, &crate::queries::resolver())?;
     let out = config.output_dir.clone();
     let run = crate::run_dir::run_id();
     let run_dir = crate::run_dir::create(&out, &run, &config)?;
