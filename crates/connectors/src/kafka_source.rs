@@ -535,6 +535,10 @@ impl SourceLogic for KafkaSource {
         Some(KafkaSource::offset_lag(self))
     }
 
+    fn malformed_records(&self) -> Option<u64> {
+        Some(self.undecodable)
+    }
+
     fn poll(&mut self, max: usize, out: &mut Vec<Record>) -> Result<SourcePoll, DataflowError> {
         if !self.ensure_connected()? {
             return Ok(SourcePoll::More);

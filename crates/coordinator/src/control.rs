@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
 use koala_protocol::{ClientReply, ControlHello, CoordinatorMessage, ReconfigRequest, WorkerMessage};
 use koala_types::WorkerId;
 use koala_types::frame::{read_frame, write_frame};
-use koala_types::handshake::{Gate, Refusal, Role, Token, greet};
+use koala_types::handshake::{ControlLimits, Gate, Refusal, Role, Token, connect_control};
 
 use crate::error::CoordinatorError;
 
@@ -91,10 +91,10 @@ impl Workers {
     }
 }
 
-/// A worker's registration as the accept thread hands it over: its control connection and data
-/// address, or why an authenticated worker could not register (another build: the job fails
-/// loudly rather than wait for it).
-type Registration = Result<(TcpStream, String), String>;
+/// A worker's registration as the accept thread hands it over: its control connection, data
+/// address and pid, or why an authenticated worker could not register (another build: the job
+/// fails loudly rather than wait for it).
+type Registration = Result<(TcpStream, String, u32), String>;
 
 /// Workers that register after the job started (a recovery: restarted or replacement workers).
 pub struct Registrations {
@@ -108,9 +108,9 @@ impl Registrations {
     /// waiting (a replacement); ids continue after every id given so far.
     pub fn collect(&mut self, count: u32, limit: Duration) -> Result<Workers, CoordinatorError> {
         let mut workers = collect_workers(&self.incoming, count, &self.events, self.next_id, limit)?;
-        while let Ok(Ok((stream, addr))) = self.incoming.try_recv() {
+        while let Ok(Ok((stream, addr, pid))) = self.incoming.try_recv() {
             let id = WorkerId(self.next_id + workers.len() as u32);
-            register(&mut workers, id, stream, addr, &self.events)?;
+            register(&mut workers, id, (stream, addr, pid), &self.events)?;
         }
         self.next_id += workers.len() as u32;
         Ok(workers)
@@ -187,9 +187,9 @@ fn greeted(
     let Ok(read_half) = stream.try_clone() else { return };
     match (role, read_frame::<_, ControlHello>(&mut BufReader::new(read_half))) {
         (Role::Worker, Ok(Some(ControlHello::Worker { data_addr, pid }))) => {
-            tracing::info!(%data_addr, pid, "worker registered");
+            tracing::debug!(%data_addr, pid, "a worker said hello");
             let _ = stream.set_read_timeout(None);
-            if workers.send(Ok((stream, data_addr))).is_err() {
+            if workers.send(Ok((stream, data_addr, pid))).is_err() {
                 tracing::error!("a worker registered after the job ended; ignored");
             }
         }
@@ -279,7 +279,7 @@ fn collect_workers(
     let mut workers = Workers { writers: BTreeMap::new(), addrs: BTreeMap::new() };
     let deadline = Instant::now() + limit;
     while (workers.writers.len() as u32) < expected {
-        let (stream, data_addr) = incoming
+        let registration = incoming
             .recv_deadline(deadline)
             .map_err(|_| {
                 CoordinatorError::Timeout(format!(
@@ -289,19 +289,21 @@ fn collect_workers(
             })?
             .map_err(CoordinatorError::Registration)?;
         let id = WorkerId(first_id + workers.writers.len() as u32);
-        register(&mut workers, id, stream, data_addr, events)?;
+        register(&mut workers, id, registration, events)?;
     }
     Ok(workers)
 }
 
-/// Welcomes a registered worker as `id` and starts reading its messages.
+/// Welcomes a registered worker as `id` and starts reading its messages. Ids follow registration
+/// order; the log line ties each to its process (pid) and address, and the worker names its data
+/// dir after it (`koala_runtime::WORKER_ID_PLACEHOLDER`).
 fn register(
     workers: &mut Workers,
     id: WorkerId,
-    stream: TcpStream,
-    data_addr: String,
+    (stream, data_addr, pid): (TcpStream, String, u32),
     events: &Sender<Event>,
 ) -> Result<(), CoordinatorError> {
+    tracing::info!(worker = %id, pid, %data_addr, "{id} registered: pid {pid}, data address {data_addr}");
     let reader = BufReader::new(
         stream
             .try_clone()
@@ -337,14 +339,14 @@ fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<E
 }
 
 /// Sends one request to a running coordinator and waits for its reply (`koala rescale` …),
-/// presenting `token` (required if the coordinator does not listen on loopback).
+/// presenting `token` (required if the coordinator does not listen on loopback). The handshake is
+/// bounded and names a peer that is not a control port (`connect_control`: the HTTP API).
 pub fn submit(
     coordinator: &str,
     request: ReconfigRequest,
     token: Option<&Token>,
 ) -> std::io::Result<ClientReply> {
-    let stream = TcpStream::connect(coordinator)?;
-    greet(&stream, Role::Client, token)?;
+    let stream = connect_control(coordinator, Role::Client, token, ControlLimits::default())?;
     let mut w = BufWriter::new(stream.try_clone()?);
     write_frame(&mut w, &ControlHello::Client(request))?;
     w.flush()?;

@@ -41,8 +41,10 @@ use thiserror::Error;
 
 mod checkpoints;
 mod decisions;
+mod runs;
 pub use checkpoints::{CheckpointRecord, RecoveryRecord};
 pub use decisions::DecisionRecord;
+pub use runs::{RunEnd, RunListing, RunStatus, SILENT_RUN_MS};
 
 /// How long a write waits for another connection's lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -255,6 +257,7 @@ impl MetricsStore {
         conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get::<_, String>(0))
             .map_err(|e| fail("enable WAL", e))?;
         conn.execute_batch(SCHEMA).map_err(|e| fail("create schema", e))?;
+        runs::add_missing_columns(&conn).map_err(|e| fail("add the run-end columns", e))?;
         Ok(Self { path: path.to_path_buf(), conn })
     }
 
@@ -263,10 +266,11 @@ impl MetricsStore {
         &self.path
     }
 
-    /// Records a new run; fails if a run of that name exists.
+    /// Records a new run, as `running` ([`Self::end_run`] records its end); fails if a run of
+    /// that name exists.
     pub fn begin_run(&mut self, info: &RunInfo) -> Result<(), MetricsStoreError> {
-        let sql = "INSERT INTO runs (run, started_ms, query, protocol, config) \
-                   VALUES (?1, ?2, ?3, ?4, ?5)";
+        let sql = "INSERT INTO runs (run, started_ms, query, protocol, config, status) \
+                   VALUES (?1, ?2, ?3, ?4, ?5, 'running')";
         let args = params![info.run, info.started_ms, info.query, info.protocol, info.config];
         self.conn.execute(sql, args).map_err(|e| self.fail(format!("begin run {:?}", info.run), e))?;
         Ok(())

@@ -158,6 +158,8 @@ pub struct Totals {
     pub replayed_at_least: u64,
     /// Records the sinks wrote again after recoveries, likewise a lower bound.
     pub rewritten_at_least: u64,
+    /// Records each source operator skipped as malformed, by operator name.
+    pub malformed: BTreeMap<String, u64>,
 }
 
 impl Totals {
@@ -179,6 +181,9 @@ impl Totals {
                     if s.time_s >= latest.0 {
                         *latest = (s.time_s, s.value as u64);
                     }
+                }
+                metric::RECORDS_MALFORMED if s.value > 0.0 => {
+                    *self.malformed.entry(op.name.clone()).or_default() += s.value as u64;
                 }
                 _ => {}
             }
@@ -363,6 +368,27 @@ mod tests {
     use koala_types::TaskId;
 
     use super::*;
+
+    /// The run's totals name each source that skipped malformed records, summed over its tasks
+    /// and seconds; a source that skipped none is not listed.
+    #[test]
+    fn totals_count_malformed_records_per_source() {
+        let df = Dataflow::new();
+        let config = KeyedEventsConfig { key_space: 3, records: Some(30), ..Default::default() };
+        KeyedEvents::source(&df, "bids", SourceOptions::default(), config.clone()).sink_json_lines("a");
+        KeyedEvents::source(&df, "people", SourceOptions::default(), config).sink_json_lines("b");
+        let graph = df.build().expect("graph");
+        let sample = |op: &str, index: u32, value: f64| TaskSample {
+            time_s: 1_000,
+            task: TaskId { operator: graph.by_name(op).map(|o| o.id).expect(op), index },
+            metric: metric::RECORDS_MALFORMED.to_string(),
+            value,
+        };
+        let mut totals = Totals::default();
+        totals.add(&graph, &[sample("bids", 0, 2.0), sample("bids", 1, 1.0), sample("people", 0, 0.0)]);
+        totals.add(&graph, &[sample("bids", 0, 4.0)]);
+        assert_eq!(totals.malformed, BTreeMap::from([("bids".to_string(), 7)]));
+    }
 
     #[test]
     fn one_aggregator_gives_the_progress_line_and_the_driven_operators_tasks() {

@@ -43,6 +43,7 @@ use crate::metrics_store::{MetricsStore, MetricsStoreError, Reconfiguration, Run
 
 mod checkpoints;
 pub mod derived;
+pub mod ending;
 mod overlay;
 pub mod recovery;
 mod render;
@@ -216,6 +217,8 @@ pub struct ReportSummary {
     pub checkpoints: CheckpointSummary,
     /// The reconfiguration policy's decisions (`[autoscale]`), oldest first.
     pub autoscale: Vec<crate::metrics_store::DecisionRecord>,
+    /// How the run ended (finished, interrupted, failed, …) and the records its sources skipped.
+    pub ending: ending::RunEnding,
     /// The files written: PNGs and `report.html`.
     pub files: Vec<PathBuf>,
 }
@@ -409,6 +412,7 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
             recoveries: store.recoveries(&info.run)?,
         },
         autoscale: store.autoscale_decisions(&info.run)?,
+        ending: ending::RunEnding::read(store, &info)?,
         files: Vec::new(),
         run: info,
     })

@@ -64,6 +64,12 @@ pub struct JobSummary {
     /// Recoveries after a lost worker: (checkpoint restored, 0 = none yet; ms from the loss to
     /// the restarted job).
     pub recoveries: Vec<(u64, u64)>,
+    /// Whether the job was asked to stop (`JobRun::stop`) before its input ended: its sources
+    /// were cut short and the run is recorded as interrupted.
+    pub interrupted: bool,
+    /// Records each source operator skipped as malformed (a Kafka record its format could not
+    /// decode), by operator name; sources that skipped none are absent.
+    pub malformed: std::collections::BTreeMap<String, u64>,
 }
 
 /// A job to run.
@@ -245,6 +251,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         started_requests: Vec::new(),
     };
     let mut stop_sent = false;
+    let mut interrupted = false;
     let mut autoscale = crate::autoscale::driver::Driver::new(config, &graph)?;
     let mut seconds = SecondAggregator::new(&graph, started_ms / 1000);
     if let Some((operator, budget)) = autoscale.as_ref().map(|a| a.driven()) {
@@ -294,7 +301,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
             if !stop_sent && (asked_to_stop || duration_over) {
                 stop_sent = true;
                 if asked_to_stop {
-                    tracing::warn!("asked to stop: the sources end now and the job drains what is in flight");
+                    interrupted = true;
+                    tracing::info!("asked to stop: the sources end now and the job drains what is in flight");
                 }
                 state.workers.broadcast(&CoordinatorMessage::StopSources)?;
             }
@@ -405,6 +413,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         }
     };
     let result = event_loop();
+    record_end(&mut state.store, &job.run, &result, interrupted);
     live.update(|now| now.phase = Phase::Ended);
     let _ = state.workers.broadcast(&CoordinatorMessage::Shutdown);
     result?;
@@ -441,7 +450,27 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         reconfigurations: completed,
         checkpoint_bytes,
         recoveries,
+        interrupted,
+        malformed: totals.malformed,
     })
+}
+
+/// Records in the metrics store how the run ended: failed (`result`'s error), interrupted (asked
+/// to stop before its input ended) or finished. A failure to record is logged: the run's own
+/// outcome matters more.
+fn record_end(store: &mut MetricsStore, run: &str, result: &Result<(), CoordinatorError>, interrupted: bool) {
+    use crate::metrics_store::RunStatus;
+    let (status, detail) = match result {
+        Err(e) => (RunStatus::Failed, Some(e.to_string())),
+        Ok(()) if interrupted => (
+            RunStatus::Interrupted,
+            Some("asked to stop before its input ended: the sources were cut short".into()),
+        ),
+        Ok(()) => (RunStatus::Finished, None),
+    };
+    if let Err(e) = store.end_run(run, status, unix_ms(), detail.as_deref()) {
+        tracing::warn!(error = %e, "could not record how the run ended");
+    }
 }
 
 /// Hands the deployment and the reconfiguration queue to the HTTP API when they changed

@@ -138,6 +138,13 @@ pub trait SourceLogic: Send {
         None
     }
 
+    /// External sources: records skipped since the task started because they could not be
+    /// decoded (Kafka: a value that is not the topic's format). The runtime reports the
+    /// increase each second as `records_malformed`.
+    fn malformed_records(&self) -> Option<u64> {
+        None
+    }
+
     /// What a checkpoint records for this source at a barrier, after it emitted `emitted`
     /// records since the task started (a restored source counts the ones it skipped): whatever
     /// it needs to resume exactly there. Deterministic sources (the default) record the count; a

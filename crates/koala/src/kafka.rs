@@ -13,7 +13,8 @@ use koala_workloads::nexmark::NexmarkConfig;
 /// What to do with the broker.
 #[derive(Subcommand)]
 pub enum BrokerAction {
-    /// Start a broker in the background (SQLite engine unless --memory) and print its address.
+    /// Start a broker in the background (SQLite engine unless --memory) and print its address
+    /// and the exact `koala produce` / `koala run --brokers` commands that use it.
     Start {
         /// Directory for the broker's database, log and state file.
         #[arg(long, default_value = "koala-out/broker")]
@@ -78,6 +79,40 @@ pub struct ProduceArgs {
     quiet: bool,
 }
 
+/// The environment variable `koala run` reads the Kafka bootstrap servers from when
+/// `--brokers` is not given.
+pub const BROKERS_ENV: &str = "KOALA_BROKERS";
+
+/// `koala run --brokers` (or `KOALA_BROKERS`): replaces `[params.kafka] brokers` of `config` by
+/// the comma-separated `host:port` list `brokers`. An error for a query without Kafka
+/// parameters, or an address that is not `host:port`.
+pub fn override_brokers(config: &mut koala_coordinator::JobConfig, brokers: &str) -> anyhow::Result<()> {
+    let query = crate::queries::find(&config.query).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        query.has_kafka_params(),
+        "--brokers / {BROKERS_ENV}: query {:?} reads and writes no Kafka (it has no [params.kafka]); \
+         drop the flag or unset {BROKERS_ENV}",
+        config.query
+    );
+    let list: Vec<String> =
+        brokers.split(',').map(|b| b.trim().to_string()).filter(|b| !b.is_empty()).collect();
+    anyhow::ensure!(
+        !list.is_empty(),
+        "--brokers / {BROKERS_ENV}: no address given; use host:port[,host:port…]"
+    );
+    for b in &list {
+        let port_ok =
+            b.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        anyhow::ensure!(port_ok, "--brokers / {BROKERS_ENV}: {b:?} is not host:port (e.g. 127.0.0.1:9092)");
+    }
+    let kafka = config.params.entry("kafka").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let Some(kafka) = kafka.as_table_mut() else {
+        anyhow::bail!("[params] kafka is not a table; write it as [params.kafka]");
+    };
+    kafka.insert("brokers".into(), toml::Value::Array(list.into_iter().map(toml::Value::String).collect()));
+    Ok(())
+}
+
 /// `koala broker ...`.
 pub fn broker(action: BrokerAction) -> anyhow::Result<()> {
     match action {
@@ -94,6 +129,7 @@ pub fn broker(action: BrokerAction) -> anyhow::Result<()> {
                 state.engine,
                 state.log.display()
             );
+            println!("{}", use_broker_lines(&state.bootstrap, &data_dir));
             Ok(())
         }
         BrokerAction::Stop { data_dir } => {
@@ -120,6 +156,17 @@ pub fn broker(action: BrokerAction) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// What `koala broker start` prints after the address: the exact commands that use this broker.
+fn use_broker_lines(bootstrap: &str, data_dir: &std::path::Path) -> String {
+    format!(
+        "use it with:\n  koala produce --brokers {bootstrap} --events 1000000\n  \
+         koala run examples/kafka-bids.toml --brokers {bootstrap}\n  \
+         (or `export {BROKERS_ENV}={bootstrap}` for every koala run)\n\
+         stop it with: koala broker stop --data-dir {}",
+        data_dir.display()
+    )
 }
 
 /// `koala produce`.

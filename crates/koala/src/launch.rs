@@ -3,45 +3,21 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use koala_coordinator::{JobConfig, JobRun, JobSummary, ProgressEvent, run_job};
 
+use crate::interrupt::{self, RunningJob};
+use crate::progress_lines::summary_lines;
+
 /// The demo job's config, also shipped as `examples/demo.toml`.
 pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
-
-static STOP: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-
-/// Whether Ctrl-C or SIGTERM stopped a job of this process (`koala experiment` then runs no more).
-pub fn interrupted() -> bool {
-    STOP.get().is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
-}
-
-/// The flag Ctrl-C and SIGTERM set (registered once per process): the coordinator then ends the
-/// sources, the job drains and prints its summary, as at `duration_s`. A second signal, with the
-/// flag already set, ends the process at once (exit code 130).
-fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
-    if let Some(stop) = STOP.get() {
-        return Ok(stop.clone());
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // The conditional shutdown first: it sees the flag as the previous signal left it.
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
-            .context("installing the Ctrl-C / SIGTERM handler")?;
-        signal_hook::flag::register(signal, stop.clone())
-            .context("installing the Ctrl-C / SIGTERM handler")?;
-    }
-    Ok(STOP.get_or_init(|| stop).clone())
-}
 
 /// `--ignore-interrupt` of the processes `koala run` starts: Ctrl-C (SIGINT, sent to the whole
 /// terminal's process group) does not end them; the coordinator stops the job and then them.
 pub fn ignore_interrupt() -> anyhow::Result<()> {
-    let ignored = Arc::new(AtomicBool::new(false));
+    let ignored = Arc::new(std::sync::atomic::AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, ignored).context("ignoring Ctrl-C")?;
     Ok(())
 }
@@ -88,18 +64,23 @@ pub fn demo(
     if let Some(shared) = shared {
         shared.apply(&mut config);
     }
+    let run = crate::run_dir::run_id();
+    let run_dir = crate::run_dir::create(output_dir, &run, &config)?;
     println!(
-        "koala demo: {} with {} workers ({}; {}; {}); output in {}",
+        "koala demo: {} with {} workers ({}; {}; {}); run {run} in {}",
         config.query,
         config.workers,
         crate::demo::describe(&config),
         config.protocol_label(),
         config.runtime.capacity_line(),
-        output_dir.display()
+        run_dir.display()
     );
-    let summary = run_job_locally(config)?;
-    let (outcome, report) = crate::compare::outcome(&summary, output_dir)?;
+    let summary = run_locally(config, None, run)?;
+    let (outcome, report) = crate::compare::outcome(&summary, &run_dir)?;
     crate::compare::print_outcome(&outcome, &report);
+    let mut text = summary_lines(&summary).join("\n");
+    text.push_str(&format!("\n\n{report}"));
+    crate::run_dir::write_summary(&run_dir, &text);
     Ok(outcome)
 }
 
@@ -131,11 +112,14 @@ pub fn drrs_schedule_of(name: &str) -> koala_protocol::drrs::DrrsSchedule {
 }
 
 /// `koala run <config>`, or `koala run --resume DIR` (a stopped job from its latest completed
-/// checkpoint); `http_port` (`--http-port`) overrides `[coordinator] http_port`.
+/// checkpoint); `http_port` (`--http-port`) overrides `[coordinator] http_port`, `brokers`
+/// (`--brokers`, `KOALA_BROKERS`) the Kafka bootstrap servers of `[params.kafka]`. The run's
+/// report, plots and summary go to its own directory (`crate::run_dir`).
 pub fn run_config(
     path: Option<&Path>,
     resume: Option<&Path>,
     http_port: Option<u16>,
+    brokers: Option<&str>,
 ) -> anyhow::Result<JobSummary> {
     let (mut config, resume) = match (path, resume) {
         (Some(path), None) => (load_config(path)?, None),
@@ -153,13 +137,26 @@ pub fn run_config(
     if http_port.is_some() {
         config.coordinator.http_port = http_port;
     }
-    let out = config.output_dir.clone();
-    let summary = run_locally(config, resume)?;
-    // The plots and the summary of the run (demo and bench compute their own).
-    match koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), &out) {
-        Ok(report) => println!("{report}"),
-        Err(e) => eprintln!("warning: could not write the report: {e}"),
+    if let Some(brokers) = brokers {
+        crate::kafka::override_brokers(&mut config, brokers)?;
     }
+    // A config the job cannot run with leaves no run directory behind.
+    koala_coordinator::resolve(&config, &crate::queries::resolver())?;
+    let out = config.output_dir.clone();
+    let run = crate::run_dir::run_id();
+    let run_dir = crate::run_dir::create(&out, &run, &config)?;
+    println!("run {run}: its report, plots and summary go to {}", run_dir.display());
+    let summary = run_locally(config, resume, run)?;
+    let mut text = summary_lines(&summary).join("\n");
+    // The plots and the summary of the run (demo and bench compute their own).
+    match koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), &run_dir) {
+        Ok(report) => {
+            println!("{report}");
+            text.push_str(&format!("\n\n{report}"));
+        }
+        Err(e) => crate::terminal::note(&format!("warning: could not write the report: {e}")),
+    }
+    crate::run_dir::write_summary(&run_dir, &text);
     Ok(summary)
 }
 
@@ -188,20 +185,23 @@ pub fn coordinator(
     let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
     // One line: scripts read the first line and may close the pipe after it.
     println!("coordinator listening on {addr}; waiting for {} workers; {dashboard}", config.workers);
+    let run = crate::run_dir::run_id();
+    interrupt::set_job(Some(running_job(&config, &run)));
     let summary = run_job(
         listener,
         JobRun {
             config,
             resolver: crate::queries::resolver(),
-            run: run_id(),
+            run,
             progress: None,
-            stop: Some(stop_on_signals()?),
+            stop: Some(interrupt::stop_flag()?),
             http: Some(http),
             resume: None,
             token,
         },
     )?;
-    crate::progress_lines::print_summary(&summary);
+    interrupt::set_job(None);
+    crate::terminal::print_if_read(&summary_lines(&summary));
     Ok(())
 }
 
@@ -219,17 +219,24 @@ fn bind_http(config: &JobConfig, host: std::net::IpAddr) -> anyhow::Result<(TcpL
     Ok((http, line))
 }
 
-fn run_id() -> String {
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-    format!("run-{ms}")
+/// What a second Ctrl-C says about the job `config` runs as `run`.
+fn running_job(config: &JobConfig, run: &str) -> RunningJob {
+    RunningJob {
+        run: run.to_string(),
+        metrics_db: config.metrics_path(),
+        output_dir: config.output_dir.clone(),
+        checkpoints: config.checkpoint_interval_ms.is_some(),
+    }
 }
 
 /// Kills worker processes left behind when the job ends (normally they exit on `Shutdown`).
-struct WorkerProcesses(Vec<Child>);
+/// Tracked by [`interrupt`], which kills them at a forced exit.
+struct WorkerProcesses(Vec<Arc<Mutex<Child>>>);
 
 impl Drop for WorkerProcesses {
     fn drop(&mut self) {
-        for child in &mut self.0 {
+        for child in &self.0 {
+            let Ok(mut child) = child.lock() else { continue };
             if matches!(child.try_wait(), Ok(None)) {
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
                 while std::time::Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
@@ -242,10 +249,12 @@ impl Drop for WorkerProcesses {
     }
 }
 
-/// The latest completed checkpoint of the job whose output directory is `dir`, and its config.
+/// The latest completed checkpoint of the job whose output directory is `dir`, and its config;
+/// refused if the job's latest run finished (`crate::run_dir::refuse_finished`).
 fn resume_point(dir: &Path) -> anyhow::Result<(JobConfig, koala_coordinator::resume::CheckpointMetadata)> {
     let meta = koala_coordinator::resume::latest(&dir.join("checkpoints"))?;
     let config = JobConfig::parse(&meta.config, "the checkpoint's recorded config")?;
+    crate::run_dir::refuse_finished(dir, &config.metrics_path())?;
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => a == b,
@@ -269,23 +278,25 @@ fn resume_point(dir: &Path) -> anyhow::Result<(JobConfig, koala_coordinator::res
 /// Runs a job with a coordinator in this process and `config.workers` worker processes (and
 /// the state servers of a remote backend without external addresses, `[state] servers`).
 pub fn run_job_locally(config: JobConfig) -> anyhow::Result<JobSummary> {
-    run_locally(config, None)
+    run_locally(config, None, crate::run_dir::run_id())
 }
 
-/// [`run_job_locally`], or resumed from a checkpoint (its sink files and checkpoints stay).
+/// [`run_job_locally`] as run `run`, or resumed from a checkpoint (its sink files and
+/// checkpoints stay).
 fn run_locally(
     mut config: JobConfig,
     resume: Option<koala_coordinator::resume::CheckpointMetadata>,
+    run: String,
 ) -> anyhow::Result<JobSummary> {
     let resolver = crate::queries::resolver();
     koala_coordinator::resolve(&config, &resolver)?;
-    let stop = stop_on_signals()?;
+    let stop = interrupt::stop_flag()?;
     if config.duration_s.is_none()
         && crate::queries::find(&config.query).is_ok_and(|q| q.unbounded(&config.params))
     {
         println!(
             "this job's input has no end (no `records` or `until_end` in [params], no `duration_s`): \
-             Ctrl-C or SIGTERM ends its sources, lets it drain and prints its summary (a second one ends it at once)"
+             Ctrl-C or SIGTERM ends its sources, lets it drain and prints its summary (a second one stops it at once, without draining)"
         );
     }
     if let Some(note) = crate::queries::find(&config.query).ok().and_then(|q| q.input_note(&config.params)) {
@@ -320,8 +331,10 @@ fn run_locally(
     let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
     println!("{dashboard}");
     let mut workers = WorkerProcesses(Vec::new());
+    // Named after the id each worker gets when it registers (`koala worker --data-dir`'s `{id}`),
+    // so `state/worker-1` is the worker messages call worker1.
+    let data_dir = out.join("state").join(format!("worker-{}", koala_runtime::WORKER_ID_PLACEHOLDER));
     for i in 0..config.workers {
-        let data_dir = out.join("state").join(format!("worker-{i}"));
         let child = Command::new(&exe)
             .arg("worker")
             .arg("--coordinator")
@@ -338,14 +351,15 @@ fn run_locally(
             .arg("--ignore-interrupt")
             .stdin(Stdio::null())
             .spawn()
-            .with_context(|| format!("starting worker {i}"))?;
-        workers.0.push(child);
+            .with_context(|| format!("starting worker process {} of {}", i + 1, config.workers))?;
+        workers.0.push(interrupt::track(child));
     }
     let (tx, rx) = crossbeam_channel::unbounded();
+    interrupt::set_job(Some(running_job(&config, &run)));
     let job = JobRun {
         config: config.clone(),
         resolver,
-        run: run_id(),
+        run,
         progress: Some(tx),
         stop: Some(stop),
         http: Some(http),
@@ -395,8 +409,10 @@ fn run_locally(
         }
     }
     lines.flush(u64::MAX);
-    let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"))??;
+    let summary = handle.join().map_err(|_| anyhow::anyhow!("the coordinator thread panicked"));
     drop(workers);
+    interrupt::set_job(None);
+    let summary = summary??;
     crate::progress_lines::print_summary(&summary);
     Ok(summary)
 }

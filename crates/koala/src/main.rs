@@ -1,19 +1,41 @@
 //! `koala`: run stateful dataflow jobs that can be reconfigured while they run.
 
+/// `std::println!` for this crate, declared before its modules so that every one of them uses
+/// it: it writes through [`terminal::write_stdout`], which ends the command quietly when the
+/// standard output closed instead of panicking.
+macro_rules! println {
+    () => {
+        $crate::terminal::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::terminal::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `std::print!` for this crate, as [`println!`].
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::terminal::write_stdout(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod compare;
 mod demo;
 mod experiment;
+mod interrupt;
 mod kafka;
 mod launch;
+mod logging;
 mod progress_lines;
 mod queries;
+mod run_dir;
 mod settings;
 mod state_servers;
+mod terminal;
 mod token;
 mod warmup;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -52,7 +74,8 @@ enum Command {
         /// 30 s by default.
         #[arg(long)]
         quick: bool,
-        /// Where metrics, plots and worker state go.
+        /// Where metrics and worker state go; the run's plots and report go to its own
+        /// directory under it, `runs/<run id>/` (`latest` points at it).
         #[arg(long, default_value = "koala-out")]
         output_dir: PathBuf,
         /// Reconfiguration protocol: koala, stop-and-restart, remote or drrs (with the uniform
@@ -82,7 +105,7 @@ enum Command {
         /// Every run also gets the same state cache size.
         #[arg(long)]
         partition_policy: Option<String>,
-        /// Where each run's metrics and plots go (`<dir>/<protocol>`).
+        /// Where each run's metrics go (`<dir>/<protocol>`; plots in `<dir>/<protocol>/runs/<run id>/`).
         #[arg(long, default_value = "koala-out/compare")]
         output_dir: PathBuf,
         /// Protocols to run, in order: koala, stop-and-restart, remote (the Remote baseline:
@@ -117,6 +140,11 @@ enum Command {
         /// default: any free port; the URL is printed at the start).
         #[arg(long)]
         http_port: Option<u16>,
+        /// Kafka bootstrap servers, `host:port[,host:port…]`, replacing `[params.kafka] brokers`
+        /// of a job that reads or writes Kafka (`koala broker start` prints the address). The
+        /// environment variable KOALA_BROKERS does the same when the flag is not given.
+        #[arg(long, value_name = "HOST:PORT")]
+        brokers: Option<String>,
     },
     /// Run only the coordinator of a job; workers join with `koala worker --coordinator ADDR`
     /// (docs/deploy.md: several hosts). Off loopback, every connection and every POST to the API
@@ -153,11 +181,15 @@ enum Command {
     },
     /// Run a worker process that hosts tasks placed on it by a coordinator.
     Worker {
-        /// The coordinator's control address, `host:port`.
+        /// The coordinator's control address, `host:port` (`coordinator listening on ADDR`, not
+        /// the dashboard's).
         #[arg(long)]
         coordinator: String,
-        /// Where this worker keeps its state stores.
-        #[arg(long, default_value = "koala-out/state/worker")]
+        /// Where this worker keeps its state stores. `{id}` in it becomes the number of the id
+        /// the coordinator assigns when the worker registers (ids follow registration order), so
+        /// the directory of the worker messages call worker1 is `worker-1`, and workers sharing
+        /// a host and a default never share a directory.
+        #[arg(long, default_value = "koala-out/state/worker-{id}")]
         data_dir: PathBuf,
         /// Host the data plane listens on (the port is chosen by the OS).
         #[arg(long, default_value = "127.0.0.1")]
@@ -244,7 +276,8 @@ enum Command {
     },
     /// Change the number of tasks of an operator of a running job (scale-out or scale-in).
     Rescale {
-        /// The coordinator's control address (printed by `koala run`).
+        /// The coordinator's control address: `koala run` prints it as `coordinator at ADDR`
+        /// (not the dashboard's address, which is the HTTP API).
         #[arg(long)]
         coordinator: String,
         /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
@@ -260,7 +293,7 @@ enum Command {
     },
     /// Move buckets of a stateful operator between its tasks in a running job.
     Rebalance {
-        /// The coordinator's control address.
+        /// The coordinator's control address (`coordinator at ADDR`, not the dashboard's).
         #[arg(long)]
         coordinator: String,
         /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
@@ -276,7 +309,7 @@ enum Command {
     },
     /// Move one task of a running job to another worker.
     Migrate {
-        /// The coordinator's control address.
+        /// The coordinator's control address (`coordinator at ADDR`, not the dashboard's).
         #[arg(long)]
         coordinator: String,
         /// A file holding the job token, if the coordinator is not on loopback (KOALA_TOKEN
@@ -330,14 +363,22 @@ enum Command {
         #[arg(long)]
         partition_policy: Option<String>,
     },
-    /// Print the per-second table of a run from a metrics DB and write PNG plots.
+    /// Print the per-second table and summary of a run from a metrics DB and write its PNG plots
+    /// and report.html, or list the runs it holds (`--list`). The summary starts with how the run
+    /// ended: finished, interrupted (stopped early: its numbers cover part of its input), failed,
+    /// still running, or killed (no end recorded).
     Report {
-        /// The metrics database (`<output_dir>/metrics.db`).
+        /// The metrics database (`<output_dir>/metrics.db`), or the job's output_dir.
+        #[arg(default_value = "koala-out")]
         db: PathBuf,
-        /// Which run (default: the latest).
+        /// List the runs: id, start (UTC), status, how long each ran, query, protocol, report.
+        #[arg(long, conflicts_with_all = ["run", "out"])]
+        list: bool,
+        /// Which run (default: the latest; `--list` names them).
         #[arg(long)]
         run: Option<String>,
-        /// Where the plots go (default: beside the database).
+        /// Where the plots and report.html go (default: the run's directory,
+        /// `<output_dir>/runs/<run>/`).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -356,32 +397,22 @@ fn main() {
         Command::Rescale { .. } | Command::Rebalance { .. } | Command::Migrate { .. } => "error",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter(std::env::var("KOALA_LOG").ok(), default_level))
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: a log redirected to a file stays plain text.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    if let Err(e) = run(cli.command) {
-        eprintln!("error: {e:#}");
+    logging::init(default_level);
+    let result = run(cli.command);
+    // A second Ctrl-C is ending the process on the signal thread: whatever the job's end looks
+    // like from here (its workers killed), that thread says what happened and exits 130.
+    while interrupt::forcing() {
+        std::thread::park();
+    }
+    // A closed standard output stopped the command (and its job, cleanly): exit as a process
+    // killed by SIGPIPE would, without an error of our own (there is no one to read it).
+    if terminal::stdout_closed() {
+        std::process::exit(terminal::CLOSED_OUTPUT_EXIT);
+    }
+    if let Err(e) = result {
+        terminal::note(&format!("error: {e:#}"));
         std::process::exit(1);
     }
-}
-
-/// The log filter: `KOALA_LOG` (else `default_level`). Unless it names rskafka itself, rskafka is
-/// kept to errors (it warns on every refused connection while a broker starts; our own errors
-/// already say what failed) and its controller is silent: it logs "topic already exists" as a
-/// fatal error, which is what every sink task but the first that creates its topic gets, and
-/// which `create_topic` takes as success (any other controller error is returned and reported).
-fn log_filter(koala_log: Option<String>, default_level: &str) -> tracing_subscriber::EnvFilter {
-    let directives = koala_log.unwrap_or_else(|| default_level.to_string());
-    let directives = if directives.contains("rskafka") {
-        directives
-    } else {
-        format!("{directives},rskafka=error,rskafka::client::controller=off")
-    };
-    tracing_subscriber::EnvFilter::try_new(&directives)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level))
 }
 
 fn run(command: Command) -> anyhow::Result<()> {
@@ -424,8 +455,11 @@ fn run(command: Command) -> anyhow::Result<()> {
             compare::print_table(&outcomes);
             Ok(())
         }
-        Command::Run { config, resume, http_port } => {
-            launch::run_config(config.as_deref(), resume.as_deref(), http_port).map(|_| ())
+        Command::Run { config, resume, http_port, brokers } => {
+            let brokers =
+                brokers.or_else(|| std::env::var(kafka::BROKERS_ENV).ok().filter(|b| !b.trim().is_empty()));
+            launch::run_config(config.as_deref(), resume.as_deref(), http_port, brokers.as_deref())
+                .map(|_| ())
         }
         Command::Coordinator { config, listen, address_file, http_port } => {
             launch::coordinator(&config, &listen, address_file.as_deref(), http_port)
@@ -549,69 +583,10 @@ fn run(command: Command) -> anyhow::Result<()> {
             let out = out.unwrap_or_else(|| PathBuf::from(format!("koala-out/experiment-{name}")));
             experiment::run(&name, mode, &experiment::Options { out, protocols, policy })
         }
-        Command::Report { db, run, out } => {
-            let out = out.unwrap_or_else(|| db.parent().map(PathBuf::from).unwrap_or_default());
-            let summary = koala_coordinator::report::report(&db, run.as_deref(), &out)
-                .with_context(|| format!("reporting on {}", db.display()))?;
-            println!("{}", summary.table);
-            println!("{summary}");
-            Ok(())
-        }
+        Command::Report { db, list, run, out } => run_dir::report(&db, list, run, out),
         Command::Queries { name } => {
             print!("{}", queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?);
             Ok(())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::{Arc, Mutex};
-
-    /// What a subscriber with [`super::log_filter`] writes for rskafka's controller error (which
-    /// it logs when a topic exists), an rskafka warning and an error of ours.
-    fn logged(koala_log: Option<&str>) -> String {
-        let text = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = Arc::clone(&text);
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(super::log_filter(koala_log.map(str::to_string), "warn"))
-            .with_ansi(false)
-            .with_writer(move || Writer(Arc::clone(&sink)))
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::error!(target: "rskafka::client::controller", "request encountered fatal error: TopicAlreadyExists");
-            tracing::warn!(target: "rskafka::connection", "connection refused");
-            tracing::error!(target: "koala_coordinator::job", "ours");
-        });
-        let text = text.lock().expect("log").clone();
-        String::from_utf8(text).expect("utf-8")
-    }
-
-    struct Writer(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Writer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("log").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// Issue 28, point 8: an existing sink topic is quiet — rskafka's controller, which logs "topic
-    /// already exists" as a fatal error, is silent and the rest of rskafka kept to errors, unless
-    /// `KOALA_LOG` names rskafka itself.
-    #[test]
-    fn rskafkas_controller_is_silent_unless_koala_log_names_it() {
-        for koala_log in [None, Some("info"), Some("debug,koala=trace")] {
-            let log = logged(koala_log);
-            assert!(log.contains("ours"), "{koala_log:?}: our error is logged: {log:?}");
-            assert!(!log.contains("TopicAlreadyExists"), "{koala_log:?}: the controller is silent: {log:?}");
-            assert!(!log.contains("connection refused"), "{koala_log:?}: rskafka kept to errors: {log:?}");
-        }
-        let log = logged(Some("warn,rskafka=warn"));
-        assert!(log.contains("TopicAlreadyExists") && log.contains("connection refused"), "{log:?}");
     }
 }

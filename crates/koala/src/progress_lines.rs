@@ -127,9 +127,17 @@ fn counted(once: Option<u64>, counted: u64, what: &str, again: u64, verb: &str) 
 pub fn summary_lines(s: &JobSummary) -> Vec<String> {
     let secs = s.elapsed.as_secs_f64();
     let taken = s.records_in_once.unwrap_or(s.records_in);
+    let head = if s.interrupted {
+        format!(
+            "interrupted: run {} stopped after {secs:.1} s, before its input ended (its sources were cut \
+             short, so its output covers part of its input)",
+            s.run
+        )
+    } else {
+        format!("done: run {} in {secs:.1} s", s.run)
+    };
     let mut lines = vec![format!(
-        "done: run {} in {secs:.1} s — {} ({:.0}/s), {}, {} late dropped, {} reconfigurations; metrics in {}",
-        s.run,
+        "{head} — {} ({:.0}/s), {}, {} late dropped, {} reconfigurations; metrics in {}",
         counted(s.records_in_once, s.records_in, "records in", s.replayed_at_least, "took"),
         taken as f64 / secs.max(1e-9),
         counted(s.records_out_once, s.records_out, "records out", s.rewritten_at_least, "wrote"),
@@ -137,6 +145,12 @@ pub fn summary_lines(s: &JobSummary) -> Vec<String> {
         s.reconfigurations,
         s.metrics_db.display()
     )];
+    for (source, n) in &s.malformed {
+        lines.push(format!(
+            "{n} malformed records skipped by source {source}: they could not be decoded (the first 10 \
+             and every 1000th are logged with topic, partition and offset)"
+        ));
+    }
     if !s.checkpoint_bytes.is_empty() {
         let total: u64 = s.checkpoint_bytes.iter().sum();
         lines.push(format!(
@@ -189,6 +203,8 @@ mod tests {
             reconfigurations: 0,
             checkpoint_bytes: vec![1 << 20],
             recoveries: vec![(3, 13)],
+            interrupted: false,
+            malformed: Default::default(),
         };
         let lines = summary_lines(&s);
         assert!(
@@ -208,6 +224,42 @@ mod tests {
         let clean = JobSummary { recoveries: Vec::new(), replayed_at_least: 0, rewritten_at_least: 0, ..s };
         assert!(summary_lines(&clean)[0].contains("— 2 000 000 records in (50000/s), 392 596 records out,"));
         assert!(summary_lines(&clean).iter().all(|l| !l.contains("written again")));
+    }
+
+    fn summary() -> JobSummary {
+        JobSummary {
+            run: "run-1".into(),
+            elapsed: std::time::Duration::from_secs(2),
+            records_in: 10,
+            records_out: 10,
+            records_in_once: Some(10),
+            records_out_once: Some(10),
+            replayed_at_least: 0,
+            rewritten_at_least: 0,
+            late_dropped: 0,
+            metrics_db: "m.db".into(),
+            reconfigurations: 0,
+            checkpoint_bytes: Vec::new(),
+            recoveries: Vec::new(),
+            interrupted: false,
+            malformed: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_summary_names_skipped_records_per_source() {
+        let mut s = summary();
+        s.malformed.insert("bids".into(), 3);
+        let lines = summary_lines(&s);
+        assert!(lines[0].starts_with("done: run run-1"), "{lines:?}");
+        assert!(lines[1].starts_with("3 malformed records skipped by source bids"), "{lines:?}");
+    }
+
+    #[test]
+    fn an_interrupted_run_says_so() {
+        let s = JobSummary { interrupted: true, ..summary() };
+        let lines = summary_lines(&s);
+        assert!(lines[0].starts_with("interrupted: run run-1 stopped after"), "{lines:?}");
     }
 
     fn second(second: u64, state_bytes: f64) -> Progress {

@@ -71,6 +71,12 @@ pub fn find(name: &str) -> Result<Query, String> {
 }
 
 impl Query {
+    /// Whether its `[params]` have a `[params.kafka]` section (the bid aggregate and the Nexmark
+    /// queries: it names the brokers, topics and format, used when `input` or `output` is Kafka).
+    pub fn has_kafka_params(&self) -> bool {
+        matches!(self.family, Family::Kafka | Family::Nexmark)
+    }
+
     /// Its example config, relative to the repository root: `examples/<name>.toml`, except the
     /// keyed aggregate (the demo's config) and the Kafka bid aggregate.
     pub fn example(&self) -> String {

@@ -3,15 +3,18 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 
-/// State server processes: they run until killed, which happens when the job is over.
-pub struct ServerProcesses(Vec<Child>);
+/// State server processes: they run until killed, which happens when the job is over (or at a
+/// forced exit: `crate::interrupt` tracks them).
+pub struct ServerProcesses(Vec<Arc<Mutex<Child>>>);
 
 impl Drop for ServerProcesses {
     fn drop(&mut self) {
-        for child in &mut self.0 {
+        for child in &self.0 {
+            let Ok(mut child) = child.lock() else { continue };
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -24,7 +27,6 @@ pub fn state_server(listen: &str, data_dir: &Path) -> anyhow::Result<()> {
     let server = koala_state::StateServer::start(listen, data_dir)
         .with_context(|| format!("starting a state server on {listen} in {}", data_dir.display()))?;
     println!("state server listening on {}", server.addr());
-    std::io::Write::flush(&mut std::io::stdout())?;
     // Serves on its own threads; this one only waits (the process ends when it is killed).
     loop {
         std::thread::park();
@@ -53,7 +55,7 @@ pub fn start(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(ServerProcesses,
             .spawn()
             .with_context(|| format!("starting state server {i}"))?;
         let stdout = child.stdout.take().context("the state server's stdout")?;
-        servers.0.push(child);
+        servers.0.push(crate::interrupt::track(child));
         let mut line = String::new();
         std::io::BufReader::new(stdout)
             .read_line(&mut line)

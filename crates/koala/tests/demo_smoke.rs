@@ -1,5 +1,6 @@
 //! `koala demo` (shortened) exits 0, prints per-second progress, and leaves a metrics DB with
-//! samples of every runtime metric plus the PNG plots.
+//! samples of every runtime metric plus the PNG plots, in the run's own directory
+//! (`<output_dir>/runs/<run>/`, `<output_dir>/latest`).
 
 mod common;
 
@@ -63,8 +64,10 @@ fn demo_writes_progress_metrics_and_plots() {
     for ((t, p), (_, m)) in p99.iter().zip(&max) {
         assert!(m >= p, "second {t}: end-to-end latency max {m} ms below the p99 {p} ms");
     }
+    let run_dir = out_dir.join("latest");
+    assert_eq!(std::fs::read_link(&run_dir).ok(), Some(std::path::Path::new("runs").join(&run)));
     for png in ["throughput.png", "lag.png", "latency.png", "batch_latency.png", "state_moved.png"] {
-        let bytes = std::fs::read(out_dir.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
+        let bytes = std::fs::read(run_dir.join(png)).unwrap_or_else(|e| panic!("{png}: {e}"));
         assert!(bytes.starts_with(b"\x89PNG"), "{png} is not a PNG");
     }
 }

@@ -24,3 +24,4 @@ mod worker_state;
 
 pub use error::RuntimeError;
 pub use worker::{WorkerOptions, run_worker};
+pub use worker_state::{WORKER_ID_PLACEHOLDER, data_dir_of};

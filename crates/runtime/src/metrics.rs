@@ -51,6 +51,11 @@ pub struct TaskMetrics {
     warned_short: Option<std::time::Instant>,
     /// External sources: records behind the end of the input.
     pub offset_lag: Option<u64>,
+    /// External sources: records skipped as undecodable since the task started (set before
+    /// each tick); the samples are the second's increase.
+    pub malformed: Option<u64>,
+    /// `malformed` at the previous tick.
+    malformed_sent: u64,
     /// Koala: (KLT bytes, KLT entries) at the end of the second.
     pub klt_size: Option<(u64, u64)>,
     /// Stateful tasks with a state cache: its lookups since it opened, at the end of the second
@@ -175,6 +180,8 @@ impl TaskMetrics {
             cache_counts: None,
             cache_counts_sent: koala_state::CacheCounts::default(),
             offset_lag: None,
+            malformed: None,
+            malformed_sent: 0,
             klt_lookup: (Duration::ZERO, 0),
             queued_records: None,
             queued_peak: 0,
@@ -348,6 +355,10 @@ impl TaskMetrics {
         if let Some(lag) = self.offset_lag {
             push(metric::SOURCE_OFFSET_LAG, lag as f64);
         }
+        if let Some(skipped) = self.malformed {
+            let sent = std::mem::replace(&mut self.malformed_sent, skipped);
+            push(metric::RECORDS_MALFORMED, skipped.saturating_sub(sent) as f64);
+        }
         if let Some(counts) = self.cache_counts {
             let sent = std::mem::replace(&mut self.cache_counts_sent, counts);
             push(metric::CACHE_HITS, counts.hits.saturating_sub(sent.hits) as f64);
@@ -451,6 +462,23 @@ mod tests {
         m.pending_due_ms = Some(unix_ms() - 5_000);
         let lag = value(&m.take(), metric::SOURCE_LAG_P99_MS).unwrap_or(0.0);
         assert!((5_000.0..6_000.0).contains(&lag), "{lag}");
+    }
+
+    /// A source's malformed-record count (a running total) is reported as each second's increase,
+    /// so the coordinator's sum over the samples is the total skipped.
+    #[test]
+    fn a_source_reports_the_malformed_records_it_skipped_each_second() {
+        let mut m = TaskMetrics::new(task(), true);
+        assert_eq!(
+            value(&m.take(), metric::RECORDS_MALFORMED),
+            None,
+            "a source that cannot skip reports none"
+        );
+        m.malformed = Some(3);
+        assert_eq!(value(&m.take(), metric::RECORDS_MALFORMED), Some(3.0));
+        assert_eq!(value(&m.take(), metric::RECORDS_MALFORMED), Some(0.0));
+        m.malformed = Some(5);
+        assert_eq!(value(&m.take(), metric::RECORDS_MALFORMED), Some(2.0));
     }
 
     /// A task that exits before its first tick, which can be more than a second away, still

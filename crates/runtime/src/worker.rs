@@ -18,7 +18,7 @@ use koala_protocol::relay::{Relayed, relay};
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
 use koala_state::StateEnv;
 use koala_types::frame::{read_frame, write_frame};
-use koala_types::handshake::{Gate, GateLimits, Role, Token, greet};
+use koala_types::handshake::{ControlLimits, Gate, GateLimits, Role, Token, connect_control};
 use koala_types::{BucketId, Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
@@ -30,13 +30,14 @@ use crate::peer::peer_capacity;
 use crate::queue::{DataReceiver, data_queue};
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
 use crate::throttle::SharedLink;
-use crate::worker_state::open_state;
+use crate::worker_state::{data_dir_of, open_state};
 
 /// How to start a worker.
 pub struct WorkerOptions {
     /// The coordinator's control address (`host:port`).
     pub coordinator: String,
-    /// Where the worker keeps its state stores.
+    /// Where the worker keeps its state stores; [`crate::WORKER_ID_PLACEHOLDER`] in it becomes the id
+    /// the coordinator assigns at registration.
     pub data_dir: PathBuf,
     /// The host the data plane listens on (port chosen by the OS). Not loopback: the data port
     /// requires the job token.
@@ -74,14 +75,12 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     let bound = listener.local_addr().map_err(|e| RuntimeError::io("reading the data address", e))?;
     let gate = Gate::for_listener("data port", bound.ip(), options.token.clone(), GateLimits::default())
         .map_err(RuntimeError::Control)?;
-    let stream = TcpStream::connect(&options.coordinator).map_err(|e| {
-        RuntimeError::io(format!("connecting to the coordinator at {}", options.coordinator), e)
-    })?;
-    let _ = stream.set_nodelay(true);
-    greet(&stream, Role::Worker, options.token.as_ref()).map_err(|e| {
-        tracing::error!(coordinator = %options.coordinator, error = %e, "the coordinator refused this worker");
-        RuntimeError::io(format!("registering with the coordinator at {}", options.coordinator), e)
-    })?;
+    // Bounded, and a peer that is not a control port (the HTTP API) is named.
+    let stream = connect_control(&options.coordinator, Role::Worker, options.token.as_ref(), ControlLimits::default())
+        .map_err(|e| {
+            tracing::error!(coordinator = %options.coordinator, error = %e, "could not register with the coordinator");
+            RuntimeError::io(format!("registering with the coordinator at {}", options.coordinator), e)
+        })?;
     let data_addr = advertised(&options, bound, &stream);
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let link = Arc::new(SharedLink::default());
@@ -122,6 +121,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     };
 
     let mut me = WorkerId(u32::MAX);
+    let mut data_dir = options.data_dir.clone();
     let mut job: Option<Job> = None;
     let mut env: Option<Arc<dyn StateEnv>> = None;
     let mut memory: Option<Arc<WorkerMemory>> = None;
@@ -137,12 +137,16 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
         match msg {
             CoordinatorMessage::Welcome { worker } => {
                 me = worker;
-                tracing::info!(%worker, %data_addr, "registered with the coordinator");
+                data_dir = data_dir_of(&options.data_dir, worker);
+                tracing::info!(
+                    %worker, pid = std::process::id(), %data_addr, data_dir = %data_dir.display(),
+                    "registered with the coordinator as {worker}"
+                );
             }
             CoordinatorMessage::Deploy(d, state) => {
                 let env = match &env {
                     Some(env) => env.clone(),
-                    None => env.insert(open_state(&options.data_dir, &state, &link)?).clone(),
+                    None => env.insert(open_state(&data_dir, &state, &link)?).clone(),
                 };
                 let memory = memory
                     .get_or_insert_with(|| {

@@ -1,12 +1,36 @@
 //! A worker's state stores, opened as the job's `[state]` section says (docs/architecture.md §5).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use koala_protocol::{StateBackendKind, StateOptions};
 use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, RemoteEnv, StateEnv};
+use koala_types::WorkerId;
 
 use crate::RuntimeError;
 use crate::throttle::SharedLink;
+
+/// In a worker's data dir, replaced by the number of the id the coordinator assigns it when it
+/// registers: `koala-out/state/worker-{id}` is `worker-1` for the worker every message calls
+/// worker1.
+///
+/// Worker ids follow registration order, not launch order (processes started together register
+/// in any order), and a worker that restarts for a recovery registers again under a new id, so
+/// a name fixed at launch (`worker-<launch index>`) would name another worker than the logs do.
+/// A user reading a multi-process job's log goes from "worker1 disappeared" to its files by the
+/// same number; the worker logs its id, pid, data address and data dir when it registers, and
+/// the coordinator logs the pid and address of each id.
+pub const WORKER_ID_PLACEHOLDER: &str = "{id}";
+
+/// `template` with [`WORKER_ID_PLACEHOLDER`] replaced by `worker`'s number.
+pub fn data_dir_of(template: &Path, worker: WorkerId) -> PathBuf {
+    match template.to_str() {
+        Some(text) if text.contains(WORKER_ID_PLACEHOLDER) => {
+            PathBuf::from(text.replace(WORKER_ID_PLACEHOLDER, &worker.0.to_string()))
+        }
+        _ => template.to_path_buf(),
+    }
+}
 
 /// Opens the worker's state stores as the job's `[state]` section says.
 /// Remote state crosses the worker's emulated link (`link`).
@@ -51,4 +75,16 @@ pub(crate) fn open_state(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_data_dir_is_named_after_the_id_the_coordinator_assigned() {
+        let template = Path::new("koala-out/state/worker-{id}");
+        assert_eq!(data_dir_of(template, WorkerId(1)), Path::new("koala-out/state/worker-1"));
+        assert_eq!(data_dir_of(Path::new("/var/lib/koala"), WorkerId(1)), Path::new("/var/lib/koala"));
+    }
 }

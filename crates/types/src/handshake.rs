@@ -451,5 +451,8 @@ pub fn read_verdict(r: &mut impl Read) -> io::Result<()> {
     }
 }
 
+mod client;
+pub use client::{ControlLimits, connect_control};
+
 #[cfg(test)]
 mod tests;

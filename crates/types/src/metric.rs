@@ -87,6 +87,9 @@ pub const INPUT_PAUSED_MS: &str = "input_paused_ms";
 
 /// External sources: records not yet read (Kafka: high watermark − next offset, summed).
 pub const SOURCE_OFFSET_LAG: &str = "source_offset_lag";
+/// External sources: records skipped this second because they could not be decoded (a Kafka
+/// record that is not the topic's format); `koala run`'s summary totals them per source.
+pub const RECORDS_MALFORMED: &str = "records_malformed";
 /// Koala: memory of the task's key lookup table, bytes.
 pub const KLT_BYTES: &str = "klt_bytes";
 /// Koala: keys the task's key lookup table lists explicitly.
@@ -147,6 +150,7 @@ pub const ALL: &[&str] = &[
     QUEUED_RECORDS_MAX,
     INPUT_PAUSED_MS,
     SOURCE_OFFSET_LAG,
+    RECORDS_MALFORMED,
     KLT_BYTES,
     KLT_ENTRIES,
     KLT_LOOKUP_MEAN_US,

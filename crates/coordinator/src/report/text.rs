@@ -58,6 +58,7 @@ impl fmt::Display for ReportSummary {
             run.protocol,
             self.table.rows.len()
         )?;
+        write!(f, "{}", self.ending)?;
         writeln!(
             f,
             "records in at sources: {:.0}, mean throughput {:.1} rec/s",

@@ -143,7 +143,7 @@ pub fn execute(info: &Info, mode: Mode, plan: Plan, opts: &Options) -> anyhow::R
     let mut done: Vec<Done> = Vec::new();
     let mut failed = Vec::new();
     for (i, spec) in plan.runs.iter().enumerate() {
-        if crate::launch::interrupted() {
+        if crate::interrupt::interrupted() {
             // Ctrl-C / SIGTERM drained the run it stopped; the others would end at once.
             failed.push(format!("{}: not run (interrupted)", spec.label));
             continue;

@@ -196,6 +196,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         outputs.flush_due(now)?;
         if now >= metrics.next_tick() {
             metrics.offset_lag = logic.offset_lag();
+            metrics.malformed = logic.malformed_records();
         }
         setup.report(&mut metrics, &mut outputs, now);
     }
@@ -205,6 +206,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     outputs.broadcast(&ChannelMessage::EndOfStream)?;
     // The last sample carries the final offset lag (a short run may never have reached a tick).
     metrics.offset_lag = logic.offset_lag();
+    metrics.malformed = logic.malformed_records();
     setup.report_last(&mut metrics, &mut outputs);
     Ok(())
 }
