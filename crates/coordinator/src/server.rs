@@ -92,7 +92,7 @@ pub fn resolve(config: &JobConfig, resolver: &QueryResolver) -> Result<(JobGraph
 
 /// Logs a worker's memory report and passes it on to `koala run`'s printer.
 fn memory_report(job: &JobRun, worker: koala_types::WorkerId, report: koala_protocol::memory::MemoryReport) {
-    tracing::info!("{}", crate::progress::memory_lines(worker, &report));
+    tracing::debug!("{}", crate::progress::memory_lines(worker, &report));
     if let Some(tx) = &job.progress {
         let _ = tx.send(ProgressEvent::Memory { worker, report });
     }

@@ -356,6 +356,7 @@ fn run_locally(
     // reconfiguration's lines wait for them, so both are printed in the order of one clock, the
     // report's (seconds since the run's start second).
     let mut pending: Vec<(u64, String)> = Vec::new();
+    let mut memory = koala_coordinator::progress::MemoryNotes::default();
     let flush = |pending: &mut Vec<(u64, String)>, up_to: u64| {
         pending.retain(|(second, line)| {
             let due = *second <= up_to;
@@ -397,7 +398,9 @@ fn run_locally(
                 pending.push((second, format!("autoscale: {description}")));
             }
             ProgressEvent::Memory { worker, report } => {
-                println!("{}", koala_coordinator::progress::memory_lines(worker, &report))
+                if let Some(line) = memory.note(worker, &report) {
+                    println!("{line}");
+                }
             }
         }
     }
