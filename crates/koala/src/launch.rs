@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use koala_coordinator::config::{ConfigError, ConfigSource};
 use koala_coordinator::{JobConfig, JobRun, JobSummary, Progress, ProgressEvent, run_job};
 
 /// The demo job's config, also shipped as `examples/demo.toml`.
@@ -46,14 +47,22 @@ pub fn ignore_interrupt() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads and parses a config file.
+/// Reads a config file and checks it whole — syntax, types, the query's parameters and the
+/// config against the query's graph — before anything starts; every error names the file, the
+/// line and column of the field at fault, the field and the fix.
 pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-    let config = JobConfig::parse(&text, &path.display().to_string())?;
+    let origin = path.display().to_string();
+    let config = JobConfig::parse(&text, &origin)?;
+    let source = ConfigSource::new(&origin, &text);
+    let at = |field: &str, message: String| {
+        source.place_error(ConfigError::Invalid { field: field.to_string(), message })
+    };
+    let query = crate::queries::find(&config.query).map_err(|e| at("query", e))?;
     // `[params]` checked where it stands in the file, so an error names its real line.
-    let query =
-        crate::queries::find(&config.query).map_err(|e| anyhow::anyhow!("{}: query: {e}", path.display()))?;
-    query.check_params(&text).map_err(|e| anyhow::anyhow!("{}: [params]: {e}", path.display()))?;
+    query.check_params(&source, &text)?;
+    let graph = query.build(&config.params_text()).map_err(|e| at("params", e))?;
+    config.validate(&graph).map_err(|e| source.place_error(e))?;
     Ok(config)
 }
 

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use koala_coordinator::config::{ConfigError, ConfigSource};
 use koala_dataflow::graph::QueryResolver;
 use koala_dataflow::{JobGraph, OperatorKind};
 use serde::de::DeserializeOwned;
@@ -117,28 +118,30 @@ impl Query {
         })
     }
 
-    /// Checks `[params]` inside the whole config `document`, so that a typo or a wrong type is
-    /// reported at its line in the file, not in a re-serialised copy of the table; then builds
-    /// the query with them, which checks their values.
-    pub fn check_params(&self, document: &str) -> Result<(), String> {
-        match self.family {
+    /// Checks `[params]` inside the whole config `document` (the text of `source`), so that a
+    /// typo or a wrong type is reported at its line in the file, not in a re-serialised copy of
+    /// the table; then builds the query with them, which checks their values (an error there is
+    /// placed at the parameter its message names).
+    pub fn check_params(&self, source: &ConfigSource<'_>, document: &str) -> Result<(), ConfigError> {
+        let built = match self.family {
             Family::Workloads => {
-                let params = params_in::<koala_workloads::QueryParams>(document)?;
+                let params = params_in::<koala_workloads::QueryParams>(source, document)?;
                 koala_workloads::build_query(self.name, &params).map(drop).map_err(|e| e.to_string())
             }
             Family::Kafka => {
-                let params = params_in::<koala_connectors::queries::BidAggregateParams>(document)?;
+                let params = params_in::<koala_connectors::queries::BidAggregateParams>(source, document)?;
                 koala_connectors::queries::bid_aggregate(&params).map(drop).map_err(|e| e.to_string())
             }
             Family::Nexmark => {
-                let params = params_in::<koala_workloads::nexmark::NexmarkParams>(document)?;
+                let params = params_in::<koala_workloads::nexmark::NexmarkParams>(source, document)?;
                 nexmark(self.name, &params).map(drop)
             }
             Family::RealWorld => {
-                let params = params_in::<koala_workloads::realworld::RealWorldParams>(document)?;
+                let params = params_in::<koala_workloads::realworld::RealWorldParams>(source, document)?;
                 realworld(self.name, &params).map(drop)
             }
-        }
+        };
+        built.map_err(|message| source.place_error(ConfigError::Invalid { field: "params".into(), message }))
     }
 
     /// Whether the query's input never ends by itself under `params` (then only `duration_s`, a
@@ -292,15 +295,19 @@ fn realworld(name: &str, params: &koala_workloads::realworld::RealWorldParams) -
         .unwrap_or_else(|| Err(format!("query {name:?} is not a real-world query (a registry bug)")))
 }
 
-/// `[params]` of the config `document`, deserialised where it stands in the file.
-fn params_in<P: DeserializeOwned + Default>(document: &str) -> Result<P, String> {
+/// `[params]` of the config `document` (the text of `source`), deserialised where it stands in
+/// the file.
+fn params_in<P: DeserializeOwned + Default>(
+    source: &ConfigSource<'_>,
+    document: &str,
+) -> Result<P, ConfigError> {
     #[derive(serde::Deserialize)]
     #[serde(bound = "P: DeserializeOwned + Default")]
     struct Document<P> {
         #[serde(default)]
         params: P,
     }
-    toml::from_str::<Document<P>>(document).map(|d| d.params).map_err(|e| e.to_string())
+    toml::from_str::<Document<P>>(document).map(|d| d.params).map_err(|e| source.parse_error(&e))
 }
 
 /// Builds any registered query from its name and TOML parameters.
@@ -360,7 +367,8 @@ mod tests {
             assert!(ops.iter().any(|(_, kind)| *kind == "source"), "{}: {ops:?}", q.name);
             assert!(ops.iter().any(|(_, kind)| *kind == "sink"), "{}: {ops:?}", q.name);
             let document = format!("query = {:?}\n{}", q.name, q.default_params());
-            assert_eq!(q.check_params(&document), Ok(()), "{}", q.name);
+            let source = ConfigSource::new("defaults", &document);
+            q.check_params(&source, &document).unwrap_or_else(|e| panic!("{}: {e}", q.name));
             assert!(help().contains(q.name));
         }
         let q = find("keyed-aggregate").expect("registered");
@@ -381,7 +389,9 @@ mod tests {
             assert!(text.contains(&format!("query = {:?}", q.name)), "{}", path.display());
             let config = koala_coordinator::config::JobConfig::parse(&text, &path.display().to_string())
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert_eq!(q.check_params(&text), Ok(()), "{}", path.display());
+            let origin = path.display().to_string();
+            q.check_params(&ConfigSource::new(&origin, &text), &text)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let graph = q.build(&config.params_text()).expect("builds");
             config.validate(&graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         }
@@ -391,12 +401,16 @@ mod tests {
     fn a_typo_inside_params_is_reported_at_its_line_in_the_file() {
         let document = "query = \"tumbling-window\"\nworkers = 2\n\n[parallelism]\nwindow = 2\n\n[params]\nsink = \"jsonl\"\nwindw_ms = 1000\n";
         let q = find("tumbling-window").expect("registered");
-        let err = q.check_params(document).expect_err("typo");
-        assert!(err.contains("line 9") && err.contains("windw_ms"), "{err}");
-        let negative = "query = \"keyed-aggregate\"\n[params.source]\nrate = [{ at_ms = 0, records_per_sec = -50000.0 }]\n";
         let err =
-            find("keyed-aggregate").expect("registered").check_params(negative).expect_err("negative rate");
-        assert!(err.contains("source.rate[0].records_per_sec"), "{err}");
+            q.check_params(&ConfigSource::new("job.toml", document), document).expect_err("typo").to_string();
+        assert!(err.starts_with("job.toml:9:1: params.windw_ms: unknown field `windw_ms`"), "{err}");
+        let negative = "query = \"keyed-aggregate\"\n[params.source]\nrate = [{ at_ms = 0, records_per_sec = -50000.0 }]\n";
+        let err = find("keyed-aggregate")
+            .expect("registered")
+            .check_params(&ConfigSource::new("job.toml", negative), negative)
+            .expect_err("negative rate")
+            .to_string();
+        assert!(err.starts_with("job.toml:3:22: params.source.rate[0].records_per_sec: "), "{err}");
         let err = find("no-such-query").expect_err("unknown");
         assert!(err.contains("filtered-window") && err.contains("bid-aggregate"), "{err}");
     }
