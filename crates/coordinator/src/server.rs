@@ -116,7 +116,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     let mut schedule: VecDeque<_> = schedule.into();
     let (events_tx, events) = unbounded();
     let control_addr = listener.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
-    let info = JobInfo::new(
+    let mut info = JobInfo::new(
         &job.run,
         &config.query,
         config.protocol_label(),
@@ -124,6 +124,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         config.metrics_path(),
         &graph,
     );
+    info.checkpoint_interval_ms = config.checkpoint_interval_ms;
+    info.checkpoints_retained = config.checkpoints_retained;
     let live = Arc::new(Live::new(info));
     // Stops when dropped, whichever way this function returns.
     let ip = listener.local_addr().map_err(io("reading the control address"))?.ip();

@@ -330,11 +330,15 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// List the queries a config can name: what each computes, its operators (the names
-    /// [parallelism], rescale, rebalance and migrate take) and its [params] with their defaults.
+    /// List the queries a config can name, one line each; with a NAME, that query's operators
+    /// (the names [parallelism], rescale, rebalance and migrate take), its example config and the
+    /// [params] it reads with their defaults.
     Queries {
-        /// Only this query.
+        /// The query to describe.
         name: Option<String>,
+        /// Describe every query (operators, example, parameters).
+        #[arg(long, conflicts_with = "name")]
+        all: bool,
     },
 }
 
@@ -545,8 +549,12 @@ fn run(command: Command) -> anyhow::Result<()> {
             println!("{summary}");
             Ok(())
         }
-        Command::Queries { name } => {
-            print!("{}", queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?);
+        Command::Queries { name, all } => {
+            let text = match (name, all) {
+                (None, false) => queries::list(),
+                (name, _) => queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?,
+            };
+            print!("{text}");
             Ok(())
         }
     }

@@ -317,7 +317,7 @@ pub fn resolver() -> QueryResolver {
 
 /// The query list under `koala run --help`.
 pub fn help() -> String {
-    let mut out = String::from("Queries (`koala queries` lists their operators and parameters):\n");
+    let mut out = String::from("Queries (`koala queries NAME` shows one's operators and parameters):\n");
     for q in all() {
         let _ = writeln!(out, "  {:<20} {}", q.name, q.about);
     }
@@ -329,7 +329,77 @@ pub fn help() -> String {
     out
 }
 
-/// `koala queries [NAME]`: every query (or one) with its operators and its parameters' defaults.
+/// Top-level `[params]` keys that only some queries of their family read, and those queries;
+/// every other key (and every table: `generator`, `source`, `nexmark`, `kafka`, `csv` …) is read
+/// by every query of its family.
+const ONLY_FOR: &[(&str, &[&str])] = &[
+    (
+        "window_ms",
+        &["tumbling-window", "sliding-window", "window-join", "filtered-window", "nexmark-q5", "nexmark-q7"],
+    ),
+    ("slide_ms", &["sliding-window", "nexmark-q5"]),
+    ("last_n", &["last-n"]),
+    ("allowed_lateness_ms", &["tumbling-window", "sliding-window", "filtered-window"]),
+    ("window_padding_bytes", &["tumbling-window", "sliding-window", "filtered-window"]),
+    (
+        "state_padding_bytes",
+        &[
+            "keyed-aggregate",
+            "two-stage-aggregate",
+            "nexmark-q3",
+            "nexmark-q4",
+            "nexmark-q4star",
+            "nexmark-q6",
+            "nexmark-q6star",
+            "twitch",
+            "taxi",
+            "azure",
+            "borg",
+        ],
+    ),
+    ("q1_price_factor", &["nexmark-q1"]),
+    ("q2_auctions", &["nexmark-q2"]),
+    ("last_prices", &["nexmark-q6", "nexmark-q6star"]),
+    ("new_user_period_ms", &["nexmark-q8"]),
+    ("recent", &["taxi", "azure", "borg"]),
+    ("taxi_partition", &["taxi"]),
+    ("loyal_watch_ms", &["twitch"]),
+];
+
+impl Query {
+    /// The `[params]` tables with the defaults of the parameters this query reads (those of its
+    /// family less the keys [`ONLY_FOR`] gives to other queries).
+    pub fn used_params(&self) -> String {
+        let mut document: toml::Table = toml::from_str(&self.default_params()).unwrap_or_default();
+        if let Some(toml::Value::Table(params)) = document.get_mut("params") {
+            params.retain(|key, _| {
+                ONLY_FOR
+                    .iter()
+                    .find(|entry| entry.0 == key)
+                    .is_none_or(|(_, queries)| queries.contains(&self.name))
+            });
+        }
+        toml::to_string(&document).unwrap_or_else(|e| format!("# the defaults could not be written: {e}\n"))
+    }
+}
+
+/// `koala queries`: one line per query, what it computes.
+pub fn list() -> String {
+    let queries = all();
+    let width = queries.iter().map(|q| q.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for q in &queries {
+        let _ = writeln!(out, "{:<width$}  {}", q.name, q.about);
+    }
+    out.push_str(
+        "\n`koala queries NAME` shows a query's operators, example config and the parameters it reads; \
+         `koala queries --all` shows that for every query.\n",
+    );
+    out
+}
+
+/// `koala queries NAME` (or `--all`): a query's operators, its example config and the defaults
+/// of the parameters it reads.
 pub fn describe(only: Option<&str>) -> Result<String, String> {
     let chosen = match only {
         Some(name) => vec![find(name)?],
@@ -342,8 +412,8 @@ pub fn describe(only: Option<&str>) -> Result<String, String> {
         let ops: Vec<String> = operators.iter().map(|(name, kind)| format!("{name} ({kind})")).collect();
         let _ = writeln!(out, "  operators: {}", ops.join(", "));
         let _ = writeln!(out, "  example: {}", q.example());
-        let _ = writeln!(out, "  parameters and their defaults:");
-        for line in q.default_params().lines() {
+        let _ = writeln!(out, "  parameters it reads, with their defaults:");
+        for line in q.used_params().lines() {
             let _ = writeln!(out, "    {line}");
         }
         out.push('\n');
@@ -374,8 +444,32 @@ mod tests {
         let q = find("keyed-aggregate").expect("registered");
         let bounded: toml::Table = toml::from_str("[generator]\nrecords = 10\n").expect("toml");
         assert!(q.unbounded(&toml::Table::new()) && !q.unbounded(&bounded));
-        let text = describe(Some("keyed-aggregate")).expect("describe");
-        assert!(text.contains("aggregate (stateful)") && text.contains("window_ms"), "{text}");
+        let text = describe(Some("tumbling-window")).expect("describe");
+        assert!(text.contains("window (stateful)") && text.contains("window_ms = 1000"), "{text}");
+        // Only what the query reads.
+        for unused in ["last_n", "slide_ms", "state_padding_bytes"] {
+            assert!(!text.contains(unused), "tumbling-window does not read {unused}:\n{text}");
+        }
+        let q3 = describe(Some("nexmark-q3")).expect("describe");
+        for unused in
+            ["q1_price_factor", "q2_auctions", "window_ms", "slide_ms", "last_prices", "new_user_period_ms"]
+        {
+            assert!(!q3.contains(unused), "nexmark-q3 does not read {unused}:\n{q3}");
+        }
+        assert!(q3.contains("state_padding_bytes") && q3.contains("[params.nexmark]"), "{q3}");
+        // Every key ONLY_FOR names is a parameter of each query it lists.
+        for (key, queries) in ONLY_FOR {
+            for name in *queries {
+                let q = find(name).expect("registered");
+                let defaults: toml::Table = toml::from_str(&q.default_params()).expect("defaults");
+                let optional = *key == "recent";
+                assert!(optional || defaults["params"].get(*key).is_some(), "{name} has no parameter {key}");
+            }
+        }
+        // The listing: one line per query and a pointer to the details.
+        let listing = list();
+        assert_eq!(listing.lines().count(), all().len() + 2, "{listing}");
+        assert!(listing.lines().any(|l| l.starts_with("tumbling-window ")), "{listing}");
     }
 
     #[test]

@@ -137,6 +137,13 @@ fn api_metrics_and_dashboard_of_a_running_job() {
         job_json["operators"].as_array().into_iter().flatten().filter_map(|o| o["name"].as_str()).collect();
     assert_eq!(names, ["source", "aggregate", "sink"], "{job_json}");
     assert_eq!(parallelism(&job_json, "aggregate"), Some(2), "{job_json}");
+    // Checkpoints as data: off in this job, nothing completed.
+    let checkpoints = &job_json["checkpoints"];
+    assert_eq!(
+        (&checkpoints["enabled"], &checkpoints["interval_ms"], &checkpoints["last"]),
+        (&Value::Bool(false), &Value::Null, &Value::Null),
+        "{job_json}"
+    );
     let tasks = job_json["deployment"]["tasks"].as_array().cloned().unwrap_or_default();
     let buckets: u64 =
         tasks.iter().filter(|t| t["operator"] == "aggregate").filter_map(|t| t["buckets"].as_u64()).sum();
@@ -276,6 +283,10 @@ fn dashboard_in_a_browser(binary: &str, web: &str, dir: &std::path::Path) {
             Duration::from_secs(10)
         ),
         "the page does not show the new deployment and the completed reconfiguration"
+    );
+    assert_eq!(
+        browser.eval("document.getElementById('checkpoints').textContent"),
+        "checkpoints off (set checkpoint_interval_ms to turn them on)"
     );
     let shot = browser.screenshot();
     assert!(shot.starts_with(b"\x89PNG") && shot.len() > 10_000, "screenshot of {} bytes", shot.len());

@@ -17,6 +17,8 @@ use std::path::Path;
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 use koala_coordinator::report::ReportSummary;
+use koala_coordinator::request_record::{describe_text, from_text};
+use koala_protocol::ReconfigRequest;
 
 use super::scenario::{Scenario, Step};
 use super::{Info, Mode, Options, Runner};
@@ -87,10 +89,11 @@ fn config_text(t: &Timeline, protocol: &str, dir: &Path) -> String {
 fn parallelism_at(report: &ReportSummary, t_s: i64) -> u32 {
     let mut p = 2;
     for r in &report.reconfigurations {
-        let detail = &r.reconfiguration.detail;
         let done = r.end_t_s.is_some_and(|e| e <= t_s);
-        if let (true, Some(n)) = (done, detail.split("parallelism: ").nth(1)) {
-            p = n.trim_end_matches([' ', '}']).parse().unwrap_or(p);
+        if let (true, Some(ReconfigRequest::Rescale { parallelism, .. })) =
+            (done, from_text(&r.reconfiguration.detail))
+        {
+            p = parallelism;
         }
     }
     p
@@ -108,7 +111,7 @@ fn seconds_table(report: &ReportSummary) -> (String, String) {
             .autoscale
             .iter()
             .filter(|d| (d.at_ms.saturating_sub(report.run.started_ms) / 1000) as i64 == row.t_s)
-            .map(|d| format!("decide {} ({})", d.kind, d.request))
+            .map(|d| format!("decide {} ({})", d.kind, describe_text(&d.request)))
             .collect();
         for r in &report.reconfigurations {
             let c = &r.reconfiguration;
@@ -226,7 +229,12 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
             let _ = writeln!(
                 summary,
                 "decision at t={} s: {} {}: {} [{}]; {}",
-                d.t_s, d.kind, d.request, d.reason, d.window, d.outcome
+                d.t_s,
+                d.kind,
+                describe_text(&d.request),
+                d.reason,
+                d.window,
+                d.outcome
             );
         }
         for (ok, line) in figures(&report, &t) {
