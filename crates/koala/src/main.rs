@@ -596,7 +596,7 @@ mod tests {
         }
     }
 
-    /// Issue 28, point 8: an existing sink topic is quiet — rskafka's controller, which logs "topic
+    /// An existing sink topic is quiet — rskafka's controller, which logs "topic
     /// already exists" as a fatal error, is silent and the rest of rskafka kept to errors, unless
     /// `KOALA_LOG` names rskafka itself.
     #[test]

@@ -9,7 +9,7 @@
 //!   worst sink's per-second median, arrival − due at the source) is back to its level before the
 //!   overload began (the last rate increase at or before the start), and stays there
 //!   [`RECOVERY_HOLD_S`] seconds. The same function over mean source lag gives the *lag recovery*
-//!   printed beside it, which misses records queued inside the job (issue 26).
+//!   printed beside it, which misses records queued inside the job.
 //! - **peak latency**: the highest per-second median and p99 end-to-end latency.
 //! - [`StateMoved`]: state moved on demand (a record waits for it: Koala fetches), in the
 //!   background (Koala's progressive pulls and drain, DRRS's pushes) and eagerly with the hand-over

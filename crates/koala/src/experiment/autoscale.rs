@@ -1,4 +1,4 @@
-//! `koala experiment autoscale` (issue 33; the paper is policy-agnostic, so no figure): the
+//! `koala experiment autoscale` (the paper is policy-agnostic, so no figure of it): the
 //! reconfiguration policy (`[autoscale]`, docs/architecture.md §7, "The reconfiguration policy") drives the demo's workload.
 //! The demo's keyed aggregate on 2 tasks of 20 000 records/s each (emulated capacity) takes
 //! 30 000/s; the rate surges to 60 000/s and stays there (the steady rate); then a hot range
@@ -146,7 +146,7 @@ fn seconds_table(report: &ReportSummary) -> (String, String) {
     (text, csv)
 }
 
-/// The done-when figures of issue 33, one line each, and whether each holds.
+/// What the policy must achieve on this workload, one line each, and whether each holds.
 fn figures(report: &ReportSummary, t: &Timeline) -> Vec<(bool, String)> {
     let since_start = |ms: u64| ms.saturating_sub(report.run.started_ms) as f64 / 1000.0;
     let mut out = Vec::new();
@@ -257,7 +257,7 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
 /// `koala experiment autoscale`.
 pub const AUTOSCALE: Info = Info {
     name: "autoscale",
-    figure: "issue 33 (the paper is policy-agnostic)",
+    figure: "none (the paper is policy-agnostic)",
     shows: "the [autoscale] policy on the demo's workload: a surge, a steady rate, a hot key range; per-second offered, output, e2e p99, tasks, decisions",
     quick: "one 170 s run (Koala): about 3 minutes",
     full: "one 300 s run: about 5.5 minutes",
