@@ -51,6 +51,16 @@ pub fn ignore_interrupt() -> anyhow::Result<()> {
 /// config against the query's graph — before anything starts; every error names the file, the
 /// line and column of the field at fault, the field and the fix.
 pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
+    load_checked(path, true)
+}
+
+/// [`load_config`] for `koala warmup`, which writes the config's `warm_state` rather than
+/// reading it: every check but the one that the snapshot is there.
+pub fn load_config_to_warm(path: &Path) -> anyhow::Result<JobConfig> {
+    load_checked(path, false)
+}
+
+fn load_checked(path: &Path, warm_state_written: bool) -> anyhow::Result<JobConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
     let origin = path.display().to_string();
     let config = JobConfig::parse(&text, &origin)?;
@@ -62,7 +72,11 @@ pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
     // `[params]` checked where it stands in the file, so an error names its real line.
     query.check_params(&source, &text)?;
     let graph = query.build(&config.params_text()).map_err(|e| at("params", e))?;
-    config.validate(&graph).map_err(|e| source.place_error(e))?;
+    let mut checked = config.clone();
+    if !warm_state_written {
+        checked.warm_state = None;
+    }
+    checked.validate(&graph).map_err(|e| source.place_error(e))?;
     Ok(config)
 }
 

@@ -480,7 +480,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Warmup { config, query, keys, value_bytes, out } => {
             let (query, params, num_buckets) = match (config, query) {
                 (Some(path), _) => {
-                    let config = launch::load_config(&path)?;
+                    let config = launch::load_config_to_warm(&path)?;
                     let params = config.params_text();
                     (config.query, params, config.num_buckets)
                 }
