@@ -1,4 +1,4 @@
-//! Kafka in and out for koala-rs (docs/architecture.md §11, issue 5): the tansu broker's lifecycle
+//! Kafka in and out for koala-rs (docs/architecture.md §11): the tansu broker's lifecycle
 //! ([`broker`]), a self-paced Kafka source ([`kafka_source`]) and a keyed Kafka sink
 //! ([`kafka_sink`]) behind the runtime's byte-level `SourceLogic`/`SinkLogic`, and the Nexmark
 //! producer behind `koala produce` ([`produce`]).

@@ -1,11 +1,18 @@
 //! The job config (`koala run <config.toml>`): which query, how many tasks of each operator,
 //! buckets, batching, where output and metrics go. Every error names the field and the fix.
 
+mod located;
+mod state;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use koala_dataflow::{JobGraph, OperatorKind, Partitioning};
 use serde::{Deserialize, Serialize};
+
+pub(crate) use located::invalid;
+pub use located::{ConfigError, ConfigSource, plain_words};
+pub use state::{MAX_WORKER_MEMORY_MB, MIN_WORKER_MEMORY_MB, StateSection};
 
 /// A job, as written in a TOML config.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -230,134 +237,6 @@ impl Default for RuntimeSection {
     }
 }
 
-/// `[state]`: the store of keyed state (docs/architecture.md §5).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct StateSection {
-    /// `fjall` (the default), `memory`, `none` (keeps nothing: the benchmark ceiling), or
-    /// `remote` (state servers shared by every task of an operator; needs `protocol = "remote"`).
-    pub backend: koala_protocol::StateBackendKind,
-    /// MiB of the write-back cache of each task in front of fjall or of the state servers;
-    /// 0 = no cache. Unset = the task's share of its worker's memory budget (`[runtime]
-    /// worker_memory_mb`) after its queues and store. The memory and none backends have none.
-    pub cache_mb: Option<u64>,
-    /// `remote`: how many state servers `koala run` starts (default 1); bucket `b` lives on
-    /// server `b mod servers`.
-    pub servers: Option<u32>,
-    /// `remote`: addresses (`host:port`) of state servers started elsewhere (`koala
-    /// state-server`), instead of `servers`; `koala coordinator` needs them. `koala run` fills
-    /// this in with the servers it started.
-    pub server_addresses: Vec<String>,
-}
-
-/// The smallest `[runtime] worker_memory_mb`: room for fjall's block cache and a few small tasks.
-pub const MIN_WORKER_MEMORY_MB: u64 = 64;
-/// The largest `[runtime] worker_memory_mb` (1 TiB; a typo guard).
-pub const MAX_WORKER_MEMORY_MB: u64 = 1 << 20;
-
-impl StateSection {
-    /// What workers are told (with [`CoordinatorMessage::Deploy`](koala_protocol::CoordinatorMessage)),
-    /// but for the worker budget ([`JobConfig::state_options`] adds it).
-    pub fn options(&self) -> koala_protocol::StateOptions {
-        let has_cache = self.has_cache();
-        koala_protocol::StateOptions {
-            backend: self.backend,
-            cache_bytes: if has_cache { self.cache_mb.unwrap_or(0).saturating_mul(1 << 20) } else { 0 },
-            cache_from_budget: has_cache && self.cache_mb.is_none(),
-            worker_memory_bytes: None,
-            servers: self.server_addresses.clone(),
-        }
-    }
-
-    /// Whether the backend has a state cache (fjall's write-back cache, Remote's client cache).
-    pub fn has_cache(&self) -> bool {
-        matches!(
-            self.backend,
-            koala_protocol::StateBackendKind::Fjall | koala_protocol::StateBackendKind::Remote
-        )
-    }
-
-    /// How many state servers `koala run` starts: 0 unless the backend is remote and no
-    /// external addresses are given.
-    pub fn servers_to_start(&self) -> u32 {
-        match self.backend {
-            koala_protocol::StateBackendKind::Remote if self.server_addresses.is_empty() => {
-                self.servers.unwrap_or(1)
-            }
-            _ => 0,
-        }
-    }
-
-    /// Checks the section against the protocol (docs/protocols.md §7.1: `protocol = "remote"`
-    /// and `[state] backend = "remote"` go together).
-    fn validate(&self, protocol: koala_protocol::Protocol) -> Result<(), ConfigError> {
-        use koala_protocol::{Protocol, StateBackendKind as B};
-        let remote = self.backend == B::Remote;
-        match (protocol, remote) {
-            (Protocol::Remote, false) => {
-                return Err(invalid(
-                    "protocol",
-                    format!(
-                        "\"remote\" keeps state on state servers, but state.backend is {:?}; set [state] backend = \"remote\" too",
-                        self.backend.name()
-                    ),
-                ));
-            }
-            (Protocol::Koala | Protocol::StopAndRestart, true) => {
-                return Err(invalid(
-                    "state.backend",
-                    format!(
-                        "\"remote\" state is shared by every task, so ownership moves and state must not; protocol {:?} {}; set protocol = \"remote\" (the Remote baseline) or use backend = \"fjall\"",
-                        protocol.name(),
-                        if protocol == Protocol::Koala {
-                            "fetches and moves state between tasks' own stores"
-                        } else {
-                            "moves state between tasks' own stores"
-                        }
-                    ),
-                ));
-            }
-            _ => {}
-        }
-        if !matches!(self.backend, B::Fjall | B::Remote) && self.cache_mb.is_some() {
-            return Err(invalid(
-                "state.cache_mb",
-                format!(
-                    "only the fjall and remote backends have a cache, and backend is {:?}; remove cache_mb or set backend = \"fjall\"",
-                    self.backend.name()
-                ),
-            ));
-        }
-        if !remote && (self.servers.is_some() || !self.server_addresses.is_empty()) {
-            return Err(invalid(
-                "state.servers",
-                format!(
-                    "state servers hold remote state, and backend is {:?}; remove servers/server_addresses or set backend = \"remote\"",
-                    self.backend.name()
-                ),
-            ));
-        }
-        if self.servers == Some(0) {
-            return Err(invalid("state.servers", "0 state servers cannot hold state; use 1 or more"));
-        }
-        if self.servers.is_some() && !self.server_addresses.is_empty() {
-            return Err(invalid(
-                "state.server_addresses",
-                "give either servers (koala run starts them) or server_addresses (started elsewhere), not both",
-            ));
-        }
-        if let Some(bad) = self.server_addresses.iter().find(|a| !a.contains(':')) {
-            return Err(invalid(
-                "state.server_addresses",
-                format!(
-                    "{bad:?} is not host:port (e.g. \"10.0.0.5:7000\", as `koala state-server` prints it)"
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// Partition policy names as written in configs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -395,36 +274,11 @@ mod defaults {
     }
 }
 
-/// A config that does not make sense, with the field at fault and how to fix it.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// The file is not valid TOML or has an unknown or mistyped field.
-    #[error("{path}: {message}")]
-    Parse {
-        /// The config file.
-        path: String,
-        /// The parser's message (it names the field and line).
-        message: String,
-    },
-    /// A field has a value that cannot work.
-    #[error("{field}: {message}")]
-    Invalid {
-        /// Dotted path of the field, e.g. `parallelism.aggregate`.
-        field: String,
-        /// What is wrong and how to fix it.
-        message: String,
-    },
-}
-
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { field: field.into(), message: message.into() }
-}
-
 impl JobConfig {
-    /// Parses a config from TOML text; `origin` names the file in errors.
+    /// Parses a config from TOML text; `origin` names the file in errors, which give the line
+    /// and column of the field at fault.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })
+        toml::from_str(text).map_err(|e| ConfigSource::new(origin, text).parse_error(&e))
     }
 
     /// The query parameters as TOML text (what workers rebuild the graph from).
@@ -509,8 +363,17 @@ impl JobConfig {
         if self.default_parallelism == 0 {
             return Err(invalid("default_parallelism", "0 tasks cannot run an operator; use 1 or more"));
         }
-        if self.runtime.batch_records == 0 || self.runtime.channel_capacity == 0 {
-            return Err(invalid("runtime", "batch_records and channel_capacity must be at least 1"));
+        for (field, v, default) in [
+            ("runtime.batch_records", self.runtime.batch_records, RuntimeSection::default().batch_records),
+            (
+                "runtime.channel_capacity",
+                self.runtime.channel_capacity,
+                RuntimeSection::default().channel_capacity,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, format!("must be at least 1 (the default is {default})")));
+            }
         }
         if self.runtime.max_queued_records == 0 {
             return Err(invalid(

@@ -204,7 +204,7 @@ impl JobState<'_> {
                     protocol: self.config.protocol_label(),
                     started_ms,
                     buckets_moved: buckets as u64,
-                    detail: format!("{:?}", q.request),
+                    detail: crate::request_record::to_json(&q.request).to_string(),
                 },
             )?;
             if let Some(r) = q.reply {

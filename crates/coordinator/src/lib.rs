@@ -15,6 +15,7 @@ mod placement;
 pub mod progress;
 pub mod reconfig;
 pub mod report;
+pub mod request_record;
 pub mod resume;
 pub mod server;
 

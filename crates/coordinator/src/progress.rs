@@ -80,18 +80,24 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
 }
 
-/// A worker's memory report as `koala run` prints it: the budget and where it comes from, then
-/// each stateful task's share and what it pays for (docs/architecture.md §5, "Memory budget").
-pub fn memory_lines(worker: koala_types::WorkerId, report: &koala_protocol::memory::MemoryReport) -> String {
+/// Where a worker's budget comes from, in words.
+fn budget_source(report: &koala_protocol::memory::MemoryReport) -> String {
     use koala_protocol::memory::{BudgetSource, MANAGED_FRACTION_TENTHS};
-    let source = match report.source {
+    match report.source {
         BudgetSource::Configured => "[runtime] worker_memory_mb".to_string(),
         BudgetSource::Derived { machine_bytes, workers_on_machine } => format!(
             "0.{MANAGED_FRACTION_TENTHS} of {} physical memory / {workers_on_machine} worker(s) on the machine; \
              set [runtime] worker_memory_mb to override",
             mib(machine_bytes)
         ),
-    };
+    }
+}
+
+/// A worker's memory report in full, for the debug log: the budget and where it comes from,
+/// then each stateful task's share and what it pays for (docs/architecture.md §5, "Memory
+/// budget").
+pub fn memory_lines(worker: koala_types::WorkerId, report: &koala_protocol::memory::MemoryReport) -> String {
+    let source = budget_source(report);
     let mut out = format!(
         "[memory] {worker}: budget {} ({source}); store {} off the top; {} stateful task(s)",
         mib(report.budget),
@@ -100,7 +106,10 @@ pub fn memory_lines(worker: koala_types::WorkerId, report: &koala_protocol::memo
     );
     for t in &report.tasks {
         let cache = match (t.cache, report.fixed_cache) {
-            (Some(c), _) => format!("cache {} (the rest; KLT charged to it)", mib(c)),
+            (Some(c), _) => format!(
+                "cache {} (the rest; Koala's key-lookup table, which says where each moved key's state is, counts against it)",
+                mib(c)
+            ),
             (None, Some(0)) => "no cache ([state] cache_mb = 0)".to_string(),
             (None, Some(c)) => format!("cache {} fixed by [state] cache_mb", mib(c)),
             (None, None) => "no cache (the backend has none)".to_string(),
@@ -114,6 +123,70 @@ pub fn memory_lines(worker: koala_types::WorkerId, report: &koala_protocol::memo
         ));
     }
     out
+}
+
+/// What `koala run` prints about memory while a job runs: one line with the budget when the first
+/// worker reports it, and later only what asks for action — a worker whose budget differs from
+/// the one printed, or a worker whose stateful tasks' shares no longer cover their queues and
+/// store (over budget). The full split goes to the debug log ([`memory_lines`]).
+#[derive(Debug, Default)]
+pub struct MemoryNotes {
+    budget: Option<u64>,
+    over_budget: HashSet<koala_types::WorkerId>,
+}
+
+impl MemoryNotes {
+    /// The line to print for `worker`'s report, if any.
+    pub fn note(
+        &mut self,
+        worker: koala_types::WorkerId,
+        report: &koala_protocol::memory::MemoryReport,
+    ) -> Option<String> {
+        use koala_protocol::memory::MIN_CACHE_BYTES;
+        let short = report.tasks.iter().find(|t| {
+            let cache = if t.cache.is_some() { MIN_CACHE_BYTES } else { 0 };
+            t.share < t.queues + t.store + cache
+        });
+        if let Some(t) = short {
+            let newly = self.over_budget.insert(worker);
+            self.budget.get_or_insert(report.budget);
+            return newly.then(|| {
+                format!(
+                    "memory: {worker} is over its budget of {}: {} stateful task(s) get {} each, less than their queues                      ({}) and store ({}) need; raise [runtime] worker_memory_mb or run fewer stateful tasks per worker",
+                    mib(report.budget),
+                    report.tasks.len(),
+                    mib(t.share),
+                    mib(t.queues),
+                    mib(t.store)
+                )
+            });
+        }
+        self.over_budget.remove(&worker);
+        match self.budget {
+            Some(b) if b == report.budget => None,
+            Some(_) => Some(format!(
+                "memory: {worker} has a budget of {} ({})",
+                mib(report.budget),
+                budget_source(report)
+            )),
+            None => {
+                self.budget = Some(report.budget);
+                let cache = match report.fixed_cache {
+                    Some(0) => "no state cache ([state] cache_mb = 0)".to_string(),
+                    Some(c) => format!("a state cache of {} each ([state] cache_mb)", mib(c)),
+                    None if report.tasks.iter().any(|t| t.cache.is_some()) => {
+                        "the rest of each share is its state cache".to_string()
+                    }
+                    None => "the backend keeps no cache".to_string(),
+                };
+                Some(format!(
+                    "memory: {} per worker ({}), shared by its stateful tasks; {cache} (KOALA_LOG=debug prints the split)",
+                    mib(report.budget),
+                    budget_source(report)
+                ))
+            }
+        }
+    }
 }
 
 /// One second of a running job, for progress lines.
@@ -388,6 +461,43 @@ mod tests {
         totals.add(&graph, &[sample("bids", 0, 2.0), sample("bids", 1, 1.0), sample("people", 0, 0.0)]);
         totals.add(&graph, &[sample("bids", 0, 4.0)]);
         assert_eq!(totals.malformed, BTreeMap::from([("bids".to_string(), 7)]));
+    }
+
+    #[test]
+    fn memory_is_one_line_at_the_start_and_then_only_what_asks_for_action() {
+        use koala_protocol::memory::{BudgetSource, MemoryReport, TaskShare};
+        use koala_types::{OperatorId, WorkerId};
+        let share = |index, share| TaskShare {
+            task: TaskId::new(OperatorId(1), index),
+            share,
+            queues: 8 << 20,
+            store: 16 << 20,
+            cache: Some(share.saturating_sub(24 << 20)),
+        };
+        let report = |budget, tasks| MemoryReport {
+            budget,
+            source: BudgetSource::Configured,
+            worker_store: 256 << 20,
+            tasks,
+            fixed_cache: None,
+        };
+        let mut notes = MemoryNotes::default();
+        let first = notes.note(WorkerId(0), &report(512 << 20, vec![share(0, 256 << 20)]));
+        let first = first.expect("the budget is printed once");
+        assert!(first.contains("512.0 MiB per worker ([runtime] worker_memory_mb)"), "{first}");
+        assert!(!first.contains("KLT"), "{first}");
+        // The same budget on the other worker, and a re-split at a scale-out: nothing to say.
+        assert_eq!(notes.note(WorkerId(1), &report(512 << 20, vec![share(1, 256 << 20)])), None);
+        let resplit = report(512 << 20, vec![share(0, 128 << 20), share(2, 128 << 20)]);
+        assert_eq!(notes.note(WorkerId(0), &resplit), None);
+        // Shares that do not cover queues and store: said once, with the fix.
+        let over = report(512 << 20, (0..12).map(|i| share(i, 20 << 20)).collect());
+        let line = notes.note(WorkerId(0), &over).expect("over budget is printed");
+        assert!(line.contains("worker0 is over its budget") && line.contains("worker_memory_mb"), "{line}");
+        assert_eq!(notes.note(WorkerId(0), &over), None);
+        // The full split stays available for the debug log, in words.
+        let full = memory_lines(WorkerId(0), &resplit);
+        assert!(full.contains("key-lookup table") && !full.contains("KLT"), "{full}");
     }
 
     #[test]

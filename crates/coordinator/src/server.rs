@@ -108,7 +108,7 @@ pub fn resolve(config: &JobConfig, resolver: &QueryResolver) -> Result<(JobGraph
 
 /// Logs a worker's memory report and passes it on to `koala run`'s printer.
 fn memory_report(job: &JobRun, worker: koala_types::WorkerId, report: koala_protocol::memory::MemoryReport) {
-    tracing::info!("{}", crate::progress::memory_lines(worker, &report));
+    tracing::debug!("{}", crate::progress::memory_lines(worker, &report));
     if let Some(tx) = &job.progress {
         let _ = tx.send(ProgressEvent::Memory { worker, report });
     }
@@ -132,7 +132,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     let mut schedule: VecDeque<_> = schedule.into();
     let (events_tx, events) = unbounded();
     let control_addr = listener.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
-    let info = JobInfo::new(
+    let mut info = JobInfo::new(
         &job.run,
         &config.query,
         config.protocol_label(),
@@ -140,6 +140,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         config.metrics_path(),
         &graph,
     );
+    info.checkpoint_interval_ms = config.checkpoint_interval_ms;
+    info.checkpoints_retained = config.checkpoints_retained;
     let live = Arc::new(Live::new(info));
     // Stops when dropped, whichever way this function returns.
     let ip = listener.local_addr().map_err(io("reading the control address"))?.ip();

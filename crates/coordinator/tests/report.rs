@@ -295,7 +295,7 @@ fn bad_requests_name_the_database() {
     assert!(unknown.to_string().contains("metrics.db"), "{unknown}");
     assert!(unknown.to_string().contains("\"nope\""), "{unknown}");
 
-    // With runs in the store, a bad name lists them (issue 28, point 10).
+    // With runs in the store, a bad name lists them.
     write_run(&db, "first", RUN_START_S);
     let unknown = report(&db, Some("nope"), &out).unwrap_err();
     assert!(unknown.to_string().contains("its runs (oldest first): first (nexmark-q8, koala)"), "{unknown}");
@@ -398,7 +398,7 @@ fn lazy_scale_outs(store: &mut MetricsStore, run: &str, epochs: &[(u64, u64)]) {
     }
 }
 
-/// Issue 28 point 3c: a dip in the second reconfiguration's seconds is the second's, not also
+/// A dip in the second reconfiguration's seconds is the second's, not also
 /// the first's. Offered 8 000/s; scale-outs at 4 s and 8 s; the job falls to 6 000 at 5 s and to
 /// 2 000 at 9 s. Searched over 60 s from its start (the old window), the first epoch would claim
 /// the 9 s dip, long after it completed.

@@ -146,7 +146,7 @@ fn bench_once(
     let cache = match (spec.backend.as_str(), spec.cache_mb) {
         ("fjall", Some(0)) => ", no cache".to_string(),
         ("fjall", Some(mb)) => format!(", cache {mb} MiB per task"),
-        ("fjall", None) => ", cache from the worker memory budget ([memory] lines above)".to_string(),
+        ("fjall", None) => ", cache from the worker memory budget (the memory line above)".to_string(),
         _ => String::new(),
     };
     let active = if spec.active_keys > 0 {

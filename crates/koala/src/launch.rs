@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use koala_coordinator::config::{ConfigError, ConfigSource};
 use koala_coordinator::{JobConfig, JobRun, JobSummary, ProgressEvent, run_job};
 
 use crate::interrupt::{self, RunningJob};
@@ -22,14 +23,36 @@ pub fn ignore_interrupt() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads and parses a config file.
+/// Reads a config file and checks it whole — syntax, types, the query's parameters and the
+/// config against the query's graph — before anything starts; every error names the file, the
+/// line and column of the field at fault, the field and the fix.
 pub fn load_config(path: &Path) -> anyhow::Result<JobConfig> {
+    load_checked(path, true)
+}
+
+/// [`load_config`] for `koala warmup`, which writes the config's `warm_state` rather than
+/// reading it: every check but the one that the snapshot is there.
+pub fn load_config_to_warm(path: &Path) -> anyhow::Result<JobConfig> {
+    load_checked(path, false)
+}
+
+fn load_checked(path: &Path, warm_state_written: bool) -> anyhow::Result<JobConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-    let config = JobConfig::parse(&text, &path.display().to_string())?;
+    let origin = path.display().to_string();
+    let config = JobConfig::parse(&text, &origin)?;
+    let source = ConfigSource::new(&origin, &text);
+    let at = |field: &str, message: String| {
+        source.place_error(ConfigError::Invalid { field: field.to_string(), message })
+    };
+    let query = crate::queries::find(&config.query).map_err(|e| at("query", e))?;
     // `[params]` checked where it stands in the file, so an error names its real line.
-    let query =
-        crate::queries::find(&config.query).map_err(|e| anyhow::anyhow!("{}: query: {e}", path.display()))?;
-    query.check_params(&text).map_err(|e| anyhow::anyhow!("{}: [params]: {e}", path.display()))?;
+    query.check_params(&source, &text)?;
+    let graph = query.build(&config.params_text()).map_err(|e| at("params", e))?;
+    let mut checked = config.clone();
+    if !warm_state_written {
+        checked.warm_state = None;
+    }
+    checked.validate(&graph).map_err(|e| source.place_error(e))?;
     Ok(config)
 }
 
@@ -371,6 +394,7 @@ fn run_locally(
     // reconfiguration's lines wait for them, so both are printed in the order of one clock, the
     // report's (seconds since the run's start second).
     let mut lines = crate::progress_lines::ProgressLines::default();
+    let mut memory = koala_coordinator::progress::MemoryNotes::default();
     for event in rx.iter() {
         match event {
             ProgressEvent::Second(p) => lines.second(&p),
@@ -404,7 +428,9 @@ fn run_locally(
                 lines.at(second, format!("autoscale: {description}"));
             }
             ProgressEvent::Memory { worker, report } => {
-                println!("{}", koala_coordinator::progress::memory_lines(worker, &report))
+                if let Some(line) = memory.note(worker, &report) {
+                    println!("{line}");
+                }
             }
         }
     }

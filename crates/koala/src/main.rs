@@ -382,11 +382,15 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// List the queries a config can name: what each computes, its operators (the names
-    /// [parallelism], rescale, rebalance and migrate take) and its [params] with their defaults.
+    /// List the queries a config can name, one line each; with a NAME, that query's operators
+    /// (the names [parallelism], rescale, rebalance and migrate take), its example config and the
+    /// [params] it reads with their defaults.
     Queries {
-        /// Only this query.
+        /// The query to describe.
         name: Option<String>,
+        /// Describe every query (operators, example, parameters).
+        #[arg(long, conflicts_with = "name")]
+        all: bool,
     },
 }
 
@@ -522,7 +526,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Warmup { config, query, keys, value_bytes, out } => {
             let (query, params, num_buckets) = match (config, query) {
                 (Some(path), _) => {
-                    let config = launch::load_config(&path)?;
+                    let config = launch::load_config_to_warm(&path)?;
                     let params = config.params_text();
                     (config.query, params, config.num_buckets)
                 }
@@ -584,8 +588,12 @@ fn run(command: Command) -> anyhow::Result<()> {
             experiment::run(&name, mode, &experiment::Options { out, protocols, policy })
         }
         Command::Report { db, list, run, out } => run_dir::report(&db, list, run, out),
-        Command::Queries { name } => {
-            print!("{}", queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?);
+        Command::Queries { name, all } => {
+            let text = match (name, all) {
+                (None, false) => queries::list(),
+                (name, _) => queries::describe(name.as_deref()).map_err(anyhow::Error::msg)?,
+            };
+            print!("{text}");
             Ok(())
         }
     }

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use koala_coordinator::config::{ConfigError, ConfigSource};
 use koala_dataflow::graph::QueryResolver;
 use koala_dataflow::{JobGraph, OperatorKind};
 use serde::de::DeserializeOwned;
@@ -123,28 +124,30 @@ impl Query {
         })
     }
 
-    /// Checks `[params]` inside the whole config `document`, so that a typo or a wrong type is
-    /// reported at its line in the file, not in a re-serialised copy of the table; then builds
-    /// the query with them, which checks their values.
-    pub fn check_params(&self, document: &str) -> Result<(), String> {
-        match self.family {
+    /// Checks `[params]` inside the whole config `document` (the text of `source`), so that a
+    /// typo or a wrong type is reported at its line in the file, not in a re-serialised copy of
+    /// the table; then builds the query with them, which checks their values (an error there is
+    /// placed at the parameter its message names).
+    pub fn check_params(&self, source: &ConfigSource<'_>, document: &str) -> Result<(), ConfigError> {
+        let built = match self.family {
             Family::Workloads => {
-                let params = params_in::<koala_workloads::QueryParams>(document)?;
+                let params = params_in::<koala_workloads::QueryParams>(source, document)?;
                 koala_workloads::build_query(self.name, &params).map(drop).map_err(|e| e.to_string())
             }
             Family::Kafka => {
-                let params = params_in::<koala_connectors::queries::BidAggregateParams>(document)?;
+                let params = params_in::<koala_connectors::queries::BidAggregateParams>(source, document)?;
                 koala_connectors::queries::bid_aggregate(&params).map(drop).map_err(|e| e.to_string())
             }
             Family::Nexmark => {
-                let params = params_in::<koala_workloads::nexmark::NexmarkParams>(document)?;
+                let params = params_in::<koala_workloads::nexmark::NexmarkParams>(source, document)?;
                 nexmark(self.name, &params).map(drop)
             }
             Family::RealWorld => {
-                let params = params_in::<koala_workloads::realworld::RealWorldParams>(document)?;
+                let params = params_in::<koala_workloads::realworld::RealWorldParams>(source, document)?;
                 realworld(self.name, &params).map(drop)
             }
-        }
+        };
+        built.map_err(|message| source.place_error(ConfigError::Invalid { field: "params".into(), message }))
     }
 
     /// Whether the query's input never ends by itself under `params` (then only `duration_s`, a
@@ -298,15 +301,19 @@ fn realworld(name: &str, params: &koala_workloads::realworld::RealWorldParams) -
         .unwrap_or_else(|| Err(format!("query {name:?} is not a real-world query (a registry bug)")))
 }
 
-/// `[params]` of the config `document`, deserialised where it stands in the file.
-fn params_in<P: DeserializeOwned + Default>(document: &str) -> Result<P, String> {
+/// `[params]` of the config `document` (the text of `source`), deserialised where it stands in
+/// the file.
+fn params_in<P: DeserializeOwned + Default>(
+    source: &ConfigSource<'_>,
+    document: &str,
+) -> Result<P, ConfigError> {
     #[derive(serde::Deserialize)]
     #[serde(bound = "P: DeserializeOwned + Default")]
     struct Document<P> {
         #[serde(default)]
         params: P,
     }
-    toml::from_str::<Document<P>>(document).map(|d| d.params).map_err(|e| e.to_string())
+    toml::from_str::<Document<P>>(document).map(|d| d.params).map_err(|e| source.parse_error(&e))
 }
 
 /// Builds any registered query from its name and TOML parameters.
@@ -316,7 +323,7 @@ pub fn resolver() -> QueryResolver {
 
 /// The query list under `koala run --help`.
 pub fn help() -> String {
-    let mut out = String::from("Queries (`koala queries` lists their operators and parameters):\n");
+    let mut out = String::from("Queries (`koala queries NAME` shows one's operators and parameters):\n");
     for q in all() {
         let _ = writeln!(out, "  {:<20} {}", q.name, q.about);
     }
@@ -328,7 +335,77 @@ pub fn help() -> String {
     out
 }
 
-/// `koala queries [NAME]`: every query (or one) with its operators and its parameters' defaults.
+/// Top-level `[params]` keys that only some queries of their family read, and those queries;
+/// every other key (and every table: `generator`, `source`, `nexmark`, `kafka`, `csv` …) is read
+/// by every query of its family.
+const ONLY_FOR: &[(&str, &[&str])] = &[
+    (
+        "window_ms",
+        &["tumbling-window", "sliding-window", "window-join", "filtered-window", "nexmark-q5", "nexmark-q7"],
+    ),
+    ("slide_ms", &["sliding-window", "nexmark-q5"]),
+    ("last_n", &["last-n"]),
+    ("allowed_lateness_ms", &["tumbling-window", "sliding-window", "filtered-window"]),
+    ("window_padding_bytes", &["tumbling-window", "sliding-window", "filtered-window"]),
+    (
+        "state_padding_bytes",
+        &[
+            "keyed-aggregate",
+            "two-stage-aggregate",
+            "nexmark-q3",
+            "nexmark-q4",
+            "nexmark-q4star",
+            "nexmark-q6",
+            "nexmark-q6star",
+            "twitch",
+            "taxi",
+            "azure",
+            "borg",
+        ],
+    ),
+    ("q1_price_factor", &["nexmark-q1"]),
+    ("q2_auctions", &["nexmark-q2"]),
+    ("last_prices", &["nexmark-q6", "nexmark-q6star"]),
+    ("new_user_period_ms", &["nexmark-q8"]),
+    ("recent", &["taxi", "azure", "borg"]),
+    ("taxi_partition", &["taxi"]),
+    ("loyal_watch_ms", &["twitch"]),
+];
+
+impl Query {
+    /// The `[params]` tables with the defaults of the parameters this query reads (those of its
+    /// family less the keys [`ONLY_FOR`] gives to other queries).
+    pub fn used_params(&self) -> String {
+        let mut document: toml::Table = toml::from_str(&self.default_params()).unwrap_or_default();
+        if let Some(toml::Value::Table(params)) = document.get_mut("params") {
+            params.retain(|key, _| {
+                ONLY_FOR
+                    .iter()
+                    .find(|entry| entry.0 == key)
+                    .is_none_or(|(_, queries)| queries.contains(&self.name))
+            });
+        }
+        toml::to_string(&document).unwrap_or_else(|e| format!("# the defaults could not be written: {e}\n"))
+    }
+}
+
+/// `koala queries`: one line per query, what it computes.
+pub fn list() -> String {
+    let queries = all();
+    let width = queries.iter().map(|q| q.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for q in &queries {
+        let _ = writeln!(out, "{:<width$}  {}", q.name, q.about);
+    }
+    out.push_str(
+        "\n`koala queries NAME` shows a query's operators, example config and the parameters it reads; \
+         `koala queries --all` shows that for every query.\n",
+    );
+    out
+}
+
+/// `koala queries NAME` (or `--all`): a query's operators, its example config and the defaults
+/// of the parameters it reads.
 pub fn describe(only: Option<&str>) -> Result<String, String> {
     let chosen = match only {
         Some(name) => vec![find(name)?],
@@ -341,8 +418,8 @@ pub fn describe(only: Option<&str>) -> Result<String, String> {
         let ops: Vec<String> = operators.iter().map(|(name, kind)| format!("{name} ({kind})")).collect();
         let _ = writeln!(out, "  operators: {}", ops.join(", "));
         let _ = writeln!(out, "  example: {}", q.example());
-        let _ = writeln!(out, "  parameters and their defaults:");
-        for line in q.default_params().lines() {
+        let _ = writeln!(out, "  parameters it reads, with their defaults:");
+        for line in q.used_params().lines() {
             let _ = writeln!(out, "    {line}");
         }
         out.push('\n');
@@ -366,14 +443,39 @@ mod tests {
             assert!(ops.iter().any(|(_, kind)| *kind == "source"), "{}: {ops:?}", q.name);
             assert!(ops.iter().any(|(_, kind)| *kind == "sink"), "{}: {ops:?}", q.name);
             let document = format!("query = {:?}\n{}", q.name, q.default_params());
-            assert_eq!(q.check_params(&document), Ok(()), "{}", q.name);
+            let source = ConfigSource::new("defaults", &document);
+            q.check_params(&source, &document).unwrap_or_else(|e| panic!("{}: {e}", q.name));
             assert!(help().contains(q.name));
         }
         let q = find("keyed-aggregate").expect("registered");
         let bounded: toml::Table = toml::from_str("[generator]\nrecords = 10\n").expect("toml");
         assert!(q.unbounded(&toml::Table::new()) && !q.unbounded(&bounded));
-        let text = describe(Some("keyed-aggregate")).expect("describe");
-        assert!(text.contains("aggregate (stateful)") && text.contains("window_ms"), "{text}");
+        let text = describe(Some("tumbling-window")).expect("describe");
+        assert!(text.contains("window (stateful)") && text.contains("window_ms = 1000"), "{text}");
+        // Only what the query reads.
+        for unused in ["last_n", "slide_ms", "state_padding_bytes"] {
+            assert!(!text.contains(unused), "tumbling-window does not read {unused}:\n{text}");
+        }
+        let q3 = describe(Some("nexmark-q3")).expect("describe");
+        for unused in
+            ["q1_price_factor", "q2_auctions", "window_ms", "slide_ms", "last_prices", "new_user_period_ms"]
+        {
+            assert!(!q3.contains(unused), "nexmark-q3 does not read {unused}:\n{q3}");
+        }
+        assert!(q3.contains("state_padding_bytes") && q3.contains("[params.nexmark]"), "{q3}");
+        // Every key ONLY_FOR names is a parameter of each query it lists.
+        for (key, queries) in ONLY_FOR {
+            for name in *queries {
+                let q = find(name).expect("registered");
+                let defaults: toml::Table = toml::from_str(&q.default_params()).expect("defaults");
+                let optional = *key == "recent";
+                assert!(optional || defaults["params"].get(*key).is_some(), "{name} has no parameter {key}");
+            }
+        }
+        // The listing: one line per query and a pointer to the details.
+        let listing = list();
+        assert_eq!(listing.lines().count(), all().len() + 2, "{listing}");
+        assert!(listing.lines().any(|l| l.starts_with("tumbling-window ")), "{listing}");
     }
 
     #[test]
@@ -387,7 +489,9 @@ mod tests {
             assert!(text.contains(&format!("query = {:?}", q.name)), "{}", path.display());
             let config = koala_coordinator::config::JobConfig::parse(&text, &path.display().to_string())
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert_eq!(q.check_params(&text), Ok(()), "{}", path.display());
+            let origin = path.display().to_string();
+            q.check_params(&ConfigSource::new(&origin, &text), &text)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let graph = q.build(&config.params_text()).expect("builds");
             config.validate(&graph).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         }
@@ -397,12 +501,16 @@ mod tests {
     fn a_typo_inside_params_is_reported_at_its_line_in_the_file() {
         let document = "query = \"tumbling-window\"\nworkers = 2\n\n[parallelism]\nwindow = 2\n\n[params]\nsink = \"jsonl\"\nwindw_ms = 1000\n";
         let q = find("tumbling-window").expect("registered");
-        let err = q.check_params(document).expect_err("typo");
-        assert!(err.contains("line 9") && err.contains("windw_ms"), "{err}");
-        let negative = "query = \"keyed-aggregate\"\n[params.source]\nrate = [{ at_ms = 0, records_per_sec = -50000.0 }]\n";
         let err =
-            find("keyed-aggregate").expect("registered").check_params(negative).expect_err("negative rate");
-        assert!(err.contains("source.rate[0].records_per_sec"), "{err}");
+            q.check_params(&ConfigSource::new("job.toml", document), document).expect_err("typo").to_string();
+        assert!(err.starts_with("job.toml:9:1: params.windw_ms: unknown field `windw_ms`"), "{err}");
+        let negative = "query = \"keyed-aggregate\"\n[params.source]\nrate = [{ at_ms = 0, records_per_sec = -50000.0 }]\n";
+        let err = find("keyed-aggregate")
+            .expect("registered")
+            .check_params(&ConfigSource::new("job.toml", negative), negative)
+            .expect_err("negative rate")
+            .to_string();
+        assert!(err.starts_with("job.toml:3:22: params.source.rate[0].records_per_sec: "), "{err}");
         let err = find("no-such-query").expect_err("unknown");
         assert!(err.contains("filtered-window") && err.contains("bid-aggregate"), "{err}");
     }

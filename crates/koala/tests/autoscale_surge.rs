@@ -40,7 +40,10 @@ fn a_surge_makes_the_policy_scale_the_running_job_out() {
         .iter()
         .find(|d| d.kind == "scale_out")
         .unwrap_or_else(|| panic!("the policy decided no scale-out: {decisions:?}\n{stdout}"));
-    assert!(first.request.contains("Rescale") && first.request.contains("aggregate"), "{first:?}");
+    assert!(
+        first.request.contains(r#""type":"rescale""#) && first.request.contains("aggregate"),
+        "{first:?}"
+    );
     assert!(first.reason.contains("DS2"), "the decision does not say why: {first:?}");
     // The coordinator accepted it as an epoch, and that epoch ran to completion as a scale-out.
     let epoch: u64 = first

@@ -1,4 +1,7 @@
-//! Bad configs are rejected before anything starts, with a message naming the field.
+//! Bad configs are rejected before anything starts, with a message naming the file, the line and
+//! column of the field at fault (`job.toml:LINE:COL: field: …`), the field and the fix — for
+//! syntax errors, type errors, and the checks after parsing (the config's own, the query's
+//! parameters', the config against the query's operators) alike.
 
 mod common;
 
@@ -8,7 +11,9 @@ fn rejected(config: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("job.toml");
     std::fs::write(&path, config).expect("write config");
-    let out = koala().arg("run").arg(&path).output().expect("start koala");
+    // In the config's directory: a relative output_dir of a config accepted by mistake lands
+    // there, never in the source tree.
+    let out = koala().current_dir(dir.path()).arg("run").arg(&path).output().expect("start koala");
     assert!(!out.status.success(), "config was accepted:\n{config}");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -19,6 +24,68 @@ const BASE: &str = "query = \"keyed-aggregate\"\noutput_dir = \"unused\"\n";
 fn unknown_top_level_field_is_named() {
     let err = rejected(&format!("{BASE}paralelism_typo = 3\n"));
     assert!(err.contains("paralelism_typo"), "{err}");
+}
+
+/// The line of `job.toml` an error names, after `error: `: `job.toml:LINE:COL: field: …`.
+fn placed_at(err: &str, line: u32, column: u32, field: &str) -> bool {
+    err.contains(&format!("job.toml:{line}:{column}: {field}: "))
+}
+
+#[test]
+fn a_syntax_error_names_its_line_and_column() {
+    let err = rejected(&format!("{BASE}[runtime\nlinger_ms = 5\n"));
+    assert!(err.contains("job.toml:3:9: invalid table header"), "{err}");
+    assert!(err.contains("3 | [runtime"), "the offending line is shown: {err}");
+}
+
+#[test]
+fn a_type_error_names_the_field_in_words_not_rust_types() {
+    let err = rejected(&format!("{BASE}workers = -2\n"));
+    assert!(placed_at(&err, 3, 11, "workers") && err.contains("expected a whole number, 0 or more"), "{err}");
+    let err = rejected(&format!("{BASE}[runtime]\nlinger_ms = \"5\"\n"));
+    assert!(
+        placed_at(&err, 4, 13, "runtime.linger_ms") && err.contains("the text \"5\" is not what goes here"),
+        "{err}"
+    );
+    let err = rejected(&format!("{BASE}num_buckets = 70000\n"));
+    assert!(placed_at(&err, 3, 15, "num_buckets") && err.contains("from 0 to 65535"), "{err}");
+    for rust in ["u16", "u32", "u64", "usize", "f64", "i64"] {
+        assert!(!err.contains(&format!("expected {rust}")), "{err}");
+    }
+    let err = rejected(&format!("{BASE}[state]\nbackend = \"rocksdb\"\n"));
+    assert!(placed_at(&err, 4, 11, "state.backend") && err.contains("use `fjall`, `memory`"), "{err}");
+}
+
+#[test]
+fn checks_after_parsing_name_the_line_of_the_field() {
+    let windows = "query = \"tumbling-window\"\noutput_dir = \"unused\"\n";
+    // The config against the query's operators.
+    let err = rejected(&format!("{windows}workers = 2\n\n[parallelism]\nwindw = 2\n"));
+    assert!(
+        placed_at(&err, 6, 1, "parallelism.windw") && err.contains("its operators are source, window, sink"),
+        "{err}"
+    );
+    let err = rejected(&format!(
+        "{windows}[[reconfigurations]]\nat_s = 1\noperator = \"windo\"\nparallelism = 3\n"
+    ));
+    assert!(placed_at(&err, 5, 1, "reconfigurations[0].operator") && err.contains("window"), "{err}");
+    // The config's own checks.
+    let err = rejected(&format!("{windows}[runtime]\nlinger_ms = 5\nbatch_records = 0\n"));
+    assert!(placed_at(&err, 5, 1, "runtime.batch_records") && err.contains("at least 1"), "{err}");
+    // A field left at its default, at fault with one written: the written one's line.
+    let err = rejected(&format!("{windows}protocol = \"drrs\"\n"));
+    assert!(
+        placed_at(&err, 3, 1, "partition_policy") && err.contains("add partition_policy = \"uniform\""),
+        "{err}"
+    );
+    // The query's parameters: the parameter its message names.
+    let err = rejected(&format!("{windows}[params.generator]\nkey_space = 0\n"));
+    assert!(placed_at(&err, 4, 1, "params.generator.key_space"), "{err}");
+    let err = rejected(&format!("{windows}[params]\nsink = \"discard\"\nwindow_ms = 0\n"));
+    assert!(placed_at(&err, 5, 1, "params.window_ms") && err.contains("must be positive"), "{err}");
+    // The query itself.
+    let err = rejected("output_dir = \"unused\"\nquery = \"tumbling-windw\"\n");
+    assert!(placed_at(&err, 2, 1, "query") && err.contains("tumbling-window"), "{err}");
 }
 
 #[test]
@@ -56,7 +123,7 @@ fn a_typo_inside_params_names_the_file_and_its_real_line() {
     let err = rejected(&format!(
         "{BASE}workers = 2\n\n[parallelism]\naggregate = 2\n\n[params]\nsink = \"discard\"\nwindw_ms = 3\n"
     ));
-    assert!(err.contains("job.toml") && err.contains("line 10") && err.contains("windw_ms"), "{err}");
+    assert!(err.contains("job.toml:10:1: params.windw_ms: unknown field `windw_ms`"), "{err}");
 }
 
 #[test]
@@ -66,7 +133,12 @@ fn a_negative_rate_is_refused_by_name() {
     let err = rejected(&format!(
         "{BASE}[params.generator]\nrecords = 1000\n[params.source]\nrate = [{{ at_ms = 0, records_per_sec = -50000.0 }}]\n"
     ));
-    assert!(err.contains("job.toml") && err.contains("source.rate[0].records_per_sec = -50000"), "{err}");
+    assert!(
+        err.contains("job.toml:6:22: params.source.rate[0].records_per_sec:")
+            && err.contains("source.rate[0].records_per_sec = -50000")
+            && err.contains("give a rate ≥ 0"),
+        "{err}"
+    );
 }
 
 #[test]

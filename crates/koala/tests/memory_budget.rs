@@ -1,15 +1,20 @@
-//! The worker memory budget (docs/architecture.md §5, "Memory budget"): `koala run` prints each
-//! worker's budget and its split among the worker's stateful tasks, re-split when a scale-out
-//! adds tasks there; every task's cache reports its hits and misses, and `koala report` shows the
-//! hit rate per task. Judged from the run's output and metrics database, never by timing.
+//! The worker memory budget (docs/architecture.md §5, "Memory budget"): `koala run` prints the
+//! budget once, at the start; the coordinator's debug log (`KOALA_LOG=debug`) has each worker's split among its
+//! stateful tasks, re-split when a scale-out adds tasks there; every task's cache reports its
+//! hits and misses, and `koala report` shows the hit rate per task. Judged from the run's output
+//! and metrics database, never by timing.
 
 mod common;
 
 use common::koala;
 
-/// Lines `koala run` printed for worker memory.
-fn memory_lines(stdout: &str) -> Vec<String> {
-    stdout.lines().map(common::strip_ansi).filter(|l| l.starts_with("[memory]")).collect()
+/// The split lines of the debug log (each after the log's own prefix).
+fn memory_lines(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .map(common::strip_ansi)
+        .filter_map(|l| l.find("[memory]").map(|at| l[at..].to_string()))
+        .collect()
 }
 
 #[test]
@@ -28,8 +33,24 @@ fn each_workers_budget_is_split_among_its_stateful_tasks_and_re_split_at_a_scale
         "rate = [{ at_ms = 0, records_per_sec = 4000.0 }]\n\n[runtime]\nworker_memory_mb = 512\n\n\
          [[reconfigurations]]\nat_s = 1.0\noperator = \"aggregate\"\nparallelism = 4\n",
     );
-    let (out, stdout) = common::run_job_logged(dir.path(), &config);
-    let lines = memory_lines(&stdout);
+    let run = common::run_koala_with_env(
+        dir.path(),
+        &config,
+        common::RUN_TIMEOUT,
+        &[("KOALA_LOG", "info,koala_coordinator=debug")],
+    );
+    assert!(run.success(), "{}\n{}", run.failure(), run.log());
+    let out = dir.path().join("out");
+    // Standard output: one line with the budget, at the start, nothing at the re-split.
+    let printed: Vec<String> =
+        run.stdout.lines().map(common::strip_ansi).filter(|l| l.contains("memory")).collect();
+    assert_eq!(printed.len(), 1, "{printed:#?}");
+    assert!(
+        printed[0].starts_with("memory: 512.0 MiB per worker ([runtime] worker_memory_mb)"),
+        "{printed:#?}"
+    );
+    assert!(!run.stdout.contains("[memory]") && !run.stdout.contains("stateful task(s)"), "{}", run.stdout);
+    let lines = memory_lines(&run.stderr);
     let text = lines.join("\n");
     // 512 MiB per worker, fjall's 256 MiB block cache off the top; one aggregate task per worker
     // at the start: its share is the remaining 256 MiB, and its cache what its queues (8 MiB:

@@ -36,26 +36,26 @@ fn self_join_rescaled_and_rebalanced() {
     common::oracle::self_join_rescaled_and_rebalanced("drrs", "partition_policy = \"uniform\"\n");
 }
 
-/// Issue 26's reconfigurations of the aggregate: 1 → 5, 5 → 4, a migration, a rebalance, 4 → 5.
-const ISSUE_26_SCHEDULE: &str = "[[reconfigurations]]\nat_s = 0.3\noperator = \"aggregate\"\nparallelism = 5\n\
+/// Five reconfigurations of the aggregate that once hung DRRS: 1 → 5, 5 → 4, a migration, a rebalance, 4 → 5.
+const FIVE_RECONFIGURATIONS: &str = "[[reconfigurations]]\nat_s = 0.3\noperator = \"aggregate\"\nparallelism = 5\n\
     [[reconfigurations]]\nat_s = 0.6\noperator = \"aggregate\"\nparallelism = 4\n\
     [[reconfigurations]]\nat_s = 0.9\noperator = \"aggregate\"\ntask = 1\nworker = 0\n\
     [[reconfigurations]]\nat_s = 1.2\noperator = \"aggregate\"\n\
     moves = [{ buckets = [1, 2, 3, 40, 41, 90], to = 2 }]\n\
     [[reconfigurations]]\nat_s = 1.5\noperator = \"aggregate\"\nparallelism = 5\n";
 
-/// The schedule of issue 26's hang: three sources, one-record batches, data queues of four,
+/// The schedule of a DRRS hang: three sources, one-record batches, data queues of four,
 /// 1 → 5 (four pairs: four subscales, each a slice of every pair), 5 → 4, a migration, a
 /// rebalance and 4 → 5.
 #[test]
-fn issue_26_schedule_three_sources_one_record_batches() {
+fn five_reconfigurations_three_sources_one_record_batches() {
     check(&Case {
         protocol: "drrs",
         top: "[runtime]\nbatch_records = 1\nchannel_capacity = 4\n",
         query: "keyed-aggregate",
         start: &[("source", 3), ("aggregate", 1), ("sink", 1)],
         end: &[("source", 3), ("aggregate", 5), ("sink", 1)],
-        schedule: ISSUE_26_SCHEDULE,
+        schedule: FIVE_RECONFIGURATIONS,
         params: "",
         records: 20_000,
         seed: 26,
@@ -64,17 +64,17 @@ fn issue_26_schedule_three_sources_one_record_batches() {
 }
 
 /// The original DRRS's overlapping schedule (one subscale per pair, several at once, at most two
-/// per task) over issue 26's schedule: 1 → 5 (four pairs from one sender: two at a time), 5 → 4,
+/// per task) over the same five reconfigurations: 1 → 5 (four pairs from one sender: two at a time), 5 → 4,
 /// a migration, a rebalance and 4 → 5, with a wait buffer of one record.
 #[test]
-fn overlapping_schedule_issue_26_reconfigurations() {
+fn overlapping_schedule_five_reconfigurations() {
     check(&Case {
         protocol: "drrs",
         top: "[drrs]\nschedule = \"overlapping\"\nwait_records = 1\n",
         query: "keyed-aggregate",
         start: &[("source", 3), ("aggregate", 1), ("sink", 1)],
         end: &[("source", 3), ("aggregate", 5), ("sink", 1)],
-        schedule: ISSUE_26_SCHEDULE,
+        schedule: FIVE_RECONFIGURATIONS,
         params: "",
         // Input for 4 s: under load a queued fifth reconfiguration must still find its sources
         // running (the coordinator skips one whose input ended).

@@ -188,7 +188,7 @@ fn the_readmes_window_example_gives_windows_of_one_second_at_its_rate() {
     assert_eq!(per_start, expected, "records per window start of the README's config, {short} records");
 }
 
-/// A log that goes to a pipe or a file is plain text (issue 28, point 8): with `KOALA_LOG=info`
+/// A log that goes to a pipe or a file is plain text: with `KOALA_LOG=info`
 /// the coordinator and both workers log, and no line carries a colour code.
 #[test]
 fn logs_to_a_pipe_have_no_colour_codes() {

@@ -115,7 +115,7 @@ fn a_real_world_query_continues_from_its_warm_lists() {
 }
 
 /// A worker names the operators of the job it runs, so its own messages say `aggregate.0`, as
-/// configs and reports do, not the internal `op1.0` (issue 28, point 9). The message here is a
+/// configs and reports do, not the internal `op1.0`. The message here is a
 /// worker's: its task cannot restore the warm state (a part file of the snapshot is missing),
 /// which the worker reports to the coordinator in its own words before any task runs.
 #[test]

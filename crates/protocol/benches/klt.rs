@@ -1,5 +1,5 @@
-//! Size and lookup cost of a receiver's key lookup table (KLT) after a hand-over (issue 10;
-//! docs/testing.md §7). Print-only, not part of the tests:
+//! Size and lookup cost of a receiver's key lookup table (KLT) after a hand-over
+//! (docs/testing.md §7). Print-only, not part of the tests:
 //!
 //! ```text
 //! cargo bench -p koala-protocol --bench klt                        # 1 M and 10 M keys

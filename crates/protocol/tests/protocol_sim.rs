@@ -319,7 +319,7 @@ fn drrs_every_scenario() {
     assert!(pauses > 0 && refused > 0, "backpressure never set in: {pauses} pauses, {refused} refusals");
 }
 
-/// Issue 26: a DRRS task holds at most `wait_records` records, those its senders forwarded
+/// A DRRS task holds at most `wait_records` records, those its senders forwarded
 /// included (credit), under both schedules, with one and two inputs, and with upstreams that block
 /// on full one- or two-message channels (or unbounded ones): the harness checks every task's
 /// records against its bound after every event, takes refused batches in part, and fails a run
@@ -443,8 +443,8 @@ fn broken_drrs_process_before_state_is_caught() {
     );
 }
 
-/// DRRS receivers that lend unbounded credit (forwarded records uncounted, as before issue 26's
-/// fix): a receiver holds more than `wait_records`, which the harness's bound check catches.
+/// DRRS receivers that lend unbounded credit (forwarded records uncounted, as before the
+/// bounded wait buffer): a receiver holds more than `wait_records`, which the harness's bound check catches.
 #[test]
 fn broken_drrs_unbounded_credit_is_caught() {
     let failure = (0..300)

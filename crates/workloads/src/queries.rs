@@ -95,7 +95,7 @@ pub(crate) type PaddedTotal = (u64, i64, Padding);
 /// byte string exactly as a sequence of `u8` — its length, then the bytes — so state written
 /// as a `Vec<u8>` decodes as this and back; but serde takes a `Vec<u8>` one element at a time,
 /// and with 2 KB of padding that per-byte encode and decode on every record was a third of an
-/// aggregate task's CPU (`perf`, session 18), the part of each record that scales with the
+/// aggregate task's CPU (`perf`, 2026-12-03), the part of each record that scales with the
 /// value's size, where one copy of the bytes does.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Padding(pub(crate) Vec<u8>);

@@ -14,6 +14,7 @@ use crate::error::CoordinatorError;
 use crate::job::JobState;
 use crate::metrics_store::DecisionRecord;
 use crate::progress::{JobSecond, ProgressEvent};
+use crate::request_record::{describe, to_json};
 use crate::server::unix_ms;
 
 /// The policy, for one job.
@@ -83,7 +84,7 @@ impl Driver {
         self.policy.busy(unix_ms() / 1000);
         let t_s = d.t.saturating_sub(state.start_s);
         let description =
-            format!("{} at t={t_s} s: {:?}: {}; {}", d.kind.name(), d.request, d.reason, outcome);
+            format!("{} at t={t_s} s: {}: {}; {}", d.kind.name(), describe(&d.request), d.reason, outcome);
         tracing::info!(kind = d.kind.name(), window = %d.window, "autoscale decision: {description}");
         state.store.autoscale_decision(
             state.run,
@@ -91,7 +92,7 @@ impl Driver {
                 at_ms: unix_ms(),
                 t_s,
                 kind: d.kind.name().into(),
-                request: format!("{:?}", d.request),
+                request: to_json(&d.request).to_string(),
                 reason: d.reason.clone(),
                 window: d.window.to_string(),
                 outcome: outcome.clone(),

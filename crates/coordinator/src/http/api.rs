@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::live::{Live, Snapshot};
 use crate::metrics_store::{Grouping, MetricsStore, RunInfo};
 use crate::report::{self, ReportSummary, SecondRow};
+use crate::request_record;
 
 /// An answer other than 200: its status and the message of its `{"error": …}` body.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,8 +96,58 @@ pub fn job(live: &Live, now: &Snapshot) -> Value {
         "running": now.running.as_ref().map(|r| json!({ "epoch": r.epoch, "operator": r.operator })),
         "queued": now.queued,
         "completed": now.completed,
-        "checkpoints": "not served by the API yet: with checkpoint_interval_ms set, completed checkpoints are in the metrics DB's checkpoints table and the run summary (docs/architecture.md §10)",
+        "checkpoints": checkpoints(live),
     })
+}
+
+/// `/api/job`'s `checkpoints`: whether they are on, how often, how many are kept, how many
+/// completed, the last one (id, epoch, when, how long, its alignment, size, directory) and the
+/// recoveries from them. The counts come from the metrics database; if it cannot be read,
+/// `error` says why and the counts are null.
+fn checkpoints(live: &Live) -> Value {
+    let info = &live.info;
+    let mut out = json!({
+        "enabled": info.checkpoint_interval_ms.is_some(),
+        "interval_ms": info.checkpoint_interval_ms,
+        "retained": info.checkpoints_retained,
+        "completed": 0,
+        "recoveries": 0,
+        "last": null,
+    });
+    let read = open_run(live).and_then(|run| match run {
+        Some((store, _)) => {
+            let done = store.checkpoints(&info.run).map_err(ApiError::store)?;
+            let recoveries = store.recoveries(&info.run).map_err(ApiError::store)?;
+            Ok(Some((done, recoveries.len())))
+        }
+        None => Ok(None),
+    });
+    match read {
+        Ok(Some((done, recoveries))) => {
+            out["completed"] = json!(done.len());
+            out["recoveries"] = json!(recoveries);
+            out["last"] = done.iter().max_by_key(|c| c.id).map_or(Value::Null, |c| {
+                json!({
+                    "id": c.id,
+                    "epoch": c.epoch,
+                    "started_ms": c.started_ms,
+                    "completed_ms": c.completed_ms,
+                    "duration_ms": c.completed_ms.saturating_sub(c.started_ms),
+                    "alignment_ms": c.alignment_ms,
+                    "bytes": c.bytes,
+                    "entries": c.entries,
+                    "path": c.path,
+                })
+            });
+        }
+        Ok(None) => {}
+        Err(e) => {
+            out["completed"] = Value::Null;
+            out["recoveries"] = Value::Null;
+            out["error"] = json!(e.message);
+        }
+    }
+    out
 }
 
 /// The run's row, or `None` while the job starts (the coordinator records it once deployed).
@@ -195,7 +246,8 @@ fn reconfiguration_json(summary: &ReportSummary, r: &report::ReconfigurationSumm
         "operator": c.operator,
         "kind": c.kind,
         "protocol": c.protocol,
-        "detail": c.detail,
+        "detail": request_record::describe_text(&c.detail),
+        "request": request_record::from_text(&c.detail).map(|r| request_record::to_json(&r)),
         "start_s": r.start_s,
         "end_s": r.end_s,
         "completed": c.completed_ms.is_some(),

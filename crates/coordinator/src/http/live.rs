@@ -62,6 +62,10 @@ pub struct JobInfo {
     pub metrics_db: PathBuf,
     /// The graph's operators, in topological order.
     pub operators: Vec<OperatorInfo>,
+    /// `checkpoint_interval_ms` of the config (`None`: checkpoints are off).
+    pub checkpoint_interval_ms: Option<u64>,
+    /// `checkpoints_retained` of the config.
+    pub checkpoints_retained: usize,
 }
 
 impl JobInfo {
@@ -87,10 +91,19 @@ impl JobInfo {
                     _ if o.is_stateful() => "stateful",
                     _ => "stateless",
                 },
-                inputs: o.inputs.iter().map(|i| (name(i.from), format!("{:?}", i.partitioning))).collect(),
+                inputs: o.inputs.iter().map(|i| (name(i.from), partitioning_name(&i.partitioning))).collect(),
             })
             .collect();
-        Self { run: run.to_string(), query: query.to_string(), protocol, control_addr, metrics_db, operators }
+        Self {
+            run: run.to_string(),
+            query: query.to_string(),
+            protocol,
+            control_addr,
+            metrics_db,
+            operators,
+            checkpoint_interval_ms: None,
+            checkpoints_retained: 0,
+        }
     }
 
     /// The name of operator `id`.
@@ -198,4 +211,14 @@ impl Live {
             }
         });
     }
+}
+
+/// How an input reaches an operator's tasks, as the API names it.
+fn partitioning_name(p: &koala_dataflow::Partitioning) -> String {
+    match p {
+        koala_dataflow::Partitioning::Forward => "forward",
+        koala_dataflow::Partitioning::Rebalance => "round-robin",
+        koala_dataflow::Partitioning::Key(_) => "by key",
+    }
+    .to_string()
 }

@@ -249,3 +249,80 @@ fn posts_off_loopback_need_the_job_token_and_gets_stay_open() {
     // Only the authenticated POST reached the event loop.
     assert_eq!(answered.join().unwrap(), 1);
 }
+
+#[test]
+fn the_job_shows_checkpoints_as_data_and_reconfigurations_in_words() {
+    use crate::metrics_store::{CheckpointRecord, MetricsStore, ReconfigurationStart, RunInfo};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("metrics.db");
+    let mut live = live(db.clone());
+    live.info.checkpoint_interval_ms = Some(1000);
+    live.info.checkpoints_retained = 3;
+    let live = Arc::new(live);
+    let server =
+        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, unbounded().0, None).unwrap();
+    let job = |addr| -> Value { serde_json::from_str(&call(addr, "GET", "/api/job", b"").1).unwrap() };
+    // Before the run is recorded: on, nothing completed yet.
+    let before = job(server.addr());
+    assert_eq!(before["checkpoints"]["enabled"], Value::Bool(true), "{before}");
+    assert_eq!(before["checkpoints"]["interval_ms"], 1000);
+    assert_eq!(
+        (&before["checkpoints"]["completed"], &before["checkpoints"]["last"]),
+        (&Value::from(0), &Value::Null)
+    );
+
+    let mut store = MetricsStore::open(&db).unwrap();
+    let info = RunInfo {
+        run: "run-1".into(),
+        started_ms: 1_000,
+        query: "keyed-aggregate".into(),
+        protocol: "koala".into(),
+        config: String::new(),
+    };
+    store.begin_run(&info).unwrap();
+    for id in 1..=2 {
+        let c = CheckpointRecord {
+            id,
+            epoch: 0,
+            started_ms: 2_000 * id,
+            completed_ms: 2_000 * id + 40,
+            bytes: 4096 * id,
+            entries: 10,
+            alignment_ms: 3,
+            path: format!("out/checkpoints/{id}"),
+            deployment: Vec::new(),
+        };
+        store.checkpoint_completed("run-1", &c).unwrap();
+    }
+    let request = ReconfigRequest::Rescale { operator: "aggregate".into(), parallelism: 4 };
+    store
+        .reconfiguration_started(
+            "run-1",
+            &ReconfigurationStart {
+                epoch: 1,
+                operator: "aggregate".into(),
+                kind: "scale_out".into(),
+                protocol: "koala".into(),
+                started_ms: 3_000,
+                buckets_moved: 64,
+                detail: crate::request_record::to_json(&request).to_string(),
+            },
+        )
+        .unwrap();
+    drop(store);
+    let checkpoints = job(server.addr())["checkpoints"].clone();
+    assert_eq!(checkpoints["completed"], 2, "{checkpoints}");
+    assert_eq!(checkpoints["recoveries"], 0, "{checkpoints}");
+    let last = &checkpoints["last"];
+    assert_eq!(
+        (&last["id"], &last["duration_ms"], &last["bytes"]),
+        (&Value::from(2), &Value::from(40), &Value::from(8192)),
+        "{checkpoints}"
+    );
+    let (_, body) = call(server.addr(), "GET", "/api/reconfigurations", b"");
+    let history: Value = serde_json::from_str(&body).unwrap();
+    let first = &history["reconfigurations"][0];
+    assert_eq!(first["detail"], "rescale aggregate to 4 tasks", "{history}");
+    assert_eq!(first["request"]["type"], "rescale", "{history}");
+    assert_eq!(first["request"]["parallelism"], 4, "{history}");
+}

@@ -115,7 +115,11 @@ impl fmt::Display for ReportSummary {
             writeln!(
                 f,
                 "autoscale at t={} s: {} {} ({}); {}",
-                d.t_s, d.kind, d.request, d.reason, d.outcome
+                d.t_s,
+                d.kind,
+                crate::request_record::describe_text(&d.request),
+                d.reason,
+                d.outcome
             )?;
         }
         if self.reconfigurations.is_empty() {

@@ -1,4 +1,4 @@
-//! `koala experiment autoscale` (issue 33; the paper is policy-agnostic, so no figure): the
+//! `koala experiment autoscale` (the paper is policy-agnostic, so no figure of it): the
 //! reconfiguration policy (`[autoscale]`, docs/architecture.md §7, "The reconfiguration policy") drives the demo's workload.
 //! The demo's keyed aggregate on 2 tasks of 20 000 records/s each (emulated capacity) takes
 //! 30 000/s; the rate surges to 60 000/s and stays there (the steady rate); then a hot range
@@ -17,6 +17,8 @@ use std::path::Path;
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 use koala_coordinator::report::ReportSummary;
+use koala_coordinator::request_record::{describe_text, from_text};
+use koala_protocol::ReconfigRequest;
 
 use super::scenario::{Scenario, Step};
 use super::{Info, Mode, Options, Runner};
@@ -87,10 +89,11 @@ fn config_text(t: &Timeline, protocol: &str, dir: &Path) -> String {
 fn parallelism_at(report: &ReportSummary, t_s: i64) -> u32 {
     let mut p = 2;
     for r in &report.reconfigurations {
-        let detail = &r.reconfiguration.detail;
         let done = r.end_t_s.is_some_and(|e| e <= t_s);
-        if let (true, Some(n)) = (done, detail.split("parallelism: ").nth(1)) {
-            p = n.trim_end_matches([' ', '}']).parse().unwrap_or(p);
+        if let (true, Some(ReconfigRequest::Rescale { parallelism, .. })) =
+            (done, from_text(&r.reconfiguration.detail))
+        {
+            p = parallelism;
         }
     }
     p
@@ -108,7 +111,7 @@ fn seconds_table(report: &ReportSummary) -> (String, String) {
             .autoscale
             .iter()
             .filter(|d| (d.at_ms.saturating_sub(report.run.started_ms) / 1000) as i64 == row.t_s)
-            .map(|d| format!("decide {} ({})", d.kind, d.request))
+            .map(|d| format!("decide {} ({})", d.kind, describe_text(&d.request)))
             .collect();
         for r in &report.reconfigurations {
             let c = &r.reconfiguration;
@@ -143,7 +146,7 @@ fn seconds_table(report: &ReportSummary) -> (String, String) {
     (text, csv)
 }
 
-/// The done-when figures of issue 33, one line each, and whether each holds.
+/// What the policy must achieve on this workload, one line each, and whether each holds.
 fn figures(report: &ReportSummary, t: &Timeline) -> Vec<(bool, String)> {
     let since_start = |ms: u64| ms.saturating_sub(report.run.started_ms) as f64 / 1000.0;
     let mut out = Vec::new();
@@ -226,7 +229,12 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
             let _ = writeln!(
                 summary,
                 "decision at t={} s: {} {}: {} [{}]; {}",
-                d.t_s, d.kind, d.request, d.reason, d.window, d.outcome
+                d.t_s,
+                d.kind,
+                describe_text(&d.request),
+                d.reason,
+                d.window,
+                d.outcome
             );
         }
         for (ok, line) in figures(&report, &t) {
@@ -249,7 +257,7 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
 /// `koala experiment autoscale`.
 pub const AUTOSCALE: Info = Info {
     name: "autoscale",
-    figure: "issue 33 (the paper is policy-agnostic)",
+    figure: "none (the paper is policy-agnostic)",
     shows: "the [autoscale] policy on the demo's workload: a surge, a steady rate, a hot key range; per-second offered, output, e2e p99, tasks, decisions",
     quick: "one 170 s run (Koala): about 3 minutes",
     full: "one 300 s run: about 5.5 minutes",

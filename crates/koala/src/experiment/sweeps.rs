@@ -75,7 +75,7 @@ fn growth_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
 /// offered rate at ≥ 70 % of the capacity before the scale-out, a task that processes less
 /// than half is stalled, not idle). Returns the seconds and the lowest capacity sampled.
 /// Such a task builds a backlog the scale-out then has to clear, so the run's recovery measures
-/// what the machine left it, whatever its state size (session 18: the same 31 MiB and 250 MiB
+/// what the machine left it, whatever its state size (2026-12-03: the same 31 MiB and 250 MiB
 /// runs, alternated at load 12–13, recovered in > 20 / > 20 s and 20 / 7 s).
 fn short_of_cpu(d: &Done) -> anyhow::Result<Shortfall> {
     let Some(budget) = d.config.runtime.task_records_per_sec else { return Ok((0, None)) };

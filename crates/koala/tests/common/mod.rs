@@ -264,12 +264,23 @@ pub fn strip_ansi(line: &str) -> String {
 /// Writes `config_text` to `dir/job.toml` and runs `koala run` on it in its own process group;
 /// after `timeout` the whole group (the coordinator process and its workers) is killed.
 pub fn run_koala(dir: &Path, config_text: &str, timeout: Duration) -> RunOutput {
+    run_koala_with_env(dir, config_text, timeout, &[])
+}
+
+/// [`run_koala`] with more environment variables (e.g. `KOALA_LOG`).
+pub fn run_koala_with_env(
+    dir: &Path,
+    config_text: &str,
+    timeout: Duration,
+    env: &[(&str, &str)],
+) -> RunOutput {
     let path = dir.join("job.toml");
     std::fs::write(&path, config_text).expect("write config");
     let started = Instant::now();
     let mut child = koala()
         .arg("run")
         .arg(&path)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

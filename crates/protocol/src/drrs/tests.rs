@@ -244,7 +244,7 @@ fn a_sender_fast_forwards_then_pushes_requested_buckets_first() {
     assert_eq!(processed(&out), vec![9]);
 }
 
-/// The hang of issue 26: a task a reconfiguration created learned its channels when deployed; an
+/// A hang once seen under DRRS: a task a reconfiguration created learned its channels when deployed; an
 /// upstream finished before the task's first subscale, so it never opens its channel there and
 /// the coordinator tells nobody. The task must not wait for its marker.
 #[test]

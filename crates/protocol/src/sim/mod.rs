@@ -110,7 +110,7 @@ pub enum Fault {
     /// deadlocks.
     HoldBackAfterMarker,
     /// DRRS: receivers lend their senders unbounded credit, so forwarded records do not count
-    /// against `wait_records` (the rule before issue 26's fix: a receiver held 187 303 records).
+    /// against `wait_records` (the rule before the bounded wait buffer: a receiver held 187 303 records).
     UnboundedCredit,
 }
 

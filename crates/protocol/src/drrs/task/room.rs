@@ -1,4 +1,4 @@
-//! The receiver's bounded wait buffer (docs/protocols.md §11, issue 26): every record a DRRS task
+//! The receiver's bounded wait buffer (docs/protocols.md §11): every record a DRRS task
 //! holds — forwarded by a sender or taken directly from an upstream, waiting for its bucket's
 //! state or for the peer channel's close — counts against `wait_records`.
 //!
