@@ -34,7 +34,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use koala_types::metric;
 use rusqlite::{Connection, Row, ToSql, params};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -160,8 +159,9 @@ pub struct ReconfigurationCompletion {
     pub operator: String,
     /// Wall-clock completion, unix milliseconds.
     pub completed_ms: u64,
-    /// State bytes the protocol acknowledged moving up to completion (stop-and-restart: its hand-over;
-    /// 0 for the others), until [`MetricsStore::settle_bytes_moved`] sets the report's figure.
+    /// State bytes the protocol acknowledged moving up to completion (stop-and-restart: its
+    /// hand-over; 0 for the others), until `crate::report::settle_bytes_moved` sets the report's
+    /// figure once the run ended.
     pub bytes_moved: u64,
     /// How long processing of affected tasks was paused, if the protocol pauses.
     pub pause_ms: Option<u64>,
@@ -184,9 +184,8 @@ pub struct Reconfiguration {
     pub completed_ms: Option<u64>,
     /// Buckets whose owner changed.
     pub buckets_moved: u64,
-    /// State bytes moved from its start to its completion: 0 until completion, the protocol's
-    /// acknowledged figure then, and the tasks' `state_bytes_*` metrics over those seconds once the
-    /// run ended ([`MetricsStore::settle_bytes_moved`]).
+    /// State bytes moved: 0 until completion, the protocol's acknowledged figure then, and once
+    /// the run ended the report's figure for this reconfiguration (`crate::report::settle_bytes_moved`).
     pub bytes_moved: u64,
     /// Pause of affected tasks, if the protocol pauses.
     pub pause_ms: Option<u64>,
@@ -336,28 +335,20 @@ impl MetricsStore {
         Ok(())
     }
 
-    /// Sets each completed reconfiguration's `bytes_moved` of `run` to the state its tasks
-    /// reported moving from its start second to its completion second — Σ of the
-    /// `state_bytes_on_demand`, `state_bytes_background` and `state_bytes_eager` samples, the
-    /// report's ruler for every protocol — in place of the protocol's own figure, which counts
-    /// only stop-and-restart's acknowledged hand-over (DRRS's pushes and Koala's fetches report
-    /// through the metrics). Called once the run's samples are all stored.
-    pub fn settle_bytes_moved(&mut self, run: &str) -> Result<(), MetricsStoreError> {
-        let sql = "UPDATE reconfigurations SET bytes_moved = (\
-                       SELECT CAST(COALESCE(SUM(m.value), 0) AS INTEGER) FROM metrics m \
-                       WHERE m.run = reconfigurations.run AND m.metric IN (?2, ?3, ?4) \
-                       AND m.time BETWEEN reconfigurations.started_ms / 1000 \
-                       AND reconfigurations.completed_ms / 1000) \
-                   WHERE run = ?1 AND completed_ms IS NOT NULL";
-        let args = params![
-            run,
-            metric::STATE_BYTES_ON_DEMAND,
-            metric::STATE_BYTES_BACKGROUND,
-            metric::STATE_BYTES_EAGER
-        ];
+    /// Sets the `bytes_moved` of reconfiguration `epoch` of `operator` in `run`
+    /// (`crate::report::settle_bytes_moved` gives every one the report's figure).
+    pub fn set_bytes_moved(
+        &mut self,
+        run: &str,
+        epoch: u64,
+        operator: &str,
+        bytes: u64,
+    ) -> Result<(), MetricsStoreError> {
+        let sql =
+            "UPDATE reconfigurations SET bytes_moved = ?4 WHERE run = ?1 AND epoch = ?2 AND operator = ?3";
         self.conn
-            .execute(sql, args)
-            .map_err(|e| self.fail(format!("settle bytes moved of run {run:?}"), e))?;
+            .execute(sql, params![run, epoch, operator, bytes])
+            .map_err(|e| self.fail(format!("set bytes moved of epoch {epoch} in run {run:?}"), e))?;
         Ok(())
     }
 

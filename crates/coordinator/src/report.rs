@@ -418,6 +418,34 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
     })
 }
 
+/// Sets each reconfiguration's stored `bytes_moved` of `run` to the state the report gives it:
+/// Σ of the tasks' `state_bytes_on_demand`, `state_bytes_background` and `state_bytes_eager`
+/// from its start second to the next one's ([`state_moved_by_epoch`]: the reconfigurations add
+/// up to the run's state moved), one ruler for every protocol, in place of the protocol's own
+/// figure, which counts only stop-and-restart's and Remote's acknowledged hand-over (DRRS's
+/// pushes and Koala's fetches report through the metrics). Called once the run's samples are all
+/// stored.
+pub fn settle_bytes_moved(store: &mut MetricsStore, run: &str) -> Result<(), MetricsStoreError> {
+    let recorded = store.reconfigurations(run)?;
+    let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms)).collect();
+    let series = |store: &MetricsStore, m: &str| -> Result<Vec<(i64, f64)>, MetricsStoreError> {
+        Ok(store
+            .per_second(run, m, combine(m), TaskScope::All)?
+            .into_iter()
+            .map(|(t, v)| (i64::try_from(t).unwrap_or(i64::MAX), v))
+            .collect())
+    };
+    let (on_demand, background, eager) = (
+        series(store, metric::STATE_BYTES_ON_DEMAND)?,
+        series(store, metric::STATE_BYTES_BACKGROUND)?,
+        series(store, metric::STATE_BYTES_EAGER)?,
+    );
+    for (r, moved) in recorded.iter().zip(state_moved_by_epoch(&starts, &on_demand, &background, &eager)) {
+        store.set_bytes_moved(run, r.epoch, &r.operator, moved.total().round() as u64)?;
+    }
+    Ok(())
+}
+
 /// Per task, Σ of its hits and misses samples: (task, hits, misses), by task.
 fn cache_lookups(hits: &[(String, u64, f64)], misses: &[(String, u64, f64)]) -> Vec<(String, f64, f64)> {
     let mut by_task: BTreeMap<&str, (f64, f64)> = BTreeMap::new();

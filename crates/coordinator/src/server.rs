@@ -434,7 +434,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     }
     let completed = state.completed;
     // Every sample is stored now: each reconfiguration's bytes moved by the report's ruler.
-    state.store.settle_bytes_moved(&job.run)?;
+    crate::report::settle_bytes_moved(&mut state.store, &job.run)?;
     let totals = std::mem::take(&mut state.totals);
     drop(state);
     let (checkpoint_bytes, recoveries) = checkpoints.map(|c| (c.sizes, c.recoveries)).unwrap_or_default();

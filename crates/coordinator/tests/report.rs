@@ -8,7 +8,9 @@ use std::path::Path;
 use koala_coordinator::metrics_store::{
     MetricSample, MetricsStore, ReconfigurationCompletion, ReconfigurationStart, RunInfo,
 };
-use koala_coordinator::report::{ReportError, overlay_offered, report, write_throughput_overlay};
+use koala_coordinator::report::{
+    ReportError, overlay_offered, report, settle_bytes_moved, write_throughput_overlay,
+};
 use koala_types::metric;
 
 const RUN_START_S: u64 = 1_700_000_000;
@@ -370,6 +372,15 @@ fn epochs_add_up_and_the_end_of_input_is_neither_a_dip_nor_unrecovered() {
     assert_eq!((first.lag_recovery_s, second.lag_recovery_s), (Some(2), Some(0)));
     assert_eq!(summary.recovery_p50_s, Some(2));
     assert_eq!(summary.recovery_s, None, "this run's sinks report no p99");
+    // The protocol acknowledged no bytes (Koala's state follows after completion, as DRRS's
+    // pushes report only through the metrics): once the run ended, each reconfiguration's stored
+    // figure is the report's, and they add up to the run's.
+    let mut store = MetricsStore::open(&db).unwrap();
+    assert!(store.reconfigurations(run).unwrap().iter().all(|r| r.bytes_moved == 0));
+    settle_bytes_moved(&mut store, run).unwrap();
+    let stored: Vec<u64> = store.reconfigurations(run).unwrap().iter().map(|r| r.bytes_moved).collect();
+    assert_eq!(stored, vec![14_000, 4_000]);
+    assert_eq!(stored.iter().sum::<u64>() as f64, summary.state_moved.total());
 }
 
 /// Koala scale-outs of `window` at 600 ms into each `(epoch, second)`, complete 30 ms later with

@@ -120,48 +120,6 @@ fn reconfiguration_lifecycle() {
     assert!(matches!(err, MetricsStoreError::UnknownReconfiguration { epoch: 2, .. }));
 }
 
-/// A DRRS reconfiguration acknowledges no bytes; its tasks report 4 900 moved in the background
-/// over its seconds: once the run ends, the stored figure is the tasks' (only its own seconds,
-/// every kind, every task).
-#[test]
-fn settled_bytes_moved_are_the_tasks_metrics_over_the_reconfigurations_seconds() {
-    let (_dir, mut s) = store();
-    s.begin_run(&run("r", 0)).unwrap();
-    let start = ReconfigurationStart {
-        epoch: 1,
-        operator: "agg".into(),
-        kind: "scale_out".into(),
-        protocol: "drrs".into(),
-        started_ms: 10_400,
-        buckets_moved: 8,
-        detail: String::new(),
-    };
-    s.reconfiguration_started("r", &start).unwrap();
-    let done = ReconfigurationCompletion {
-        epoch: 1,
-        operator: "agg".into(),
-        completed_ms: 12_300,
-        bytes_moved: 0,
-        pause_ms: None,
-    };
-    s.reconfiguration_completed("r", &done).unwrap();
-    s.insert_samples(
-        "r",
-        &[
-            sample(9, "agg.0", metric::STATE_BYTES_BACKGROUND, 7_000.0),
-            sample(10, "agg.0", metric::STATE_BYTES_BACKGROUND, 2_000.0),
-            sample(11, "agg.1", metric::STATE_BYTES_BACKGROUND, 2_400.0),
-            sample(12, "agg.2", metric::STATE_BYTES_EAGER, 500.0),
-            sample(12, "agg.2", metric::RECORDS_IN, 1_000_000.0),
-            sample(13, "agg.0", metric::STATE_BYTES_ON_DEMAND, 9_000.0),
-        ],
-    )
-    .unwrap();
-    assert_eq!(s.reconfigurations("r").unwrap()[0].bytes_moved, 0, "the protocol's figure");
-    s.settle_bytes_moved("r").unwrap();
-    assert_eq!(s.reconfigurations("r").unwrap()[0].bytes_moved, 4_900);
-}
-
 #[test]
 fn open_names_the_path_on_failure() {
     let dir = tempfile::tempdir().unwrap();
