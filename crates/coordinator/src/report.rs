@@ -421,10 +421,9 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
 /// Sets each reconfiguration's stored `bytes_moved` of `run` to the state the report gives it:
 /// Σ of the tasks' `state_bytes_on_demand`, `state_bytes_background` and `state_bytes_eager`
 /// from its start second to the next one's ([`state_moved_by_epoch`]: the reconfigurations add
-/// up to the run's state moved), one ruler for every protocol, in place of the protocol's own
-/// figure, which counts only stop-and-restart's and Remote's acknowledged hand-over (DRRS's
-/// pushes and Koala's fetches report through the metrics). Called once the run's samples are all
-/// stored.
+/// up to the run's state moved). For Koala and DRRS, whose tasks acknowledge no bytes (their
+/// fetches and pushes report through the metrics), once the run's samples are all stored;
+/// stop-and-restart's and Remote's acknowledged hand-over is exact per reconfiguration already.
 pub fn settle_bytes_moved(store: &mut MetricsStore, run: &str) -> Result<(), MetricsStoreError> {
     let recorded = store.reconfigurations(run)?;
     let starts: Vec<i64> = recorded.iter().map(|r| secs_of_ms(r.started_ms)).collect();

@@ -433,8 +433,13 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         }
     }
     let completed = state.completed;
-    // Every sample is stored now: each reconfiguration's bytes moved by the report's ruler.
-    crate::report::settle_bytes_moved(&mut state.store, &job.run)?;
+    // Every sample is stored now. Koala's and DRRS's tasks acknowledge no bytes (their state
+    // moves after the hand-over or in the background): each of their reconfigurations gets the
+    // report's figure. Stop-and-restart's and Remote's acknowledged hand-over is exact per
+    // reconfiguration already (their tasks' `state_bytes_eager` count the same bytes).
+    if config.protocol.keeps_processing() {
+        crate::report::settle_bytes_moved(&mut state.store, &job.run)?;
+    }
     let totals = std::mem::take(&mut state.totals);
     drop(state);
     let (checkpoint_bytes, recoveries) = checkpoints.map(|c| (c.sizes, c.recoveries)).unwrap_or_default();
