@@ -9,8 +9,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -20,24 +19,7 @@ use koala_types::metric;
 #[test]
 fn ctrl_c_drains_an_unbounded_job_and_prints_its_summary() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out_dir = dir.path().join("out");
-    let config = format!(
-        "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n\n[parallelism]\nsource = 1\naggregate = 2\n\n\
-         [params]\nsink = \"discard\"\n\n[params.generator]\nkey_space = 1000\n\n\
-         [params.source]\nrate = [{{ at_ms = 0, records_per_sec = 5000.0 }}]\n",
-        out_dir.display().to_string()
-    );
-    let path = dir.path().join("job.toml");
-    std::fs::write(&path, config).expect("write config");
-    let mut child = common::koala()
-        .arg("run")
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("start koala run");
+    let (mut child, out_dir) = common::spawn_unbounded_run(dir.path(), 5000, "");
     let group = child.id();
     let (lines_tx, lines) = mpsc::channel();
     let stdout = child.stdout.take().expect("stdout");
@@ -121,25 +103,8 @@ fn ctrl_c_drains_an_unbounded_job_and_prints_its_summary() {
 #[test]
 fn a_second_ctrl_c_stops_at_once_and_says_what_it_leaves() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out_dir = dir.path().join("out");
-    let config = format!(
-        "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n\n[parallelism]\nsource = 1\naggregate = 2\n\n\
-         [params]\nsink = \"discard\"\n\n[params.generator]\nkey_space = 1000\n\n\
-         [params.source]\nrate = [{{ at_ms = 0, records_per_sec = 20000.0 }}]\n\n\
-         [runtime]\ntask_records_per_sec = 200\n",
-        out_dir.display().to_string()
-    );
-    let path = dir.path().join("job.toml");
-    std::fs::write(&path, config).expect("write config");
-    let mut child = common::koala()
-        .arg("run")
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("start koala run");
+    let (mut child, out_dir) =
+        common::spawn_unbounded_run(dir.path(), 20000, "\n[runtime]\ntask_records_per_sec = 200\n");
     let group = child.id();
     let kill_all = || {
         let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();

@@ -6,7 +6,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -33,24 +32,7 @@ fn a_command_whose_output_is_closed_exits_141_without_a_panic() {
 #[test]
 fn a_job_whose_output_closes_stops_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out_dir = dir.path().join("out");
-    let config = format!(
-        "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n\n[parallelism]\nsource = 1\naggregate = 2\n\n\
-         [params]\nsink = \"discard\"\n\n[params.generator]\nkey_space = 1000\n\n\
-         [params.source]\nrate = [{{ at_ms = 0, records_per_sec = 2000.0 }}]\n",
-        out_dir.display().to_string()
-    );
-    let path = dir.path().join("job.toml");
-    std::fs::write(&path, config).expect("write config");
-    let mut child = common::koala()
-        .arg("run")
-        .arg(&path)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("start koala run");
+    let (mut child, out_dir) = common::spawn_unbounded_run(dir.path(), 2000, "");
     let group = child.id();
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let head: Vec<String> = lines.by_ref().take(3).map_while(Result::ok).collect();

@@ -336,6 +336,32 @@ fn kill_group(group: u32) {
     let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).stderr(Stdio::null()).status();
 }
 
+/// An unbounded job — the keyed aggregate at `rate` records/s into the discard sink, `extra`
+/// appended to its config — started by `koala run` in a process group of its own (so a test can
+/// signal or kill all of it), its stdout and stderr piped. Returns the child and the job's
+/// output directory (`dir/out`).
+pub fn spawn_unbounded_run(dir: &Path, rate: u32, extra: &str) -> (std::process::Child, PathBuf) {
+    let out_dir = dir.join("out");
+    let config = format!(
+        "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n\n[parallelism]\nsource = 1\naggregate = 2\n\n\
+         [params]\nsink = \"discard\"\n\n[params.generator]\nkey_space = 1000\n\n\
+         [params.source]\nrate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\n{extra}",
+        out_dir.display().to_string()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, config).expect("write config");
+    let child = koala()
+        .arg("run")
+        .arg(&path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("start koala run");
+    (child, out_dir)
+}
+
 /// Whether any process of the group is still alive (signal 0 reaches one).
 pub fn group_alive(group: u32) -> bool {
     Command::new("kill")

@@ -137,6 +137,18 @@ pub struct TaskSetup {
 }
 
 impl TaskSetup {
+    /// A source's or sink's records emitted or written since the job's start as the checkpoint
+    /// it restores from recorded them (`metric::RECORDS_TOTAL` counts on from there); `None`
+    /// without a restore, or for a task a reconfiguration created (it is not in the checkpoint).
+    pub(crate) fn restored_records_total(&self) -> Option<u64> {
+        self.options
+            .checkpoint
+            .restore
+            .as_ref()
+            .filter(|_| !self.created_by_reconfiguration)
+            .and_then(|p| p.records.get(&self.task).copied())
+    }
+
     /// Acknowledges a reconfiguration phase to the coordinator.
     pub(crate) fn ack(&self, epoch: Epoch, ack: TaskAck) {
         let _ = self.events.send(WorkerMessage::TaskAck { task: self.task, epoch, ack });

@@ -94,14 +94,7 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut metrics = TaskMetrics::new(setup.task, false);
     // Records written since the job's start, a restored sink counting on from its checkpoint
     // (`metric::RECORDS_TOTAL`).
-    let mut total = setup
-        .options
-        .checkpoint
-        .restore
-        .as_ref()
-        .filter(|_| !setup.created_by_reconfiguration)
-        .and_then(|p| p.records.get(&setup.task).copied())
-        .unwrap_or(0);
+    let mut total = setup.restored_records_total().unwrap_or(0);
     metrics.records_total = Some(total);
     let mut outputs = crate::output::Outputs::new(Vec::new(), 1, Duration::ZERO);
     while !open.is_empty() {

@@ -46,14 +46,7 @@ pub fn run_source(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut emitted: u64 = skipped;
     // Records emitted since the job's start, restored ones included (`metric::RECORDS_TOTAL`): a
     // generator's skipped records, a Kafka source's count at the checkpoint.
-    let restored_total = setup
-        .options
-        .checkpoint
-        .restore
-        .as_ref()
-        .filter(|_| !setup.created_by_reconfiguration)
-        .and_then(|p| p.records.get(&setup.task).copied())
-        .unwrap_or(skipped);
+    let restored_total = setup.restored_records_total().unwrap_or(skipped);
     let total = move |emitted: u64| restored_total + emitted.saturating_sub(skipped);
     metrics.records_total = Some(total(emitted));
     metrics.pending_due_ms = if paced { pending_due(emitted) } else { None };
