@@ -158,10 +158,12 @@ pub fn against_stop_and_restart(done: &[Done]) -> Vec<String> {
             let Some(o) = ran(other) else { continue };
             let mut parts = Vec::new();
             if let (Some(a), Some(b)) = (rec(k), rec(o)) {
+                // Without a backlog at the start (no surge) the limit is 0 s: no ratio to give.
                 let limit = match k.measured(0).and_then(|c| c.drain_limit).and_then(|l| l.seconds()) {
-                    Some(l) => {
+                    Some(l) if l >= 1.0 => {
                         format!(", drain limit {l:.0} s: {:.1}× and {:.1}× of it", a as f64 / l, b as f64 / l)
                     }
+                    Some(l) => format!(", drain limit {l:.0} s"),
                     None => String::new(),
                 };
                 parts.push(format!(
