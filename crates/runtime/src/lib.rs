@@ -19,6 +19,8 @@ mod scenarios;
 mod task;
 mod throttle;
 mod timers;
+#[cfg(test)]
+mod wire_schema;
 mod worker;
 mod worker_state;
 
