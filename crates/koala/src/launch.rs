@@ -235,10 +235,16 @@ fn bind_http(config: &JobConfig, host: std::net::IpAddr) -> anyhow::Result<(TcpL
     let http = TcpListener::bind((host, port)).with_context(|| {
         format!("binding the HTTP API to {host}:{port} ([coordinator] http_port, --http-port)")
     })?;
-    let line = format!(
+    let mut line = format!(
         "dashboard at http://{}/ (JSON API: /api/job, /api/metrics, /api/reconfigurations; Prometheus: /metrics)",
         http.local_addr()?
     );
+    if !koala_types::handshake::is_loopback(host) {
+        line.push_str(
+            "; not on loopback, so every route needs the job token: header `Authorization: Bearer <token>`, \
+             or open the page as /?token=<token>",
+        );
+    }
     Ok((http, line))
 }
 
@@ -335,19 +341,20 @@ fn run_locally(
         Some(_) => {}
     }
     let exe = std::env::current_exe().context("locating the koala binary")?;
+    // Loopback, so not required, but presented by every worker and checked by every listener of
+    // the job (the state servers too): one is generated unless given.
+    let token = crate::token::for_local_run(config.coordinator.token_file.as_deref())?;
     // Stopped (after the workers) when the job ends: dropped last.
     let _servers = match config.state.servers_to_start() {
         0 => None,
         n => {
-            let (servers, addrs) = crate::state_servers::start(&exe, &out, n)?;
+            let (servers, addrs) = crate::state_servers::start(&exe, &out, n, &token)?;
             println!("state servers at {}", addrs.join(", "));
             config.state.server_addresses = addrs;
             config.state.servers = None;
             Some(servers)
         }
     };
-    // Loopback, so not required, but presented by every worker: one is generated unless given.
-    let token = crate::token::for_local_run(config.coordinator.token_file.as_deref())?;
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
     let addr = listener.local_addr()?.to_string();
     println!("coordinator at {addr} (koala rescale|rebalance|migrate --coordinator {addr} ...)");

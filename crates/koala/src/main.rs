@@ -167,7 +167,9 @@ enum Command {
     /// Run a state server for `[state] backend = "remote"` (the Remote baseline): an fjall
     /// database with one key space per operator, shared by all its tasks, over framed TCP. Runs
     /// until killed; prints `state server listening on ADDR` first. `koala run` starts the ones
-    /// a job needs; give addresses of others with `[state] server_addresses`.
+    /// a job needs; give addresses of others with `[state] server_addresses`. Off loopback,
+    /// every connection must present the job token (the workers present theirs): `KOALA_TOKEN`,
+    /// or --token-file; without one such a server refuses to start.
     StateServer {
         /// Address to listen on (port 0 = any free port).
         #[arg(long, default_value = "127.0.0.1:0")]
@@ -175,6 +177,11 @@ enum Command {
         /// Where the server keeps its database.
         #[arg(long, default_value = "koala-out/state/server")]
         data_dir: PathBuf,
+        /// A file holding the job token (the environment variable KOALA_TOKEN takes precedence):
+        /// required from every client when --listen is not loopback; a wrong one is refused
+        /// everywhere.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
         /// Ignore Ctrl-C (`koala run` passes it: the job drains before its servers stop).
         #[arg(long, hide = true)]
         ignore_interrupt: bool,
@@ -468,11 +475,12 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Coordinator { config, listen, address_file, http_port } => {
             launch::coordinator(&config, &listen, address_file.as_deref(), http_port)
         }
-        Command::StateServer { listen, data_dir, ignore_interrupt } => {
+        Command::StateServer { listen, data_dir, token_file, ignore_interrupt } => {
             if ignore_interrupt {
                 launch::ignore_interrupt()?;
             }
-            state_servers::state_server(&listen, &data_dir)
+            let token = token::find(token_file.as_deref(), "--token-file")?;
+            state_servers::state_server(&listen, &data_dir, token)
         }
         Command::Worker {
             coordinator,

@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use koala_types::handshake::Token;
 
 /// State server processes: they run until killed, which happens when the job is over (or at a
 /// forced exit: `crate::interrupt` tracks them).
@@ -21,10 +22,11 @@ impl Drop for ServerProcesses {
     }
 }
 
-/// `koala state-server`: serves remote state until killed. Prints `state server listening on
-/// ADDR` first (`koala run` reads the address from it).
-pub fn state_server(listen: &str, data_dir: &Path) -> anyhow::Result<()> {
-    let server = koala_state::StateServer::start(listen, data_dir)
+/// `koala state-server`: serves remote state until killed, to clients presenting `token`
+/// (required off loopback). Prints `state server listening on ADDR` first (`koala run` reads
+/// the address from it).
+pub fn state_server(listen: &str, data_dir: &Path, token: Option<Token>) -> anyhow::Result<()> {
+    let server = koala_state::StateServer::start(listen, data_dir, token)
         .with_context(|| format!("starting a state server on {listen} in {}", data_dir.display()))?;
     println!("state server listening on {}", server.addr());
     // Serves on its own threads; this one only waits (the process ends when it is killed).
@@ -34,8 +36,14 @@ pub fn state_server(listen: &str, data_dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Starts `n` state server processes (`koala state-server` on port 0) with their data under
-/// `out/state/server-<i>`; returns them and their addresses, read from their first line.
-pub fn start(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(ServerProcesses, Vec<String>)> {
+/// `out/state/server-<i>`, each checking the job's `token` (passed in its environment, never on
+/// its command line); returns them and their addresses, read from their first line.
+pub fn start(
+    exe: &Path,
+    out: &Path,
+    n: u32,
+    token: &Token,
+) -> anyhow::Result<(ServerProcesses, Vec<String>)> {
     use std::io::BufRead;
     let mut servers = ServerProcesses(Vec::new());
     let mut addrs = Vec::new();
@@ -48,6 +56,7 @@ pub fn start(exe: &Path, out: &Path, n: u32) -> anyhow::Result<(ServerProcesses,
             .arg("--data-dir")
             .arg(&data_dir)
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(crate::token::ENV, token.expose())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             // The job drains against it after a Ctrl-C; it is stopped once the job ended.

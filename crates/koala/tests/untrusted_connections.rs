@@ -1,9 +1,10 @@
 //! A job whose ports are not on loopback (coordinator on 0.0.0.0, workers' data ports on
 //! 0.0.0.0) refuses every connection without the job token, with a wrong token, with an
 //! oversize greeting, silent past the idle limit, or beyond the pending-connection limit — and
-//! POSTs to its API without the token — each with a reason both sides see, while the job keeps
-//! running to a normal end. A worker of another protocol version fails the startup loudly,
-//! naming both versions, instead of leaving the coordinator waiting.
+//! every request to its HTTP API, dashboard and `/metrics` without the token — each with a
+//! reason both sides see, while the job keeps running to a normal end. A state server off
+//! loopback does the same for its clients. A worker of another protocol version fails the
+//! startup loudly, naming both versions, instead of leaving the coordinator waiting.
 
 mod common;
 
@@ -160,18 +161,20 @@ fn strangers_are_refused_with_a_reason_while_the_job_runs_on() {
     let data = || TcpStream::connect(&data_addrs[0]).expect("connect a data port");
     expect_refused(greet(&data(), Role::Channel, None), "no job token", "data port, no token");
     expect_refused(greet(&data(), Role::Channel, Some(&wrong)), "wrong job token", "data port, wrong token");
-    // The API: a POST without the token.
-    let mut s = TcpStream::connect(("127.0.0.1", http)).expect("connect the API");
-    let body = r#"{"operator": "aggregate", "parallelism": 3}"#;
-    write!(
-        s,
-        "POST /api/rescale HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("post");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("the API answers");
+    // The API: a POST without the token, and every read.
+    let answer =
+        http_call(http, "POST", "/api/rescale", r#"{"operator": "aggregate", "parallelism": 3}"#, "");
     assert!(answer.starts_with("HTTP/1.1 401") && answer.contains("Authorization: Bearer"), "{answer}");
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    for path in ["/", "/api/job", "/api/metrics", "/api/reconfigurations", "/metrics"] {
+        let answer = http_call(http, "GET", path, "", "");
+        assert!(answer.starts_with("HTTP/1.1 401"), "GET {path} without the token: {answer}");
+        assert!(!answer.contains("aggregate"), "GET {path} without the token leaked: {answer}");
+        let answer = http_call(http, "GET", path, "", &bearer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "GET {path} with the token: {answer}");
+    }
+    let page = http_call(http, "GET", &format!("/?token={TOKEN}"), "", "");
+    assert!(page.starts_with("HTTP/1.1 200") && page.contains("<html"), "{page}");
 
     let status = wait(&mut coord, Duration::from_secs(60));
     let text = format!("{seen}{}", rest.join().expect("log reader"));
@@ -239,6 +242,73 @@ fn a_worker_of_another_version_fails_the_startup_naming_both_versions() {
         line.contains(&format!("version {PROTOCOL_VERSION}")) && line.contains(&format!("version {theirs}")),
         "{line}"
     );
+}
+
+#[test]
+fn a_state_server_off_loopback_refuses_clients_without_the_job_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state_server = |token_file: Option<&Path>| {
+        let mut cmd = common::koala();
+        cmd.args(["state-server", "--listen", "0.0.0.0:0", "--data-dir"])
+            .arg(dir.path().join("state"))
+            .env_remove("KOALA_TOKEN")
+            .env("KOALA_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(file) = token_file {
+            cmd.arg("--token-file").arg(file);
+        }
+        cmd.spawn().expect("start a state server")
+    };
+    // Without a token it does not start, and says what to give.
+    let out = state_server(None).wait_with_output().expect("exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("KOALA_TOKEN") && err.contains("0.0.0.0"), "{err}");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("write the token file");
+    let mut server = KilledOnDrop(state_server(Some(&token_file)));
+    let mut first = String::new();
+    BufReader::new(server.0.stdout.as_mut().expect("stdout")).read_line(&mut first).expect("read");
+    let port: u16 = first
+        .trim()
+        .strip_prefix("state server listening on 0.0.0.0:")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {first:?}"));
+    let connect = || TcpStream::connect(("127.0.0.1", port)).expect("connect the state server");
+    let wrong = Token::parse("fedcba9876543210-not-this-job", "test").expect("token");
+    expect_refused(greet(&connect(), Role::State, None), "no job token", "state server, no token");
+    expect_refused(
+        greet(&connect(), Role::State, Some(&wrong)),
+        "wrong job token",
+        "state server, wrong token",
+    );
+    let right = Token::parse(TOKEN, "test").expect("token");
+    greet(&connect(), Role::State, Some(&right)).expect("the job token is admitted");
+}
+
+/// A process killed when the test ends, however it ends.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange with the API on `port` (extra `headers` lines end in `\r\n`): the
+/// whole answer.
+fn http_call(port: u16, method: &str, path: &str, body: &str, headers: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect the API");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("the API answers");
+    answer
 }
 
 fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {

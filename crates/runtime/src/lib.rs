@@ -7,6 +7,8 @@ mod batch_state;
 mod channel;
 mod checkpoint;
 mod error;
+#[cfg(test)]
+mod hostile_bytes;
 mod links;
 mod memory;
 mod metrics;
@@ -19,6 +21,8 @@ mod scenarios;
 mod task;
 mod throttle;
 mod timers;
+#[cfg(test)]
+mod wire_schema;
 mod worker;
 mod worker_state;
 

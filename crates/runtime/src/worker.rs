@@ -146,7 +146,7 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             CoordinatorMessage::Deploy(d, state) => {
                 let env = match &env {
                     Some(env) => env.clone(),
-                    None => env.insert(open_state(&data_dir, &state, &link)?).clone(),
+                    None => env.insert(open_state(&data_dir, &state, &link, options.token.as_ref())?).clone(),
                 };
                 let memory = memory
                     .get_or_insert_with(|| {

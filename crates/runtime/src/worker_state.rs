@@ -6,6 +6,7 @@ use std::sync::Arc;
 use koala_protocol::{StateBackendKind, StateOptions};
 use koala_state::{CachedEnv, DiscardEnv, FjallEnv, MemoryEnv, RemoteEnv, StateEnv};
 use koala_types::WorkerId;
+use koala_types::handshake::Token;
 
 use crate::RuntimeError;
 use crate::throttle::SharedLink;
@@ -33,11 +34,13 @@ pub fn data_dir_of(template: &Path, worker: WorkerId) -> PathBuf {
 }
 
 /// Opens the worker's state stores as the job's `[state]` section says.
-/// Remote state crosses the worker's emulated link (`link`).
+/// Remote state crosses the worker's emulated link (`link`), and its connections present the
+/// job `token` to the state servers.
 pub(crate) fn open_state(
     data_dir: &std::path::Path,
     state: &StateOptions,
     link: &Arc<SharedLink>,
+    token: Option<&Token>,
 ) -> Result<Arc<dyn StateEnv>, RuntimeError> {
     let state = state.clone();
     Ok(match state.backend {
@@ -64,7 +67,8 @@ pub(crate) fn open_state(
                 ));
             }
             let link = link.clone();
-            let remote = RemoteEnv::with_link(state.servers, Arc::new(move |bytes| link.pace(bytes)));
+            let remote =
+                RemoteEnv::with_link(state.servers, token.cloned(), Arc::new(move |bytes| link.pace(bytes)));
             match usize::try_from(state.cache_bytes) {
                 _ if state.cache_from_budget => {
                     Arc::new(CachedEnv::new(remote, koala_state::MIN_BUDGET_BYTES))

@@ -11,6 +11,7 @@ use koala_state::{
     CachedEnv, ENTRY_OVERHEAD_BYTES, FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, RemoteEnv, StateBackend,
     StateEnv, StateError, StateKey, StateServer, StateWrite,
 };
+use koala_types::handshake::Token;
 use koala_types::{BucketId, OperatorId, TaskId};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -357,10 +358,17 @@ fn private_stores_refuse_release(env: &dyn StateEnv) -> TestResult {
     Ok(())
 }
 
+/// The job token the remote backend's servers check and its env presents (on loopback a token
+/// is not required, but a given one is checked: every request of the suite passes the gate with
+/// it).
+fn job_token() -> Result<Token, Box<dyn Error>> {
+    Ok(Token::parse("conformance-suite-job-token", "test")?)
+}
+
 /// A state server on port 0 in this process, and its directory.
 fn server() -> Result<(StateServer, tempfile::TempDir), Box<dyn Error>> {
     let dir = tempfile::tempdir()?;
-    Ok((StateServer::start("127.0.0.1:0", dir.path())?, dir))
+    Ok((StateServer::start("127.0.0.1:0", dir.path(), Some(job_token()?))?, dir))
 }
 
 /// Running state servers and their directories (kept alive as long as the test uses them).
@@ -369,7 +377,7 @@ type Servers = Vec<(StateServer, tempfile::TempDir)>;
 /// An env on two fresh servers (so batches are split), and what keeps them alive.
 fn remote_env() -> Result<(RemoteEnv, Servers), Box<dyn Error>> {
     let servers = vec![server()?, server()?];
-    let env = RemoteEnv::new(servers.iter().map(|(s, _)| s.addr().to_string()).collect());
+    let env = RemoteEnv::new(servers.iter().map(|(s, _)| s.addr().to_string()).collect(), Some(job_token()?));
     Ok((env, servers))
 }
 

@@ -16,11 +16,13 @@
 //! ([`crate::control::request_reply`]): the event loop validates it against the deployment.
 //! Errors are `{"error": "…"}` with a 4xx status (5xx only when the metrics store fails).
 //!
-//! POST routes change the job, so when the server does not listen on loopback they require the
-//! job token (`Authorization: Bearer <token>`; 401 without it); a wrong token is refused (403)
-//! wherever the server listens. GET routes only read and stay open.
+//! When the server does not listen on loopback every route requires the job token (the
+//! deployment, the metrics and the page are the job's business too): the header
+//! `Authorization: Bearer <token>`, or for the dashboard page `/?token=<token>`; 401 without it
+//! ([`auth`]). A wrong token is refused (403) wherever the server listens.
 
 pub mod api;
+pub mod auth;
 pub mod live;
 pub mod prometheus;
 #[cfg(test)]
@@ -39,6 +41,7 @@ use tiny_http::{Header, Method, Request, Response, Server};
 use crate::control::{Event, request_reply};
 use crate::error::CoordinatorError;
 use api::ApiError;
+use auth::{ApiAuth, PAGE_ROUTES};
 use koala_types::handshake::Token;
 use live::Live;
 
@@ -58,7 +61,8 @@ pub struct CoordinatorSection {
     #[serde(default)]
     pub http_port: Option<u16>,
     /// A file holding the job token (docs/deploy.md): required by the control port, the
-    /// workers' data ports and the API's POST routes when they do not listen on loopback. The
+    /// workers' data ports, the state servers and every HTTP route when they do not listen on
+    /// loopback. The
     /// environment variable `KOALA_TOKEN` takes precedence; `koala run` generates one otherwise.
     #[serde(default)]
     pub token_file: Option<std::path::PathBuf>,
@@ -100,15 +104,13 @@ impl HttpServer {
         let addr = listener
             .local_addr()
             .map_err(|source| CoordinatorError::Io { context: "reading the HTTP address".into(), source })?;
-        let auth = Arc::new(PostAuth { required: !koala_types::handshake::is_loopback(addr.ip()), token });
-        if auth.required && auth.token.is_none() {
-            return Err(CoordinatorError::Io {
+        let auth = ApiAuth::new(koala_types::handshake::is_loopback(addr.ip()), token).map_err(|e| {
+            CoordinatorError::Io {
                 context: format!("serving the HTTP API on {addr}"),
-                source: std::io::Error::other(
-                    "not loopback, so POST routes need a job token: set KOALA_TOKEN or [coordinator] token_file",
-                ),
-            });
-        }
+                source: std::io::Error::other(e),
+            }
+        })?;
+        let auth = Arc::new(auth);
         let server = Server::from_listener(listener, None).map_err(|e| CoordinatorError::Io {
             context: format!("starting the HTTP server on {addr}"),
             source: std::io::Error::other(e.to_string()),
@@ -139,42 +141,12 @@ impl Drop for HttpServer {
     }
 }
 
-/// Who may POST.
-struct PostAuth {
-    /// Whether a POST without the token is refused (the server is not on loopback).
-    required: bool,
-    /// The job token.
-    token: Option<Token>,
-}
-
-impl PostAuth {
-    /// Checks a POST's `Authorization: Bearer` header.
-    fn check(&self, request: &Request) -> Result<(), ApiError> {
-        let presented = request
-            .headers()
-            .iter()
-            .find(|h| h.field.equiv("Authorization"))
-            .map(|h| h.value.as_str().trim().strip_prefix("Bearer ").unwrap_or("").trim().to_string());
-        match (presented, &self.token) {
-            (Some(given), Some(token)) if token.matches(given.as_bytes()) => Ok(()),
-            (Some(_), _) => Err(ApiError { status: 403, message: "Authorization: wrong job token".into() }),
-            (None, _) if !self.required => Ok(()),
-            (None, _) => Err(ApiError {
-                status: 401,
-                message: "this API is not on loopback: POST needs the job token, \
-                          header `Authorization: Bearer <token>` (KOALA_TOKEN)"
-                    .into(),
-            }),
-        }
-    }
-}
-
 fn serve(
     server: &Server,
     stopping: &AtomicBool,
     live: &Arc<Live>,
     events: &Sender<Event>,
-    auth: &Arc<PostAuth>,
+    auth: &Arc<ApiAuth>,
 ) {
     let in_flight = Arc::new(AtomicUsize::new(0));
     loop {
@@ -225,7 +197,18 @@ fn json_response(status: u16, value: &Value) -> Response<std::io::Cursor<Vec<u8>
 }
 
 fn error_response(e: &ApiError) -> Response<std::io::Cursor<Vec<u8>>> {
-    json_response(e.status, &json!({ "error": e.message }))
+    let mut response = json_response(e.status, &json!({ "error": e.message }));
+    if e.status == 401
+        && let Some(h) = header("WWW-Authenticate", "Bearer")
+    {
+        response.add_header(h);
+    }
+    response
+}
+
+/// The dashboard page's answer without the job token: what to open instead, in plain text.
+fn page_refusal(e: &ApiError) -> Response<std::io::Cursor<Vec<u8>>> {
+    respond_text(e.status, "text/plain; charset=utf-8", format!("{}\n", e.message))
 }
 
 /// The routes, for 404 answers.
@@ -250,20 +233,22 @@ fn body(request: &mut Request) -> Result<Vec<u8>, ApiError> {
     Ok(out)
 }
 
-fn handle(mut request: Request, live: &Live, events: &Sender<Event>, auth: &PostAuth) {
+fn handle(mut request: Request, live: &Live, events: &Sender<Event>, auth: &ApiAuth) {
     let url = request.url().to_string();
     let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
     let method = request.method().clone();
-    let response = match method {
-        Method::Post => auth.check(&request),
-        _ => Ok(()),
+    let response = match auth.check(&request, path, query) {
+        Ok(()) => route(&mut request, &method, path, query, live, events),
+        Err(e) => {
+            // The path only: a query may hold a token.
+            tracing::warn!(
+                remote = ?request.remote_addr(), method = %method, path, reason = %e.message,
+                "HTTP API: refused a request"
+            );
+            // A browser opening the page gets words, not JSON.
+            if PAGE_ROUTES.contains(&path) { Ok(page_refusal(&e)) } else { Err(e) }
+        }
     };
-    let response = response.and_then(|()| route(&mut request, &method, path, query, live, events));
-    if let Err(e) = &response
-        && matches!(e.status, 401 | 403)
-    {
-        tracing::warn!(remote = ?request.remote_addr(), reason = %e.message, "HTTP API: refused a POST");
-    }
     let response = response.unwrap_or_else(|e| error_response(&e));
     if let Err(e) = request.respond(response) {
         tracing::debug!(error = %e, "an HTTP client left before its answer");
@@ -285,7 +270,12 @@ fn route(
     };
     match path {
         "/" | "/index.html" if get => {
-            Ok(respond_text(200, "text/html; charset=utf-8", DASHBOARD.to_string()))
+            let mut page = respond_text(200, "text/html; charset=utf-8", DASHBOARD.to_string());
+            // Its address may hold the token (`?token=`): never send it on as a referrer.
+            if let Some(h) = header("Referrer-Policy", "no-referrer") {
+                page.add_header(h);
+            }
+            Ok(page)
         }
         "/api/job" if get => Ok(json_response(200, &api::job(live, &live.snapshot()))),
         "/api/metrics" if get => {

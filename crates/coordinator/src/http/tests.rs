@@ -211,8 +211,12 @@ fn prometheus_text_has_base_units_labels_and_counter_totals() {
     );
 }
 
+/// A server on 0.0.0.0 (not loopback, so the token is required whatever address reaches it;
+/// the test reaches it over 127.0.0.1): every route, reads included, refuses a request without
+/// the token (401) or with another one (403) and serves one with it; the dashboard page also
+/// takes it as `?token=`. Only the authenticated POST reaches the event loop.
 #[test]
-fn posts_off_loopback_need_the_job_token_and_gets_stay_open() {
+fn every_route_off_loopback_needs_the_job_token() {
     let dir = tempfile::tempdir().unwrap();
     let live = Arc::new(live(dir.path().join("metrics.db")));
     let (events_tx, events) = unbounded();
@@ -234,20 +238,56 @@ fn posts_off_loopback_need_the_job_token_and_gets_stay_open() {
         n
     });
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], server.addr().port()));
-    let body = br#"{"operator": "aggregate", "parallelism": 3}"#;
-    let (status, text) = call(addr, "POST", "/api/rescale", body);
-    assert_eq!(status, 401, "{text}");
-    assert!(error_of(&text).contains("Authorization: Bearer"), "{text}");
-    let (status, text) =
-        call_with(addr, "POST", "/api/rescale", body, "Authorization: Bearer not-the-token\r\n");
-    assert_eq!((status, error_of(&text)), (403, "Authorization: wrong job token".to_string()));
-    let (status, text) = call(addr, "GET", "/api/job", b"");
+    let right = "Authorization: Bearer 0123456789abcdef-http\r\n";
+    let wrong = "Authorization: Bearer not-the-token\r\n";
+    let gets =
+        ["/", "/index.html", "/api/job", "/api/metrics?seconds=5", "/api/reconfigurations", "/metrics"];
+    for path in gets {
+        let (status, text) = call(addr, "GET", path, b"");
+        assert_eq!(status, 401, "GET {path} without the token: {text}");
+        assert!(!text.contains("run-1") && !text.contains("aggregate"), "GET {path} leaked: {text}");
+        let (status, text) = call_with(addr, "GET", path, b"", wrong);
+        assert_eq!(status, 403, "GET {path} with another token: {text}");
+        let (status, text) = call_with(addr, "GET", path, b"", right);
+        assert_eq!(status, 200, "GET {path} with the token: {text}");
+    }
+    // Without the token the page says how to open it, in words.
+    let (_, text) = call(addr, "GET", "/", b"");
+    assert!(text.contains("/?token=") && !text.starts_with('{'), "{text}");
+    // The page (only the page) takes the token as a query.
+    let (status, text) = call(addr, "GET", "/?token=0123456789abcdef-http", b"");
     assert_eq!(status, 200, "{text}");
-    let (status, text) =
-        call_with(addr, "POST", "/api/rescale", body, "Authorization: Bearer 0123456789abcdef-http\r\n");
+    assert!(text.contains("<html"), "{text}");
+    assert_eq!(call(addr, "GET", "/?token=not-the-token", b"").0, 403);
+    assert_eq!(call(addr, "GET", "/api/job?token=0123456789abcdef-http", b"").0, 401);
+    let body = br#"{"operator": "aggregate", "parallelism": 3}"#;
+    for path in ["/api/rescale", "/api/rebalance", "/api/migrate"] {
+        let (status, text) = call(addr, "POST", path, body);
+        assert_eq!(status, 401, "POST {path}: {text}");
+        assert!(error_of(&text).contains("Authorization: Bearer"), "{text}");
+        let (status, text) = call_with(addr, "POST", path, body, wrong);
+        assert_eq!((status, error_of(&text)), (403, "wrong job token".to_string()), "POST {path}");
+    }
+    let (status, text) = call_with(addr, "POST", "/api/rescale", body, right);
     assert_eq!(status, 200, "{text}");
     // Only the authenticated POST reached the event loop.
     assert_eq!(answered.join().unwrap(), 1);
+}
+
+/// On loopback every route stays open without a token (as `koala run` serves it).
+#[test]
+fn on_loopback_reads_need_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Arc::new(live(dir.path().join("metrics.db")));
+    let token = koala_types::handshake::Token::parse("0123456789abcdef-http", "test").unwrap();
+    let server =
+        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, unbounded().0, Some(token))
+            .unwrap();
+    for path in ["/", "/api/job", "/api/reconfigurations", "/metrics"] {
+        assert_eq!(call(server.addr(), "GET", path, b"").0, 200, "GET {path}");
+    }
+    let wrong = "Authorization: Bearer not-the-token\r\n";
+    assert_eq!(call_with(server.addr(), "GET", "/api/job", b"", wrong).0, 403);
 }
 
 #[test]

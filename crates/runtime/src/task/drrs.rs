@@ -56,9 +56,10 @@ struct Stream {
     messages: VecDeque<ChannelMessage>,
 }
 
-/// What one task sends another on the peer lane under DRRS.
+/// What one task sends another on the peer lane under DRRS (a wire type: `crate::wire_schema`).
 #[derive(Serialize, Deserialize)]
-enum Wire {
+#[serde(rename = "DrrsWire")]
+pub(crate) enum Wire {
     Peer(DrrsPeer),
     /// Part of a pushed bucket's state.
     Chunk {

@@ -61,9 +61,10 @@ const FILTER_BUILD_STEP: usize = 4096;
 /// debug level.
 const SLOW_BATCH: Duration = Duration::from_millis(50);
 
-/// What one task sends another on a peer channel under Koala.
+/// What one task sends another on a peer channel under Koala (a wire type: `crate::wire_schema`).
 #[derive(Serialize, Deserialize)]
-enum Wire {
+#[serde(rename = "KoalaWire")]
+pub(crate) enum Wire {
     Peer(PeerMessage),
     Fetch(FetchRequest),
     Answer(FetchResponse),

@@ -10,6 +10,10 @@ mod sink_parts;
 mod source;
 mod transfer;
 
+/// The protocols' peer-lane messages, for the wire schema pin (`crate::wire_schema`).
+#[cfg(test)]
+pub(crate) use {drrs::Wire as DrrsWire, koala::Wire as KoalaWire};
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;

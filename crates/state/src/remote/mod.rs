@@ -28,8 +28,8 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
-//! let server = StateServer::start("127.0.0.1:0", dir.path())?;
-//! let env = RemoteEnv::new(vec![server.addr().to_string()]);
+//! let server = StateServer::start("127.0.0.1:0", dir.path(), None)?;
+//! let env = RemoteEnv::new(vec![server.addr().to_string()], None);
 //! let (t0, t1) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
 //! let key = StateKey::new(7, 0, b"user-42".to_vec());
 //! env.open_task(t0)?.write_many(vec![StateWrite::Put(key.clone(), b"3".to_vec())])?;
@@ -39,15 +39,14 @@
 //! # }
 //! ```
 
+mod pool;
 mod server;
 
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use koala_types::frame::{read_frame_sized, write_frame};
+use koala_types::handshake::Token;
 use koala_types::{BucketId, OperatorId, TaskId};
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +56,7 @@ use crate::{
     LayoutError, ScanSink, StateBackend, StateEnv, StateError, StateKey, StateWrite, encode_state_key,
 };
 
+use pool::{Conn, Pool, Servers};
 pub use server::StateServer;
 
 /// Bytes per chunk a server streams a bucket scan in.
@@ -137,137 +137,6 @@ pub enum StateResponse {
 /// emulated link, `[runtime] link_mb_per_sec`); it may sleep until the bytes "arrived".
 pub type LinkHook = Arc<dyn Fn(usize) + Send + Sync>;
 
-/// A connection to one server.
-struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
-}
-
-impl Conn {
-    fn open(addr: &str) -> std::io::Result<Self> {
-        let stream = TcpStream::connect(addr)?;
-        koala_types::handshake::greet(&stream, koala_types::handshake::Role::State, None)?;
-        let _ = stream.set_nodelay(true);
-        let reader = BufReader::with_capacity(64 * 1024, stream.try_clone()?);
-        Ok(Self { reader, writer: BufWriter::with_capacity(64 * 1024, stream) })
-    }
-
-    fn send(&mut self, request: &StateRequest) -> std::io::Result<usize> {
-        let bytes = write_frame(&mut self.writer, request)?;
-        self.writer.flush()?;
-        Ok(bytes)
-    }
-
-    fn receive(&mut self) -> std::io::Result<(StateResponse, usize)> {
-        read_frame_sized(&mut self.reader)?.ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection")
-        })
-    }
-}
-
-/// The servers of an env and how to reach them.
-struct Servers {
-    addrs: Vec<String>,
-    link: Option<LinkHook>,
-}
-
-impl Servers {
-    fn of(&self, bucket: BucketId) -> usize {
-        usize::from(bucket) % self.addrs.len()
-    }
-
-    fn pace(&self, bytes: usize) {
-        if let Some(link) = &self.link {
-            link(bytes);
-        }
-    }
-
-    fn error(&self, server: usize, op: &'static str, message: impl ToString) -> StateError {
-        StateError::Remote { server: self.addrs[server].clone(), op, message: message.to_string() }
-    }
-}
-
-/// One connection per server, opened on first use; a failed connection is dropped (the error is
-/// fatal for the task anyway, but a later handle starts afresh).
-struct Pool {
-    servers: Arc<Servers>,
-    conns: Vec<Mutex<Option<Conn>>>,
-}
-
-impl Pool {
-    fn new(servers: Arc<Servers>) -> Self {
-        let conns = servers.addrs.iter().map(|_| Mutex::new(None)).collect();
-        Self { servers, conns }
-    }
-
-    fn lock(&self, server: usize, op: &'static str) -> Result<MutexGuard<'_, Option<Conn>>, StateError> {
-        let mut guard = self.conns[server].lock().map_err(|_| StateError::Poisoned {
-            store: format!("connection to state server {}", self.servers.addrs[server]),
-            op,
-        })?;
-        if guard.is_none() {
-            let conn =
-                Conn::open(&self.servers.addrs[server]).map_err(|e| self.servers.error(server, op, e))?;
-            *guard = Some(conn);
-        }
-        Ok(guard)
-    }
-
-    /// Sends one request per (server, request), all before reading any answer (one round trip
-    /// over every server involved); returns the answers in the same order.
-    fn round_trip(
-        &self,
-        op: &'static str,
-        requests: Vec<(usize, StateRequest)>,
-    ) -> Result<Vec<StateResponse>, StateError> {
-        let mut guards = Vec::with_capacity(requests.len());
-        let mut bytes = 0;
-        for (server, request) in &requests {
-            let mut guard = self.lock(*server, op)?;
-            let sent = guard.as_mut().map(|c| c.send(request));
-            match sent {
-                Some(Ok(n)) => bytes += n,
-                Some(Err(e)) => {
-                    *guard = None;
-                    return Err(self.servers.error(*server, op, e));
-                }
-                None => return Err(self.servers.error(*server, op, "no connection")),
-            }
-            guards.push((*server, guard));
-        }
-        let mut answers = Vec::with_capacity(guards.len());
-        for (server, mut guard) in guards {
-            let received = guard.as_mut().map(Conn::receive);
-            match received {
-                Some(Ok((StateResponse::Failed(message), _))) => {
-                    return Err(self.servers.error(server, op, message));
-                }
-                Some(Ok((answer, n))) => {
-                    bytes += n;
-                    answers.push(answer);
-                }
-                Some(Err(e)) => {
-                    *guard = None;
-                    return Err(self.servers.error(server, op, e));
-                }
-                None => return Err(self.servers.error(server, op, "no connection")),
-            }
-        }
-        self.servers.pace(bytes);
-        Ok(answers)
-    }
-
-    fn one(
-        &self,
-        op: &'static str,
-        server: usize,
-        request: StateRequest,
-    ) -> Result<StateResponse, StateError> {
-        let mut answers = self.round_trip(op, vec![(server, request)])?;
-        answers.pop().ok_or_else(|| self.servers.error(server, op, "no answer"))
-    }
-}
-
 /// The state of every task of a worker on shared state servers (see the module docs).
 pub struct RemoteEnv {
     servers: Arc<Servers>,
@@ -277,19 +146,20 @@ pub struct RemoteEnv {
 }
 
 impl RemoteEnv {
-    /// An env on the servers at `addrs` (bucket `b` on `addrs[b % addrs.len()]`). Connections
-    /// open on first use. An empty list is refused at the first operation.
-    pub fn new(addrs: Vec<String>) -> Self {
-        Self::build(addrs, None)
+    /// An env on the servers at `addrs` (bucket `b` on `addrs[b % addrs.len()]`), each
+    /// connection presenting the job token `token` (a server off loopback requires it).
+    /// Connections open on first use. An empty list is refused at the first operation.
+    pub fn new(addrs: Vec<String>, token: Option<Token>) -> Self {
+        Self::build(addrs, token, None)
     }
 
     /// [`RemoteEnv::new`] whose traffic crosses `link` (called with each frame's bytes).
-    pub fn with_link(addrs: Vec<String>, link: LinkHook) -> Self {
-        Self::build(addrs, Some(link))
+    pub fn with_link(addrs: Vec<String>, token: Option<Token>, link: LinkHook) -> Self {
+        Self::build(addrs, token, Some(link))
     }
 
-    fn build(addrs: Vec<String>, link: Option<LinkHook>) -> Self {
-        let servers = Arc::new(Servers { addrs, link });
+    fn build(addrs: Vec<String>, token: Option<Token>, link: Option<LinkHook>) -> Self {
+        let servers = Arc::new(Servers { addrs, token, link });
         Self { pool: Pool::new(servers.clone()), servers, tasks: Mutex::default() }
     }
 
@@ -473,7 +343,8 @@ impl StateBackend for RemoteBackend {
         for bucket in sorted_buckets(buckets) {
             let server = servers.of(bucket);
             // A connection of its own: the sink may use this store meanwhile.
-            let mut conn = Conn::open(&servers.addrs[server]).map_err(|e| servers.error(server, OP, e))?;
+            let mut conn = Conn::open(&servers.addrs[server], servers.token.as_ref())
+                .map_err(|e| servers.error(server, OP, e))?;
             let request = StateRequest::Scan { operator: self.task.operator, bucket };
             servers.pace(conn.send(&request).map_err(|e| servers.error(server, OP, e))?);
             loop {
@@ -584,12 +455,15 @@ mod tests {
     #[test]
     fn keys_are_partitioned_by_bucket_over_the_servers() -> Result<(), Box<dyn std::error::Error>> {
         let dirs = [tempfile::tempdir()?, tempfile::tempdir()?, tempfile::tempdir()?];
-        let servers: Vec<StateServer> =
-            dirs.iter().map(|d| StateServer::start("127.0.0.1:0", d.path())).collect::<Result<_, _>>()?;
+        let servers: Vec<StateServer> = dirs
+            .iter()
+            .map(|d| StateServer::start("127.0.0.1:0", d.path(), None))
+            .collect::<Result<_, _>>()?;
         let frames = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = frames.clone();
         let env = RemoteEnv::with_link(
             servers.iter().map(|s| s.addr().to_string()).collect(),
+            None,
             Arc::new(move |_| {
                 counted.fetch_add(1, Ordering::Relaxed);
             }),
@@ -603,7 +477,7 @@ mod tests {
         assert_eq!(frames.load(Ordering::Relaxed), 2, "one paced round trip per batch");
         // Each server holds exactly its buckets: b mod 3.
         for (i, server) in servers.iter().enumerate() {
-            let alone = RemoteEnv::new(vec![server.addr().to_string()]).open_task(task)?;
+            let alone = RemoteEnv::new(vec![server.addr().to_string()], None).open_task(task)?;
             let found = alone.get_many(&keys)?;
             let expected: Vec<Option<Vec<u8>>> =
                 (0..9u8).map(|b| (usize::from(b) % 3 == i).then_some(vec![b])).collect();
@@ -616,12 +490,12 @@ mod tests {
     fn an_unreachable_server_is_an_error_naming_it() -> Result<(), Box<dyn std::error::Error>> {
         // A port nobody listens on: bind one, learn it, close it.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
-        let store = RemoteEnv::new(vec![addr.clone()]).open_task(TaskId::new(OperatorId(1), 0))?;
+        let store = RemoteEnv::new(vec![addr.clone()], None).open_task(TaskId::new(OperatorId(1), 0))?;
         match store.get_many(&[key(1, "a")]) {
             Err(StateError::Remote { server, op, .. }) => assert_eq!((server, op), (addr, "get_many")),
             other => panic!("expected a remote error, got {other:?}"),
         }
-        assert!(RemoteEnv::new(Vec::new()).open_task(TaskId::new(OperatorId(1), 0)).is_err());
+        assert!(RemoteEnv::new(Vec::new(), None).open_task(TaskId::new(OperatorId(1), 0)).is_err());
         Ok(())
     }
 }

@@ -1,6 +1,9 @@
 //! The state server (`koala state-server`): an fjall database ([`FjallEnv`]) with one keyspace
-//! per operator, serving [`StateRequest`]s over framed TCP, one thread per connection. A malformed
-//! frame drops that connection with a logged error; the server keeps running.
+//! per operator, serving [`StateRequest`]s over framed TCP, one thread per connection. Every
+//! connection passes the listener's gate first (`koala_types::handshake`: protocol version, and
+//! the job token, required when the server does not listen on loopback — docs/deploy.md
+//! §Security). A malformed frame drops that connection with a logged error; the server keeps
+//! running.
 
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -8,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use koala_types::frame::{read_frame, write_frame};
-use koala_types::handshake::{Gate, GateLimits, Role};
+use koala_types::handshake::{Gate, GateLimits, Role, Token};
 use koala_types::{OperatorId, TaskId};
 
 use super::{SERVER_SCAN_CHUNK, StateRequest, StateResponse};
@@ -24,26 +27,31 @@ pub struct StateServer {
 
 impl StateServer {
     /// Opens (creating if needed) the database in `data_dir`, binds `listen` (port 0 = any free
-    /// port) and serves connections on a background thread.
+    /// port) and serves connections on a background thread. Clients present the job `token`;
+    /// it is required when `listen` is not loopback, and a wrong one is refused everywhere.
     ///
     /// # Errors
     /// [`StateError::Open`] if the database cannot be opened, [`StateError::Env`] if the address
-    /// cannot be bound.
-    pub fn start(listen: &str, data_dir: &Path) -> Result<Self, StateError> {
-        std::fs::create_dir_all(data_dir)
-            .map_err(|e| StateError::Open { path: data_dir.to_path_buf(), source: Box::new(e) })?;
-        let env = Arc::new(FjallEnv::open(data_dir)?);
+    /// cannot be bound, [`StateError::Remote`] (naming the fix) if it is not loopback and there is
+    /// no token.
+    pub fn start(listen: &str, data_dir: &Path, token: Option<Token>) -> Result<Self, StateError> {
         let bind_error = |e: std::io::Error| StateError::Env {
             path: data_dir.to_path_buf(),
             op: "bind",
             source: Box::new(e),
         };
+        // Bound first: the gate's rule depends on the address, and a refusal opens no database.
         let listener = TcpListener::bind(listen).map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
+        let gate = Gate::for_listener("state server", addr.ip(), token, GateLimits::default())
+            .map_err(|message| StateError::Remote { server: addr.to_string(), op: "start", message })?;
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| StateError::Open { path: data_dir.to_path_buf(), source: Box::new(e) })?;
+        let env = Arc::new(FjallEnv::open(data_dir)?);
         let served = env.clone();
         std::thread::Builder::new()
             .name("koala-state-server".into())
-            .spawn(move || accept(&listener, &served))
+            .spawn(move || accept(&listener, &gate, &served))
             .map_err(bind_error)?;
         Ok(Self { addr, env })
     }
@@ -62,10 +70,9 @@ impl StateServer {
     }
 }
 
-/// Serves connections, each admitted first by the protocol-version greeting
-/// (`koala_types::handshake`; no job token yet: keep state servers on a private network).
-fn accept(listener: &TcpListener, env: &Arc<FjallEnv>) {
-    let gate = Gate::new("state server", None, false, GateLimits::default());
+/// Serves connections, each admitted first by `gate` (the greeting: protocol version and job
+/// token), on a thread of its own so a slow greeting holds nobody up.
+fn accept(listener: &TcpListener, gate: &Gate, env: &Arc<FjallEnv>) {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
@@ -175,4 +182,74 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{RemoteEnv, StateKey, StateWrite};
+
+    fn token(text: &str) -> Token {
+        Token::parse(text, "test").expect("token")
+    }
+
+    /// A server listening on every interface (not loopback, so the gate requires the token; it
+    /// is reached over 127.0.0.1, which does not change what the listener requires): it does not
+    /// start without a token, refuses a client without it or with another one, and serves one
+    /// that presents it.
+    #[test]
+    fn a_server_off_loopback_serves_only_clients_with_the_job_token() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        match StateServer::start("0.0.0.0:0", dir.path(), None) {
+            Err(StateError::Remote { op: "start", message, .. }) => {
+                assert!(message.contains("KOALA_TOKEN") && message.contains("0.0.0.0"), "{message}");
+            }
+            other => panic!("expected a refusal to start without a token, got {other:?}"),
+        }
+        let job = token("0123456789abcdef-state");
+        let server = StateServer::start("0.0.0.0:0", dir.path(), Some(job.clone()))?;
+        assert!(server.addr().ip().is_unspecified());
+        let addr = format!("127.0.0.1:{}", server.addr().port());
+        let task = TaskId::new(OperatorId(1), 0);
+        let key = StateKey::new(3, 0, b"user-1".to_vec());
+        let refused = |presented: Option<Token>, expected: &str| -> Result<(), Box<dyn std::error::Error>> {
+            let store = RemoteEnv::new(vec![addr.clone()], presented).open_task(task)?;
+            match store.get_many(std::slice::from_ref(&key)) {
+                Err(StateError::Remote { message, .. }) => {
+                    assert!(message.contains(expected), "{message}");
+                }
+                other => panic!("expected a refusal ({expected}), got {other:?}"),
+            }
+            Ok(())
+        };
+        refused(None, "no job token")?;
+        refused(Some(token("fedcba9876543210-state")), "wrong job token")?;
+        let store = RemoteEnv::new(vec![addr.clone()], Some(job)).open_task(task)?;
+        store.write_many(vec![StateWrite::Put(key.clone(), b"v".to_vec())])?;
+        assert_eq!(store.get_many(&[key])?, vec![Some(b"v".to_vec())]);
+        Ok(())
+    }
+
+    /// On loopback the token is not required (a client without one is served), but a given one
+    /// is checked.
+    #[test]
+    fn a_server_on_loopback_needs_no_token_but_refuses_a_wrong_one() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let server = StateServer::start("127.0.0.1:0", dir.path(), Some(token("0123456789abcdef-state")))?;
+        let task = TaskId::new(OperatorId(1), 0);
+        let key = StateKey::new(3, 0, b"user-1".to_vec());
+        let open = RemoteEnv::new(vec![server.addr().to_string()], None).open_task(task)?;
+        assert_eq!(open.get_many(std::slice::from_ref(&key))?, vec![None]);
+        let wrong = RemoteEnv::new(vec![server.addr().to_string()], Some(token("fedcba9876543210-state")))
+            .open_task(task)?;
+        match wrong.get_many(&[key]) {
+            Err(StateError::Remote { message, .. }) => {
+                assert!(message.contains("wrong job token"), "{message}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        Ok(())
+    }
 }

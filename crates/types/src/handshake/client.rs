@@ -52,7 +52,7 @@ pub fn connect_control(
     stream.set_read_timeout(Some(limits.probe_after))?;
     let mut answered = peeked(&stream, &mut first)?;
     if answered.is_none() {
-        if let Some(http) = http_answer(addr, limits.connect) {
+        if let Some(http) = http_answer(addr, limits.connect, token) {
             return Err(http_api_error(addr, &http));
         }
         let left = limits.verdict.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
@@ -111,13 +111,15 @@ fn peeked(stream: &TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
     }
 }
 
-/// Asks `addr`, on a new connection, for the coordinator API's `/api/job`; its answer if it
-/// speaks HTTP.
-fn http_answer(addr: &str, limit: Duration) -> Option<String> {
+/// Asks `addr`, on a new connection, for the coordinator API's `/api/job` (presenting `token`,
+/// which an API off loopback requires; the greeting already gave it to `addr`); its answer if
+/// it speaks HTTP.
+fn http_answer(addr: &str, limit: Duration, token: Option<&Token>) -> Option<String> {
     let mut stream = connect_any(addr, limit).ok()?;
     stream.set_read_timeout(Some(limit)).ok()?;
     stream.set_write_timeout(Some(limit)).ok()?;
-    stream.write_all(format!("GET /api/job HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).ok()?;
+    let auth = token.map(|t| format!("Authorization: Bearer {}\r\n", t.expose())).unwrap_or_default();
+    stream.write_all(format!("GET /api/job HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n").as_bytes()).ok()?;
     let mut answer = Vec::new();
     let _ = stream.take(64 * 1024).read_to_end(&mut answer);
     answer.starts_with(b"HTTP/").then(|| String::from_utf8_lossy(&answer).into_owned())

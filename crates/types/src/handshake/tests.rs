@@ -1,6 +1,6 @@
 //! The gate against fake peers over real sockets: each refusal reaches the peer with its reason.
 
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -141,4 +141,53 @@ fn tokens_are_redacted_in_debug_and_display() {
     assert_eq!(t.expose().len(), 64);
     assert!(!format!("{t:?}{t}").contains(t.expose()));
     assert!(Token::parse("short", "KOALA_TOKEN").expect_err("short").contains("KOALA_TOKEN"));
+}
+
+/// A reader that holds a 4-byte length prefix and fails the test if anything past it is read.
+struct PrefixOnly([u8; 4], usize);
+
+impl Read for PrefixOnly {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        assert!(self.1 < 4, "the body of an oversize greeting was read");
+        let n = buf.len().min(4 - self.1);
+        buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+        self.1 += n;
+        Ok(n)
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Random bytes, and a valid greeting with bytes flipped or cut, are read as a greeting or a
+    /// verdict: admitted or refused, never a panic.
+    #[test]
+    fn hostile_greetings_and_verdicts_never_panic(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..128),
+        flips in proptest::collection::vec((0usize..64, 1u8..=255), 0..6),
+        cut in 0usize..64,
+    ) {
+        let idle = Duration::from_secs(1);
+        let _ = read_greeting(&mut &bytes[..], idle);
+        let _ = read_verdict(&mut &bytes[..]);
+        let mut greeting = greeting_bytes(Role::State, Some(&token("0123456789abcdef-job"))).expect("bytes");
+        for (at, mask) in &flips {
+            let i = at % greeting.len();
+            greeting[i] ^= mask;
+        }
+        let _ = read_greeting(&mut &greeting[..], idle);
+        let _ = read_greeting(&mut &greeting[..cut.min(greeting.len())], idle);
+    }
+
+    /// A length prefix above the limit is refused from the prefix alone, before a buffer is
+    /// allocated or a byte of the body is read.
+    #[test]
+    fn an_oversize_greeting_is_refused_from_its_prefix(len in (MAX_GREETING_BYTES as u32 + 1)..=u32::MAX) {
+        let outcome = read_greeting(&mut PrefixOnly(len.to_le_bytes(), 0), Duration::from_secs(1));
+        proptest::prop_assert_eq!(outcome, Err(Refusal::Oversize(len as usize)));
+    }
 }
