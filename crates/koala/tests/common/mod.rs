@@ -274,19 +274,8 @@ pub fn run_koala_with_env(
     timeout: Duration,
     env: &[(&str, &str)],
 ) -> RunOutput {
-    let path = dir.join("job.toml");
-    std::fs::write(&path, config_text).expect("write config");
     let started = Instant::now();
-    let mut child = koala()
-        .arg("run")
-        .arg(&path)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("start koala run");
+    let mut child = spawn_run(dir, config_text, env);
     let group = child.id();
     let read = |stream: Option<Box<dyn Read + Send>>| {
         let (tx, rx) = mpsc::channel();
@@ -348,18 +337,24 @@ pub fn spawn_unbounded_run(dir: &Path, rate: u32, extra: &str) -> (std::process:
          [params.source]\nrate = [{{ at_ms = 0, records_per_sec = {rate}.0 }}]\n{extra}",
         out_dir.display().to_string()
     );
+    (spawn_run(dir, &config, &[]), out_dir)
+}
+
+/// `koala run` of `config_text` (written to `dir/job.toml`) with `env` added, in a process group
+/// of its own (so a test can signal or kill all of it), stdout and stderr piped.
+fn spawn_run(dir: &Path, config_text: &str, env: &[(&str, &str)]) -> std::process::Child {
     let path = dir.join("job.toml");
-    std::fs::write(&path, config).expect("write config");
-    let child = koala()
+    std::fs::write(&path, config_text).expect("write config");
+    koala()
         .arg("run")
         .arg(&path)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
-        .expect("start koala run");
-    (child, out_dir)
+        .expect("start koala run")
 }
 
 /// Whether any process of the group is still alive (signal 0 reaches one).
