@@ -53,6 +53,8 @@ pub(crate) struct Checkpoints {
     initial: Deployment,
     /// Completed checkpoints and their sizes (bytes), for the summary.
     pub(crate) sizes: Vec<u64>,
+    /// Checkpoints skipped: due while the previous one was still being written.
+    pub(crate) skipped: u64,
     /// Recoveries: (checkpoint restored, ms from the loss to the restart).
     pub(crate) recoveries: Vec<(CheckpointId, u64)>,
     /// Recoveries since a checkpoint last completed (a failure that recurs before the job gets
@@ -114,6 +116,7 @@ impl Checkpoints {
             latest: resumed.map(|m| Latest { point: m.point.clone(), deployment: m.deployment.clone() }),
             initial: initial.clone(),
             sizes: Vec::new(),
+            skipped: 0,
             recoveries: Vec::new(),
             recoveries_since_completed: 0,
             redo: Vec::new(),
@@ -125,7 +128,13 @@ impl Checkpoints {
     /// Starts a checkpoint if one is due and the job allows it now.
     pub(crate) fn tick(&mut self, state: &mut JobState) -> Result<(), CoordinatorError> {
         let now = Instant::now();
-        if now < self.next_due || self.core.running().is_some() {
+        if now < self.next_due {
+            return Ok(());
+        }
+        if let Some(running) = self.core.running() {
+            // Still being written when the next is due: skipped and counted, not queued — a
+            // queued barrier would follow the slow one at once and keep the writers busy.
+            self.skip(state, now, running)?;
             return Ok(());
         }
         // Not during a reconfiguration, nor while lazy Koala state sits at a cancelled task.
@@ -155,6 +164,28 @@ impl Checkpoints {
             tracing::info!(id, "checkpoint {id} started");
             state.workers.broadcast_to_reachable(&CoordinatorMessage::Checkpoint { id });
         }
+        Ok(())
+    }
+
+    /// The checkpoint due now is skipped: `running` is still being written. The next is due a
+    /// whole interval after the skipped one (the schedule keeps its grid).
+    fn skip(
+        &mut self,
+        state: &mut JobState,
+        now: Instant,
+        running: CheckpointId,
+    ) -> Result<(), CoordinatorError> {
+        let late = now.duration_since(self.next_due);
+        let due_ms = unix_ms().saturating_sub(late.as_millis() as u64);
+        let intervals = (late.as_nanos() / self.interval.as_nanos().max(1)) as u32 + 1;
+        self.next_due += self.interval * intervals;
+        self.skipped += 1;
+        tracing::info!(
+            running,
+            skipped = self.skipped,
+            "checkpoint skipped: checkpoint {running} is still running"
+        );
+        state.store.checkpoint_skipped(state.run, due_ms, running)?;
         Ok(())
     }
 
@@ -206,6 +237,7 @@ impl Checkpoints {
                 started_ms,
                 completed_ms,
                 bytes,
+                written_bytes: Some(parts.clone().map(|t| t.written_bytes).sum()),
                 entries: parts.clone().map(|t| t.entries).sum(),
                 alignment_ms: parts.map(|t| t.alignment_ms).max().unwrap_or(0),
                 path: path.to_string_lossy().into_owned(),

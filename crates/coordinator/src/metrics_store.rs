@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     bytes INTEGER, entries INTEGER, alignment_ms INTEGER, path TEXT, deployment BLOB);
 CREATE TABLE IF NOT EXISTS recoveries (
     run TEXT, lost TEXT, detected_ms INTEGER, restarted_ms INTEGER, checkpoint INTEGER);
+CREATE TABLE IF NOT EXISTS checkpoint_skips (run TEXT, due_ms INTEGER, running INTEGER);
 CREATE TABLE IF NOT EXISTS autoscale_decisions (
     run TEXT, at_ms INTEGER, t_s INTEGER, kind TEXT, request TEXT, reason TEXT, figures TEXT,
     outcome TEXT);
@@ -256,7 +257,10 @@ impl MetricsStore {
         conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get::<_, String>(0))
             .map_err(|e| fail("enable WAL", e))?;
         conn.execute_batch(SCHEMA).map_err(|e| fail("create schema", e))?;
-        runs::add_missing_columns(&conn).map_err(|e| fail("add the run-end columns", e))?;
+        runs::add_missing_columns(&conn, "runs", runs::ADDED_COLUMNS)
+            .map_err(|e| fail("add the run-end columns", e))?;
+        runs::add_missing_columns(&conn, "checkpoints", &[("written_bytes", "INTEGER NULL")])
+            .map_err(|e| fail("add the checkpoints' written bytes", e))?;
         Ok(Self { path: path.to_path_buf(), conn })
     }
 

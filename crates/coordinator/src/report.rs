@@ -410,6 +410,7 @@ pub fn summarize(store: &MetricsStore, info: RunInfo) -> Result<ReportSummary, R
         checkpoints: CheckpointSummary {
             checkpoints: store.checkpoints(&info.run)?,
             recoveries: store.recoveries(&info.run)?,
+            skipped: store.checkpoints_skipped(&info.run)?,
         },
         autoscale: store.autoscale_decisions(&info.run)?,
         ending: ending::RunEnding::read(store, &info)?,

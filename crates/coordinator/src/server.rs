@@ -61,6 +61,8 @@ pub struct JobSummary {
     pub reconfigurations: u64,
     /// Completed checkpoints' sizes in bytes, in order (empty with checkpoints off).
     pub checkpoint_bytes: Vec<u64>,
+    /// Checkpoints skipped: due while the previous one was still being written.
+    pub checkpoints_skipped: u64,
     /// Recoveries after a lost worker: (checkpoint restored, 0 = none yet; ms from the loss to
     /// the restarted job).
     pub recoveries: Vec<(u64, u64)>,
@@ -442,7 +444,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     }
     let totals = std::mem::take(&mut state.totals);
     drop(state);
-    let (checkpoint_bytes, recoveries) = checkpoints.map(|c| (c.sizes, c.recoveries)).unwrap_or_default();
+    let (checkpoint_bytes, checkpoints_skipped, recoveries) =
+        checkpoints.map(|c| (c.sizes, c.skipped, c.recoveries)).unwrap_or_default();
     Ok(JobSummary {
         run: job.run,
         elapsed: started.elapsed(),
@@ -456,6 +459,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         metrics_db: config.metrics_path(),
         reconfigurations: completed,
         checkpoint_bytes,
+        checkpoints_skipped,
         recoveries,
         interrupted,
         malformed: totals.malformed,

@@ -117,6 +117,7 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
     let c = &report.checkpoints;
     let (d_mean, d_max) = c.duration_ms();
     let (b_mean, b_max) = c.bytes();
+    let (w_mean, w_max) = c.written_bytes();
     let (a_mean, a_max) = c.alignment_ms();
     println!();
     println!("checkpoint cost, both runs in this invocation (same machine, back to back)");
@@ -128,6 +129,12 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
     println!("{:<44} {:>12}", "checkpoint duration mean / max (ms)", format!("{d_mean} / {d_max}"));
     println!("{:<44} {:>12}", "checkpoint size mean", human_bytes(b_mean));
     println!("{:<44} {:>12}", "checkpoint size max", human_bytes(b_max));
+    println!(
+        "{:<44} {:>12}",
+        "written anew mean / max",
+        format!("{} / {}", human_bytes(w_mean), human_bytes(w_max))
+    );
+    println!("{:<44} {:>12}", "checkpoints skipped (one still running)", c.skipped);
     println!("{:<44} {:>12}", "alignment mean / max (ms)", format!("{a_mean} / {a_max}"));
     Ok(with)
 }

@@ -160,6 +160,12 @@ pub fn summary_lines(s: &JobSummary) -> Vec<String> {
             human_bytes(s.checkpoint_bytes.last().copied().unwrap_or(0))
         ));
     }
+    if s.checkpoints_skipped > 0 {
+        lines.push(format!(
+            "checkpoints: {} skipped (due while the previous one was still being written)",
+            s.checkpoints_skipped
+        ));
+    }
     for (checkpoint, ms) in &s.recoveries {
         lines.push(recovery_line("a lost worker", *checkpoint, *ms));
     }
@@ -202,6 +208,7 @@ mod tests {
             metrics_db: "m.db".into(),
             reconfigurations: 0,
             checkpoint_bytes: vec![1 << 20],
+            checkpoints_skipped: 0,
             recoveries: vec![(3, 13)],
             interrupted: false,
             malformed: Default::default(),
@@ -240,6 +247,7 @@ mod tests {
             metrics_db: "m.db".into(),
             reconfigurations: 0,
             checkpoint_bytes: Vec::new(),
+            checkpoints_skipped: 0,
             recoveries: Vec::new(),
             interrupted: false,
             malformed: Default::default(),

@@ -128,8 +128,11 @@ pub struct TaskCheckpoint {
     pub records: u64,
     /// State entries written.
     pub entries: u64,
-    /// Bytes written (state, timers, watermarks).
+    /// Bytes of the part (state, timers, watermarks), written now or shared with the task's
+    /// previous part.
     pub bytes: u64,
+    /// Bytes written anew: the rest is shared with the task's previous part.
+    pub written_bytes: u64,
     /// Milliseconds from the first barrier to the last on this task's inputs.
     pub alignment_ms: u64,
 }

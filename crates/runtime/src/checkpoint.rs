@@ -32,6 +32,7 @@ use koala_types::{BucketId, ChannelMessage, CheckpointId, InputChannel, TaskId, 
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
+use crate::queue::AlignmentHold;
 use crate::task::TaskSetup;
 
 /// What a task records besides its state.
@@ -65,18 +66,34 @@ pub(crate) enum Gate {
     Aligned(CheckpointId),
 }
 
-/// A task's barrier alignment over its data inputs, with the messages of held channels.
+/// A task's barrier alignment over its data inputs, with the messages of held channels. A held
+/// channel is also held back at the task's data queue ([`AlignmentHold`]): what waits here is at
+/// most what was queued when its barrier arrived.
 pub(crate) struct BarrierGate {
     task: TaskId,
     aligner: BarrierAligner<InputChannel>,
     held: VecDeque<(InputChannel, ChannelMessage)>,
     first_barrier: Option<Instant>,
+    /// The channels whose barrier arrived, held back at the queue through `hold`.
+    arrived: BTreeSet<InputChannel>,
+    hold: AlignmentHold,
 }
 
 impl BarrierGate {
-    /// A gate over these input channels.
-    pub(crate) fn new(task: TaskId, channels: impl IntoIterator<Item = InputChannel>) -> Self {
-        Self { task, aligner: BarrierAligner::new(channels), held: VecDeque::new(), first_barrier: None }
+    /// A gate over these input channels of the task whose data queue `hold` holds back.
+    pub(crate) fn new(
+        task: TaskId,
+        channels: impl IntoIterator<Item = InputChannel>,
+        hold: AlignmentHold,
+    ) -> Self {
+        Self {
+            task,
+            aligner: BarrierAligner::new(channels),
+            held: VecDeque::new(),
+            first_barrier: None,
+            arrived: BTreeSet::new(),
+            hold,
+        }
     }
 
     /// A reconfiguration added an input channel.
@@ -99,7 +116,11 @@ impl BarrierGate {
                 self.first_barrier.get_or_insert_with(Instant::now);
                 match self.aligner.on_barrier(channel, id) {
                     Ok(Some(id)) => Ok(Gate::Aligned(id)),
-                    Ok(None) => Ok(Gate::Waiting),
+                    Ok(None) => {
+                        self.arrived.insert(channel);
+                        self.hold.set(&self.arrived);
+                        Ok(Gate::Waiting)
+                    }
                     Err(e) => Err(RuntimeError::Checkpoint { task: self.task, what: e.to_string() }),
                 }
             }
@@ -115,6 +136,8 @@ impl BarrierGate {
     /// After an alignment: the held messages in arrival order, and how long it took (ms).
     pub(crate) fn release(&mut self) -> (VecDeque<(InputChannel, ChannelMessage)>, u64) {
         let ms = self.first_barrier.take().map_or(0, |t| t.elapsed().as_millis() as u64);
+        self.arrived.clear();
+        self.hold.set(&self.arrived);
         (std::mem::take(&mut self.held), ms)
     }
 }
@@ -137,8 +160,12 @@ pub(crate) struct CoreCheckpoints {
 
 impl CoreCheckpoints {
     /// Checkpoints over these input channels.
-    pub(crate) fn new(task: TaskId, channels: impl IntoIterator<Item = InputChannel>) -> Self {
-        Self { gate: BarrierGate::new(task, channels), pending: None, writer: None }
+    pub(crate) fn new(
+        task: TaskId,
+        channels: impl IntoIterator<Item = InputChannel>,
+        hold: AlignmentHold,
+    ) -> Self {
+        Self { gate: BarrierGate::new(task, channels, hold), pending: None, writer: None }
     }
 
     /// A reconfiguration added an input channel.
@@ -341,9 +368,30 @@ impl Drop for CheckpointWriter {
     }
 }
 
-/// Buckets per part file of a task's state in a checkpoint: `num_buckets / PARTS_PER_TASK`, so
-/// a part changes only when one of its few buckets changed.
+/// Bucket groups of a task's state in a checkpoint (`num_buckets / PARTS_PER_TASK` buckets
+/// each): the unit a checkpoint links, appends a delta to, or rewrites.
 const PARTS_PER_TASK: u16 = 16;
+
+/// Buckets per group of a checkpoint part ([`PARTS_PER_TASK`]).
+pub(crate) fn group_buckets(num_buckets: u16) -> u16 {
+    num_buckets.div_ceil(PARTS_PER_TASK)
+}
+
+/// A stateful task's store as checkpoints need it: with checkpoints on and a store of its own,
+/// wrapped so it logs what changed since each freeze ([`koala_state::ChangeTracking`]), so the
+/// writer touches only that. A shared store (Remote) is written per owned bucket as before: the
+/// other tasks' writes to a bucket it comes to own are not in its log.
+pub(crate) fn tracked_store(
+    store: Box<dyn koala_state::StateBackend>,
+    options: &koala_protocol::RuntimeOptions,
+    protocol: Protocol,
+    num_buckets: u16,
+) -> Box<dyn koala_state::StateBackend> {
+    if options.checkpoint.dir.is_none() || protocol == Protocol::Remote || store.is_shared() {
+        return store;
+    }
+    Box::new(koala_state::ChangeTracking::new(store, num_buckets, group_buckets(num_buckets)))
+}
 
 /// Writes `task`'s part of a checkpoint: its frozen store (if any), sharing unchanged part files
 /// with `base`, and its meta; returns the acknowledgement and the state directory written.
@@ -363,17 +411,20 @@ fn write_part(
     let mut state = None;
     if let Some(view) = job.view.as_deref() {
         let path = dir.join("state");
-        let group = num_buckets.div_ceil(PARTS_PER_TASK);
+        let group = group_buckets(num_buckets);
         let stats = koala_state::snapshot::snapshot_frozen(view, num_buckets, &path, group, base)
             .map_err(|e| e.to_string())?;
         tracing::debug!(%task, checkpoint = job.id, bytes = stats.bytes, written = stats.written_bytes,
-            shared = stats.shared_parts, parts = stats.parts, "checkpoint part written");
+            shared = stats.shared_parts, parts = stats.parts, deltas = stats.delta_parts,
+            scanned = stats.scanned_groups, "checkpoint part written");
         ack.entries = stats.entries;
         ack.bytes += stats.bytes;
+        ack.written_bytes += stats.written_bytes;
         state = Some(path);
     }
     let bytes = koala_types::encode(&job.meta).map_err(|e| e.to_string())?;
     ack.bytes += bytes.len() as u64;
+    ack.written_bytes += bytes.len() as u64;
     let tmp = dir.join("meta.tmp");
     std::fs::write(&tmp, &bytes)
         .and_then(|()| std::fs::rename(&tmp, dir.join("meta")))
@@ -539,4 +590,43 @@ pub(crate) fn restore_task(setup: &TaskSetup, state_ids: &[u8]) -> Result<Option
     }
     tracing::info!(%task, checkpoint = point.id, timers = meta.timers.len(), "restored from a checkpoint");
     Ok(Some(meta))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use koala_types::OperatorId;
+
+    use super::*;
+    use crate::channel::TaskInput;
+    use crate::queue::{SendFailed, data_queue};
+
+    fn channel(from: u32) -> InputChannel {
+        InputChannel { input: 0, from: TaskId::new(OperatorId(0), from) }
+    }
+
+    fn input(from: u32, n: u64) -> TaskInput {
+        TaskInput { channel: channel(from), message: ChannelMessage::Watermark(n) }
+    }
+
+    #[test]
+    fn a_channel_whose_barrier_arrived_is_not_read_until_the_checkpoint_aligns() -> Result<(), RuntimeError> {
+        let (tx, rx) = data_queue(8);
+        let mut gate =
+            BarrierGate::new(TaskId::new(OperatorId(1), 0), [channel(0), channel(1)], rx.alignment_hold());
+        assert!(matches!(gate.admit(channel(0), ChannelMessage::Barrier(1))?, Gate::Waiting));
+        // Channel 0's sender waits at the queue (nothing piles up behind the barrier) while
+        // channel 1 goes on.
+        let refused = tx.send_timeout(input(0, 1), Duration::from_millis(5));
+        assert!(matches!(refused, Err(SendFailed::Timeout(_))), "channel 0 is held back");
+        tx.send(input(1, 1)).map_err(|_| RuntimeError::NoInbox(TaskId::new(OperatorId(1), 0)))?;
+        assert!(matches!(gate.admit(channel(1), ChannelMessage::Watermark(1))?, Gate::Take(_)));
+        assert!(matches!(gate.admit(channel(1), ChannelMessage::Barrier(1))?, Gate::Aligned(1)));
+        let (held, _) = gate.release();
+        assert!(held.is_empty());
+        // Aligned: channel 0 is read again.
+        assert!(tx.send_timeout(input(0, 2), Duration::from_secs(5)).is_ok(), "channel 0 is released");
+        Ok(())
+    }
 }

@@ -43,13 +43,26 @@ struct GateState {
     abandoned: BTreeSet<u64>,
     /// The receiving end is gone: every send fails.
     closed: bool,
-    /// Channels whose senders wait before taking a turn ([`DataReceiver::hold_back`]).
+    /// Channels whose senders wait before taking a turn: those of `by_intake` and
+    /// `by_alignment`.
     held_back: BTreeSet<InputChannel>,
+    /// Held back by a Koala task's intake ([`DataReceiver::hold_back`]).
+    by_intake: BTreeSet<InputChannel>,
+    /// Held back by barrier alignment ([`AlignmentHold`]).
+    by_alignment: BTreeSet<InputChannel>,
     /// Senders waiting because their channel is held back.
     waiting_held: usize,
 }
 
 impl GateState {
+    /// Recomputes the held-back channels; true if they changed (waiting senders must look).
+    fn rehold(&mut self) -> bool {
+        let held: BTreeSet<InputChannel> = self.by_intake.union(&self.by_alignment).copied().collect();
+        let changed = held != self.held_back;
+        self.held_back = held;
+        changed
+    }
+
     /// Passes the turn to the next ticket still wanted.
     fn advance(&mut self) {
         self.serving += 1;
@@ -182,6 +195,31 @@ impl DataSender {
     }
 }
 
+/// Barrier alignment's hold on a task's data queue (docs/architecture.md §10, "bounded
+/// alignment"): a channel whose barrier arrived stops being read — its senders wait, as a Koala
+/// task's intake makes them wait ([`DataReceiver::hold_back`]; the two sets add up) — so what
+/// the task buffers behind a barrier is at most what was already queued, however long the
+/// other channels' barriers take. Flink's aligned checkpoints block a channel the same way. No
+/// wait can close a cycle: a held channel's barrier is already through, and the barriers the
+/// task still waits for come on channels it keeps reading.
+#[derive(Clone, Debug)]
+pub(crate) struct AlignmentHold {
+    gate: Arc<Gate>,
+}
+
+impl AlignmentHold {
+    /// Holds back exactly `channels` for alignment (empty: none).
+    pub(crate) fn set(&self, channels: &BTreeSet<InputChannel>) {
+        let mut state = self.gate.lock();
+        if state.by_alignment != *channels {
+            state.by_alignment.clone_from(channels);
+            if state.rehold() {
+                self.gate.room.notify_all();
+            }
+        }
+    }
+}
+
 /// The receiving end of a data queue. Take messages with [`Self::recv`], or wait on
 /// [`Self::queue`] in a `select!` and call [`Self::took`] for each message taken.
 #[derive(Debug)]
@@ -201,10 +239,17 @@ impl DataReceiver {
     /// channels whose head its core refused (`KoalaTask::data_room`; `task::koala_intake`).
     pub fn hold_back(&self, channels: &BTreeSet<InputChannel>) {
         let mut state = self.gate.lock();
-        if state.held_back != *channels {
-            state.held_back.clone_from(channels);
-            self.gate.room.notify_all();
+        if state.by_intake != *channels {
+            state.by_intake.clone_from(channels);
+            if state.rehold() {
+                self.gate.room.notify_all();
+            }
         }
+    }
+
+    /// The handle barrier alignment holds channels back with ([`AlignmentHold`]).
+    pub(crate) fn alignment_hold(&self) -> AlignmentHold {
+        AlignmentHold { gate: Arc::clone(&self.gate) }
     }
 
     /// Frees the room of one message taken from [`Self::queue`].
@@ -344,6 +389,24 @@ mod tests {
         rx.hold_back(&BTreeSet::new());
         assert_eq!(from_and_n(&rx.recv().expect("released")), (1, 1));
         assert!(waiting.join().expect("sender") > Duration::ZERO, "the held-back send waited");
+    }
+
+    #[test]
+    fn the_intake_and_alignment_hold_back_channels_together() {
+        let (tx, rx) = data_queue(4);
+        let (zero, one) = (item(0, 0).channel, item(1, 0).channel);
+        rx.hold_back(&BTreeSet::from([zero]));
+        let hold = rx.alignment_hold();
+        hold.set(&BTreeSet::from([one]));
+        assert_eq!(tx.gate.lock().held_back, BTreeSet::from([zero, one]));
+        // The intake lets channel 0 go; alignment still holds channel 1, and channel 0 sends.
+        rx.hold_back(&BTreeSet::new());
+        assert!(matches!(tx.send_timeout(item(1, 1), Duration::from_millis(1)), Err(SendFailed::Timeout(_))));
+        tx.send(item(0, 1)).expect("channel 0 is no longer held back");
+        hold.set(&BTreeSet::new());
+        tx.send(item(1, 2)).expect("channel 1 is released");
+        let got: Vec<(u32, u64)> = (0..2).map(|_| from_and_n(&rx.recv().expect("a message"))).collect();
+        assert_eq!(got, [(0, 1), (1, 2)]);
     }
 
     #[test]

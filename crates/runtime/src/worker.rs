@@ -554,7 +554,15 @@ fn build_setup(
     let graph: &JobGraph = &links.graph;
     let spec = graph.operator(task.operator).cloned().ok_or(RuntimeError::UnknownOperator(task.operator))?;
     let outputs = build_outputs(&links, &d, task)?;
-    let store = if spec.is_stateful() { Some(env.open_task(task)?) } else { None };
+    let store = match spec.is_stateful() {
+        true => Some(crate::checkpoint::tracked_store(
+            env.open_task(task)?,
+            &d.options,
+            d.protocol,
+            d.num_buckets,
+        )),
+        false => None,
+    };
     if let Some(store) = store.as_deref()
         && created_by_reconfiguration
         && d.protocol != koala_protocol::Protocol::Remote

@@ -19,6 +19,12 @@ pub type FrozenSink<'a> = &'a mut dyn FnMut(&[u8], &[u8]) -> Result<(), StateErr
 pub trait FrozenView: Send {
     /// Every entry of `bucket` as of the freeze, in stored key order (`encode_state_key`).
     fn scan_bucket(&self, bucket: BucketId, sink: FrozenSink<'_>) -> Result<(), StateError>;
+
+    /// What changed in each bucket group since the store's previous freeze, if its store logs
+    /// changes ([`crate::ChangeTracking`]); `None`: unknown, every group may have changed.
+    fn changes(&self) -> Option<&crate::changes::Changes> {
+        None
+    }
 }
 
 /// Whether stored key `key` lies in `bucket`'s range.

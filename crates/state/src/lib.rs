@@ -35,6 +35,7 @@
 //! ```
 
 mod cache;
+pub mod changes;
 mod compact;
 mod discard;
 mod error;
@@ -52,6 +53,7 @@ use std::ops::Bound;
 use koala_types::{BucketId, TaskId};
 
 pub use cache::{CachedBackend, CachedEnv, ENTRY_OVERHEAD_BYTES, MIN_BUDGET_BYTES};
+pub use changes::ChangeTracking;
 pub use discard::DiscardEnv;
 pub use error::{BackendError, StateError};
 pub use fjall_env::{FjallBackend, FjallConfig, FjallEnv};

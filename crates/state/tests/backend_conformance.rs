@@ -423,6 +423,24 @@ remote_conformance!(
     approximate_len_counts_written_keys,
 );
 
+/// An env whose stores log their changes for checkpoints ([`koala_state::ChangeTracking`]), as
+/// a task's store is wrapped when its job has checkpoints.
+struct Tracked<E>(E);
+
+impl<E: StateEnv> StateEnv for Tracked<E> {
+    fn open_task(&self, task: TaskId) -> Result<Box<dyn koala_state::StateBackend>, koala_state::StateError> {
+        Ok(Box::new(koala_state::ChangeTracking::new(self.0.open_task(task)?, BucketId::MAX, 64)))
+    }
+
+    fn drop_task(&self, task: TaskId) -> Result<(), koala_state::StateError> {
+        self.0.drop_task(task)
+    }
+
+    fn persist(&self) -> Result<(), koala_state::StateError> {
+        self.0.persist()
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -443,6 +461,13 @@ macro_rules! conformance {
             fn $case() -> super::TestResult {
                 let dir = tempfile::tempdir()?;
                 super::$case(&super::CachedEnv::new(super::FjallEnv::open(dir.path())?, 64 << 20))
+            })*
+        }
+        mod fjall_cached_tracked {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let dir = tempfile::tempdir()?;
+                super::$case(&super::Tracked(super::CachedEnv::new(super::FjallEnv::open(dir.path())?, 64 << 20)))
             })*
         }
         mod fjall_tiny_cache {

@@ -10,7 +10,8 @@ use std::path::Path;
 
 use koala_state::snapshot::{IncrementalStats, restore, snapshot, snapshot_frozen};
 use koala_state::{
-    CachedEnv, FjallEnv, MIN_BUDGET_BYTES, MemoryEnv, StateBackend, StateEnv, StateKey, StateWrite,
+    CachedEnv, ChangeTracking, FjallEnv, MIN_BUDGET_BYTES, MemoryEnv, StateBackend, StateEnv, StateKey,
+    StateWrite,
 };
 use koala_types::{OperatorId, TaskId};
 
@@ -154,4 +155,61 @@ fn an_incremental_chain_restores_what_a_full_snapshot_does() {
     assert_eq!(contents(store.as_ref()), model);
     assert_eq!(restored(&root.join("4")), model, "the chain's last snapshot restores the state");
     assert_eq!(restored(&full), model, "as a full snapshot does");
+}
+
+/// The chain of [`an_incremental_chain_restores_what_a_full_snapshot_does`] over a store that
+/// logs its changes ([`ChangeTracking`]): unchanged groups are linked without being read, a few
+/// changes become a delta part (deletes included), many changes rewrite their group, and the
+/// deltas of a group compact once they pass its part; every snapshot of the chain restores the
+/// state at its freeze, also once the older ones are deleted.
+#[test]
+fn a_chain_over_a_change_log_writes_deltas_and_restores_every_freeze() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = CachedEnv::new(FjallEnv::open(dir.path().join("db")).unwrap(), MIN_BUDGET_BYTES);
+    let store = ChangeTracking::new(env.open_task(task()).unwrap(), BUCKETS, 2);
+    let mut model = fill(&store);
+    let root = dir.path().join("checkpoints");
+    let first = take(&store, &root, "1", None);
+    assert_eq!((first.parts, first.delta_parts, first.scanned_groups), (8, 0, 8));
+    let same = take(&store, &root, "2", Some("1"));
+    assert_eq!((same.shared_parts, same.written_bytes, same.scanned_groups), (8, 0, 0));
+    // A few puts and deletes in buckets 3 and 12: two delta parts, nothing scanned.
+    let few = vec![
+        StateWrite::Delete(key(3)),
+        StateWrite::Put(key(19), b"changed".to_vec()),
+        StateWrite::Put(key(30_012), b"new key".to_vec()),
+    ];
+    apply(&store, &mut model, few);
+    let third = take(&store, &root, "3", Some("2"));
+    assert_eq!((third.parts, third.shared_parts, third.delta_parts, third.scanned_groups), (10, 8, 2, 0));
+    assert!(third.written_bytes < 200, "{third:?}");
+    assert_eq!(restored(&root.join("3")), model, "full parts then deltas restore the freeze");
+    // Every key of bucket 5 rewritten: past its group's budget, the group is scanned whole.
+    let many: Vec<StateWrite> =
+        (5u32..20_000).step_by(16).map(|i| StateWrite::Put(key(i), vec![7; 200])).collect();
+    apply(&store, &mut model, many);
+    let fourth = take(&store, &root, "4", Some("3"));
+    assert_eq!((fourth.delta_parts, fourth.scanned_groups), (0, 1), "{fourth:?}");
+    assert_eq!(restored(&root.join("4")), model);
+    // Small changes to bucket 12 checkpoint after checkpoint: its deltas compact within
+    // MAX_DELTAS snapshots, and the chain still restores each freeze.
+    let mut previous = "4".to_string();
+    let mut compacted = false;
+    for round in 0..koala_state::snapshot::MAX_DELTAS as u32 {
+        apply(
+            &store,
+            &mut model,
+            vec![StateWrite::Put(key(12 + 16 * round), format!("r{round}").into_bytes())],
+        );
+        let name = format!("r{round}");
+        let stats = take(&store, &root, &name, Some(&previous));
+        compacted |= stats.scanned_groups == 1 && stats.delta_parts == 0;
+        assert_eq!(restored(&root.join(&name)), model, "round {round}");
+        previous = name;
+    }
+    assert!(compacted, "the group's deltas were compacted");
+    for old in ["1", "2", "3", "4"] {
+        std::fs::remove_dir_all(root.join(old)).unwrap();
+    }
+    assert_eq!(restored(&root.join(&previous)), model, "the newest restores after retention");
 }

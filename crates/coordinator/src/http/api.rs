@@ -111,6 +111,7 @@ fn checkpoints(live: &Live) -> Value {
         "interval_ms": info.checkpoint_interval_ms,
         "retained": info.checkpoints_retained,
         "completed": 0,
+        "skipped": 0,
         "recoveries": 0,
         "last": null,
     });
@@ -118,13 +119,15 @@ fn checkpoints(live: &Live) -> Value {
         Some((store, _)) => {
             let done = store.checkpoints(&info.run).map_err(ApiError::store)?;
             let recoveries = store.recoveries(&info.run).map_err(ApiError::store)?;
-            Ok(Some((done, recoveries.len())))
+            let skipped = store.checkpoints_skipped(&info.run).map_err(ApiError::store)?;
+            Ok(Some((done, recoveries.len(), skipped)))
         }
         None => Ok(None),
     });
     match read {
-        Ok(Some((done, recoveries))) => {
+        Ok(Some((done, recoveries, skipped))) => {
             out["completed"] = json!(done.len());
+            out["skipped"] = json!(skipped);
             out["recoveries"] = json!(recoveries);
             out["last"] = done.iter().max_by_key(|c| c.id).map_or(Value::Null, |c| {
                 json!({
@@ -135,6 +138,7 @@ fn checkpoints(live: &Live) -> Value {
                     "duration_ms": c.completed_ms.saturating_sub(c.started_ms),
                     "alignment_ms": c.alignment_ms,
                     "bytes": c.bytes,
+                    "written_bytes": c.written_bytes,
                     "entries": c.entries,
                     "path": c.path,
                 })
@@ -143,6 +147,7 @@ fn checkpoints(live: &Live) -> Value {
         Ok(None) => {}
         Err(e) => {
             out["completed"] = Value::Null;
+            out["skipped"] = Value::Null;
             out["recoveries"] = Value::Null;
             out["error"] = json!(e.message);
         }

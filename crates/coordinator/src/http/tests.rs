@@ -327,6 +327,7 @@ fn the_job_shows_checkpoints_as_data_and_reconfigurations_in_words() {
             started_ms: 2_000 * id,
             completed_ms: 2_000 * id + 40,
             bytes: 4096 * id,
+            written_bytes: Some(1024 * id),
             entries: 10,
             alignment_ms: 3,
             path: format!("out/checkpoints/{id}"),

@@ -15,8 +15,11 @@ pub struct CheckpointRecord {
     pub started_ms: u64,
     /// See `started_ms`.
     pub completed_ms: u64,
-    /// Bytes written over all tasks.
+    /// Bytes of every task's part (written now or shared with earlier checkpoints).
     pub bytes: u64,
+    /// Bytes written anew for it: what changed since each task's previous part (`None`: recorded
+    /// by a build that did not count them).
+    pub written_bytes: Option<u64>,
     /// State entries written.
     pub entries: u64,
     /// The longest barrier alignment of a task (ms).
@@ -43,7 +46,9 @@ pub struct RecoveryRecord {
 impl MetricsStore {
     /// Records a completed checkpoint of `run`.
     pub fn checkpoint_completed(&mut self, run: &str, c: &CheckpointRecord) -> Result<(), MetricsStoreError> {
-        let sql = "INSERT INTO checkpoints VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+        let sql = "INSERT INTO checkpoints (run, id, epoch, started_ms, completed_ms, bytes, entries, \
+                   alignment_ms, path, deployment, written_bytes) \
+                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
         let args = params![
             run,
             c.id,
@@ -54,7 +59,8 @@ impl MetricsStore {
             c.entries,
             c.alignment_ms,
             c.path,
-            c.deployment
+            c.deployment,
+            c.written_bytes
         ];
         self.conn
             .execute(sql, args)
@@ -72,9 +78,37 @@ impl MetricsStore {
         Ok(())
     }
 
+    /// Records that a checkpoint of `run` due at `due_ms` was skipped because checkpoint
+    /// `running` was still being written (`checkpoint_skips` table).
+    pub fn checkpoint_skipped(
+        &mut self,
+        run: &str,
+        due_ms: u64,
+        running: u64,
+    ) -> Result<(), MetricsStoreError> {
+        let sql = "INSERT INTO checkpoint_skips VALUES (?1, ?2, ?3)";
+        self.conn
+            .execute(sql, params![run, due_ms, running])
+            .map_err(|e| self.fail(format!("record a skipped checkpoint of run {run:?}"), e))?;
+        Ok(())
+    }
+
+    /// How many checkpoints of `run` were skipped (due while one was still being written).
+    pub fn checkpoints_skipped(&self, run: &str) -> Result<u64, MetricsStoreError> {
+        let sql = "SELECT COUNT(*) FROM checkpoint_skips WHERE run = ?1";
+        let rows = self.rows(
+            sql,
+            params![run],
+            |r| r.get::<_, u64>(0),
+            || format!("count skipped checkpoints of run {run:?}"),
+        )?;
+        Ok(rows.first().copied().unwrap_or(0))
+    }
+
     /// The completed checkpoints of `run`, oldest first.
     pub fn checkpoints(&self, run: &str) -> Result<Vec<CheckpointRecord>, MetricsStoreError> {
-        let sql = "SELECT id, epoch, started_ms, completed_ms, bytes, entries, alignment_ms, path, deployment \
+        let sql = "SELECT id, epoch, started_ms, completed_ms, bytes, entries, alignment_ms, path, deployment, \
+                   written_bytes \
                    FROM checkpoints WHERE run = ?1 ORDER BY id";
         self.rows(
             sql,
@@ -90,6 +124,7 @@ impl MetricsStore {
                     alignment_ms: r.get(6)?,
                     path: r.get(7)?,
                     deployment: r.get(8)?,
+                    written_bytes: r.get(9)?,
                 })
             },
             || format!("read checkpoints of run {run:?}"),

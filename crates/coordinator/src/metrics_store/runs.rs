@@ -159,13 +159,18 @@ impl MetricsStore {
     }
 }
 
-/// Adds the columns of [`ADDED_COLUMNS`] that `conn`'s `runs` lacks.
-pub(super) fn add_missing_columns(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare("PRAGMA table_info(runs)")?;
+/// Adds the `columns` (name, SQL type) that `conn`'s `table` lacks: a database written by an
+/// older build opens with them empty.
+pub(super) fn add_missing_columns(
+    conn: &rusqlite::Connection,
+    table: &str,
+    columns: &[(&str, &str)],
+) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare(&format!("PRAGMA table_info({table})"))?;
     let have: Vec<String> = stmt.query_map([], |r| r.get::<_, String>(1))?.collect::<Result<_, _>>()?;
-    for (name, kind) in ADDED_COLUMNS {
+    for (name, kind) in columns {
         if !have.iter().any(|h| h == name) {
-            conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {name} {kind}"))?;
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {name} {kind}"))?;
         }
     }
     Ok(())

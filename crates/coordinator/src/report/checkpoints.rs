@@ -13,6 +13,8 @@ pub struct CheckpointSummary {
     pub checkpoints: Vec<CheckpointRecord>,
     /// Recoveries, oldest first.
     pub recoveries: Vec<RecoveryRecord>,
+    /// Checkpoints skipped: due while the previous one was still being written.
+    pub skipped: u64,
 }
 
 /// Mean and max of `values` (0, 0 when empty).
@@ -33,6 +35,12 @@ impl CheckpointSummary {
         mean_max(self.checkpoints.iter().map(|c| c.bytes))
     }
 
+    /// Bytes written anew per checkpoint (the rest shared with earlier ones): mean and max, over
+    /// the checkpoints that counted them.
+    pub fn written_bytes(&self) -> (u64, u64) {
+        mean_max(self.checkpoints.iter().filter_map(|c| c.written_bytes))
+    }
+
     /// The longest alignment of a task per checkpoint, ms: mean and max.
     pub fn alignment_ms(&self) -> (u64, u64) {
         mean_max(self.checkpoints.iter().map(|c| c.alignment_ms))
@@ -45,13 +53,23 @@ impl fmt::Display for CheckpointSummary {
         if !self.checkpoints.is_empty() {
             let (d_mean, d_max) = self.duration_ms();
             let (b_mean, b_max) = self.bytes();
+            let (w_mean, w_max) = self.written_bytes();
             let (a_mean, a_max) = self.alignment_ms();
             writeln!(
                 f,
-                "checkpoints: {} completed; duration mean {d_mean} ms, max {d_max} ms; size mean {}, max {}; alignment mean {a_mean} ms, max {a_max} ms",
+                "checkpoints: {} completed; duration mean {d_mean} ms, max {d_max} ms; size mean {}, max {}; written mean {}, max {}; alignment mean {a_mean} ms, max {a_max} ms",
                 self.checkpoints.len(),
                 super::text::fmt_bytes(b_mean as f64),
                 super::text::fmt_bytes(b_max as f64),
+                super::text::fmt_bytes(w_mean as f64),
+                super::text::fmt_bytes(w_max as f64),
+            )?;
+        }
+        if self.skipped > 0 {
+            writeln!(
+                f,
+                "checkpoints skipped: {} (due while the previous one was still being written)",
+                self.skipped
             )?;
         }
         for r in &self.recoveries {
@@ -82,6 +100,7 @@ mod tests {
             started_ms,
             completed_ms,
             bytes,
+            written_bytes: Some(bytes / 2),
             entries: 0,
             alignment_ms,
             path: String::new(),
@@ -95,11 +114,13 @@ mod tests {
                 restarted_ms: 5750,
                 checkpoint: 2,
             }],
+            skipped: 3,
         };
         let text = summary.to_string();
         assert!(text.contains("2 completed; duration mean 70 ms, max 100 ms"), "{text}");
-        assert!(text.contains("size mean 3.0 KiB, max 4.0 KiB; alignment mean 7 ms, max 10 ms"), "{text}");
+        assert!(text.contains("size mean 3.0 KiB, max 4.0 KiB; written mean 1.5 KiB, max 2.0 KiB; alignment mean 7 ms, max 10 ms"), "{text}");
         assert!(text.contains("worker1 disappeared; restarted from checkpoint 2 in 750 ms"), "{text}");
+        assert!(text.contains("checkpoints skipped: 3 (due while"), "{text}");
         assert_eq!(CheckpointSummary::default().to_string(), "");
     }
 }

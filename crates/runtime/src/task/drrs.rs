@@ -145,7 +145,7 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         last_subscale: false,
         released: false,
         clock: Instant::now(),
-        checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied()),
+        checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied(), setup.inbox.alignment_hold()),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     loop {

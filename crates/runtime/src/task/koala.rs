@@ -149,7 +149,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         watermark,
         life: TaskLife::new(setup.created_by_reconfiguration),
         clock: Instant::now(),
-        checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied()),
+        checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied(), setup.inbox.alignment_hold()),
         cut: CheckpointCut::new(restored),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));

@@ -185,7 +185,11 @@ impl OperatorTask {
             latency_by_caller: false,
             last_watermark,
             next_clock: Instant::now(),
-            barriers: BarrierGate::new(setup.task, setup.inputs.iter().copied()),
+            barriers: BarrierGate::new(
+                setup.task,
+                setup.inputs.iter().copied(),
+                setup.inbox.alignment_hold(),
+            ),
             checkpoints: None,
         })
     }

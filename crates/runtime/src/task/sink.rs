@@ -90,7 +90,8 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
         }
     };
     let mut open = setup.inputs.clone();
-    let mut barriers = BarrierGate::new(setup.task, setup.inputs.iter().copied());
+    let mut barriers =
+        BarrierGate::new(setup.task, setup.inputs.iter().copied(), setup.inbox.alignment_hold());
     let mut metrics = TaskMetrics::new(setup.task, false);
     // Records written since the job's start, a restored sink counting on from its checkpoint
     // (`metric::RECORDS_TOTAL`).

@@ -40,7 +40,11 @@ use std::path::{Path, PathBuf};
 use koala_types::BucketId;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::{FrozenView, StateBackend, StateError, StateKey, StateWrite, decode_state_key, encode_state_key};
+use crate::{StateBackend, StateError, StateKey, StateWrite, decode_state_key, encode_state_key};
+
+mod incremental;
+
+pub use incremental::{IncrementalStats, MAX_DELTAS, snapshot_frozen};
 
 const MAGIC: &str = "koala-snapshot 1";
 /// Bytes of entries a restore writes per batch.
@@ -74,9 +78,25 @@ pub enum SnapshotError {
     State(#[from] StateError),
 }
 
+/// What a part file holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PartKind {
+    /// Every entry of its buckets.
+    #[default]
+    Full,
+    /// Changes to apply over the parts listed before it: puts, and deletes (a value length of
+    /// [`DELETED`]).
+    Delta,
+}
+
+/// The value length a delta part gives a deleted key.
+pub const DELETED: u32 = u32::MAX;
+
 /// One part file of a snapshot, as its manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
+    /// Full or delta.
+    pub kind: PartKind,
     /// File name inside the snapshot directory.
     pub file: String,
     /// First and last bucket it holds entries of.
@@ -125,13 +145,24 @@ impl PartWriter {
         let path = dir.join(&file);
         let out =
             BufWriter::with_capacity(1 << 20, File::create(&path).map_err(io(&path, "creating a part"))?);
-        let part = Part { file, buckets: (bucket, bucket), entries: 0, bytes: 0, checksum: 0 };
+        let part =
+            Part { kind: PartKind::Full, file, buckets: (bucket, bucket), entries: 0, bytes: 0, checksum: 0 };
         Ok(Self { path, out, hash: Xxh3::new(), part })
     }
 
     fn write(&mut self, bucket: BucketId, key: &[u8], value: &[u8]) -> Result<(), SnapshotError> {
-        for bytes in [&(key.len() as u32).to_le_bytes()[..], key, &(value.len() as u32).to_le_bytes(), value]
-        {
+        self.write_entry(bucket, key, Some(value))
+    }
+
+    /// Writes one entry; `None` (a delta part's delete) is written as the length [`DELETED`].
+    fn write_entry(
+        &mut self,
+        bucket: BucketId,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), SnapshotError> {
+        let len = value.map_or(DELETED, |v| v.len() as u32).to_le_bytes();
+        for bytes in [&(key.len() as u32).to_le_bytes()[..], key, &len, value.unwrap_or_default()] {
             self.out.write_all(bytes).map_err(io(&self.path, "writing a part"))?;
             self.hash.update(bytes);
             self.part.bytes += bytes.len() as u64;
@@ -263,108 +294,21 @@ pub fn snapshot(
     writer.finish()
 }
 
-/// What [`snapshot_frozen`] wrote.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IncrementalStats {
-    /// Entries in the snapshot.
-    pub entries: u64,
-    /// Bytes of its part files (written or shared).
-    pub bytes: u64,
-    /// Bytes of the part files written anew (the rest is shared with the base).
-    pub written_bytes: u64,
-    /// Part files shared with the base (hard links), of `parts` in all.
-    pub shared_parts: u64,
-    /// Part files in the snapshot.
-    pub parts: u64,
-}
-
-/// Writes a snapshot of `view` (buckets `0..num_buckets`) into `dir` (created; it must not hold
-/// one), one part per group of `group_buckets` consecutive buckets (empty groups have none):
-/// the same layout [`restore`] reads. Incremental: a group whose part comes out identical to the
-/// part of the same buckets in the snapshot at `base` (same buckets, entries, bytes and xxh3) is
-/// not kept but hard-linked from there, so consecutive checkpoints share the files of unchanged
-/// buckets (as Flink's incremental RocksDB checkpoints share SST files), and deleting a snapshot
-/// directory deletes only what no other snapshot links. A base that cannot be read or linked
-/// from (deleted meanwhile) only costs the sharing.
-pub fn snapshot_frozen(
-    view: &dyn FrozenView,
-    num_buckets: u16,
-    dir: &Path,
-    group_buckets: u16,
-    base: Option<&Path>,
-) -> Result<IncrementalStats, SnapshotError> {
-    let writer = SnapshotWriter::create(dir, num_buckets, u64::MAX)?;
-    let base_parts: Vec<(PathBuf, Part)> = base
-        .and_then(|b| read_manifest(b).ok().map(|m| (b, m)))
-        .filter(|(_, m)| m.num_buckets == num_buckets)
-        .map(|(b, m)| m.parts.into_iter().map(|p| (b.join(&p.file), p)).collect())
-        .unwrap_or_default();
-    let mut stats = IncrementalStats::default();
-    let mut parts = Vec::new();
-    let mut unsynced: Vec<(File, PathBuf)> = Vec::new();
-    let group = group_buckets.max(1);
-    for first in (0..num_buckets).step_by(usize::from(group)) {
-        let mut part: Option<PartWriter> = None;
-        let mut failed = None;
-        for bucket in first..first.saturating_add(group).min(num_buckets) {
-            let scanned = view.scan_bucket(bucket, &mut |key, value| {
-                let writer = match part.as_mut() {
-                    Some(w) => w,
-                    None => match PartWriter::create(dir, parts.len(), bucket) {
-                        Ok(w) => part.insert(w),
-                        Err(e) => return Err(StateError::sink(failed.insert(e).to_string())),
-                    },
-                };
-                writer.write(bucket, key, value).map_err(|e| StateError::sink(failed.insert(e).to_string()))
-            });
-            if let Err(e) = scanned {
-                return Err(failed.take().unwrap_or(SnapshotError::State(e)));
-            }
-        }
-        let Some(part) = part else { continue };
-        let (part, file, path) = part.finish_unsynced()?;
-        let same = base_parts.iter().find(|(_, p)| {
-            (p.buckets, p.entries, p.bytes, p.checksum)
-                == (part.buckets, part.entries, part.bytes, part.checksum)
-        });
-        let linked = same.is_some_and(|(from, _)| {
-            let link = path.with_extension("link");
-            std::fs::hard_link(from, &link).and_then(|()| std::fs::rename(&link, &path)).is_ok()
-        });
-        if linked {
-            stats.shared_parts += 1;
-        } else {
-            unsynced.push((file, path));
-            stats.written_bytes += part.bytes;
-        }
-        stats.entries += part.entries;
-        stats.bytes += part.bytes;
-        parts.push(part);
-    }
-    // Synced together, each on its own thread: the file system commits concurrent syncs in one
-    // journal transaction, where one after another each waits for its own (on a loaded machine
-    // a sync takes tens of milliseconds).
-    std::thread::scope(|scope| {
-        let syncs: Vec<_> = unsynced
-            .iter()
-            .map(|(file, path)| scope.spawn(move || file.sync_data().map_err(io(path, "syncing a part"))))
-            .collect();
-        syncs
-            .into_iter()
-            .try_for_each(|sync| sync.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-    })?;
-    stats.parts = parts.len() as u64;
-    let manifest = Manifest { num_buckets, parts };
-    write_manifest(&writer.dir.join("manifest"), &manifest)?;
-    Ok(stats)
-}
-
 fn write_manifest(path: &Path, m: &Manifest) -> Result<(), SnapshotError> {
     let mut text = format!("{MAGIC}\nnum_buckets {}\n", m.num_buckets);
     for p in &m.parts {
         text.push_str(&format!(
-            "part {} {} {} {} {} {:016x}\n",
-            p.file, p.buckets.0, p.buckets.1, p.entries, p.bytes, p.checksum
+            "{} {} {} {} {} {} {:016x}\n",
+            match p.kind {
+                PartKind::Full => "part",
+                PartKind::Delta => "delta",
+            },
+            p.file,
+            p.buckets.0,
+            p.buckets.1,
+            p.entries,
+            p.bytes,
+            p.checksum
         ));
     }
     // Written last and renamed into place: a directory with a manifest holds a whole snapshot.
@@ -391,8 +335,9 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, SnapshotError> {
     for line in lines {
         let f: Vec<&str> = line.split(' ').collect();
         let part = match f.as_slice() {
-            ["part", file, first, last, entries, bytes, checksum] => (|| {
+            [kind @ ("part" | "delta"), file, first, last, entries, bytes, checksum] => (|| {
                 Some(Part {
+                    kind: if *kind == "delta" { PartKind::Delta } else { PartKind::Full },
                     file: (*file).to_string(),
                     buckets: (first.parse().ok()?, last.parse().ok()?),
                     entries: entries.parse().ok()?,
@@ -408,7 +353,8 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, SnapshotError> {
 }
 
 /// Loads the snapshot in `dir` into `store` — every entry, or only those of `buckets` — in
-/// batches, overwriting keys the store holds. Checks each part against its manifest entry
+/// batches, overwriting keys the store holds; a delta part's deletes delete (parts apply in the
+/// manifest's order). Checks each part against its manifest entry
 /// (length, entries, checksum); a part that does not match fails the restore naming the part,
 /// with what came before it already written (restore into a fresh store).
 pub fn restore(
@@ -432,36 +378,48 @@ pub fn restore(
         let (mut read, mut entries) = (0u64, 0u64);
         let mut batch: Vec<StateWrite> = Vec::new();
         let mut batch_bytes = 0;
-        let mut field = |input: &mut BufReader<File>| -> Result<Option<Vec<u8>>, SnapshotError> {
-            let mut len = [0u8; 4];
-            match input.read_exact(&mut len) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-                Err(e) => return Err(io(&path, "reading a part")(e)),
-            }
-            let n = u32::from_le_bytes(len) as u64;
-            if read + 4 + n > part.bytes {
-                return Err(corrupt(format!(
-                    "a field of {n} bytes runs past the {} bytes listed",
-                    part.bytes
-                )));
-            }
-            let mut bytes = vec![0u8; n as usize];
-            input.read_exact(&mut bytes).map_err(|_| corrupt("truncated".into()))?;
-            hash.update(&len);
-            hash.update(&bytes);
-            read += 4 + n;
-            Ok(Some(bytes))
-        };
-        while let Some(key) = field(&mut input)? {
-            let value = field(&mut input)?.ok_or_else(|| corrupt("a key without its value".into()))?;
+        // A field: `None` at the end of the file, `Some(None)` for a delta's deleted value.
+        let mut field =
+            |input: &mut BufReader<File>, value: bool| -> Result<Option<Option<Vec<u8>>>, SnapshotError> {
+                let mut len = [0u8; 4];
+                match input.read_exact(&mut len) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+                    Err(e) => return Err(io(&path, "reading a part")(e)),
+                }
+                let n = u32::from_le_bytes(len);
+                if value && n == DELETED && part.kind == PartKind::Delta {
+                    hash.update(&len);
+                    read += 4;
+                    return Ok(Some(None));
+                }
+                let n = u64::from(n);
+                if read + 4 + n > part.bytes {
+                    return Err(corrupt(format!(
+                        "a field of {n} bytes runs past the {} bytes listed",
+                        part.bytes
+                    )));
+                }
+                let mut bytes = vec![0u8; n as usize];
+                input.read_exact(&mut bytes).map_err(|_| corrupt("truncated".into()))?;
+                hash.update(&len);
+                hash.update(&bytes);
+                read += 4 + n;
+                Ok(Some(Some(bytes)))
+            };
+        while let Some(key) = field(&mut input, false)? {
+            let key = key.ok_or_else(|| corrupt("a key field marked deleted".into()))?;
+            let value = field(&mut input, true)?.ok_or_else(|| corrupt("a key without its value".into()))?;
             let key = decode_state_key(&key).map_err(|e| corrupt(format!("undecodable key: {e}")))?;
             entries += 1;
             if buckets.is_some_and(|b| !b.contains(&key.bucket)) {
                 continue;
             }
-            batch_bytes += key.encoded_len() + value.len();
-            batch.push(StateWrite::Put(key, value));
+            batch_bytes += key.encoded_len() + value.as_ref().map_or(0, Vec::len);
+            batch.push(match value {
+                Some(value) => StateWrite::Put(key, value),
+                None => StateWrite::Delete(key),
+            });
             if batch_bytes >= RESTORE_BATCH_BYTES {
                 stats.entries += batch.len() as u64;
                 store.write_many(std::mem::take(&mut batch))?;
