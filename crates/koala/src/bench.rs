@@ -30,11 +30,69 @@ pub struct BenchSpec {
     /// The job's `protocol` (`None`: the default, koala); no reconfiguration runs in the bench,
     /// but the stateful task loop is the protocol's.
     pub protocol: Option<String>,
+    /// Warm state the aggregate starts with: every key's entry padded so the keys hold about
+    /// this many MiB (0: none, the state grows from empty).
+    pub warm_mb: u64,
+}
+
+/// Warm state written for a bench: its directory and each entry's padding.
+#[derive(Clone, Debug)]
+pub struct Warm {
+    /// The `warm_state` directory.
+    pub dir: std::path::PathBuf,
+    /// `state_padding_bytes`: each value's padding.
+    pub value_bytes: usize,
+}
+
+/// Bytes a keyed-aggregate entry holds besides its padding (key, count, encoding), about.
+const ENTRY_BYTES: u64 = 24;
+
+impl BenchSpec {
+    /// Writes the warm state of `--warm-mb` into `<output_dir>/warm` (once per size and key
+    /// count), or `None` without it.
+    pub fn warm(&self, output_dir: &Path) -> anyhow::Result<Option<Warm>> {
+        if self.warm_mb == 0 {
+            return Ok(None);
+        }
+        anyhow::ensure!(self.keys > 0, "--keys 0: warm state needs keys");
+        let value_bytes = ((self.warm_mb << 20) / self.keys).saturating_sub(ENTRY_BYTES) as usize;
+        let dir = output_dir.join("warm").join(format!("{}-keys-{value_bytes}-B", self.keys));
+        let params = format!("state_padding_bytes = {value_bytes}\n");
+        if !dir.join("aggregate").join("manifest").exists() {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+            }
+            let started = std::time::Instant::now();
+            let written = crate::warmup::warmup(
+                "keyed-aggregate",
+                &params,
+                koala_types::DEFAULT_NUM_BUCKETS,
+                self.keys,
+                value_bytes,
+                &dir,
+            )?;
+            println!(
+                "warm state: {} keys, {} in {:.1} s ({})",
+                self.keys,
+                human_bytes(written.iter().map(|w| w.bytes).sum()),
+                started.elapsed().as_secs_f64(),
+                dir.display()
+            );
+        }
+        Ok(Some(Warm { dir, value_bytes }))
+    }
 }
 
 impl BenchSpec {
     /// The job config of the run.
-    pub fn config_text(&self, output_dir: &Path) -> String {
+    pub fn config_text(&self, output_dir: &Path, warm: Option<&Warm>) -> String {
+        let (warm_state, padding) = match warm {
+            Some(w) => (
+                format!("warm_state = {:?}\n", w.dir.display().to_string()),
+                format!("state_padding_bytes = {}\n", w.value_bytes),
+            ),
+            None => (String::new(), String::new()),
+        };
         let cache = self.cache_mb.map(|mb| format!("cache_mb = {mb}\n")).unwrap_or_default();
         let active = if self.active_keys > 0 {
             format!("active_keys = {}\nactive_shift_records = {}\n", self.active_keys, self.active_shift)
@@ -48,10 +106,10 @@ impl BenchSpec {
             .chain(self.protocol.as_ref().map(|p| format!("protocol = {p:?}\n")))
             .collect::<String>();
         format!(
-            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n{checkpoints}\
+            "query = \"keyed-aggregate\"\nworkers = 2\noutput_dir = {:?}\n{warm_state}{checkpoints}\
              [state]\nbackend = {:?}\n{cache}\
              [parallelism]\nsource = {p}\naggregate = {p}\nsink = 1\n\
-             [params]\nsink = \"discard\"\n[params.generator]\nkey_space = {}\nrecords = {}\n{active}",
+             [params]\nsink = \"discard\"\n{padding}[params.generator]\nkey_space = {}\nrecords = {}\n{active}",
             output_dir.display().to_string(),
             self.backend,
             self.keys,
@@ -106,14 +164,16 @@ pub fn bench_result(rows: &[koala_coordinator::report::SecondRow]) -> Option<Ben
 /// and their ratio; it returns the run with checkpoints.
 pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult> {
     let Some(ms) = spec.checkpoint_interval_ms else {
-        return bench_once(spec, output_dir).map(|(result, _)| result);
+        let warm = spec.warm(output_dir)?;
+        return bench_once(spec, output_dir, warm.as_ref()).map(|(result, _)| result);
     };
     let off = BenchSpec { checkpoint_interval_ms: None, ..spec.clone() };
     println!("run 1 of 2: without checkpoints");
-    let (without, _) = bench_once(&off, &output_dir.join("no-checkpoints"))?;
+    let warm = spec.warm(output_dir)?;
+    let (without, _) = bench_once(&off, &output_dir.join("no-checkpoints"), warm.as_ref())?;
     println!();
     println!("run 2 of 2: aligned checkpoints every {ms} ms");
-    let (with, report) = bench_once(spec, &output_dir.join("checkpoints"))?;
+    let (with, report) = bench_once(spec, &output_dir.join("checkpoints"), warm.as_ref())?;
     let c = &report.checkpoints;
     let (d_mean, d_max) = c.duration_ms();
     let (b_mean, b_max) = c.bytes();
@@ -143,8 +203,9 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
 fn bench_once(
     spec: &BenchSpec,
     output_dir: &Path,
+    warm: Option<&Warm>,
 ) -> anyhow::Result<(BenchResult, koala_coordinator::report::ReportSummary)> {
-    let config = JobConfig::parse(&spec.config_text(output_dir), "koala bench")
+    let config = JobConfig::parse(&spec.config_text(output_dir, warm), "koala bench")
         .map_err(|e| anyhow::anyhow!("{e} (check --backend, --cache-mb and --protocol)"))?;
     let summary = run_job_locally(config)?;
     let report = koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), output_dir)?;
@@ -231,8 +292,15 @@ mod tests {
                 active_shift: 1,
                 checkpoint_interval_ms: (backend == "memory").then_some(1000),
                 protocol: (backend == "memory").then(|| "stop-and-restart".into()),
+                warm_mb: 0,
             };
-            let config = JobConfig::parse(&spec.config_text(Path::new("out")), "test").expect("parses");
+            let dir = tempfile::tempdir().expect("tempdir");
+            std::fs::create_dir_all(dir.path().join("aggregate")).expect("mkdir");
+            std::fs::write(dir.path().join("aggregate/manifest"), "").expect("manifest");
+            let warm = Warm { dir: dir.path().to_path_buf(), value_bytes: 100 };
+            let warm_config = JobConfig::parse(&spec.config_text(Path::new("out"), Some(&warm)), "test");
+            assert!(warm_config.is_ok_and(|c| c.params_text().contains("state_padding_bytes = 100")));
+            let config = JobConfig::parse(&spec.config_text(Path::new("out"), None), "test").expect("parses");
             assert_eq!(config.state.backend.name(), backend);
             assert_eq!(config.checkpoint_interval_ms, spec.checkpoint_interval_ms);
             let options = config.state.options();

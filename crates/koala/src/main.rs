@@ -277,6 +277,10 @@ enum Command {
         /// but each protocol has its own stateful task loop.
         #[arg(long)]
         protocol: Option<String>,
+        /// Start from warm state: every key of --keys holds an entry padded so all of them
+        /// take about this many MiB (written once into <output-dir>/warm; 0 = start empty)
+        #[arg(long, default_value_t = 0)]
+        warm_mb: u64,
         /// Where metrics and worker state go.
         #[arg(long, default_value = "koala-out/bench")]
         output_dir: PathBuf,
@@ -515,6 +519,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             active_shift,
             checkpoint_interval_ms,
             protocol,
+            warm_mb,
             output_dir,
         } => bench::bench(
             &bench::BenchSpec {
@@ -527,6 +532,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 active_shift,
                 checkpoint_interval_ms,
                 protocol,
+                warm_mb,
             },
             &output_dir,
         )
