@@ -67,17 +67,25 @@ pub(crate) enum Gate {
     Aligned(CheckpointId),
 }
 
-/// A task's barrier alignment over its data inputs, with the messages of held channels. A held
-/// channel is also held back at the task's data queue ([`AlignmentHold`]): what waits here is at
-/// most what was queued when its barrier arrived.
+/// Messages a task keeps behind barriers before it stops reading the channels whose barrier
+/// arrived (bounded alignment): a short alignment costs no throughput, a long one no memory.
+const HELD_BEFORE_HOLD: usize = 256;
+
+/// A task's barrier alignment over its data inputs, with the messages of held channels. Past
+/// [`HELD_BEFORE_HOLD`] held messages, the held channels are also held back at the task's data
+/// queue ([`AlignmentHold`]) until the checkpoint aligns: what waits here stays bounded by that
+/// plus what was already queued, however late the other barriers come.
 pub(crate) struct BarrierGate {
     task: TaskId,
     aligner: BarrierAligner<InputChannel>,
     held: VecDeque<(InputChannel, ChannelMessage)>,
     first_barrier: Option<Instant>,
-    /// The channels whose barrier arrived, held back at the queue through `hold`.
+    /// The channels whose barrier arrived, held back at the queue through `hold` once more
+    /// than `hold_after` messages wait here.
     arrived: BTreeSet<InputChannel>,
     hold: AlignmentHold,
+    hold_after: usize,
+    holding: bool,
 }
 
 impl BarrierGate {
@@ -94,6 +102,8 @@ impl BarrierGate {
             first_barrier: None,
             arrived: BTreeSet::new(),
             hold,
+            hold_after: HELD_BEFORE_HOLD,
+            holding: false,
         }
     }
 
@@ -110,6 +120,10 @@ impl BarrierGate {
     ) -> Result<Gate, RuntimeError> {
         if self.aligner.holds(&channel) {
             self.held.push_back((channel, message));
+            if !self.holding && self.held.len() >= self.hold_after {
+                self.holding = true;
+                self.hold.set(&self.arrived);
+            }
             return Ok(Gate::Held);
         }
         match message {
@@ -119,7 +133,9 @@ impl BarrierGate {
                     Ok(Some(id)) => Ok(Gate::Aligned(id)),
                     Ok(None) => {
                         self.arrived.insert(channel);
-                        self.hold.set(&self.arrived);
+                        if self.holding {
+                            self.hold.set(&self.arrived);
+                        }
                         Ok(Gate::Waiting)
                     }
                     Err(e) => Err(RuntimeError::Checkpoint { task: self.task, what: e.to_string() }),
@@ -138,7 +154,9 @@ impl BarrierGate {
     pub(crate) fn release(&mut self) -> (VecDeque<(InputChannel, ChannelMessage)>, u64) {
         let ms = self.first_barrier.take().map_or(0, |t| t.elapsed().as_millis() as u64);
         self.arrived.clear();
-        self.hold.set(&self.arrived);
+        if std::mem::take(&mut self.holding) {
+            self.hold.set(&self.arrived);
+        }
         (std::mem::take(&mut self.held), ms)
     }
 }
@@ -436,22 +454,29 @@ mod tests {
     }
 
     #[test]
-    fn a_channel_whose_barrier_arrived_is_not_read_until_the_checkpoint_aligns() -> Result<(), RuntimeError> {
+    fn past_the_bound_a_channel_whose_barrier_arrived_is_not_read_until_the_checkpoint_aligns()
+    -> Result<(), RuntimeError> {
         let (tx, rx) = data_queue(8);
+        let gone = || RuntimeError::NoInbox(TaskId::new(OperatorId(1), 0));
         let mut gate =
             BarrierGate::new(TaskId::new(OperatorId(1), 0), [channel(0), channel(1)], rx.alignment_hold());
+        gate.hold_after = 2;
         assert!(matches!(gate.admit(channel(0), ChannelMessage::Barrier(1))?, Gate::Waiting));
-        // Channel 0's sender waits at the queue (nothing piles up behind the barrier) while
-        // channel 1 goes on.
-        let refused = tx.send_timeout(input(0, 1), Duration::from_millis(5));
+        // Below the bound, channel 0 is read and its messages are kept behind the barrier.
+        tx.send(input(0, 1)).map_err(|_| gone())?;
+        assert!(matches!(gate.admit(channel(0), ChannelMessage::Watermark(1))?, Gate::Held));
+        assert!(matches!(gate.admit(channel(0), ChannelMessage::Watermark(2))?, Gate::Held));
+        // At the bound, channel 0's sender waits at the queue (nothing more piles up behind the
+        // barrier) while channel 1 goes on.
+        let refused = tx.send_timeout(input(0, 3), Duration::from_millis(5));
         assert!(matches!(refused, Err(SendFailed::Timeout(_))), "channel 0 is held back");
-        tx.send(input(1, 1)).map_err(|_| RuntimeError::NoInbox(TaskId::new(OperatorId(1), 0)))?;
+        tx.send(input(1, 1)).map_err(|_| gone())?;
         assert!(matches!(gate.admit(channel(1), ChannelMessage::Watermark(1))?, Gate::Take(_)));
         assert!(matches!(gate.admit(channel(1), ChannelMessage::Barrier(1))?, Gate::Aligned(1)));
         let (held, _) = gate.release();
-        assert!(held.is_empty());
+        assert_eq!(held.len(), 2, "the two messages kept behind the barrier");
         // Aligned: channel 0 is read again.
-        assert!(tx.send_timeout(input(0, 2), Duration::from_secs(5)).is_ok(), "channel 0 is released");
+        assert!(tx.send_timeout(input(0, 4), Duration::from_secs(5)).is_ok(), "channel 0 is released");
         Ok(())
     }
 }
