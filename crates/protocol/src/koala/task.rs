@@ -624,6 +624,7 @@ impl KoalaTask {
                 break;
             }
         }
+        self.look_ahead(out, local);
         self.pull(out);
         self.report_drained(out);
     }
@@ -716,6 +717,7 @@ impl KoalaTask {
         let (moved, kept): (VecDeque<InputRecord>, VecDeque<InputRecord>) =
             std::mem::take(&mut self.pipeline.inbox).into_iter().partition(|r| buckets.contains(&r.bucket));
         self.pipeline.inbox = kept;
+        self.pipeline.inbox_reshaped();
         for r in &moved {
             self.held.remove(r.record.time);
         }
