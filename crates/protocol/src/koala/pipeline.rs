@@ -250,6 +250,9 @@ impl KoalaTask {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
             return false;
         }
+        if self.pipeline.look_ahead_on && self.take_looked_ahead(out) {
+            return true;
+        }
         // Keys some old location may hold, each once, with where to ask: those the store misses.
         // A batch whose buckets all have their state here (no layers) makes no lookup: it counts
         // for the lookup metric with no time.
@@ -327,14 +330,24 @@ impl KoalaTask {
         let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..size).collect();
         self.pipeline.looked_ahead = self.pipeline.looked_ahead.saturating_sub(size);
         needs.extend(self.send_fetches(remote, out));
+        self.wait_or_finish(batch, needs, out);
+        true
+    }
+
+    /// Processes `batch` now if it needs no request, else lets it wait for `needs`.
+    pub(super) fn wait_or_finish(
+        &mut self,
+        batch: Vec<InputRecord>,
+        mut needs: BTreeSet<u64>,
+        out: &mut Vec<TaskAction>,
+    ) {
         debug_assert!(needs.iter().all(|id| self.pipeline.outstanding.contains_key(id)));
         needs.retain(|id| self.pipeline.outstanding.contains_key(id));
         if needs.is_empty() {
             self.finish_batch(batch, out);
-            return true;
+        } else {
+            self.pipeline.waiting = Some(Waiting { batch, needs });
         }
-        self.pipeline.waiting = Some(Waiting { batch, needs });
-        true
     }
 
     fn finish_batch(&mut self, mut batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {

@@ -616,6 +616,7 @@ impl KoalaTask {
         loop {
             let mut changed = self.try_hand_over(out);
             changed |= self.queue_timer_accesses();
+            self.look_ahead(out, local);
             changed |= self.try_process(out, local);
             self.advance_watermark(out);
             self.advance_processing_time(out);
@@ -624,7 +625,6 @@ impl KoalaTask {
                 break;
             }
         }
-        self.look_ahead(out, local);
         self.pull(out);
         self.report_drained(out);
     }

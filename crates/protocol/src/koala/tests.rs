@@ -373,53 +373,60 @@ fn local_keys_then_filters_decide_what_is_fetched() {
 
 /// A backlog is processed as batches of at most `MAX_BATCH_RECORDS`, in order: each waits for
 /// the state of its own keys only, so a task short of capacity never takes its whole (growing)
-/// backlog as one ever longer batch.
+/// backlog as one ever longer batch. Without the look-ahead each batch asks for its keys when
+/// taken; with it every key is asked for ahead, in requests of at most 128 keys in the records'
+/// order, and each batch waits only for the request of its first record.
 #[test]
 fn a_backlog_is_processed_in_bounded_batches_in_order() {
-    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
-    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
-    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
-    s.on(TaskEvent::Start(reconf()));
-    deliver(&mut r, t(0), peer_messages(&deliver(&mut s, t(1), open)));
-    r.on(marker(ch(0)));
-    deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
+    for look_ahead in [false, true] {
+        let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+        r.set_look_ahead(look_ahead);
+        s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+        let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+        s.on(TaskEvent::Start(reconf()));
+        deliver(&mut r, t(0), peer_messages(&deliver(&mut s, t(1), open)));
+        r.on(marker(ch(0)));
+        deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
 
-    // No filter from the sender yet: every key of bucket 3 may be there.
-    let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
-    let backlog: Vec<Record> = keys_in(3)
-        .take(n)
-        .zip(0u64..)
-        .map(|(key, time)| Record { key, value: vec![], time, due_ms: 0 })
-        .collect();
-    let mut out = r.on(records(ch(0), backlog.clone()));
-    let mut done = Vec::new();
-    let mut asked = 0;
-    // The first batch's fetch and the look-ahead's for the records behind it go out together;
-    // answered in order, each batch finds its keys resolved or waits for the request out.
-    let mut requests = VecDeque::new();
-    loop {
-        requests.extend(out.iter().filter_map(|a| match a {
-            TaskAction::FetchState { from, request } => Some((*from, request.clone())),
-            _ => None,
-        }));
-        let Some((from, request)) = requests.pop_front() else { break };
-        assert_eq!(from, t(0));
-        assert!(request.keys.len() <= MAX_BATCH_RECORDS, "{} keys in one fetch", request.keys.len());
-        let expected: Vec<Vec<u8>> =
-            backlog[asked..asked + request.keys.len()].iter().map(|r| r.key.clone()).collect();
-        let mut keys = request.keys.clone();
-        keys.sort();
-        let mut expected_sorted = expected.clone();
-        expected_sorted.sort();
-        assert_eq!(keys, expected_sorted, "a batch asks for its own records' keys, in order");
-        asked += request.keys.len();
-        let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
-        let response = FetchResponse { id: request.id, values, extra: vec![], exhausted: vec![] };
-        out = r.on(TaskEvent::FetchResponse { from: t(0), response });
-        done.extend(processed(&out));
+        // No filter from the sender yet: every key of bucket 3 may be there.
+        let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
+        let backlog: Vec<Record> = keys_in(3)
+            .take(n)
+            .zip(0u64..)
+            .map(|(key, time)| Record { key, value: vec![], time, due_ms: 0 })
+            .collect();
+        let mut out = r.on(records(ch(0), backlog.clone()));
+        let mut done = Vec::new();
+        let mut asked = 0;
+        let max_keys = if look_ahead { 128 } else { MAX_BATCH_RECORDS };
+        // Requests answered in the order they went out (the fetch lane is FIFO).
+        let mut requests = VecDeque::new();
+        loop {
+            requests.extend(out.iter().filter_map(|a| match a {
+                TaskAction::FetchState { from, request } => Some((*from, request.clone())),
+                _ => None,
+            }));
+            let Some((from, request)) = requests.pop_front() else { break };
+            assert_eq!(from, t(0));
+            assert!(request.keys.len() <= max_keys, "{} keys in one fetch", request.keys.len());
+            let expected: Vec<Vec<u8>> =
+                backlog[asked..asked + request.keys.len()].iter().map(|r| r.key.clone()).collect();
+            let mut keys = request.keys.clone();
+            keys.sort();
+            let mut expected_sorted = expected.clone();
+            expected_sorted.sort();
+            assert_eq!(keys, expected_sorted, "requests ask for the records' keys, in order");
+            asked += request.keys.len();
+            let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
+            let response = FetchResponse { id: request.id, values, extra: vec![], exhausted: vec![] };
+            out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+            let batch = processed(&out);
+            assert!(batch.len() <= max_keys, "a batch of {} records", batch.len());
+            done.extend(batch);
+        }
+        assert_eq!(asked, n, "every key asked for once");
+        assert_eq!(done, (0..n as u64).collect::<Vec<_>>(), "every record once, in arrival order");
     }
-    assert_eq!(asked, n, "two fetches: a full batch and, ahead, the rest");
-    assert_eq!(done, (0..n as u64).collect::<Vec<_>>(), "every record once, in arrival order");
 }
 
 /// Lazy windows: a hand-over brings timers, not their keys' state. Each holds the receiver's
