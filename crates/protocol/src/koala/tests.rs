@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use koala_types::{InputChannel, OperatorId, Record, TaskId, TimeDomain, bucket_of};
 
+use super::lookahead::LOOK_AHEAD_REQUEST_KEYS;
 use super::pipeline::MAX_BATCH_RECORDS;
 use super::*;
 
@@ -374,7 +375,7 @@ fn local_keys_then_filters_decide_what_is_fetched() {
 /// A backlog is processed as batches of at most `MAX_BATCH_RECORDS`, in order: each waits for
 /// the state of its own keys only, so a task short of capacity never takes its whole (growing)
 /// backlog as one ever longer batch. Without the look-ahead each batch asks for its keys when
-/// taken; with it every key is asked for ahead, in requests of at most 128 keys in the records'
+/// taken; with it every key is asked for ahead, in requests of at most 32 keys in the records'
 /// order, and each batch waits only for the request of its first record.
 #[test]
 fn a_backlog_is_processed_in_bounded_batches_in_order() {
@@ -398,7 +399,7 @@ fn a_backlog_is_processed_in_bounded_batches_in_order() {
         let mut out = r.on(records(ch(0), backlog.clone()));
         let mut done = Vec::new();
         let mut asked = 0;
-        let max_keys = if look_ahead { 128 } else { MAX_BATCH_RECORDS };
+        let max_keys = if look_ahead { LOOK_AHEAD_REQUEST_KEYS } else { MAX_BATCH_RECORDS };
         // Requests answered in the order they went out (the fetch lane is FIFO).
         let mut requests = VecDeque::new();
         loop {
