@@ -48,6 +48,7 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.not_here += s.not_here;
                 total.fetches_racing_pulls += s.fetches_racing_pulls;
                 total.fed_with_backlog += s.fed_with_backlog;
+                total.look_ahead_fetches += s.look_ahead_fetches;
                 total.pushed_buckets += s.pushed_buckets;
                 total.subscale_acks += s.subscale_acks;
                 total.waited += s.waited;
@@ -85,6 +86,26 @@ fn scale_out_2_to_4() {
     // Local first, then filters (with forced false positives): all of it exercised.
     assert!(s.local_probes > 0 && s.filters_built > 0, "{s:?}");
     assert!(s.not_here > 0, "false positives and missing filters must cost 'not here' answers: {s:?}");
+    assert!(s.look_ahead_fetches > 0, "queued records' keys must be asked for ahead of their batch: {s:?}");
+}
+
+/// The look-ahead off (a batch asks for its keys only when taken) and on over the scenarios
+/// that move state, progressive and bounded included: both keep every invariant, and the
+/// switch is honoured (no look-ahead request when off, some when on).
+#[test]
+fn look_ahead_on_and_off() {
+    for scenario in [
+        Scenario::ScaleOut,
+        Scenario::ScaleIn { extra_keys: 0 },
+        Scenario::ScaleIn { extra_keys: 4 },
+        Scenario::Mixed { extra_keys: 8 },
+    ] {
+        let off = sweep_configs(&SimConfig { look_ahead: false, ..SimConfig::new(scenario, 0) }, SEEDS / 4);
+        assert_eq!(off.look_ahead_fetches, 0, "{scenario}: look-ahead off, yet it asked: {off:?}");
+        let on = SimConfig { max_queued_records: 6, channel_capacity: 2, ..SimConfig::new(scenario, 0) };
+        let on = sweep_configs(&on, SEEDS / 4);
+        assert!(on.look_ahead_fetches > 0, "{scenario}: bounded, the look-ahead never asked: {on:?}");
+    }
 }
 
 #[test]
@@ -671,6 +692,7 @@ fn replay() {
     }
     config.max_queued_records = env_or("KOALA_SIM_MAX_QUEUED", config.max_queued_records);
     config.channel_capacity = env_or("KOALA_SIM_CHANNEL_CAPACITY", config.channel_capacity);
+    config.look_ahead = env_or("KOALA_SIM_LOOK_AHEAD", 1) != 0;
     match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),

@@ -36,6 +36,7 @@ mod event_time;
 mod filter;
 mod klt;
 mod life;
+mod lookahead;
 mod messages;
 mod pipeline;
 mod serve;

@@ -16,8 +16,10 @@
 //! location is in flight; answers from one location come back in request order (the fetch lane is
 //! FIFO), so a key a pull took is installed before a racing fetch's "not here" for it arrives.
 //!
-//! One batch waits for state at a time; a hand-over waits until no fetch or pull is outstanding, so
-//! a sender never gives away a bucket whose keys are in flight towards it.
+//! One batch waits for state at a time; the records queued behind it have their keys' state asked
+//! for ahead (the look-ahead, `lookahead.rs`), so the next batch waits only for what is still in
+//! flight. A hand-over waits until no fetch or pull is outstanding, so a sender never gives away a
+//! bucket whose keys are in flight towards it.
 //!
 //! Every queued record keeps the operator input it arrived on; a batch goes to the operator as
 //! consecutive runs of one input, in arrival order.
@@ -29,6 +31,7 @@ use koala_types::{BucketId, Record, TaskId, bucket_of};
 
 use super::error::ProtocolError;
 use super::klt::{BatchLookup, Prehashed, bucket_and_key_hash};
+use super::lookahead::{KeysInFlight, Resolved};
 use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
 use super::task::{KoalaTask, LocalKeys, TaskAction};
 use super::timers::ACCESS;
@@ -133,10 +136,8 @@ pub(crate) fn runs_by_input(records: impl IntoIterator<Item = InputRecord>) -> V
 #[derive(Clone, Debug)]
 struct Waiting {
     batch: Vec<InputRecord>,
-    /// Requests not answered yet.
+    /// Requests out for its remote keys (its own or the look-ahead's) not answered yet.
     needs: BTreeSet<u64>,
-    /// Remote keys no answer has brought yet, with their bucket and hash.
-    unresolved: BTreeMap<Vec<u8>, (BucketId, u64)>,
 }
 
 /// Records not yet processed and fetches in flight.
@@ -158,8 +159,18 @@ pub(crate) struct Pipeline {
     input_backlog: usize,
     /// A batch's lookup and the inbox positions of its keys' records, kept for their
     /// allocations.
-    lookup: BatchLookup,
-    positions: Vec<usize>,
+    pub(crate) lookup: BatchLookup,
+    pub(crate) positions: Vec<usize>,
+    /// Remote keys with a request out, and the requests asking for each (`lookahead.rs`).
+    pub(crate) in_flight: KeysInFlight,
+    /// Keys of queued records known to be here or nowhere (`lookahead.rs`).
+    pub(crate) resolved: Resolved,
+    /// Records at the front of the inbox the look-ahead has looked at.
+    pub(crate) looked_ahead: usize,
+    /// Whether the look-ahead is on ([`KoalaTask::set_look_ahead`]).
+    pub(crate) look_ahead_on: bool,
+    /// Requests the look-ahead sent ([`KoalaTask::look_ahead_requests`]).
+    pub(crate) look_ahead_requests: u64,
 }
 
 impl Default for Pipeline {
@@ -176,6 +187,11 @@ impl Default for Pipeline {
             input_backlog: 0,
             lookup: BatchLookup::default(),
             positions: Vec::new(),
+            in_flight: KeysInFlight::default(),
+            resolved: Resolved::default(),
+            looked_ahead: 0,
+            look_ahead_on: true,
+            look_ahead_requests: 0,
         }
     }
 }
@@ -183,14 +199,25 @@ impl Default for Pipeline {
 impl Pipeline {
     /// No batch waits and no fetch is outstanding: the task is between two batches.
     pub(crate) fn is_quiet(&self) -> bool {
+        debug_assert!(
+            !self.outstanding.is_empty() || self.in_flight.is_empty(),
+            "a key in flight, no request out"
+        );
         self.waiting.is_none() && self.outstanding.is_empty()
     }
 
-    fn pulling_from(&self, location: TaskId) -> bool {
+    pub(crate) fn pulling_from(&self, location: TaskId) -> bool {
         self.outstanding.values().any(|o| o.location == location && o.pulls())
     }
 
-    fn request(
+    /// The inbox lost or reordered records (a hand-over took its buckets' records): the
+    /// look-ahead starts over, and keys resolved for buckets no longer owned are forgotten.
+    pub(crate) fn inbox_reshaped(&mut self) {
+        self.looked_ahead = 0;
+        self.resolved.clear();
+    }
+
+    pub(crate) fn request(
         &mut self,
         location: TaskId,
         keys: BTreeSet<Vec<u8>>,
@@ -199,6 +226,9 @@ impl Pipeline {
         self.next_id += 1;
         let id = self.next_id;
         let extra_buckets = extra.as_ref().map(|e| e.buckets.iter().copied().collect()).unwrap_or_default();
+        for key in &keys {
+            self.in_flight.asked(key, id);
+        }
         let request =
             FetchRequest { id, keys: keys.iter().cloned().collect(), extra, checkpoint: self.checkpoint };
         self.outstanding.insert(id, Outstanding { location, keys, extra_buckets });
@@ -219,6 +249,9 @@ impl KoalaTask {
     pub(super) fn try_process(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) -> bool {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
             return false;
+        }
+        if self.pipeline.look_ahead_on && self.take_looked_ahead(out) {
+            return true;
         }
         // Keys some old location may hold, each once, with where to ask: those the store misses.
         // A batch whose buckets all have their state here (no layers) makes no lookup: it counts
@@ -247,6 +280,10 @@ impl KoalaTask {
                 }
                 continue;
             }
+            if self.pipeline.resolved.contains(hash) {
+                // Here or nowhere: found by the look-ahead or brought by a fetch.
+                continue;
+            }
             if !timed {
                 timed = true;
                 local.lookup(true, 0);
@@ -271,36 +308,46 @@ impl KoalaTask {
         let here = if keys.is_empty() { Vec::new() } else { local.contains_many(&keys) };
         local.lookup(false, keys.len());
         let mut remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>> = BTreeMap::new();
-        let mut unresolved: BTreeMap<Vec<u8>, (BucketId, u64)> = BTreeMap::new();
         let mut found = Vec::new();
+        // Requests already out for keys of the batch (the look-ahead's): wait for them.
+        let mut needs = BTreeSet::new();
         for ((key, bucket, hash, candidates), local) in asked.into_iter().zip(here) {
             if local {
                 found.push((bucket, hash));
                 continue;
             }
+            if let Some(ids) = self.pipeline.in_flight.requests(key) {
+                needs.extend(ids.iter().copied());
+                continue;
+            }
             for loc in candidates {
                 remote.entry(loc).or_default().insert(key.to_vec());
             }
-            unresolved.insert(key.to_vec(), (bucket, hash));
         }
         for (bucket, hash) in found {
             self.klt.note_local(bucket, hash);
         }
         let batch: Vec<InputRecord> = self.pipeline.inbox.drain(..size).collect();
-        if remote.is_empty() {
-            self.finish_batch(batch, out);
-            return true;
-        }
-        let mut needs = BTreeSet::new();
-        for (loc, keys) in remote {
-            let extra =
-                if self.pipeline.pulling_from(loc) { None } else { self.extra_for(loc, self.extra_keys) };
-            let (id, request) = self.pipeline.request(loc, keys, extra);
-            needs.insert(id);
-            out.push(TaskAction::FetchState { from: loc, request });
-        }
-        self.pipeline.waiting = Some(Waiting { batch, needs, unresolved });
+        self.pipeline.looked_ahead = self.pipeline.looked_ahead.saturating_sub(size);
+        needs.extend(self.send_fetches(remote, out));
+        self.wait_or_finish(batch, needs, out);
         true
+    }
+
+    /// Processes `batch` now if it needs no request, else lets it wait for `needs`.
+    pub(super) fn wait_or_finish(
+        &mut self,
+        batch: Vec<InputRecord>,
+        mut needs: BTreeSet<u64>,
+        out: &mut Vec<TaskAction>,
+    ) {
+        debug_assert!(needs.iter().all(|id| self.pipeline.outstanding.contains_key(id)));
+        needs.retain(|id| self.pipeline.outstanding.contains_key(id));
+        if needs.is_empty() {
+            self.finish_batch(batch, out);
+        } else {
+            self.pipeline.waiting = Some(Waiting { batch, needs });
+        }
     }
 
     fn finish_batch(&mut self, mut batch: Vec<InputRecord>, out: &mut Vec<TaskAction>) {
@@ -322,7 +369,7 @@ impl KoalaTask {
     }
 
     /// The progressive part of a fetch to `location` (paper §3.4), if it is retired.
-    fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
+    pub(super) fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
         if self.extra_keys == 0 || !self.retired.contains(&location) {
             return None;
         }
@@ -448,29 +495,31 @@ impl KoalaTask {
                 if behind { size / 2 } else { (size * 2).min(MAX_PULL_KEYS.max(self.extra_keys)) };
         }
         let mut entries = Vec::new();
-        let mut waiting = self.pipeline.waiting.as_mut();
-        let mut found = |key: &Vec<u8>| {
-            if let Some(w) = waiting.as_deref_mut() {
-                w.unresolved.remove(key);
-            }
-        };
         for (key, value) in response.values {
             if let Some(v) = value {
-                found(&key);
                 entries.push((key, v));
             }
         }
         // A key a pull brings is installed here and answered by the store from now on, also
         // if a racing fetch for it finds nothing there afterwards (answers come in order).
-        for (key, value) in response.extra {
-            found(&key);
-            entries.push((key, value));
-        }
+        entries.extend(response.extra);
         for (key, _) in &entries {
+            self.pipeline.in_flight.arrived(key);
             let (bucket, hash) = bucket_and_key_hash(key, self.num_buckets);
             self.klt.now_local(bucket, hash);
             // Local before the runtime installs it (later in this event's actions).
             self.klt.note_local(bucket, hash);
+            self.pipeline.resolved.insert(hash);
+        }
+        // Every requested key this answer did not bring: once each location asked for it said
+        // "not here", it is new, and the KLT records that it is local.
+        for key in &o.keys {
+            if self.pipeline.in_flight.not_here(key, response.id) {
+                let (bucket, hash) = bucket_and_key_hash(key, self.num_buckets);
+                self.klt.mark_local(bucket, hash);
+                self.klt.note_local(bucket, hash);
+                self.pipeline.resolved.insert(hash);
+            }
         }
         for b in response.exhausted {
             self.klt.exhausted(b, from);
@@ -486,11 +535,6 @@ impl KoalaTask {
             None => false,
         };
         if ready && let Some(w) = self.pipeline.waiting.take() {
-            // Every location that may have held these keys said "not here": they are new.
-            for (bucket, hash) in w.unresolved.into_values() {
-                self.klt.mark_local(bucket, hash);
-                self.klt.note_local(bucket, hash);
-            }
             self.finish_batch(w.batch, out);
         }
         Ok(())

@@ -616,6 +616,7 @@ impl KoalaTask {
         loop {
             let mut changed = self.try_hand_over(out);
             changed |= self.queue_timer_accesses();
+            self.look_ahead(out, local);
             changed |= self.try_process(out, local);
             self.advance_watermark(out);
             self.advance_processing_time(out);
@@ -716,6 +717,7 @@ impl KoalaTask {
         let (moved, kept): (VecDeque<InputRecord>, VecDeque<InputRecord>) =
             std::mem::take(&mut self.pipeline.inbox).into_iter().partition(|r| buckets.contains(&r.bucket));
         self.pipeline.inbox = kept;
+        self.pipeline.inbox_reshaped();
         for r in &moved {
             self.held.remove(r.record.time);
         }

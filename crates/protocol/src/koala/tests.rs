@@ -3,11 +3,12 @@
 //! on both inputs: markers and ends of stream per channel, inputs kept through parking and
 //! forwarding).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use koala_types::{InputChannel, OperatorId, Record, TaskId, TimeDomain, bucket_of};
 
+use super::lookahead::LOOK_AHEAD_REQUEST_KEYS;
 use super::pipeline::MAX_BATCH_RECORDS;
 use super::*;
 
@@ -373,47 +374,60 @@ fn local_keys_then_filters_decide_what_is_fetched() {
 
 /// A backlog is processed as batches of at most `MAX_BATCH_RECORDS`, in order: each waits for
 /// the state of its own keys only, so a task short of capacity never takes its whole (growing)
-/// backlog as one ever longer batch.
+/// backlog as one ever longer batch. Without the look-ahead each batch asks for its keys when
+/// taken; with it every key is asked for ahead, in requests of at most 32 keys in the records'
+/// order, and each batch waits only for the request of its first record.
 #[test]
 fn a_backlog_is_processed_in_bounded_batches_in_order() {
-    let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
-    s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
-    let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
-    s.on(TaskEvent::Start(reconf()));
-    deliver(&mut r, t(0), peer_messages(&deliver(&mut s, t(1), open)));
-    r.on(marker(ch(0)));
-    deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
+    for look_ahead in [false, true] {
+        let (mut s, mut r) = (task(t(0), &[0, 1, 2, 3]), task(t(1), &[]));
+        r.set_look_ahead(look_ahead);
+        s.on(TaskEvent::Watermark { channel: ch(0), time: 1 });
+        let open = peer_messages(&r.on(TaskEvent::Start(reconf())));
+        s.on(TaskEvent::Start(reconf()));
+        deliver(&mut r, t(0), peer_messages(&deliver(&mut s, t(1), open)));
+        r.on(marker(ch(0)));
+        deliver(&mut r, t(0), peer_messages(&s.on(marker(ch(0)))));
 
-    // No filter from the sender yet: every key of bucket 3 may be there.
-    let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
-    let backlog: Vec<Record> = keys_in(3)
-        .take(n)
-        .zip(0u64..)
-        .map(|(key, time)| Record { key, value: vec![], time, due_ms: 0 })
-        .collect();
-    let mut out = r.on(records(ch(0), backlog.clone()));
-    let mut done = Vec::new();
-    let mut asked = 0;
-    while let Some(TaskAction::FetchState { from, request }) =
-        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. })).cloned()
-    {
-        assert_eq!(from, t(0));
-        assert!(request.keys.len() <= MAX_BATCH_RECORDS, "{} keys in one fetch", request.keys.len());
-        let expected: Vec<Vec<u8>> =
-            backlog[asked..asked + request.keys.len()].iter().map(|r| r.key.clone()).collect();
-        let mut keys = request.keys.clone();
-        keys.sort();
-        let mut expected_sorted = expected.clone();
-        expected_sorted.sort();
-        assert_eq!(keys, expected_sorted, "a batch asks for its own records' keys, in order");
-        asked += request.keys.len();
-        let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
-        let response = FetchResponse { id: request.id, values, extra: vec![], exhausted: vec![] };
-        out = r.on(TaskEvent::FetchResponse { from: t(0), response });
-        done.extend(processed(&out));
+        // No filter from the sender yet: every key of bucket 3 may be there.
+        let n = MAX_BATCH_RECORDS + MAX_BATCH_RECORDS / 4;
+        let backlog: Vec<Record> = keys_in(3)
+            .take(n)
+            .zip(0u64..)
+            .map(|(key, time)| Record { key, value: vec![], time, due_ms: 0 })
+            .collect();
+        let mut out = r.on(records(ch(0), backlog.clone()));
+        let mut done = Vec::new();
+        let mut asked = 0;
+        let max_keys = if look_ahead { LOOK_AHEAD_REQUEST_KEYS } else { MAX_BATCH_RECORDS };
+        // Requests answered in the order they went out (the fetch lane is FIFO).
+        let mut requests = VecDeque::new();
+        loop {
+            requests.extend(out.iter().filter_map(|a| match a {
+                TaskAction::FetchState { from, request } => Some((*from, request.clone())),
+                _ => None,
+            }));
+            let Some((from, request)) = requests.pop_front() else { break };
+            assert_eq!(from, t(0));
+            assert!(request.keys.len() <= max_keys, "{} keys in one fetch", request.keys.len());
+            let expected: Vec<Vec<u8>> =
+                backlog[asked..asked + request.keys.len()].iter().map(|r| r.key.clone()).collect();
+            let mut keys = request.keys.clone();
+            keys.sort();
+            let mut expected_sorted = expected.clone();
+            expected_sorted.sort();
+            assert_eq!(keys, expected_sorted, "requests ask for the records' keys, in order");
+            asked += request.keys.len();
+            let values = request.keys.iter().map(|k| (k.clone(), None)).collect();
+            let response = FetchResponse { id: request.id, values, extra: vec![], exhausted: vec![] };
+            out = r.on(TaskEvent::FetchResponse { from: t(0), response });
+            let batch = processed(&out);
+            assert!(batch.len() <= max_keys, "a batch of {} records", batch.len());
+            done.extend(batch);
+        }
+        assert_eq!(asked, n, "every key asked for once");
+        assert_eq!(done, (0..n as u64).collect::<Vec<_>>(), "every record once, in arrival order");
     }
-    assert_eq!(asked, n, "two fetches: a full batch and the rest");
-    assert_eq!(done, (0..n as u64).collect::<Vec<_>>(), "every record once, in arrival order");
 }
 
 /// Lazy windows: a hand-over brings timers, not their keys' state. Each holds the receiver's
@@ -455,19 +469,22 @@ fn handed_timers_hold_the_watermark_until_their_key_is_accessed() {
     assert!(r.is_busy());
     // A record of the other key comes meanwhile (its timer, at 20, is not due).
     let record = Record { key: record_first.clone(), value: vec![], time: 16, due_ms: 0 };
-    assert_eq!(r.on(records(ch(0), vec![record])), vec![], "one batch waits for state at a time");
+    // One batch waits for state at a time; the look-ahead asks for the queued record's key now.
+    let out = r.on(records(ch(0), vec![record]));
+    let [TaskAction::FetchState { from: ahead_from, request: ahead }] = &out[..] else { panic!("{out:?}") };
+    assert_eq!((*ahead_from, &ahead.keys), (t(0), &vec![record_first.clone()]));
+    let ahead = ahead.clone();
     let state = (fired_first.clone(), Some(b"window".to_vec()));
     let response = FetchResponse { id: request.id, values: vec![state], extra: vec![], exhausted: vec![] };
     let out = r.on(TaskEvent::FetchResponse { from: t(0), response });
     let install = out.iter().position(|a| matches!(a, TaskAction::InstallState { .. }));
     let emit = out.iter().position(|a| matches!(a, TaskAction::EmitWatermark(15)));
     assert!(install.is_some() && install < emit, "the state is installed before the timer fires: {out:?}");
-    let Some(TaskAction::FetchState { request, .. }) =
-        out.iter().find(|a| matches!(a, TaskAction::FetchState { .. }))
-    else {
-        panic!("the record's batch fetches its key: {out:?}")
-    };
-    assert_eq!(request.keys, vec![record_first.clone()]);
+    assert!(
+        !out.iter().any(|a| matches!(a, TaskAction::FetchState { .. })),
+        "the record's batch waits for the look-ahead's request, not a second one: {out:?}"
+    );
+    let request = ahead;
     let response = FetchResponse {
         id: request.id,
         values: vec![(record_first.clone(), None)],

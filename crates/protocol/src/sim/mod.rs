@@ -211,6 +211,9 @@ pub struct SimConfig {
     /// command (no `Switch`, so no markers) until the receiver takes from that channel. A Koala
     /// task leaves a channel full by refusing its head ([`crate::koala::KoalaTask::data_room`]).
     pub channel_capacity: usize,
+    /// Koala: whether tasks ask for the state of queued records' keys before their batch is
+    /// taken (`KoalaTask::set_look_ahead`; on, as in the runtime).
+    pub look_ahead: bool,
 }
 
 impl SimConfig {
@@ -235,6 +238,7 @@ impl SimConfig {
             wait_records: 8,
             max_queued_records: usize::MAX,
             channel_capacity: 0,
+            look_ahead: true,
         }
     }
 }
@@ -279,6 +283,8 @@ pub struct SimStats {
     /// Koala: events fed to a task while record batches waited on its data channels (then it
     /// sends no background pull: `KoalaTask::set_input_backlog`).
     pub fed_with_backlog: u64,
+    /// Koala: fetch requests the look-ahead sent for queued records before their batch.
+    pub look_ahead_fetches: u64,
     /// DRRS: buckets pushed.
     pub pushed_buckets: u64,
     /// DRRS: `Done` acks of subscales (one per task taking part).
@@ -350,6 +356,8 @@ pub struct SimFailure {
     pub drrs_schedule: crate::drrs::DrrsSchedule,
     /// Data channel capacity ([`SimConfig::channel_capacity`]).
     pub channel_capacity: usize,
+    /// Whether Koala's look-ahead was on ([`SimConfig::look_ahead`]).
+    pub look_ahead: bool,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -366,6 +374,8 @@ impl fmt::Display for SimFailure {
         let outlive = if self.state_outlives_timers { " KOALA_SIM_STATE_OUTLIVES_TIMERS=1" } else { "" };
         let drain = if self.drain { " KOALA_SIM_DRAIN=1" } else { "" };
         let ptimers = if self.processing_timers { " KOALA_SIM_PROCESSING_TIMERS=1" } else { "" };
+        let drain =
+            if self.look_ahead { drain.to_string() } else { format!("{drain} KOALA_SIM_LOOK_AHEAD=0") };
         let bound = if self.max_queued_records == usize::MAX {
             String::new()
         } else {
@@ -402,6 +412,7 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         state_outlives_timers: config.state_outlives_timers,
         processing_timers: config.processing_timers,
         drain: config.drain,
+        look_ahead: config.look_ahead,
         max_queued_records: config.max_queued_records,
         subscales: config.subscales,
         drrs_schedule: config.drrs_schedule,

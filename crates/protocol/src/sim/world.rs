@@ -281,6 +281,7 @@ impl World {
                 };
                 let mut core = KoalaTask::new(config);
                 core.set_max_queued_records(cfg.max_queued_records);
+                core.set_look_ahead(cfg.look_ahead);
                 if cfg.fault == Some(Fault::NoParking) {
                     core.inject_fault_no_parking();
                 }
@@ -782,8 +783,10 @@ impl World {
             }
             other => format!("{other:?}").chars().take(60).collect(),
         };
+        let asked_ahead = core.look_ahead_requests();
         let actions = core.on_with(event, &mut local);
         self.stats.local_probes += local.probes;
+        self.stats.look_ahead_fetches += core.look_ahead_requests() - asked_ahead;
         // Background pulls yield to input: none goes out while batches wait for the task.
         if backlog > 0 {
             self.stats.fed_with_backlog += 1;
