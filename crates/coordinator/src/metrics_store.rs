@@ -257,6 +257,7 @@ impl MetricsStore {
             .map_err(|e| fail("enable WAL", e))?;
         conn.execute_batch(SCHEMA).map_err(|e| fail("create schema", e))?;
         runs::add_missing_columns(&conn).map_err(|e| fail("add the run-end columns", e))?;
+        checkpoints::add_missing_columns(&conn).map_err(|e| fail("add the recovery columns", e))?;
         Ok(Self { path: path.to_path_buf(), conn })
     }
 
