@@ -275,6 +275,8 @@ fn measure(mb: u64, kill_after: u64, protocol: &str, out: &Path) -> anyhow::Resu
         let child = Command::new(&exe)
             .args(["worker", "--coordinator", addr.trim(), "--data-dir"])
             .arg(dir.join(format!("w{i}")))
+            .arg("--warm-state")
+            .arg(&warm)
             .env("KOALA_LOG", "info")
             .stdout(Stdio::null())
             .stderr(worker_log)
