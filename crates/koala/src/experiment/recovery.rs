@@ -270,8 +270,8 @@ fn measure(mb: u64, kill_after: u64, protocol: &str, out: &Path) -> anyhow::Resu
     let log = Log(rx);
     let addr = std::fs::read_to_string(&addr_file).context("reading the coordinator's address")?;
     for i in 0..2 {
-        let worker_log = std::fs::File::create(dir.join(format!("w{i}.log")))
-            .map_or_else(|_| Stdio::null(), Stdio::from);
+        let worker_log =
+            std::fs::File::create(dir.join(format!("w{i}.log"))).map_or_else(|_| Stdio::null(), Stdio::from);
         let child = Command::new(&exe)
             .args(["worker", "--coordinator", addr.trim(), "--data-dir"])
             .arg(dir.join(format!("w{i}")))
