@@ -36,6 +36,7 @@ use crate::RuntimeError;
 use crate::task::TaskSetup;
 
 mod restore;
+pub use restore::RESTORE_EAGERLY;
 pub(crate) use restore::restore_task;
 
 /// What a task records besides its state.

@@ -145,6 +145,11 @@ impl LazyBackend {
         }
     }
 
+    /// Loads every group not loaded yet, on this thread.
+    pub fn load_all(&self) -> Result<(), StateError> {
+        self.groups.ensure_all()
+    }
+
     /// Groups not loaded yet.
     pub fn unloaded_groups(&self) -> usize {
         self.groups.unloaded.load(Ordering::Acquire)

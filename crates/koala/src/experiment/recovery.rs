@@ -5,8 +5,10 @@
 //! keys per second; once a checkpoint or two completed (steady state) one worker is `kill -9`ed,
 //! and the recovery is timed from the coordinator's records: detection → restart, detection →
 //! first record out of a sink, and detection → the first checkpoint completed after it (the
-//! whole state back and durable again). The table adds the checkpoints' duration and size before
-//! the kill, and the growth from the smallest to the largest size.
+//! whole state back and durable again). Each size runs twice: with the lazy restore (the
+//! default) and with every bucket group loaded before the tasks start (`RESTORE_EAGERLY` in the
+//! workers' environment), so one sitting compares them. The table adds the checkpoints' duration
+//! and size before the kill, and the growth from the smallest to the largest size.
 //!
 //! Kill moments are read from the coordinator's log (`checkpoint k completed`), never from
 //! sleeps; every process is killed when a size is done, and its directory and warm state
@@ -31,8 +33,8 @@ pub const RECOVERY: Info = Info {
     name: "recovery",
     figure: "no paper figure (checkpoints and recovery, docs/architecture.md §10)",
     shows: "recovery from a kill -9 at steady state as warm state grows: detection → restart → first record out, and checkpoint cost",
-    quick: "32, 64, 128, 256 MB warm, checkpoints every second, one kill each: about 3 minutes",
-    full: "250, 500, 750 MB and 1 GB warm, checkpoints every second, one kill each: about 10 minutes",
+    quick: "32, 64, 128, 256 MB warm, a checkpoint every second, a kill per run, lazy and eager restore: about 3 minutes",
+    full: "250, 500, 750 MB and 1 GB warm, a checkpoint every second, a kill per run, lazy and eager restore: about 8 minutes",
     protocols: &["koala"],
     runner: Runner::Own(run),
 };
@@ -44,8 +46,10 @@ const TOUCHED_PER_SEC: f64 = 0.10;
 /// How long one size may take to reach each mark before it is given up.
 const MARK_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// One size's measurement.
+/// One run's measurement.
 struct Row {
+    /// `lazy` (the default) or `eager` (every group loaded before the tasks start).
+    restore: &'static str,
     state_bytes: u64,
     keys: u64,
     recovery: RecoveryRecord,
@@ -61,7 +65,7 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
         Some([one]) => one.clone(),
         Some(_) => anyhow::bail!("--protocols: experiment recovery runs one protocol at a time"),
     };
-    let sizes_mb: Vec<u64> = mode.pick(vec![4, 8], vec![32, 64, 128, 256], vec![250, 500, 750, 1024]);
+    let sizes_mb: Vec<u64> = mode.pick(vec![4], vec![32, 64, 128, 256], vec![250, 500, 750, 1024]);
     // Checkpoints completed before the kill (the first one writes every byte).
     let kill_after = mode.pick(1, 2, 2);
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
@@ -73,21 +77,26 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for mb in sizes_mb {
-        let row = measure(mb, kill_after, &protocol, &opts.out)
-            .with_context(|| format!("the {mb} MB run of experiment recovery"))?;
-        println!(
-            "{}: detection → restart {} ms, → first record out {}, → durable again {}",
-            human_bytes(row.state_bytes),
+        for eager in [false, true] {
+            let row = measure(mb, kill_after, &protocol, &opts.out, eager)
+                .with_context(|| format!("the {mb} MB run of experiment recovery"))?;
+            println!(
+                "{} ({} restore): detection → restart {} ms, → first record out {}, → durable again {}",
+                human_bytes(row.state_bytes),
+                row.restore,
             row.recovery.restart_ms(),
-            ms_or_none(row.recovery.first_output_after_ms()),
-            ms_or_none(row.durable_again_ms)
-        );
-        rows.push(row);
+                ms_or_none(row.recovery.first_output_after_ms()),
+                ms_or_none(row.durable_again_ms)
+            );
+            rows.push(row);
+        }
     }
     let table = table(&rows);
     println!("{}", table.text());
-    let growth = growth(&rows);
-    println!("{growth}");
+    for restore in ["lazy", "eager"] {
+        let of: Vec<&Row> = rows.iter().filter(|r| r.restore == restore).collect();
+        println!("{restore} restore: {}", growth(&of));
+    }
     let csv = std::iter::once(table.columns.join(","))
         .chain(table.rows.iter().map(|r| r.join(",")))
         .collect::<Vec<_>>()
@@ -104,6 +113,7 @@ fn ms_or_none(ms: Option<u64>) -> String {
 fn table(rows: &[Row]) -> Table {
     let columns = vec![
         "state",
+        "restore",
         "keys",
         "detection → restart",
         "detection → first record out",
@@ -118,6 +128,7 @@ fn table(rows: &[Row]) -> Table {
             let duration: u64 = r.before.iter().map(|c| c.completed_ms.saturating_sub(c.started_ms)).sum();
             vec![
                 human_bytes(r.state_bytes),
+                r.restore.to_string(),
                 r.keys.to_string(),
                 format!("{} ms", r.recovery.restart_ms()),
                 ms_or_none(r.recovery.first_output_after_ms()),
@@ -131,7 +142,7 @@ fn table(rows: &[Row]) -> Table {
 }
 
 /// The growth of detection → first record out from the smallest size to the largest.
-fn growth(rows: &[Row]) -> String {
+fn growth(rows: &[&Row]) -> String {
     let first = |r: &Row| r.recovery.first_output_after_ms();
     match (rows.first(), rows.last()) {
         (Some(a), Some(b)) if rows.len() > 1 => match (first(a), first(b)) {
@@ -144,7 +155,7 @@ fn growth(rows: &[Row]) -> String {
             ),
             _ => "growth: a run had no first record out".to_string(),
         },
-        _ => String::new(),
+        _ => "one size: no growth".to_string(),
     }
 }
 
@@ -154,7 +165,7 @@ fn config(out: &Path, keys: u64, protocol: &str, warm: Option<&Path>) -> String 
     let warm = warm.map_or(String::new(), |w| format!("warm_state = {:?}\n", w.display().to_string()));
     format!(
         "query = \"keyed-aggregate\"\nworkers = 2\nduration_s = 3600\noutput_dir = {:?}\nprotocol = \"{protocol}\"\n\
-         checkpoint_interval_ms = 1000\ncheckpoints_retained = 2\n{warm}\
+         checkpoint_interval_ms = 1000\ncheckpoints_retained = 1\n{warm}\
          \n[parallelism]\nsource = 2\naggregate = 2\nsink = 1\n\
          \n[params]\nsink = \"discard\"\nstate_padding_bytes = {VALUE_BYTES}\n\
          [params.generator]\nkey_space = {keys}\nhot_keys = 0\nhot_key_ratio = 0.0\nseed = 7\n\
@@ -225,8 +236,9 @@ impl Log {
     }
 }
 
-/// Runs one size: warm state, the job, the kill, the recovery; reads the times back.
-fn measure(mb: u64, kill_after: u64, protocol: &str, out: &Path) -> anyhow::Result<Row> {
+/// Runs one size: warm state, the job, the kill, the recovery (`eager`: every bucket group
+/// loaded before the restored tasks start); reads the times back.
+fn measure(mb: u64, kill_after: u64, protocol: &str, out: &Path, eager: bool) -> anyhow::Result<Row> {
     let keys = (mb << 20) / VALUE_BYTES as u64;
     let warm = warm_state(out, keys, protocol)?;
     let dir = out.join(format!("{mb}-MB"));
@@ -278,13 +290,21 @@ fn measure(mb: u64, kill_after: u64, protocol: &str, out: &Path) -> anyhow::Resu
             .arg("--warm-state")
             .arg(&warm)
             .env("KOALA_LOG", "info")
+            .env(koala_runtime::RESTORE_EAGERLY, if eager { "1" } else { "" })
             .stdout(Stdio::null())
             .stderr(worker_log)
             .spawn()
             .context("starting a worker")?;
         procs.0.push(child);
     }
-    log.wait_for(&format!("checkpoint {kill_after} completed"), MARK_TIMEOUT)?;
+    log.wait_for("checkpoint 1 completed", MARK_TIMEOUT)?;
+    // The workers loaded the warm state before the job started (and a restored worker loads
+    // none): gigabytes of disk back before the checkpoints take them.
+    std::fs::remove_dir_all(&warm).with_context(|| format!("deleting {}", warm.display()))?;
+    let _ = std::fs::remove_dir(out.join("warm"));
+    if kill_after > 1 {
+        log.wait_for(&format!("checkpoint {kill_after} completed"), MARK_TIMEOUT)?;
+    }
     // kill -9: the worker gets no chance to say goodbye.
     let victim = &mut procs.0[2];
     victim.kill().context("killing worker 1")?;
@@ -306,10 +326,8 @@ fn measure(mb: u64, kill_after: u64, protocol: &str, out: &Path) -> anyhow::Resu
         .map(|c| c.completed_ms.saturating_sub(recovery.detected_ms));
     let state_bytes = keys * VALUE_BYTES as u64;
     drop(store);
-    // Gigabytes each: the run's stores and checkpoints, and the warm state.
-    for done in [&dir, &warm] {
-        std::fs::remove_dir_all(done).with_context(|| format!("deleting {}", done.display()))?;
-    }
-    let _ = std::fs::remove_dir(out.join("warm"));
-    Ok(Row { state_bytes, keys, recovery, durable_again_ms, before })
+    // Gigabytes: the run's stores and checkpoints.
+    std::fs::remove_dir_all(&dir).with_context(|| format!("deleting {}", dir.display()))?;
+    let restore = if eager { "eager" } else { "lazy" };
+    Ok(Row { restore, state_bytes, keys, recovery, durable_again_ms, before })
 }

@@ -25,6 +25,10 @@ use super::{PARTS_PER_TASK, TaskMeta, owned_in, shared_store};
 use crate::RuntimeError;
 use crate::task::TaskSetup;
 
+/// Set (not empty) in a worker's environment, its restored tasks load every bucket group before
+/// they start — the restore before lazy recovery — for `koala experiment recovery` to compare.
+pub const RESTORE_EAGERLY: &str = "KOALA_RESTORE_EAGERLY";
+
 /// A restarted job (`checkpoint.restore`): restores this task's state and timers from the
 /// checkpoint — the buckets it owns, from every task of its operator, in the cut rule's order;
 /// a private store lazily (see the module docs: `setup.store` becomes the lazy store) — and
@@ -90,7 +94,11 @@ pub(crate) fn restore_task(
         } else {
             let group_buckets = nb.div_ceil(PARTS_PER_TASK);
             let lazy = LazyBackend::new(store, nb, group_buckets, Box::new(groups));
-            lazy.start_background()?;
+            if std::env::var_os(RESTORE_EAGERLY).is_some_and(|v| !v.is_empty()) {
+                lazy.load_all()?;
+            } else {
+                lazy.start_background()?;
+            }
             setup.store = Some(Box::new(lazy));
         }
     }
