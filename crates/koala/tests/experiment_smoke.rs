@@ -118,7 +118,8 @@ fn the_klt_benchmark_writes_its_table_and_page() {
     assert!(std::fs::read_to_string(out.join("index.html")).expect("page").contains("B per handed-over key"));
 }
 
-/// The recovery experiment kills a worker of a real job per size and tables the recovery.
+/// The recovery experiment kills a worker of a real job per size and restore and tables the
+/// recovery.
 #[test]
 fn the_recovery_experiment_kills_a_worker_per_size_and_tables_its_recovery() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -126,8 +127,10 @@ fn the_recovery_experiment_kills_a_worker_per_size_and_tables_its_recovery() {
     let (ok, stdout, err) = stdout_of(&["experiment", "recovery", "--smoke"], Some(&out));
     assert!(ok, "{stdout}\n{err}");
     let summary = std::fs::read_to_string(out.join("summary.csv")).expect("summary");
+    // One size, restored lazily and eagerly.
     assert_eq!(summary.lines().count(), 3, "{summary}");
-    assert!(stdout.contains("detection → first record out:"), "{stdout}");
+    assert!(summary.contains(",lazy,") && summary.contains(",eager,"), "{summary}");
+    assert!(stdout.contains("(lazy restore): detection → restart"), "{stdout}");
     // Each size's processes and directories are gone; only the table is left.
     assert!(!out.join("4-MB").exists() && !out.join("warm").exists(), "{stdout}");
 }

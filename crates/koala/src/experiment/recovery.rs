@@ -84,7 +84,7 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
                 "{} ({} restore): detection → restart {} ms, → first record out {}, → durable again {}",
                 human_bytes(row.state_bytes),
                 row.restore,
-            row.recovery.restart_ms(),
+                row.recovery.restart_ms(),
                 ms_or_none(row.recovery.first_output_after_ms()),
                 ms_or_none(row.durable_again_ms)
             );

@@ -149,6 +149,9 @@ fn restore_state(
     Ok(())
 }
 
+/// A key and its value as a cut part records them.
+type Entry = (Vec<u8>, Vec<u8>);
+
 /// What a task restores from a checkpoint, bucket group by bucket group ([`GroupLoader`]).
 struct CheckpointGroups {
     task: TaskId,
@@ -160,7 +163,7 @@ struct CheckpointGroups {
     /// The parts of the operator's tasks, by task index.
     parts: BTreeMap<u32, PathBuf>,
     /// Each other part's entries served to owners past the checkpoint (Koala's cut).
-    retained: BTreeMap<u32, Vec<(Vec<u8>, Vec<u8>)>>,
+    retained: BTreeMap<u32, Vec<Entry>>,
     /// Keys the task installed from fetches since its previous checkpoint (its tombstones).
     installed: Vec<Vec<u8>>,
     state_ids: Vec<u8>,
