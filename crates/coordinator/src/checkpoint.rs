@@ -51,12 +51,12 @@ pub(crate) struct Checkpoints {
     latest: Option<Latest>,
     /// What a job restarts from when no checkpoint completed yet.
     initial: Deployment,
-    /// Completed checkpoints and their sizes (bytes), for the summary.
-    pub(crate) sizes: Vec<u64>,
+    /// Completed checkpoints (without their deployments), for the summary.
+    pub(crate) completed: Vec<CheckpointRecord>,
+    /// Recoveries, for the summary; the last one's first output arrives after [`Self::recover`].
+    pub(crate) recoveries: Vec<RecoveryRecord>,
     /// Checkpoints skipped: due while the previous one was still being written.
     pub(crate) skipped: u64,
-    /// Recoveries: (checkpoint restored, ms from the loss to the restart).
-    pub(crate) recoveries: Vec<(CheckpointId, u64)>,
     /// Recoveries since a checkpoint last completed (a failure that recurs before the job gets
     /// anywhere ends it after [`MAX_RECOVERIES_WITHOUT_PROGRESS`]).
     recoveries_since_completed: u32,
@@ -115,7 +115,7 @@ impl Checkpoints {
             running: None,
             latest: resumed.map(|m| Latest { point: m.point.clone(), deployment: m.deployment.clone() }),
             initial: initial.clone(),
-            sizes: Vec::new(),
+            completed: Vec::new(),
             skipped: 0,
             recoveries: Vec::new(),
             recoveries_since_completed: 0,
@@ -229,22 +229,21 @@ impl Checkpoints {
         let parts = checkpoint.tasks.values();
         let bytes: u64 = parts.clone().map(|t| t.bytes).sum();
         let path = self.dir.join(id.to_string());
-        state.store.checkpoint_completed(
-            state.run,
-            &CheckpointRecord {
-                id,
-                epoch: checkpoint.epoch,
-                started_ms,
-                completed_ms,
-                bytes,
-                written_bytes: Some(parts.clone().map(|t| t.written_bytes).sum()),
-                entries: parts.clone().map(|t| t.entries).sum(),
-                alignment_ms: parts.map(|t| t.alignment_ms).max().unwrap_or(0),
-                path: path.to_string_lossy().into_owned(),
-                deployment: koala_types::encode(&deployment).unwrap_or_default(),
-            },
-        )?;
-        self.sizes.push(bytes);
+        let mut record = CheckpointRecord {
+            id,
+            epoch: checkpoint.epoch,
+            started_ms,
+            completed_ms,
+            bytes,
+            written_bytes: Some(parts.clone().map(|t| t.written_bytes).sum()),
+            entries: parts.clone().map(|t| t.entries).sum(),
+            alignment_ms: parts.map(|t| t.alignment_ms).max().unwrap_or(0),
+            path: path.to_string_lossy().into_owned(),
+            deployment: koala_types::encode(&deployment).unwrap_or_default(),
+        };
+        state.store.checkpoint_completed(state.run, &record)?;
+        record.deployment = Vec::new();
+        self.completed.push(record);
         let positions =
             checkpoint.tasks.iter().filter_map(|(t, part)| Some((*t, part.position.clone()?))).collect();
         let event_times =
@@ -382,6 +381,8 @@ impl Checkpoints {
                 }
             }
         }
+        // The restored job starts now: a sink may write before this thread goes on.
+        let restarted_ms = unix_ms();
         state.workers.broadcast(&CoordinatorMessage::Start)?;
         // The restore point belongs to the Deploy above: tasks a later reconfiguration creates
         // (the redone request's first) start empty, never from the checkpoint.
@@ -393,12 +394,15 @@ impl Checkpoints {
         state.engine = engine;
         state.timing = None;
         state.ended_ms.clear();
-        let restarted_ms = unix_ms();
         let checkpoint = point.as_ref().map_or(0, |p| p.id);
-        state.store.recovered(
-            state.run,
-            &RecoveryRecord { lost: lost.to_string(), detected_ms, restarted_ms, checkpoint },
-        )?;
+        let record = RecoveryRecord {
+            lost: lost.to_string(),
+            detected_ms,
+            restarted_ms,
+            first_output_ms: None,
+            checkpoint,
+        };
+        state.store.recovered(state.run, &record)?;
         // One figure wherever it is printed: from the loss's detection to the restarted job.
         let ms = restarted_ms.saturating_sub(detected_ms);
         tracing::info!(
@@ -414,9 +418,30 @@ impl Checkpoints {
             checkpoint,
             ms,
         });
-        self.recoveries.push((checkpoint, ms));
+        self.recoveries.push(record);
         self.next_due = Instant::now() + self.interval;
         state.start_next()?;
         Ok(new)
+    }
+
+    /// A sink of the restored job wrote its first records at `unix_ms`: the latest recovery's
+    /// first output, if it has none yet (the first sink to write decides).
+    pub(crate) fn on_first_output(
+        &mut self,
+        state: &mut JobState,
+        unix_ms: u64,
+    ) -> Result<(), CoordinatorError> {
+        let Some(last) = self.recoveries.last_mut().filter(|r| r.first_output_ms.is_none()) else {
+            return Ok(());
+        };
+        last.first_output_ms = Some(unix_ms);
+        state.store.recovery_first_output(state.run, last.detected_ms, unix_ms)?;
+        tracing::info!(
+            restart_ms = last.restart_ms(),
+            first_output_ms = unix_ms.saturating_sub(last.detected_ms),
+            "recovery: records flow again {} ms after the loss was detected",
+            unix_ms.saturating_sub(last.detected_ms)
+        );
+        Ok(())
     }
 }

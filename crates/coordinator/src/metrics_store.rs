@@ -261,6 +261,8 @@ impl MetricsStore {
             .map_err(|e| fail("add the run-end columns", e))?;
         runs::add_missing_columns(&conn, "checkpoints", &[("written_bytes", "INTEGER NULL")])
             .map_err(|e| fail("add the checkpoints' written bytes", e))?;
+        runs::add_missing_columns(&conn, "recoveries", checkpoints::ADDED_COLUMNS)
+            .map_err(|e| fail("add the recovery columns", e))?;
         Ok(Self { path: path.to_path_buf(), conn })
     }
 

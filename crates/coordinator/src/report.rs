@@ -52,7 +52,7 @@ mod text;
 
 pub use text::fmt_ms;
 
-pub use checkpoints::CheckpointSummary;
+pub use checkpoints::{CheckpointSummary, checkpoint_table, recovery_line};
 pub use overlay::{overlay_offered, write_overlay, write_throughput_overlay};
 pub use render::Span;
 pub use table::{GroupSeries, PerSecondTable, SecondRow, combine, group_series};

@@ -59,13 +59,12 @@ pub struct JobSummary {
     pub metrics_db: std::path::PathBuf,
     /// Reconfigurations completed.
     pub reconfigurations: u64,
-    /// Completed checkpoints' sizes in bytes, in order (empty with checkpoints off).
-    pub checkpoint_bytes: Vec<u64>,
+    /// Completed checkpoints in order, without their deployments (empty with checkpoints off).
+    pub checkpoints: Vec<crate::metrics_store::CheckpointRecord>,
+    /// Recoveries after a lost worker or a failed task, in order.
+    pub recoveries: Vec<crate::metrics_store::RecoveryRecord>,
     /// Checkpoints skipped: due while the previous one was still being written.
     pub checkpoints_skipped: u64,
-    /// Recoveries after a lost worker: (checkpoint restored, 0 = none yet; ms from the loss to
-    /// the restarted job).
-    pub recoveries: Vec<(u64, u64)>,
     /// Whether the job was asked to stop (`JobRun::stop`) before its input ended: its sources
     /// were cut short and the run is recorded as interrupted.
     pub interrupted: bool,
@@ -385,6 +384,11 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
                     stop_sent = false;
                 }
                 Ok(Event::Worker(_, Some(WorkerMessage::Heartbeat))) => {}
+                Ok(Event::Worker(_, Some(WorkerMessage::FirstOutput { unix_ms, .. }))) => {
+                    if let Some(c) = checkpoints.as_mut() {
+                        c.on_first_output(&mut state, unix_ms)?;
+                    }
+                }
                 Ok(Event::Worker(worker, Some(WorkerMessage::Memory(report)))) => {
                     memory_report(&job, worker, report)
                 }
@@ -444,8 +448,8 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     }
     let totals = std::mem::take(&mut state.totals);
     drop(state);
-    let (checkpoint_bytes, checkpoints_skipped, recoveries) =
-        checkpoints.map(|c| (c.sizes, c.skipped, c.recoveries)).unwrap_or_default();
+    let (checkpoint_records, checkpoints_skipped, recoveries) =
+        checkpoints.map(|c| (c.completed, c.skipped, c.recoveries)).unwrap_or_default();
     Ok(JobSummary {
         run: job.run,
         elapsed: started.elapsed(),
@@ -458,7 +462,7 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
         late_dropped: totals.late_dropped,
         metrics_db: config.metrics_path(),
         reconfigurations: completed,
-        checkpoint_bytes,
+        checkpoints: checkpoint_records,
         checkpoints_skipped,
         recoveries,
         interrupted,

@@ -239,8 +239,8 @@ fn bench_once(
     println!("{:<44} {:>12.0}", "per-batch latency p99 (µs, median second)", result.batch_p99_us);
     println!("{:<44} {:>12.0}", "per-batch latency mean (µs)", result.batch_mean_us);
     if let Some(ms) = spec.checkpoint_interval_ms {
-        let n = summary.checkpoint_bytes.len();
-        let mean = summary.checkpoint_bytes.iter().sum::<u64>() / (n.max(1) as u64);
+        let n = summary.checkpoints.len();
+        let mean = summary.checkpoints.iter().map(|c| c.bytes).sum::<u64>() / (n.max(1) as u64);
         println!("{:<44} {:>12}", format!("checkpoints every {ms} ms, completed"), n);
         println!("{:<44} {:>12}", "checkpoint size, mean", human_bytes(mean));
     }

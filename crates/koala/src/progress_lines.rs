@@ -123,6 +123,9 @@ fn counted(once: Option<u64>, counted: u64, what: &str, again: u64, verb: &str) 
     }
 }
 
+/// Checkpoints the summary gives a row each (the last ones).
+const SUMMARY_CHECKPOINT_ROWS: usize = 10;
+
 /// The run's closing lines.
 pub fn summary_lines(s: &JobSummary) -> Vec<String> {
     let secs = s.elapsed.as_secs_f64();
@@ -151,14 +154,21 @@ pub fn summary_lines(s: &JobSummary) -> Vec<String> {
              and every 1000th are logged with topic, partition and offset)"
         ));
     }
-    if !s.checkpoint_bytes.is_empty() {
-        let total: u64 = s.checkpoint_bytes.iter().sum();
+    if !s.checkpoints.is_empty() {
+        let n = s.checkpoints.len();
+        let total: u64 = s.checkpoints.iter().map(|c| c.bytes).sum();
         lines.push(format!(
-            "checkpoints: {} completed, {} each on average, last {}",
-            s.checkpoint_bytes.len(),
-            human_bytes(total / s.checkpoint_bytes.len() as u64),
-            human_bytes(s.checkpoint_bytes.last().copied().unwrap_or(0))
+            "checkpoints: {n} completed, {} each on average, last {}",
+            human_bytes(total / n as u64),
+            human_bytes(s.checkpoints.last().map_or(0, |c| c.bytes))
         ));
+        // A row each, the last ones of a long run (`koala report` lists every one).
+        let shown = &s.checkpoints[n.saturating_sub(SUMMARY_CHECKPOINT_ROWS)..];
+        let table = koala_coordinator::report::checkpoint_table(shown);
+        lines.extend(table.into_iter().map(|row| format!("  {row}")));
+        if n > shown.len() {
+            lines.push(format!("  (the last {} of {n}; `koala report` lists every one)", shown.len()));
+        }
     }
     if s.checkpoints_skipped > 0 {
         lines.push(format!(
@@ -166,8 +176,8 @@ pub fn summary_lines(s: &JobSummary) -> Vec<String> {
             s.checkpoints_skipped
         ));
     }
-    for (checkpoint, ms) in &s.recoveries {
-        lines.push(recovery_line("a lost worker", *checkpoint, *ms));
+    for r in &s.recoveries {
+        lines.push(koala_coordinator::report::recovery_line(r));
     }
     if s.rewritten_at_least > 0 {
         lines.push(
@@ -207,9 +217,26 @@ mod tests {
             late_dropped: 0,
             metrics_db: "m.db".into(),
             reconfigurations: 0,
-            checkpoint_bytes: vec![1 << 20],
             checkpoints_skipped: 0,
-            recoveries: vec![(3, 13)],
+            checkpoints: vec![koala_coordinator::metrics_store::CheckpointRecord {
+                id: 3,
+                epoch: 0,
+                started_ms: 1_000,
+                completed_ms: 1_040,
+                bytes: 1 << 20,
+                written_bytes: Some(1 << 10),
+                entries: 9,
+                alignment_ms: 2,
+                path: String::new(),
+                deployment: Vec::new(),
+            }],
+            recoveries: vec![koala_coordinator::metrics_store::RecoveryRecord {
+                lost: "worker1 disappeared".into(),
+                detected_ms: 5_000,
+                restarted_ms: 5_013,
+                first_output_ms: Some(5_200),
+                checkpoint: 3,
+            }],
             interrupted: false,
             malformed: Default::default(),
         };
@@ -222,12 +249,13 @@ mod tests {
             "{lines:?}"
         );
         assert!(
-            lines
-                .iter()
-                .any(|l| l
-                    .starts_with("recovery: a lost worker; the job restarted from checkpoint 3 in 13 ms")),
+            lines.iter().any(|l| l.starts_with(
+                "recovery: worker1 disappeared; restarted from checkpoint 3; detection → restart 13 ms → \
+                     first record out 200 ms"
+            )),
             "{lines:?}"
         );
+        assert!(lines.iter().any(|l| l.contains("         3       40 ms     1.00 MiB")), "{lines:?}");
         let clean = JobSummary { recoveries: Vec::new(), replayed_at_least: 0, rewritten_at_least: 0, ..s };
         assert!(summary_lines(&clean)[0].contains("— 2 000 000 records in (50000/s), 392 596 records out,"));
         assert!(summary_lines(&clean).iter().all(|l| !l.contains("written again")));
@@ -246,7 +274,7 @@ mod tests {
             late_dropped: 0,
             metrics_db: "m.db".into(),
             reconfigurations: 0,
-            checkpoint_bytes: Vec::new(),
+            checkpoints: Vec::new(),
             checkpoints_skipped: 0,
             recoveries: Vec::new(),
             interrupted: false,

@@ -40,6 +40,7 @@ fn the_list_names_every_experiment_and_bad_requests_are_refused() {
         "hot-keys",
         "large-scale",
         "autoscale",
+        "recovery",
     ] {
         assert!(list.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{list}");
     }
@@ -115,6 +116,23 @@ fn the_klt_benchmark_writes_its_table_and_page() {
     let keys: Vec<&str> = summary.lines().skip(1).filter_map(|l| l.split(',').next()).collect();
     assert_eq!(keys, vec!["20000", "160000"], "{summary}");
     assert!(std::fs::read_to_string(out.join("index.html")).expect("page").contains("B per handed-over key"));
+}
+
+/// The recovery experiment kills a worker of a real job per size and restore and tables the
+/// recovery.
+#[test]
+fn the_recovery_experiment_kills_a_worker_per_size_and_tables_its_recovery() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("recovery");
+    let (ok, stdout, err) = stdout_of(&["experiment", "recovery", "--smoke"], Some(&out));
+    assert!(ok, "{stdout}\n{err}");
+    let summary = std::fs::read_to_string(out.join("summary.csv")).expect("summary");
+    // One size, restored lazily and eagerly.
+    assert_eq!(summary.lines().count(), 3, "{summary}");
+    assert!(summary.contains(",lazy,") && summary.contains(",eager,"), "{summary}");
+    assert!(stdout.contains("(lazy restore): detection → restart"), "{stdout}");
+    // Each size's processes and directories are gone; only the table is left.
+    assert!(!out.join("4-MB").exists() && !out.join("warm").exists(), "{stdout}");
 }
 
 /// SIGTERM during an experiment's first run drains that run and runs no more: the others are

@@ -21,6 +21,7 @@ use std::time::Duration;
 use common::expected::{QueryShape, expected_rows};
 use common::job::{start_job, start_state_server};
 use common::oracle::{compare_rows, rows_per_key};
+use koala_coordinator::metrics_store::{MetricsStore, RecoveryRecord};
 
 /// The protocols every kill point runs under.
 const PROTOCOLS: [&str; 4] = ["koala", "stop-and-restart", "remote", "drrs"];
@@ -134,6 +135,23 @@ fn run_killed(seed: u64, point: KillPoint, schedule: &str, marks: &[&str]) -> Re
         let kept = dir.keep();
         return Err(format!("{e}\n(files kept in {})\n{context}", kept.display()));
     }
+    // Each recovery is timed: detection ≤ restart ≤ the first record out after it.
+    let timed = recovery_times(&dir.path().join("out").join("metrics.db"))
+        .map_err(|e| format!("reading the recoveries: {e}: {context}"))?;
+    if timed.is_empty() {
+        return Err(format!("no recovery recorded in the metrics store: {context}"));
+    }
+    for r in &timed {
+        println!(
+            "recovery from checkpoint {}: detection → restart {} ms → first record out {:?} ms",
+            r.checkpoint,
+            r.restart_ms(),
+            r.first_output_after_ms()
+        );
+        if !r.first_output_ms.is_some_and(|f| f >= r.restarted_ms && r.restarted_ms >= r.detected_ms) {
+            return Err(format!("a recovery's times are out of order or missing: {r:?}: {context}"));
+        }
+    }
     // The summary adds up: what the sources took once is the input, what the sinks wrote once
     // is the output, whatever the recovery replayed.
     let rows: usize = got.values().map(Vec::len).sum();
@@ -147,6 +165,14 @@ fn run_killed(seed: u64, point: KillPoint, schedule: &str, marks: &[&str]) -> Re
         ));
     }
     Ok(log)
+}
+
+/// The recoveries of the one run in the metrics store `db`.
+fn recovery_times(db: &Path) -> Result<Vec<RecoveryRecord>, String> {
+    let store = MetricsStore::open(db).map_err(|e| e.to_string())?;
+    let runs = store.runs().map_err(|e| e.to_string())?;
+    let run = runs.first().ok_or("no run")?;
+    store.recoveries(&run.run).map_err(|e| e.to_string())
 }
 
 /// From the summary's `done:` line, the records the sources took and the sinks wrote, each once:

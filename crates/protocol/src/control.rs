@@ -527,4 +527,12 @@ pub enum WorkerMessage {
         /// What it acknowledges.
         ack: TaskAck,
     },
+    /// A sink task of a job restored from a checkpoint wrote its first records (once per
+    /// restore): the end of a recovery as the job's output sees it (docs/architecture.md §10).
+    FirstOutput {
+        /// The sink task.
+        task: TaskId,
+        /// When it wrote them, unix ms (the worker's clock).
+        unix_ms: u64,
+    },
 }

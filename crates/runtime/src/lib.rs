@@ -26,6 +26,7 @@ mod wire_schema;
 mod worker;
 mod worker_state;
 
+pub use checkpoint::RESTORE_EAGERLY;
 pub use error::RuntimeError;
 pub use worker::{WorkerOptions, run_worker};
 pub use worker_state::{WORKER_ID_PLACEHOLDER, data_dir_of};

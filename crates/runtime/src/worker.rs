@@ -157,10 +157,13 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                 // servers too) at full speed, and the emulated link applies from the start.
                 link.set_rate(None);
                 let rate = d.options.capacity.link_mb_per_sec;
+                // A job restored from a checkpoint has its state there: warm state loaded now
+                // would only be deleted by each task's restore.
+                let warm = options.warm_state.as_ref().filter(|_| d.options.checkpoint.restore.is_none());
                 let prepared = prepare(me, *d, &options, &inboxes).and_then(|j| {
                     // Every cache gets its share before its task opens it (the warm restore).
                     memory.add(j.pending.iter().map(|(t, _)| *t).filter(|t| is_stateful(&j, *t)));
-                    match &options.warm_state {
+                    match warm {
                         Some(dir) => restore_warm_state(&j, env.as_ref(), dir).map(|()| j),
                         None => Ok(j),
                     }

@@ -7,6 +7,9 @@
 //! map per task ([`MemoryEnv`]), or — for the Remote baseline — state servers shared by every
 //! task of an operator ([`RemoteEnv`], [`StateServer`]; docs/architecture.md §5, "Remote state").
 //!
+//! After a failure a task's store may be a [`lazy::LazyBackend`]: its buckets are loaded from the
+//! checkpoint on first access while a background thread loads the rest.
+//!
 //! Inside a store, keys are laid out as `bucket | state id | user key` (see [`encode_state_key`]),
 //! so a bucket is one contiguous key range that can be scanned in chunks (to migrate it) and
 //! deleted (once its new owner has it).
@@ -42,6 +45,7 @@ mod error;
 mod fjall_env;
 mod frozen;
 mod key;
+pub mod lazy;
 mod memory;
 pub mod remote;
 mod scan;

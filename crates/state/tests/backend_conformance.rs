@@ -3,10 +3,13 @@
 //! write — all must give the same answers. The remote backend (state servers started in this
 //! process on port 0, alone and behind the caches) runs the same cases except the two about
 //! per-task key spaces, which it replaces by their shared-key-space counterparts: its key space
-//! belongs to the operator, not the task (docs/architecture.md §5, "Remote state").
+//! belongs to the operator, not the task (docs/architecture.md §5, "Remote state"). The
+//! lazy-recovery wrapper (`koala_state::lazy`) runs the per-task cases over memory and over
+//! fjall behind a cache.
 
 use std::error::Error;
 
+use koala_state::lazy::{GroupLoader, LazyBackend};
 use koala_state::{
     CachedEnv, ENTRY_OVERHEAD_BYTES, FjallEnv, MAX_USER_KEY_LEN, MemoryEnv, RemoteEnv, StateBackend,
     StateEnv, StateError, StateKey, StateServer, StateWrite,
@@ -441,8 +444,52 @@ impl<E: StateEnv> StateEnv for Tracked<E> {
     }
 }
 
+/// Stores behind the lazy-recovery wrapper: every bucket group starts unloaded, with a loader
+/// that finds nothing (a store restored from an empty checkpoint) and its background loader
+/// running, so every case meets groups loaded by its own accesses and by the background.
+struct LazyEnv<E>(E);
+
+/// The loader of an empty checkpoint: it clears the group, as a restore does.
+struct EmptyCheckpoint;
+
+impl GroupLoader for EmptyCheckpoint {
+    fn load(&self, store: &dyn StateBackend, buckets: std::ops::Range<BucketId>) -> Result<(), StateError> {
+        let _ = (store, buckets);
+        Ok(())
+    }
+}
+
+impl<E: StateEnv> StateEnv for LazyEnv<E> {
+    fn open_task(&self, task: TaskId) -> Result<Box<dyn StateBackend>, StateError> {
+        let store = LazyBackend::new(self.0.open_task(task)?, 128, 8, Box::new(EmptyCheckpoint));
+        store.start_background()?;
+        Ok(Box::new(store))
+    }
+
+    fn drop_task(&self, task: TaskId) -> Result<(), StateError> {
+        self.0.drop_task(task)
+    }
+
+    fn persist(&self) -> Result<(), StateError> {
+        self.0.persist()
+    }
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
+        mod lazy_memory {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                super::$case(&super::LazyEnv(super::MemoryEnv::new()))
+            })*
+        }
+        mod lazy_fjall_cached {
+            $(#[test]
+            fn $case() -> super::TestResult {
+                let dir = tempfile::tempdir()?;
+                super::$case(&super::LazyEnv(super::CachedEnv::new(super::FjallEnv::open(dir.path())?, 64 << 20)))
+            })*
+        }
         mod memory {
             $(#[test]
             fn $case() -> super::TestResult {

@@ -40,14 +40,14 @@ use std::time::{Duration, Instant};
 /// serde type in `koala_protocol::control`, `koala_types::message`, `koala_state::remote`, the
 /// protocols' peer messages), and pin [`WIRE_SCHEMA_DIGEST`] again: two builds with different
 /// numbers refuse each other at the greeting instead of misreading frames.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The digest of the wire schema [`PROTOCOL_VERSION`] stands for, and the version it was pinned
 /// with. A test (`koala-runtime`'s `wire_schema`) recomputes it from the wire types themselves —
 /// every field and variant, in order, down to nested types — and fails naming the new digest
 /// when a wire type changed: then bump the version and pin the new digest with it, never the
 /// digest alone (docs/deploy.md §Security).
-pub const WIRE_SCHEMA_DIGEST: WireSchemaPin = WireSchemaPin { version: 4, digest: 0x604e_f4fb_3d1f_cf54 };
+pub const WIRE_SCHEMA_DIGEST: WireSchemaPin = WireSchemaPin { version: 5, digest: 0x758e_b28d_4cf8_bce7 };
 
 /// A wire schema digest and the protocol version it belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

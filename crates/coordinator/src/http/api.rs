@@ -101,9 +101,11 @@ pub fn job(live: &Live, now: &Snapshot) -> Value {
 }
 
 /// `/api/job`'s `checkpoints`: whether they are on, how often, how many are kept, how many
-/// completed, the last one (id, epoch, when, how long, its alignment, size, directory) and the
-/// recoveries from them. The counts come from the metrics database; if it cannot be read,
-/// `error` says why and the counts are null.
+/// completed and skipped, the last one (id, epoch, when, how long, its alignment, size, bytes
+/// written anew, directory), every one (`list`: id, duration, size, written, entries,
+/// alignment), the number of recoveries and each one (`recovery_list`: what was lost, the
+/// checkpoint, detection → restart → first record out). The counts come from the metrics
+/// database; if it cannot be read, `error` says why and the counts are null.
 fn checkpoints(live: &Live) -> Value {
     let info = &live.info;
     let mut out = json!({
@@ -114,13 +116,15 @@ fn checkpoints(live: &Live) -> Value {
         "skipped": 0,
         "recoveries": 0,
         "last": null,
+        "list": [],
+        "recovery_list": [],
     });
     let read = open_run(live).and_then(|run| match run {
         Some((store, _)) => {
             let done = store.checkpoints(&info.run).map_err(ApiError::store)?;
             let recoveries = store.recoveries(&info.run).map_err(ApiError::store)?;
             let skipped = store.checkpoints_skipped(&info.run).map_err(ApiError::store)?;
-            Ok(Some((done, recoveries.len(), skipped)))
+            Ok(Some((done, recoveries, skipped)))
         }
         None => Ok(None),
     });
@@ -128,7 +132,34 @@ fn checkpoints(live: &Live) -> Value {
         Ok(Some((done, recoveries, skipped))) => {
             out["completed"] = json!(done.len());
             out["skipped"] = json!(skipped);
-            out["recoveries"] = json!(recoveries);
+            out["recoveries"] = json!(recoveries.len());
+            out["list"] = done
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.id,
+                        "duration_ms": c.completed_ms.saturating_sub(c.started_ms),
+                        "bytes": c.bytes,
+                        "written_bytes": c.written_bytes,
+                        "entries": c.entries,
+                        "alignment_ms": c.alignment_ms,
+                    })
+                })
+                .collect();
+            out["recovery_list"] = recoveries
+                .iter()
+                .map(|r| {
+                    json!({
+                        "lost": r.lost,
+                        "checkpoint": r.checkpoint,
+                        "detected_ms": r.detected_ms,
+                        "restarted_ms": r.restarted_ms,
+                        "first_output_ms": r.first_output_ms,
+                        "restart_after_ms": r.restart_ms(),
+                        "first_output_after_ms": r.first_output_after_ms(),
+                    })
+                })
+                .collect();
             out["last"] = done.iter().max_by_key(|c| c.id).map_or(Value::Null, |c| {
                 json!({
                     "id": c.id,

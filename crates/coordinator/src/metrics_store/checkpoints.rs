@@ -39,9 +39,27 @@ pub struct RecoveryRecord {
     pub detected_ms: u64,
     /// See `detected_ms`.
     pub restarted_ms: u64,
+    /// When a sink first wrote records after the restart (unix ms, the worker's clock; `None`:
+    /// not yet, or the job ended first).
+    pub first_output_ms: Option<u64>,
     /// The checkpoint restored (0: none had completed; the job restarted from its beginning).
     pub checkpoint: u64,
 }
+
+impl RecoveryRecord {
+    /// Detection → restarted job, ms.
+    pub fn restart_ms(&self) -> u64 {
+        self.restarted_ms.saturating_sub(self.detected_ms)
+    }
+
+    /// Detection → first record out of a sink, ms (`None`: none came out).
+    pub fn first_output_after_ms(&self) -> Option<u64> {
+        self.first_output_ms.map(|f| f.saturating_sub(self.detected_ms))
+    }
+}
+
+/// Columns added to `recoveries` after its first version: added to an older file on open.
+pub(super) const ADDED_COLUMNS: &[(&str, &str)] = &[("first_output_ms", "INTEGER NULL")];
 
 impl MetricsStore {
     /// Records a completed checkpoint of `run`.
@@ -70,8 +88,9 @@ impl MetricsStore {
 
     /// Records a recovery of `run`.
     pub fn recovered(&mut self, run: &str, r: &RecoveryRecord) -> Result<(), MetricsStoreError> {
-        let sql = "INSERT INTO recoveries VALUES (?1, ?2, ?3, ?4, ?5)";
-        let args = params![run, r.lost, r.detected_ms, r.restarted_ms, r.checkpoint];
+        let sql = "INSERT INTO recoveries (run, lost, detected_ms, restarted_ms, checkpoint, first_output_ms) \
+                   VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+        let args = params![run, r.lost, r.detected_ms, r.restarted_ms, r.checkpoint, r.first_output_ms];
         self.conn
             .execute(sql, args)
             .map_err(|e| self.fail(format!("record a recovery of run {run:?}"), e))?;
@@ -105,6 +124,20 @@ impl MetricsStore {
         Ok(rows.first().copied().unwrap_or(0))
     }
 
+    /// Records when a sink first wrote after the recovery of `run` detected at `detected_ms`.
+    pub fn recovery_first_output(
+        &mut self,
+        run: &str,
+        detected_ms: u64,
+        first_output_ms: u64,
+    ) -> Result<(), MetricsStoreError> {
+        let sql = "UPDATE recoveries SET first_output_ms = ?3 WHERE run = ?1 AND detected_ms = ?2";
+        self.conn
+            .execute(sql, params![run, detected_ms, first_output_ms])
+            .map_err(|e| self.fail(format!("record a recovery's first output of run {run:?}"), e))?;
+        Ok(())
+    }
+
     /// The completed checkpoints of `run`, oldest first.
     pub fn checkpoints(&self, run: &str) -> Result<Vec<CheckpointRecord>, MetricsStoreError> {
         let sql = "SELECT id, epoch, started_ms, completed_ms, bytes, entries, alignment_ms, path, deployment, \
@@ -133,8 +166,8 @@ impl MetricsStore {
 
     /// The recoveries of `run`, oldest first.
     pub fn recoveries(&self, run: &str) -> Result<Vec<RecoveryRecord>, MetricsStoreError> {
-        let sql = "SELECT lost, detected_ms, restarted_ms, checkpoint FROM recoveries WHERE run = ?1 \
-                   ORDER BY detected_ms";
+        let sql = "SELECT lost, detected_ms, restarted_ms, checkpoint, first_output_ms FROM recoveries \
+                   WHERE run = ?1 ORDER BY detected_ms";
         self.rows(
             sql,
             params![run],
@@ -144,6 +177,7 @@ impl MetricsStore {
                     detected_ms: r.get(1)?,
                     restarted_ms: r.get(2)?,
                     checkpoint: r.get(3)?,
+                    first_output_ms: r.get(4)?,
                 })
             },
             || format!("read recoveries of run {run:?}"),

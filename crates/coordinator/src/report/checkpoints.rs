@@ -48,7 +48,8 @@ impl CheckpointSummary {
 }
 
 impl fmt::Display for CheckpointSummary {
-    /// Nothing for a run without checkpoints or recoveries; else one line each.
+    /// Nothing for a run without checkpoints or recoveries; else a line of means, a table with
+    /// a row per checkpoint and a line per recovery.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.checkpoints.is_empty() {
             let (d_mean, d_max) = self.duration_ms();
@@ -64,6 +65,9 @@ impl fmt::Display for CheckpointSummary {
                 super::text::fmt_bytes(w_mean as f64),
                 super::text::fmt_bytes(w_max as f64),
             )?;
+            for line in checkpoint_table(&self.checkpoints) {
+                writeln!(f, "  {line}")?;
+            }
         }
         if self.skipped > 0 {
             writeln!(
@@ -73,19 +77,46 @@ impl fmt::Display for CheckpointSummary {
             )?;
         }
         for r in &self.recoveries {
-            let from = match r.checkpoint {
-                0 => "the job's start (no checkpoint had completed)".to_string(),
-                id => format!("checkpoint {id}"),
-            };
-            writeln!(
-                f,
-                "recovery: {}; restarted from {from} in {}",
-                r.lost,
-                super::fmt_ms(r.restarted_ms.saturating_sub(r.detected_ms))
-            )?;
+            writeln!(f, "{}", recovery_line(r))?;
         }
         Ok(())
     }
+}
+
+/// A table of checkpoints, a header and a row each: id, duration, size, bytes written anew,
+/// entries, alignment.
+pub fn checkpoint_table(checkpoints: &[CheckpointRecord]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:>10}  {:>10}  {:>11}  {:>11}  {:>11}  {:>9}",
+        "checkpoint", "duration", "size", "written", "entries", "alignment"
+    )];
+    for c in checkpoints {
+        lines.push(format!(
+            "{:>10}  {:>10}  {:>11}  {:>11}  {:>11}  {:>9}",
+            c.id,
+            super::fmt_ms(c.completed_ms.saturating_sub(c.started_ms)),
+            super::text::fmt_bytes(c.bytes as f64),
+            c.written_bytes.map_or_else(|| "-".to_string(), |w| super::text::fmt_bytes(w as f64)),
+            c.entries,
+            super::fmt_ms(c.alignment_ms)
+        ));
+    }
+    lines
+}
+
+/// One recovery: what was lost, what it restarted from, and detection → restart → first
+/// record out.
+pub fn recovery_line(r: &RecoveryRecord) -> String {
+    let from = match r.checkpoint {
+        0 => "the job's start (no checkpoint had completed)".to_string(),
+        id => format!("checkpoint {id}"),
+    };
+    let first = r.first_output_after_ms().map_or_else(|| "none yet".to_string(), super::fmt_ms);
+    format!(
+        "recovery: {}; restarted from {from}; detection → restart {} → first record out {first}",
+        r.lost,
+        super::fmt_ms(r.restart_ms())
+    )
 }
 
 #[cfg(test)]
@@ -112,6 +143,7 @@ mod tests {
                 lost: "worker1 disappeared".into(),
                 detected_ms: 5000,
                 restarted_ms: 5750,
+                first_output_ms: Some(6020),
                 checkpoint: 2,
             }],
             skipped: 3,
@@ -119,7 +151,15 @@ mod tests {
         let text = summary.to_string();
         assert!(text.contains("2 completed; duration mean 70 ms, max 100 ms"), "{text}");
         assert!(text.contains("size mean 3.0 KiB, max 4.0 KiB; written mean 1.5 KiB, max 2.0 KiB; alignment mean 7 ms, max 10 ms"), "{text}");
-        assert!(text.contains("worker1 disappeared; restarted from checkpoint 2 in 750 ms"), "{text}");
+        assert!(
+            text.contains("worker1 disappeared; restarted from checkpoint 2; detection → restart 750 ms → first record out 1.0 s"),
+            "{text}"
+        );
+        // A row per checkpoint: id, duration, size, written, entries, alignment.
+        assert!(
+            text.contains("         2      100 ms      4.0 KiB      2.0 KiB            0      10 ms"),
+            "{text}"
+        );
         assert!(text.contains("checkpoints skipped: 3 (due while"), "{text}");
         assert_eq!(CheckpointSummary::default().to_string(), "");
     }

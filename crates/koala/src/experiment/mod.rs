@@ -20,6 +20,7 @@ mod migration;
 mod page;
 mod queries;
 mod rebalance;
+mod recovery;
 mod repeated;
 mod scale_out;
 mod scenario;
@@ -135,6 +136,7 @@ pub const EXPERIMENTS: &[Info] = &[
     sweeps::HOT_KEYS,
     small::LARGE_SCALE,
     autoscale::AUTOSCALE,
+    recovery::RECOVERY,
 ];
 
 /// The experiment `name`, or an error listing them.

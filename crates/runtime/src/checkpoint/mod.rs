@@ -4,14 +4,15 @@
 //! through the snapshot primitive (`koala_state::snapshot`), incrementally; timers and
 //! per-channel watermarks — into `<dir>/<id>/<operator>-<index>`, and restoring from one.
 //!
-//! A restore re-buckets: a stateful task loads the buckets it owns from the snapshots of every
-//! task of its operator, so a key's state is found wherever it was at the checkpoint — under
-//! Koala at an old location that still holds it (cold state), or retained by one that served it
-//! to an owner already past the barrier — in the order of Koala's cut rule
+//! A restore ([`restore`]) re-buckets: a stateful task loads the buckets it owns from the
+//! snapshots of every task of its operator, so a key's state is found wherever it was at the
+//! checkpoint — under Koala at an old location that still holds it (cold state), or retained by
+//! one that served it to an owner already past the barrier — in the order of Koala's cut rule
 //! (`koala_protocol::koala::restore_steps`, docs/protocols.md §12): the other parts, then the
-//! owner's tombstones, then its own part. Over a store every task shares (the Remote backend's
-//! state servers), a task snapshots and restores only the buckets it owns, so no restore
-//! touches another task's buckets and tasks may restore concurrently.
+//! owner's tombstones, then its own part; lazily, a bucket group on first access. Over a store
+//! every task shares (the Remote backend's state servers), a task snapshots and restores only
+//! the buckets it owns, so no restore touches another task's buckets and tasks may restore
+//! concurrently.
 //!
 //! A task whose protocol core holds records (Koala, DRRS) checkpoints through
 //! [`CoreCheckpoints`]: once aligned, its snapshot waits until the core has processed every
@@ -22,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use koala_protocol::checkpoint::{BarrierAligner, TaskCheckpoint};
-use koala_protocol::koala::{CutPart, RestoreStep, restore_steps};
+use koala_protocol::koala::CutPart;
 use koala_protocol::{Deployment, Protocol, WorkerMessage};
-use koala_state::{FrozenView, OwnedView, StateKey, StateWrite};
-use koala_types::{BucketId, ChannelMessage, CheckpointId, InputChannel, TaskId, Timestamp, bucket_of};
+use koala_state::{FrozenView, OwnedView};
+use koala_types::{BucketId, ChannelMessage, CheckpointId, InputChannel, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::RuntimeError;
@@ -35,6 +36,10 @@ mod writer;
 use crate::queue::AlignmentHold;
 use crate::task::TaskSetup;
 pub(crate) use writer::{CheckpointWriter, tracked_store};
+
+mod restore;
+pub use restore::RESTORE_EAGERLY;
+pub(crate) use restore::restore_task;
 
 /// What a task records besides its state.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -306,133 +311,6 @@ pub(crate) fn freeze(
     }
     let all: Vec<BucketId> = (0..setup.num_buckets).collect();
     Ok(Some(store.freeze(&all)?))
-}
-
-/// A restarted job (`checkpoint.restore`): loads this task's state and timers from the
-/// checkpoint — the buckets it owns, from every task of its operator, in the cut rule's order —
-/// and returns its own record's watermarks with those timers. `state_ids`: the operator's state
-/// ids (a tombstone deletes a key under each). `None` when the job does not restore.
-pub(crate) fn restore_task(setup: &TaskSetup, state_ids: &[u8]) -> Result<Option<TaskMeta>, RuntimeError> {
-    let task = setup.task;
-    let fail = |what: String| RuntimeError::Checkpoint { task, what };
-    let (Some(root), Some(point)) =
-        (setup.options.checkpoint.dir.as_deref(), &setup.options.checkpoint.restore)
-    else {
-        return Ok(None);
-    };
-    if setup.created_by_reconfiguration {
-        // A task a reconfiguration created is not in the checkpoint: it owns nothing yet, and a
-        // copy of its future buckets' state would shadow what their old owners hand over.
-        return Ok(None);
-    }
-    let owned = setup.spec.is_stateful().then(|| owned_in(&setup.deployment, task));
-    let prefix = format!("{}-", task.operator.0);
-    let checkpoint = Path::new(root).join(point.id.to_string());
-    // No directory: no transform task had a part (every one had finished).
-    let listing = match std::fs::read_dir(&checkpoint) {
-        Ok(listing) => Some(listing),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(fail(format!("reading {}: {e}", checkpoint.display()))),
-    };
-    // The parts of this operator's tasks, by task index.
-    let mut parts: std::collections::BTreeMap<u32, PathBuf> = std::collections::BTreeMap::new();
-    for entry in listing.into_iter().flatten().filter_map(Result::ok) {
-        let name = entry.file_name();
-        let index = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|i| i.parse::<u32>().ok());
-        if let Some(index) = index {
-            parts.insert(index, entry.path());
-        }
-    }
-    let read = |dir: &Path| -> Result<Option<TaskMeta>, RuntimeError> {
-        let path = dir.join("meta");
-        if !path.exists() {
-            return Ok(None);
-        }
-        let bytes = std::fs::read(&path).map_err(|e| fail(format!("reading {}: {e}", path.display())))?;
-        koala_types::decode(&bytes).map(Some).map_err(|e| fail(format!("{}: {e}", path.display())))
-    };
-    let mut metas = std::collections::BTreeMap::new();
-    for (index, dir) in &parts {
-        if let Some(meta) = read(dir)? {
-            metas.insert(*index, meta);
-        }
-    }
-    let mut meta = metas.remove(&task.index).unwrap_or_default();
-    if let (Some(store), Some(owned)) = (setup.store.as_deref(), owned.as_ref()) {
-        let nb = setup.num_buckets;
-        let mine = |key: &[u8]| owned.contains(&bucket_of(key, nb));
-        let restore_state = |dir: &Path| -> Result<(), RuntimeError> {
-            let state = dir.join("state");
-            if state.join("manifest").exists() {
-                koala_state::snapshot::restore(store, &state, Some(owned))
-                    .map_err(|e| fail(e.to_string()))?;
-            }
-            Ok(())
-        };
-        if shared_store(setup) {
-            // Its own buckets only: the other tasks' are theirs to restore, perhaps right now.
-            store.delete_buckets(&owned.iter().copied().collect::<Vec<_>>())?;
-            if let Some(dir) = parts.get(&task.index) {
-                restore_state(dir)?;
-            }
-        } else {
-            // Whatever the store held before the crash is not the checkpoint's.
-            store.delete_buckets(&(0..nb).collect::<Vec<_>>())?;
-            for step in restore_steps(task.index, parts.keys().copied()) {
-                match step {
-                    RestoreStep::Other(index) => {
-                        restore_state(&parts[&index])?;
-                        let retained =
-                            metas.get(&index).map(|m| m.cut.retained.as_slice()).unwrap_or_default();
-                        let entries = retained.iter().filter(|(k, _)| mine(k)).cloned();
-                        let writes = crate::task::bundle_writes(entries, nb)?;
-                        if !writes.is_empty() {
-                            store.write_many(writes)?;
-                        }
-                    }
-                    RestoreStep::Tombstones => {
-                        let writes: Vec<StateWrite> = meta
-                            .cut
-                            .installed
-                            .iter()
-                            .filter(|k| mine(k))
-                            .flat_map(|key| {
-                                let bucket = bucket_of(key, nb);
-                                state_ids.iter().map(move |state| {
-                                    StateWrite::Delete(StateKey { bucket, state: *state, key: key.clone() })
-                                })
-                            })
-                            .collect();
-                        if !writes.is_empty() {
-                            store.write_many(writes)?;
-                        }
-                    }
-                    RestoreStep::Own => {
-                        if let Some(dir) = parts.get(&task.index) {
-                            restore_state(dir)?;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    meta.timers.clear();
-    meta.cut = CutPart::default();
-    let own_dir = parts.get(&task.index);
-    for (index, dir) in &parts {
-        // A stateless task's timers are its own; a stateful task's are those of its buckets.
-        let other = if *index == task.index { read(dir)? } else { metas.remove(index) };
-        let Some(other) = other else { continue };
-        match &owned {
-            Some(owned) => meta.timers.extend(
-                other.timers.into_iter().filter(|(_, k)| owned.contains(&bucket_of(k, setup.num_buckets))),
-            ),
-            None if Some(dir) == own_dir => meta.timers.extend(other.timers),
-            None => {}
-        }
-    }
-    tracing::info!(%task, checkpoint = point.id, timers = meta.timers.len(), "restored from a checkpoint");
-    Ok(Some(meta))
 }
 
 #[cfg(test)]

@@ -107,7 +107,7 @@ struct DrrsOperator {
 
 /// Runs a stateful task under DRRS until its inputs ended and no reconfiguration needs it.
 pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
-    let mut op = OperatorTask::new(&setup)?;
+    let mut op = OperatorTask::new(&mut setup)?;
     op.latency_by_caller = true;
     let d = setup.deployment.clone();
     let me = setup.task;

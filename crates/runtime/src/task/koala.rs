@@ -106,7 +106,7 @@ struct KoalaOperator {
 
 /// Runs a stateful task under Koala until every input ended and the coordinator released it.
 pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
-    let op = OperatorTask::new(&setup)?;
+    let op = OperatorTask::new(&mut setup)?;
     let d = setup.deployment.clone();
     let me = setup.task;
     // A task a reconfiguration created owns nothing until buckets are handed over to it.

@@ -74,7 +74,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     if setup.spec.is_stateful() && setup.deployment.protocol == koala_protocol::Protocol::Drrs {
         return super::drrs::run_drrs_operator(setup);
     }
-    let mut task = OperatorTask::new(&setup)?;
+    let mut task = OperatorTask::new(&mut setup)?;
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
     if setup.inputs.is_empty() {
         return Err(RuntimeError::deployment(setup.task, "a transform without inputs"));
@@ -139,7 +139,7 @@ pub fn run_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
 }
 
 impl OperatorTask {
-    pub(super) fn new(setup: &TaskSetup) -> Result<Self, RuntimeError> {
+    pub(super) fn new(setup: &mut TaskSetup) -> Result<Self, RuntimeError> {
         let OperatorKind::Transform { factory, event_time, allowed_lateness, .. } = setup.spec.kind.clone()
         else {
             return Err(RuntimeError::deployment(&setup.spec.name, "is not a transform"));

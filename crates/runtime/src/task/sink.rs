@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::select;
 use koala_dataflow::logic::{SinkFormat, SinkLogic, ValueToJson};
 use koala_dataflow::{OperatorKind, TaskInstance};
-use koala_protocol::TaskAck;
 use koala_protocol::checkpoint::TaskCheckpoint;
+use koala_protocol::{TaskAck, WorkerMessage};
 use koala_types::{ChannelMessage, Record};
 
 use super::sink_parts::PartFiles;
@@ -98,6 +98,9 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut total = setup.restored_records_total().unwrap_or(0);
     metrics.records_total = Some(total);
     let mut outputs = crate::output::Outputs::new(Vec::new(), 1, Duration::ZERO);
+    // A sink of a restored job reports its first write: where the recovery ends for its output.
+    let mut report_first_output =
+        setup.options.checkpoint.restore.is_some() && !setup.created_by_reconfiguration;
     while !open.is_empty() {
         let timeout = metrics.next_tick().saturating_duration_since(Instant::now());
         select! {
@@ -128,7 +131,13 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                         Gate::Take(ChannelMessage::Batch(records)) => {
                             let started = Instant::now();
                             writer.write(&records)?;
-                            metrics.record_arrivals(&records, crate::metrics::unix_ms());
+                            let now_ms = crate::metrics::unix_ms();
+                            if report_first_output && !records.is_empty() {
+                                report_first_output = false;
+                                let first = WorkerMessage::FirstOutput { task: setup.task, unix_ms: now_ms };
+                                let _ = setup.events.send(first);
+                            }
+                            metrics.record_arrivals(&records, now_ms);
                             metrics.records_in += records.len() as u64;
                             total += records.len() as u64;
                             metrics.records_total = Some(total);
