@@ -242,6 +242,10 @@ pub fn reply_line(reply: &ClientReply) -> Result<String, String> {
     }
 }
 
+/// The most buckets one request may list, all moves together: as many as there are bucket ids
+/// (`u16`). Ranges expand as they are parsed, so a short text could otherwise list billions.
+pub const MAX_LISTED_BUCKETS: usize = 1 << 16;
+
 /// Parses a bucket move, `BUCKETS:TASK` (`3,4,10-12:1`: buckets 3, 4, 10, 11 and 12 go to task
 /// 1), for `koala rebalance --move` and `POST /api/rebalance` alike; `field` names the input in
 /// errors (`--move`, `moves[0]`).
@@ -261,12 +265,23 @@ pub fn parse_move(text: &str, field: &str) -> Result<(Vec<u16>, u32), String> {
                 if a > b {
                     return Err(format!("{field} {text:?}: range {part:?} is empty"));
                 }
+                if out.len() + usize::from(b - a) + 1 > MAX_LISTED_BUCKETS {
+                    return Err(too_many_buckets(field));
+                }
                 out.extend(a..=b);
             }
-            None => out.push(part.parse().map_err(|_| bad())?),
+            None if out.len() < MAX_LISTED_BUCKETS => out.push(part.parse().map_err(|_| bad())?),
+            None => return Err(too_many_buckets(field)),
         }
     }
     Ok((out, task))
+}
+
+/// The error of a request listing more than [`MAX_LISTED_BUCKETS`] buckets.
+pub fn too_many_buckets(field: &str) -> String {
+    format!(
+        "{field}: more than {MAX_LISTED_BUCKETS} buckets listed; a bucket moves once, so list each at most once"
+    )
 }
 
 fn collect_workers(

@@ -7,6 +7,8 @@ pub mod config;
 pub mod control;
 pub mod ending;
 mod error;
+#[cfg(test)]
+mod hostile_input;
 pub mod http;
 mod job;
 pub mod metrics_store;

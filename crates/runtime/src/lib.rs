@@ -7,6 +7,8 @@ mod batch_state;
 mod channel;
 mod checkpoint;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 #[cfg(test)]
 mod hostile_bytes;
 mod links;

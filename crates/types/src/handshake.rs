@@ -352,8 +352,9 @@ impl Read for DeadlineReader<'_> {
     }
 }
 
-/// Reads and parses a greeting: (version, role, token).
-fn read_greeting(r: &mut impl Read, idle: Duration) -> Result<(u32, Role, Option<Vec<u8>>), Refusal> {
+/// Reads and parses a greeting: (version, role, token). What [`Pending::admit`] reads from a
+/// peer it does not trust yet (public for the fuzz targets).
+pub fn read_greeting(r: &mut impl Read, idle: Duration) -> Result<(u32, Role, Option<Vec<u8>>), Refusal> {
     let timed_out = |e: &io::Error| matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(|e| {

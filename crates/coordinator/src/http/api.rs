@@ -401,12 +401,19 @@ pub fn parse_request(kind: &str, body: &[u8]) -> Result<ReconfigRequest, ApiErro
                 ));
             }
             let mut moves = Vec::new();
+            let mut listed = 0;
             for (i, m) in list.iter().enumerate() {
                 let name = format!("moves[{i}]");
                 let text = m
                     .as_str()
                     .ok_or_else(|| ApiError::bad(format!("{name}: {m} is not a BUCKETS:TASK string")))?;
-                moves.push(crate::control::parse_move(text, &name).map_err(ApiError::bad)?);
+                let (buckets, task) = crate::control::parse_move(text, &name).map_err(ApiError::bad)?;
+                // Each move's ranges are bounded by the parser; all of them together here.
+                listed += buckets.len();
+                if listed > crate::control::MAX_LISTED_BUCKETS {
+                    return Err(ApiError::bad(crate::control::too_many_buckets("moves")));
+                }
+                moves.push((buckets, task));
             }
             Ok(ReconfigRequest::Rebalance { operator, moves })
         }

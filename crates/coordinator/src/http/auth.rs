@@ -45,8 +45,9 @@ impl ApiAuth {
         self.decide(header.as_deref(), path, query)
     }
 
-    /// [`ApiAuth::check`] on the `Authorization` header's value, if any.
-    fn decide(&self, header: Option<&str>, path: &str, query: &str) -> Result<(), ApiError> {
+    /// [`ApiAuth::check`] on the `Authorization` header's value, if any (a pure function of the
+    /// request's text, which the fuzz targets call without a server).
+    pub fn decide(&self, header: Option<&str>, path: &str, query: &str) -> Result<(), ApiError> {
         let presented = match header {
             Some(value) => {
                 Some(value.trim().strip_prefix("Bearer ").unwrap_or("").trim().as_bytes().to_vec())

@@ -59,17 +59,23 @@ struct Stream {
 /// What one task sends another on the peer lane under DRRS (a wire type: `crate::wire_schema`).
 #[derive(Serialize, Deserialize)]
 #[serde(rename = "DrrsWire")]
-pub(crate) enum Wire {
+pub enum Wire {
+    /// A message of the DRRS core.
     Peer(DrrsPeer),
     /// Part of a pushed bucket's state.
     Chunk {
+        /// The bucket pushed.
         bucket: BucketId,
+        /// Its entries in this part.
         entries: Vec<StateEntry>,
     },
     /// The end of a pushed bucket, with the timers set aside for it.
     BucketEnd {
+        /// The reconfiguration.
         epoch: Epoch,
+        /// The bucket pushed.
         bucket: BucketId,
+        /// Its timers: due time and key.
         timers: Vec<(Timestamp, Vec<u8>)>,
     },
 }

@@ -64,11 +64,16 @@ const SLOW_BATCH: Duration = Duration::from_millis(50);
 /// What one task sends another on a peer channel under Koala (a wire type: `crate::wire_schema`).
 #[derive(Serialize, Deserialize)]
 #[serde(rename = "KoalaWire")]
-pub(crate) enum Wire {
+pub enum Wire {
+    /// A message of the Koala core.
     Peer(PeerMessage),
+    /// A request for keys' state.
     Fetch(FetchRequest),
+    /// The answer to a fetch.
     Answer(FetchResponse),
+    /// A request for a location's membership filter.
     FilterRequest(FilterRequest),
+    /// The filter asked for.
     Filter(FilterResponse),
 }
 

@@ -10,9 +10,10 @@ mod sink_parts;
 mod source;
 mod transfer;
 
-/// The protocols' peer-lane messages, for the wire schema pin (`crate::wire_schema`).
-#[cfg(test)]
-pub(crate) use {drrs::Wire as DrrsWire, koala::Wire as KoalaWire};
+/// The protocols' peer-lane messages, for the wire schema pin (`crate::wire_schema`) and the
+/// fuzz targets (`crate::fuzzing`).
+#[cfg(any(test, feature = "fuzzing"))]
+pub use {drrs::Wire as DrrsWire, koala::Wire as KoalaWire};
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
