@@ -285,6 +285,11 @@ impl Gate {
         Ok(Self::new(name, token, required, limits))
     }
 
+    /// How long a new connection may take to be admitted (its TLS handshake, then its greeting).
+    pub fn idle(&self) -> Duration {
+        self.limits.idle
+    }
+
     /// The listener's name, for logs.
     pub fn name(&self) -> &'static str {
         self.name

@@ -288,6 +288,23 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     }
 }
 
+/// The connection a listener accepted: TLS (handshake within `limit`) when the listener has
+/// `tls`, else plain TCP as it was.
+pub fn accepted(tls: Option<&Tls>, tcp: TcpStream, limit: Duration) -> io::Result<Conn> {
+    match tls {
+        Some(tls) => tls.accept(tcp, limit),
+        None => Ok(Conn::Plain(tcp)),
+    }
+}
+
+/// The connection to `addr` a client opened: TLS when it has `tls`, else plain TCP as it was.
+pub fn dialled(tls: Option<&Tls>, tcp: TcpStream, addr: &str) -> io::Result<Conn> {
+    match tls {
+        Some(tls) => tls.connect(tcp, addr),
+        None => Ok(Conn::Plain(tcp)),
+    }
+}
+
 /// The host of `host:port` (`[v6]:port` too).
 pub fn host_of(addr: &str) -> &str {
     if let Some(rest) = addr.strip_prefix('[') {

@@ -189,6 +189,20 @@ impl TlsReader {
     }
 }
 
+impl ConnWriter {
+    /// Tells the peer this side is done (TLS `close_notify`; nothing for plain TCP), so it reads
+    /// a clean end rather than a cut.
+    pub fn close_notify(&mut self) -> io::Result<()> {
+        match self {
+            Self::Plain(_) => Ok(()),
+            Self::Tls(w) => {
+                w.shared.session()?.send_close_notify();
+                w.shared.send(&[]).map(|_| ())
+            }
+        }
+    }
+}
+
 impl Write for ConnWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
