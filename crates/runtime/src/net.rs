@@ -97,6 +97,7 @@ pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gat
 fn read_channel(stream: Conn, inboxes: &Inboxes, link: &SharedLink) {
     let peer = stream.tcp().peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
     let _ = stream.tcp().set_nodelay(true);
+    let Ok(stream) = stream.into_reader() else { return };
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let hello: ChannelHello = match read_frame(&mut reader) {
         Ok(Some(h)) => h,

@@ -83,7 +83,7 @@ fn data_plane(id: u32) -> DataPlane {
     let addr = listener.local_addr().expect("the data address").to_string();
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let served = inboxes.clone();
-    std::thread::spawn(move || serve(listener, served, Default::default(), loopback_gate()));
+    std::thread::spawn(move || serve(listener, served, Default::default(), loopback_gate(), None));
     DataPlane { id: WorkerId(id), inboxes, addr }
 }
 

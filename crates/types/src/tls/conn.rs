@@ -87,6 +87,16 @@ impl Conn {
         }
     }
 
+    /// The connection as a reader only (the receiving end of a data channel). Plain TCP: the
+    /// socket itself. TLS: the reading half of [`Conn::split`], which reads ciphertext from the
+    /// socket in 64 KiB chunks; rustls's own stream reads 4 KiB per system call.
+    pub fn into_reader(self) -> io::Result<ConnReader> {
+        match self {
+            Self::Plain(s) => Ok(ConnReader::Plain(s)),
+            tls => tls.split().map(|(reader, _)| reader),
+        }
+    }
+
     /// Completes a TLS handshake by `deadline` (the socket's read timeout bounds each read).
     pub(super) fn handshake(&mut self, deadline: Instant) -> io::Result<()> {
         loop {
