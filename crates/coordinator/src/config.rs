@@ -87,6 +87,11 @@ pub struct JobConfig {
     /// The coordinator's own settings (`[coordinator]`: the HTTP port).
     #[serde(default)]
     pub coordinator: crate::http::CoordinatorSection,
+    /// TLS for every listener and connection of the job (`[tls]`: `cert`, `key`, `ca`, PEM
+    /// paths; off when absent; docs/deploy.md §Security): `koala run` and `koala coordinator`
+    /// load it, `koala run` hands the same files to the workers and state servers it starts.
+    #[serde(default)]
+    pub tls: Option<koala_types::tls::TlsFiles>,
     /// Aligned checkpoints every this many milliseconds (off when unset; docs/architecture.md
     /// §10): with them a lost worker restarts the job from the last completed checkpoint instead
     /// of failing it, and JSON-lines sinks write exactly once. Checkpoints go to

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
@@ -14,6 +14,7 @@ use koala_protocol::{ClientReply, ControlHello, CoordinatorMessage, ReconfigRequ
 use koala_types::WorkerId;
 use koala_types::frame::{read_frame, write_frame};
 use koala_types::handshake::{ControlLimits, Gate, Refusal, Role, Token, connect_control};
+use koala_types::tls::{Conn, ConnReader, ConnWriter, Tls, accepted};
 
 use crate::error::CoordinatorError;
 
@@ -27,7 +28,7 @@ pub enum Event {
 
 /// The registered workers' control connections.
 pub struct Workers {
-    writers: BTreeMap<WorkerId, BufWriter<TcpStream>>,
+    writers: BTreeMap<WorkerId, BufWriter<ConnWriter>>,
     /// Data-plane address of every worker.
     pub addrs: BTreeMap<WorkerId, String>,
 }
@@ -94,7 +95,7 @@ impl Workers {
 /// A worker's registration as the accept thread hands it over: its control connection, data
 /// address and pid, or why an authenticated worker could not register (another build: the job
 /// fails loudly rather than wait for it).
-type Registration = Result<(TcpStream, String, u32), String>;
+type Registration = Result<(Conn, String, u32), String>;
 
 /// Workers that register after the job started (a recovery: restarted or replacement workers).
 pub struct Registrations {
@@ -117,11 +118,13 @@ impl Registrations {
     }
 }
 
-/// Accepts connections for the life of the job, each admitted by `gate`: the first `expected`
-/// workers are returned once registered; clients are turned into [`Event::Client`]s.
+/// Accepts connections for the life of the job, each admitted by `gate` (after a TLS handshake,
+/// with `tls`): the first `expected` workers are returned once registered; clients are turned
+/// into [`Event::Client`]s.
 pub fn accept(
     listener: &TcpListener,
     gate: Gate,
+    tls: Option<Tls>,
     expected: u32,
     events: &Sender<Event>,
 ) -> Result<(Workers, Registrations), CoordinatorError> {
@@ -132,14 +135,20 @@ pub fn accept(
     let client_events = events.clone();
     std::thread::Builder::new()
         .name("koala-accept".into())
-        .spawn(move || accept_loop(&accept_listener, &gate, &worker_tx, &client_events))
+        .spawn(move || accept_loop(&accept_listener, &gate, tls.as_ref(), &worker_tx, &client_events))
         .map_err(|source| CoordinatorError::Io { context: "spawning the accept thread".into(), source })?;
     let workers = collect_workers(&worker_rx, expected, events, 0, crate::server::STARTUP_TIMEOUT)?;
     let next_id = workers.len() as u32;
     Ok((workers, Registrations { incoming: worker_rx, next_id, events: events.clone() }))
 }
 
-fn accept_loop(listener: &TcpListener, gate: &Gate, workers: &Sender<Registration>, events: &Sender<Event>) {
+fn accept_loop(
+    listener: &TcpListener,
+    gate: &Gate,
+    tls: Option<&Tls>,
+    workers: &Sender<Registration>,
+    events: &Sender<Event>,
+) {
     for conn in listener.incoming() {
         let Ok(stream) = conn else { continue };
         let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
@@ -151,8 +160,15 @@ fn accept_loop(listener: &TcpListener, gate: &Gate, workers: &Sender<Registratio
             }
         };
         let (workers, events) = (workers.clone(), events.clone());
+        let (tls, idle) = (tls.cloned(), gate.idle());
         let spawned = std::thread::Builder::new().name("koala-greeting".into()).spawn(move || {
-            let role = match pending.admit(&stream) {
+            let mut stream = match accepted(tls.as_ref(), stream, idle) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    return tracing::warn!(%peer, error = %e, "control port: refused a connection (TLS)");
+                }
+            };
+            let role = match pending.admit(&mut stream) {
                 Ok(role) => role,
                 Err(refusal) => return refused(&peer, &refusal, &workers),
             };
@@ -175,20 +191,14 @@ fn refused(peer: &str, refusal: &Refusal, workers: &Sender<Registration>) {
 }
 
 /// Reads the hello of an admitted connection and hands it on.
-fn greeted(
-    stream: TcpStream,
-    role: Role,
-    peer: &str,
-    workers: &Sender<Registration>,
-    events: &Sender<Event>,
-) {
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let Ok(read_half) = stream.try_clone() else { return };
-    match (role, read_frame::<_, ControlHello>(&mut BufReader::new(read_half))) {
+fn greeted(mut stream: Conn, role: Role, peer: &str, workers: &Sender<Registration>, events: &Sender<Event>) {
+    let _ = stream.tcp().set_nodelay(true);
+    let _ = stream.tcp().set_read_timeout(Some(Duration::from_secs(10)));
+    // Unbuffered: nothing after the hello may be taken from the connection here.
+    match (role, read_frame::<_, ControlHello>(&mut stream)) {
         (Role::Worker, Ok(Some(ControlHello::Worker { data_addr, pid }))) => {
             tracing::debug!(%data_addr, pid, "a worker said hello");
-            let _ = stream.set_read_timeout(None);
+            let _ = stream.tcp().set_read_timeout(None);
             if workers.send(Ok((stream, data_addr, pid))).is_err() {
                 tracing::error!("a worker registered after the job ended; ignored");
             }
@@ -206,7 +216,7 @@ fn greeted(
     }
 }
 
-fn answer_client(stream: TcpStream, request: ReconfigRequest, events: &Sender<Event>) {
+fn answer_client(stream: Conn, request: ReconfigRequest, events: &Sender<Event>) {
     let reply = request_reply(events, request);
     let mut w = BufWriter::new(stream);
     if write_frame(&mut w, &reply).and_then(|_| w.flush()).is_err() {
@@ -315,17 +325,16 @@ fn collect_workers(
 fn register(
     workers: &mut Workers,
     id: WorkerId,
-    (stream, data_addr, pid): (TcpStream, String, u32),
+    (stream, data_addr, pid): (Conn, String, u32),
     events: &Sender<Event>,
 ) -> Result<(), CoordinatorError> {
     tracing::info!(worker = %id, pid, %data_addr, "{id} registered: pid {pid}, data address {data_addr}");
-    let reader = BufReader::new(
-        stream
-            .try_clone()
-            .map_err(|source| CoordinatorError::Io { context: "cloning a worker socket".into(), source })?,
-    );
+    let (reader, writer) = stream
+        .split()
+        .map_err(|source| CoordinatorError::Io { context: "splitting a worker connection".into(), source })?;
+    let reader = BufReader::new(reader);
     workers.addrs.insert(id, data_addr);
-    workers.writers.insert(id, BufWriter::new(stream));
+    workers.writers.insert(id, BufWriter::new(writer));
     workers.send(id.0 as usize, &CoordinatorMessage::Welcome { worker: id })?;
     let events = events.clone();
     std::thread::Builder::new()
@@ -335,7 +344,7 @@ fn register(
     Ok(())
 }
 
-fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<Event>) {
+fn read_worker(id: WorkerId, mut reader: BufReader<ConnReader>, events: &Sender<Event>) {
     loop {
         match read_frame::<_, WorkerMessage>(&mut reader) {
             Ok(Some(m)) => {
@@ -354,18 +363,21 @@ fn read_worker(id: WorkerId, mut reader: BufReader<TcpStream>, events: &Sender<E
 }
 
 /// Sends one request to a running coordinator and waits for its reply (`koala rescale` …),
-/// presenting `token` (required if the coordinator does not listen on loopback). The handshake is
-/// bounded and names a peer that is not a control port (`connect_control`: the HTTP API).
+/// presenting `token` (required if the coordinator does not listen on loopback), over TLS with
+/// `tls`. The handshake is bounded and names a peer that is not a control port
+/// (`connect_control`: the HTTP API).
 pub fn submit(
     coordinator: &str,
     request: ReconfigRequest,
     token: Option<&Token>,
+    tls: Option<&Tls>,
 ) -> std::io::Result<ClientReply> {
-    let stream = connect_control(coordinator, Role::Client, token, ControlLimits::default())?;
-    let mut w = BufWriter::new(stream.try_clone()?);
+    let mut stream = connect_control(coordinator, Role::Client, token, tls, ControlLimits::default())?;
+    let mut w = BufWriter::new(&mut stream);
     write_frame(&mut w, &ControlHello::Client(request))?;
     w.flush()?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    drop(w);
+    stream.tcp().set_read_timeout(Some(Duration::from_secs(60)))?;
     read_frame(&mut BufReader::new(stream))?.ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the coordinator closed the connection")
     })

@@ -97,6 +97,8 @@ pub struct JobRun {
     /// The job token: every connection to the control port presents it (required unless the
     /// port is on loopback), and so do POSTs to the HTTP API.
     pub token: Option<koala_types::handshake::Token>,
+    /// TLS, if the job runs it (`[tls]`): the control port and the HTTP API accept only TLS.
+    pub tls: Option<koala_types::tls::Tls>,
 }
 
 /// Builds the graph and checks the config against it; returns tasks per operator.
@@ -148,11 +150,23 @@ pub fn run_job(listener: TcpListener, mut job: JobRun) -> Result<JobSummary, Coo
     let ip = listener.local_addr().map_err(io("reading the control address"))?.ip();
     let gate = Gate::for_listener("control port", ip, job.token.clone(), config.coordinator.gate_limits())
         .map_err(|message| ConfigError::Invalid { field: "coordinator.token_file".into(), message })?;
+    if job.tls.as_ref().is_some_and(|t| !t.can_listen()) {
+        return Err(ConfigError::Invalid {
+            field: "tls.cert".into(),
+            message: "TLS is on ([tls] ca) but the coordinator has no certificate to listen with: give \
+                      [tls] cert and key (`koala certs --hosts HOST --out DIR` makes them)"
+                .into(),
+        }
+        .into());
+    }
     let _http = match http {
-        Some(l) => Some(HttpServer::start(l, live.clone(), events_tx.clone(), job.token.clone())?),
+        Some(l) => {
+            Some(HttpServer::start(l, live.clone(), events_tx.clone(), job.token.clone(), job.tls.clone())?)
+        }
         None => None,
     };
-    let (mut workers, mut registrations) = accept(&listener, gate, config.workers, &events_tx)?;
+    let (mut workers, mut registrations) =
+        accept(&listener, gate, job.tls.clone(), config.workers, &events_tx)?;
 
     let deployment = match &job.resume {
         None => initial_deployment(config, &graph, &parallelism, &workers.addrs, &job.run),

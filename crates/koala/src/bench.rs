@@ -1,5 +1,6 @@
 //! `koala bench`: the keyed running aggregate at full speed on 2 workers, and with
-//! `--checkpoint-interval-ms` the cost of checkpoints measured in the same invocation.
+//! `--checkpoint-interval-ms` the cost of checkpoints, with `--tls` the cost of TLS between the
+//! processes, each measured in the same invocation.
 
 use std::path::Path;
 
@@ -33,6 +34,8 @@ pub struct BenchSpec {
     /// Warm state the aggregate starts with: every key's entry padded so the keys hold about
     /// this many MiB (0: none, the state grows from empty).
     pub warm_mb: u64,
+    /// TLS files for every process of the run (`None`: plain TCP).
+    pub tls: Option<koala_types::tls::TlsFiles>,
 }
 
 /// Warm state written for a bench: its directory and each entry's padding.
@@ -162,7 +165,10 @@ pub fn bench_result(rows: &[koala_coordinator::report::SecondRow]) -> Option<Ben
 /// `checkpoint_interval_ms` it runs twice in one invocation — first without checkpoints (into
 /// `<output_dir>/no-checkpoints`), then with them (`<output_dir>/checkpoints`) — and prints both
 /// and their ratio; it returns the run with checkpoints.
-pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult> {
+pub fn bench(spec: &BenchSpec, tls: bool, output_dir: &Path) -> anyhow::Result<BenchResult> {
+    if tls {
+        return bench_tls(spec, output_dir);
+    }
     let Some(ms) = spec.checkpoint_interval_ms else {
         let warm = spec.warm(output_dir)?;
         return bench_once(spec, output_dir, warm.as_ref()).map(|(result, _)| result);
@@ -199,14 +205,39 @@ pub fn bench(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult>
     Ok(with)
 }
 
+/// `koala bench --tls`: the run over plain TCP (`<output_dir>/plain`), then over TLS
+/// (`<output_dir>/tls`, certificates from a throwaway CA in `<output_dir>/tls-certs`); prints
+/// both and their ratio and returns the TLS run.
+fn bench_tls(spec: &BenchSpec, output_dir: &Path) -> anyhow::Result<BenchResult> {
+    println!("run 1 of 2: plain TCP");
+    let warm = spec.warm(output_dir)?;
+    let (plain, _) =
+        bench_once(&BenchSpec { tls: None, ..spec.clone() }, &output_dir.join("plain"), warm.as_ref())?;
+    let files = crate::tls_setup::throwaway(&output_dir.join("tls-certs"))?;
+    println!();
+    println!("run 2 of 2: TLS between every process (TLS 1.3, ring, ECDSA P-256 certificates)");
+    let (tls, _) =
+        bench_once(&BenchSpec { tls: Some(files), ..spec.clone() }, &output_dir.join("tls"), warm.as_ref())?;
+    println!();
+    println!("TLS cost, both runs in this invocation (same machine, back to back)");
+    println!("{:<44} {:>12}", "metric", "value");
+    println!("{:<44} {:>12.0}", "records/s steady, plain TCP", plain.steady);
+    println!("{:<44} {:>12.0}", "records/s steady, TLS", tls.steady);
+    println!("{:<44} {:>11.1} %", "TLS / plain", 100.0 * tls.steady / plain.steady);
+    println!("{:<44} {:>12.0}", "per-batch latency p99 (µs), plain", plain.batch_p99_us);
+    println!("{:<44} {:>12.0}", "per-batch latency p99 (µs), TLS", tls.batch_p99_us);
+    Ok(tls)
+}
+
 /// One bench run into `output_dir`: its numbers, printed, and its report.
 fn bench_once(
     spec: &BenchSpec,
     output_dir: &Path,
     warm: Option<&Warm>,
 ) -> anyhow::Result<(BenchResult, koala_coordinator::report::ReportSummary)> {
-    let config = JobConfig::parse(&spec.config_text(output_dir, warm), "koala bench")
+    let mut config = JobConfig::parse(&spec.config_text(output_dir, warm), "koala bench")
         .map_err(|e| anyhow::anyhow!("{e} (check --backend, --cache-mb and --protocol)"))?;
+    config.tls = spec.tls.clone();
     let summary = run_job_locally(config)?;
     let report = koala_coordinator::report::report(&summary.metrics_db, Some(&summary.run), output_dir)?;
     let result = bench_result(&report.table.rows)
@@ -293,6 +324,7 @@ mod tests {
                 checkpoint_interval_ms: (backend == "memory").then_some(1000),
                 protocol: (backend == "memory").then(|| "stop-and-restart".into()),
                 warm_mb: 0,
+                tls: None,
             };
             let dir = tempfile::tempdir().expect("tempdir");
             std::fs::create_dir_all(dir.path().join("aggregate")).expect("mkdir");

@@ -143,6 +143,7 @@ pub fn run_config(
     resume: Option<&Path>,
     http_port: Option<u16>,
     brokers: Option<&str>,
+    tls: &crate::tls_setup::TlsArgs,
 ) -> anyhow::Result<JobSummary> {
     let (mut config, resume) = match (path, resume) {
         (Some(path), None) => (load_config(path)?, None),
@@ -162,6 +163,9 @@ pub fn run_config(
     }
     if let Some(brokers) = brokers {
         crate::kafka::override_brokers(&mut config, brokers)?;
+    }
+    if tls.files().is_on() {
+        config.tls = Some(tls.files());
     }
     // A config the job cannot run with leaves no run directory behind.
     koala_coordinator::resolve(&config, &crate::queries::resolver())?;
@@ -189,8 +193,10 @@ pub fn coordinator(
     listen: &str,
     address_file: Option<&Path>,
     http_port: Option<u16>,
+    tls_flags: &crate::tls_setup::TlsArgs,
 ) -> anyhow::Result<()> {
     let mut config = load_config(config)?;
+    let tls = crate::tls_setup::of_job(&config, tls_flags)?.map(|(tls, _)| tls);
     if http_port.is_some() {
         config.coordinator.http_port = http_port;
     }
@@ -205,7 +211,7 @@ pub fn coordinator(
     if let Some(f) = address_file {
         std::fs::write(f, &addr).with_context(|| format!("writing {}", f.display()))?;
     }
-    let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
+    let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip(), tls.is_some())?;
     // One line: scripts read the first line and may close the pipe after it.
     println!("coordinator listening on {addr}; waiting for {} workers; {dashboard}", config.workers);
     let run = crate::run_dir::run_id();
@@ -221,6 +227,7 @@ pub fn coordinator(
             http: Some(http),
             resume: None,
             token,
+            tls,
         },
     )?;
     interrupt::set_job(None);
@@ -230,13 +237,14 @@ pub fn coordinator(
 
 /// Binds the HTTP API of a job's coordinator on `host` (the control port's) at `[coordinator]
 /// http_port (0 or unset: any free port); returns it and the line that tells its URL.
-fn bind_http(config: &JobConfig, host: std::net::IpAddr) -> anyhow::Result<(TcpListener, String)> {
+fn bind_http(config: &JobConfig, host: std::net::IpAddr, tls: bool) -> anyhow::Result<(TcpListener, String)> {
     let port = config.coordinator.http_port.unwrap_or(0);
     let http = TcpListener::bind((host, port)).with_context(|| {
         format!("binding the HTTP API to {host}:{port} ([coordinator] http_port, --http-port)")
     })?;
     let mut line = format!(
-        "dashboard at http://{}/ (JSON API: /api/job, /api/metrics, /api/reconfigurations; Prometheus: /metrics)",
+        "dashboard at {}://{}/ (JSON API: /api/job, /api/metrics, /api/reconfigurations; Prometheus: /metrics)",
+        if tls { "https" } else { "http" },
         http.local_addr()?
     );
     if !koala_types::handshake::is_loopback(host) {
@@ -344,11 +352,13 @@ fn run_locally(
     // Loopback, so not required, but presented by every worker and checked by every listener of
     // the job (the state servers too): one is generated unless given.
     let token = crate::token::for_local_run(config.coordinator.token_file.as_deref())?;
+    let tls = crate::tls_setup::of_job(&config, &Default::default())?;
+    let tls_args = tls.as_ref().map(|(_, files)| crate::tls_setup::child_args(files)).unwrap_or_default();
     // Stopped (after the workers) when the job ends: dropped last.
     let _servers = match config.state.servers_to_start() {
         0 => None,
         n => {
-            let (servers, addrs) = crate::state_servers::start(&exe, &out, n, &token)?;
+            let (servers, addrs) = crate::state_servers::start(&exe, &out, n, &token, &tls_args)?;
             println!("state servers at {}", addrs.join(", "));
             config.state.server_addresses = addrs;
             config.state.servers = None;
@@ -358,7 +368,7 @@ fn run_locally(
     let listener = TcpListener::bind("127.0.0.1:0").context("binding the coordinator")?;
     let addr = listener.local_addr()?.to_string();
     println!("coordinator at {addr} (koala rescale|rebalance|migrate --coordinator {addr} ...)");
-    let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip())?;
+    let (http, dashboard) = bind_http(&config, listener.local_addr()?.ip(), tls.is_some())?;
     println!("{dashboard}");
     let mut workers = WorkerProcesses(Vec::new());
     // Named after the id each worker gets when it registers (`koala worker --data-dir`'s `{id}`),
@@ -376,6 +386,7 @@ fn run_locally(
             )
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
             .env(crate::token::ENV, token.expose())
+            .args(&tls_args)
             // A Ctrl-C at the terminal reaches the whole process group: the workers ignore it and
             // end when the coordinator, which stops the job cleanly, tells them to.
             .arg("--ignore-interrupt")
@@ -395,6 +406,7 @@ fn run_locally(
         http: Some(http),
         resume,
         token: Some(token),
+        tls: tls.map(|(tls, _)| tls),
     };
     let handle = std::thread::spawn(move || run_job(listener, job));
     // Progress lines come out once every task reported their second (about 2 s late); a
@@ -479,10 +491,12 @@ pub fn human_bytes(b: u64) -> String {
 pub fn submit(
     coordinator: &str,
     token_file: Option<&Path>,
+    tls_ca: Option<&Path>,
     request: koala_protocol::ReconfigRequest,
 ) -> anyhow::Result<()> {
     let token = crate::token::find(token_file, "--token-file")?;
-    let reply = koala_coordinator::control::submit(coordinator, request, token.as_ref())
+    let tls = crate::tls_setup::TlsArgs { ca: tls_ca.map(Path::to_path_buf), ..Default::default() }.load()?;
+    let reply = koala_coordinator::control::submit(coordinator, request, token.as_ref(), tls.as_ref())
         .with_context(|| format!("talking to the coordinator at {coordinator}"))?;
     let line = koala_coordinator::control::reply_line(&reply).map_err(anyhow::Error::msg)?;
     println!("{line}");

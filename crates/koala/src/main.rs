@@ -33,6 +33,7 @@ mod run_dir;
 mod settings;
 mod state_servers;
 mod terminal;
+mod tls_setup;
 mod token;
 mod warmup;
 
@@ -145,10 +146,16 @@ enum Command {
         /// environment variable KOALA_BROKERS does the same when the flag is not given.
         #[arg(long, value_name = "HOST:PORT")]
         brokers: Option<String>,
+        /// TLS for every process of the job (replaces the config's `[tls]`): the certificate
+        /// must name 127.0.0.1, where `koala run` starts everything; the workers and state
+        /// servers get the same files.
+        #[command(flatten)]
+        tls: tls_setup::TlsArgs,
     },
     /// Run only the coordinator of a job; workers join with `koala worker --coordinator ADDR`
     /// (docs/deploy.md: several hosts). Off loopback, every connection and every POST to the API
-    /// must present the job token: `KOALA_TOKEN`, or `[coordinator] token_file`.
+    /// must present the job token: `KOALA_TOKEN`, or `[coordinator] token_file`. With TLS
+    /// (`[tls]` or --tls-cert/--tls-key/--tls-ca) the control port and the API accept only TLS.
     Coordinator {
         /// The job config.
         #[arg(long)]
@@ -163,6 +170,9 @@ enum Command {
         /// http_port`; default: any free port; the URL is printed at the start).
         #[arg(long)]
         http_port: Option<u16>,
+        /// TLS (replaces the config's `[tls]`).
+        #[command(flatten)]
+        tls: tls_setup::TlsArgs,
     },
     /// Run a state server for `[state] backend = "remote"` (the Remote baseline): an fjall
     /// database with one key space per operator, shared by all its tasks, over framed TCP. Runs
@@ -182,6 +192,9 @@ enum Command {
         /// everywhere.
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// TLS: with it the server accepts only TLS.
+        #[command(flatten)]
+        tls: tls_setup::TlsArgs,
         /// Ignore Ctrl-C (`koala run` passes it: the job drains before its servers stop).
         #[arg(long, hide = true)]
         ignore_interrupt: bool,
@@ -214,6 +227,10 @@ enum Command {
         /// the job starts (`koala run` passes the config's `warm_state`).
         #[arg(long)]
         warm_state: Option<PathBuf>,
+        /// TLS: the data port accepts only TLS, and the coordinator, other workers and state
+        /// servers must present certificates of the CA (all three flags, as the job's other hosts).
+        #[command(flatten)]
+        tls: tls_setup::TlsArgs,
         /// Ignore Ctrl-C (`koala run` passes it: its coordinator stops the job cleanly, then the
         /// workers).
         #[arg(long, hide = true)]
@@ -281,9 +298,27 @@ enum Command {
         /// take about this many MiB (written once into <output-dir>/warm; 0 = start empty)
         #[arg(long, default_value_t = 0)]
         warm_mb: u64,
+        /// Measure TLS: the bench runs twice, over plain TCP and over TLS between the workers (a
+        /// throwaway CA and certificate in <output-dir>/tls), and prints both throughputs and
+        /// their ratio.
+        #[arg(long, conflicts_with = "checkpoint_interval_ms")]
+        tls: bool,
         /// Where metrics and worker state go.
         #[arg(long, default_value = "koala-out/bench")]
         output_dir: PathBuf,
+    },
+    /// Make TLS certificates for a job: a self-signed CA (DIR/ca.pem, its key DIR/ca.key) and,
+    /// per host, a certificate naming it (an IP address or a DNS name) signed by the CA
+    /// (DIR/HOST.pem, DIR/HOST.key); prints the `[tls]` lines and the flags to use on each host.
+    /// Every process gets ca.pem; each host its own certificate and key. Keep ca.key off the
+    /// job's hosts. Refuses a DIR that already holds a CA.
+    Certs {
+        /// The hosts, comma-separated, as peers dial them: e.g. 10.0.0.1,10.0.0.2,localhost.
+        #[arg(long, value_delimiter = ',', required = true)]
+        hosts: Vec<String>,
+        /// Where the files go (created).
+        #[arg(long, default_value = "koala-certs")]
+        out: PathBuf,
     },
     /// Change the number of tasks of an operator of a running job (scale-out or scale-in).
     Rescale {
@@ -295,6 +330,10 @@ enum Command {
         /// takes precedence).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// The job's CA certificate (PEM), if the job runs TLS: the control port's certificate
+        /// must be signed by it for the host in --coordinator.
+        #[arg(long, value_name = "PEM")]
+        tls_ca: Option<PathBuf>,
         /// Operator name.
         #[arg(long)]
         operator: String,
@@ -311,6 +350,10 @@ enum Command {
         /// takes precedence).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// The job's CA certificate (PEM), if the job runs TLS: the control port's certificate
+        /// must be signed by it for the host in --coordinator.
+        #[arg(long, value_name = "PEM")]
+        tls_ca: Option<PathBuf>,
         /// Operator name.
         #[arg(long)]
         operator: String,
@@ -327,6 +370,10 @@ enum Command {
         /// takes precedence).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// The job's CA certificate (PEM), if the job runs TLS: the control port's certificate
+        /// must be signed by it for the host in --coordinator.
+        #[arg(long, value_name = "PEM")]
+        tls_ca: Option<PathBuf>,
         /// Operator name.
         #[arg(long)]
         operator: String,
@@ -470,22 +517,23 @@ fn run(command: Command) -> anyhow::Result<()> {
             compare::print_table(&outcomes);
             Ok(())
         }
-        Command::Run { config, resume, http_port, brokers } => {
+        Command::Run { config, resume, http_port, brokers, tls } => {
             let brokers =
                 brokers.or_else(|| std::env::var(kafka::BROKERS_ENV).ok().filter(|b| !b.trim().is_empty()));
-            launch::run_config(config.as_deref(), resume.as_deref(), http_port, brokers.as_deref())
+            launch::run_config(config.as_deref(), resume.as_deref(), http_port, brokers.as_deref(), &tls)
                 .map(|_| ())
         }
-        Command::Coordinator { config, listen, address_file, http_port } => {
-            launch::coordinator(&config, &listen, address_file.as_deref(), http_port)
+        Command::Coordinator { config, listen, address_file, http_port, tls } => {
+            launch::coordinator(&config, &listen, address_file.as_deref(), http_port, &tls)
         }
-        Command::StateServer { listen, data_dir, token_file, ignore_interrupt } => {
+        Command::StateServer { listen, data_dir, token_file, tls, ignore_interrupt } => {
             if ignore_interrupt {
                 launch::ignore_interrupt()?;
             }
             let token = token::find(token_file.as_deref(), "--token-file")?;
-            state_servers::state_server(&listen, &data_dir, token)
+            state_servers::state_server(&listen, &data_dir, token, tls.load()?)
         }
+        Command::Certs { hosts, out } => tls_setup::certs_command(&hosts, &out),
         Command::Worker {
             coordinator,
             data_dir,
@@ -493,6 +541,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             advertise_host,
             token_file,
             warm_state,
+            tls,
             ignore_interrupt,
         } => {
             if ignore_interrupt {
@@ -506,6 +555,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 token: token::find(token_file.as_deref(), "--token-file")?,
                 resolver: queries::resolver(),
                 warm_state,
+                tls: tls.load()?,
             })
             .context("worker stopped")
         }
@@ -520,6 +570,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             checkpoint_interval_ms,
             protocol,
             warm_mb,
+            tls,
             output_dir,
         } => bench::bench(
             &bench::BenchSpec {
@@ -533,7 +584,9 @@ fn run(command: Command) -> anyhow::Result<()> {
                 checkpoint_interval_ms,
                 protocol,
                 warm_mb,
+                tls: None,
             },
+            tls,
             &output_dir,
         )
         .map(|_| ()),
@@ -570,19 +623,21 @@ fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Rescale { coordinator, token_file, operator, parallelism } => launch::submit(
+        Command::Rescale { coordinator, token_file, tls_ca, operator, parallelism } => launch::submit(
             &coordinator,
             token_file.as_deref(),
+            tls_ca.as_deref(),
             koala_protocol::ReconfigRequest::Rescale { operator, parallelism },
         ),
-        Command::Rebalance { coordinator, token_file, operator, moves } => {
+        Command::Rebalance { coordinator, token_file, tls_ca, operator, moves } => {
             let moves = moves.iter().map(|m| launch::parse_move(m)).collect::<anyhow::Result<Vec<_>>>()?;
             let request = koala_protocol::ReconfigRequest::Rebalance { operator, moves };
-            launch::submit(&coordinator, token_file.as_deref(), request)
+            launch::submit(&coordinator, token_file.as_deref(), tls_ca.as_deref(), request)
         }
-        Command::Migrate { coordinator, token_file, operator, task, worker } => launch::submit(
+        Command::Migrate { coordinator, token_file, tls_ca, operator, task, worker } => launch::submit(
             &coordinator,
             token_file.as_deref(),
+            tls_ca.as_deref(),
             koala_protocol::ReconfigRequest::Migrate { operator, task, worker },
         ),
         Command::Broker { action } => kafka::broker(action),

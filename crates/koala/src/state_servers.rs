@@ -25,8 +25,13 @@ impl Drop for ServerProcesses {
 /// `koala state-server`: serves remote state until killed, to clients presenting `token`
 /// (required off loopback). Prints `state server listening on ADDR` first (`koala run` reads
 /// the address from it).
-pub fn state_server(listen: &str, data_dir: &Path, token: Option<Token>) -> anyhow::Result<()> {
-    let server = koala_state::StateServer::start(listen, data_dir, token)
+pub fn state_server(
+    listen: &str,
+    data_dir: &Path,
+    token: Option<Token>,
+    tls: Option<koala_types::tls::Tls>,
+) -> anyhow::Result<()> {
+    let server = koala_state::StateServer::start(listen, data_dir, token, tls)
         .with_context(|| format!("starting a state server on {listen} in {}", data_dir.display()))?;
     println!("state server listening on {}", server.addr());
     // Serves on its own threads; this one only waits (the process ends when it is killed).
@@ -43,6 +48,7 @@ pub fn start(
     out: &Path,
     n: u32,
     token: &Token,
+    tls_args: &[std::ffi::OsString],
 ) -> anyhow::Result<(ServerProcesses, Vec<String>)> {
     use std::io::BufRead;
     let mut servers = ServerProcesses(Vec::new());
@@ -57,6 +63,7 @@ pub fn start(
             .arg(&data_dir)
             .env("KOALA_LOG", std::env::var("KOALA_LOG").unwrap_or_else(|_| "warn".into()))
             .env(crate::token::ENV, token.expose())
+            .args(tls_args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             // The job drains against it after a Ctrl-C; it is stopped once the job ended.

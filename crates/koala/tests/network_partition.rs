@@ -1,7 +1,9 @@
 //! Several hosts, emulated: the coordinator and one worker in one network namespace, the other
 //! worker in another, joined by a veth pair — real non-loopback addresses, so every connection
-//! presents the job token. During a reconfiguration the test cuts the link (`ip link set …
-//! down`): the job must fail loudly, naming the worker it lost, rather than hang.
+//! presents the job token, inside TLS: `koala certs` makes a CA and a certificate per host, the
+//! coordinator has `[tls]`, each worker its host's `--tls-*`. During a reconfiguration the test
+//! cuts the link (`ip link set … down`): the job must fail loudly, naming the worker it lost,
+//! rather than hang.
 //!
 //! Needs root and `ip netns` (our test machines have both); without them it fails, naming what
 //! is missing, unless `KOALA_SKIP_NETNS=1` is set (a person's choice; CI never sets it). The
@@ -122,6 +124,14 @@ fn cutting_a_workers_link_mid_reconfiguration_fails_the_job_naming_that_worker()
         ),
     };
     let dir = tempfile::tempdir().expect("tempdir");
+    let certs = dir.path().join("certs");
+    let made = Command::new(env!("CARGO_BIN_EXE_koala"))
+        .args(["certs", "--hosts", &format!("{HOST_A},{HOST_B}"), "--out"])
+        .arg(&certs)
+        .output()
+        .expect("koala certs");
+    assert!(made.status.success(), "koala certs: {}", String::from_utf8_lossy(&made.stderr));
+    let pem = |name: &str| certs.join(name).display().to_string();
     let config = dir.path().join("job.toml");
     std::fs::write(
         &config,
@@ -130,8 +140,12 @@ fn cutting_a_workers_link_mid_reconfiguration_fails_the_job_naming_that_worker()
              output_dir = \"{}\"\n[parallelism]\nsource = 2\naggregate = 2\nsink = 1\n[params]\nsink = \"discard\"\n\
              [params.source]\nrate = [{{ at_ms = 0, records_per_sec = 5000.0 }}]\n\
              [runtime]\nheartbeat_timeout_s = 2.0\nlink_mb_per_sec = 0.5\n\
-             [[reconfigurations]]\nat_s = 3\noperator = \"aggregate\"\nparallelism = 4\n",
-            dir.path().join("out").display()
+             [[reconfigurations]]\nat_s = 3\noperator = \"aggregate\"\nparallelism = 4\n\
+             [tls]\ncert = {:?}\nkey = {:?}\nca = {:?}\n",
+            dir.path().join("out").display(),
+            pem(&format!("{HOST_A}.pem")),
+            pem(&format!("{HOST_A}.key")),
+            pem("ca.pem"),
         ),
     )
     .expect("write config");
@@ -157,7 +171,9 @@ fn cutting_a_workers_link_mid_reconfiguration_fails_the_job_naming_that_worker()
     let worker = |ns: &str, host: &str, i: u32| {
         let data_dir = dir.path().join(format!("w{i}"));
         let data_dir = data_dir.to_str().expect("utf-8 path").to_string();
+        let (cert, key, ca) = (pem(&format!("{host}.pem")), pem(&format!("{host}.key")), pem("ca.pem"));
         koala_in(ns, &["worker", "--coordinator", &control, "--listen-host", host, "--data-dir", &data_dir])
+            .args(["--tls-cert", &cert, "--tls-key", &key, "--tls-ca", &ca])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -169,6 +185,7 @@ fn cutting_a_workers_link_mid_reconfiguration_fails_the_job_naming_that_worker()
     hosts.children.push(worker(&hosts.a, HOST_A, 1));
     wait_for(&log, &mut seen, "job started", Duration::from_secs(15))
         .unwrap_or_else(|| panic!("the job did not start:\n{seen}"));
+    assert!(seen.contains("dashboard at https://"), "the API serves HTTPS:\n{seen}");
     wait_for(&log, &mut seen, "reconfiguration 1 started", Duration::from_secs(15))
         .unwrap_or_else(|| panic!("the reconfiguration did not start:\n{seen}"));
     ip(&["-n", &hosts.b, "link", "set", &hosts.veth_b, "down"]).expect("cut the link");

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Sender, TrySendError};
 use koala_types::frame::write_frame;
 use koala_types::handshake::{Role, Token, greet};
+use koala_types::tls::{Conn, Tls, dialled};
 use koala_types::{ChannelMessage, TaskId};
 use serde::{Deserialize, Serialize};
 
@@ -45,12 +46,12 @@ pub enum ChannelSender {
         /// How the receiver names this channel.
         channel: InputChannel,
     },
-    /// To a task of another worker: a dedicated TCP connection.
+    /// To a task of another worker: a dedicated TCP (or TLS) connection.
     Remote {
         /// The receiver.
         to: TaskId,
         /// The connection.
-        stream: BufWriter<TcpStream>,
+        stream: BufWriter<Conn>,
     },
 }
 
@@ -60,9 +61,10 @@ impl ChannelSender {
         addr: &str,
         to: TaskId,
         channel: InputChannel,
-        token: Option<&Token>,
+        links: &crate::links::Links,
     ) -> Result<Self, RuntimeError> {
-        Ok(Self::Remote { to, stream: connect(addr, to, channel, token)? })
+        let stream = connect(addr, to, channel, links.token.as_ref(), links.tls.as_ref())?;
+        Ok(Self::Remote { to, stream })
     }
 
     /// The receiving task.
@@ -131,19 +133,22 @@ impl LocalQueue {
     }
 }
 
-/// Opens the connection of one channel to a task of another worker, passes its worker's gate
-/// (version, `token`) and greets the task.
+/// Opens the connection of one channel to a task of another worker (over TLS with `tls`),
+/// passes its worker's gate (version, `token`) and greets the task.
 pub(crate) fn connect(
     addr: &str,
     to: TaskId,
     channel: InputChannel,
     token: Option<&Token>,
-) -> Result<BufWriter<TcpStream>, RuntimeError> {
-    let stream =
+    tls: Option<&Tls>,
+) -> Result<BufWriter<Conn>, RuntimeError> {
+    let tcp =
         TcpStream::connect(addr).map_err(|e| RuntimeError::io(format!("connecting to {to} at {addr}"), e))?;
-    greet(&stream, Role::Channel, token)
+    let mut stream =
+        dialled(tls, tcp, addr).map_err(|e| RuntimeError::io(format!("connecting to {to}"), e))?;
+    greet(&mut stream, Role::Channel, token)
         .map_err(|e| RuntimeError::io(format!("opening a channel to {to} at {addr}"), e))?;
-    stream.set_nodelay(true).map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
+    stream.tcp().set_nodelay(true).map_err(|e| RuntimeError::io("setting TCP_NODELAY", e))?;
     let mut stream = BufWriter::with_capacity(64 * 1024, stream);
     write_frame(&mut stream, &ChannelHello { to, channel })
         .map_err(|e| RuntimeError::io(format!("greeting {to}"), e))?;

@@ -36,6 +36,8 @@ pub struct Links {
     pub inboxes: Inboxes,
     /// The job token channels to other workers present (`None`: the job has none).
     pub token: Option<koala_types::handshake::Token>,
+    /// TLS, if the job runs it: channels to other workers check their certificates.
+    pub tls: Option<koala_types::tls::Tls>,
 }
 
 /// Live task indices of an operator.
@@ -105,7 +107,7 @@ pub fn open_channel(
         Place::Local(inboxes) => {
             Ok(ChannelSender::Local { to, inbox: inboxes.for_input(channel.input), channel })
         }
-        Place::Remote(addr) => ChannelSender::connect(&addr, to, channel, links.token.as_ref()),
+        Place::Remote(addr) => ChannelSender::connect(&addr, to, channel, links),
     }
 }
 
@@ -119,7 +121,7 @@ pub fn open_peer(
     let channel = InputChannel { input: PEER_INPUT, from };
     match place(links, d, to)? {
         Place::Local(inboxes) => Ok(PeerSender::local(to, inboxes.peer, channel)),
-        Place::Remote(addr) => PeerSender::connect(&addr, to, channel, links.token.as_ref()),
+        Place::Remote(addr) => PeerSender::connect(&addr, to, channel, links),
     }
 }
 

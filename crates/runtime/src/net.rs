@@ -7,12 +7,13 @@
 
 use std::collections::HashMap;
 use std::io::BufReader;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::{Arc, RwLock};
 
 use crossbeam_channel::Sender;
 use koala_types::frame::{read_frame, read_frame_sized};
 use koala_types::handshake::{Gate, Role};
+use koala_types::tls::{Conn, Tls, accepted};
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::channel::{ChannelHello, LocalQueue, TaskInput};
@@ -50,10 +51,10 @@ impl TaskInboxes {
 /// Input queues of the tasks of this worker, by task.
 pub type Inboxes = Arc<RwLock<HashMap<TaskId, TaskInboxes>>>;
 
-/// Accepts data connections forever (until the process exits), each admitted by `gate`. Frames
-/// arriving on peer and fetch lanes cross `link`, the worker's emulated network link
-/// (`crate::throttle`).
-pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gate: Gate) {
+/// Accepts data connections forever (until the process exits), each admitted by `gate` (after
+/// a TLS handshake, with `tls`). Frames arriving on peer and fetch lanes cross `link`, the
+/// worker's emulated network link (`crate::throttle`).
+pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gate: Gate, tls: Option<Tls>) {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
@@ -67,9 +68,16 @@ pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gat
                 };
                 let inboxes = inboxes.clone();
                 let link = link.clone();
+                let (tls, idle) = (tls.clone(), gate.idle());
                 let spawned = std::thread::Builder::new().name("koala-data-in".into()).spawn(move || {
                     let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
-                    match pending.admit(&stream) {
+                    let mut stream = match accepted(tls.as_ref(), stream, idle) {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            return tracing::warn!(%peer, error = %e, "data port: refused a connection (TLS)");
+                        }
+                    };
+                    match pending.admit(&mut stream) {
                         Ok(Role::Channel) => read_channel(stream, &inboxes, &link),
                         Ok(role) => tracing::error!(%peer, ?role, "data port: not a channel; dropped"),
                         Err(refusal) => {
@@ -86,9 +94,10 @@ pub fn serve(listener: TcpListener, inboxes: Inboxes, link: Arc<SharedLink>, gat
     }
 }
 
-fn read_channel(stream: TcpStream, inboxes: &Inboxes, link: &SharedLink) {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-    let _ = stream.set_nodelay(true);
+fn read_channel(stream: Conn, inboxes: &Inboxes, link: &SharedLink) {
+    let peer = stream.tcp().peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let _ = stream.tcp().set_nodelay(true);
+    let Ok(stream) = stream.into_reader() else { return };
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let hello: ChannelHello = match read_frame(&mut reader) {
         Ok(Some(h)) => h,

@@ -26,11 +26,11 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{BufWriter, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
 use koala_types::frame::write_frame;
+use koala_types::tls::Conn;
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::RuntimeError;
@@ -69,9 +69,9 @@ impl PeerSender {
         addr: &str,
         to: TaskId,
         channel: InputChannel,
-        token: Option<&koala_types::handshake::Token>,
+        links: &crate::links::Links,
     ) -> Result<Self, RuntimeError> {
-        let stream = connect(addr, to, channel, token)?;
+        let stream = connect(addr, to, channel, links.token.as_ref(), links.tls.as_ref())?;
         let (queue, outgoing) = bounded(REMOTE_QUEUE);
         std::thread::Builder::new()
             .name("koala-peer-out".into())
@@ -140,7 +140,7 @@ impl PeerSender {
 /// Writes a peer lane's messages to its connection until the task drops the lane. A failed write
 /// closes the lane (logged), so the task's next send on it fails with `ChannelClosed`; a worker
 /// that is gone is noticed by the coordinator through its control connection.
-fn write_peer_lane(mut stream: BufWriter<TcpStream>, outgoing: &Receiver<TaskInput>, to: TaskId) {
+fn write_peer_lane(mut stream: BufWriter<Conn>, outgoing: &Receiver<TaskInput>, to: TaskId) {
     while let Ok(item) = outgoing.recv() {
         let written = write_frame(&mut stream, &item.message)
             .and_then(|_| if outgoing.is_empty() { stream.flush() } else { Ok(()) });

@@ -83,7 +83,7 @@ fn data_plane(id: u32) -> DataPlane {
     let addr = listener.local_addr().expect("the data address").to_string();
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let served = inboxes.clone();
-    std::thread::spawn(move || serve(listener, served, Default::default(), loopback_gate()));
+    std::thread::spawn(move || serve(listener, served, Default::default(), loopback_gate(), None));
     DataPlane { id: WorkerId(id), inboxes, addr }
 }
 
@@ -198,8 +198,13 @@ impl Scenario {
             let plane = &planes[h];
             let (queues, command) = create_inbox(*task, 1, &plane.inboxes).expect("task queues");
             let inbox = plane.inboxes.read().expect("registry").get(task).expect("registered").data.clone();
-            let links =
-                Links { me: plane.id, graph: graph.clone(), inboxes: plane.inboxes.clone(), token: None };
+            let links = Links {
+                me: plane.id,
+                graph: graph.clone(),
+                inboxes: plane.inboxes.clone(),
+                token: None,
+                tls: None,
+            };
             spawn_task(*task, &d, &links, &env, queues, &events_tx, false, None).expect("spawn a task");
             commands.push(command);
             data.push(inbox);
@@ -548,7 +553,8 @@ fn fast_sender_stays_within_the_peer_bound(two_workers: bool) {
         finished: Default::default(),
     };
     let graph = Arc::new(graph());
-    let links = Links { me: sender_plane.id, graph, inboxes: sender_plane.inboxes.clone(), token: None };
+    let links =
+        Links { me: sender_plane.id, graph, inboxes: sender_plane.inboxes.clone(), token: None, tls: None };
     let lane = open_peer(&links, &d, to, from).expect("open the peer lane");
     let (_own_tx, own) = bounded::<TaskInput>(1);
     let sender = std::thread::spawn(move || {

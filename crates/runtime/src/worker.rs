@@ -19,6 +19,7 @@ use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan,
 use koala_state::StateEnv;
 use koala_types::frame::{read_frame, write_frame};
 use koala_types::handshake::{ControlLimits, Gate, GateLimits, Role, Token, connect_control};
+use koala_types::tls::ConnWriter;
 use koala_types::{BucketId, Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
@@ -48,6 +49,9 @@ pub struct WorkerOptions {
     /// The job token this worker presents to the coordinator and to other workers, and that its
     /// data port requires when not on loopback.
     pub token: Option<Token>,
+    /// TLS, if the job runs it (`--tls-cert/--tls-key/--tls-ca`): the data port accepts only
+    /// TLS, and every connection this worker opens checks the listener's certificate.
+    pub tls: Option<koala_types::tls::Tls>,
     /// Builds the job graph from a query name and parameters.
     pub resolver: QueryResolver,
     /// Warm state (`koala warmup`): before it reports `Deployed`, each stateful task of this
@@ -75,31 +79,41 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
     let bound = listener.local_addr().map_err(|e| RuntimeError::io("reading the data address", e))?;
     let gate = Gate::for_listener("data port", bound.ip(), options.token.clone(), GateLimits::default())
         .map_err(RuntimeError::Control)?;
+    if options.tls.as_ref().is_some_and(|t| !t.can_listen()) {
+        return Err(RuntimeError::Control(
+            "TLS is on (--tls-ca) but the data port has no certificate: give --tls-cert and --tls-key \
+             (a certificate naming the host other workers dial, `koala certs`)"
+                .into(),
+        ));
+    }
     // Bounded, and a peer that is not a control port (the HTTP API) is named.
-    let stream = connect_control(&options.coordinator, Role::Worker, options.token.as_ref(), ControlLimits::default())
+    let limits = ControlLimits::default();
+    let stream = connect_control(&options.coordinator, Role::Worker, options.token.as_ref(), options.tls.as_ref(), limits)
         .map_err(|e| {
             tracing::error!(coordinator = %options.coordinator, error = %e, "could not register with the coordinator");
             RuntimeError::io(format!("registering with the coordinator at {}", options.coordinator), e)
         })?;
-    let data_addr = advertised(&options, bound, &stream);
+    let data_addr = advertised(&options, bound, stream.tcp());
     let inboxes: Inboxes = Arc::new(RwLock::new(HashMap::new()));
     let link = Arc::new(SharedLink::default());
     {
         let inboxes = inboxes.clone();
         let link = link.clone();
+        let tls = options.tls.clone();
         std::thread::Builder::new()
             .name("koala-data-listener".into())
-            .spawn(move || serve(listener, inboxes, link, gate))
+            .spawn(move || serve(listener, inboxes, link, gate, tls))
             .map_err(|e| RuntimeError::io("spawning the data listener", e))?;
     }
-    let mut write_half = stream.try_clone().map_err(|e| RuntimeError::io("cloning the control socket", e))?;
+    let (read_half, mut write_half) =
+        stream.split().map_err(|e| RuntimeError::io("splitting the control connection", e))?;
     write_frame(
         &mut write_half,
         &ControlHello::Worker { data_addr: data_addr.to_string(), pid: std::process::id() },
     )
     .and_then(|_| write_half.flush())
     .map_err(|e| RuntimeError::io("registering with the coordinator", e))?;
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(read_half);
     let (out_tx, out_rx) = unbounded::<WorkerMessage>();
     std::thread::Builder::new()
         .name("koala-control-out".into())
@@ -146,7 +160,15 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
             CoordinatorMessage::Deploy(d, state) => {
                 let env = match &env {
                     Some(env) => env.clone(),
-                    None => env.insert(open_state(&data_dir, &state, &link, options.token.as_ref())?).clone(),
+                    None => env
+                        .insert(open_state(
+                            &data_dir,
+                            &state,
+                            &link,
+                            options.token.as_ref(),
+                            options.tls.as_ref(),
+                        )?)
+                        .clone(),
                 };
                 let memory = memory
                     .get_or_insert_with(|| {
@@ -298,7 +320,7 @@ fn advertised(options: &WorkerOptions, bound: std::net::SocketAddr, control: &Tc
     }
 }
 
-fn forward_to_coordinator(stream: TcpStream, rx: &Receiver<WorkerMessage>) {
+fn forward_to_coordinator(stream: ConnWriter, rx: &Receiver<WorkerMessage>) {
     let mut w = BufWriter::new(stream);
     while let Ok(m) = rx.recv() {
         if write_frame(&mut w, &m).and_then(|_| w.flush()).is_err() {
@@ -329,7 +351,13 @@ fn prepare(me: WorkerId, d: Deployment, options: &WorkerOptions, inboxes: &Inbox
             pending.push((*task, queues));
         }
     }
-    let links = Links { me, graph: Arc::new(graph), inboxes: inboxes.clone(), token: options.token.clone() };
+    let links = Links {
+        me,
+        graph: Arc::new(graph),
+        inboxes: inboxes.clone(),
+        token: options.token.clone(),
+        tls: options.tls.clone(),
+    };
     Ok(Job { initial: Arc::new(d), links, pending, commands, plans: HashMap::new() })
 }
 

@@ -41,6 +41,7 @@ pub(crate) fn open_state(
     state: &StateOptions,
     link: &Arc<SharedLink>,
     token: Option<&Token>,
+    tls: Option<&koala_types::tls::Tls>,
 ) -> Result<Arc<dyn StateEnv>, RuntimeError> {
     let state = state.clone();
     Ok(match state.backend {
@@ -67,8 +68,12 @@ pub(crate) fn open_state(
                 ));
             }
             let link = link.clone();
-            let remote =
-                RemoteEnv::with_link(state.servers, token.cloned(), Arc::new(move |bytes| link.pace(bytes)));
+            let remote = RemoteEnv::with_link(
+                state.servers,
+                token.cloned(),
+                tls.cloned(),
+                Arc::new(move |bytes| link.pace(bytes)),
+            );
             match usize::try_from(state.cache_bytes) {
                 _ if state.cache_from_budget => {
                     Arc::new(CachedEnv::new(remote, koala_state::MIN_BUDGET_BYTES))

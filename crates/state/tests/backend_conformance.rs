@@ -371,7 +371,7 @@ fn job_token() -> Result<Token, Box<dyn Error>> {
 /// A state server on port 0 in this process, and its directory.
 fn server() -> Result<(StateServer, tempfile::TempDir), Box<dyn Error>> {
     let dir = tempfile::tempdir()?;
-    Ok((StateServer::start("127.0.0.1:0", dir.path(), Some(job_token()?))?, dir))
+    Ok((StateServer::start("127.0.0.1:0", dir.path(), Some(job_token()?), None)?, dir))
 }
 
 /// Running state servers and their directories (kept alive as long as the test uses them).

@@ -31,6 +31,8 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, TcpStream};
+
+use crate::tls::Transport;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -193,6 +195,10 @@ pub enum Refusal {
     TooMany(usize),
     /// Not a koala greeting (another program, or a build older than the greeting).
     Malformed(String),
+    /// A plaintext greeting on a listener that runs TLS.
+    NeedsTls,
+    /// A TLS handshake on a listener that runs without TLS.
+    UnexpectedTls,
 }
 
 impl fmt::Display for Refusal {
@@ -219,6 +225,12 @@ impl fmt::Display for Refusal {
             Self::Malformed(why) => {
                 write!(f, "not a koala greeting ({why}); is the peer an older koala build?")
             }
+            Self::NeedsTls => f.write_str(
+                "this listener runs TLS and the peer greeted in plaintext: give the peer the job's CA                  ([tls] ca, --tls-ca)",
+            ),
+            Self::UnexpectedTls => f.write_str(
+                "the peer opened a TLS handshake and this listener runs without TLS: give the listener                  [tls] cert, key and ca (--tls-cert, --tls-key, --tls-ca), or the peer none",
+            ),
         }
     }
 }
@@ -273,6 +285,11 @@ impl Gate {
         Ok(Self::new(name, token, required, limits))
     }
 
+    /// How long a new connection may take to be admitted (its TLS handshake, then its greeting).
+    pub fn idle(&self) -> Duration {
+        self.limits.idle
+    }
+
     /// The listener's name, for logs.
     pub fn name(&self) -> &'static str {
         self.name
@@ -308,9 +325,9 @@ impl Drop for Pending {
 impl Pending {
     /// Reads the greeting (within the idle limit, at most [`MAX_GREETING_BYTES`]), checks it
     /// and answers the verdict. The caller logs a refusal (the peer prints it too).
-    pub fn admit(self, stream: &TcpStream) -> Result<Role, Refusal> {
+    pub fn admit(self, mut stream: impl Transport) -> Result<Role, Refusal> {
         let gate = &self.gate;
-        let mut timed = DeadlineReader { stream, until: Instant::now() + gate.limits.idle };
+        let mut timed = DeadlineReader { stream: &mut stream, until: Instant::now() + gate.limits.idle };
         let outcome = read_greeting(&mut timed, gate.limits.idle).and_then(|(version, role, token)| {
             match (&gate.token, token.as_deref()) {
                 (Some(ours), Some(theirs)) if !ours.matches(theirs) => return Err(Refusal::WrongToken),
@@ -324,31 +341,31 @@ impl Pending {
             }
             Ok(role)
         });
-        let _ = stream.set_read_timeout(None);
+        let _ = stream.tcp().set_read_timeout(None);
         // Its place frees before the verdict goes out: a peer that connects again on reading it
         // must find the place free.
         drop(self);
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-        let _ = write_verdict(&mut &*stream, outcome.as_ref().err());
-        let _ = stream.set_write_timeout(None);
+        let _ = stream.tcp().set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = write_verdict(&mut stream, outcome.as_ref().err());
+        let _ = stream.tcp().set_write_timeout(None);
         outcome
     }
 }
 
 /// Reads from a stream until a deadline, however the peer trickles its bytes.
-struct DeadlineReader<'a> {
-    stream: &'a TcpStream,
+struct DeadlineReader<'a, T: Transport> {
+    stream: &'a mut T,
     until: Instant,
 }
 
-impl Read for DeadlineReader<'_> {
+impl<T: Transport> Read for DeadlineReader<'_, T> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let left = self.until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "greeting deadline"));
         }
-        self.stream.set_read_timeout(Some(left))?;
-        (&*self.stream).read(buf)
+        self.stream.tcp().set_read_timeout(Some(left))?;
+        self.stream.read(buf)
     }
 }
 
@@ -360,8 +377,14 @@ pub fn read_greeting(r: &mut impl Read, idle: Duration) -> Result<(u32, Role, Op
     r.read_exact(&mut len).map_err(|e| {
         if timed_out(&e) { Refusal::Idle(idle) } else { Refusal::Malformed(format!("no length: {e}")) }
     })?;
+    let header = len;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_GREETING_BYTES {
+        // A TLS record header: content type 22 (handshake), version 3.x (never a greeting's
+        // length, which is at most 4 KiB).
+        if header[0] == 0x16 && header[1] == 0x03 {
+            return Err(Refusal::UnexpectedTls);
+        }
         return Err(Refusal::Oversize(len));
     }
     let mut buf = vec![0u8; len];
@@ -378,6 +401,11 @@ pub fn read_greeting(r: &mut impl Read, idle: Duration) -> Result<(u32, Role, Op
     let token_len = u16::from_le_bytes(buf.get(9..11).ok_or_else(short)?.try_into().map_err(|_| short())?);
     let token = buf.get(11..11 + token_len as usize).ok_or_else(short)?;
     Ok((version, role, (!token.is_empty()).then(|| token.to_vec())))
+}
+
+/// Writes the verdict refusing a connection (a listener that refuses before the greeting: TLS).
+pub(crate) fn write_refusal(w: &mut impl Write, refusal: &Refusal) -> io::Result<()> {
+    write_verdict(w, Some(refusal))
 }
 
 fn write_verdict(w: &mut impl Write, refusal: Option<&Refusal>) -> io::Result<()> {
@@ -398,14 +426,14 @@ fn write_verdict(w: &mut impl Write, refusal: Option<&Refusal>) -> io::Result<()
 /// The connecting side: sends the greeting as `role` (with `token`, if any) and waits for the
 /// verdict. A refusal is an error of kind `PermissionDenied` whose text names both versions and
 /// the listener's reason.
-pub fn greet(stream: &TcpStream, role: Role, token: Option<&Token>) -> io::Result<()> {
-    greeting_bytes(role, token).and_then(|g| (&*stream).write_all(&g))?;
-    (&*stream).flush()?;
+pub fn greet(mut stream: impl Transport, role: Role, token: Option<&Token>) -> io::Result<()> {
+    greeting_bytes(role, token).and_then(|g| stream.write_all(&g))?;
+    stream.flush()?;
     // The verdict comes at once from a koala listener; bound the wait for anything else.
-    let previous = stream.read_timeout()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let verdict = read_verdict(&mut &*stream);
-    stream.set_read_timeout(previous)?;
+    let previous = stream.tcp().read_timeout()?;
+    stream.tcp().set_read_timeout(Some(Duration::from_secs(30)))?;
+    let verdict = read_verdict(&mut stream);
+    stream.tcp().set_read_timeout(previous)?;
     verdict
 }
 

@@ -1,6 +1,7 @@
 //! Vocabulary shared by every koala-rs crate (docs/architecture.md §1): ids, the record, the one
 //! binary codec, bucket hashing, the in-band channel messages and the block of a split block Bloom
-//! filter. Nothing here does I/O.
+//! filter. Nothing here does I/O but the connections every koala process opens and accepts: the
+//! handshake and TLS (`handshake`, `tls`).
 
 pub mod bloom;
 mod bucket;
@@ -12,6 +13,7 @@ mod key_hash;
 mod message;
 pub mod metric;
 mod position;
+pub mod tls;
 
 pub use bucket::{BucketId, DEFAULT_NUM_BUCKETS, bucket_of, bucket_of_hash, placement_hash};
 pub use codec::{CodecError, decode, encode, encode_into};

@@ -27,6 +27,7 @@ pub mod live;
 pub mod prometheus;
 #[cfg(test)]
 mod tests;
+mod tls_front;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
@@ -43,7 +44,9 @@ use crate::error::CoordinatorError;
 use api::ApiError;
 use auth::{ApiAuth, PAGE_ROUTES};
 use koala_types::handshake::Token;
+use koala_types::tls::Tls;
 use live::Live;
+use tls_front::TlsFront;
 
 /// The dashboard page.
 pub const DASHBOARD: &str = include_str!("dashboard.html");
@@ -91,19 +94,36 @@ pub struct HttpServer {
     stopping: Arc<AtomicBool>,
     addr: SocketAddr,
     thread: Option<JoinHandle<()>>,
+    /// With TLS: the front on the public port (tiny_http then listens on loopback).
+    front: Option<TlsFront>,
 }
 
 impl HttpServer {
-    /// Serves `live` on `listener` until dropped; requests go to the job's event loop on `events`.
+    /// Serves `live` on `listener` until dropped (HTTPS with `tls`: `tls_front`); requests go to
+    /// the job's event loop on `events`.
     pub fn start(
         listener: TcpListener,
         live: Arc<Live>,
         events: Sender<Event>,
         token: Option<Token>,
+        tls: Option<Tls>,
     ) -> Result<Self, CoordinatorError> {
         let addr = listener
             .local_addr()
             .map_err(|source| CoordinatorError::Io { context: "reading the HTTP address".into(), source })?;
+        let (listener, front) = match tls {
+            None => (listener, None),
+            Some(tls) => {
+                let io = |context: &str| {
+                    let context = format!("{context} for the HTTPS API on {addr}");
+                    move |source| CoordinatorError::Io { context, source }
+                };
+                let inner =
+                    TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).map_err(io("binding loopback"))?;
+                let inner_addr = inner.local_addr().map_err(io("reading the loopback address"))?;
+                (inner, Some(TlsFront::start(listener, inner_addr, tls).map_err(io("starting TLS"))?))
+            }
+        };
         let auth = ApiAuth::new(koala_types::handshake::is_loopback(addr.ip()), token).map_err(|e| {
             CoordinatorError::Io {
                 context: format!("serving the HTTP API on {addr}"),
@@ -122,7 +142,7 @@ impl HttpServer {
             .name("koala-http".into())
             .spawn(move || serve(&accept, &stop, &live, &events, &auth))
             .map_err(|source| CoordinatorError::Io { context: "spawning the HTTP thread".into(), source })?;
-        Ok(Self { server, stopping, addr, thread: Some(thread) })
+        Ok(Self { server, stopping, addr, thread: Some(thread), front })
     }
 
     /// Where it listens.
@@ -133,6 +153,8 @@ impl HttpServer {
 
 impl Drop for HttpServer {
     fn drop(&mut self) {
+        // The public port closes first.
+        drop(self.front.take());
         self.stopping.store(true, Ordering::SeqCst);
         self.server.unblock();
         if let Some(t) = self.thread.take() {

@@ -77,7 +77,8 @@ fn requests_take_the_event_loops_path_and_errors_are_json_with_4xx() {
     let dir = tempfile::tempdir().unwrap();
     let live = Arc::new(live(dir.path().join("metrics.db")));
     let (events_tx, events) = unbounded();
-    let server = HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, events_tx, None).unwrap();
+    let server =
+        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, events_tx, None, None).unwrap();
     // A stand-in event loop: what reaches it, and its answers.
     let seen = std::thread::spawn(move || {
         let mut seen = Vec::new();
@@ -222,11 +223,17 @@ fn every_route_off_loopback_needs_the_job_token() {
     let (events_tx, events) = unbounded();
     let token = koala_types::handshake::Token::parse("0123456789abcdef-http", "test").unwrap();
     // 0.0.0.0 is not loopback: without a token the server does not start.
-    let refused =
-        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live.clone(), events_tx.clone(), None);
+    let refused = HttpServer::start(
+        TcpListener::bind("0.0.0.0:0").unwrap(),
+        live.clone(),
+        events_tx.clone(),
+        None,
+        None,
+    );
     assert!(refused.is_err_and(|e| e.to_string().contains("KOALA_TOKEN")));
     let server =
-        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live, events_tx, Some(token)).unwrap();
+        HttpServer::start(TcpListener::bind("0.0.0.0:0").unwrap(), live, events_tx, Some(token), None)
+            .unwrap();
     let answered = std::thread::spawn(move || {
         let mut n = 0;
         for event in events.iter().take(1) {
@@ -281,7 +288,7 @@ fn on_loopback_reads_need_no_token() {
     let live = Arc::new(live(dir.path().join("metrics.db")));
     let token = koala_types::handshake::Token::parse("0123456789abcdef-http", "test").unwrap();
     let server =
-        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, unbounded().0, Some(token))
+        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, unbounded().0, Some(token), None)
             .unwrap();
     for path in ["/", "/api/job", "/api/reconfigurations", "/metrics"] {
         assert_eq!(call(server.addr(), "GET", path, b"").0, 200, "GET {path}");
@@ -300,7 +307,8 @@ fn the_job_shows_checkpoints_as_data_and_reconfigurations_in_words() {
     live.info.checkpoints_retained = 3;
     let live = Arc::new(live);
     let server =
-        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, unbounded().0, None).unwrap();
+        HttpServer::start(TcpListener::bind("127.0.0.1:0").unwrap(), live, unbounded().0, None, None)
+            .unwrap();
     let job = |addr| -> Value { serde_json::from_str(&call(addr, "GET", "/api/job", b"").1).unwrap() };
     // Before the run is recorded: on, nothing completed yet.
     let before = job(server.addr());

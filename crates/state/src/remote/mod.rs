@@ -28,7 +28,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = tempfile::tempdir()?;
-//! let server = StateServer::start("127.0.0.1:0", dir.path(), None)?;
+//! let server = StateServer::start("127.0.0.1:0", dir.path(), None, None)?;
 //! let env = RemoteEnv::new(vec![server.addr().to_string()], None);
 //! let (t0, t1) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
 //! let key = StateKey::new(7, 0, b"user-42".to_vec());
@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use koala_types::handshake::Token;
+use koala_types::tls::Tls;
 use koala_types::{BucketId, OperatorId, TaskId};
 use serde::{Deserialize, Serialize};
 
@@ -150,16 +151,21 @@ impl RemoteEnv {
     /// connection presenting the job token `token` (a server off loopback requires it).
     /// Connections open on first use. An empty list is refused at the first operation.
     pub fn new(addrs: Vec<String>, token: Option<Token>) -> Self {
-        Self::build(addrs, token, None)
+        Self::build(addrs, token, None, None)
     }
 
-    /// [`RemoteEnv::new`] whose traffic crosses `link` (called with each frame's bytes).
-    pub fn with_link(addrs: Vec<String>, token: Option<Token>, link: LinkHook) -> Self {
-        Self::build(addrs, token, Some(link))
+    /// [`RemoteEnv::new`] over TLS (`tls`: each server's certificate is checked).
+    pub fn with_tls(addrs: Vec<String>, token: Option<Token>, tls: Option<Tls>) -> Self {
+        Self::build(addrs, token, tls, None)
     }
 
-    fn build(addrs: Vec<String>, token: Option<Token>, link: Option<LinkHook>) -> Self {
-        let servers = Arc::new(Servers { addrs, token, link });
+    /// [`RemoteEnv::with_tls`] whose traffic crosses `link` (called with each frame's bytes).
+    pub fn with_link(addrs: Vec<String>, token: Option<Token>, tls: Option<Tls>, link: LinkHook) -> Self {
+        Self::build(addrs, token, tls, Some(link))
+    }
+
+    fn build(addrs: Vec<String>, token: Option<Token>, tls: Option<Tls>, link: Option<LinkHook>) -> Self {
+        let servers = Arc::new(Servers { addrs, token, tls, link });
         Self { pool: Pool::new(servers.clone()), servers, tasks: Mutex::default() }
     }
 
@@ -343,7 +349,7 @@ impl StateBackend for RemoteBackend {
         for bucket in sorted_buckets(buckets) {
             let server = servers.of(bucket);
             // A connection of its own: the sink may use this store meanwhile.
-            let mut conn = Conn::open(&servers.addrs[server], servers.token.as_ref())
+            let mut conn = Conn::open(&servers.addrs[server], servers.token.as_ref(), servers.tls.as_ref())
                 .map_err(|e| servers.error(server, OP, e))?;
             let request = StateRequest::Scan { operator: self.task.operator, bucket };
             servers.pace(conn.send(&request).map_err(|e| servers.error(server, OP, e))?);
@@ -457,12 +463,13 @@ mod tests {
         let dirs = [tempfile::tempdir()?, tempfile::tempdir()?, tempfile::tempdir()?];
         let servers: Vec<StateServer> = dirs
             .iter()
-            .map(|d| StateServer::start("127.0.0.1:0", d.path(), None))
+            .map(|d| StateServer::start("127.0.0.1:0", d.path(), None, None))
             .collect::<Result<_, _>>()?;
         let frames = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = frames.clone();
         let env = RemoteEnv::with_link(
             servers.iter().map(|s| s.addr().to_string()).collect(),
+            None,
             None,
             Arc::new(move |_| {
                 counted.fetch_add(1, Ordering::Relaxed);

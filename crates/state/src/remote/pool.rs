@@ -10,24 +10,29 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use koala_types::BucketId;
 use koala_types::frame::{read_frame_sized, write_frame};
 use koala_types::handshake::{Role, Token, greet};
+use koala_types::tls::{ConnReader, ConnWriter, Tls, dialled};
 
 use super::{LinkHook, StateRequest, StateResponse};
 use crate::StateError;
 
 /// A connection to one server.
 pub(super) struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    reader: BufReader<ConnReader>,
+    writer: BufWriter<ConnWriter>,
 }
 
 impl Conn {
-    /// Connects to the server at `addr` and passes its gate, presenting `token`.
-    pub(super) fn open(addr: &str, token: Option<&Token>) -> std::io::Result<Self> {
-        let stream = TcpStream::connect(addr)?;
-        greet(&stream, Role::State, token)?;
-        let _ = stream.set_nodelay(true);
-        let reader = BufReader::with_capacity(64 * 1024, stream.try_clone()?);
-        Ok(Self { reader, writer: BufWriter::with_capacity(64 * 1024, stream) })
+    /// Connects to the server at `addr` (over TLS with `tls`) and passes its gate, presenting
+    /// `token`.
+    pub(super) fn open(addr: &str, token: Option<&Token>, tls: Option<&Tls>) -> std::io::Result<Self> {
+        let mut stream = dialled(tls, TcpStream::connect(addr)?, addr)?;
+        greet(&mut stream, Role::State, token)?;
+        let _ = stream.tcp().set_nodelay(true);
+        let (reader, writer) = stream.split()?;
+        Ok(Self {
+            reader: BufReader::with_capacity(64 * 1024, reader),
+            writer: BufWriter::with_capacity(64 * 1024, writer),
+        })
     }
 
     pub(super) fn send(&mut self, request: &StateRequest) -> std::io::Result<usize> {
@@ -49,6 +54,8 @@ pub(super) struct Servers {
     pub(super) addrs: Vec<String>,
     /// The job token each connection presents.
     pub(super) token: Option<Token>,
+    /// TLS, if the job runs it: connections check each server's certificate.
+    pub(super) tls: Option<Tls>,
     /// The worker's emulated link.
     pub(super) link: Option<LinkHook>,
 }
@@ -88,8 +95,12 @@ impl Pool {
             op,
         })?;
         if guard.is_none() {
-            let conn = Conn::open(&self.servers.addrs[server], self.servers.token.as_ref())
-                .map_err(|e| self.servers.error(server, op, e))?;
+            let conn = Conn::open(
+                &self.servers.addrs[server],
+                self.servers.token.as_ref(),
+                self.servers.tls.as_ref(),
+            )
+            .map_err(|e| self.servers.error(server, op, e))?;
             *guard = Some(conn);
         }
         Ok(guard)

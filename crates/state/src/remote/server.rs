@@ -6,12 +6,13 @@
 //! running.
 
 use std::io::{BufReader, BufWriter, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
 
 use koala_types::frame::{read_frame, write_frame};
 use koala_types::handshake::{Gate, GateLimits, Role, Token};
+use koala_types::tls::{Conn, Tls, accepted};
 use koala_types::{OperatorId, TaskId};
 
 use super::{SERVER_SCAN_CHUNK, StateRequest, StateResponse};
@@ -28,13 +29,19 @@ pub struct StateServer {
 impl StateServer {
     /// Opens (creating if needed) the database in `data_dir`, binds `listen` (port 0 = any free
     /// port) and serves connections on a background thread. Clients present the job `token`;
-    /// it is required when `listen` is not loopback, and a wrong one is refused everywhere.
+    /// it is required when `listen` is not loopback, and a wrong one is refused everywhere. With
+    /// `tls` (which must hold a certificate), every connection is TLS; plaintext is refused.
     ///
     /// # Errors
     /// [`StateError::Open`] if the database cannot be opened, [`StateError::Env`] if the address
     /// cannot be bound, [`StateError::Remote`] (naming the fix) if it is not loopback and there is
     /// no token.
-    pub fn start(listen: &str, data_dir: &Path, token: Option<Token>) -> Result<Self, StateError> {
+    pub fn start(
+        listen: &str,
+        data_dir: &Path,
+        token: Option<Token>,
+        tls: Option<Tls>,
+    ) -> Result<Self, StateError> {
         let bind_error = |e: std::io::Error| StateError::Env {
             path: data_dir.to_path_buf(),
             op: "bind",
@@ -45,13 +52,22 @@ impl StateServer {
         let addr = listener.local_addr().map_err(bind_error)?;
         let gate = Gate::for_listener("state server", addr.ip(), token, GateLimits::default())
             .map_err(|message| StateError::Remote { server: addr.to_string(), op: "start", message })?;
+        if tls.as_ref().is_some_and(|t| !t.can_listen()) {
+            return Err(StateError::Remote {
+                server: addr.to_string(),
+                op: "start",
+                message: "TLS is on (--tls-ca) but there is no certificate to listen with: give \
+                          --tls-cert and --tls-key too"
+                    .into(),
+            });
+        }
         std::fs::create_dir_all(data_dir)
             .map_err(|e| StateError::Open { path: data_dir.to_path_buf(), source: Box::new(e) })?;
         let env = Arc::new(FjallEnv::open(data_dir)?);
         let served = env.clone();
         std::thread::Builder::new()
             .name("koala-state-server".into())
-            .spawn(move || accept(&listener, &gate, &served))
+            .spawn(move || accept(&listener, &gate, tls.as_ref(), &served))
             .map_err(bind_error)?;
         Ok(Self { addr, env })
     }
@@ -72,7 +88,7 @@ impl StateServer {
 
 /// Serves connections, each admitted first by `gate` (the greeting: protocol version and job
 /// token), on a thread of its own so a slow greeting holds nobody up.
-fn accept(listener: &TcpListener, gate: &Gate, env: &Arc<FjallEnv>) {
+fn accept(listener: &TcpListener, gate: &Gate, tls: Option<&Tls>, env: &Arc<FjallEnv>) {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
@@ -84,16 +100,23 @@ fn accept(listener: &TcpListener, gate: &Gate, env: &Arc<FjallEnv>) {
                     }
                 };
                 let env = env.clone();
-                let spawned =
-                    std::thread::Builder::new().name("koala-state-conn".into()).spawn(move || match pending
-                        .admit(&stream)
-                    {
+                let tls = tls.cloned();
+                let idle = gate.idle();
+                let spawned = std::thread::Builder::new().name("koala-state-conn".into()).spawn(move || {
+                    let mut stream = match accepted(tls.as_ref(), stream, idle) {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            return tracing::warn!(error = %e, "state server: refused a connection (TLS)");
+                        }
+                    };
+                    match pending.admit(&mut stream) {
                         Ok(Role::State) => serve(stream, &env),
                         Ok(role) => tracing::error!(?role, "state server: not a state client; dropped"),
                         Err(refusal) => {
                             tracing::warn!(reason = %refusal, "state server: refused a connection")
                         }
-                    });
+                    }
+                });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot spawn a state connection thread; connection dropped");
                 }
@@ -109,12 +132,12 @@ fn space(env: &FjallEnv, operator: OperatorId) -> Result<FjallBackend, StateErro
     env.open_fjall_task(TaskId::new(operator, 0))
 }
 
-fn serve(stream: TcpStream, env: &FjallEnv) {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-    let _ = stream.set_nodelay(true);
-    let Ok(read_half) = stream.try_clone() else { return };
+fn serve(stream: Conn, env: &FjallEnv) {
+    let peer = stream.tcp().peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let _ = stream.tcp().set_nodelay(true);
+    let Ok((read_half, write_half)) = stream.split() else { return };
     let mut reader = BufReader::with_capacity(64 * 1024, read_half);
-    let mut writer = BufWriter::with_capacity(64 * 1024, stream);
+    let mut writer = BufWriter::with_capacity(64 * 1024, write_half);
     loop {
         let request: StateRequest = match read_frame(&mut reader) {
             Ok(Some(request)) => request,
@@ -201,14 +224,14 @@ mod tests {
     fn a_server_off_loopback_serves_only_clients_with_the_job_token() -> Result<(), Box<dyn std::error::Error>>
     {
         let dir = tempfile::tempdir()?;
-        match StateServer::start("0.0.0.0:0", dir.path(), None) {
+        match StateServer::start("0.0.0.0:0", dir.path(), None, None) {
             Err(StateError::Remote { op: "start", message, .. }) => {
                 assert!(message.contains("KOALA_TOKEN") && message.contains("0.0.0.0"), "{message}");
             }
             other => panic!("expected a refusal to start without a token, got {other:?}"),
         }
         let job = token("0123456789abcdef-state");
-        let server = StateServer::start("0.0.0.0:0", dir.path(), Some(job.clone()))?;
+        let server = StateServer::start("0.0.0.0:0", dir.path(), Some(job.clone()), None)?;
         assert!(server.addr().ip().is_unspecified());
         let addr = format!("127.0.0.1:{}", server.addr().port());
         let task = TaskId::new(OperatorId(1), 0);
@@ -237,7 +260,8 @@ mod tests {
     fn a_server_on_loopback_needs_no_token_but_refuses_a_wrong_one() -> Result<(), Box<dyn std::error::Error>>
     {
         let dir = tempfile::tempdir()?;
-        let server = StateServer::start("127.0.0.1:0", dir.path(), Some(token("0123456789abcdef-state")))?;
+        let server =
+            StateServer::start("127.0.0.1:0", dir.path(), Some(token("0123456789abcdef-state")), None)?;
         let task = TaskId::new(OperatorId(1), 0);
         let key = StateKey::new(3, 0, b"user-1".to_vec());
         let open = RemoteEnv::new(vec![server.addr().to_string()], None).open_task(task)?;

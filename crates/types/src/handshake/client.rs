@@ -12,6 +12,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::{Role, Token, greeting_bytes, read_verdict};
+use crate::tls::{Conn, Tls};
 
 /// Bounds on connecting to a control port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,30 +35,36 @@ impl Default for ControlLimits {
     }
 }
 
-/// Connects to the control port at `addr` and passes its greeting as `role` (presenting
-/// `token`), within `limits`. Errors say what was reached when it is not a control port: the
+/// Connects to the control port at `addr` (over TLS when `tls` is given, checking the port's
+/// certificate) and passes its greeting as `role` (presenting `token`), within `limits`. Errors say what was reached when it is not a control port: the
 /// coordinator's HTTP API (kind `InvalidInput`, naming the control address), another program
 /// that answered something else, or one that answered nothing (kind `TimedOut`).
 pub fn connect_control(
     addr: &str,
     role: Role,
     token: Option<&Token>,
+    tls: Option<&Tls>,
     limits: ControlLimits,
-) -> io::Result<TcpStream> {
-    let stream = connect_any(addr, limits.connect)?;
-    let _ = stream.set_nodelay(true);
-    (&stream).write_all(&greeting_bytes(role, token)?)?;
+) -> io::Result<Conn> {
+    let tcp = connect_any(addr, limits.connect)?;
+    let _ = tcp.set_nodelay(true);
+    let mut stream = match tls {
+        Some(tls) => tls.connect(tcp, addr)?,
+        None => Conn::Plain(tcp),
+    };
+    stream.write_all(&greeting_bytes(role, token)?)?;
+    stream.flush()?;
     let started = Instant::now();
     let mut first = [0u8; 5];
-    stream.set_read_timeout(Some(limits.probe_after))?;
-    let mut answered = peeked(&stream, &mut first)?;
+    stream.tcp().set_read_timeout(Some(limits.probe_after))?;
+    let mut answered = first_bytes(&mut stream, &mut first)?;
     if answered.is_none() {
-        if let Some(http) = http_answer(addr, limits.connect, token) {
+        if let Some(http) = http_answer(addr, limits.connect, token, tls) {
             return Err(http_api_error(addr, &http));
         }
         let left = limits.verdict.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
-        stream.set_read_timeout(Some(left))?;
-        answered = peeked(&stream, &mut first)?;
+        stream.tcp().set_read_timeout(Some(left))?;
+        answered = first_bytes(&mut stream, &mut first)?;
     }
     // `Some(0)`, closed without a word, goes on to `read_verdict`, which says what that means.
     let Some(answered) = answered else {
@@ -76,8 +83,8 @@ pub fn connect_control(
     if answered >= 2 && b"HTTP/".starts_with(&first[..answered]) {
         return Err(http_api_error(addr, &String::from_utf8_lossy(&first[..answered])));
     }
-    let verdict = read_verdict(&mut &stream);
-    stream.set_read_timeout(None)?;
+    let verdict = read_verdict(&mut (&first[..answered]).chain(&mut stream));
+    stream.tcp().set_read_timeout(None)?;
     verdict.map_err(|e| match e.kind() {
         io::ErrorKind::InvalidData => io::Error::new(
             io::ErrorKind::InvalidData,
@@ -101,10 +108,10 @@ fn connect_any(addr: &str, limit: Duration) -> io::Result<TcpStream> {
     Err(last)
 }
 
-/// How many bytes the peer sent so far, without taking them: `None` if none came within the
-/// read timeout, `Some(0)` if it closed the connection.
-fn peeked(stream: &TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
-    match stream.peek(buf) {
+/// The peer's first bytes (at most `buf.len()`): `None` if none came within the read timeout,
+/// `Some(0)` if it closed the connection. The caller reads the rest after them.
+fn first_bytes(stream: &mut Conn, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    match stream.read(buf) {
         Ok(n) => Ok(Some(n)),
         Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(None),
         Err(e) => Err(e),
@@ -114,10 +121,14 @@ fn peeked(stream: &TcpStream, buf: &mut [u8]) -> io::Result<Option<usize>> {
 /// Asks `addr`, on a new connection, for the coordinator API's `/api/job` (presenting `token`,
 /// which an API off loopback requires; the greeting already gave it to `addr`); its answer if
 /// it speaks HTTP.
-fn http_answer(addr: &str, limit: Duration, token: Option<&Token>) -> Option<String> {
-    let mut stream = connect_any(addr, limit).ok()?;
-    stream.set_read_timeout(Some(limit)).ok()?;
-    stream.set_write_timeout(Some(limit)).ok()?;
+fn http_answer(addr: &str, limit: Duration, token: Option<&Token>, tls: Option<&Tls>) -> Option<String> {
+    let tcp = connect_any(addr, limit).ok()?;
+    tcp.set_read_timeout(Some(limit)).ok()?;
+    tcp.set_write_timeout(Some(limit)).ok()?;
+    let mut stream = match tls {
+        Some(tls) => tls.connect(tcp, addr).ok()?,
+        None => Conn::Plain(tcp),
+    };
     let auth = token.map(|t| format!("Authorization: Bearer {}\r\n", t.expose())).unwrap_or_default();
     stream.write_all(format!("GET /api/job HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n").as_bytes()).ok()?;
     let mut answer = Vec::new();
@@ -201,7 +212,7 @@ mod tests {
             verdict: Duration::from_millis(500),
         };
         let started = Instant::now();
-        let e = connect_control(&addr, Role::Client, None, limits).expect_err("no verdict");
+        let e = connect_control(&addr, Role::Client, None, None, limits).expect_err("no verdict");
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         assert!(e.to_string().contains("not a koala coordinator's control port"), "{e}");

@@ -123,7 +123,7 @@ fn upstream_ends_before_begin(
         map.insert(old, TaskInboxes { data: old_data, peer: old_tx.clone(), fetch: old_tx });
         map.insert(new, TaskInboxes { data: data_tx, peer: peer_tx.clone(), fetch: fetch_tx.clone() });
     }
-    let links = Links { me: WORKER, graph: Arc::new(graph), inboxes, token: None };
+    let links = Links { me: WORKER, graph: Arc::new(graph), inboxes, token: None, tls: None };
     let (cmd_tx, cmd_rx) = unbounded::<TaskCommand>();
     let (events_tx, events_rx) = unbounded::<WorkerMessage>();
     let inbox = Inbox { data: data_rx, peer: peer_rx, fetch: fetch_rx, commands: cmd_rx };

@@ -111,7 +111,7 @@ fn a_fetch_is_answered_before_the_filters_requested_ahead_of_it() {
         map.insert(old, TaskInboxes { data: data_tx, peer: peer_tx.clone(), fetch: fetch_tx.clone() });
         map.insert(new, TaskInboxes { data: new_data, peer: to_new_peer, fetch: to_new_fetch });
     }
-    let links = Links { me: WORKER, graph: Arc::new(graph), inboxes, token: None };
+    let links = Links { me: WORKER, graph: Arc::new(graph), inboxes, token: None, tls: None };
     let (cmd_tx, cmd_rx) = unbounded::<TaskCommand>();
     let (events_tx, _events_rx) = unbounded();
     let inbox = Inbox { data: data_rx, peer: peer_rx, fetch: fetch_rx, commands: cmd_rx };
