@@ -2,12 +2,82 @@
 //! `--checkpoint-interval-ms` the cost of checkpoints, with `--tls` the cost of TLS between the
 //! processes, each measured in the same invocation.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 
 use crate::launch::{human_bytes, run_job_locally};
+
+/// `koala bench`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Distinct keys, drawn uniformly (or from the active window, see --active-keys).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub keys: u64,
+    /// Records to push through (more = longer steady state).
+    #[arg(long, default_value_t = 10_000_000)]
+    pub records: u64,
+    /// State store: fjall, memory, or none (no state: the ceiling of the same pipeline).
+    #[arg(long, default_value = "fjall")]
+    pub backend: String,
+    /// Write-back cache per aggregate task in front of fjall, MiB (0 = none; fjall only).
+    /// Default: each task's share of its worker's memory budget, as `koala run`.
+    #[arg(long)]
+    pub cache_mb: Option<u64>,
+    /// Tasks of the source and of the aggregation.
+    #[arg(long, default_value_t = 2)]
+    pub parallelism: u32,
+    /// Temporal locality: records draw from a window of this many consecutive keys that
+    /// moves forward one key every --active-shift records (0 = all keys active).
+    #[arg(long, default_value_t = 0)]
+    pub active_keys: u64,
+    /// Records per one-key move of the active window (1, the demo's, gives each key about
+    /// one record while it is active; 10 about ten).
+    #[arg(long, default_value_t = 1)]
+    pub active_shift: u64,
+    /// Aligned checkpoints every this many ms (off by default; every protocol). The bench
+    /// then runs twice, without and with checkpoints, and prints both throughputs, their
+    /// ratio, and the checkpoints' duration, size and alignment time.
+    #[arg(long)]
+    pub checkpoint_interval_ms: Option<u64>,
+    /// The job's reconfiguration protocol (default: koala); the bench reconfigures nothing,
+    /// but each protocol has its own stateful task loop.
+    #[arg(long)]
+    pub protocol: Option<String>,
+    /// Start from warm state: every key of --keys holds an entry padded so all of them
+    /// take about this many MiB (written once into <output-dir>/warm; 0 = start empty)
+    #[arg(long, default_value_t = 0)]
+    pub warm_mb: u64,
+    /// Measure TLS: the bench runs twice, over plain TCP and over TLS between the workers (a
+    /// throwaway CA and certificate in <output-dir>/tls), and prints both throughputs and
+    /// their ratio.
+    #[arg(long, conflicts_with = "checkpoint_interval_ms")]
+    pub tls: bool,
+    /// Where metrics and worker state go.
+    #[arg(long, default_value = "koala-out/bench")]
+    pub output_dir: PathBuf,
+}
+
+impl BenchArgs {
+    /// Runs the bench these flags describe.
+    pub fn run(self) -> anyhow::Result<BenchResult> {
+        let spec = BenchSpec {
+            keys: self.keys,
+            records: self.records,
+            backend: self.backend,
+            cache_mb: self.cache_mb,
+            parallelism: self.parallelism,
+            active_keys: self.active_keys,
+            active_shift: self.active_shift,
+            checkpoint_interval_ms: self.checkpoint_interval_ms,
+            protocol: self.protocol,
+            warm_mb: self.warm_mb,
+            tls: None,
+        };
+        bench(&spec, self.tls, &self.output_dir)
+    }
+}
 
 /// What `koala bench` runs.
 #[derive(Clone, Debug)]

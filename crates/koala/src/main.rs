@@ -260,53 +260,7 @@ enum Command {
     },
     /// Measure the keyed running aggregate at full speed (2 workers, discarding sink): steady
     /// records/s, the first vs the last 10 % of the run, and p99 per-batch latency.
-    Bench {
-        /// Distinct keys, drawn uniformly (or from the active window, see --active-keys).
-        #[arg(long, default_value_t = 1_000_000)]
-        keys: u64,
-        /// Records to push through (more = longer steady state).
-        #[arg(long, default_value_t = 10_000_000)]
-        records: u64,
-        /// State store: fjall, memory, or none (no state: the ceiling of the same pipeline).
-        #[arg(long, default_value = "fjall")]
-        backend: String,
-        /// Write-back cache per aggregate task in front of fjall, MiB (0 = none; fjall only).
-        /// Default: each task's share of its worker's memory budget, as `koala run`.
-        #[arg(long)]
-        cache_mb: Option<u64>,
-        /// Tasks of the source and of the aggregation.
-        #[arg(long, default_value_t = 2)]
-        parallelism: u32,
-        /// Temporal locality: records draw from a window of this many consecutive keys that
-        /// moves forward one key every --active-shift records (0 = all keys active).
-        #[arg(long, default_value_t = 0)]
-        active_keys: u64,
-        /// Records per one-key move of the active window (1, the demo's, gives each key about
-        /// one record while it is active; 10 about ten).
-        #[arg(long, default_value_t = 1)]
-        active_shift: u64,
-        /// Aligned checkpoints every this many ms (off by default; every protocol). The bench
-        /// then runs twice, without and with checkpoints, and prints both throughputs, their
-        /// ratio, and the checkpoints' duration, size and alignment time.
-        #[arg(long)]
-        checkpoint_interval_ms: Option<u64>,
-        /// The job's reconfiguration protocol (default: koala); the bench reconfigures nothing,
-        /// but each protocol has its own stateful task loop.
-        #[arg(long)]
-        protocol: Option<String>,
-        /// Start from warm state: every key of --keys holds an entry padded so all of them
-        /// take about this many MiB (written once into <output-dir>/warm; 0 = start empty)
-        #[arg(long, default_value_t = 0)]
-        warm_mb: u64,
-        /// Measure TLS: the bench runs twice, over plain TCP and over TLS between the workers (a
-        /// throwaway CA and certificate in <output-dir>/tls), and prints both throughputs and
-        /// their ratio.
-        #[arg(long, conflicts_with = "checkpoint_interval_ms")]
-        tls: bool,
-        /// Where metrics and worker state go.
-        #[arg(long, default_value = "koala-out/bench")]
-        output_dir: PathBuf,
-    },
+    Bench(bench::BenchArgs),
     /// Make TLS certificates for a job: a self-signed CA (DIR/ca.pem, its key DIR/ca.key) and,
     /// per host, a certificate naming it (an IP address or a DNS name) signed by the CA
     /// (DIR/HOST.pem, DIR/HOST.key); prints the `[tls]` lines and the flags to use on each host.
@@ -559,37 +513,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             })
             .context("worker stopped")
         }
-        Command::Bench {
-            keys,
-            records,
-            backend,
-            cache_mb,
-            parallelism,
-            active_keys,
-            active_shift,
-            checkpoint_interval_ms,
-            protocol,
-            warm_mb,
-            tls,
-            output_dir,
-        } => bench::bench(
-            &bench::BenchSpec {
-                keys,
-                records,
-                backend,
-                cache_mb,
-                parallelism,
-                active_keys,
-                active_shift,
-                checkpoint_interval_ms,
-                protocol,
-                warm_mb,
-                tls: None,
-            },
-            tls,
-            &output_dir,
-        )
-        .map(|_| ()),
+        Command::Bench(args) => args.run().map(|_| ()),
         Command::Warmup { config, query, keys, value_bytes, out } => {
             let (query, params, num_buckets) = match (config, query) {
                 (Some(path), _) => {
