@@ -2,10 +2,10 @@
 //! places on it, forwards their events and metrics, relays reconfiguration phases to the tasks
 //! they concern, and serves its data-plane listener.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use koala_state::StateEnv;
 use koala_types::frame::{read_frame, write_frame};
 use koala_types::handshake::{ControlLimits, Gate, GateLimits, Role, Token, connect_control};
 use koala_types::tls::ConnWriter;
-use koala_types::{BucketId, Epoch, TaskId, WorkerId};
+use koala_types::{Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
@@ -31,7 +31,7 @@ use crate::peer::peer_capacity;
 use crate::queue::{DataReceiver, data_queue};
 use crate::task::{TaskCommand, TaskSetup, run_operator, run_sink, run_source, run_task};
 use crate::throttle::SharedLink;
-use crate::worker_state::{data_dir_of, open_state};
+use crate::worker_state::{data_dir_of, open_state, restore_warm_state};
 
 /// How to start a worker.
 pub struct WorkerOptions {
@@ -186,7 +186,14 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     // Every cache gets its share before its task opens it (the warm restore).
                     memory.add(j.pending.iter().map(|(t, _)| *t).filter(|t| is_stateful(&j, *t)));
                     match warm {
-                        Some(dir) => restore_warm_state(&j, env.as_ref(), dir).map(|()| j),
+                        Some(dir) => restore_warm_state(
+                            &j.initial,
+                            &j.links.graph,
+                            j.pending.iter().map(|(t, _)| t),
+                            env.as_ref(),
+                            dir,
+                        )
+                        .map(|()| j),
                         None => Ok(j),
                     }
                 });
@@ -359,42 +366,6 @@ fn prepare(me: WorkerId, d: Deployment, options: &WorkerOptions, inboxes: &Inbox
         tls: options.tls.clone(),
     };
     Ok(Job { initial: Arc::new(d), links, pending, commands, plans: HashMap::new() })
-}
-
-/// Loads the warm state of this worker's stateful tasks — the buckets each owns, from the
-/// snapshot `<dir>/<operator name>` — before the job starts, so every run of an experiment, under
-/// any protocol, starts from the same state (docs/architecture.md §5).
-fn restore_warm_state(job: &Job, env: &dyn StateEnv, dir: &Path) -> Result<(), String> {
-    let d = &job.initial;
-    for (task, _) in &job.pending {
-        let Some(op) = job.links.graph.operator(task.operator) else { continue };
-        let snapshot = dir.join(&op.name);
-        if !op.is_stateful() || !snapshot.join("manifest").exists() {
-            continue;
-        }
-        let manifest = koala_state::snapshot::read_manifest(&snapshot).map_err(|e| e.to_string())?;
-        if manifest.num_buckets != d.num_buckets {
-            return Err(format!(
-                "warm state {} was written for num_buckets = {}, the job has {}; write it again with the job's config",
-                snapshot.display(),
-                manifest.num_buckets,
-                d.num_buckets
-            ));
-        }
-        let owned: BTreeSet<BucketId> = d
-            .routing
-            .get(&task.operator)
-            .map(|t| {
-                t.iter().enumerate().filter(|(_, o)| **o == task.index).map(|(b, _)| b as BucketId).collect()
-            })
-            .unwrap_or_default();
-        let store = env.open_task(*task).map_err(|e| format!("{task}: opening its store: {e}"))?;
-        let started = std::time::Instant::now();
-        let loaded = koala_state::snapshot::restore(store.as_ref(), &snapshot, Some(&owned))
-            .map_err(|e| format!("{task}: restoring warm state: {e}"))?;
-        tracing::info!(%task, entries = loaded.entries, secs = started.elapsed().as_secs_f64(), from = %snapshot.display(), "warm state restored");
-    }
-    Ok(())
 }
 
 /// The receiving ends of a task's queues.

@@ -86,6 +86,41 @@ pub(crate) fn open_state(
     })
 }
 
+/// Loads the warm state of this worker's stateful `tasks` — the buckets each owns in `d`, from
+/// the snapshot `<dir>/<operator name>` — before the job starts, so every run of an experiment,
+/// under any protocol, starts from the same state (docs/architecture.md §5).
+pub(crate) fn restore_warm_state<'a>(
+    d: &koala_protocol::Deployment,
+    graph: &koala_dataflow::JobGraph,
+    tasks: impl Iterator<Item = &'a koala_types::TaskId>,
+    env: &dyn koala_state::StateEnv,
+    dir: &Path,
+) -> Result<(), String> {
+    for task in tasks {
+        let Some(op) = graph.operator(task.operator) else { continue };
+        let snapshot = dir.join(&op.name);
+        if !op.is_stateful() || !snapshot.join("manifest").exists() {
+            continue;
+        }
+        let manifest = koala_state::snapshot::read_manifest(&snapshot).map_err(|e| e.to_string())?;
+        if manifest.num_buckets != d.num_buckets {
+            return Err(format!(
+                "warm state {} was written for num_buckets = {}, the job has {}; write it again with the job's config",
+                snapshot.display(),
+                manifest.num_buckets,
+                d.num_buckets
+            ));
+        }
+        let owned = crate::checkpoint::owned_in(d, *task);
+        let store = env.open_task(*task).map_err(|e| format!("{task}: opening its store: {e}"))?;
+        let started = std::time::Instant::now();
+        let loaded = koala_state::snapshot::restore(store.as_ref(), &snapshot, Some(&owned))
+            .map_err(|e| format!("{task}: restoring warm state: {e}"))?;
+        tracing::info!(%task, entries = loaded.entries, secs = started.elapsed().as_secs_f64(), from = %snapshot.display(), "warm state restored");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
