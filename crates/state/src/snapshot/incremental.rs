@@ -222,10 +222,12 @@ pub fn snapshot_frozen(
             }
             _ => {
                 // Whole: from the view (also when a base file could not be linked).
+                // Only linked parts can be here (nothing was written for the group yet).
                 for dropped in out.parts.drain(start..) {
                     let _ = std::fs::remove_file(dir.join(&dropped.file));
                     out.stats.entries -= dropped.entries;
                     out.stats.bytes -= dropped.bytes;
+                    out.stats.shared_parts -= 1;
                 }
                 out.scan(view, range, previous.as_ref())?;
             }
