@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvTimeoutError, Sender, unbounded};
 use koala_dataflow::JobGraph;
@@ -15,8 +15,9 @@ use koala_protocol::{ClientReply, CoordinatorMessage, ReconfigRequest, WorkerMes
 use koala_types::WorkerId;
 use koala_types::handshake::Gate;
 
+use crate::clock::unix_ms;
 use crate::config::{ConfigError, JobConfig};
-use crate::control::{Event, accept};
+use crate::control::{Event, STARTUP_TIMEOUT, accept};
 use crate::ending::EndWatch;
 use crate::error::{CoordinatorError, io};
 use crate::http::HttpServer;
@@ -27,8 +28,6 @@ use crate::placement::initial_deployment;
 use crate::progress::{ProgressEvent, SecondAggregator, Totals};
 use crate::reconfig::operator_inputs;
 
-/// How long the coordinator waits for workers to register and to acknowledge a deployment.
-pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long it waits for the acknowledgement when workers first restore warm state (GBs).
 const WARM_STARTUP_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -538,8 +537,4 @@ fn sinks_finished(state: &JobState) -> bool {
             d.tasks.get(&o.id).into_iter().flatten().map(move |i| koala_types::TaskId::new(o.id, *i))
         })
         .all(|t| d.finished.contains(&t))
-}
-
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
