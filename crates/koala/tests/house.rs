@@ -264,7 +264,7 @@ fn read_crate(src: &Path) -> Crate {
             test_only.insert(m);
         }
     }
-    let is_test = |m: &ModPath| (1..=m.len()).any(|n| test_only.contains(&m[..n].to_vec()));
+    let is_test = |m: &ModPath| (1..=m.len()).any(|n| test_only.contains(&m[..n]));
     files.retain(|m, _| !is_test(m));
     // Each file's paths made absolute; its re-exports (`pub use`) by the name they bind.
     let mut named: BTreeMap<ModPath, Vec<(ModPath, bool)>> = BTreeMap::new();
