@@ -8,6 +8,13 @@ use koala_types::{TaskId, metric};
 
 use crate::throttle::measured_capacity;
 
+mod batch_clock;
+pub(crate) use batch_clock::{BatchClock, BatchEnds};
+
+/// A batch at least this long is logged at debug (`task`, `latency_ms`, `queued_ms`: how long it
+/// waited behind the task's earlier batches, not counted in its latency).
+const SLOW_BATCH: Duration = Duration::from_millis(50);
+
 /// Counters of one task for the current second.
 pub struct TaskMetrics {
     task: TaskId,
@@ -75,6 +82,8 @@ pub struct TaskMetrics {
     /// Since when input has been held back, if it is.
     paused_since: Option<std::time::Instant>,
     batch_latency_us: Histogram<u64>,
+    /// Where each batch's latency starts (`BatchClock`).
+    pub(crate) batch_clock: BatchClock,
     lag_ms: Histogram<u64>,
     reports_lag: bool,
     /// Sources: the due time (unix ms) of the oldest record not yet emitted, sampled as lag at
@@ -114,36 +123,6 @@ pub(crate) fn timer_bytes(key: &[u8]) -> u64 {
 /// Wall-clock now, unix milliseconds (the clock of `Record::due_ms`).
 pub fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Per-batch latency of a loop whose protocol core keeps records (Koala, DRRS): the core tags the
-/// records of each event with microseconds since `clock` (its intake tag), and reports per batch
-/// the tag of its oldest record and how many `Process` actions carry it, in action order. Fed the
-/// end of each `Process`, it gives the latency of every batch that ended there.
-pub(crate) struct BatchEnds {
-    clock: std::time::Instant,
-    batches: std::collections::VecDeque<(u64, usize)>,
-    runs: usize,
-}
-
-impl BatchEnds {
-    /// Batches of one event's actions: (oldest intake tag, `Process` actions), in order.
-    pub(crate) fn new(clock: std::time::Instant, batches: impl IntoIterator<Item = (u64, usize)>) -> Self {
-        Self { clock, batches: batches.into_iter().collect(), runs: 0 }
-    }
-
-    /// One `Process` ended at `done`: the latency of the batch it completed, if it did. A
-    /// `Process` the core reported no batch for has none.
-    pub(crate) fn processed(&mut self, done: std::time::Instant) -> Option<Duration> {
-        let &(taken, actions) = self.batches.front()?;
-        self.runs += 1;
-        if self.runs < actions {
-            return None;
-        }
-        self.batches.pop_front();
-        self.runs = 0;
-        Some(done.saturating_duration_since(self.clock + Duration::from_micros(taken)))
-    }
 }
 
 fn histogram() -> Histogram<u64> {
@@ -188,6 +167,7 @@ impl TaskMetrics {
             input_paused: Duration::ZERO,
             paused_since: None,
             batch_latency_us: histogram(),
+            batch_clock: BatchClock::new(),
             lag_ms: histogram(),
             reports_lag,
             pending_due_ms: None,
@@ -197,14 +177,15 @@ impl TaskMetrics {
         }
     }
 
-    /// Records one batch's processing latency.
-    pub fn record_batch(&mut self, latency: Duration) {
-        self.record_busy(latency);
-        self.record_batch_latency(latency);
+    /// Records one batch processed as it was taken, at `started`, its output ready at `done`: its
+    /// busy time and its latency (`Self::batch_ended`).
+    pub fn record_batch(&mut self, started: std::time::Instant, done: std::time::Instant) {
+        self.record_busy(done.saturating_duration_since(started));
+        self.batch_ended(started, done);
     }
 
     /// Counts one batch processed in `busy` (its latency is recorded by the caller, who knows
-    /// when its first record was taken: `Self::record_batch_latency`).
+    /// when its first record was taken: `Self::batch_ended`).
     pub fn record_busy(&mut self, busy: Duration) {
         self.batches += 1;
         self.busy += busy;
@@ -224,9 +205,17 @@ impl TaskMetrics {
         }
     }
 
-    /// Records one batch's latency: first record taken → last output (docs/architecture.md §9).
-    pub fn record_batch_latency(&mut self, latency: Duration) {
+    /// Records the latency of a batch whose first record was taken at `taken` and whose output
+    /// was ready at `done`, on the task's one ruler (`BatchClock`, docs/architecture.md §9), and
+    /// returns it.
+    pub(crate) fn batch_ended(&mut self, taken: std::time::Instant, done: std::time::Instant) -> Duration {
+        let latency = self.batch_clock.ended(taken, done);
         let _ = self.batch_latency_us.record((latency.as_micros() as u64).max(1));
+        if latency >= SLOW_BATCH {
+            let queued = done.saturating_duration_since(taken).saturating_sub(latency);
+            tracing::debug!(task = %self.task, latency_ms = latency.as_millis() as u64, queued_ms = queued.as_millis() as u64, "slow batch");
+        }
+        latency
     }
 
     /// The task holds `records` now (after an event): the second's peak of `queued_records`.
@@ -535,26 +524,14 @@ mod tests {
         assert!((10.0..=bound).contains(&ms), "{ms} ms, at most {bound}");
     }
 
-    /// A batch's latency ends with its last `Process` and starts at its oldest record's tag.
-    #[test]
-    fn batch_ends_time_each_batch_from_its_oldest_record_to_its_last_action() {
-        let clock = Instant::now();
-        let at = |ms: u64| clock + Duration::from_millis(ms);
-        // A batch taken at 5 ms in one action, then one taken at 7 ms in two (two inputs).
-        let mut ends = BatchEnds::new(clock, [(5_000, 1), (7_000, 2)]);
-        assert_eq!(ends.processed(at(40)), Some(Duration::from_millis(35)));
-        assert_eq!(ends.processed(at(41)), None, "the second batch has one more action");
-        assert_eq!(ends.processed(at(50)), Some(Duration::from_millis(43)));
-        assert_eq!(ends.processed(at(60)), None, "no batch reported");
-    }
-
     /// Batch latency and busy time are separate: a caller that knows when a batch's first record
     /// was taken records the latency itself.
     #[test]
     fn batch_latency_is_recorded_apart_from_busy_time() {
         let mut m = TaskMetrics::new(task(), false);
         m.record_busy(Duration::from_micros(100));
-        m.record_batch_latency(Duration::from_millis(40));
+        let done = Instant::now();
+        m.batch_ended(done - Duration::from_millis(40), done);
         let s = m.take();
         assert_eq!(value(&s, metric::BATCHES), Some(1.0));
         let max = value(&s, metric::BATCH_LATENCY_MAX_US).unwrap_or_default();

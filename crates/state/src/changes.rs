@@ -10,9 +10,15 @@
 //! The budget of a group is set by the writer from the group's last full part (an eighth of it,
 //! at least [`MIN_GROUP_BUDGET`]): a log never holds more than about an eighth of the state, and
 //! a job that rewrites most of its state every interval pays one flag check per write.
+//!
+//! The freeze covers only the groups the writer will read: those marked whole, and those with
+//! logged changes that the writer marked for compaction ([`GroupBudgets::set_compact`], decided
+//! from the part it wrote last). The store below copies only those ([`Changes::frozen`]: the
+//! write-back cache copies their dirty entries, not the whole working set); a scan of any other
+//! bucket fails ([`StateError::NotFrozen`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use koala_types::{BucketId, TaskId};
@@ -35,29 +41,52 @@ pub enum GroupChanges {
     Entries {
         /// Stored key → value.
         entries: HashMap<Vec<u8>, Option<Vec<u8>>>,
-        /// Bytes logged (keys and values, overwrites counted again).
+        /// Bytes the log holds (keys and values; an overwrite counts its new value instead of the
+        /// old one, so a hot key rewritten every batch counts once).
         bytes: u64,
     },
     /// Too much to log (or not known): the writer scans the group.
     Whole,
 }
 
-/// Per group, how many bytes of changes the tracker logs before it marks the group whole; set by
-/// the checkpoint writer from the parts it wrote.
+/// Per group, how many bytes of changes the tracker logs before it marks the group whole, and
+/// whether the next checkpoint compacts it; set by the checkpoint writer from the parts it wrote.
 #[derive(Debug)]
-pub struct GroupBudgets(Vec<AtomicU64>);
+pub struct GroupBudgets {
+    bytes: Vec<AtomicU64>,
+    compact: Vec<AtomicBool>,
+}
 
 impl GroupBudgets {
+    fn new(groups: usize) -> Self {
+        Self {
+            bytes: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            compact: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
     /// Sets group `g`'s budget from the bytes of its full part (an eighth of them, at least
     /// [`MIN_GROUP_BUDGET`]).
     pub fn set_from_part(&self, g: usize, part_bytes: u64) {
-        if let Some(b) = self.0.get(g) {
+        if let Some(b) = self.bytes.get(g) {
             b.store((part_bytes / 8).max(MIN_GROUP_BUDGET), Ordering::Relaxed);
         }
     }
 
+    /// Whether the next freeze takes group `g` whole if it has logged changes, for the writer
+    /// to compact it (rewrite its deltas into one full part).
+    pub fn set_compact(&self, g: usize, compact: bool) {
+        if let Some(c) = self.compact.get(g) {
+            c.store(compact, Ordering::Relaxed);
+        }
+    }
+
     fn get(&self, g: usize) -> u64 {
-        self.0.get(g).map_or(0, |b| b.load(Ordering::Relaxed))
+        self.bytes.get(g).map_or(0, |b| b.load(Ordering::Relaxed))
+    }
+
+    fn compacts(&self, g: usize) -> bool {
+        self.compact.get(g).is_some_and(|c| c.load(Ordering::Relaxed))
     }
 }
 
@@ -68,6 +97,10 @@ pub struct Changes {
     pub group_buckets: u16,
     /// Per group, in bucket order.
     pub groups: Vec<GroupChanges>,
+    /// Per group, whether the frozen view covers it: the groups marked whole and those with
+    /// logged changes marked for compaction. The writer scans these, links or appends to the
+    /// others.
+    pub frozen: Vec<bool>,
     /// The budgets the writer updates.
     pub budgets: Arc<GroupBudgets>,
 }
@@ -80,7 +113,17 @@ impl Changes {
         initial: fn() -> GroupChanges,
     ) -> Self {
         let n = usize::from(num_buckets.div_ceil(group_buckets.max(1)));
-        Self { group_buckets: group_buckets.max(1), groups: (0..n).map(|_| initial()).collect(), budgets }
+        let groups = (0..n).map(|_| initial()).collect();
+        Self { group_buckets: group_buckets.max(1), groups, frozen: vec![false; n], budgets }
+    }
+
+    /// Whether a freeze now covers group `g` (see [`Self::frozen`]).
+    fn freezes(&self, g: usize) -> bool {
+        match self.groups.get(g) {
+            Some(GroupChanges::Whole) | None => true,
+            Some(GroupChanges::Entries { .. }) => self.budgets.compacts(g),
+            Some(GroupChanges::Unchanged) => false,
+        }
     }
 
     fn group_of(&self, bucket: BucketId) -> usize {
@@ -100,11 +143,19 @@ impl Changes {
             };
         }
         if let GroupChanges::Entries { entries, bytes } = group {
-            *bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+            let len = value.map_or(0, <[u8]>::len) as u64;
+            match entries.get_mut(key) {
+                Some(logged) => {
+                    *bytes = (*bytes + len).saturating_sub(logged.as_ref().map_or(0, Vec::len) as u64);
+                    *logged = value.map(<[u8]>::to_vec);
+                }
+                None => {
+                    *bytes += key.len() as u64 + len;
+                    entries.insert(key.to_vec(), value.map(<[u8]>::to_vec));
+                }
+            }
             if *bytes > budget {
                 *group = GroupChanges::Whole;
-            } else {
-                entries.insert(key.to_vec(), value.map(<[u8]>::to_vec));
             }
         }
     }
@@ -131,7 +182,7 @@ impl ChangeTracking {
     /// Until the first freeze every group counts as wholly changed (no earlier part to build on).
     pub fn new(inner: Box<dyn StateBackend>, num_buckets: u16, group_buckets: u16) -> Self {
         let n = usize::from(num_buckets.div_ceil(group_buckets.max(1)));
-        let budgets = Arc::new(GroupBudgets((0..n).map(|_| AtomicU64::new(0)).collect()));
+        let budgets = Arc::new(GroupBudgets::new(n));
         let log = Changes::new(num_buckets, group_buckets, budgets, || GroupChanges::Whole);
         Self { inner, num_buckets, log: Mutex::new(log) }
     }
@@ -232,17 +283,25 @@ impl StateBackend for ChangeTracking {
         self.inner.release_buckets(buckets)
     }
 
+    /// Freezes only the buckets of the groups the writer will read ([`Changes::frozen`]).
     fn freeze(&self, buckets: &[BucketId]) -> Result<Box<dyn FrozenView>, StateError> {
         let mut log = self.lock("freeze")?;
-        let view = self.inner.freeze(buckets)?;
+        let frozen: Vec<bool> = (0..log.groups.len()).map(|g| log.freezes(g)).collect();
+        let covered: Vec<BucketId> = buckets
+            .iter()
+            .copied()
+            .filter(|&b| frozen.get(log.group_of(b)).copied().unwrap_or(true))
+            .collect();
+        let view = self.inner.freeze(&covered)?;
         let fresh = Changes::new(
             self.num_buckets,
             log.group_buckets,
             Arc::clone(&log.budgets),
             GroupChanges::default,
         );
-        let changes = std::mem::replace(&mut *log, fresh);
-        Ok(Box::new(TrackedView { view, changes }))
+        let mut changes = std::mem::replace(&mut *log, fresh);
+        changes.frozen = frozen;
+        Ok(Box::new(TrackedView { task: self.inner.task(), view, changes }))
     }
 
     fn cache_counts(&self) -> Option<CacheCounts> {
@@ -254,19 +313,29 @@ impl StateBackend for ChangeTracking {
     }
 }
 
-/// A frozen view with the changes logged since the previous freeze.
+/// A frozen view of the groups the writer reads, with the changes logged since the previous
+/// freeze.
 struct TrackedView {
+    task: TaskId,
     view: Box<dyn FrozenView>,
     changes: Changes,
 }
 
 impl FrozenView for TrackedView {
     fn scan_bucket(&self, bucket: BucketId, sink: FrozenSink<'_>) -> Result<(), StateError> {
+        // Whatever the store below would show, a group not frozen was not copied: never read it.
+        if !self.changes.frozen.get(self.changes.group_of(bucket)).copied().unwrap_or(false) {
+            return Err(StateError::NotFrozen { task: self.task, bucket });
+        }
         self.view.scan_bucket(bucket, sink)
     }
 
     fn changes(&self) -> Option<&Changes> {
         Some(&self.changes)
+    }
+
+    fn copied_bytes(&self) -> u64 {
+        self.view.copied_bytes()
     }
 }
 
@@ -331,6 +400,12 @@ mod tests {
         let first = store.freeze(&[])?;
         first.changes().expect("tracked").budgets.set_from_part(1, 0);
         let big = vec![0u8; (MIN_GROUP_BUDGET as usize) / 2];
+        // A hot key rewritten many times counts once: the group stays within its budget.
+        for _ in 0..8 {
+            store.write_many(vec![StateWrite::Put(key(2, "x"), big.clone())])?;
+        }
+        let hot = store.freeze(&[])?;
+        assert_eq!(groups(hot.as_ref()), ["unchanged", "entries", "unchanged", "unchanged"]);
         store.write_many(vec![StateWrite::Put(key(2, "x"), big.clone())])?;
         store.write_many(vec![StateWrite::Put(key(3, "y"), big)])?;
         let second = store.freeze(&[])?;

@@ -94,6 +94,15 @@ pub enum StateError {
         /// What went wrong (I/O error or the server's own error message).
         message: String,
     },
+    /// A frozen view was asked for a bucket it was not frozen with (a checkpoint's freeze copies
+    /// only the buckets its writer will read); nothing was read.
+    #[error("state store of task {task}: bucket {bucket} is not in the frozen view")]
+    NotFrozen {
+        /// The task owning the store.
+        task: TaskId,
+        /// The bucket asked for.
+        bucket: koala_types::BucketId,
+    },
     /// The sink of a bucket scan refused a chunk; the scan stopped there.
     #[error("bucket scan sink failed")]
     Sink(#[source] BackendError),

@@ -6,8 +6,12 @@
 //!   the background thread) over the frozen view of the store below — nothing is written back,
 //!   so a checkpoint costs the task a copy of its dirty bytes, not a write into the LSM;
 //! - any other store (memory, remote): every entry copied out ([`CopiedView`]).
+//!
+//! A view that copies covers only the buckets it was frozen with (with checkpoints that write
+//! only what changed, those the writer will read: [`crate::ChangeTracking`]); asked for another
+//! it fails ([`StateError::NotFrozen`]), never reads as empty.
 
-use koala_types::BucketId;
+use koala_types::{BucketId, TaskId};
 
 use crate::{StateBackend, StateError, StoredBatch, encode_state_key};
 
@@ -25,6 +29,36 @@ pub trait FrozenView: Send {
     fn changes(&self) -> Option<&crate::changes::Changes> {
         None
     }
+
+    /// Bytes the freeze copied on the task's thread (keys and values; 0: a snapshot, no copy).
+    fn copied_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// The buckets a copying view was frozen with.
+#[derive(Clone, Debug)]
+pub(crate) struct FrozenBuckets {
+    task: TaskId,
+    sorted: Vec<BucketId>,
+}
+
+impl FrozenBuckets {
+    pub(crate) fn new(task: TaskId, buckets: &[BucketId]) -> Self {
+        let mut sorted = buckets.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        Self { task, sorted }
+    }
+
+    pub(crate) fn contains(&self, bucket: BucketId) -> bool {
+        self.sorted.binary_search(&bucket).is_ok()
+    }
+
+    /// `bucket` is covered, or the view must not be read for it.
+    pub(crate) fn check(&self, bucket: BucketId) -> Result<(), StateError> {
+        if self.contains(bucket) { Ok(()) } else { Err(StateError::NotFrozen { task: self.task, bucket }) }
+    }
 }
 
 /// Whether stored key `key` lies in `bucket`'s range.
@@ -32,9 +66,10 @@ fn in_bucket(key: &[u8], bucket: BucketId) -> bool {
     key.len() >= 2 && u16::from_be_bytes([key[0], key[1]]) == bucket
 }
 
-/// A view that owns a copy of every entry, sorted by stored key.
+/// A view that owns a copy of every entry of the buckets it was frozen with, sorted by stored key.
 pub struct CopiedView {
     entries: Vec<(Vec<u8>, Vec<u8>)>,
+    frozen: FrozenBuckets,
 }
 
 impl CopiedView {
@@ -54,34 +89,42 @@ impl CopiedView {
             Ok(())
         })?;
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Ok(Self { entries })
+        Ok(Self { entries, frozen: FrozenBuckets::new(task, buckets) })
     }
 }
 
 impl FrozenView for CopiedView {
     fn scan_bucket(&self, bucket: BucketId, sink: FrozenSink<'_>) -> Result<(), StateError> {
+        self.frozen.check(bucket)?;
         let start = self.entries.partition_point(|(k, _)| k.as_slice() < &bucket.to_be_bytes()[..]);
         for (key, value) in self.entries[start..].iter().take_while(|(k, _)| in_bucket(k, bucket)) {
             sink(key, value)?;
         }
         Ok(())
     }
+
+    fn copied_bytes(&self) -> u64 {
+        self.entries.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()
+    }
 }
 
 /// One write of an overlay: its stored key's and value's ranges in the buffer (`None`: a delete).
 type Span = (std::ops::Range<usize>, Option<std::ops::Range<usize>>);
 
-/// A cache's dirty entries (puts and deletes) over the frozen store below.
+/// A cache's dirty entries (puts and deletes) of the buckets it was frozen with, over the frozen
+/// store below.
 pub(crate) struct OverlayView {
     below: Box<dyn FrozenView>,
     overlay: StoredBatch,
+    frozen: FrozenBuckets,
     /// The overlay's writes in stored key order; sorted on first use (off the task's thread).
     order: std::sync::OnceLock<Vec<Span>>,
 }
 
 impl OverlayView {
-    pub(crate) fn new(below: Box<dyn FrozenView>, overlay: StoredBatch) -> Self {
-        Self { below, overlay, order: std::sync::OnceLock::new() }
+    /// `overlay`: the dirty entries of the buckets of `frozen`, no others.
+    pub(crate) fn new(below: Box<dyn FrozenView>, overlay: StoredBatch, frozen: FrozenBuckets) -> Self {
+        Self { below, overlay, frozen, order: std::sync::OnceLock::new() }
     }
 
     fn order(&self) -> &[Span] {
@@ -123,6 +166,8 @@ fn emit(bytes: &[u8], span: &Span, sink: FrozenSink<'_>) -> Result<(), StateErro
 
 impl FrozenView for OverlayView {
     fn scan_bucket(&self, bucket: BucketId, sink: FrozenSink<'_>) -> Result<(), StateError> {
+        // The overlay holds no other bucket's dirty entries: the store below alone is stale.
+        self.frozen.check(bucket)?;
         let bytes = self.overlay.bytes();
         let order = self.order();
         let prefix = bucket.to_be_bytes();
@@ -143,6 +188,10 @@ impl FrozenView for OverlayView {
             emit(bytes, span, &mut *sink)?;
         }
         Ok(())
+    }
+
+    fn copied_bytes(&self) -> u64 {
+        self.overlay.bytes().len() as u64
     }
 }
 

@@ -262,8 +262,9 @@ pub trait StateBackend: Send + Sync {
     /// written out on another thread (an asynchronous checkpoint, docs/architecture.md §10). By
     /// default every entry of those buckets is copied ([`CopiedView`]); fjall takes an MVCC read
     /// snapshot (of every bucket: the view is read per bucket), and the write-back cache copies
-    /// only its dirty entries over the view of the store below. A view may show other buckets
-    /// than those asked for; a reader that must not see them filters (`OwnedView`).
+    /// only the dirty entries of `buckets` over the view of the store below. A copying view read
+    /// for another bucket fails ([`StateError::NotFrozen`]); fjall's may show every bucket, and a
+    /// reader that must not see other buckets filters (`OwnedView`).
     fn freeze(&self, buckets: &[BucketId]) -> Result<Box<dyn FrozenView>, StateError> {
         Ok(Box::new(CopiedView::copy(self, buckets)?))
     }

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use koala_state::snapshot::{IncrementalStats, restore, snapshot, snapshot_frozen};
 use koala_state::{
-    CachedEnv, ChangeTracking, FjallEnv, MIN_BUDGET_BYTES, MemoryEnv, StateBackend, StateEnv, StateKey,
-    StateWrite,
+    CachedEnv, ChangeTracking, FjallEnv, KEY_HEADER_LEN, MIN_BUDGET_BYTES, MemoryEnv, StateBackend, StateEnv,
+    StateError, StateKey, StateWrite,
 };
 use koala_types::{OperatorId, TaskId};
 
@@ -212,4 +212,44 @@ fn a_chain_over_a_change_log_writes_deltas_and_restores_every_freeze() {
         std::fs::remove_dir_all(root.join(old)).unwrap();
     }
     assert_eq!(restored(&root.join(&previous)), model, "the newest restores after retention");
+}
+
+/// Over a change log a freeze copies only the groups its writer will scan: of a cached store
+/// whose whole state is dirty in the cache, only the group past its budget is copied, a bucket
+/// of another group cannot be read from the view (an error, not an empty bucket), and the
+/// snapshot on the previous one restores the store.
+#[test]
+fn a_freeze_over_a_change_log_copies_only_the_groups_the_writer_scans() {
+    let env = CachedEnv::new(MemoryEnv::new(), 256 << 20);
+    let store = ChangeTracking::new(env.open_task(task()).unwrap(), BUCKETS, 2);
+    let mut model = BTreeMap::new();
+    apply(&store, &mut model, (0u32..4_000).map(|i| StateWrite::Put(key(i), vec![i as u8; 40])).collect());
+    // What a copy of the entries of `buckets` holds: stored keys and values.
+    let bytes_of = |model: &BTreeMap<StateKey, Vec<u8>>, buckets: &[u16]| -> u64 {
+        let entries = model.iter().filter(|(k, _)| buckets.contains(&k.bucket));
+        entries.map(|(k, v)| (KEY_HEADER_LEN + k.key.len() + v.len()) as u64).sum()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let all: Vec<u16> = (0..BUCKETS).collect();
+    // The first freeze has no base to build on: every group, every dirty entry.
+    let first = store.freeze(&all).unwrap();
+    assert_eq!(first.copied_bytes(), bytes_of(&model, &all));
+    snapshot_frozen(first.as_ref(), BUCKETS, &dir.path().join("1"), 2, None).unwrap();
+    // One key of bucket 2 (group 1) changes; every key of buckets 10 and 11 (group 5) is
+    // rewritten, past the group's budget.
+    apply(&store, &mut model, vec![StateWrite::Put(key(2), b"few".to_vec())]);
+    let group5 = (0u32..4_000).filter(|i| matches!(i % 16, 10 | 11));
+    apply(&store, &mut model, group5.map(|i| StateWrite::Put(key(i), vec![9; 60])).collect());
+    let view = store.freeze(&all).unwrap();
+    assert_eq!(view.copied_bytes(), bytes_of(&model, &[10, 11]), "only the whole group's dirty entries");
+    for bucket in [2, 9, 12] {
+        let err = view.scan_bucket(bucket, &mut |_, _| Ok(())).unwrap_err();
+        assert!(matches!(err, StateError::NotFrozen { bucket: b, .. } if b == bucket), "{err}");
+    }
+    let stats =
+        snapshot_frozen(view.as_ref(), BUCKETS, &dir.path().join("2"), 2, Some(&dir.path().join("1")));
+    let stats = stats.unwrap();
+    assert_eq!((stats.scanned_groups, stats.delta_parts, stats.shared_parts), (1, 1, 7), "{stats:?}");
+    assert_eq!(restored(&dir.path().join("2")), model, "the checkpoint restores the store");
+    assert_eq!(contents(&store), model);
 }

@@ -28,8 +28,8 @@ struct Job {
 
 /// A task's checkpoint writer (docs/architecture.md §10, "Asynchronous, incremental"): at the
 /// barrier the task only freezes its store ([`koala_state::StateBackend::freeze`]: the cache's
-/// dirty entries copied, fjall's read snapshot taken) and hands it here, forwards the barrier and
-/// goes on; this thread writes the part into `<dir>/<id>/<operator>-<index>` — incrementally,
+/// dirty entries of the groups this writer will scan copied, fjall's read snapshot taken) and
+/// hands it here, forwards the barrier and goes on; this thread writes the part into `<dir>/<id>/<operator>-<index>` — incrementally,
 /// sharing the files of unchanged buckets with the task's previous part — and acknowledges the
 /// checkpoint to the coordinator once it is durable. One checkpoint waits while one is written;
 /// a third barrier waits for the writer (memory for views stays bounded). A failure is the

@@ -105,8 +105,6 @@ struct DrrsOperator {
     last_subscale: bool,
     /// The coordinator released the task (everything it held was pushed).
     released: bool,
-    /// The core's intake tags are microseconds since this instant (per-batch latency).
-    clock: Instant,
     /// Barrier alignment in front of the core, the deferred snapshot and its writer.
     checkpoints: CoreCheckpoints,
 }
@@ -150,7 +148,6 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         cancelled: false,
         last_subscale: false,
         released: false,
-        clock: Instant::now(),
         checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied(), setup.inbox.alignment_hold()),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
@@ -468,7 +465,7 @@ impl DrrsOperator {
         outputs: &mut Outputs,
         event: TaskEvent,
     ) -> Result<(), RuntimeError> {
-        self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
+        self.core.set_intake_tag(self.op.metrics.batch_clock.tag_now());
         let actions = self.core.on(event);
         self.op.metrics.held(self.core.queued_records() as u64);
         let tags = self.core.take_process_tags();
@@ -484,15 +481,16 @@ impl DrrsOperator {
     ) -> Result<(), RuntimeError> {
         let nb = setup.num_buckets;
         // Per `Process`, when its oldest record was taken: the batch's latency includes the wait
-        // for its bucket's state (`DrrsTask::take_process_tags`).
-        let mut ends = BatchEnds::new(self.clock, tags.into_iter().map(|t| (t, 1)));
+        // for its bucket's state (`DrrsTask::take_process_tags`, `BatchClock`).
+        let mut ends = BatchEnds::new(tags.into_iter().map(|t| (t, 1)));
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
                     let started = Instant::now();
                     let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
-                    let latency = ends.processed(done).unwrap_or(done - started);
-                    self.op.metrics.record_batch_latency(latency);
+                    let taken =
+                        ends.processed().map_or(started, |tag| self.op.metrics.batch_clock.taken_at(tag));
+                    self.op.metrics.batch_ended(taken, done);
                 }
                 TaskAction::SendToPeer { to, message } => self.send(setup, to, &Wire::Peer(message))?,
                 TaskAction::DetachTimers { buckets, up_to } => {

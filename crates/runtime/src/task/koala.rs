@@ -57,8 +57,8 @@ mod tests_serve;
 /// Keys a filter build reads per turn of the loop, between two inputs.
 const FILTER_BUILD_STEP: usize = 4096;
 
-/// A batch slower than this (from its first record taken to its last processed) is logged at
-/// debug level.
+/// A batch slower than this (`BatchClock`) is logged at debug level with the core's queue and
+/// filter builds (the metrics log its latency and its queueing beside it).
 const SLOW_BATCH: Duration = Duration::from_millis(50);
 
 /// What one task sends another on a peer channel under Koala (a wire type: `crate::wire_schema`).
@@ -100,8 +100,6 @@ struct KoalaOperator {
     watermark: Option<Timestamp>,
     /// When its inputs ended and when it may exit: the rule the simulator checks.
     life: TaskLife,
-    /// The core's intake tags are microseconds since this instant (per-batch latency).
-    clock: Instant,
     /// Barrier alignment in front of the core, the deferred snapshot and its writer.
     checkpoints: CoreCheckpoints,
     /// Its side of the checkpoint cut: what it served to owners past its snapshot, what it
@@ -153,7 +151,6 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
         watermark,
         life: TaskLife::new(setup.created_by_reconfiguration),
-        clock: Instant::now(),
         checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied(), setup.inbox.alignment_hold()),
         cut: CheckpointCut::new(restored),
     };
@@ -391,7 +388,7 @@ impl KoalaOperator {
     ) -> Result<(), RuntimeError> {
         let mut local = StoreKeys::new(store(setup)?, self.op.logic.state_ids(), setup.num_buckets);
         // Records this event brings are taken now (per-batch latency starts here).
-        self.core.set_intake_tag(self.clock.elapsed().as_micros() as u64);
+        self.core.set_intake_tag(self.op.metrics.batch_clock.tag_now());
         // Background pulls wait while input does (`KoalaTask::set_input_backlog`).
         self.core.set_input_backlog(setup.inbox.queue().len() + usize::from(self.intake.has_data()));
         let actions = self.core.on_with(event, &mut local);
@@ -497,8 +494,9 @@ impl KoalaOperator {
     }
 
     /// Executes the core's actions; `batches` are the batches among its `Process` actions, in
-    /// order (`KoalaTask::take_batches`): each one's latency runs from when its first record was
-    /// taken to the end of its last `Process`, so it includes the wait for fetched state.
+    /// order (`KoalaTask::take_batches`): each one's latency ends with its last `Process` and
+    /// starts when its first record was taken or the task's previous batch ended, whichever is
+    /// later (`BatchClock`), so it includes the wait for fetched state.
     fn execute(
         &mut self,
         setup: &TaskSetup,
@@ -506,16 +504,17 @@ impl KoalaOperator {
         actions: Vec<TaskAction>,
         batches: Vec<BatchTaken>,
     ) -> Result<(), RuntimeError> {
-        let mut ends = BatchEnds::new(self.clock, batches.iter().map(|b| (b.taken, b.actions)));
+        let mut ends = BatchEnds::new(batches.iter().map(|b| (b.taken, b.actions)));
         for action in actions {
             match action {
                 TaskAction::Process { input, records } => {
                     let done = self.op.on_batch(setup, outputs, input, records, self.watermark)?;
-                    if let Some(latency) = ends.processed(done) {
+                    if let Some(tag) = ends.processed() {
+                        let taken = self.op.metrics.batch_clock.taken_at(tag);
+                        let latency = self.op.metrics.batch_ended(taken, done);
                         if latency >= SLOW_BATCH {
-                            tracing::debug!(task = %setup.task, latency_ms = latency.as_millis() as u64, queued = self.core.queued_records(), builds = self.builds.len(), "slow batch");
+                            tracing::debug!(task = %setup.task, latency_ms = latency.as_millis() as u64, queued = self.core.queued_records(), builds = self.builds.len(), "slow batch: the core");
                         }
-                        self.op.metrics.record_batch_latency(latency);
                     }
                 }
                 TaskAction::FetchState { from, request } => {

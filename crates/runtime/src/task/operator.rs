@@ -444,7 +444,7 @@ impl OperatorTask {
         if self.latency_by_caller {
             self.metrics.record_busy(done - started);
         } else {
-            self.metrics.record_batch(done - started);
+            self.metrics.record_batch(started, done);
         }
         if let Some(budget) = self.budget.as_mut() {
             budget.charge(taken, done);
@@ -583,7 +583,7 @@ impl OperatorTask {
         self.timers.register(timers);
         self.timer_due.stamp(&mut output);
         self.metrics.records_out += output.len() as u64;
-        self.metrics.record_batch(started.elapsed());
+        self.metrics.record_batch(started, Instant::now());
         outputs.emit(output)
     }
 }

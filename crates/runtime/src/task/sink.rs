@@ -142,7 +142,7 @@ pub fn run_sink(setup: TaskSetup) -> Result<(), RuntimeError> {
                             total += records.len() as u64;
                             metrics.records_total = Some(total);
                             metrics.records_out += records.len() as u64;
-                            metrics.record_batch(started.elapsed());
+                            metrics.record_batch(started, Instant::now());
                             None
                         }
                         Gate::Take(ChannelMessage::EndOfStream) => {

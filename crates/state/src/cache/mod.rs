@@ -55,6 +55,7 @@ use std::thread::JoinHandle;
 use koala_types::{BucketId, TaskId};
 
 use crate::compact::{CompactKey, CompactValue, check_key};
+use crate::frozen::{FrozenBuckets, OverlayView};
 use crate::key::check_value;
 use crate::scan::sorted_buckets;
 use crate::{
@@ -624,12 +625,12 @@ impl StateBackend for CachedBackend {
     fn freeze(&self, buckets: &[BucketId]) -> Result<Box<dyn FrozenView>, StateError> {
         const OP: &str = "freeze";
         let cache = self.shared.idle(self.shared.lock(OP)?, OP)?;
-        let overlay = cache.dirty_overlay();
+        let overlay = cache.dirty_overlay(buckets);
         // Under the lock, with nothing in flight: no write reaches the store below between the
         // copy and the view of it.
         let below = self.shared.inner.freeze(buckets)?;
         drop(cache);
-        Ok(Box::new(crate::frozen::OverlayView::new(below, overlay)))
+        Ok(Box::new(OverlayView::new(below, overlay, FrozenBuckets::new(self.shared.task, buckets))))
     }
 
     fn cache_counts(&self) -> Option<CacheCounts> {

@@ -194,12 +194,24 @@ impl TaskCache {
         self.commit(keys, inner)
     }
 
-    /// Every dirty entry (puts and deletes) in stored form, unsorted: what differs from the
-    /// store below. The caller waited for the in-flight runs.
-    pub(super) fn dirty_overlay(&self) -> StoredBatch {
+    /// Every dirty entry (puts and deletes) of `buckets` in stored form, unsorted: what differs
+    /// from the store below there. Entries of other buckets are not copied (a checkpoint reads
+    /// only the buckets it rewrites). The caller waited for the in-flight runs.
+    pub(super) fn dirty_overlay(&self, buckets: &[BucketId]) -> StoredBatch {
         let mut out = StoredBatch::default();
-        for (key, slot) in self.entries.iter().filter(|(_, slot)| slot.dirty) {
-            out.push(|o| key.put_stored(o), slot.value.as_slice());
+        // Through the buckets' dirty lists, not the table: a freeze of a few buckets costs their
+        // dirty keys, not a pass over the working set.
+        for bucket in buckets {
+            let Some(list) = self.dirty.get(bucket) else { continue };
+            // A key that turned dirty again since the list was last compacted is listed again.
+            let mut keys: Vec<&CompactKey> = list.keys.iter().collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for key in keys {
+                if let Some(slot) = self.entries.get(key).filter(|slot| slot.dirty) {
+                    out.push(|o| key.put_stored(o), slot.value.as_slice());
+                }
+            }
         }
         out
     }

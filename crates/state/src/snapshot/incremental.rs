@@ -8,10 +8,16 @@
 //! - a group with a few logged changes: its files are linked and a delta part with the logged
 //!   entries (puts and deletes) is appended — until the group's deltas pass half of its full
 //!   part (or [`MAX_DELTAS`] files), when it is *compacted*: rewritten whole from the frozen view,
-//!   at most a quarter of the groups per checkpoint so compaction spreads over checkpoints;
+//!   at most a quarter of the groups per checkpoint so compaction spreads over checkpoints. Which
+//!   groups compact is decided after each snapshot, from its parts, and told to the change log
+//!   ([`crate::changes::GroupBudgets::set_compact`]) so the next freeze covers them;
 //! - a group that changed a lot, or any group of a view without a change log: scanned from the
 //!   frozen view and written whole — hard-linked from the previous part instead when it comes
 //!   out identical (same buckets, entries, bytes and xxh3).
+//!
+//! A view over a change log covers only the groups scanned ([`crate::changes::Changes::frozen`]):
+//! a base file of another group that cannot be linked fails the snapshot (the state of that group
+//! was not frozen), where a view without a log falls back to scanning it.
 //!
 //! Deleting an old checkpoint's directory deletes only the files no later one links.
 
@@ -202,7 +208,7 @@ pub fn snapshot_frozen(
     let base_dir = base.as_ref().map(|(d, _)| d.clone());
     let changes = view.changes();
     let log = changes.filter(|c| base.is_some() && c.group_buckets == group && c.groups.len() == groups);
-    let plans = plan(log.map(|c| c.groups.as_slice()), &by_group);
+    let plans = plan(log.map(|c| (c.groups.as_slice(), c.frozen.as_slice())), &by_group);
 
     let mut out =
         Assembly { dir, parts: Vec::new(), unsynced: Vec::new(), stats: IncrementalStats::default() };
@@ -237,6 +243,17 @@ pub fn snapshot_frozen(
             changes.budgets.set_from_part(g, full);
         }
     }
+    if let Some(changes) = changes {
+        let mut by_group: Vec<Vec<Part>> = vec![Vec::new(); groups];
+        for part in &out.parts {
+            if let Some(parts) = by_group.get_mut(usize::from(part.buckets.0 / group)) {
+                parts.push(part.clone());
+            }
+        }
+        for (g, compact) in compaction_due(&by_group).into_iter().enumerate() {
+            changes.budgets.set_compact(g, compact);
+        }
+    }
     // Synced together, each on its own thread: the file system commits concurrent syncs in one
     // journal transaction, where one after another each waits for its own (on a loaded machine
     // a sync takes tens of milliseconds).
@@ -256,26 +273,30 @@ pub fn snapshot_frozen(
     Ok(out.stats)
 }
 
-/// Each group's plan: from its logged changes (`None`: no log, or no base to build on — every
-/// group whole) and the base's parts of it. A group whose deltas have grown past half of its
-/// full part (at least [`MIN_DELTA_BYTES`]) or to [`MAX_DELTAS`] files is compacted, the most
-/// overdue first, at most a quarter of the groups (at least one) per snapshot.
-fn plan(log: Option<&[GroupChanges]>, by_group: &[Vec<Part>]) -> Vec<Plan> {
-    let Some(log) = log else { return vec![Plan::Scan; by_group.len()] };
-    let mut plans: Vec<Plan> = log
-        .iter()
-        .map(|g| match g {
+/// Each group's plan: from its logged changes and whether the view froze it (`None`: no log,
+/// or no base to build on — every group whole) and the base's parts of it. A group with logged
+/// changes that was frozen is compacted ([`compaction_due`] marked it).
+fn plan(log: Option<(&[GroupChanges], &[bool])>, by_group: &[Vec<Part>]) -> Vec<Plan> {
+    let Some((log, frozen)) = log else { return vec![Plan::Scan; by_group.len()] };
+    log.iter()
+        .enumerate()
+        .map(|(g, changes)| match changes {
             GroupChanges::Unchanged => Plan::Link,
+            GroupChanges::Entries { .. } if frozen.get(g).copied().unwrap_or(false) => Plan::Scan,
             GroupChanges::Entries { .. } => Plan::Delta,
             GroupChanges::Whole => Plan::Scan,
         })
-        .collect();
+        .collect()
+}
+
+/// The groups of a snapshot (its parts per group) that the next one compacts if they change: a
+/// group whose deltas, with one more, would reach [`MAX_DELTAS`] files or have grown past half
+/// of its full part (at least [`MIN_DELTA_BYTES`]), the most overdue first, at most a quarter of
+/// the groups (at least one).
+fn compaction_due(by_group: &[Vec<Part>]) -> Vec<bool> {
     // (overdue ratio, group) of the groups due for compaction.
     let mut due: Vec<(f64, usize)> = Vec::new();
     for (g, parts) in by_group.iter().enumerate() {
-        if plans[g] != Plan::Delta {
-            continue;
-        }
         let full: u64 = parts.iter().filter(|p| p.kind == PartKind::Full).map(|p| p.bytes).sum();
         let deltas = parts.iter().filter(|p| p.kind == PartKind::Delta);
         let (count, bytes) = deltas.fold((0usize, 0u64), |(n, b), p| (n + 1, b + p.bytes));
@@ -285,10 +306,11 @@ fn plan(log: Option<&[GroupChanges]>, by_group: &[Vec<Part>]) -> Vec<Plan> {
         }
     }
     due.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let mut marked = vec![false; by_group.len()];
     for (_, g) in due.into_iter().take((by_group.len() / 4).max(1)) {
-        plans[g] = Plan::Scan;
+        marked[g] = true;
     }
-    plans
+    marked
 }
 
 #[cfg(test)]
@@ -304,30 +326,35 @@ mod tests {
     }
 
     #[test]
-    fn unchanged_groups_link_logged_ones_append_deltas_and_overdue_ones_compact_a_few_at_a_time() {
+    fn unchanged_groups_link_logged_ones_append_deltas_and_frozen_ones_compact() {
+        let mut log: Vec<GroupChanges> = (0..4).map(|_| entries()).collect();
+        log[0] = GroupChanges::Unchanged;
+        log[1] = GroupChanges::Whole;
+        let frozen = [false, true, true, false];
+        let by_group = vec![vec![part(PartKind::Full, 0, 1 << 20)]; 4];
+        assert_eq!(plan(Some((&log, &frozen)), &by_group), [Plan::Link, Plan::Scan, Plan::Scan, Plan::Delta]);
+        assert_eq!(plan(None, &by_group), vec![Plan::Scan; 4]);
+    }
+
+    #[test]
+    fn overdue_groups_are_marked_for_compaction_a_few_at_a_time() {
         let full = 64 << 20;
         let mut by_group = vec![vec![part(PartKind::Full, 0, full)]; 8];
         // Groups 2 and 3 carry deltas past half their full part; 3 is the more overdue.
         by_group[2].push(part(PartKind::Delta, 4, full / 2 + 1));
         by_group[3].push(part(PartKind::Delta, 6, full));
-        let mut log: Vec<GroupChanges> = (0..8).map(|_| entries()).collect();
-        log[0] = GroupChanges::Unchanged;
-        log[1] = GroupChanges::Whole;
-        let plans = plan(Some(&log), &by_group);
-        assert_eq!(plans[..4], [Plan::Link, Plan::Scan, Plan::Scan, Plan::Scan]);
-        assert!(plans[4..].iter().all(|p| *p == Plan::Delta), "{plans:?}");
+        let due = compaction_due(&by_group);
+        assert_eq!(due, [false, false, true, true, false, false, false, false]);
         // Only two of eight may compact: a third overdue group waits for the next snapshot.
-        by_group[5].push(part(PartKind::Delta, 10, full));
-        let plans = plan(Some(&log), &by_group);
-        let compacted = plans.iter().enumerate().filter(|(g, p)| *g >= 2 && **p == Plan::Scan).count();
-        assert_eq!(compacted, 2, "{plans:?}");
-        assert_eq!(plan(None, &by_group), vec![Plan::Scan; 8]);
+        by_group[5].push(part(PartKind::Delta, 10, 2 * full));
+        let due = compaction_due(&by_group);
+        assert_eq!(due, [false, false, false, true, false, true, false, false], "the two most overdue");
     }
 
     #[test]
     fn a_long_chain_of_small_deltas_compacts_too() {
         let mut chain = vec![part(PartKind::Full, 0, 64 << 20)];
         chain.extend((0..MAX_DELTAS - 1).map(|_| part(PartKind::Delta, 0, 10)));
-        assert_eq!(plan(Some(&[entries()]), &[chain]), [Plan::Scan]);
+        assert_eq!(compaction_due(&[chain]), [true]);
     }
 }
