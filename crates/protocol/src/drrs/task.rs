@@ -38,7 +38,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp, bucket_of};
 
 use super::messages::DrrsPeer;
-use crate::koala::{ChannelWatermarks, HeldTimes, InputSource, ProtocolError};
+use crate::common::error::ProtocolError;
+use crate::common::event_time::{ChannelWatermarks, HeldTimes};
+use crate::common::input::InputSource;
+use crate::fault::FaultSwitch;
 
 mod events;
 mod peer;
@@ -88,9 +91,9 @@ pub struct DrrsTask {
     released: Vec<(usize, usize, u64)>,
     /// Per `Process` action of the last event, the oldest intake tag of its records.
     process_tags: Vec<u64>,
-    fault_process_before_state: bool,
-    fault_watermark_before_state: bool,
-    fault_unbounded_credit: bool,
+    fault_process_before_state: FaultSwitch,
+    fault_watermark_before_state: FaultSwitch,
+    fault_unbounded_credit: FaultSwitch,
 }
 
 impl DrrsTask {
@@ -119,9 +122,9 @@ impl DrrsTask {
             intake_tag: 0,
             released: Vec::new(),
             process_tags: Vec::new(),
-            fault_process_before_state: false,
-            fault_watermark_before_state: false,
-            fault_unbounded_credit: false,
+            fault_process_before_state: FaultSwitch::default(),
+            fault_watermark_before_state: FaultSwitch::default(),
+            fault_unbounded_credit: FaultSwitch::default(),
         }
     }
 
@@ -223,23 +226,26 @@ impl DrrsTask {
 
     /// Fault injection for the simulator's negative tests: process records of an incoming
     /// bucket without waiting for its state.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_process_before_state(&mut self) {
-        self.fault_process_before_state = true;
+        self.fault_process_before_state.set();
     }
 
     /// Fault injection for the simulator's negative tests: emit watermarks while a moved
     /// bucket's state and timers have not arrived.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_watermark_before_state(&mut self) {
-        self.fault_watermark_before_state = true;
+        self.fault_watermark_before_state.set();
     }
 
     /// Fault injection for the simulator's negative tests: lend senders unbounded credit (the
     /// bound still counts the real windows), so forwarded records pile up past `wait_records`.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_unbounded_credit(&mut self) {
-        self.fault_unbounded_credit = true;
+        self.fault_unbounded_credit.set();
     }
 
     /// Feeds one event; returns the actions to execute, in order.
@@ -332,7 +338,7 @@ impl DrrsTask {
 
     /// Whether records of `bucket` may be processed here now (its state is here).
     fn has_state(&self, bucket: BucketId) -> bool {
-        self.fault_process_before_state || self.owned.contains(&bucket)
+        self.fault_process_before_state.on() || self.owned.contains(&bucket)
     }
 
     fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {

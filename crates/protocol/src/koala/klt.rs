@@ -41,17 +41,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use koala_types::{BucketId, Epoch, TaskId};
 
-use super::error::ProtocolError;
 use super::filter::KeyFilter;
 use super::messages::{BucketLocations, HandOver, Layer};
+use crate::common::error::ProtocolError;
 
-mod hash;
 mod slot;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use hash::Prehashed;
-pub use hash::{bucket_and_key_hash, key_hash, key_hash_of};
 use slot::{BucketTable, ExceptionMap, Slot, TableLayer};
 
 /// A filter the table waits for: ask `location` for the filter of `bucket` it handed over at `since`.

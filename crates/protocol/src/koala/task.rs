@@ -31,16 +31,23 @@ use std::sync::Arc;
 use koala_types::{BucketId, Epoch, InputChannel, PROCESSING_TIME, Record, TaskId, TimeDomain, Timestamp};
 
 use super::awaited::AwaitedFilters;
-use super::error::ProtocolError;
-use super::event_time::{ChannelWatermarks, HeldTimes};
 use super::klt::KeyLookupTable;
 use super::messages::{
-    FetchRequest, FetchResponse, FilterRequest, FilterResponse, InputSource, PeerMessage, Reconfiguration,
-    TaskAck,
+    FetchRequest, FetchResponse, FilterRequest, FilterResponse, PeerMessage, Reconfiguration,
 };
-use super::pipeline::{InputRecord, Pipeline};
-use super::timers::{ACCESS, HandedTimers};
-use super::transition::Transition;
+use crate::common::error::ProtocolError;
+use crate::common::event_time::{ChannelWatermarks, HeldTimes};
+use crate::common::input::InputSource;
+use crate::control::TaskAck;
+use crate::fault::FaultSwitch;
+use pipeline::{InputRecord, Pipeline};
+use timers::{ACCESS, HandedTimers};
+use transition::Transition;
+
+pub(super) mod lookahead;
+pub(crate) mod pipeline;
+mod timers;
+mod transition;
 
 /// How a target task starts.
 #[derive(Clone, Debug)]
@@ -294,18 +301,19 @@ pub struct KoalaTask {
     pub(super) extra_keys: usize,
     pub(super) drain_keys_per_sec: u64,
     pub(super) drained: BTreeMap<TaskId, Epoch>,
-    pub(super) park_direct: bool,
-    /// Timers that came with hand-overs, held until their key is accessed ([`super::timers`]).
+    /// Fault injection: records of a moved bucket skip the wait for the peer channel.
+    pub(super) fault_no_parking: FaultSwitch,
+    /// Timers that came with hand-overs, held until their key is accessed ([`timers`]).
     pub(super) timers: HandedTimers,
     /// Fault injection: handed-over timers hold nothing (they fire on state that is elsewhere).
-    pub(super) hold_handed_timers: bool,
+    pub(super) fault_no_timer_access: FaultSwitch,
     pub(super) started: bool,
     /// Records held ([`Self::queued_records`]) at which the task stops taking data input.
     pub(super) max_queued: usize,
     /// The tag records taken from now on carry ([`Self::set_intake_tag`]).
     pub(super) intake_tag: u64,
     /// Fault injection: the reverted hold-back rule ([`Self::inject_fault_hold_back_after_marker`]).
-    pub(super) fault_hold_back_after_marker: bool,
+    pub(super) fault_hold_back_after_marker: FaultSwitch,
     /// Filter requests sent and not answered yet ([`Self::awaits_filters`]).
     pub(super) filters: AwaitedFilters,
 }
@@ -337,13 +345,13 @@ impl KoalaTask {
             extra_keys: 0,
             drain_keys_per_sec: 0,
             drained: BTreeMap::new(),
-            park_direct: true,
+            fault_no_parking: FaultSwitch::default(),
             timers: HandedTimers::default(),
-            hold_handed_timers: true,
-            max_queued: super::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
+            fault_no_timer_access: FaultSwitch::default(),
+            max_queued: pipeline::DEFAULT_MAX_QUEUED_RECORDS,
             filters: AwaitedFilters::default(),
             intake_tag: 0,
-            fault_hold_back_after_marker: false,
+            fault_hold_back_after_marker: FaultSwitch::default(),
         }
     }
 
@@ -468,23 +476,25 @@ impl KoalaTask {
     /// order of their actions: per batch, the smallest intake tag of its records and how many
     /// `Process` actions carry it. The runtime's per-batch latency runs from that tag to the end of
     /// the batch's last action, so it includes every wait for state (fetches, hand-overs).
-    pub fn take_batches(&mut self) -> Vec<super::pipeline::BatchTaken> {
+    pub fn take_batches(&mut self) -> Vec<pipeline::BatchTaken> {
         std::mem::take(&mut self.pipeline.batches)
     }
 
     /// Fault injection for the simulator's negative tests: process records of a moved bucket that
     /// arrive directly from upstreams without waiting for the peer channel (breaks per-key FIFO).
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_no_parking(&mut self) {
-        self.park_direct = false;
+        self.fault_no_parking.set();
     }
 
     /// Fault injection for the simulator's negative tests: timers that come with a hand-over
     /// neither hold the event time nor have their keys accessed, so they fire on state that is
     /// still at the sender.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_no_timer_access(&mut self) {
-        self.hold_handed_timers = false;
+        self.fault_no_timer_access.set();
     }
 
     /// Feeds one event; returns the actions to execute, in order. Lookups treat the local store
@@ -572,7 +582,7 @@ impl KoalaTask {
     /// Where a record of `bucket` that came directly from upstream on `channel` goes.
     fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {
         if let Some(t) = &self.transition
-            && let Some(route) = t.route_direct(channel, bucket, self.park_direct)
+            && let Some(route) = t.route_direct(channel, bucket, !self.fault_no_parking.on())
         {
             return route;
         }
@@ -673,7 +683,7 @@ impl KoalaTask {
     }
 
     /// Lets the runtime fire processing-time timers up to the clock, below every handed-over
-    /// processing-time timer whose key's access is not through yet (`super::timers`).
+    /// processing-time timer whose key's access is not through yet (`timers`).
     fn advance_processing_time(&mut self, out: &mut Vec<TaskAction>) {
         let Some(clock) = self.clock else { return };
         let queued = self.held.min_from(PROCESSING_TIME).map(|t| TimeDomain::of(t).1);

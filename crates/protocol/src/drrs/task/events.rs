@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp};
 
+use crate::common::error::ProtocolError;
 use crate::control::TaskAck;
 use crate::drrs::{DrrsPeer, Subscale};
-use crate::koala::ProtocolError;
 
 /// How a target task starts.
 #[derive(Clone, Debug)]

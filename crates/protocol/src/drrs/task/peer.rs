@@ -8,8 +8,9 @@ use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, bucket_of};
 
 use super::transition::{Out, Outbound};
 use super::{DrrsTask, In, TaskAction, Transition, Waiting, process, room};
+use crate::common::error::ProtocolError;
+use crate::common::input::InputSource;
 use crate::drrs::{DrrsPeer, Subscale};
-use crate::koala::{InputSource, ProtocolError};
 
 impl DrrsTask {
     pub(super) fn on_start(
@@ -80,7 +81,7 @@ impl DrrsTask {
         let mut lent = BTreeMap::new();
         for &from in inbound.keys() {
             self.watermarks.add(InputSource::Peer(from));
-            let credit = if self.fault_unbounded_credit { usize::MAX / 4 } else { window };
+            let credit = if self.fault_unbounded_credit.on() { usize::MAX / 4 } else { window };
             lent.insert(from, room::Lent { window, outstanding: credit, freed: 0 });
             let message = DrrsPeer::Open { epoch: sub.epoch, watermark: self.emitted, credit };
             out.push(TaskAction::SendToPeer { to: from, message });
@@ -126,7 +127,7 @@ impl DrrsTask {
             self.early.push((from, message));
             return Ok(());
         }
-        let has_state: BTreeSet<BucketId> = if self.fault_process_before_state {
+        let has_state: BTreeSet<BucketId> = if self.fault_process_before_state.on() {
             (0..self.num_buckets).collect()
         } else {
             self.owned.clone()

@@ -107,7 +107,7 @@ impl DrrsTask {
             && self.subs.values().all(|t| {
                 !t.is_receiver()
                     || (t.markers_pending.is_empty()
-                        && (self.fault_watermark_before_state
+                        && (self.fault_watermark_before_state.on()
                             || (t.waiting.is_empty() && t.incoming.keys().all(|b| self.owned.contains(b)))))
             });
         if gate_open && self.emitted.is_none_or(|e| f > e) {

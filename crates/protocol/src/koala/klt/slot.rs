@@ -6,8 +6,8 @@ use std::hash::BuildHasherDefault;
 
 use koala_types::{Epoch, TaskId};
 
-use super::hash::Prehashed;
 use crate::koala::filter::KeyFilter;
+use crate::koala::key_hash::Prehashed;
 
 pub(super) type ExceptionMap = HashMap<u64, u16, BuildHasherDefault<Prehashed>>;
 

@@ -2,6 +2,7 @@
 //! and batch lookups.
 
 use super::*;
+use crate::koala::key_hash::key_hash;
 use koala_types::OperatorId;
 
 fn t(i: u32) -> TaskId {

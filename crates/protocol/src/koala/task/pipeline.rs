@@ -29,12 +29,13 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use koala_types::{BucketId, Record, TaskId, bucket_of};
 
-use super::error::ProtocolError;
-use super::klt::{BatchLookup, Prehashed, bucket_and_key_hash};
 use super::lookahead::{KeysInFlight, Resolved};
-use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
-use super::task::{KoalaTask, LocalKeys, TaskAction};
 use super::timers::ACCESS;
+use super::{KoalaTask, LocalKeys, TaskAction};
+use crate::common::error::ProtocolError;
+use crate::koala::key_hash::{Prehashed, bucket_and_key_hash};
+use crate::koala::klt::BatchLookup;
+use crate::koala::messages::{ExtraKeys, FetchRequest, FetchResponse};
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
 pub(crate) const MAX_PULL_KEYS: usize = 512;
@@ -246,7 +247,11 @@ impl KoalaTask {
     }
 
     /// Processes or starts fetching the next batch; true if it did anything.
-    pub(super) fn try_process(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) -> bool {
+    pub(in crate::koala) fn try_process(
+        &mut self,
+        out: &mut Vec<TaskAction>,
+        local: &mut dyn LocalKeys,
+    ) -> bool {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
             return false;
         }
@@ -335,7 +340,7 @@ impl KoalaTask {
     }
 
     /// Processes `batch` now if it needs no request, else lets it wait for `needs`.
-    pub(super) fn wait_or_finish(
+    pub(in crate::koala) fn wait_or_finish(
         &mut self,
         batch: Vec<InputRecord>,
         mut needs: BTreeSet<u64>,
@@ -369,7 +374,7 @@ impl KoalaTask {
     }
 
     /// The progressive part of a fetch to `location` (paper §3.4), if it is retired.
-    pub(super) fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
+    pub(in crate::koala) fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
         if self.extra_keys == 0 || !self.retired.contains(&location) {
             return None;
         }
@@ -384,7 +389,7 @@ impl KoalaTask {
     /// task taking over a cancelled task's input (a scale-in) has none to spare. Its fetches'
     /// piggybacked keys still drain a retired location meanwhile, and the pulls resume at the
     /// first event that finds no input waiting (at the latest once the inputs ended).
-    pub(super) fn pull(&mut self, out: &mut Vec<TaskAction>) {
+    pub(in crate::koala) fn pull(&mut self, out: &mut Vec<TaskAction>) {
         // Once the inputs ended there is no input to yield to (and a pull held back then could
         // leave an idle task with state still to drain).
         let yield_to_input = self.pipeline.input_backlog > 0 && self.has_inputs();
@@ -446,7 +451,7 @@ impl KoalaTask {
         }
     }
 
-    pub(super) fn on_fetch_request(
+    pub(in crate::koala) fn on_fetch_request(
         &mut self,
         from: TaskId,
         request: FetchRequest,
@@ -463,7 +468,7 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_fetch_response(
+    pub(in crate::koala) fn on_fetch_response(
         &mut self,
         from: TaskId,
         response: FetchResponse,
