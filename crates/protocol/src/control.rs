@@ -59,7 +59,7 @@ pub struct RestorePoint {
 }
 
 fn default_max_queued_records() -> usize {
-    crate::koala::task::pipeline::DEFAULT_MAX_QUEUED_RECORDS
+    crate::koala::task::limits::DEFAULT_MAX_QUEUED_RECORDS
 }
 
 /// Capacity emulation for experiments on small machines (docs/architecture.md §4): without it,
@@ -319,7 +319,7 @@ impl Deployment {
             channel_capacity: 1,
             sink_dir: ".".into(),
             capacity: Default::default(),
-            max_queued_records: crate::koala::task::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
+            max_queued_records: crate::koala::task::limits::DEFAULT_MAX_QUEUED_RECORDS,
             checkpoint: Default::default(),
         };
         Self {

@@ -55,7 +55,8 @@ pub use messages::{
     PeerMessage, Reconfiguration, Role,
 };
 pub use serve::{Answered, KeyPage, LocationStore, PullCursors, serve_fetch};
-pub use task::pipeline::{BatchTaken, DEFAULT_MAX_QUEUED_RECORDS};
+pub use task::limits::DEFAULT_MAX_QUEUED_RECORDS;
+pub use task::pipeline::BatchTaken;
 pub use task::{KoalaTask, LocalKeys, NoLocalKeys, TaskAction, TaskConfig, TaskEvent};
 
 pub use crate::common::error::ProtocolError;

@@ -26,7 +26,8 @@ use std::hash::BuildHasherDefault;
 
 use koala_types::{BucketId, TaskId};
 
-use super::pipeline::{InputRecord, MAX_BATCH_RECORDS};
+use super::limits::MAX_BATCH_RECORDS;
+use super::pipeline::InputRecord;
 use super::{KoalaTask, LocalKeys, TaskAction};
 use crate::koala::key_hash::Prehashed;
 

@@ -29,6 +29,7 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use koala_types::{BucketId, Record, TaskId, bucket_of};
 
+use super::limits::MAX_BATCH_RECORDS;
 use super::lookahead::{KeysInFlight, Resolved};
 use super::timers::ACCESS;
 use super::{KoalaTask, LocalKeys, TaskAction};
@@ -39,18 +40,6 @@ use crate::koala::messages::{ExtraKeys, FetchRequest, FetchResponse};
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
 pub(crate) const MAX_PULL_KEYS: usize = 512;
-
-/// The most records one batch takes from the inbox. A backlog (records queued behind a batch
-/// waiting for state) is processed as several batches, in order, so one batch's wait and work stay
-/// bounded and the task answers control messages, markers and fetches in between; without it
-/// a task short of capacity took its whole backlog as one batch, each longer than the last (the
-/// 10 M-key scale-in: one batch per second of 50 k–500 k records, up to 7 s each).
-pub(crate) const MAX_BATCH_RECORDS: usize = 8192;
-
-/// The default of `[runtime] max_queued_records`: the records a Koala task may hold (queued, parked,
-/// waiting for state) before it stops taking data input ([`KoalaTask::takes_data`]). Four full
-/// batches: one waiting for state and a backlog that keeps the next ones full.
-pub const DEFAULT_MAX_QUEUED_RECORDS: usize = 4 * MAX_BATCH_RECORDS;
 
 /// Records queued behind a batch waiting for state above which background pulls shrink.
 const PULL_BACKLOG: usize = 1024;

@@ -22,7 +22,8 @@ use std::collections::{BTreeSet, HashSet};
 use koala_types::{BucketId, PROCESSING_TIME, Record, TimeDomain, Timestamp, bucket_of};
 
 use super::KoalaTask;
-use super::pipeline::{InputRecord, MAX_BATCH_RECORDS};
+use super::limits::MAX_BATCH_RECORDS;
+use super::pipeline::InputRecord;
 
 /// The operator input of an access in the inbox: no real input has it.
 pub(crate) const ACCESS: usize = usize::MAX;
