@@ -20,14 +20,14 @@ use koala_protocol::engine::Engine;
 use koala_protocol::{ClientReply, CoordinatorMessage, Deployment, RestorePoint, WorkerMessage};
 use koala_types::{CheckpointId, TaskId, WorkerId};
 
-use crate::control::{Event, Registrations};
+use crate::clock::unix_ms;
+use crate::control::{Event, Registrations, STARTUP_TIMEOUT};
 use crate::error::CoordinatorError;
 use crate::job::JobState;
 use crate::metrics_store::{CheckpointRecord, RecoveryRecord};
 use crate::progress::ProgressEvent;
 use crate::reconfig::operator_inputs;
 use crate::resume::CheckpointMetadata;
-use crate::server::{STARTUP_TIMEOUT, unix_ms};
 
 /// Recoveries in a row, with no checkpoint completed between them, after which a failure ends
 /// the job: a task that fails the same way after every restart (a bug, a bad record) must not

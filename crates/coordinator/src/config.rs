@@ -1,6 +1,8 @@
 //! The job config (`koala run <config.toml>`): which query, how many tasks of each operator,
 //! buckets, batching, where output and metrics go. Every error names the field and the fix.
 
+mod autoscale;
+mod coordinator;
 mod located;
 mod state;
 
@@ -10,6 +12,8 @@ use std::path::PathBuf;
 use koala_dataflow::{JobGraph, OperatorKind, Partitioning};
 use serde::{Deserialize, Serialize};
 
+pub use autoscale::AutoscaleSection;
+pub use coordinator::CoordinatorSection;
 pub(crate) use located::invalid;
 pub use located::{ConfigError, ConfigSource, plain_words};
 pub use state::{MAX_WORKER_MEMORY_MB, MIN_WORKER_MEMORY_MB, StateSection};
@@ -86,7 +90,7 @@ pub struct JobConfig {
     pub warm_state: Option<PathBuf>,
     /// The coordinator's own settings (`[coordinator]`: the HTTP port).
     #[serde(default)]
-    pub coordinator: crate::http::CoordinatorSection,
+    pub coordinator: CoordinatorSection,
     /// TLS for every listener and connection of the job (`[tls]`: `cert`, `key`, `ca`, PEM
     /// paths; off when absent; docs/deploy.md §Security): `koala run` and `koala coordinator`
     /// load it, `koala run` hands the same files to the workers and state servers it starts.
@@ -103,7 +107,7 @@ pub struct JobConfig {
     pub checkpoints_retained: usize,
     /// `[autoscale]`: the reconfiguration policy (off by default; `crate::autoscale`).
     #[serde(default)]
-    pub autoscale: crate::autoscale::AutoscaleSection,
+    pub autoscale: AutoscaleSection,
 }
 
 /// One entry of the reconfiguration schedule. Give exactly one of: `parallelism` (rescale),

@@ -18,6 +18,9 @@ use koala_types::tls::{Conn, ConnReader, ConnWriter, Tls, accepted};
 
 use crate::error::CoordinatorError;
 
+/// How long the coordinator waits for workers to register and to acknowledge a deployment.
+pub(crate) const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Something that happened on the control plane.
 pub enum Event {
     /// A worker sent a message; `None` when its connection closed.
@@ -137,7 +140,7 @@ pub fn accept(
         .name("koala-accept".into())
         .spawn(move || accept_loop(&accept_listener, &gate, tls.as_ref(), &worker_tx, &client_events))
         .map_err(|source| CoordinatorError::Io { context: "spawning the accept thread".into(), source })?;
-    let workers = collect_workers(&worker_rx, expected, events, 0, crate::server::STARTUP_TIMEOUT)?;
+    let workers = collect_workers(&worker_rx, expected, events, 0, STARTUP_TIMEOUT)?;
     let next_id = workers.len() as u32;
     Ok((workers, Registrations { incoming: worker_rx, next_id, events: events.clone() }))
 }

@@ -12,6 +12,7 @@ use koala_protocol::engine::{Engine, EngineAction, EngineError, ErrorSource, Sta
 use koala_protocol::{ClientReply, CoordinatorMessage, Protocol, ReconfigRequest, TaskAck};
 use koala_types::{OperatorId, TaskId};
 
+use crate::clock::unix_ms;
 use crate::config::JobConfig;
 use crate::control::Workers;
 use crate::ending::EndWatch;
@@ -19,7 +20,6 @@ use crate::error::CoordinatorError;
 use crate::metrics_store::{MetricsStore, ReconfigurationCompletion, ReconfigurationStart};
 use crate::progress::ProgressEvent;
 use crate::reconfig::{kind_name, participants, plan as plan_reconfiguration};
-use crate::server::unix_ms;
 
 /// A reconfiguration waiting to run, and who to tell.
 pub(crate) struct Queued {

@@ -3,6 +3,7 @@
 
 pub mod autoscale;
 pub mod checkpoint;
+mod clock;
 pub mod config;
 pub mod control;
 pub mod ending;

@@ -435,6 +435,19 @@ impl SecondAggregator {
     }
 }
 
+impl From<JobSecond> for crate::autoscale::Second {
+    fn from(s: JobSecond) -> Self {
+        crate::autoscale::Second {
+            t: s.t,
+            input_per_s: s.progress.input_per_s,
+            lag_mean_ms: s.progress.lag_mean_ms,
+            lag_p99_ms: s.progress.lag_p99_ms,
+            latency_p99_ms: s.progress.latency_p99_ms,
+            tasks: s.tasks,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use koala_dataflow::{Dataflow, KeyedEvent, KeyedEvents, KeyedEventsConfig, SourceOptions, ValueState};

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use koala_coordinator::JobConfig;
 
-use crate::launch::{human_bytes, run_job_locally};
+use crate::human::human_bytes;
+use crate::launch::run_job_locally;
 
 /// `koala bench`'s flags.
 #[derive(Debug, clap::Args)]

@@ -99,7 +99,7 @@ pub fn outcome(summary: &JobSummary, out: &Path) -> anyhow::Result<(Outcome, Rep
 }
 
 fn mib(b: f64) -> String {
-    crate::launch::human_bytes(b as u64)
+    crate::human::human_bytes(b as u64)
 }
 
 fn opt_us(v: Option<f64>) -> String {

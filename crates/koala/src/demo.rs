@@ -6,7 +6,8 @@
 use koala_coordinator::JobConfig;
 use koala_dataflow::RateSchedule;
 
-use crate::launch::DEMO_CONFIG;
+/// The demo job's config, also shipped as `examples/demo.toml`.
+pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
 
 /// Seconds a demo runs without `--duration-s`.
 pub const DEFAULT_DURATION_S: u64 = 60;

@@ -9,11 +9,10 @@ use anyhow::Context;
 use koala_coordinator::config::{ConfigError, ConfigSource};
 use koala_coordinator::{JobConfig, JobRun, JobSummary, ProgressEvent, run_job};
 
+use crate::human::human_bytes;
 use crate::interrupt::{self, RunningJob};
 use crate::progress_lines::summary_lines;
-
-/// The demo job's config, also shipped as `examples/demo.toml`.
-pub const DEMO_CONFIG: &str = include_str!("../../../examples/demo.toml");
+use crate::protocol_names::{drrs_schedule_of, parse_protocol};
 
 /// `--ignore-interrupt` of the processes `koala run` starts: Ctrl-C (SIGINT, sent to the whole
 /// terminal's process group) does not end them; the coordinator stops the job and then them.
@@ -105,33 +104,6 @@ pub fn demo(
     text.push_str(&format!("\n\n{report}"));
     crate::run_dir::write_summary(&run_dir, &text);
     Ok(outcome)
-}
-
-/// A protocol named on the command line (`--protocol`, `--protocols`).
-pub fn parse_protocol(name: &str) -> anyhow::Result<koala_protocol::Protocol> {
-    parse_protocol_flag(name, "--protocol")
-}
-
-/// [`parse_protocol`] for the flag `flag` (named in the error).
-pub fn parse_protocol_flag(name: &str, flag: &str) -> anyhow::Result<koala_protocol::Protocol> {
-    use koala_protocol::Protocol;
-    Ok(match name {
-        "koala" => Protocol::Koala,
-        "stop-and-restart" => Protocol::StopAndRestart,
-        "remote" => Protocol::Remote,
-        "drrs" | "drrs-overlapping" => Protocol::Drrs,
-        other => anyhow::bail!(
-            "{flag} {other:?}: use koala, stop-and-restart, remote, drrs (the Koala authors' DRRS) or \
-             drrs-overlapping (DRRS with the original DRRS's overlapping schedule)"
-        ),
-    })
-}
-
-/// The DRRS schedule a protocol name on the command line runs: `drrs-overlapping` the original
-/// DRRS's, every other name the default (the Koala authors' port).
-pub fn drrs_schedule_of(name: &str) -> koala_protocol::drrs::DrrsSchedule {
-    use koala_protocol::drrs::DrrsSchedule;
-    if name == "drrs-overlapping" { DrrsSchedule::Overlapping } else { DrrsSchedule::Ported }
 }
 
 /// `koala run <config>`, or `koala run --resume DIR` (a stopped job from its latest completed
@@ -475,16 +447,6 @@ fn clear_previous_output(out: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Bytes for people: B, KiB, MiB, GiB.
-pub fn human_bytes(b: u64) -> String {
-    match b {
-        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / f64::from(1u32 << 30)),
-        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / f64::from(1u32 << 20)),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
 }
 
 /// `koala rescale|rebalance|migrate`: submits a request to a running coordinator.

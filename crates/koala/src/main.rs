@@ -23,11 +23,13 @@ mod bench;
 mod compare;
 mod demo;
 mod experiment;
+mod human;
 mod interrupt;
 mod kafka;
 mod launch;
 mod logging;
 mod progress_lines;
+mod protocol_names;
 mod queries;
 mod run_dir;
 mod settings;
@@ -439,7 +441,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Compare { duration_s, quick, output_dir, protocols, partition_policy } => {
             let parsed = protocols
                 .iter()
-                .map(|p| launch::parse_protocol_flag(p, "--protocols"))
+                .map(|p| protocol_names::parse_protocol_flag(p, "--protocols"))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let requested = partition_policy.as_deref().map(settings::parse_policy).transpose()?;
             // The demo config's policy (consistent) unless DRRS is among the runs.
@@ -533,13 +535,13 @@ fn run(command: Command) -> anyhow::Result<()> {
                     "warm state of {:?}: {} entries, {} in {}",
                     w.operator,
                     w.entries,
-                    launch::human_bytes(w.bytes),
+                    human::human_bytes(w.bytes),
                     out.join(w.operator).display()
                 );
             }
             println!(
                 "warm state: {keys} keys, {} in {secs:.1} s; add `warm_state = {:?}` to the config",
-                launch::human_bytes(total),
+                human::human_bytes(total),
                 out.display()
             );
             if let Some(note) = warmup::padding_note(&params, value_bytes) {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use koala_coordinator::report::fmt_ms;
 use koala_coordinator::{JobSummary, Progress};
 
-use crate::launch::human_bytes;
+use crate::human::human_bytes;
 
 /// A line waiting for its second's progress line.
 enum Pending {

@@ -86,7 +86,7 @@ pub fn drrs_line(protocols: &[String]) -> Option<String> {
         .iter()
         .filter(|p| p.starts_with("drrs"))
         .map(|p| {
-            let s = crate::launch::drrs_schedule_of(p);
+            let s = crate::protocol_names::drrs_schedule_of(p);
             format!("{p} = schedule \"{}\" ({})", s.name(), s.describe())
         })
         .collect();
@@ -135,9 +135,11 @@ mod tests {
         let line = drrs_line(&names(&["koala", "drrs", "drrs-overlapping"])).expect("a line");
         assert!(line.contains("drrs = schedule \"ported\" (the Koala authors' port"), "{line}");
         assert!(line.contains("drrs-overlapping = schedule \"overlapping\" (the original DRRS"), "{line}");
-        let drrs = crate::launch::parse_protocol_flag("drrs-overlapping", "--protocols").expect("known");
+        let drrs =
+            crate::protocol_names::parse_protocol_flag("drrs-overlapping", "--protocols").expect("known");
         assert_eq!(drrs, Protocol::Drrs);
-        let err = crate::launch::parse_protocol_flag("drrs-original", "--protocols").expect_err("unknown");
+        let err =
+            crate::protocol_names::parse_protocol_flag("drrs-original", "--protocols").expect_err("unknown");
         assert!(err.to_string().contains("drrs-overlapping"), "{err}");
     }
 

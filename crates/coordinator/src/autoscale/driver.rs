@@ -9,13 +9,13 @@ use koala_dataflow::JobGraph;
 use koala_types::OperatorId;
 
 use super::{Autoscaler, Decision};
+use crate::clock::unix_ms;
 use crate::config::JobConfig;
 use crate::error::CoordinatorError;
 use crate::job::JobState;
 use crate::metrics_store::DecisionRecord;
 use crate::progress::{JobSecond, ProgressEvent};
 use crate::request_record::{describe, to_json};
-use crate::server::unix_ms;
 
 /// The policy, for one job.
 pub(crate) struct Driver {

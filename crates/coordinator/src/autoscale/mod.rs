@@ -34,7 +34,6 @@
 //! At most one decision per window: after one the window starts afresh, and seconds of a
 //! running or queued reconfiguration, and `cooldown_s` after it, are never judged.
 
-mod config;
 pub(crate) mod driver;
 pub mod skew;
 #[cfg(test)]
@@ -44,7 +43,7 @@ use std::collections::VecDeque;
 
 use koala_protocol::ReconfigRequest;
 
-pub use config::AutoscaleSection;
+pub use crate::config::AutoscaleSection;
 
 /// The largest lag growth (s per s) the demand estimate trusts: near 1 the source emits almost
 /// nothing and `r / (1 − g)` is noise.
@@ -97,19 +96,6 @@ impl Second {
             return 0.0;
         }
         self.tasks.iter().map(|t| (t.busy_ms / 1000.0).min(1.0)).sum::<f64>() / self.tasks.len() as f64
-    }
-}
-
-impl From<crate::progress::JobSecond> for Second {
-    fn from(s: crate::progress::JobSecond) -> Self {
-        Second {
-            t: s.t,
-            input_per_s: s.progress.input_per_s,
-            lag_mean_ms: s.progress.lag_mean_ms,
-            lag_p99_ms: s.progress.lag_p99_ms,
-            latency_p99_ms: s.progress.latency_p99_ms,
-            tasks: s.tasks,
-        }
     }
 }
 

@@ -78,7 +78,7 @@ impl fmt::Display for RunEnding {
 }
 
 fn now_ms() -> u64 {
-    crate::server::unix_ms()
+    crate::clock::unix_ms()
 }
 
 /// Unix milliseconds as `YYYY-MM-DD HH:MM:SS UTC`.

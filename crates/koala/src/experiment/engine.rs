@@ -106,7 +106,7 @@ pub fn execute(info: &Info, mode: Mode, plan: Plan, opts: &Options) -> anyhow::R
     });
     let parsed = protocols
         .iter()
-        .map(|p| crate::launch::parse_protocol_flag(p, "--protocols"))
+        .map(|p| crate::protocol_names::parse_protocol_flag(p, "--protocols"))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let workers = plan.runs.iter().map(|r| r.scenario.workers).max().unwrap_or(1);
     if plan.policy_required {
@@ -246,7 +246,7 @@ fn warm_state(
         "warm state of {}: {} keys, {} in {:.1} s ({})",
         scenario.query,
         scenario.warm_keys,
-        crate::launch::human_bytes(written.iter().map(|w| w.bytes).sum()),
+        crate::human::human_bytes(written.iter().map(|w| w.bytes).sum()),
         started.elapsed().as_secs_f64(),
         dir.display()
     );
@@ -317,7 +317,7 @@ impl Table {
 }
 
 fn bytes(b: f64) -> String {
-    crate::launch::human_bytes(b.max(0.0) as u64)
+    crate::human::human_bytes(b.max(0.0) as u64)
 }
 
 fn table(done: &[Done], step: usize) -> Table {

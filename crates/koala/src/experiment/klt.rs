@@ -160,9 +160,9 @@ fn run(info: &Info, mode: Mode, opts: &Options) -> anyhow::Result<()> {
                 vec![
                     r.keys.to_string(),
                     r.handed.to_string(),
-                    crate::launch::human_bytes(r.receiver_bytes as u64),
+                    crate::human::human_bytes(r.receiver_bytes as u64),
                     format!("{:.2}", r.receiver_bytes as f64 / r.handed.max(1) as f64),
-                    crate::launch::human_bytes(((4 * r.receiver_bytes + 4 * r.sender_bytes) / 8) as u64),
+                    crate::human::human_bytes(((4 * r.receiver_bytes + 4 * r.sender_bytes) / 8) as u64),
                     format!("{:.1} µs", r.batch_us),
                     format!("{:.1} µs", r.batch_median_us),
                     format!("{:.1} µs", r.batch_p99_us),

@@ -59,7 +59,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
         settings: vec![
             format!(
                 "Q6*: {keys} warm sellers × {bytes} B over {tasks} seller tasks (≈ {} per task); seller.0 moves to worker {tasks} (no seller task there) at {before} s; {after} s after",
-                crate::launch::human_bytes(task_state as u64)
+                crate::human::human_bytes(task_state as u64)
             ),
             format!(
                 "offered {}; task_records_per_sec = {per_task}; link_mb_per_sec = {link} per worker (the task's whole state crosses it in {transfer_s} s)",
@@ -88,7 +88,7 @@ fn moved_until(done: &[Done]) -> Vec<String> {
             format!(
                 "{}: moved {} ({:.0} % of the task's warm state); state moved until {} after the migration started; lowest rate {}",
                 d.spec.label,
-                crate::launch::human_bytes(d.report.state_moved.total() as u64),
+                crate::human::human_bytes(d.report.state_moved.total() as u64),
                 100.0 * d.report.state_moved.total() / task_state.max(1.0),
                 match last {
                     Some(t) if t >= input_last => format!("the end of the input (> {} s)", t - start),

@@ -170,7 +170,7 @@ pub fn run(name: &str, mode: Mode, opts: &Options) -> anyhow::Result<()> {
         None => info.protocols.iter().map(|p| p.to_string()).collect(),
     };
     for p in &protocols {
-        crate::launch::parse_protocol_flag(p, "--protocols")?;
+        crate::protocol_names::parse_protocol_flag(p, "--protocols")?;
     }
     match info.runner {
         Runner::Own(f) => f(info, mode, opts),

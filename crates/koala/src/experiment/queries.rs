@@ -158,7 +158,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             } else {
                 "a subset: --quick runs two of the six, the full variant all"
             },
-            crate::launch::human_bytes(keys * bytes as u64)
+            crate::human::human_bytes(keys * bytes as u64)
         ),
         surge.line("each query's target", keys as f64 * bytes as f64),
     ];

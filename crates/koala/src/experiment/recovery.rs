@@ -26,7 +26,7 @@ use koala_coordinator::metrics_store::{CheckpointRecord, MetricsStore, RecoveryR
 
 use super::engine::Table;
 use super::{Info, Mode, Options, Runner};
-use crate::launch::human_bytes;
+use crate::human::human_bytes;
 
 /// `koala experiment recovery`.
 pub const RECOVERY: Info = Info {

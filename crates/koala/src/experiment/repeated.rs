@@ -69,7 +69,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
         settings: vec![
             format!(
                 "Q6*: {keys} warm sellers × {bytes} B = {}; seller tasks {tasks:?}, a step every {segment} s, {delay} s after its rate change; {most} workers (one per task at the peak)",
-                crate::launch::human_bytes(state as u64)
+                crate::human::human_bytes(state as u64)
             ),
             format!("offered: {}", scenario.rates_line()),
             format!(
@@ -79,7 +79,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
                 "Q6*'s state grows while it runs: each auction's seller is one of the newest 1 000 people and a person is born every 3 auctions (the warm sellers are the first {keys}), so by the last step (~{:.0} k records) about {:.0} k sellers hold ~{} in all, which is why a step can move more than the warm state",
                 records / 1e3,
                 sellers / 1e3,
-                crate::launch::human_bytes((sellers * bytes as f64) as u64)
+                crate::human::human_bytes((sellers * bytes as f64) as u64)
             ),
         ],
         runs: RunSpec::per_protocol(protocols, "Q6*", &scenario),
@@ -123,7 +123,7 @@ fn per_step(done: &[Done]) -> Vec<String> {
                     format!(
                         "step {} (→ {tasks}): {} ({:.1}× the warm state), recovery {}",
                         i + 1,
-                        crate::launch::human_bytes(c.state_moved.total() as u64),
+                        crate::human::human_bytes(c.state_moved.total() as u64),
                         c.state_moved.total() / warm.max(1.0),
                         c.recovery_s.map_or("not seen".into(), |s| format!("{s} s"))
                     )

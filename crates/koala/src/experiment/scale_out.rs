@@ -71,7 +71,7 @@ impl Surge {
             self.at_s(),
             self.task_records_per_sec,
             self.link_mb_per_sec(state_bytes),
-            crate::launch::human_bytes(state_bytes as u64),
+            crate::human::human_bytes(state_bytes as u64),
             PAUSE_FRACTION * self.duration_s() as f64,
             PAUSE_FRACTION * 100.0
         )
@@ -132,7 +132,7 @@ fn plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
         settings: vec![
             format!(
                 "keyed-aggregate: {keys} warm keys × {bytes} B = {}; 1 000 hot keys take 30 % of the records, the rest a window of {} keys moving one key every 500 records",
-                crate::launch::human_bytes(state as u64),
+                crate::human::human_bytes(state as u64),
                 10_000.min(keys)
             ),
             surge.line("aggregate", state),
@@ -228,8 +228,8 @@ fn drrs_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
                     "reconfiguration took {} (ported) vs {} (overlapping); state moved {} vs {}",
                     reconf(a),
                     reconf(b),
-                    crate::launch::human_bytes(a.report.state_moved.total() as u64),
-                    crate::launch::human_bytes(b.report.state_moved.total() as u64)
+                    crate::human::human_bytes(a.report.state_moved.total() as u64),
+                    crate::human::human_bytes(b.report.state_moved.total() as u64)
                 )]
             }
             _ => Vec::new(),

@@ -130,7 +130,7 @@ fn large_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
         settings: vec![
             format!(
                 "Q6*, {keys} warm sellers × 2 KB = {}, seller {} → {} on {} workers (the paper: 16 → 32 tasks over ~320 GB on a cluster; here the tasks are halved (full) or quartered (--quick) and the state cut to fit one 2-core machine, with the same link rule as scale-out-queries)",
-                crate::launch::human_bytes(keys * 2048),
+                crate::human::human_bytes(keys * 2048),
                 surge.tasks.0,
                 surge.tasks.1,
                 surge.tasks.1

@@ -41,7 +41,7 @@ fn growth_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
             let mut scenario = aggregate(s, keys, BYTES, active, 0.3);
             scenario.link_mb_per_sec = Some(link);
             RunSpec {
-                label: format!("{} state", crate::launch::human_bytes(keys * BYTES as u64)),
+                label: format!("{} state", crate::human::human_bytes(keys * BYTES as u64)),
                 group: "keyed-aggregate".into(),
                 protocol: "koala".into(),
                 scenario,
@@ -181,7 +181,7 @@ fn flat(done: &[Done]) -> Vec<String> {
     }
     lines.push(format!(
         "state moved per state size: {} (spread {})",
-        moved.iter().map(|m| crate::launch::human_bytes(*m as u64)).collect::<Vec<_>>().join(", "),
+        moved.iter().map(|m| crate::human::human_bytes(*m as u64)).collect::<Vec<_>>().join(", "),
         spread(&moved).map_or("-".into(), |s| format!("{s:.0} %"))
     ));
     lines
@@ -242,7 +242,7 @@ fn hot_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
                     format!(
                         "{}: moved {}, state moved for {} after the scale-out started, recovery {}",
                         d.spec.label,
-                        crate::launch::human_bytes(d.report.state_moved.total() as u64),
+                        crate::human::human_bytes(d.report.state_moved.total() as u64),
                         last.map_or("0 s".into(), |t| format!("{} s", t - start)),
                         d.measured(0)
                             .and_then(|c| c.recovery_s)
@@ -287,7 +287,7 @@ fn uniform_plan(mode: Mode, protocols: &[String]) -> anyhow::Result<Plan> {
         settings: vec![
             format!(
                 "Azure (cpu_stats: the last 80 readings per VM and {BYTES} B of padding), {keys} warm keys × {BYTES} B = {}, every key equally likely (active_keys = keys: the whole key space; hot-key ratio 0)",
-                crate::launch::human_bytes(keys * BYTES as u64)
+                crate::human::human_bytes(keys * BYTES as u64)
             ),
             format!(
                 "a fixed rate of {}, scale-out {} → {} at {} s, run {} s; task_records_per_sec = {}, link_mb_per_sec = {}",
