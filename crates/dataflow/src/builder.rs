@@ -10,11 +10,12 @@ use std::sync::Arc;
 
 use koala_types::OperatorId;
 
+use crate::data::Data;
 use crate::generator::{Generator, GeneratorSource};
 use crate::graph::{InputSpec, JobGraph, OperatorKind, OperatorSpec, TaskInstance};
 use crate::logic::{DataflowError, SourceLogic};
 use crate::source::SourceOptions;
-use crate::stream::{Data, Stream};
+use crate::stream::Stream;
 
 /// Operators added so far and problems found while adding them (reported by [`Dataflow::build`]).
 #[derive(Default)]

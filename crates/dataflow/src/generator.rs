@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 
 use koala_types::{Record, Timestamp, encode};
 
+use crate::data::Data;
 use crate::logic::{DataflowError, SourceLogic, SourcePoll};
-use crate::stream::Data;
 
 /// Produces the values of one source task with their event times, in emission order.
 ///

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
+use crate::data::Data;
 use crate::graph::{OperatorFactory, TaskInstance};
 use crate::logic::OperatorLogic;
 use crate::ops::join::KeyedJoinLogic;
 use crate::ops::window_join::{WindowJoinFn, WindowJoinLogic};
-use crate::stream::{Data, KeyedStream, Stream};
+use crate::stream::{KeyedStream, Stream};
 use crate::window::{Window, WindowSpec};
 
 impl<K: Data, L: Data> KeyedStream<K, L> {

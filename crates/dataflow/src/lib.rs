@@ -21,6 +21,7 @@
 //! ```
 
 mod builder;
+mod data;
 pub mod generator;
 pub mod graph;
 mod join;
@@ -39,10 +40,11 @@ pub use logic::{DataflowError, OperatorContext, OperatorLogic, Restored, SourceL
 pub use source::{RateSchedule, RateStep, SourceOptions};
 
 pub use builder::Dataflow;
+pub use data::Data;
 pub use generator::{Generator, GeneratorSource, splitmix64};
 pub use keyed_events::{KeyedEvent, KeyedEvents, KeyedEventsConfig};
 pub use koala_types::TimeDomain;
 pub use ops::timer_process::{KeyContext, TIMER_STATE, Timers};
 pub use state::{ListState, ValueState};
-pub use stream::{Data, KeyedStream, Stream};
+pub use stream::{KeyedStream, Stream};
 pub use window::{Window, WindowSpec, WindowedStream};

@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
+use crate::data::Data;
 use crate::graph::{OperatorFactory, TaskInstance};
 use crate::logic::OperatorLogic;
 use crate::ops::keyed_process::{KeyedProcessLogic, ProcessFn, StateShape};
 use crate::ops::timer_process::{KeyContext, TimerProcessLogic};
 use crate::state::{ListState, ValueState};
-use crate::stream::{Data, KeyedStream, Stream};
+use crate::stream::{KeyedStream, Stream};
 
 impl<K: Data, T: Data> KeyedStream<K, T> {
     fn process<S: Data, L: Data, O: Data>(

@@ -5,18 +5,12 @@
 use std::sync::Arc;
 
 use koala_types::{OperatorId, decode, encode};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::builder::{Dataflow, TypeTag};
+use crate::data::Data;
 use crate::graph::{InputSpec, KeyFn, OperatorFactory, OperatorKind, Partitioning};
 use crate::logic::{DataflowError, OperatorLogic, SinkFormat, ValueToJson};
 use crate::ops::stateless::{StatelessLogic, filter_fn, flat_map_fn, map_fn};
-
-/// What a stream may carry: any serde type that can cross threads. Blanket-implemented.
-pub trait Data: Serialize + DeserializeOwned + Send + Sync + 'static {}
-
-impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Data for T {}
 
 /// The output of an operator, carrying values of type `T`.
 pub struct Stream<T> {

@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::Data;
 use crate::graph::{OperatorFactory, TaskInstance};
 use crate::logic::OperatorLogic;
 use crate::ops::window_aggregate::{AggregateFns, WindowAggregateLogic};
-use crate::stream::{Data, KeyedStream, Stream};
+use crate::stream::{KeyedStream, Stream};
 
 /// The extent of one window: `[start, end)` in event time (milliseconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -22,7 +22,7 @@
 //!
 //! Bytes are [`KeyLookupTable::approx_bytes`] (filters, entry maps and per-bucket layers), per
 //! handed-over key (untouched, fetched) or per new key. A lookup is what a batch does for a key
-//! (`koala/pipeline.rs`): the KLT first, and for a key it names B's own store (here a hash set
+//! (`koala/task/pipeline.rs`): the KLT first, and for a key it names B's own store (here a hash set
 //! standing in for it), for a pre-hashed key drawn at random from the shape's keys (the
 //! handed-over ones, and for *new keys* the new ones too). It is timed twice: warm, 1 M lookups
 //! in a row, best of 5 rounds; and cold, in 2 000 batches of 32 keys with 16 MB written between
@@ -83,7 +83,7 @@ fn splitmix64(mut x: u64) -> u64 {
 type Local = HashSet<u64>;
 
 /// Whether a key must be asked of another location, in the order a batch looks it up
-/// (`koala/pipeline.rs`): a bucket with no layer is local; otherwise the keys the KLT names are
+/// (`koala/task/pipeline.rs`): a bucket with no layer is local; otherwise the keys the KLT names are
 /// looked for in B's store, and a store miss is asked remotely.
 fn remote(klt: &KeyLookupTable, local: &Local, key: Key, out: &mut Vec<TaskId>) -> bool {
     if klt.is_settled(key.bucket) {
@@ -110,7 +110,7 @@ const EVICT_BYTES: usize = 16 << 20;
 /// Mean ns per lookup of keys drawn from `keys`: `warm`, `LOOKUPS` in a row, best of 5 rounds;
 /// `cold`, in `COLD_BATCHES` batches of `BATCH` with `EVICT_BYTES` written between two batches
 /// (only the lookups timed, the clock read per batch, as the runtime does; a batch's keys are
-/// looked up together, as `koala/pipeline.rs` does).
+/// looked up together, as `koala/task/pipeline.rs` does).
 fn lookup_ns(klt: &KeyLookupTable, local: &Local, keys: &[&[Key]]) -> LookupNs {
     let total: usize = keys.iter().map(|k| k.len()).sum();
     let mut sample = Vec::with_capacity(LOOKUPS);
@@ -142,7 +142,7 @@ fn lookup_ns(klt: &KeyLookupTable, local: &Local, keys: &[&[Key]]) -> LookupNs {
         }
         black_box(&evict);
         let started = Instant::now();
-        // As a batch does (`koala/pipeline.rs`): the keys looked up together, then the store
+        // As a batch does (`koala/task/pipeline.rs`): the keys looked up together, then the store
         // asked about the keys the table names.
         lookup.clear();
         for k in batch {

@@ -59,7 +59,7 @@ pub struct RestorePoint {
 }
 
 fn default_max_queued_records() -> usize {
-    crate::koala::DEFAULT_MAX_QUEUED_RECORDS
+    crate::koala::task::limits::DEFAULT_MAX_QUEUED_RECORDS
 }
 
 /// Capacity emulation for experiments on small machines (docs/architecture.md §4): without it,
@@ -236,7 +236,7 @@ pub enum CoordinatorMessage {
     /// `PeerReady`.
     Begin {
         /// The reconfiguration as the core planned it (moves, retired locations, knobs).
-        reconfiguration: Box<crate::koala::Reconfiguration>,
+        reconfiguration: Box<crate::koala::messages::Reconfiguration>,
         /// The tasks to start.
         tasks: Vec<TaskId>,
     },
@@ -262,7 +262,7 @@ pub enum CoordinatorMessage {
     },
     /// DRRS: a subscale begins, or the upstreams switch to a subscale's routing table
     /// ([`crate::drrs::DrrsControl`]).
-    Drrs(Box<crate::drrs::DrrsControl>),
+    Drrs(Box<crate::drrs::messages::DrrsControl>),
     /// The live sources inject the barrier of checkpoint `id` (docs/architecture.md §10).
     /// Every live task answers `CheckpointAck` once its snapshot is written.
     Checkpoint {
@@ -319,7 +319,7 @@ impl Deployment {
             channel_capacity: 1,
             sink_dir: ".".into(),
             capacity: Default::default(),
-            max_queued_records: crate::koala::DEFAULT_MAX_QUEUED_RECORDS,
+            max_queued_records: crate::koala::task::limits::DEFAULT_MAX_QUEUED_RECORDS,
             checkpoint: Default::default(),
         };
         Self {
@@ -388,7 +388,7 @@ pub enum TaskAck {
     /// A protocol surprise the task refused; the coordinator aborts the epoch and fails the job.
     ProtocolError {
         /// The error.
-        error: crate::koala::ProtocolError,
+        error: crate::common::error::ProtocolError,
     },
 }
 

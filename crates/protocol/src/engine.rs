@@ -198,6 +198,7 @@ impl Engine {
 
     /// Fault injection for the simulator's negative tests (see
     /// [`KoalaCoordinator::inject_fault_release_without_epoch`]).
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_release_without_epoch(&mut self) {
         self.koala.inject_fault_release_without_epoch();

@@ -5,14 +5,17 @@
 //! deterministic simulator.
 
 pub mod checkpoint;
+mod common;
 pub mod control;
 pub mod drrs;
 pub mod engine;
+mod fault;
 pub mod koala;
 pub mod memory;
 mod moves;
 pub mod phases;
 pub mod relay;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod stop_restart;
 pub mod watermark;

@@ -16,6 +16,14 @@ use crate::queue::DataSender;
 
 pub use koala_types::InputChannel;
 
+/// Input index of the peer lane between tasks of one operator (hand-overs, forwarded records,
+/// stop-and-restart state): bounded, see [`crate::peer`].
+pub const PEER_INPUT: usize = usize::MAX;
+
+/// Input index of the fetch lane between tasks of one operator (Koala fetch requests and
+/// responses): bounded by credit, never waited on, see [`crate::peer`].
+pub const FETCH_INPUT: usize = usize::MAX - 1;
+
 /// First frame on every data connection: which channel this connection carries.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChannelHello {
@@ -61,9 +69,10 @@ impl ChannelSender {
         addr: &str,
         to: TaskId,
         channel: InputChannel,
-        links: &crate::links::Links,
+        token: Option<&Token>,
+        tls: Option<&Tls>,
     ) -> Result<Self, RuntimeError> {
-        let stream = connect(addr, to, channel, links.token.as_ref(), links.tls.as_ref())?;
+        let stream = connect(addr, to, channel, token, tls)?;
         Ok(Self::Remote { to, stream })
     }
 

@@ -12,18 +12,10 @@ use koala_protocol::koala::{RouterEvent, UpstreamRouter};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::RuntimeError;
-use crate::channel::{ChannelSender, InputChannel};
+use crate::channel::{ChannelSender, InputChannel, PEER_INPUT};
 use crate::net::{Inboxes, TaskInboxes};
 use crate::output::{OutputEdge, Outputs, Spread};
 use crate::peer::PeerSender;
-
-/// Input index of the peer lane between tasks of one operator (hand-overs, forwarded records,
-/// stop-and-restart state): bounded, see [`crate::peer`].
-pub const PEER_INPUT: usize = usize::MAX;
-
-/// Input index of the fetch lane between tasks of one operator (Koala fetch requests and
-/// responses): bounded by credit, never waited on, see [`crate::peer`].
-pub const FETCH_INPUT: usize = usize::MAX - 1;
 
 /// What a task needs to open channels: where it runs, the graph, and the local input queues.
 #[derive(Clone)]
@@ -107,7 +99,9 @@ pub fn open_channel(
         Place::Local(inboxes) => {
             Ok(ChannelSender::Local { to, inbox: inboxes.for_input(channel.input), channel })
         }
-        Place::Remote(addr) => ChannelSender::connect(&addr, to, channel, links),
+        Place::Remote(addr) => {
+            ChannelSender::connect(&addr, to, channel, links.token.as_ref(), links.tls.as_ref())
+        }
     }
 }
 
@@ -121,7 +115,9 @@ pub fn open_peer(
     let channel = InputChannel { input: PEER_INPUT, from };
     match place(links, d, to)? {
         Place::Local(inboxes) => Ok(PeerSender::local(to, inboxes.peer, channel)),
-        Place::Remote(addr) => PeerSender::connect(&addr, to, channel, links),
+        Place::Remote(addr) => {
+            PeerSender::connect(&addr, to, channel, links.token.as_ref(), links.tls.as_ref())
+        }
     }
 }
 

@@ -16,8 +16,7 @@ use koala_types::handshake::{Gate, Role};
 use koala_types::tls::{Conn, Tls, accepted};
 use koala_types::{ChannelMessage, TaskId};
 
-use crate::channel::{ChannelHello, LocalQueue, TaskInput};
-use crate::links::{FETCH_INPUT, PEER_INPUT};
+use crate::channel::{ChannelHello, FETCH_INPUT, LocalQueue, PEER_INPUT, TaskInput};
 use crate::queue::DataSender;
 use crate::throttle::SharedLink;
 

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select, Sender, TrySendError, bounded};
 use koala_types::frame::write_frame;
-use koala_types::tls::Conn;
+use koala_types::handshake::Token;
+use koala_types::tls::{Conn, Tls};
 use koala_types::{ChannelMessage, TaskId};
 
 use crate::RuntimeError;
@@ -69,9 +70,10 @@ impl PeerSender {
         addr: &str,
         to: TaskId,
         channel: InputChannel,
-        links: &crate::links::Links,
+        token: Option<&Token>,
+        tls: Option<&Tls>,
     ) -> Result<Self, RuntimeError> {
-        let stream = connect(addr, to, channel, links.token.as_ref(), links.tls.as_ref())?;
+        let stream = connect(addr, to, channel, token, tls)?;
         let (queue, outgoing) = bounded(REMOTE_QUEUE);
         std::thread::Builder::new()
             .name("koala-peer-out".into())
@@ -235,7 +237,7 @@ mod tests {
     use koala_types::OperatorId;
 
     use super::*;
-    use crate::links::PEER_INPUT;
+    use crate::channel::PEER_INPUT;
 
     fn task(index: u32) -> TaskId {
         TaskId::new(OperatorId(1), index)

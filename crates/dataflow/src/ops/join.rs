@@ -6,10 +6,10 @@ use std::sync::Arc;
 use koala_types::{Record, decode};
 
 use crate::builder::TypeTag;
+use crate::data::Data;
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
 use crate::state::{BatchStates, ListState};
-use crate::stream::Data;
 
 /// State id of the stored left values.
 const LEFT: StateId = 0;

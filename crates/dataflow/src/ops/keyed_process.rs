@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use koala_types::{Record, decode};
 
+use crate::data::Data;
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
 use crate::state::{BatchStates, LIST_STATE, ListState, VALUE_STATE, ValueState};
-use crate::stream::Data;
 
 /// The user's closure, in its most general shape.
 pub(crate) type ProcessFn<K, T, S, L, O> =

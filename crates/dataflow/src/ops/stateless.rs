@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use koala_types::{Record, decode};
 
+use crate::data::Data;
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
-use crate::stream::Data;
 
 /// Turns one input record into zero or more output records.
 type RecordFn = dyn Fn(&Record, &mut Vec<Record>) -> Result<(), DataflowError> + Send + Sync;

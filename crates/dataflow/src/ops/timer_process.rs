@@ -21,10 +21,10 @@ use std::sync::Arc;
 
 use koala_types::{PROCESSING_TIME, Record, TimeDomain, Timestamp, decode};
 
+use crate::data::Data;
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
 use crate::state::{BatchStates, LIST_STATE, ListState, VALUE_STATE, ValueState};
-use crate::stream::Data;
 
 /// State id of the registered timers of a key (both domains).
 pub const TIMER_STATE: StateId = 2;

@@ -9,10 +9,10 @@ use koala_types::{Record, Timestamp, decode};
 use serde::{Deserialize, Serialize};
 
 use crate::builder::TypeTag;
+use crate::data::Data;
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
 use crate::state::{BatchStates, VALUE_STATE, ValueState};
-use crate::stream::Data;
 use crate::window::{Window, WindowSpec};
 
 /// Makes an empty accumulator.

@@ -8,11 +8,11 @@ use koala_types::{Record, Timestamp, decode};
 use serde::{Deserialize, Serialize};
 
 use crate::builder::TypeTag;
+use crate::data::Data;
 use crate::logic::{DataflowError, OperatorContext, OperatorLogic, StateId};
 use crate::ops::keyed_output;
 use crate::ops::window_aggregate::result_time;
 use crate::state::{BatchStates, VALUE_STATE, ValueState};
-use crate::stream::Data;
 use crate::window::{Window, WindowSpec};
 
 /// The user's pair function.

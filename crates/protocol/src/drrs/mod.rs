@@ -35,7 +35,7 @@
 //!    markers, closes and every pushed bucket are through.
 
 mod coordinator;
-mod messages;
+pub(crate) mod messages;
 pub mod plan;
 mod task;
 #[cfg(test)]

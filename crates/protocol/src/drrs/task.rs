@@ -33,232 +33,25 @@
 //! assert_eq!(out[0], TaskAction::Process { input: 0, records: vec![r] });
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 
 use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp, bucket_of};
 
-use super::messages::{DrrsPeer, Subscale};
-use crate::control::TaskAck;
-use crate::koala::{ChannelWatermarks, HeldTimes, InputSource, ProtocolError};
+use super::messages::DrrsPeer;
+use crate::common::error::ProtocolError;
+use crate::common::event_time::{ChannelWatermarks, HeldTimes};
+use crate::common::input::InputSource;
+use crate::fault::FaultSwitch;
 
+mod events;
+mod peer;
+mod progress;
 mod room;
+mod transition;
 
+pub use events::{TaskAction, TaskConfig, TaskEvent};
 pub use room::low_water;
-
-/// How a target task starts.
-#[derive(Clone, Debug)]
-pub struct TaskConfig {
-    /// The task.
-    pub id: TaskId,
-    /// Buckets of the operator's key space.
-    pub num_buckets: u16,
-    /// Buckets whose state is here at deployment; empty for a new task.
-    pub owned: BTreeSet<BucketId>,
-    /// Data channels open to this task; empty for a new task.
-    pub inputs: BTreeSet<InputChannel>,
-}
-
-/// Input of a [`DrrsTask`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskEvent {
-    /// A batch on a data channel.
-    Records {
-        /// The channel.
-        channel: InputChannel,
-        /// The records, in channel order.
-        records: Vec<Record>,
-    },
-    /// A watermark on a data channel.
-    Watermark {
-        /// The channel.
-        channel: InputChannel,
-        /// Its event time.
-        time: Timestamp,
-    },
-    /// The upstream switched routing tables for subscale `epoch`.
-    Marker {
-        /// The channel.
-        channel: InputChannel,
-        /// The subscale.
-        epoch: Epoch,
-    },
-    /// A data channel ended.
-    EndOfStream {
-        /// The channel.
-        channel: InputChannel,
-    },
-    /// The coordinator starts a subscale.
-    Start(Arc<Subscale>),
-    /// A peer-channel message.
-    Peer {
-        /// The peer task.
-        from: TaskId,
-        /// The message.
-        message: DrrsPeer,
-    },
-    /// The runtime installed a bucket `from` pushed (its state and its timers).
-    BucketArrived {
-        /// The sender.
-        from: TaskId,
-        /// The subscale.
-        epoch: Epoch,
-        /// The bucket.
-        bucket: BucketId,
-    },
-    /// The runtime sent the bucket of [`TaskAction::PushBucket`]: the next may go.
-    Pushed {
-        /// The receiver.
-        to: TaskId,
-        /// The bucket.
-        bucket: BucketId,
-    },
-}
-
-/// Output of a [`DrrsTask`], executed in order by the runtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskAction {
-    /// Run the operator on these records of input `input`, in this order; their buckets' state
-    /// is here.
-    Process {
-        /// The operator input.
-        input: usize,
-        /// The records.
-        records: Vec<Record>,
-    },
-    /// Send on the peer channel to `to`.
-    SendToPeer {
-        /// The peer.
-        to: TaskId,
-        /// The message.
-        message: DrrsPeer,
-    },
-    /// The task stops processing `buckets` (they go to another task): fire their timers due at
-    /// event time `up_to` (the task's inputs reached it), then set their other timers aside —
-    /// they travel with the bucket's push and never fire here.
-    DetachTimers {
-        /// The buckets.
-        buckets: Vec<BucketId>,
-        /// The sender's event time, if it has one.
-        up_to: Option<Timestamp>,
-    },
-    /// Push `bucket` to `to` on the state lane: read and delete its state here, send it with the
-    /// timers set aside for it; once sent (it counts against `link_mb_per_sec`), feed
-    /// [`TaskEvent::Pushed`]. The receiver installs it and feeds [`TaskEvent::BucketArrived`].
-    PushBucket {
-        /// The receiver.
-        to: TaskId,
-        /// The subscale.
-        epoch: Epoch,
-        /// The bucket.
-        bucket: BucketId,
-    },
-    /// Emit this watermark downstream (monotone).
-    EmitWatermark(Timestamp),
-    /// Send to the coordinator.
-    Ack {
-        /// The subscale.
-        epoch: Epoch,
-        /// The ack.
-        ack: TaskAck,
-    },
-    /// The event was rejected; report it so the coordinator aborts the job.
-    Error(ProtocolError),
-}
-
-/// A sender's view of one receiver.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Out {
-    AwaitOpen,
-    /// The receiver emitted up to this watermark; fast-forward once caught up.
-    Open(Option<Timestamp>),
-    /// Fast-forwarded; the last watermark forwarded.
-    Forwarding(Option<Timestamp>),
-    Closed,
-}
-
-#[derive(Debug)]
-struct Outbound {
-    buckets: Vec<BucketId>,
-    state: Out,
-    /// Buckets not pushed yet, in push order.
-    unpushed: VecDeque<BucketId>,
-    /// The bucket being pushed.
-    pushing: Option<BucketId>,
-    /// Records the receiver lets this task forward now ([`DrrsPeer::Credit`]).
-    credit: usize,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum In {
-    Awaiting,
-    Forwarding,
-    Closed,
-}
-
-/// Records waiting for one incoming bucket: those forwarded by the sender, and those that came
-/// directly from upstreams after the switch (they go after every forwarded one).
-#[derive(Debug, Default)]
-struct Waiting {
-    peer: VecDeque<(usize, Record)>,
-    direct: VecDeque<(usize, Record)>,
-    /// The intake tag of the oldest record waiting (per-batch latency, `DrrsTask::take_process_tags`).
-    since: u64,
-}
-
-impl Waiting {
-    /// The wait of `bucket` in `waiting`, started with intake tag `tag` if nothing waited.
-    fn of(waiting: &mut BTreeMap<BucketId, Waiting>, bucket: BucketId, tag: u64) -> &mut Waiting {
-        let w = waiting.entry(bucket).or_default();
-        if w.peer.is_empty() && w.direct.is_empty() {
-            w.since = tag;
-        }
-        w
-    }
-}
-
-/// A running subscale.
-#[derive(Debug)]
-struct Transition {
-    sub: Arc<Subscale>,
-    markers_pending: BTreeSet<InputChannel>,
-    markers_seen: BTreeSet<InputChannel>,
-    outbound: BTreeMap<TaskId, Outbound>,
-    forward: BTreeMap<BucketId, TaskId>,
-    inbound: BTreeMap<TaskId, (Vec<BucketId>, In)>,
-    incoming: BTreeMap<BucketId, TaskId>,
-    waiting: BTreeMap<BucketId, Waiting>,
-    /// Buckets the receiver asked its sender to push first.
-    asked: BTreeSet<BucketId>,
-    /// Senders this receiver told `Received`.
-    acked: BTreeSet<TaskId>,
-    /// Receivers that told this sender `Received`.
-    received: BTreeSet<TaskId>,
-    ready_sent: bool,
-    /// By sender: its window in this receiver's wait buffer and how much of it is in use.
-    lent: BTreeMap<TaskId, room::Lent>,
-}
-
-impl Transition {
-    fn epoch(&self) -> Epoch {
-        self.sub.epoch
-    }
-
-    fn is_receiver(&self) -> bool {
-        !self.inbound.is_empty()
-    }
-
-    /// Whether everything of the subscale is through here: markers (or ends of stream) on
-    /// every data channel, every receiver's `Received` and every push sent, every sender told
-    /// `Received`, nothing waiting.
-    fn done(&self) -> bool {
-        self.ready_sent
-            && self.markers_pending.is_empty()
-            && self.outbound.iter().all(|(to, o)| self.received.contains(to) && o.pushing.is_none())
-            && self.inbound.keys().all(|from| self.acked.contains(from))
-            && self.waiting.is_empty()
-    }
-}
+use transition::{In, Transition, Waiting};
 
 /// Where a record that came directly from upstream goes.
 enum Route {
@@ -298,9 +91,9 @@ pub struct DrrsTask {
     released: Vec<(usize, usize, u64)>,
     /// Per `Process` action of the last event, the oldest intake tag of its records.
     process_tags: Vec<u64>,
-    fault_process_before_state: bool,
-    fault_watermark_before_state: bool,
-    fault_unbounded_credit: bool,
+    fault_process_before_state: FaultSwitch,
+    fault_watermark_before_state: FaultSwitch,
+    fault_unbounded_credit: FaultSwitch,
 }
 
 impl DrrsTask {
@@ -329,9 +122,9 @@ impl DrrsTask {
             intake_tag: 0,
             released: Vec::new(),
             process_tags: Vec::new(),
-            fault_process_before_state: false,
-            fault_watermark_before_state: false,
-            fault_unbounded_credit: false,
+            fault_process_before_state: FaultSwitch::default(),
+            fault_watermark_before_state: FaultSwitch::default(),
+            fault_unbounded_credit: FaultSwitch::default(),
         }
     }
 
@@ -433,23 +226,26 @@ impl DrrsTask {
 
     /// Fault injection for the simulator's negative tests: process records of an incoming
     /// bucket without waiting for its state.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_process_before_state(&mut self) {
-        self.fault_process_before_state = true;
+        self.fault_process_before_state.set();
     }
 
     /// Fault injection for the simulator's negative tests: emit watermarks while a moved
     /// bucket's state and timers have not arrived.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_watermark_before_state(&mut self) {
-        self.fault_watermark_before_state = true;
+        self.fault_watermark_before_state.set();
     }
 
     /// Fault injection for the simulator's negative tests: lend senders unbounded credit (the
     /// bound still counts the real windows), so forwarded records pile up past `wait_records`.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_unbounded_credit(&mut self) {
-        self.fault_unbounded_credit = true;
+        self.fault_unbounded_credit.set();
     }
 
     /// Feeds one event; returns the actions to execute, in order.
@@ -542,7 +338,7 @@ impl DrrsTask {
 
     /// Whether records of `bucket` may be processed here now (its state is here).
     fn has_state(&self, bucket: BucketId) -> bool {
-        self.fault_process_before_state || self.owned.contains(&bucket)
+        self.fault_process_before_state.on() || self.owned.contains(&bucket)
     }
 
     fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {
@@ -613,293 +409,6 @@ impl DrrsTask {
         Ok(())
     }
 
-    fn on_start(&mut self, sub: Arc<Subscale>, out: &mut Vec<TaskAction>) -> Result<(), ProtocolError> {
-        // Subscales start in epoch order; several may run at once (they move disjoint buckets).
-        if sub.epoch <= self.epoch {
-            return Err(ProtocolError::StaleEpoch { got: sub.epoch, current: self.epoch });
-        }
-        let invalid = |reason: String| ProtocolError::InvalidReconfiguration { epoch: sub.epoch, reason };
-        let mut outbound = BTreeMap::new();
-        let mut inbound = BTreeMap::new();
-        let mut incoming = BTreeMap::new();
-        let mut seen = BTreeSet::new();
-        for (&(from, to), buckets) in &sub.moves {
-            if from == to || from.operator != sub.operator || to.operator != sub.operator {
-                return Err(invalid(format!(
-                    "move {from}->{to} is not between two tasks of {}",
-                    sub.operator
-                )));
-            }
-            for &b in buckets {
-                if b >= self.num_buckets || !seen.insert(b) {
-                    return Err(invalid(format!("bucket {b} is out of range or moves twice")));
-                }
-            }
-            if from == self.id {
-                if let Some(b) = buckets.iter().find(|b| !self.owned.contains(b)) {
-                    return Err(invalid(format!(
-                        "{} moves bucket {b} to {to} but does not hold it",
-                        self.id
-                    )));
-                }
-                let unpushed = buckets.iter().copied().collect();
-                let o = Outbound {
-                    buckets: buckets.clone(),
-                    state: Out::AwaitOpen,
-                    unpushed,
-                    pushing: None,
-                    credit: 0,
-                };
-                outbound.insert(to, o);
-            }
-            if to == self.id {
-                if let Some(b) = buckets.iter().find(|b| self.owned.contains(b)) {
-                    return Err(invalid(format!("{} receives bucket {b} from {from} but holds it", self.id)));
-                }
-                incoming.extend(buckets.iter().map(|&b| (b, from)));
-                inbound.insert(from, (buckets.clone(), In::Awaiting));
-            }
-        }
-        if !self.started {
-            // A task a reconfiguration created learned its channels when it was deployed; an
-            // upstream that finished since then is not among the subscale's running upstreams and
-            // never opens its channel here (it never switched to a table naming this task): the
-            // coordinator tells nobody, so expect nothing from it (no marker, no end of stream).
-            let gone: Vec<InputChannel> =
-                self.inputs.iter().filter(|c| !sub.upstreams.contains(&c.from)).copied().collect();
-            for channel in gone {
-                self.on_end_of_stream(channel)?;
-            }
-        }
-        self.epoch = sub.epoch;
-        self.started = true;
-        let window = super::peer_window(sub.wait_records, inbound.len());
-        let mut lent = BTreeMap::new();
-        for &from in inbound.keys() {
-            self.watermarks.add(InputSource::Peer(from));
-            let credit = if self.fault_unbounded_credit { usize::MAX / 4 } else { window };
-            lent.insert(from, room::Lent { window, outstanding: credit, freed: 0 });
-            let message = DrrsPeer::Open { epoch: sub.epoch, watermark: self.emitted, credit };
-            out.push(TaskAction::SendToPeer { to: from, message });
-        }
-        self.subs.insert(
-            sub.epoch,
-            Transition {
-                markers_pending: self.inputs.clone(),
-                markers_seen: BTreeSet::new(),
-                outbound,
-                forward: BTreeMap::new(),
-                inbound,
-                incoming,
-                waiting: BTreeMap::new(),
-                asked: BTreeSet::new(),
-                acked: BTreeSet::new(),
-                received: BTreeSet::new(),
-                ready_sent: false,
-                lent,
-                sub,
-            },
-        );
-        // Replays what peers sent for subscales started since (later ones wait again).
-        for (from, message) in std::mem::take(&mut self.early) {
-            if let Err(e) = self.on_peer(from, message, out) {
-                out.push(TaskAction::Error(e));
-            }
-        }
-        Ok(())
-    }
-
-    fn on_peer(
-        &mut self,
-        from: TaskId,
-        message: DrrsPeer,
-        out: &mut Vec<TaskAction>,
-    ) -> Result<(), ProtocolError> {
-        let epoch = message.epoch();
-        let unexpected =
-            |reason: &str| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason: reason.into() };
-        if epoch > self.epoch {
-            // The peer started the subscale before this task did; replayed at our Start.
-            self.early.push((from, message));
-            return Ok(());
-        }
-        let has_state: BTreeSet<BucketId> = if self.fault_process_before_state {
-            (0..self.num_buckets).collect()
-        } else {
-            self.owned.clone()
-        };
-        let Some(t) = self.subs.get_mut(&epoch) else {
-            return Err(unexpected("no subscale of this epoch"));
-        };
-        match message {
-            DrrsPeer::Open { watermark, credit, .. } => match t.outbound.get_mut(&from) {
-                Some(o) if o.state == Out::AwaitOpen => {
-                    o.state = Out::Open(watermark);
-                    o.credit = credit;
-                }
-                _ => return Err(unexpected("open from a task this one does not send to")),
-            },
-            DrrsPeer::Credit { records, .. } => match t.outbound.get_mut(&from) {
-                Some(o) if o.state != Out::AwaitOpen => o.credit += records,
-                _ => return Err(unexpected("credit from a task this one does not forward to")),
-            },
-            DrrsPeer::FastForward { watermark, .. } => {
-                let Some((_, state @ In::Awaiting)) = t.inbound.get_mut(&from) else {
-                    return Err(unexpected("fast-forward from a task that is not a pending sender"));
-                };
-                *state = In::Forwarding;
-                if let Some(w) = watermark {
-                    self.watermarks.set(InputSource::Peer(from), w)?;
-                }
-            }
-            DrrsPeer::Records { input, records, .. } => {
-                if !matches!(t.inbound.get(&from), Some((_, In::Forwarding))) {
-                    return Err(unexpected("records on a peer channel that is not open"));
-                }
-                let Some(lent) = t.lent.get_mut(&from).filter(|l| l.outstanding >= records.len()) else {
-                    return Err(unexpected("more records than the credit this task gave"));
-                };
-                lent.outstanding -= records.len();
-                for record in records {
-                    let bucket = bucket_of(&record.key, self.num_buckets);
-                    if t.incoming.get(&bucket) != Some(&from) {
-                        out.push(TaskAction::Error(ProtocolError::Misrouted {
-                            bucket,
-                            channel: InputSource::Peer(from),
-                        }));
-                        continue;
-                    }
-                    if has_state.contains(&bucket) && t.waiting.get(&bucket).is_none_or(|w| w.peer.is_empty())
-                    {
-                        // Direct records of the bucket may wait for the close: they come after.
-                        process(out, input, record);
-                        if let Some(lent) = t.lent.get_mut(&from) {
-                            lent.freed += 1;
-                        }
-                        continue;
-                    }
-                    self.held.add(record.time);
-                    self.waited += 1;
-                    Waiting::of(&mut t.waiting, bucket, self.intake_tag).peer.push_back((input, record));
-                    if !has_state.contains(&bucket) && t.asked.insert(bucket) {
-                        out.push(TaskAction::SendToPeer {
-                            to: from,
-                            message: DrrsPeer::Prioritize { epoch, bucket },
-                        });
-                    }
-                }
-            }
-            DrrsPeer::Watermark { time, .. } => {
-                if !matches!(t.inbound.get(&from), Some((_, In::Forwarding))) {
-                    return Err(unexpected("watermark on a peer channel that is not open"));
-                }
-                self.watermarks.set(InputSource::Peer(from), time)?;
-            }
-            DrrsPeer::Close { .. } => {
-                let Some((buckets, state @ In::Forwarding)) = t.inbound.get_mut(&from) else {
-                    return Err(unexpected("close of a peer channel that is not open"));
-                };
-                *state = In::Closed;
-                let buckets = buckets.clone();
-                self.watermarks.close(InputSource::Peer(from));
-                for b in buckets {
-                    self.release(b, out);
-                }
-            }
-            DrrsPeer::Received { .. } => {
-                // Every bucket was handed to the runtime (the last `Pushed` may come later).
-                let pushed_all =
-                    t.outbound.get(&from).is_some_and(|o| o.state == Out::Closed && o.unpushed.is_empty());
-                if !pushed_all || !t.received.insert(from) {
-                    return Err(unexpected("received before the channel closed and every bucket was pushed"));
-                }
-            }
-            DrrsPeer::Prioritize { bucket, .. } => {
-                let Some(o) = t.outbound.get_mut(&from) else {
-                    return Err(unexpected("a push request from a task this one does not send to"));
-                };
-                if let Some(i) = o.unpushed.iter().position(|b| *b == bucket) {
-                    o.unpushed.remove(i);
-                    o.unpushed.push_front(bucket);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn on_arrived(
-        &mut self,
-        from: TaskId,
-        epoch: Epoch,
-        bucket: BucketId,
-        out: &mut Vec<TaskAction>,
-    ) -> Result<(), ProtocolError> {
-        let unexpected =
-            |reason: &str| ProtocolError::UnexpectedPeerMessage { peer: from, epoch, reason: reason.into() };
-        let Some(t) = self.subs.get(&epoch) else {
-            return Err(unexpected("a pushed bucket outside its subscale"));
-        };
-        if t.incoming.get(&bucket) != Some(&from) || self.owned.contains(&bucket) {
-            return Err(unexpected("a pushed bucket this task does not expect from that sender"));
-        }
-        self.owned.insert(bucket);
-        self.release(bucket, out);
-        Ok(())
-    }
-
-    fn on_pushed(&mut self, to: TaskId, bucket: BucketId) -> Result<(), ProtocolError> {
-        let o = self
-            .subs
-            .values_mut()
-            .filter_map(|t| t.outbound.get_mut(&to))
-            .find(|o| o.pushing == Some(bucket));
-        match o {
-            Some(o) if o.pushing == Some(bucket) => {
-                o.pushing = None;
-                Ok(())
-            }
-            _ => Err(ProtocolError::UnexpectedPeerMessage {
-                peer: to,
-                epoch: self.epoch,
-                reason: format!("bucket {bucket} was not being pushed there"),
-            }),
-        }
-    }
-
-    /// Processes what waits for `bucket` and may go now: the forwarded records once its state is
-    /// here, then the direct ones once its peer channel also closed.
-    fn release(&mut self, bucket: BucketId, out: &mut Vec<TaskAction>) {
-        if !self.has_state(bucket) {
-            return;
-        }
-        let Some(t) = self.receiving_mut(bucket) else { return };
-        let closed =
-            t.incoming.get(&bucket).and_then(|s| t.inbound.get(s)).is_some_and(|(_, s)| *s == In::Closed);
-        let Some(w) = t.waiting.get_mut(&bucket) else { return };
-        let mut go: Vec<(usize, Record)> = w.peer.drain(..).collect();
-        // Forwarded records leave the sender's window: it may forward as many more.
-        if let Some(lent) = t.incoming.get(&bucket).and_then(|s| t.lent.get_mut(s)) {
-            lent.freed += go.len();
-        }
-        if closed {
-            go.extend(w.direct.drain(..));
-        }
-        let since = w.since;
-        if w.peer.is_empty() && w.direct.is_empty() {
-            t.waiting.remove(&bucket);
-        }
-        if go.is_empty() {
-            return;
-        }
-        // The first released record may join the last `Process` action.
-        let first = out.len() - usize::from(matches!(out.last(), Some(TaskAction::Process { .. })));
-        for (input, record) in go {
-            self.held.remove(record.time);
-            process(out, input, record);
-        }
-        self.released.push((first, out.len(), since));
-    }
-
     /// Runs everything the last event may have unblocked.
     fn pump(&mut self, out: &mut Vec<TaskAction>) {
         loop {
@@ -913,160 +422,6 @@ impl DrrsTask {
         }
         self.return_credit(out);
         self.backpressure();
-    }
-
-    /// The event time the task may claim: the minimum over its channels, below every record it
-    /// holds.
-    fn frontier(&self) -> Option<Timestamp> {
-        self.below_held(self.watermarks.min()?)
-    }
-
-    /// What a sender promises on its peer channels: its upstream channels bound what it forwards.
-    /// The records it holds do not: each waits for a bucket this task *receives*, which it never
-    /// also sends (a reconfiguration moves a bucket once), so the task processes them itself. Held
-    /// below them, a task that receives and sends in one subscale (2 → 4 under the uniform policy:
-    /// 0 → 1 → 2) could fast-forward to its receivers only once its own buckets had all arrived, and
-    /// every subscale ran its pairs one hop after another (the full scale-out: ~19 s a subscale
-    /// for ~7 s of transfer).
-    fn sender_frontier(&self) -> Option<Timestamp> {
-        self.watermarks.min_upstream()
-    }
-
-    fn below_held(&self, channels: Timestamp) -> Option<Timestamp> {
-        match self.held.min() {
-            None => Some(channels),
-            Some(0) => None,
-            Some(h) => Some(channels.min(h - 1)),
-        }
-    }
-
-    fn try_fast_forward(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let frontier = self.sender_frontier();
-        let mut changed = false;
-        for t in self.subs.values_mut() {
-            let epoch = t.epoch();
-            for (&to, o) in t.outbound.iter_mut() {
-                let ready = match o.state {
-                    Out::Open(None) => true,
-                    Out::Open(Some(w)) => frontier.is_some_and(|f| f >= w),
-                    _ => false,
-                };
-                if !ready {
-                    continue;
-                }
-                o.state = Out::Forwarding(frontier);
-                t.forward.extend(o.buckets.iter().map(|&b| (b, to)));
-                out.push(TaskAction::DetachTimers { buckets: o.buckets.clone(), up_to: frontier });
-                out.push(TaskAction::SendToPeer {
-                    to,
-                    message: DrrsPeer::FastForward { epoch, watermark: frontier },
-                });
-                changed = true;
-            }
-        }
-        changed
-    }
-
-    /// Pushes the next bucket to every receiver with none in flight: a bucket records wait for
-    /// first, else in bucket order.
-    fn try_push(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let mut changed = false;
-        for t in self.subs.values_mut() {
-            let epoch = t.epoch();
-            for (&to, o) in t.outbound.iter_mut() {
-                if o.pushing.is_some() || matches!(o.state, Out::AwaitOpen | Out::Open(_)) {
-                    continue;
-                }
-                let Some(bucket) = o.unpushed.pop_front() else { continue };
-                o.pushing = Some(bucket);
-                self.owned.remove(&bucket);
-                out.push(TaskAction::PushBucket { to, epoch, bucket });
-                changed = true;
-            }
-        }
-        changed
-    }
-
-    fn advance_watermark(&mut self, out: &mut Vec<TaskAction>) {
-        if let Some(f) = self.sender_frontier() {
-            for t in self.subs.values_mut() {
-                let epoch = t.epoch();
-                for (&to, o) in t.outbound.iter_mut() {
-                    if let Out::Forwarding(last) = &mut o.state
-                        && last.is_none_or(|l| f > l)
-                    {
-                        *last = Some(f);
-                        let message = DrrsPeer::Watermark { epoch, time: f };
-                        out.push(TaskAction::SendToPeer { to, message });
-                    }
-                }
-            }
-        }
-        let Some(f) = self.frontier() else { return };
-        // A receiver holds its event time until every marker arrived (as Koala does) and — the
-        // watermark propagation the paper adds to DRRS — while records wait or a moved bucket's
-        // state and timers have not arrived.
-        let gate_open = self.started
-            && self.subs.values().all(|t| {
-                !t.is_receiver()
-                    || (t.markers_pending.is_empty()
-                        && (self.fault_watermark_before_state
-                            || (t.waiting.is_empty() && t.incoming.keys().all(|b| self.owned.contains(b)))))
-            });
-        if gate_open && self.emitted.is_none_or(|e| f > e) {
-            self.emitted = Some(f);
-            out.push(TaskAction::EmitWatermark(f));
-        }
-    }
-
-    fn check_ready_and_done(&mut self, out: &mut Vec<TaskAction>) -> bool {
-        let mut changed = false;
-        let mut finished = Vec::new();
-        for (&epoch, t) in self.subs.iter_mut() {
-            changed |= Self::check_transition(epoch, t, &self.owned, out);
-            if t.done() {
-                finished.push(epoch);
-            }
-        }
-        for epoch in finished {
-            self.subs.remove(&epoch);
-            out.push(TaskAction::Ack { epoch, ack: TaskAck::Done });
-            changed = true;
-        }
-        changed
-    }
-
-    /// Acks `PeerReady`, closes peer channels and tells senders `Received` as subscale `epoch`
-    /// allows.
-    fn check_transition(
-        epoch: Epoch,
-        t: &mut Transition,
-        owned: &BTreeSet<BucketId>,
-        out: &mut Vec<TaskAction>,
-    ) -> bool {
-        let mut changed = false;
-        if !t.ready_sent && t.inbound.values().all(|(_, s)| *s != In::Awaiting) {
-            t.ready_sent = true;
-            out.push(TaskAction::Ack { epoch, ack: TaskAck::PeerReady });
-            changed = true;
-        }
-        if t.markers_pending.is_empty() {
-            for (&to, o) in t.outbound.iter_mut() {
-                if matches!(o.state, Out::Forwarding(_)) {
-                    o.state = Out::Closed;
-                    out.push(TaskAction::SendToPeer { to, message: DrrsPeer::Close { epoch } });
-                    changed = true;
-                }
-            }
-        }
-        // A receiver tells each sender whose channel closed and whose buckets all arrived.
-        for (&from, (buckets, state)) in &t.inbound {
-            if *state == In::Closed && buckets.iter().all(|b| owned.contains(b)) && t.acked.insert(from) {
-                out.push(TaskAction::SendToPeer { to: from, message: DrrsPeer::Received { epoch } });
-                changed = true;
-            }
-        }
-        changed
     }
 }
 

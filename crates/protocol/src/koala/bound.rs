@@ -19,7 +19,7 @@ impl KoalaTask {
     /// (backpressure, source lag); commands, peer and fetch lanes keep flowing, and what the task
     /// holds drains without data input (see [`Self::data_room`]).
     pub fn takes_data(&self) -> bool {
-        if self.fault_hold_back_after_marker {
+        if self.fault_hold_back_after_marker.on() {
             return self.transition.as_ref().is_some_and(|t| !t.markers_pending.is_empty())
                 || self.queued_records() < self.max_queued;
         }
@@ -43,7 +43,7 @@ impl KoalaTask {
     pub fn data_room(&self, channel: InputChannel, records: &[Record]) -> usize {
         let queued = self.queued_records();
         let room = self.max_queued.saturating_sub(queued);
-        if self.fault_hold_back_after_marker {
+        if self.fault_hold_back_after_marker.on() {
             return self.reverted_data_room(channel, records.len());
         }
         let Some(t) = &self.transition else { return room.min(records.len()) };
@@ -57,7 +57,7 @@ impl KoalaTask {
                 return taken;
             }
             let bucket = koala_types::bucket_of(&r.key, self.num_buckets);
-            if matches!(t.route_direct(channel, bucket, self.park_direct), Some(Route::Park)) {
+            if matches!(t.route_direct(channel, bucket, !self.fault_no_parking.on()), Some(Route::Park)) {
                 if parked + 1 >= self.max_queued {
                     return taken;
                 }
@@ -78,9 +78,10 @@ impl KoalaTask {
     /// every channel whose marker is in waits at its sender until the task's markers are all in,
     /// whatever its records are (the runtime held them back once the task held the bound minus
     /// what its queue might still deliver, 16 384 records by default: at small bounds, always).
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_hold_back_after_marker(&mut self) {
-        self.fault_hold_back_after_marker = true;
+        self.fault_hold_back_after_marker.set();
     }
 
     fn reverted_data_room(&self, channel: InputChannel, records: usize) -> usize {

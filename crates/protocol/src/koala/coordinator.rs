@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 use koala_types::{Epoch, OperatorId, TaskId};
 
-use super::error::ProtocolError;
-use super::messages::{Reconfiguration, TaskAck};
+use super::messages::Reconfiguration;
+use crate::common::error::ProtocolError;
+use crate::control::TaskAck;
+use crate::fault::FaultSwitch;
 use crate::moves::moves_between;
 
 /// A keyed operator the coordinator reconfigures.
@@ -150,7 +152,7 @@ struct OperatorState {
 pub struct KoalaCoordinator {
     operators: BTreeMap<OperatorId, OperatorState>,
     /// Fault injection (simulator's negative test): release on drain reports of any epoch.
-    release_without_epoch: bool,
+    release_without_epoch: FaultSwitch,
 }
 
 impl KoalaCoordinator {
@@ -218,9 +220,10 @@ impl KoalaCoordinator {
 
     /// Fault injection for the simulator's negative tests: release a retired task on drain
     /// reports of any epoch (the bookkeeping the job's coordinator had before it ran this core).
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_release_without_epoch(&mut self) {
-        self.release_without_epoch = true;
+        self.release_without_epoch.set();
     }
 
     /// The running epoch of `operator`, if any.
@@ -306,7 +309,7 @@ impl KoalaCoordinator {
             TaskAck::LocationDrained { location } => {
                 // Kept even before `location` retires: the report may overtake the epoch's end.
                 op.drained.entry(*location).or_default().insert(from, epoch);
-                Self::release(op, self.release_without_epoch, out);
+                Self::release(op, self.release_without_epoch.on(), out);
             }
             TaskAck::PeerReady => {
                 let Phase::AwaitReady { reconf, target, pending, done } = &mut op.phase else {
@@ -357,7 +360,7 @@ impl KoalaCoordinator {
         op.last_epoch = epoch;
         op.phase = Phase::Idle;
         out.push(CoordinatorAction::Completed { operator, epoch });
-        Self::release(op, self.release_without_epoch, out);
+        Self::release(op, self.release_without_epoch.on(), out);
         self.start_next(operator, out);
     }
 

@@ -28,7 +28,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::klt::key_hash;
+use super::key_hash::key_hash;
 use super::serve::LocationStore;
 use koala_types::BucketId;
 use koala_types::bloom::{BloomBlock as Block, block_of};

@@ -5,23 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use koala_types::{BucketId, Epoch, InputChannel, OperatorId, TaskId, Timestamp};
+use koala_types::{BucketId, Epoch, OperatorId, TaskId, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use super::error::ProtocolError;
 use super::filter::KeyFilter;
+use crate::common::error::ProtocolError;
 
 pub use crate::moves::Moves;
-
-/// An input of a target task: a data channel from an upstream task or a peer channel from a sender.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum InputSource {
-    /// A data channel: one input of the operator, from one upstream task (a self-join has two
-    /// from each upstream task).
-    Upstream(InputChannel),
-    /// The peer channel from a sender of the running epoch.
-    Peer(TaskId),
-}
 
 /// One reconfiguration of one operator, as every target task receives it (paper §3.1 "Init").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,5 +262,3 @@ pub struct FetchResponse {
     /// Extra buckets in which the location holds no state any more after this response.
     pub exhausted: Vec<BucketId>,
 }
-
-pub use crate::control::TaskAck;

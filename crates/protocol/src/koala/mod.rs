@@ -31,37 +31,35 @@ mod awaited;
 mod bound;
 mod coordinator;
 mod cut;
-mod error;
-mod event_time;
 mod filter;
+mod key_hash;
 mod klt;
 mod life;
-mod lookahead;
-mod messages;
-mod pipeline;
+pub(crate) mod messages;
 mod serve;
 
-mod task;
+pub(crate) mod task;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_bounded;
-mod timers;
-mod transition;
-mod upstream;
 
 pub use coordinator::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
 pub use cut::{CheckpointCut, CutPart, Entry as CutEntry, RestoreStep, restore_steps};
-pub use error::ProtocolError;
-pub(crate) use event_time::{ChannelWatermarks, HeldTimes};
 pub use filter::{FilterBuild, KeyFilter};
-pub use klt::{BatchLookup, KeyLookupTable, PendingFilter, bucket_and_key_hash, key_hash, key_hash_of};
+pub use key_hash::{bucket_and_key_hash, key_hash, key_hash_of};
+pub use klt::{BatchLookup, KeyLookupTable, PendingFilter};
 pub use life::{InputsEnded, TaskLife};
 pub use messages::{
-    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, FilterRequest, FilterResponse, HandOver,
-    InputSource, Layer, PeerMessage, Reconfiguration, Role, TaskAck,
+    BucketLocations, ExtraKeys, FetchRequest, FetchResponse, FilterRequest, FilterResponse, HandOver, Layer,
+    PeerMessage, Reconfiguration, Role,
 };
-pub use pipeline::{BatchTaken, DEFAULT_MAX_QUEUED_RECORDS};
 pub use serve::{Answered, KeyPage, LocationStore, PullCursors, serve_fetch};
+pub use task::limits::DEFAULT_MAX_QUEUED_RECORDS;
+pub use task::pipeline::BatchTaken;
 pub use task::{KoalaTask, LocalKeys, NoLocalKeys, TaskAction, TaskConfig, TaskEvent};
-pub use upstream::{RouterAction, RouterEvent, UpstreamRouter};
+
+pub use crate::common::error::ProtocolError;
+pub use crate::common::input::InputSource;
+pub use crate::common::upstream::{RouterAction, RouterEvent, UpstreamRouter};
+pub use crate::control::TaskAck;

@@ -26,218 +26,29 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, InputChannel, PROCESSING_TIME, Record, TaskId, TimeDomain, Timestamp};
 
 use super::awaited::AwaitedFilters;
-use super::error::ProtocolError;
-use super::event_time::{ChannelWatermarks, HeldTimes};
 use super::klt::KeyLookupTable;
-use super::messages::{
-    FetchRequest, FetchResponse, FilterRequest, FilterResponse, InputSource, PeerMessage, Reconfiguration,
-    TaskAck,
-};
-use super::pipeline::{InputRecord, Pipeline};
-use super::timers::{ACCESS, HandedTimers};
-use super::transition::Transition;
+use super::messages::PeerMessage;
+use crate::common::error::ProtocolError;
+use crate::common::event_time::{ChannelWatermarks, HeldTimes};
+use crate::common::input::InputSource;
+use crate::control::TaskAck;
+use crate::fault::FaultSwitch;
+use pipeline::{InputRecord, Pipeline};
+use timers::{ACCESS, HandedTimers};
+use transition::Transition;
 
-/// How a target task starts.
-#[derive(Clone, Debug)]
-pub struct TaskConfig {
-    /// The task.
-    pub id: TaskId,
-    /// Buckets of the operator's key space.
-    pub num_buckets: u16,
-    /// Buckets the task owns with their state local (initial deployment); empty for a new task.
-    pub owned: BTreeSet<BucketId>,
-    /// Data channels open to this task (upstream task and input index); empty for a new task.
-    pub inputs: BTreeSet<InputChannel>,
-}
+pub use events::{TaskAction, TaskConfig, TaskEvent};
 
-/// Input of a [`KoalaTask`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskEvent {
-    /// A batch on a data channel.
-    Records {
-        /// The channel: upstream task and operator input.
-        channel: InputChannel,
-        /// The records in channel order.
-        records: Vec<Record>,
-    },
-    /// A watermark on a data channel.
-    Watermark {
-        /// The channel.
-        channel: InputChannel,
-        /// Its event time.
-        time: Timestamp,
-    },
-    /// The upstream switched routing tables: nothing after this on the channel was routed by the
-    /// old table (an upstream feeding two inputs sends one on each channel).
-    Marker {
-        /// The channel.
-        channel: InputChannel,
-        /// The epoch.
-        epoch: Epoch,
-    },
-    /// A data channel ended.
-    EndOfStream {
-        /// The channel.
-        channel: InputChannel,
-    },
-    /// The coordinator starts a reconfiguration (paper §3.1 "Init" and "Fast forward").
-    Start(Arc<Reconfiguration>),
-    /// A peer-channel message.
-    Peer {
-        /// The peer task.
-        from: TaskId,
-        /// The message.
-        message: PeerMessage,
-    },
-    /// Another task asks for key state this task holds.
-    FetchRequest {
-        /// The owner asking.
-        from: TaskId,
-        /// The request.
-        request: FetchRequest,
-    },
-    /// The answer to a fetch of this task.
-    FetchResponse {
-        /// The location that answered.
-        from: TaskId,
-        /// The answer.
-        response: FetchResponse,
-    },
-    /// An owner asks for the membership filter of a bucket this task handed over.
-    FilterRequest {
-        /// The owner asking.
-        from: TaskId,
-        /// The request.
-        request: FilterRequest,
-    },
-    /// A filter this task asked for (after [`TaskAction::RequestFilter`]).
-    Filter {
-        /// The location that built it.
-        from: TaskId,
-        /// The filter.
-        response: FilterResponse,
-    },
-    /// The time asked for by [`TaskAction::WakeAfter`] has passed.
-    Wake,
-    /// The task's clock (milliseconds since the Unix epoch; a smaller one than before is
-    /// ignored): processing-time timers up to it may fire once their keys' state is here
-    /// ([`TaskAction::FireProcessingTimers`]).
-    ProcessingTime {
-        /// The clock.
-        now: Timestamp,
-    },
-}
-
-/// Output of a [`KoalaTask`], to be executed in order by the runtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskAction {
-    /// Run the operator on these records of input `input`, in this order. Every key's state is
-    /// local (or new). Records of one batch come as consecutive `Process` actions, one per run
-    /// of one input, in arrival order, so per-key order holds across the inputs.
-    Process {
-        /// The operator input the records arrived on.
-        input: usize,
-        /// The records.
-        records: Vec<Record>,
-    },
-    /// Send `request` to task `from`, which holds the state; the answer comes back as
-    /// [`TaskEvent::FetchResponse`].
-    FetchState {
-        /// The location.
-        from: TaskId,
-        /// The request.
-        request: FetchRequest,
-    },
-    /// Write fetched state into the local store (before any later `Process`).
-    InstallState {
-        /// Keys with their state.
-        entries: Vec<(Vec<u8>, Vec<u8>)>,
-    },
-    /// Answer a fetch: read the requested keys, pick up to `extra.max` more keys of
-    /// `extra.buckets` (not among the requested), *delete all of them locally* (one live copy),
-    /// and send a [`FetchResponse`] to `to`, listing extra buckets now empty here as exhausted.
-    ServeFetch {
-        /// The requester.
-        to: TaskId,
-        /// The request.
-        request: FetchRequest,
-    },
-    /// Ask `from` for the filter of a bucket it handed over: send `request` on the fetch lane; the
-    /// answer comes back as [`TaskEvent::Filter`].
-    RequestFilter {
-        /// The location.
-        from: TaskId,
-        /// The request.
-        request: FilterRequest,
-    },
-    /// Build the filter of the keys of `request.bucket` in the local store — in the background,
-    /// key by key, between batches ([`FilterBuild`](super::FilterBuild)) — and send it to `to` as
-    /// a [`FilterResponse`] on the fetch lane.
-    BuildFilter {
-        /// The owner that asked.
-        to: TaskId,
-        /// The request.
-        request: FilterRequest,
-    },
-    /// Send on the peer channel to `to`. For [`PeerMessage::HandOver`], first move the operator's
-    /// timers of the handed-over buckets into [`timers`](super::HandOver::timers) (deleted here;
-    /// their keys' state stays: the receiver fetches it when it needs it).
-    SendToPeer {
-        /// The peer.
-        to: TaskId,
-        /// The message.
-        message: PeerMessage,
-    },
-    /// Fire the operator's timers of keys in `buckets` that are due at event time `up_to`
-    /// (without emitting a watermark). Comes right before the hand-over of those buckets: the
-    /// sender's inputs reached `up_to`, so these timers are due, and the receiver may already
-    /// have emitted a watermark past them.
-    FireTimers {
-        /// The buckets about to be handed over.
-        buckets: Vec<BucketId>,
-        /// The sender's event time at the hand-over.
-        up_to: Timestamp,
-    },
-    /// Register the timers a hand-over brought with the operator; comes before any `Process`
-    /// of the handed-over buckets. They fire as usual when a watermark reaches them: the core
-    /// emits that watermark only once each one's key was accessed, so its state is here
-    /// ([`EmitWatermark`](Self::EmitWatermark)).
-    InstallTimers {
-        /// The sender.
-        from: TaskId,
-        /// (time, key).
-        timers: Vec<(Timestamp, Vec<u8>)>,
-    },
-    /// Feed [`TaskEvent::Wake`] once this many milliseconds have passed (the background drain's
-    /// rate limit; the only timer the core asks for, and only while it drains).
-    WakeAfter {
-        /// Milliseconds from now.
-        ms: u64,
-    },
-    /// Emit this watermark downstream (monotone).
-    EmitWatermark(Timestamp),
-    /// Fire the processing-time timers up to this time (monotone; at most the last
-    /// [`TaskEvent::ProcessingTime`]). Kept below every handed-over processing-time timer whose
-    /// key was not accessed yet, as [`EmitWatermark`](Self::EmitWatermark) is for event time.
-    FireProcessingTimers {
-        /// Processing time (milliseconds since the Unix epoch), inclusive.
-        up_to: Timestamp,
-    },
-    /// Send to the coordinator.
-    Ack {
-        /// The epoch the ack belongs to.
-        epoch: Epoch,
-        /// The ack.
-        ack: TaskAck,
-    },
-    /// The event was rejected; report it so the coordinator aborts the epoch.
-    Error(ProtocolError),
-}
+mod events;
+pub(crate) mod limits;
+pub(super) mod lookahead;
+pub(crate) mod pipeline;
+mod timers;
+mod transition;
 
 /// The task's own store, as the core's lookups need it: local first (docs/protocols.md §6).
 pub trait LocalKeys {
@@ -294,18 +105,19 @@ pub struct KoalaTask {
     pub(super) extra_keys: usize,
     pub(super) drain_keys_per_sec: u64,
     pub(super) drained: BTreeMap<TaskId, Epoch>,
-    pub(super) park_direct: bool,
-    /// Timers that came with hand-overs, held until their key is accessed ([`super::timers`]).
+    /// Fault injection: records of a moved bucket skip the wait for the peer channel.
+    pub(super) fault_no_parking: FaultSwitch,
+    /// Timers that came with hand-overs, held until their key is accessed ([`timers`]).
     pub(super) timers: HandedTimers,
     /// Fault injection: handed-over timers hold nothing (they fire on state that is elsewhere).
-    pub(super) hold_handed_timers: bool,
+    pub(super) fault_no_timer_access: FaultSwitch,
     pub(super) started: bool,
     /// Records held ([`Self::queued_records`]) at which the task stops taking data input.
     pub(super) max_queued: usize,
     /// The tag records taken from now on carry ([`Self::set_intake_tag`]).
     pub(super) intake_tag: u64,
     /// Fault injection: the reverted hold-back rule ([`Self::inject_fault_hold_back_after_marker`]).
-    pub(super) fault_hold_back_after_marker: bool,
+    pub(super) fault_hold_back_after_marker: FaultSwitch,
     /// Filter requests sent and not answered yet ([`Self::awaits_filters`]).
     pub(super) filters: AwaitedFilters,
 }
@@ -337,13 +149,13 @@ impl KoalaTask {
             extra_keys: 0,
             drain_keys_per_sec: 0,
             drained: BTreeMap::new(),
-            park_direct: true,
+            fault_no_parking: FaultSwitch::default(),
             timers: HandedTimers::default(),
-            hold_handed_timers: true,
-            max_queued: super::pipeline::DEFAULT_MAX_QUEUED_RECORDS,
+            fault_no_timer_access: FaultSwitch::default(),
+            max_queued: limits::DEFAULT_MAX_QUEUED_RECORDS,
             filters: AwaitedFilters::default(),
             intake_tag: 0,
-            fault_hold_back_after_marker: false,
+            fault_hold_back_after_marker: FaultSwitch::default(),
         }
     }
 
@@ -468,23 +280,25 @@ impl KoalaTask {
     /// order of their actions: per batch, the smallest intake tag of its records and how many
     /// `Process` actions carry it. The runtime's per-batch latency runs from that tag to the end of
     /// the batch's last action, so it includes every wait for state (fetches, hand-overs).
-    pub fn take_batches(&mut self) -> Vec<super::pipeline::BatchTaken> {
+    pub fn take_batches(&mut self) -> Vec<pipeline::BatchTaken> {
         std::mem::take(&mut self.pipeline.batches)
     }
 
     /// Fault injection for the simulator's negative tests: process records of a moved bucket that
     /// arrive directly from upstreams without waiting for the peer channel (breaks per-key FIFO).
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_no_parking(&mut self) {
-        self.park_direct = false;
+        self.fault_no_parking.set();
     }
 
     /// Fault injection for the simulator's negative tests: timers that come with a hand-over
     /// neither hold the event time nor have their keys accessed, so they fire on state that is
     /// still at the sender.
+    #[cfg(any(test, feature = "sim"))]
     #[doc(hidden)]
     pub fn inject_fault_no_timer_access(&mut self) {
-        self.hold_handed_timers = false;
+        self.fault_no_timer_access.set();
     }
 
     /// Feeds one event; returns the actions to execute, in order. Lookups treat the local store
@@ -572,7 +386,7 @@ impl KoalaTask {
     /// Where a record of `bucket` that came directly from upstream on `channel` goes.
     fn route_direct(&self, channel: InputChannel, bucket: BucketId) -> Route {
         if let Some(t) = &self.transition
-            && let Some(route) = t.route_direct(channel, bucket, self.park_direct)
+            && let Some(route) = t.route_direct(channel, bucket, !self.fault_no_parking.on())
         {
             return route;
         }
@@ -673,7 +487,7 @@ impl KoalaTask {
     }
 
     /// Lets the runtime fire processing-time timers up to the clock, below every handed-over
-    /// processing-time timer whose key's access is not through yet (`super::timers`).
+    /// processing-time timer whose key's access is not through yet (`timers`).
     fn advance_processing_time(&mut self, out: &mut Vec<TaskAction>) {
         let Some(clock) = self.clock else { return };
         let queued = self.held.min_from(PROCESSING_TIME).map(|t| TimeDomain::of(t).1);

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use koala_types::{InputChannel, OperatorId, Record, TaskId, TimeDomain, bucket_of};
 
-use super::lookahead::LOOK_AHEAD_REQUEST_KEYS;
-use super::pipeline::MAX_BATCH_RECORDS;
+use super::task::limits::MAX_BATCH_RECORDS;
+use super::task::lookahead::LOOK_AHEAD_REQUEST_KEYS;
 use super::*;
 
 const NB: u16 = 4;

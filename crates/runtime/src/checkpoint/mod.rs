@@ -34,7 +34,7 @@ use crate::RuntimeError;
 mod writer;
 
 use crate::queue::AlignmentHold;
-use crate::task::TaskSetup;
+use crate::task::setup::TaskSetup;
 pub(crate) use writer::{CheckpointWriter, tracked_store};
 
 mod restore;

@@ -24,7 +24,7 @@ use koala_types::{BucketId, TaskId, bucket_of};
 use super::writer::group_buckets;
 use super::{TaskMeta, owned_in, shared_store};
 use crate::RuntimeError;
-use crate::task::TaskSetup;
+use crate::task::setup::TaskSetup;
 
 /// Set (not empty) in a worker's environment, its restored tasks load every bucket group before
 /// they start — the restore before lazy recovery — for `koala experiment recovery` to compare.
@@ -198,7 +198,8 @@ impl GroupLoader for CheckpointGroups {
                     }
                     let retained = self.retained.get(index).map(Vec::as_slice).unwrap_or_default();
                     let entries = retained.iter().filter(|(k, _)| mine(k)).cloned();
-                    let writes = crate::task::bundle_writes(entries, nb).map_err(|e| self.fail(e))?;
+                    let writes =
+                        crate::task::location::bundle_writes(entries, nb).map_err(|e| self.fail(e))?;
                     if !writes.is_empty() {
                         store.write_many(writes)?;
                     }

@@ -15,7 +15,7 @@ use koala_types::{CheckpointId, TaskId};
 
 use super::{TaskMeta, task_dir};
 use crate::RuntimeError;
-use crate::task::TaskSetup;
+use crate::task::setup::TaskSetup;
 
 /// One checkpoint as a task captured it at its barrier, for its writer.
 struct Job {

@@ -19,7 +19,8 @@ use crate::task::location::Bundle;
 use super::test_harness::{Inbox, WORKER, deployment, task_setup};
 use super::*;
 use crate::channel::TaskInput;
-use crate::links::{FETCH_INPUT, Links, PEER_INPUT};
+use crate::channel::{FETCH_INPUT, PEER_INPUT};
+use crate::links::Links;
 use crate::net::TaskInboxes;
 use crate::queue::data_queue;
 

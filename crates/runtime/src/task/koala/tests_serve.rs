@@ -16,7 +16,8 @@ use koala_types::{ChannelMessage, InputChannel, TaskId, bucket_of, decode, encod
 use super::test_harness::{Inbox, WORKER, deployment, task_setup};
 use super::{TaskCommand, Wire, run_koala_operator};
 use crate::channel::TaskInput;
-use crate::links::{FETCH_INPUT, Links, PEER_INPUT};
+use crate::channel::{FETCH_INPUT, PEER_INPUT};
+use crate::links::Links;
 use crate::net::TaskInboxes;
 use crate::queue::data_queue;
 

@@ -29,27 +29,17 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use koala_types::{BucketId, Record, TaskId, bucket_of};
 
-use super::error::ProtocolError;
-use super::klt::{BatchLookup, Prehashed, bucket_and_key_hash};
+use super::limits::MAX_BATCH_RECORDS;
 use super::lookahead::{KeysInFlight, Resolved};
-use super::messages::{ExtraKeys, FetchRequest, FetchResponse};
-use super::task::{KoalaTask, LocalKeys, TaskAction};
 use super::timers::ACCESS;
+use super::{KoalaTask, LocalKeys, TaskAction};
+use crate::common::error::ProtocolError;
+use crate::koala::key_hash::{Prehashed, bucket_and_key_hash};
+use crate::koala::klt::BatchLookup;
+use crate::koala::messages::{ExtraKeys, FetchRequest, FetchResponse};
 
 /// The most keys one background pull asks for (the pull size adapts between N and this).
 pub(crate) const MAX_PULL_KEYS: usize = 512;
-
-/// The most records one batch takes from the inbox. A backlog (records queued behind a batch
-/// waiting for state) is processed as several batches, in order, so one batch's wait and work stay
-/// bounded and the task answers control messages, markers and fetches in between; without it
-/// a task short of capacity took its whole backlog as one batch, each longer than the last (the
-/// 10 M-key scale-in: one batch per second of 50 k–500 k records, up to 7 s each).
-pub(crate) const MAX_BATCH_RECORDS: usize = 8192;
-
-/// The default of `[runtime] max_queued_records`: the records a Koala task may hold (queued, parked,
-/// waiting for state) before it stops taking data input ([`KoalaTask::takes_data`]). Four full
-/// batches: one waiting for state and a backlog that keeps the next ones full.
-pub const DEFAULT_MAX_QUEUED_RECORDS: usize = 4 * MAX_BATCH_RECORDS;
 
 /// Records queued behind a batch waiting for state above which background pulls shrink.
 const PULL_BACKLOG: usize = 1024;
@@ -246,7 +236,11 @@ impl KoalaTask {
     }
 
     /// Processes or starts fetching the next batch; true if it did anything.
-    pub(super) fn try_process(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) -> bool {
+    pub(in crate::koala) fn try_process(
+        &mut self,
+        out: &mut Vec<TaskAction>,
+        local: &mut dyn LocalKeys,
+    ) -> bool {
         if self.pipeline.waiting.is_some() || self.pipeline.inbox.is_empty() {
             return false;
         }
@@ -335,7 +329,7 @@ impl KoalaTask {
     }
 
     /// Processes `batch` now if it needs no request, else lets it wait for `needs`.
-    pub(super) fn wait_or_finish(
+    pub(in crate::koala) fn wait_or_finish(
         &mut self,
         batch: Vec<InputRecord>,
         mut needs: BTreeSet<u64>,
@@ -369,7 +363,7 @@ impl KoalaTask {
     }
 
     /// The progressive part of a fetch to `location` (paper §3.4), if it is retired.
-    pub(super) fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
+    pub(in crate::koala) fn extra_for(&self, location: TaskId, max: usize) -> Option<ExtraKeys> {
         if self.extra_keys == 0 || !self.retired.contains(&location) {
             return None;
         }
@@ -384,7 +378,7 @@ impl KoalaTask {
     /// task taking over a cancelled task's input (a scale-in) has none to spare. Its fetches'
     /// piggybacked keys still drain a retired location meanwhile, and the pulls resume at the
     /// first event that finds no input waiting (at the latest once the inputs ended).
-    pub(super) fn pull(&mut self, out: &mut Vec<TaskAction>) {
+    pub(in crate::koala) fn pull(&mut self, out: &mut Vec<TaskAction>) {
         // Once the inputs ended there is no input to yield to (and a pull held back then could
         // leave an idle task with state still to drain).
         let yield_to_input = self.pipeline.input_backlog > 0 && self.has_inputs();
@@ -446,7 +440,7 @@ impl KoalaTask {
         }
     }
 
-    pub(super) fn on_fetch_request(
+    pub(in crate::koala) fn on_fetch_request(
         &mut self,
         from: TaskId,
         request: FetchRequest,
@@ -463,7 +457,7 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_fetch_response(
+    pub(in crate::koala) fn on_fetch_response(
         &mut self,
         from: TaskId,
         response: FetchResponse,

@@ -4,7 +4,7 @@
 //! remote keys installed or already on their way, and waits only for what is still in flight,
 //! instead of every batch after a hand-over sending its own round and waiting for it in turn.
 //!
-//! A look-ahead request is an ordinary fetch ([`FetchRequest`](super::FetchRequest)) decided by
+//! A look-ahead request is an ordinary fetch ([`FetchRequest`](crate::koala::FetchRequest)) decided by
 //! the same rules as a batch's (local first, then the KLT's candidates, every candidate of a key
 //! in one round, progressive extra keys when no pull to the location is out), so the location
 //! serves it as any fetch, deleting what it sends (one live copy). The pipeline tracks every
@@ -26,9 +26,10 @@ use std::hash::BuildHasherDefault;
 
 use koala_types::{BucketId, TaskId};
 
-use super::klt::Prehashed;
-use super::pipeline::{InputRecord, MAX_BATCH_RECORDS};
-use super::task::{KoalaTask, LocalKeys, TaskAction};
+use super::limits::MAX_BATCH_RECORDS;
+use super::pipeline::InputRecord;
+use super::{KoalaTask, LocalKeys, TaskAction};
+use crate::koala::key_hash::Prehashed;
 
 /// Keys of queued records found local, fetched or new that [`Resolved`] remembers at most before
 /// it starts over (about 1 MiB; a batch whose key was forgotten looks it up again).
@@ -126,7 +127,7 @@ impl KoalaTask {
 
     /// Asks for the state of the remote keys of queued records not looked at yet (see the
     /// module docs). Records already looked at are not looked at again.
-    pub(super) fn look_ahead(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) {
+    pub(in crate::koala) fn look_ahead(&mut self, out: &mut Vec<TaskAction>, local: &mut dyn LocalKeys) {
         let len = self.pipeline.inbox.len();
         if !self.pipeline.look_ahead_on
             || self.pipeline.looked_ahead >= len
@@ -220,7 +221,7 @@ impl KoalaTask {
     /// answer comes later) or that the look-ahead has not seen. Batches stay prefixes of the
     /// inbox, so per-key order holds. False if the first record is not resolved nor asked for
     /// (the batch then asks for its keys itself, `try_process`).
-    pub(super) fn take_looked_ahead(&mut self, out: &mut Vec<TaskAction>) -> bool {
+    pub(in crate::koala) fn take_looked_ahead(&mut self, out: &mut Vec<TaskAction>) -> bool {
         let size = self.pipeline.inbox.len().min(MAX_BATCH_RECORDS);
         let mut limit: Option<u64> = None;
         let mut needs = BTreeSet::new();
@@ -256,7 +257,7 @@ impl KoalaTask {
 
     /// One request per location for `remote` (location → keys), each with the progressive
     /// part when no pull to the location is out; returns their ids.
-    pub(super) fn send_fetches(
+    pub(in crate::koala) fn send_fetches(
         &mut self,
         remote: BTreeMap<TaskId, BTreeSet<Vec<u8>>>,
         out: &mut Vec<TaskAction>,

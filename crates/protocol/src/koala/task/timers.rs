@@ -12,17 +12,18 @@
 //! state. A bucket handed on again takes its keys' pending accesses along: its timers go with it.
 //!
 //! Processing-time timers (marked by [`PROCESSING_TIME`] in the same queue) work the same way on
-//! the task's clock ([`super::TaskEvent::ProcessingTime`]): once the clock reaches a handed-over
+//! the task's clock ([`crate::koala::TaskEvent::ProcessingTime`]): once the clock reaches a handed-over
 //! one, its key is accessed, and the processing time the core lets the runtime fire up to
-//! ([`super::TaskAction::FireProcessingTimers`]) stays below it until that access's batch is done.
+//! ([`crate::koala::TaskAction::FireProcessingTimers`]) stays below it until that access's batch is done.
 //! Past every event time, they hold no watermark below the end of input.
 
 use std::collections::{BTreeSet, HashSet};
 
 use koala_types::{BucketId, PROCESSING_TIME, Record, TimeDomain, Timestamp, bucket_of};
 
-use super::pipeline::{InputRecord, MAX_BATCH_RECORDS};
-use super::task::KoalaTask;
+use super::KoalaTask;
+use super::limits::MAX_BATCH_RECORDS;
+use super::pipeline::InputRecord;
 
 /// The operator input of an access in the inbox: no real input has it.
 pub(crate) const ACCESS: usize = usize::MAX;
@@ -83,7 +84,7 @@ impl KoalaTask {
     /// Queues an access for every handed-over timer the upstream channels' event time or the
     /// task's clock reached, at the front of the inbox, at most a batch's worth at a time; true if
     /// it queued any.
-    pub(super) fn queue_timer_accesses(&mut self) -> bool {
+    pub(in crate::koala) fn queue_timer_accesses(&mut self) -> bool {
         let up_to = self.watermarks.min_upstream();
         let clock = self.clock;
         let mut queued = false;

@@ -8,7 +8,7 @@ use std::fmt;
 use koala_types::{BucketId, Epoch, InputChannel, TaskId};
 use serde::{Deserialize, Serialize};
 
-use super::messages::InputSource;
+use super::input::InputSource;
 
 /// Something a peer, an upstream or the coordinator sent that the Koala protocol does not allow.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

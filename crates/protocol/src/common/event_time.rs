@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use koala_types::Timestamp;
 
 use super::error::ProtocolError;
-use super::messages::InputSource;
+use super::input::InputSource;
 
 /// Watermark per live input channel; `None` until the channel sent one.
 #[derive(Clone, Debug, Default)]

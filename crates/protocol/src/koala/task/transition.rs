@@ -22,10 +22,12 @@ use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, InputChannel, TaskId, Timestamp, bucket_of};
 
-use super::error::ProtocolError;
-use super::messages::{FilterRequest, InputSource, PeerMessage, Reconfiguration, TaskAck};
 use super::pipeline::{InputRecord, runs_by_input};
-use super::task::{KoalaTask, Route, TaskAction};
+use super::{KoalaTask, Route, TaskAction};
+use crate::common::error::ProtocolError;
+use crate::common::input::InputSource;
+use crate::control::TaskAck;
+use crate::koala::messages::{FilterRequest, PeerMessage, Reconfiguration};
 
 /// A sender's view of one receiver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,7 +124,7 @@ impl Transition {
 }
 
 impl KoalaTask {
-    pub(super) fn on_start(
+    pub(in crate::koala) fn on_start(
         &mut self,
         reconf: Arc<Reconfiguration>,
         out: &mut Vec<TaskAction>,
@@ -193,7 +195,11 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_marker(&mut self, channel: InputChannel, epoch: Epoch) -> Result<(), ProtocolError> {
+    pub(in crate::koala) fn on_marker(
+        &mut self,
+        channel: InputChannel,
+        epoch: Epoch,
+    ) -> Result<(), ProtocolError> {
         let unexpected = ProtocolError::UnexpectedMarker { channel, epoch };
         let Some(t) = self.transition.as_mut() else {
             return Err(unexpected);
@@ -205,7 +211,7 @@ impl KoalaTask {
         Ok(())
     }
 
-    pub(super) fn on_peer(
+    pub(in crate::koala) fn on_peer(
         &mut self,
         from: TaskId,
         message: PeerMessage,
@@ -266,7 +272,7 @@ impl KoalaTask {
                     self.watermarks.set(InputSource::Peer(from), w)?;
                 }
                 if !timers.is_empty() {
-                    if self.hold_handed_timers {
+                    if !self.fault_no_timer_access.on() {
                         self.timers.add(&timers);
                     }
                     out.push(TaskAction::InstallTimers { from, timers });
@@ -313,7 +319,7 @@ impl KoalaTask {
     }
 
     /// Hands over to every receiver that is ready; true if any hand-over happened.
-    pub(super) fn try_hand_over(&mut self, out: &mut Vec<TaskAction>) -> bool {
+    pub(in crate::koala) fn try_hand_over(&mut self, out: &mut Vec<TaskAction>) -> bool {
         let frontier = self.sender_frontier();
         let quiet = self.pipeline.is_quiet();
         let Some(t) = self.transition.as_mut() else {
@@ -369,7 +375,7 @@ impl KoalaTask {
     }
 
     /// Acks `PeerReady`, closes peer channels after all markers, and acks `Done`.
-    pub(super) fn check_ready_and_done(&mut self, out: &mut Vec<TaskAction>) -> bool {
+    pub(in crate::koala) fn check_ready_and_done(&mut self, out: &mut Vec<TaskAction>) -> bool {
         let Some(t) = self.transition.as_mut() else {
             return false;
         };
