@@ -12,6 +12,7 @@ pub mod koala;
 pub mod memory;
 mod moves;
 pub mod phases;
+pub mod plan;
 pub mod relay;
 pub mod sim;
 pub mod stop_restart;
