@@ -61,8 +61,8 @@ impl World {
     }
 
     fn broadcast(&mut self, msg: CoordinatorMessage) -> Result<(), String> {
-        if let CoordinatorMessage::Drrs(control) = msg {
-            return self.broadcast_drrs(*control);
+        if matches!(msg, CoordinatorMessage::Drrs(_)) {
+            return self.broadcast_drrs(msg);
         }
         // As a worker does, a phase message is read against the plan its `Prepare` carried.
         let epoch = match &msg {
