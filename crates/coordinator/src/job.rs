@@ -19,7 +19,7 @@ use crate::ending::EndWatch;
 use crate::error::CoordinatorError;
 use crate::metrics_store::{MetricsStore, ReconfigurationCompletion, ReconfigurationStart};
 use crate::progress::ProgressEvent;
-use crate::reconfig::{kind_name, participants, plan as plan_reconfiguration};
+use crate::reconfig::{kind_name, plan as plan_reconfiguration};
 
 /// A reconfiguration waiting to run, and who to tell.
 pub(crate) struct Queued {
@@ -141,7 +141,7 @@ impl JobState<'_> {
             let Some(q) = self.queue.pop_front() else { return Ok(()) };
             let epoch = self.epoch + 1;
             let current = self.engine.deployment();
-            let plan = match plan_reconfiguration(
+            let planned = match plan_reconfiguration(
                 &q.request,
                 current,
                 self.graph,
@@ -157,13 +157,13 @@ impl JobState<'_> {
                     continue;
                 }
             };
+            let (plan, who) = (planned.plan, planned.participants);
             let op = plan.operator;
             let old = current.tasks.get(&op).map_or(0, Vec::len);
             let new = plan.deployment.tasks.get(&op).map_or(0, Vec::len);
             let kind = kind_name(old, new, &q.request);
             let buckets: usize = plan.moves.values().map(Vec::len).sum();
             let created_max = plan.created.iter().max().copied();
-            let who = participants(&plan, current, self.graph);
             let actions = match self.engine.start(plan, who) {
                 Ok(actions) => actions,
                 Err(StartError::InputEnded) => {

@@ -1,13 +1,14 @@
-//! Turning a reconfiguration request into a plan (new deployment + the policy's `moves`) and
-//! naming who takes part, from the job graph (docs/protocols.md §2). The phases themselves are
-//! driven by the sans-IO cores in `koala_protocol` (`phases`, `koala`).
+//! Turning a reconfiguration request into a plan: validating it against the job graph and the
+//! current deployment, and letting the partition policy and placement choose the operator's new
+//! tasks, routing and workers (docs/protocols.md §2). The plan itself and who takes part in it
+//! follow from that choice in `koala_protocol::plan`, the code the simulator checks; the phases
+//! are driven by the sans-IO cores in `koala_protocol` (`phases`, `koala`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use koala_dataflow::JobGraph;
-use koala_protocol::engine::assignment;
-use koala_protocol::phases::Participants;
-use koala_protocol::{Deployment, ReconfigPlan, ReconfigRequest, moves_between};
+use koala_protocol::plan::{Edge, Neighbourhood, PlanError, Planned, Target};
+use koala_protocol::{Deployment, ReconfigRequest};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::config::PolicyName;
@@ -33,8 +34,26 @@ fn running(d: &Deployment, op: OperatorId) -> Vec<u32> {
     live(d, op).into_iter().filter(|&i| !d.finished.contains(&TaskId::new(op, i))).collect()
 }
 
-/// Validates a request against the current deployment and computes its plan. Errors name what
-/// is wrong and how to fix it; nothing changes on error.
+/// The job graph around `op`, as `koala_protocol::plan` needs it.
+pub fn neighbourhood(graph: &JobGraph, op: OperatorId) -> Neighbourhood {
+    let edge = |from: OperatorId, consumer: OperatorId, input: usize| {
+        Edge::new(from, consumer, graph.is_forward_stateless(consumer, input))
+    };
+    let spec = graph.operator(op);
+    Neighbourhood {
+        stateful: spec.is_some_and(|s| s.is_stateful()),
+        inputs: spec
+            .into_iter()
+            .flat_map(|s| s.inputs.iter().enumerate())
+            .map(|(i, input)| edge(input.from, op, i))
+            .collect(),
+        outputs: graph.consumers(op).into_iter().map(|(c, i)| edge(op, c, i)).collect(),
+    }
+}
+
+/// Validates a request against the current deployment and computes its plan and participants.
+/// `retired` are the engine's retired tasks per operator. Errors name what is wrong and how to
+/// fix it; nothing changes on error.
 pub fn plan(
     req: &ReconfigRequest,
     current: &Deployment,
@@ -43,7 +62,7 @@ pub fn plan(
     epoch: Epoch,
     next_index: &BTreeMap<OperatorId, u32>,
     retired: &BTreeMap<OperatorId, BTreeSet<u32>>,
-) -> Result<ReconfigPlan, String> {
+) -> Result<Planned, String> {
     let name = req.operator();
     let names: Vec<&str> = graph.operators.iter().map(|o| o.name.as_str()).collect();
     let spec = graph.by_name(name).ok_or_else(|| {
@@ -56,32 +75,38 @@ pub fn plan(
         return Err(format!("operator: {name:?} is a sink; sinks cannot be reconfigured yet"));
     }
     let op = spec.id;
-    if !spec.is_stateful() {
-        let one_to_one = |consumer: OperatorId, input: usize, from: OperatorId| {
-            let c = graph.operator(consumer);
-            let u = graph.operator(from);
-            matches!(
-                c.and_then(|c| c.inputs.get(input)).map(|i| &i.partitioning),
-                Some(koala_dataflow::Partitioning::Forward)
-            ) && !c.is_some_and(|c| c.is_stateful())
-                && !u.is_some_and(|u| u.is_stateful())
-                && live(current, from) == live(current, consumer)
-        };
-        let touches = spec.inputs.iter().enumerate().any(|(i, input)| one_to_one(op, i, input.from))
-            || graph.consumers(op).into_iter().any(|(c, i)| one_to_one(c, i, op));
-        if touches {
-            return Err(format!(
-                "operator: {name:?} is connected one-to-one (forward edge, equal parallelism) to a neighbour; \
-                 reconfigure that neighbour together or give the two operators different parallelism"
-            ));
-        }
+    let job = neighbourhood(graph, op);
+    let explain = |e: PlanError| match e {
+        PlanError::OneToOne { .. } => format!(
+            "operator: {name:?} is connected one-to-one (forward edge, equal parallelism) to a neighbour; \
+             reconfigure that neighbour together or give the two operators different parallelism"
+        ),
+        e => format!("operator: {name:?}: {e}"),
+    };
+    koala_protocol::plan::check_edges(current, &job).map_err(explain)?;
+    let target = choose(req, current, spec, policy, next_index)?;
+    let retired = retired.get(&op).cloned().unwrap_or_default();
+    let planned = koala_protocol::plan::plan(current, op, target, &retired, epoch, &job).map_err(explain)?;
+    if matches!(req, ReconfigRequest::Rebalance { .. }) && planned.plan.moves.is_empty() {
+        return Err("moves: every bucket already belongs to the task given; nothing would move".into());
     }
+    Ok(planned)
+}
+
+/// The policy's choice for `req`: the operator's tasks, routing and the workers of created tasks.
+fn choose(
+    req: &ReconfigRequest,
+    current: &Deployment,
+    spec: &koala_dataflow::OperatorSpec,
+    policy: PolicyName,
+    next_index: &BTreeMap<OperatorId, u32>,
+) -> Result<Target, String> {
+    let (name, op) = (spec.name.as_str(), spec.id);
     let old_live = live(current, op);
     let nb = current.num_buckets;
-    let mut d = current.clone();
-    d.epoch = epoch;
-    let mut created = Vec::new();
-    let mut cancelled = Vec::new();
+    let mut tasks: BTreeSet<u32> = old_live.iter().copied().collect();
+    let mut routing = current.routing.get(&op).cloned();
+    let mut placement = BTreeMap::new();
     let worker_ids: Vec<WorkerId> = current.workers.keys().copied().collect();
     let mut next = next_index.get(&op).copied().unwrap_or(0);
     match req {
@@ -99,21 +124,23 @@ pub fn plan(
             if p == now {
                 return Err(format!("parallelism: {name:?} already has {p} tasks"));
             }
-            let mut new_live = old_live.clone();
             if p > now {
+                // Each new task goes to the least loaded worker, counting the ones placed before it.
+                let mut placed = current.clone();
                 for _ in now..p {
-                    let worker = least_loaded(&d, &worker_ids);
-                    let task = TaskId::new(op, next);
-                    d.placement.insert(task, worker);
-                    created.push(next);
-                    new_live.push(next);
+                    let worker = least_loaded(&placed, &worker_ids);
+                    placed.placement.insert(TaskId::new(op, next), worker);
+                    placement.insert(next, worker);
+                    tasks.insert(next);
                     next += 1;
                 }
             } else {
-                new_live.sort_unstable();
-                cancelled = new_live.split_off(p as usize);
+                // The highest task indices go.
+                tasks = tasks.into_iter().take(p as usize).collect();
             }
-            d.tasks.insert(op, new_live);
+            if spec.is_stateful() {
+                routing = Some(assign(policy, nb, &tasks.iter().copied().collect::<Vec<_>>()));
+            }
         }
         ReconfigRequest::Rebalance { moves: wanted, .. } => {
             if !spec.is_stateful() {
@@ -125,7 +152,7 @@ pub fn plan(
                 return Err("moves: give at least one `buckets:task` move".into());
             }
             let running = running(current, op);
-            let table = d.routing.get_mut(&op).ok_or("operator has no routing table")?;
+            let table = routing.as_mut().ok_or("operator has no routing table")?;
             for (buckets, to) in wanted {
                 if !old_live.contains(to) {
                     return Err(format!(
@@ -169,69 +196,16 @@ pub fn plan(
             if current.placement.get(&TaskId::new(op, *task)) == Some(&to) {
                 return Err(format!("worker: task {task} of {name:?} already runs on worker {worker}"));
             }
-            d.placement.insert(TaskId::new(op, next), to);
-            created.push(next);
-            cancelled.push(*task);
-            let new_live: Vec<u32> = old_live.iter().map(|t| if t == task { next } else { *t }).collect();
-            d.tasks.insert(op, new_live);
-            if let Some(table) = d.routing.get_mut(&op) {
-                for t in table.iter_mut().filter(|t| **t == *task) {
-                    *t = next;
-                }
+            // A new task on `to` takes over the task's buckets and its place.
+            placement.insert(next, to);
+            tasks.remove(task);
+            tasks.insert(next);
+            for t in routing.iter_mut().flatten().filter(|t| **t == *task) {
+                *t = next;
             }
         }
     }
-    if spec.is_stateful() && matches!(req, ReconfigRequest::Rescale { .. }) {
-        d.routing.insert(op, assign(policy, nb, &live(&d, op)));
-    }
-    let bucket_moves =
-        moves_between(&assignment(current, op), &assignment(&d, op)).map_err(|e| e.to_string())?;
-    if matches!(req, ReconfigRequest::Rebalance { .. }) && bucket_moves.is_empty() {
-        return Err("moves: every bucket already belongs to the task given; nothing would move".into());
-    }
-    // Cancelled tasks keep their placement: under Koala they serve state until released.
-    let mut retired_now: Vec<u32> =
-        retired.get(&op).into_iter().flatten().copied().chain(cancelled.iter().copied()).collect();
-    retired_now.sort_unstable();
-    retired_now.dedup();
-    Ok(ReconfigPlan {
-        epoch,
-        operator: op,
-        deployment: d,
-        moves: bucket_moves,
-        upstreams: upstream_tasks(current, graph, op),
-        created,
-        cancelled,
-        retired: retired_now,
-    })
-}
-
-/// Who takes part in `plan` besides what the plan names, from the job graph.
-pub fn participants(plan: &ReconfigPlan, current: &Deployment, graph: &JobGraph) -> Participants {
-    let op = plan.operator;
-    let d = &plan.deployment;
-    Participants {
-        stateful: graph.operator(op).is_some_and(|o| o.is_stateful()),
-        // A finished task (every input ended) moves nothing and is gone: nobody waits for it.
-        old_targets: live(current, op)
-            .into_iter()
-            .map(|i| TaskId::new(op, i))
-            .filter(|t| !current.finished.contains(t))
-            .collect(),
-        consumers: graph
-            .consumers(op)
-            .into_iter()
-            .flat_map(|(c, _)| live(d, c).into_iter().map(move |i| TaskId::new(c, i)))
-            .filter(|t| !d.finished.contains(t))
-            .collect(),
-    }
-}
-
-/// The live, unfinished tasks of every operator feeding `op` (a self-join's upstream counted
-/// once): the tasks that switch routing in a reconfiguration of `op`.
-pub fn upstream_tasks(d: &Deployment, graph: &JobGraph, op: OperatorId) -> Vec<TaskId> {
-    let froms = graph.operator(op).into_iter().flat_map(|spec| spec.inputs.iter().map(|i| i.from));
-    koala_protocol::engine::upstream_tasks(d, froms)
+    Ok(Target { tasks, routing, placement })
 }
 
 /// Every operator's upstream operators, as the reconfiguration engine needs them.
@@ -298,7 +272,7 @@ mod tests {
         (graph, d, op)
     }
 
-    fn plan_of(req: &ReconfigRequest, d: &Deployment, graph: &JobGraph) -> Result<ReconfigPlan, String> {
+    fn plan_of(req: &ReconfigRequest, d: &Deployment, graph: &JobGraph) -> Result<Planned, String> {
         plan(req, d, graph, PolicyName::Uniform, 1, &BTreeMap::new(), &BTreeMap::new())
     }
 

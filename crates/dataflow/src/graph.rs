@@ -141,6 +141,16 @@ impl JobGraph {
         }
         out
     }
+
+    /// Whether input `input` of `consumer` is a forward edge between two stateless operators: the
+    /// edges that connect task i to task i only when both operators run the same tasks
+    /// (`koala_protocol::plan::is_one_to_one` adds that condition).
+    pub fn is_forward_stateless(&self, consumer: OperatorId, input: usize) -> bool {
+        let Some(c) = self.operator(consumer) else { return false };
+        let Some(i) = c.inputs.get(input) else { return false };
+        let Some(u) = self.operator(i.from) else { return false };
+        matches!(i.partitioning, Partitioning::Forward) && !c.is_stateful() && !u.is_stateful()
+    }
 }
 
 /// Builds the graph of a registered query from its name and its parameters (TOML text). Every

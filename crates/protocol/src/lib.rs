@@ -14,6 +14,7 @@ pub mod koala;
 pub mod memory;
 mod moves;
 pub mod phases;
+pub mod plan;
 pub mod relay;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use koala_dataflow::{JobGraph, Partitioning};
-use koala_protocol::Deployment;
 use koala_protocol::koala::{RouterEvent, UpstreamRouter};
+use koala_protocol::{Deployment, plan};
 use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
 
 use crate::RuntimeError;
@@ -37,17 +37,16 @@ pub fn live(d: &Deployment, op: OperatorId) -> &[u32] {
     d.tasks.get(&op).map(Vec::as_slice).unwrap_or(&[])
 }
 
-/// Whether input `input` of `consumer` connects task i to task i only: a forward edge between
-/// two stateless operators with the same task indices. Edges touching a stateful operator are
-/// never one-to-one, so stateful operators can always be reconfigured.
+/// Whether input `input` of `consumer` connects task i to task i only in `d`
+/// ([`koala_protocol::plan::is_one_to_one`], the rule the coordinator plans by).
 pub fn is_one_to_one(d: &Deployment, graph: &JobGraph, consumer: OperatorId, input: usize) -> bool {
-    let Some(c) = graph.operator(consumer) else { return false };
-    let Some(i) = c.inputs.get(input) else { return false };
-    let Some(u) = graph.operator(i.from) else { return false };
-    matches!(i.partitioning, Partitioning::Forward)
-        && !c.is_stateful()
-        && !u.is_stateful()
-        && live(d, i.from) == live(d, consumer)
+    edge(graph, consumer, input).is_some_and(|e| plan::is_one_to_one(d, &e))
+}
+
+/// Input `input` of `consumer` as planning sees it.
+fn edge(graph: &JobGraph, consumer: OperatorId, input: usize) -> Option<plan::Edge> {
+    let from = graph.operator(consumer)?.inputs.get(input)?.from;
+    Some(plan::Edge::new(from, consumer, graph.is_forward_stateless(consumer, input)))
 }
 
 /// The channels a task receives on (peer channels excluded).

@@ -10,7 +10,9 @@ use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, bucket_
 
 use super::scenario::TARGET;
 use super::world::{Core, Kind, Msg, Node, World};
+use crate::control::CoordinatorMessage;
 use crate::drrs::{DrrsControl, TaskAction, TaskEvent};
+use crate::relay::{Relayed, relay};
 
 impl World {
     /// A message reaches a DRRS target task.
@@ -167,19 +169,27 @@ impl World {
         Ok(())
     }
 
-    /// The DRRS coordinator's messages reach the tasks and upstreams they name.
-    pub(crate) fn broadcast_drrs(&mut self, control: DrrsControl) -> Result<(), String> {
-        match control {
-            DrrsControl::Begin { subscale, tasks } => {
+    /// The DRRS coordinator's messages reach the tasks and upstreams the workers' rule
+    /// (`crate::relay`) gives them to, as in the runtime.
+    pub(crate) fn broadcast_drrs(&mut self, msg: CoordinatorMessage) -> Result<(), String> {
+        let relayed = relay(&msg, None);
+        let CoordinatorMessage::Drrs(control) = msg else {
+            return Err(format!("{msg:?} is no DRRS message"));
+        };
+        match *control {
+            DrrsControl::Begin { subscale, .. } => {
                 let subscale = Arc::new(*subscale);
-                for to in tasks {
+                for (to, r) in relayed {
+                    if r != Relayed::DrrsBegin {
+                        return Err(format!("a DRRS begin relayed as {r:?} to {to}"));
+                    }
                     self.channels.push(
                         (Node::Coordinator, Node::Task(to), Kind::Control),
                         Msg::DrrsStart(subscale.clone()),
                     );
                 }
             }
-            DrrsControl::Switch { epoch, operator, assignment, keep, upstreams, .. } => {
+            DrrsControl::Switch { epoch, operator, assignment, keep, .. } => {
                 let assignment: Vec<TaskId> =
                     assignment.into_iter().map(|i| TaskId::new(operator, i)).collect();
                 let keep: Vec<TaskId> = keep.into_iter().map(|i| TaskId::new(operator, i)).collect();
@@ -188,7 +198,10 @@ impl World {
                         "a DRRS switch of operator {operator}, which the simulator does not run"
                     ));
                 }
-                for up in upstreams {
+                for (up, r) in relayed {
+                    if r != Relayed::DrrsSwitch {
+                        return Err(format!("a DRRS switch relayed as {r:?} to {up}"));
+                    }
                     let msg = Msg::DrrsSwitch { epoch, assignment: assignment.clone(), keep: keep.clone() };
                     self.channels.push((Node::Coordinator, Node::Upstream(up), Kind::Control), msg);
                 }

@@ -2,9 +2,9 @@
 //! stop-and-restart, its pause core), target task cores with their stores, the job's
 //! reconfiguration engine, and every channel between them as a FIFO queue. A step delivers the
 //! head of one randomly chosen non-empty channel (or lets a source emit, or nudges an idle
-//! task), so every interleaving that respects per-channel FIFO is reachable. The engine's
-//! broadcasts reach the tasks they concern as the workers deliver them
-//! (`crates/runtime/src/worker.rs`).
+//! task), so every interleaving that respects per-channel FIFO is reachable. The coordinator's
+//! side (plans, the engine's broadcasts) is in `coordinator.rs`, Koala task delivery in
+//! `koala.rs`, DRRS and stop-and-restart in theirs.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -14,16 +14,13 @@ use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, Record, TaskId,
 use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
 use super::{Fault, SimConfig, SimStats};
-use crate::control::{CoordinatorMessage, Deployment, Protocol, ReconfigPlan, RuntimeOptions};
+use crate::control::{Deployment, Protocol, ReconfigPlan, RuntimeOptions};
 use crate::drrs::{DrrsOptions, DrrsTask};
-use crate::engine::{Engine, EngineAction, StartError};
+use crate::engine::Engine;
 use crate::koala::{
-    KoalaTask, LocalKeys, PeerMessage, PullCursors, Reconfiguration, RouterAction, RouterEvent, TaskAck,
-    TaskAction, TaskConfig, TaskEvent, TaskLife, UpstreamRouter,
+    KoalaTask, PeerMessage, PullCursors, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
+    UpstreamRouter,
 };
-use crate::moves_between;
-use crate::phases::Participants;
-use crate::relay::{Relayed, relay};
 use crate::stop_restart::{TargetCore, UpstreamAction, UpstreamCore, UpstreamEvent};
 use crate::watermark::WatermarkAligner;
 
@@ -118,13 +115,13 @@ pub(crate) struct World {
     triggers: Vec<u64>,
     next_request: usize,
     /// Requested assignments not started yet (the engine runs one at a time).
-    pending: VecDeque<Vec<TaskId>>,
+    pub(crate) pending: VecDeque<Vec<TaskId>>,
     /// The last epoch started.
-    epoch: Epoch,
+    pub(crate) epoch: Epoch,
     /// Requests skipped because every upstream had finished.
     pub(crate) skipped: u64,
     /// Every started reconfiguration's plan, by epoch.
-    plans: BTreeMap<Epoch, Arc<ReconfigPlan>>,
+    pub(crate) plans: BTreeMap<Epoch, Arc<ReconfigPlan>>,
     pub(crate) claims: Vec<Option<TaskId>>,
     pub(crate) holder: BTreeMap<Vec<u8>, TaskId>,
     /// Remote: the state servers' store shared by every task (a task's `store` is then its
@@ -138,7 +135,7 @@ pub(crate) struct World {
     pub(crate) ledger: BTreeMap<Vec<u8>, super::checks::KeyLedger>,
     pub(crate) emitted_total: u64,
     pub(crate) processed_total: u64,
-    early_switched: BTreeSet<Epoch>,
+    pub(crate) early_switched: BTreeSet<Epoch>,
     pub(crate) stats: SimStats,
     /// Tasks whose end the coordinator has heard of.
     pub(crate) finished: BTreeSet<TaskId>,
@@ -264,7 +261,7 @@ impl World {
 
     /// A target task: `owned` buckets, fed by `upstreams` (a task a reconfiguration creates owns
     /// nothing until a hand-over).
-    fn sim_task(
+    pub(crate) fn sim_task(
         id: TaskId,
         owned: BTreeSet<BucketId>,
         upstreams: &[TaskId],
@@ -444,62 +441,6 @@ impl World {
             self.next_request += 1;
         }
         self.start_next()
-    }
-
-    /// Starts the next requested assignment if the engine is free, planned as the job's
-    /// coordinator plans a rescale, rebalance or migration: new tasks are the ones not live now,
-    /// cancelled ones the live ones left out, every unreleased cancelled task takes part.
-    fn start_next(&mut self) -> Result<(), String> {
-        while self.engine.running().is_none() {
-            let Some(assignment) = self.pending.pop_front() else { return Ok(()) };
-            let current = self.engine.deployment().clone();
-            let old: Vec<TaskId> = crate::engine::assignment(&current, TARGET);
-            let old_live: BTreeSet<u32> = current.tasks.get(&TARGET).into_iter().flatten().copied().collect();
-            let new_live: BTreeSet<u32> = assignment.iter().map(|t| t.index).collect();
-            let created: Vec<u32> = new_live.difference(&old_live).copied().collect();
-            let cancelled: Vec<u32> = old_live.difference(&new_live).copied().collect();
-            let mut retired = self.engine.retired(TARGET);
-            if current.protocol == Protocol::Koala {
-                retired.extend(&cancelled);
-            }
-            let epoch = self.epoch + 1;
-            let mut d = current.clone();
-            d.epoch = epoch;
-            d.tasks.insert(TARGET, new_live.iter().copied().collect());
-            d.routing.insert(TARGET, assignment.iter().map(|t| t.index).collect());
-            for &i in &created {
-                d.placement.insert(TaskId::new(TARGET, i), WorkerId(0));
-            }
-            let plan = ReconfigPlan {
-                epoch,
-                operator: TARGET,
-                deployment: d,
-                moves: moves_between(&old, &assignment).map_err(|e| e.to_string())?,
-                upstreams: self.engine.upstream_tasks(TARGET),
-                created,
-                cancelled,
-                retired: retired.into_iter().collect(),
-            };
-            // As the job's coordinator: a finished task moves nothing and is not waited for.
-            let who = Participants {
-                stateful: true,
-                old_targets: old_live
-                    .iter()
-                    .map(|&i| TaskId::new(TARGET, i))
-                    .filter(|t| !current.finished.contains(t))
-                    .collect(),
-                consumers: Vec::new(),
-            };
-            match self.engine.start(plan, who) {
-                Ok(actions) => {
-                    self.epoch = epoch;
-                    self.exec_engine(actions)?;
-                }
-                Err(StartError::InputEnded) => self.skipped += 1,
-                Err(e) => return Err(format!("the engine refused a plan: {e}")),
-            }
-        }
-        Ok(())
     }
 
     /// Feeds the same event to every router of upstream `u` (one per input), in input order.
@@ -702,299 +643,9 @@ impl World {
             (to, m) => Err(format!("unroutable message {m:?} to {to:?}")),
         }
     }
-
-    /// A peer, fetch or control message reaches a Koala task.
-    fn deliver_koala_control(&mut self, id: TaskId, src: Option<TaskId>, msg: Msg) -> Result<(), String> {
-        let event = match (msg, src) {
-            (Msg::Peer(message), Some(from)) => TaskEvent::Peer { from, message },
-            (Msg::FetchRequest(request), Some(from)) => TaskEvent::FetchRequest { from, request },
-            (Msg::FetchResponse(response), Some(from)) => {
-                self.pulls_in_flight.remove(&(id, from, response.id));
-                TaskEvent::FetchResponse { from, response }
-            }
-            (Msg::FilterRequest(request), Some(from)) => TaskEvent::FilterRequest { from, request },
-            (Msg::Wake, Some(from)) if from == id => TaskEvent::Wake,
-            (Msg::Clock, Some(from)) if from == id => {
-                self.clock_queued.remove(&id);
-                TaskEvent::ProcessingTime { now: self.step }
-            }
-            (Msg::Filter(response), Some(from)) => TaskEvent::Filter { from, response },
-            (Msg::BuildFilter { to, request }, Some(from)) if from == id => {
-                return self.build_and_send_filter(id, to, request);
-            }
-            (Msg::Start(r), None) => {
-                if let Some(t) = self.tasks.get_mut(&id) {
-                    t.life.started(r.epoch);
-                }
-                // A task learns the channels of upstreams it does not know yet (a new
-                // task: all of them) with its `Start`; the runtime knows them when it
-                // deploys the task.
-                let inputs = self.cfg.inputs;
-                if let Some(Core::Koala(k)) = self.tasks.get_mut(&id).map(|t| &mut t.core) {
-                    for &u in &r.upstreams {
-                        for channel in sim_inputs(u, inputs) {
-                            k.add_input(channel);
-                        }
-                    }
-                }
-                TaskEvent::Start(r)
-            }
-            (Msg::Prepare(plan), None) => {
-                // A Koala task learns the new placement and answers.
-                if let Some(t) = self.tasks.get_mut(&id) {
-                    t.life.prepared(plan.epoch, !plan.senders_to(id).is_empty());
-                }
-                self.channels.push(
-                    (Node::Task(id), Node::Coordinator, Kind::Control),
-                    Msg::Ack(plan.epoch, TaskAck::Prepared),
-                );
-                return Ok(());
-            }
-            (Msg::EndedUpstream(u), None) => {
-                // Every channel of the finished upstream ends here (two for a self-join).
-                let open = match self.tasks.get(&id).map(|t| &t.core) {
-                    Some(Core::Koala(k)) => k.inputs_from(u),
-                    _ => Vec::new(),
-                };
-                for channel in open {
-                    self.feed(id, TaskEvent::EndOfStream { channel })?;
-                }
-                return Ok(());
-            }
-            (m, _) => return Err(format!("unroutable message {m:?} to {id}")),
-        };
-        self.feed(id, event)
-    }
-
-    /// Feeds an event to a Koala task core and executes its actions.
-    pub(crate) fn feed(&mut self, id: TaskId, event: TaskEvent) -> Result<(), String> {
-        let Some(SimTask { core: Core::Koala(core), store, .. }) = self.tasks.get_mut(&id) else {
-            return Err(format!("no Koala task {id}"));
-        };
-        let mut local = SimLocal { store, probes: 0 };
-        core.set_intake_tag(self.step);
-        // The runtime tells its core how much input waits in its queue; so does the world.
-        let backlog = self.channels.data_batches_to(id);
-        core.set_input_backlog(backlog);
-        let what = match &event {
-            TaskEvent::Records { records, .. } => format!("{} records on a data channel", records.len()),
-            TaskEvent::Peer { message: PeerMessage::Records { records, .. }, .. } => {
-                format!("{} records on the peer lane", records.len())
-            }
-            other => format!("{other:?}").chars().take(60).collect(),
-        };
-        let asked_ahead = core.look_ahead_requests();
-        let actions = core.on_with(event, &mut local);
-        self.stats.local_probes += local.probes;
-        self.stats.look_ahead_fetches += core.look_ahead_requests() - asked_ahead;
-        // Background pulls yield to input: none goes out while batches wait for the task.
-        if backlog > 0 {
-            self.stats.fed_with_backlog += 1;
-            if actions
-                .iter()
-                .any(|a| matches!(a, TaskAction::FetchState { request, .. } if request.keys.is_empty()))
-            {
-                return Err(format!(
-                    "pulls yield to input: {id} pulls while {backlog} batches wait for it, after {what}"
-                ));
-            }
-        }
-        // The runtime's rule: a task holding `max_queued_records` takes no data input.
-        if core.takes_data() {
-            self.paused.remove(&id);
-        } else if self.paused.insert(id) {
-            self.stats.pauses += 1;
-        }
-        for b in core.take_batches() {
-            self.stats.max_batch_wait = self.stats.max_batch_wait.max(self.step - b.taken);
-        }
-        let queued = core.queued_records();
-        self.stats.max_queued = self.stats.max_queued.max(queued);
-        if queued > self.cfg.max_queued_records && self.cfg.fault != Some(Fault::HoldBackAfterMarker) {
-            return Err(format!(
-                "bounded inbox: {id} holds {queued} records, past max_queued_records = {}, after {what}",
-                self.cfg.max_queued_records
-            ));
-        }
-        // Buckets the core took over in this event came with a hand-over the sender let go of.
-        for b in core.owned_buckets() {
-            match self.claims.get_mut(usize::from(b)) {
-                Some(slot @ None) => *slot = Some(id),
-                Some(Some(owner)) if *owner == id => {}
-                other => {
-                    return Err(format!("single owner: {id} takes bucket {b} claimed by {other:?}"));
-                }
-            }
-        }
-        let ended = self.tasks.get_mut(&id).and_then(|t| match &t.core {
-            Core::Koala(core) => t.life.check_inputs_ended(core),
-            _ => None,
-        });
-        for a in actions {
-            self.exec_task(id, a)?;
-        }
-        if let Some(ended) = ended {
-            // The runtime's task fires its timers and ends its outputs here at the first report
-            // (none in the simulated operator) and keeps serving state until released.
-            self.channels.push(
-                (Node::Task(id), Node::Coordinator, Kind::Control),
-                Msg::Ack(ended.epoch, TaskAck::InputsEnded),
-            );
-        }
-        self.koala_check_exit(id);
-        self.check_claims(id)
-    }
-
-    /// A Koala task exits as the runtime's does, after every event it handles
-    /// ([`TaskLife::may_exit`]): released and its inputs ended.
-    fn koala_check_exit(&mut self, id: TaskId) {
-        if let Some(t) = self.tasks.get_mut(&id)
-            && matches!(t.core, Core::Koala(_))
-            && !t.gone
-            && t.life.may_exit()
-        {
-            t.gone = true;
-            self.stats.exited += 1;
-        }
-    }
-
-    /// Executes the engine's actions as the workers would: a broadcast reaches the tasks it
-    /// concerns.
-    pub(crate) fn exec_engine(&mut self, actions: Vec<EngineAction>) -> Result<(), String> {
-        for a in actions {
-            match a {
-                EngineAction::Broadcast(msg) => self.broadcast(msg)?,
-                // Behind every earlier control message to the task (e.g. a `Prepare`).
-                EngineAction::Release(task) => self.control(Node::Task(task), Msg::Release),
-                EngineAction::Completed { .. } => self.stats.epochs += 1,
-            }
-        }
-        self.start_next()
-    }
-
-    fn control(&mut self, to: Node, msg: Msg) {
-        self.channels.push((Node::Coordinator, to, Kind::Control), msg);
-    }
-
-    fn broadcast(&mut self, msg: CoordinatorMessage) -> Result<(), String> {
-        if let CoordinatorMessage::Drrs(control) = msg {
-            return self.broadcast_drrs(*control);
-        }
-        // As a worker does, a phase message is read against the plan its `Prepare` carried.
-        let epoch = match &msg {
-            CoordinatorMessage::Prepare(plan) => plan.epoch,
-            CoordinatorMessage::Begin { reconfiguration, .. } => reconfiguration.epoch,
-            CoordinatorMessage::Switch { epoch }
-            | CoordinatorMessage::Drain { epoch }
-            | CoordinatorMessage::Resume { epoch } => *epoch,
-            _ => self.epoch,
-        };
-        if let CoordinatorMessage::Prepare(plan) = &msg {
-            self.plans.insert(plan.epoch, Arc::new((**plan).clone()));
-        }
-        let plan =
-            self.plans.get(&epoch).cloned().ok_or_else(|| format!("a broadcast of unknown epoch {epoch}"))?;
-        let assignment = crate::engine::assignment(&plan.deployment, TARGET);
-        let upstreams: Vec<TaskId> = plan.upstreams.clone();
-        // Which tasks hear what: the rule the workers run (`crate::relay`).
-        let relayed = relay(&msg, Some(&plan));
-        match msg {
-            CoordinatorMessage::Prepare(_) => {
-                // A new task expects input from the live upstreams (under Koala it learns them
-                // from `Start`).
-                let ups = match self.cfg.protocol {
-                    Protocol::Koala | Protocol::Drrs => Vec::new(),
-                    Protocol::StopAndRestart | Protocol::Remote => self.engine.upstream_tasks(TARGET),
-                };
-                for (id, _) in relayed {
-                    if plan.created.contains(&id.index) {
-                        let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg, true);
-                        // A new DRRS task learns its channels when it is deployed, as the
-                        // runtime's does: from the plan's upstreams, some of which may finish
-                        // before its first subscale.
-                        if let Core::Drrs(core) = &mut t.core {
-                            for &u in &upstreams {
-                                for input in 0..self.cfg.inputs {
-                                    core.add_input(InputChannel { input, from: u });
-                                }
-                            }
-                        }
-                        if self.tasks.insert(id, t).is_some() {
-                            return Err(format!("task {id} deployed twice"));
-                        }
-                    }
-                    if self.tasks.get(&id).is_some_and(|t| !t.life.released()) {
-                        self.control(Node::Task(id), Msg::Prepare(plan.clone()));
-                    }
-                }
-            }
-            CoordinatorMessage::Begin { reconfiguration, .. } => {
-                let reconfiguration: Arc<Reconfiguration> = Arc::from(reconfiguration);
-                let epoch = reconfiguration.epoch;
-                for (to, _) in relayed {
-                    self.control(Node::Task(to), Msg::Start(reconfiguration.clone()));
-                }
-                if self.cfg.fault == Some(Fault::SwitchBeforePeerReady) && self.early_switched.insert(epoch) {
-                    for up in upstreams {
-                        self.control(
-                            Node::Upstream(up),
-                            Msg::Switch { epoch, assignment: assignment.clone() },
-                        );
-                    }
-                }
-            }
-            CoordinatorMessage::Switch { .. }
-            | CoordinatorMessage::Drain { .. }
-            | CoordinatorMessage::Resume { .. }
-            | CoordinatorMessage::UpstreamEnded { .. } => {
-                for (to, r) in relayed {
-                    let (node, msg) = match r {
-                        Relayed::Switch if self.early_switched.contains(&epoch) => continue,
-                        Relayed::Switch => {
-                            (Node::Upstream(to), Msg::Switch { epoch, assignment: assignment.clone() })
-                        }
-                        Relayed::Drain => (Node::Upstream(to), Msg::Drain(epoch)),
-                        Relayed::Resume => {
-                            (Node::Upstream(to), Msg::Resume { epoch, assignment: assignment.clone() })
-                        }
-                        // The operator's tasks, which were all prepared, may send their state;
-                        // a Koala task hands over per `Start` and ignores it, as the runtime's.
-                        Relayed::HandOver
-                            if matches!(self.tasks.get(&to).map(|t| &t.core), Some(Core::Koala(_))) =>
-                        {
-                            continue;
-                        }
-                        Relayed::HandOver => (Node::Task(to), Msg::Drain(epoch)),
-                        Relayed::UpstreamEnded(u) => (Node::Task(to), Msg::EndedUpstream(u)),
-                        other => {
-                            return Err(format!("a relayed {other:?}, which the simulator does not model"));
-                        }
-                    };
-                    self.control(node, msg);
-                }
-            }
-            other => {
-                return Err(format!("the engine broadcast {other:?}, which the simulator does not model"));
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The data channels from simulated upstream `from`: one per operator input.
-fn sim_inputs(from: TaskId, inputs: usize) -> impl Iterator<Item = InputChannel> {
+pub(crate) fn sim_inputs(from: TaskId, inputs: usize) -> impl Iterator<Item = InputChannel> {
     (0..inputs).map(move |input| InputChannel { input, from })
-}
-
-/// A simulated task's store as the core's local-first lookups see it.
-struct SimLocal<'a> {
-    store: &'a BTreeMap<Vec<u8>, u64>,
-    probes: u64,
-}
-
-impl LocalKeys for SimLocal<'_> {
-    fn contains_many(&mut self, keys: &[&[u8]]) -> Vec<bool> {
-        self.probes += keys.len() as u64;
-        keys.iter().map(|k| self.store.contains_key(*k)).collect()
-    }
 }
