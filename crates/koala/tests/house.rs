@@ -506,3 +506,50 @@ fn the_import_reader_sees_use_trees_inline_paths_and_ignores_parents_and_tests()
     // imports `a`) does not close a loop through `p`.
     assert_eq!(names, vec![vec!["a".to_string(), "b".into(), "p::q".into()]]);
 }
+
+/// The simulator and the fault-injection hooks (koala-protocol's `sim` feature) are enabled only
+/// by dev-dependencies, so a release build (`cargo build --release -p koala`) has neither.
+#[test]
+fn only_dev_dependencies_enable_the_simulator() {
+    let root = repo_root();
+    let mut manifests = vec![root.join("Cargo.toml")];
+    for entry in std::fs::read_dir(root.join("crates")).expect("crates/").filter_map(|e| e.ok()) {
+        let manifest = entry.path().join("Cargo.toml");
+        if manifest.is_file() {
+            manifests.push(manifest);
+        }
+    }
+    let mut enabling = Vec::new();
+    let mut checked = 0;
+    for manifest in &manifests {
+        let text = std::fs::read_to_string(manifest).expect("read a manifest");
+        let mut section = String::new();
+        for line in text.lines() {
+            let t = line.trim();
+            if t.starts_with('[') {
+                section = t.to_string();
+                continue;
+            }
+            let dev = section.contains("dev-dependencies");
+            let is_protocol = t.starts_with("koala-protocol");
+            if is_protocol && !dev {
+                checked += 1;
+            }
+            if is_protocol && !dev && t.contains("\"sim\"") {
+                enabling.push(format!("{} {section}: {t}", manifest.display()));
+            }
+            if section == "[features]" && t.starts_with("default") && t.contains("\"sim\"") {
+                enabling.push(format!("{} [features]: {t}", manifest.display()));
+            }
+        }
+    }
+    assert!(
+        checked >= 4,
+        "found koala-protocol in only {checked} non-dev dependency lines: did the layout change?"
+    );
+    assert!(
+        enabling.is_empty(),
+        "the simulator is enabled outside dev-dependencies:\n{}",
+        enabling.join("\n")
+    );
+}
