@@ -6,4 +6,5 @@
 pub(crate) mod error;
 pub(crate) mod event_time;
 pub(crate) mod input;
+pub(crate) mod task_config;
 pub(crate) mod upstream;

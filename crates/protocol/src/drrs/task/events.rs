@@ -1,6 +1,5 @@
 //! The events a DRRS task core consumes and the actions it returns (docs/protocols.md §11).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp};
@@ -9,18 +8,7 @@ use crate::common::error::ProtocolError;
 use crate::control::TaskAck;
 use crate::drrs::{DrrsPeer, Subscale};
 
-/// How a target task starts.
-#[derive(Clone, Debug)]
-pub struct TaskConfig {
-    /// The task.
-    pub id: TaskId,
-    /// Buckets of the operator's key space.
-    pub num_buckets: u16,
-    /// Buckets whose state is here at deployment; empty for a new task.
-    pub owned: BTreeSet<BucketId>,
-    /// Data channels open to this task; empty for a new task.
-    pub inputs: BTreeSet<InputChannel>,
-}
+pub use crate::common::task_config::TaskConfig;
 
 /// Input of a [`DrrsTask`](super::DrrsTask).
 #[derive(Clone, Debug, PartialEq, Eq)]

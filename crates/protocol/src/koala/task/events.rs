@@ -1,7 +1,6 @@
 //! The events a Koala task core consumes and the actions it returns (paper §3.1–§3.4; the
 //! runtime executes the actions in order).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use koala_types::{BucketId, Epoch, InputChannel, Record, TaskId, Timestamp};
@@ -12,18 +11,7 @@ use crate::koala::messages::{
     FetchRequest, FetchResponse, FilterRequest, FilterResponse, PeerMessage, Reconfiguration,
 };
 
-/// How a target task starts.
-#[derive(Clone, Debug)]
-pub struct TaskConfig {
-    /// The task.
-    pub id: TaskId,
-    /// Buckets of the operator's key space.
-    pub num_buckets: u16,
-    /// Buckets the task owns with their state local (initial deployment); empty for a new task.
-    pub owned: BTreeSet<BucketId>,
-    /// Data channels open to this task (upstream task and input index); empty for a new task.
-    pub inputs: BTreeSet<InputChannel>,
-}
+pub use crate::common::task_config::TaskConfig;
 
 /// Input of a [`KoalaTask`](super::KoalaTask).
 #[derive(Clone, Debug, PartialEq, Eq)]
