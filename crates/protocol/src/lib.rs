@@ -19,6 +19,7 @@ pub mod relay;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod stop_restart;
+pub mod switch;
 pub mod watermark;
 
 pub use control::{

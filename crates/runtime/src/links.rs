@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use koala_dataflow::{JobGraph, Partitioning};
 use koala_protocol::koala::{RouterEvent, UpstreamRouter};
+use koala_protocol::switch::{RoutingSwitch, SwitchedEdge};
 use koala_protocol::{Deployment, plan};
-use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
+use koala_types::{OperatorId, TaskId, WorkerId};
 
 use crate::RuntimeError;
 use crate::channel::{ChannelSender, InputChannel, PEER_INPUT};
@@ -151,31 +152,22 @@ fn edge_routing(
     Ok((table, outputs))
 }
 
-/// The routing core's event that switches the edge from `task` to input `input` of `consumer`
-/// to `d`'s routing at `epoch`: with markers (Koala, DRRS, a stateless operator), or, resuming
-/// after stop-and-restart's drain (`resume`), without. A keyed edge's live tasks that own no
-/// bucket (a DRRS subscale's table) stay outputs; an unkeyed edge's assignment is its outputs.
+/// The routing core's event that switches the edge from `task` to input `input` of the switched
+/// operator ([`RoutingSwitch::event`]: the rule the simulator's upstreams follow too).
 pub fn switch_event(
-    d: &Deployment,
+    switch: &RoutingSwitch,
     graph: &JobGraph,
     task: TaskId,
-    consumer: OperatorId,
     input: usize,
-    epoch: Epoch,
     resume: bool,
 ) -> Result<RouterEvent, RuntimeError> {
-    let (table, outputs) = edge_routing(d, graph, task, consumer, input)?;
-    let (assignment, keep) = if table.is_empty() {
-        (outputs, Vec::new())
-    } else {
-        let keep = outputs.into_iter().filter(|t| !table.contains(t)).collect();
-        (table, keep)
-    };
-    Ok(if resume {
-        RouterEvent::Reroute { epoch, assignment }
-    } else {
-        RouterEvent::SwitchKeeping { epoch, assignment, keep }
-    })
+    let consumer = switch.operator;
+    let spec = graph.operator(consumer).ok_or(RuntimeError::UnknownOperator(consumer))?;
+    let edge = edge(graph, consumer, input).ok_or(RuntimeError::UnknownOperator(consumer))?;
+    let keyed = matches!(spec.inputs[input].partitioning, Partitioning::Key(_));
+    switch
+        .event(SwitchedEdge { edge, keyed }, task, resume)
+        .map_err(|e| RuntimeError::deployment(&spec.name, e.to_string()))
 }
 
 /// The edge from `task` to input `input` of `consumer` as `d` deploys it: its routing core and

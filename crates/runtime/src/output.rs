@@ -408,7 +408,7 @@ mod tests {
                         let assignment = draw.table(&live);
                         let keep: Vec<TaskId> =
                             draw.subset(&pool).into_iter().filter(|_| draw.below(3) == 0).collect();
-                        let event = RouterEvent::SwitchKeeping { epoch, assignment, keep };
+                        let event = RouterEvent::Switch { epoch, assignment, keep };
                         outputs
                             .switch_edges(
                                 consumer,

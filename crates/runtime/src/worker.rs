@@ -15,6 +15,7 @@ use koala_dataflow::OperatorKind;
 use koala_dataflow::graph::QueryResolver;
 use koala_protocol::drrs::DrrsCommand;
 use koala_protocol::relay::{Relayed, relay};
+use koala_protocol::switch::RoutingSwitch;
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
 use koala_state::StateEnv;
 use koala_types::frame::{read_frame, write_frame};
@@ -252,10 +253,11 @@ pub fn run_worker(options: WorkerOptions) -> Result<(), RuntimeError> {
                     };
                     // Only the live upstream tasks the plan names: a cancelled task that still
                     // serves state (Koala) must not switch and send markers to the operator.
+                    let switch = Arc::new(RoutingSwitch::to_plan(plan));
                     send_to(j, &relayed, |r| match r {
                         Relayed::HandOver => TaskCommand::HandOver { epoch },
-                        Relayed::Resume => TaskCommand::Resume(plan.clone()),
-                        _ => TaskCommand::Switch(plan.clone()),
+                        Relayed::Resume => TaskCommand::Resume(switch.clone()),
+                        _ => TaskCommand::Switch(switch.clone()),
                     });
                 }
             }

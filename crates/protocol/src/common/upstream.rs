@@ -1,5 +1,5 @@
 //! The routing core of an upstream task (paper §3.1 step 4): it routes records by bucket with its
-//! routing table (RT), broadcasts watermarks, and on `SwitchRouting` atomically installs the new
+//! routing table (RT), broadcasts watermarks, and on `Switch` atomically installs the new
 //! table and injects a marker — followed by its current watermark — into every output channel of
 //! the old and the new configuration, so each target task learns that nothing routed by the old
 //! table follows; a channel the new configuration drops then ends. The runtime's output edges
@@ -18,18 +18,12 @@ pub enum RouterEvent {
     Records(Vec<Record>),
     /// The upstream task's event time advanced.
     Watermark(Timestamp),
-    /// The coordinator saw every `PeerReady`: switch to `assignment` (bucket → task).
-    SwitchRouting {
-        /// The epoch.
-        epoch: Epoch,
-        /// The new routing table.
-        assignment: Vec<TaskId>,
-    },
-    /// DRRS: switch to `assignment` like [`RouterEvent::SwitchRouting`], keeping channels to the
-    /// tasks `keep` (tasks live before and after the reconfiguration that own no bucket in this
-    /// intermediate table) as outputs: they get markers and watermarks, and no end of stream.
-    SwitchKeeping {
-        /// The subscale's epoch.
+    /// Switch to `assignment` (bucket → task; an unkeyed edge's outputs) with markers, keeping
+    /// channels to the tasks `keep` as outputs besides the table's: live tasks that own no bucket
+    /// in it (a DRRS subscale's intermediate table). They get markers and watermarks, and no end
+    /// of stream. Koala sends it once every `PeerReady` arrived; DRRS once per subscale.
+    Switch {
+        /// The epoch the markers carry.
         epoch: Epoch,
         /// The new routing table.
         assignment: Vec<TaskId>,
@@ -93,7 +87,7 @@ impl UpstreamRouter {
     }
 
     /// A router with the table `assignment` and output channels also to the tasks `keep` (live
-    /// tasks that own no bucket in it, as [`RouterEvent::SwitchKeeping`] keeps them).
+    /// tasks that own no bucket in it, as [`RouterEvent::Switch`] keeps them).
     pub fn keeping(assignment: Vec<TaskId>, keep: Vec<TaskId>) -> Result<Self, ProtocolError> {
         let mut router = Self::new(assignment)?;
         router.outputs.extend(keep);
@@ -177,15 +171,9 @@ impl UpstreamRouter {
             }
             // A finished upstream task is gone: it switches nothing. The coordinator learns that
             // it finished and tells the epoch's new tasks instead.
-            RouterEvent::SwitchRouting { .. }
-            | RouterEvent::SwitchKeeping { .. }
-            | RouterEvent::Reroute { .. }
-                if self.ended => {}
+            RouterEvent::Switch { .. } | RouterEvent::Reroute { .. } if self.ended => {}
             RouterEvent::Mark { .. } if self.ended => {}
-            RouterEvent::SwitchRouting { epoch, assignment } => {
-                self.switch(epoch, assignment, Vec::new(), &mut out)?;
-            }
-            RouterEvent::SwitchKeeping { epoch, assignment, keep } => {
+            RouterEvent::Switch { epoch, assignment, keep } => {
                 self.switch(epoch, assignment, keep, &mut out)?;
             }
             RouterEvent::Mark { epoch } => {
@@ -313,7 +301,7 @@ mod tests {
         let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
         let mut r = UpstreamRouter::new(vec![a, a]).expect("table");
         r.on(RouterEvent::Watermark(7));
-        let out = r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![a, b] });
+        let out = r.on(RouterEvent::Switch { epoch: 1, assignment: vec![a, b], keep: vec![] });
         assert_eq!(
             out,
             vec![
@@ -324,7 +312,7 @@ mod tests {
             ]
         );
         assert!(matches!(
-            r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![a, b] })[..],
+            r.on(RouterEvent::Switch { epoch: 1, assignment: vec![a, b], keep: vec![] })[..],
             [RouterAction::Error(_)]
         ));
         assert!(matches!(r.on(RouterEvent::Watermark(3))[..], [RouterAction::Error(_)]));
@@ -335,7 +323,7 @@ mod tests {
     fn dropped_channels_end() {
         let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
         let mut r = UpstreamRouter::new(vec![a, b]).expect("table");
-        let out = r.on(RouterEvent::SwitchRouting { epoch: 1, assignment: vec![b, b] });
+        let out = r.on(RouterEvent::Switch { epoch: 1, assignment: vec![b, b], keep: vec![] });
         assert_eq!(
             out,
             vec![
@@ -364,7 +352,7 @@ mod tests {
         let mut r = UpstreamRouter::unkeyed(vec![a]).expect("outputs");
         assert!(!r.is_keyed());
         assert_eq!(r.route(b"k"), None);
-        let out = r.on(RouterEvent::SwitchRouting { epoch: 3, assignment: vec![b] });
+        let out = r.on(RouterEvent::Switch { epoch: 3, assignment: vec![b], keep: vec![] });
         assert_eq!(
             out,
             vec![
@@ -382,7 +370,7 @@ mod tests {
     fn switch_keeping_marks_and_feeds_kept_outputs() {
         let (a, b) = (TaskId::new(OperatorId(1), 0), TaskId::new(OperatorId(1), 1));
         let mut r = UpstreamRouter::new(vec![a, b]).expect("table");
-        let out = r.on(RouterEvent::SwitchKeeping { epoch: 1, assignment: vec![b, b], keep: vec![a] });
+        let out = r.on(RouterEvent::Switch { epoch: 1, assignment: vec![b, b], keep: vec![a] });
         assert_eq!(
             out,
             vec![

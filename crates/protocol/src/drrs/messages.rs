@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::control::ReconfigPlan;
 use crate::moves::Moves;
+use crate::switch::RoutingSwitch;
 
 /// One subscale, as every task taking part receives it (every task owning buckets before or
 /// after it).
@@ -66,9 +67,8 @@ pub enum DrrsControl {
 pub enum DrrsCommand {
     /// The tasks start this subscale.
     Begin(Arc<Subscale>),
-    /// The upstreams switch to this plan: the reconfiguration's plan with the subscale's epoch,
-    /// routing table and live tasks.
-    Switch(Arc<ReconfigPlan>),
+    /// The upstreams switch to the subscale's table (the reconfiguration's plan places the tasks).
+    Switch(Arc<RoutingSwitch>),
 }
 
 impl DrrsControl {
@@ -81,10 +81,10 @@ impl DrrsControl {
     }
 
     /// The worker's side of a DRRS control message, so the runtime only relays the result:
-    /// a `Begin` is its subscale; a `Switch` is the plan of its reconfiguration (from `plans`,
-    /// the worker's plans by epoch, which the last subscale's switch removes) routing by the
-    /// subscale's table, with the table's tasks and the kept ones as the operator's live set (the
-    /// upstreams keep channels to kept tasks and end those of tasks that are gone).
+    /// a `Begin` is its subscale; a `Switch` is the subscale's table and kept tasks, with the
+    /// plan of its reconfiguration (from `plans`, the worker's plans by epoch, which the last
+    /// subscale's switch removes) to place them (the upstreams keep channels to kept tasks and
+    /// end those of tasks that are gone).
     ///
     /// ```
     /// # use std::collections::HashMap;
@@ -104,14 +104,13 @@ impl DrrsControl {
             Self::Switch { epoch, operator, assignment, keep, last, .. } => {
                 let plan = if last { plans.remove(&at) } else { plans.get(&at).cloned() };
                 let plan = plan.ok_or_else(|| format!("DRRS switch of unknown epoch {at}"))?;
-                let mut step = (*plan).clone();
-                step.epoch = epoch;
-                let mut tasks: Vec<u32> = assignment.iter().chain(&keep).copied().collect();
-                tasks.sort_unstable();
-                tasks.dedup();
-                step.deployment.tasks.insert(operator, tasks);
-                step.deployment.routing.insert(operator, assignment);
-                Ok(DrrsCommand::Switch(Arc::new(step)))
+                if plan.operator != operator {
+                    return Err(format!(
+                        "DRRS switch of epoch {at} names operator {operator}, its plan {}",
+                        plan.operator
+                    ));
+                }
+                Ok(DrrsCommand::Switch(Arc::new(RoutingSwitch::subscale(plan, epoch, assignment, &keep))))
             }
         }
     }

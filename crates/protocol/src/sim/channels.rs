@@ -11,6 +11,7 @@ use crate::drrs::{DrrsPeer, Subscale};
 use crate::koala::{
     FetchRequest, FetchResponse, FilterRequest, FilterResponse, PeerMessage, Reconfiguration, TaskAck,
 };
+use crate::switch::RoutingSwitch;
 
 /// An endpoint of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,15 +51,12 @@ pub(crate) enum Msg {
     StateEnd(Epoch),
     Prepare(Arc<ReconfigPlan>),
     Start(Arc<Reconfiguration>),
-    Switch {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-    },
+    /// An upstream switches to this routing (Koala, a DRRS subscale), as the runtime's
+    /// `TaskCommand::Switch` carries it.
+    Switch(Arc<RoutingSwitch>),
     Drain(Epoch),
-    Resume {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-    },
+    /// An upstream switches to this routing and resumes (stop-and-restart, after `Drain`).
+    Resume(Arc<RoutingSwitch>),
     /// The task may exit: nobody will fetch from it.
     Release,
     Ack(Epoch, TaskAck),
@@ -90,12 +88,6 @@ pub(crate) enum Msg {
         bucket: BucketId,
         entries: Vec<(Vec<u8>, u64)>,
         timers: Vec<(Timestamp, Vec<u8>)>,
-    },
-    /// DRRS: an upstream switches to a subscale's table, keeping channels to `keep`.
-    DrrsSwitch {
-        epoch: Epoch,
-        assignment: Vec<TaskId>,
-        keep: Vec<TaskId>,
     },
     /// DRRS: the runtime sent a pushed bucket (to the sender itself, at a random later step).
     Pushed {

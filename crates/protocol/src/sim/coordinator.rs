@@ -16,6 +16,7 @@ use crate::engine::{EngineAction, StartError};
 use crate::koala::Reconfiguration;
 use crate::plan::{Edge, Neighbourhood, Target, plan};
 use crate::relay::{Relayed, relay};
+use crate::switch::RoutingSwitch;
 
 impl World {
     /// Starts the next requested assignment if the engine is free, planned by the coordinator's
@@ -78,7 +79,7 @@ impl World {
         }
         let plan =
             self.plans.get(&epoch).cloned().ok_or_else(|| format!("a broadcast of unknown epoch {epoch}"))?;
-        let assignment = crate::engine::assignment(&plan.deployment, TARGET);
+        let switch = Arc::new(RoutingSwitch::to_plan(plan.clone()));
         let upstreams: Vec<TaskId> = plan.upstreams.clone();
         // Which tasks hear what: the rule the workers run (`crate::relay`).
         let relayed = relay(&msg, Some(&plan));
@@ -120,10 +121,7 @@ impl World {
                 }
                 if self.cfg.fault == Some(Fault::SwitchBeforePeerReady) && self.early_switched.insert(epoch) {
                     for up in upstreams {
-                        self.control(
-                            Node::Upstream(up),
-                            Msg::Switch { epoch, assignment: assignment.clone() },
-                        );
+                        self.control(Node::Upstream(up), Msg::Switch(switch.clone()));
                     }
                 }
             }
@@ -134,13 +132,9 @@ impl World {
                 for (to, r) in relayed {
                     let (node, msg) = match r {
                         Relayed::Switch if self.early_switched.contains(&epoch) => continue,
-                        Relayed::Switch => {
-                            (Node::Upstream(to), Msg::Switch { epoch, assignment: assignment.clone() })
-                        }
+                        Relayed::Switch => (Node::Upstream(to), Msg::Switch(switch.clone())),
                         Relayed::Drain => (Node::Upstream(to), Msg::Drain(epoch)),
-                        Relayed::Resume => {
-                            (Node::Upstream(to), Msg::Resume { epoch, assignment: assignment.clone() })
-                        }
+                        Relayed::Resume => (Node::Upstream(to), Msg::Resume(switch.clone())),
                         // The operator's tasks, which were all prepared, may send their state;
                         // a Koala task hands over per `Start` and ignores it, as the runtime's.
                         Relayed::HandOver

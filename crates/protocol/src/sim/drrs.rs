@@ -3,7 +3,7 @@
 //! the coordinator's subscale messages, with the same checks as every protocol (single owner,
 //! one live copy, per-key order, watermarks, timers).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, bucket_of};
@@ -11,7 +11,7 @@ use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, bucket_
 use super::scenario::TARGET;
 use super::world::{Core, Kind, Msg, Node, World};
 use crate::control::CoordinatorMessage;
-use crate::drrs::{DrrsControl, TaskAction, TaskEvent};
+use crate::drrs::{DrrsCommand, DrrsControl, TaskAction, TaskEvent};
 use crate::relay::{Relayed, relay};
 
 impl World {
@@ -189,21 +189,31 @@ impl World {
                     );
                 }
             }
-            DrrsControl::Switch { epoch, operator, assignment, keep, .. } => {
-                let assignment: Vec<TaskId> =
-                    assignment.into_iter().map(|i| TaskId::new(operator, i)).collect();
-                let keep: Vec<TaskId> = keep.into_iter().map(|i| TaskId::new(operator, i)).collect();
+            switch @ DrrsControl::Switch { operator, .. } => {
                 if operator != TARGET {
                     return Err(format!(
                         "a DRRS switch of operator {operator}, which the simulator does not run"
                     ));
                 }
+                // What a worker tells its upstream tasks: the DRRS core's own conversion.
+                let at = switch.plan_epoch();
+                let plan = self
+                    .plans
+                    .get(&at)
+                    .cloned()
+                    .ok_or_else(|| format!("a DRRS switch of unknown epoch {at}"))?;
+                let DrrsCommand::Switch(switch) = switch.into_command(&mut HashMap::from([(at, plan)]))?
+                else {
+                    return Err("a DRRS switch read as another command".into());
+                };
                 for (up, r) in relayed {
                     if r != Relayed::DrrsSwitch {
                         return Err(format!("a DRRS switch relayed as {r:?} to {up}"));
                     }
-                    let msg = Msg::DrrsSwitch { epoch, assignment: assignment.clone(), keep: keep.clone() };
-                    self.channels.push((Node::Coordinator, Node::Upstream(up), Kind::Control), msg);
+                    self.channels.push(
+                        (Node::Coordinator, Node::Upstream(up), Kind::Control),
+                        Msg::Switch(switch.clone()),
+                    );
                 }
             }
         }

@@ -22,6 +22,7 @@ use crate::koala::{
     UpstreamRouter,
 };
 use crate::stop_restart::{TargetCore, UpstreamAction, UpstreamCore, UpstreamEvent};
+use crate::switch::{RoutingSwitch, SwitchedEdge};
 use crate::watermark::WatermarkAligner;
 
 pub(crate) use super::channels::{ChannelKey, Channels, Kind, Msg, Node};
@@ -481,18 +482,11 @@ impl World {
             return Ok(());
         }
         match msg {
-            Msg::Switch { epoch, assignment } => {
+            Msg::Switch(switch) => {
                 // One switch of the task, a marker on each of its channels, one `Switched`.
-                self.on_routers(u, |_| RouterEvent::SwitchRouting { epoch, assignment: assignment.clone() })?;
-                self.upstream_ack(u, epoch, TaskAck::Switched);
-            }
-            Msg::DrrsSwitch { epoch, assignment, keep } => {
-                self.on_routers(u, |_| RouterEvent::SwitchKeeping {
-                    epoch,
-                    assignment: assignment.clone(),
-                    keep: keep.clone(),
-                })?;
-                self.upstream_ack(u, epoch, TaskAck::Switched);
+                let event = switch_event(&switch, id, false)?;
+                self.on_routers(u, |_| event.clone())?;
+                self.upstream_ack(u, switch.epoch, TaskAck::Switched);
             }
             Msg::Drain(epoch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
                 // Broken: switch to the new routing at once instead of pausing until every
@@ -504,16 +498,16 @@ impl World {
                 self.on_routers(u, |_| RouterEvent::Reroute { epoch, assignment: assignment.clone() })?;
                 self.upstream_ack(u, epoch, TaskAck::Paused);
             }
-            Msg::Resume { epoch, .. } if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
-                self.upstream_ack(u, epoch, TaskAck::Resumed);
+            Msg::Resume(switch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
+                self.upstream_ack(u, switch.epoch, TaskAck::Resumed);
             }
             Msg::Drain(epoch) => {
                 let actions = self.upstreams[u].pause.on(UpstreamEvent::Drain { epoch });
                 self.exec_upstream(u, actions, None)?;
             }
-            Msg::Resume { epoch, assignment } => {
-                let actions = self.upstreams[u].pause.on(UpstreamEvent::Resume { epoch });
-                self.exec_upstream(u, actions, Some(assignment))?;
+            Msg::Resume(switch) => {
+                let actions = self.upstreams[u].pause.on(UpstreamEvent::Resume { epoch: switch.epoch });
+                self.exec_upstream(u, actions, Some(&switch))?;
             }
             m => return Err(format!("unroutable message {m:?} to upstream {id}")),
         }
@@ -524,7 +518,7 @@ impl World {
         &mut self,
         u: usize,
         actions: Vec<UpstreamAction>,
-        assignment: Option<Vec<TaskId>>,
+        switch: Option<&RoutingSwitch>,
     ) -> Result<(), String> {
         for a in actions {
             match a {
@@ -532,8 +526,9 @@ impl World {
                     self.on_routers(u, |_| RouterEvent::Mark { epoch })?
                 }
                 UpstreamAction::SwitchAndResume { epoch } => {
-                    let assignment = assignment.clone().ok_or("resume without an assignment")?;
-                    self.on_routers(u, |_| RouterEvent::Reroute { epoch, assignment: assignment.clone() })?;
+                    let switch = switch.filter(|s| s.epoch == epoch).ok_or("resume without its routing")?;
+                    let event = switch_event(switch, self.upstreams[u].id, true)?;
+                    self.on_routers(u, |_| event.clone())?;
                 }
                 UpstreamAction::Ack { epoch, ack } => self.upstream_ack(u, epoch, ack),
                 UpstreamAction::Error(e) => {
@@ -648,4 +643,11 @@ impl World {
 /// The data channels from simulated upstream `from`: one per operator input.
 pub(crate) fn sim_inputs(from: TaskId, inputs: usize) -> impl Iterator<Item = InputChannel> {
     (0..inputs).map(move |input| InputChannel { input, from })
+}
+
+/// The routing-core event of an upstream's keyed edge into the operator for `switch`: the rule
+/// the runtime's output edges follow ([`RoutingSwitch::event`]).
+fn switch_event(switch: &RoutingSwitch, upstream: TaskId, resume: bool) -> Result<RouterEvent, String> {
+    let edge = SwitchedEdge { edge: crate::plan::Edge::new(UPSTREAM, TARGET, false), keyed: true };
+    switch.event(edge, upstream, resume).map_err(|e| format!("upstream {upstream} refused a switch: {e}"))
 }

@@ -368,7 +368,7 @@ impl DrrsOperator {
             }
             TaskCommand::Release => self.released = true,
             TaskCommand::HandOver { .. } => {}
-            TaskCommand::Switch(plan) => setup.switch_and_ack(&plan, outputs)?,
+            TaskCommand::Switch(switch) => setup.switch_and_ack(&switch, outputs)?,
             TaskCommand::UpstreamEnded(upstream) => {
                 if let Some((known, ended)) = self.unstarted.as_mut() {
                     ended.extend(known.iter().filter(|c| c.from == upstream));

@@ -324,8 +324,8 @@ impl KoalaOperator {
             // Outputs that ended carry nothing more, not even a marker; the coordinator stopped
             // counting on this task when it reported `InputsEnded`.
             TaskCommand::Switch(_) if self.life.outputs_ended() => {}
-            TaskCommand::Switch(plan) => {
-                setup.switch_and_ack(&plan, outputs)?;
+            TaskCommand::Switch(switch) => {
+                setup.switch_and_ack(&switch, outputs)?;
             }
             TaskCommand::UpstreamEnded(upstream) => {
                 if let Some((known, ended)) = self.unstarted.as_mut() {

@@ -237,8 +237,8 @@ impl OperatorTask {
             TaskCommand::Drain { epoch } => {
                 setup.drain_and_pause(&mut self.upstream, epoch, outputs, &mut self.metrics)?;
             }
-            TaskCommand::Switch(plan) => {
-                setup.switch_and_ack(&plan, outputs)?;
+            TaskCommand::Switch(switch) => {
+                setup.switch_and_ack(&switch, outputs)?;
             }
             TaskCommand::HandOver { epoch } => {
                 self.on_transfer(setup, outputs, TargetEvent::Drain { epoch })?;
@@ -249,10 +249,10 @@ impl OperatorTask {
             | TaskCommand::DrrsBegin(_)
             | TaskCommand::Checkpoint(_)
             | TaskCommand::CheckpointCommitted(_) => {}
-            TaskCommand::Resume(plan) => {
+            TaskCommand::Resume(switch) => {
                 // Not paused (a pause takes its Resume itself): the core refuses it.
-                let event = UpstreamEvent::Resume { epoch: plan.epoch };
-                setup.on_upstream(&mut self.upstream, event, Some(&plan), outputs)?;
+                let event = UpstreamEvent::Resume { epoch: switch.epoch };
+                setup.on_upstream(&mut self.upstream, event, Some(&switch), outputs)?;
             }
         }
         Ok(())

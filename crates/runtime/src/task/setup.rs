@@ -9,6 +9,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError};
 use koala_dataflow::OperatorSpec;
 use koala_protocol::stop_restart::{UpstreamAction, UpstreamCore, UpstreamEvent};
+use koala_protocol::switch::RoutingSwitch;
 use koala_protocol::{Deployment, ReconfigPlan, RuntimeOptions, TaskAck, WorkerMessage};
 use koala_state::StateBackend;
 use koala_types::{ChannelMessage, Epoch, TaskId};
@@ -39,15 +40,15 @@ pub enum TaskCommand {
         /// The reconfiguration.
         epoch: Epoch,
     },
-    /// Switch to the plan's routing and resume (after `Drain`).
-    Resume(Arc<ReconfigPlan>),
+    /// Switch to this routing and resume (after `Drain`).
+    Resume(Arc<RoutingSwitch>),
     /// Koala: every task of the reconfiguration is prepared; start the hand-over of the
     /// reconfiguration the coordinator's Koala core planned.
     Begin(Arc<koala_protocol::koala::Reconfiguration>),
     /// DRRS: start a subscale.
     DrrsBegin(Arc<koala_protocol::drrs::Subscale>),
-    /// Koala: switch to the plan's routing without pausing.
-    Switch(Arc<ReconfigPlan>),
+    /// Switch to this routing without pausing (Koala, a stateless operator, a DRRS subscale).
+    Switch(Arc<RoutingSwitch>),
     /// Koala: stop serving state and exit.
     Release,
     /// The reconfigured operator's tasks: every task of the reconfiguration is prepared
@@ -142,31 +143,31 @@ impl TaskSetup {
         let _ = self.events.send(WorkerMessage::TaskAck { task: self.task, epoch, ack });
     }
 
-    /// Switches this task's edges to the reconfigured operator to the plan's routing: each edge's
-    /// routing core decides (with markers, or without when `resume`-ing after a drain); new
-    /// channels open as the plan's deployment places their tasks.
+    /// Switches this task's edges to the reconfigured operator to `switch`'s routing: each
+    /// edge's routing core decides (with markers, or without when `resume`-ing after a drain);
+    /// new channels open as the reconfiguration's plan places their tasks.
     pub(crate) fn switch_routing(
         &self,
-        plan: &ReconfigPlan,
+        switch: &RoutingSwitch,
         resume: bool,
         outputs: &mut Outputs,
     ) -> Result<(), RuntimeError> {
-        let (d, graph, op) = (&plan.deployment, &self.links.graph, plan.operator);
+        let d = &switch.plan.deployment;
         outputs.switch_edges(
-            op,
-            |input, _| switch_event(d, graph, self.task, op, input, plan.epoch, resume),
+            switch.operator,
+            |input, _| switch_event(switch, &self.links.graph, self.task, input, resume),
             |input, to| open_channel(&self.links, d, to, InputChannel { input, from: self.task }),
         )
     }
 
-    /// Koala's `Switch` for a task feeding the reconfigured operator: switch without pausing.
+    /// A `Switch` for a task feeding the reconfigured operator: switch without pausing.
     pub(crate) fn switch_and_ack(
         &self,
-        plan: &ReconfigPlan,
+        switch: &RoutingSwitch,
         outputs: &mut Outputs,
     ) -> Result<(), RuntimeError> {
-        self.switch_routing(plan, false, outputs)?;
-        self.ack(plan.epoch, TaskAck::Switched);
+        self.switch_routing(switch, false, outputs)?;
+        self.ack(switch.epoch, TaskAck::Switched);
         Ok(())
     }
 
@@ -249,7 +250,7 @@ impl TaskSetup {
         &self,
         upstream: &mut UpstreamCore,
         event: UpstreamEvent,
-        plan: Option<&ReconfigPlan>,
+        switch: Option<&RoutingSwitch>,
         outputs: &mut Outputs,
     ) -> Result<(), RuntimeError> {
         for action in upstream.on(event) {
@@ -258,14 +259,14 @@ impl TaskSetup {
                     outputs.broadcast(&ChannelMessage::Marker(epoch))?;
                 }
                 UpstreamAction::SwitchAndResume { epoch } => {
-                    let Some(plan) = plan.filter(|p| p.epoch == epoch) else {
-                        debug_assert!(false, "SwitchAndResume of epoch {epoch} without its plan");
+                    let Some(switch) = switch.filter(|s| s.epoch == epoch) else {
+                        debug_assert!(false, "SwitchAndResume of epoch {epoch} without its routing");
                         return Err(RuntimeError::Invariant {
                             task: self.task,
-                            what: "a resume without its plan",
+                            what: "a resume without its routing",
                         });
                     };
-                    self.switch_routing(plan, true, outputs)?;
+                    self.switch_routing(switch, true, outputs)?;
                 }
                 UpstreamAction::Ack { epoch, ack } => self.ack(epoch, ack),
                 UpstreamAction::Error(source) => {

@@ -262,13 +262,14 @@ fn on_command(
             Ok(false)
         }
         TaskCommand::Drain { epoch } => setup.drain_and_pause(upstream, epoch, outputs, metrics),
-        TaskCommand::Resume(plan) => {
+        TaskCommand::Resume(switch) => {
             // Not paused (a pause takes its Resume itself): the core refuses it.
-            setup.on_upstream(upstream, UpstreamEvent::Resume { epoch: plan.epoch }, Some(&plan), outputs)?;
+            let event = UpstreamEvent::Resume { epoch: switch.epoch };
+            setup.on_upstream(upstream, event, Some(&switch), outputs)?;
             Ok(false)
         }
-        TaskCommand::Switch(plan) => {
-            setup.switch_and_ack(&plan, outputs)?;
+        TaskCommand::Switch(switch) => {
+            setup.switch_and_ack(&switch, outputs)?;
             Ok(false)
         }
         other => {
