@@ -32,6 +32,20 @@ pub struct RuntimeOptions {
     pub checkpoint: CheckpointOptions,
 }
 
+impl RuntimeOptions {
+    /// Bytes a stateful task's input queues and held records may take, charged to its share: its
+    /// data queue and peer lane (`channel_capacity` messages each, a batch of up to `batch_records`
+    /// records per message) and what a Koala task or a DRRS receiver may hold besides
+    /// (`max_queued_records`; DRRS's wait buffer, `[drrs] wait_records`, default 2 048, is below it),
+    /// at [`crate::memory::QUEUED_RECORD_BYTES`] per record. The fetch lane is bounded by credit (one request and one
+    /// answer per peer) and not counted.
+    pub fn queue_bytes_per_task(&self) -> u64 {
+        let messages = 2 * self.channel_capacity.max(1) as u64;
+        let records = messages * self.batch_records as u64 + self.max_queued_records as u64;
+        records * crate::memory::QUEUED_RECORD_BYTES
+    }
+}
+
 /// Checkpoints as every task sees them (docs/architecture.md §10).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointOptions {

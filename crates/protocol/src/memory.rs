@@ -4,7 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::RuntimeOptions;
 use koala_types::TaskId;
 
 /// The fraction of a machine's physical memory its workers' budgets share by default, as a
@@ -51,18 +50,6 @@ pub fn parse_meminfo(text: &str) -> Option<u64> {
     }
 }
 
-/// Bytes a stateful task's input queues and held records may take, charged to its share: its
-/// data queue and peer lane (`channel_capacity` messages each, a batch of up to `batch_records`
-/// records per message) and what a Koala task or a DRRS receiver may hold besides
-/// (`max_queued_records`; DRRS's wait buffer, `[drrs] wait_records`, default 2 048, is below it),
-/// at [`QUEUED_RECORD_BYTES`] per record. The fetch lane is bounded by credit (one request and one
-/// answer per peer) and not counted.
-pub fn queue_bytes_per_task(options: &RuntimeOptions) -> u64 {
-    let messages = 2 * options.channel_capacity.max(1) as u64;
-    let records = messages * options.batch_records as u64 + options.max_queued_records as u64;
-    records * QUEUED_RECORD_BYTES
-}
-
 /// What one stateful task gets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskShare {
@@ -70,7 +57,7 @@ pub struct TaskShare {
     pub task: TaskId,
     /// Its share of the worker's budget (after the store's fixed part).
     pub share: u64,
-    /// Charged to its input queues ([`queue_bytes_per_task`]).
+    /// Charged to its input queues ([`crate::RuntimeOptions::queue_bytes_per_task`]).
     pub queues: u64,
     /// Charged to its store besides the cache (fjall: its keyspace's memtable).
     pub store: u64,
@@ -127,6 +114,7 @@ pub fn split_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::RuntimeOptions;
     use koala_types::OperatorId;
 
     #[test]
@@ -149,7 +137,7 @@ mod tests {
             max_queued_records: 32_768,
             checkpoint: Default::default(),
         };
-        let queues = queue_bytes_per_task(&options);
+        let queues = options.queue_bytes_per_task();
         assert_eq!(queues, (2 * 64 * 256 + 32_768) * QUEUED_RECORD_BYTES);
         let tasks: Vec<TaskId> = (0..3).map(|i| TaskId::new(OperatorId(1), i)).collect();
         let shares = split_budget(1 << 30, 256 << 20, &tasks, queues, 16 << 20, true);

@@ -44,24 +44,7 @@ use crate::engine::{assignment, upstream_tasks};
 use crate::moves::{AssignmentMismatch, moves_between};
 use crate::phases::Participants;
 
-/// An edge of the job graph between two operators, as planning sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Edge {
-    /// The upstream operator.
-    pub from: OperatorId,
-    /// The consuming operator.
-    pub to: OperatorId,
-    /// Whether it is a forward edge between two stateless operators: with equal task indices on
-    /// both ends it connects task i to task i only ([`is_one_to_one`]).
-    pub forward_stateless: bool,
-}
-
-impl Edge {
-    /// The edge from `from` to `to`.
-    pub fn new(from: OperatorId, to: OperatorId, forward_stateless: bool) -> Self {
-        Self { from, to, forward_stateless }
-    }
-}
+pub use crate::common::edge::Edge;
 
 /// Whether `edge` connects task i to task i only in `d`: a forward edge between two stateless
 /// operators whose live tasks are the same. Edges touching a stateful operator never are, so

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use koala_types::{Epoch, OperatorId, TaskId};
 
+use crate::common::edge::Edge;
 use crate::common::upstream::RouterEvent;
 use crate::control::{Deployment, ReconfigPlan};
-use crate::plan::Edge;
 
 /// A switch of the edges into one operator.
 #[derive(Clone, Debug, PartialEq)]

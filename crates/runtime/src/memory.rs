@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::Sender;
 use koala_protocol::memory::{
-    BudgetSource, MemoryReport, default_worker_budget, parse_meminfo, queue_bytes_per_task, split_budget,
+    BudgetSource, MemoryReport, default_worker_budget, parse_meminfo, split_budget,
 };
 use koala_protocol::{Deployment, StateBackendKind, StateOptions, WorkerMessage};
 use koala_state::{FjallConfig, StateEnv};
@@ -85,7 +85,7 @@ impl WorkerMemory {
                 source,
                 worker_store,
                 task_store,
-                queues: queue_bytes_per_task(&d.options),
+                queues: d.options.queue_bytes_per_task(),
                 cache_from_budget: state.cache_from_budget,
                 fixed_cache: (has_cache && !state.cache_from_budget).then_some(state.cache_bytes),
                 tasks: BTreeSet::new(),

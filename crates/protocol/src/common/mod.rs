@@ -3,6 +3,7 @@
 //! routing core. They depend on no protocol, so each protocol's modules import them and not one
 //! another.
 
+pub(crate) mod edge;
 pub(crate) mod error;
 pub(crate) mod event_time;
 pub(crate) mod input;
