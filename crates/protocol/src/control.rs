@@ -319,6 +319,13 @@ pub struct ReconfigPlan {
 }
 
 impl Deployment {
+    /// Live task indices of `op` (none for an operator it does not know).
+    pub fn live(&self, op: OperatorId) -> &[u32] {
+        self.tasks.get(&op).map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+impl Deployment {
     /// A deployment with nothing placed, for the cores' unit tests.
     #[cfg(test)]
     pub(crate) fn for_tests(

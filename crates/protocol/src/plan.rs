@@ -51,7 +51,7 @@ pub use crate::common::edge::Edge;
 /// stateful operators can always be reconfigured. The runtime opens its channels by this rule and
 /// [`plan`] refuses to reconfigure a stateless operator one such edge touches.
 pub fn is_one_to_one(d: &Deployment, edge: &Edge) -> bool {
-    edge.forward_stateless && live(d, edge.from) == live(d, edge.to)
+    edge.forward_stateless && d.live(edge.from) == d.live(edge.to)
 }
 
 /// The job graph around the reconfigured operator: what [`plan`] needs of it.
@@ -87,7 +87,7 @@ impl Target {
         worker: WorkerId,
     ) -> Self {
         let tasks: BTreeSet<u32> = assignment.iter().map(|t| t.index).collect();
-        let old = live(current, operator);
+        let old = current.live(operator);
         let placement = tasks.iter().filter(|i| !old.contains(i)).map(|&i| (i, worker)).collect();
         Self { tasks, routing: Some(assignment.iter().map(|t| t.index).collect()), placement }
     }
@@ -154,7 +154,7 @@ pub fn plan(
     if target.tasks.is_empty() {
         return Err(PlanError::NoTasks);
     }
-    let old = live(current, operator);
+    let old = current.live(operator);
     let created: Vec<u32> = target.tasks.iter().copied().filter(|i| !old.contains(i)).collect();
     let cancelled: Vec<u32> = {
         let mut c: Vec<u32> = old.iter().copied().filter(|i| !target.tasks.contains(i)).collect();
@@ -217,14 +217,9 @@ fn consumers(d: &Deployment, job: &Neighbourhood) -> Vec<TaskId> {
         }
     }
     ops.into_iter()
-        .flat_map(|c| live(d, c).iter().map(move |&i| TaskId::new(c, i)))
+        .flat_map(|c| d.live(c).iter().map(move |&i| TaskId::new(c, i)))
         .filter(|t| !d.finished.contains(t))
         .collect()
-}
-
-/// Live task indices of `op` in `d`.
-fn live(d: &Deployment, op: OperatorId) -> &[u32] {
-    d.tasks.get(&op).map(Vec::as_slice).unwrap_or(&[])
 }
 
 #[cfg(test)]

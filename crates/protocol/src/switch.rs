@@ -11,7 +11,7 @@ use koala_types::{Epoch, OperatorId, TaskId};
 
 use crate::common::edge::Edge;
 use crate::common::upstream::RouterEvent;
-use crate::control::{Deployment, ReconfigPlan};
+use crate::control::ReconfigPlan;
 
 /// A switch of the edges into one operator.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,7 +57,7 @@ impl RoutingSwitch {
         Self {
             epoch: plan.epoch,
             operator: op,
-            live: live(&plan.deployment, op).to_vec(),
+            live: plan.deployment.live(op).to_vec(),
             routing: plan.deployment.routing.get(&op).cloned().unwrap_or_default(),
             plan,
         }
@@ -86,7 +86,7 @@ impl RoutingSwitch {
         let epoch = self.epoch;
         let outputs: Vec<TaskId> = self.live_tasks().collect();
         let one_to_one =
-            edge.edge.forward_stateless && live(&self.plan.deployment, edge.edge.from) == self.live;
+            edge.edge.forward_stateless && self.plan.deployment.live(edge.edge.from) == self.live;
         let (assignment, keep) = if one_to_one {
             (vec![TaskId::new(self.operator, task.index)], Vec::new())
         } else if !edge.keyed {
@@ -110,17 +110,12 @@ impl RoutingSwitch {
     }
 }
 
-/// Live task indices of `op` in `d`.
-fn live(d: &Deployment, op: OperatorId) -> &[u32] {
-    d.tasks.get(&op).map(Vec::as_slice).unwrap_or(&[])
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::control::Protocol;
+    use crate::control::{Deployment, Protocol};
 
     const UP: OperatorId = OperatorId(0);
     const OP: OperatorId = OperatorId(1);

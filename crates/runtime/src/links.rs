@@ -33,11 +33,6 @@ pub struct Links {
     pub tls: Option<koala_types::tls::Tls>,
 }
 
-/// Live task indices of an operator.
-pub fn live(d: &Deployment, op: OperatorId) -> &[u32] {
-    d.tasks.get(&op).map(Vec::as_slice).unwrap_or(&[])
-}
-
 /// Whether input `input` of `consumer` connects task i to task i only in `d`
 /// ([`koala_protocol::plan::is_one_to_one`], the rule the coordinator plans by).
 pub fn is_one_to_one(d: &Deployment, graph: &JobGraph, consumer: OperatorId, input: usize) -> bool {
@@ -58,7 +53,7 @@ pub fn input_channels(d: &Deployment, graph: &JobGraph, task: TaskId) -> BTreeSe
         let froms: Vec<TaskId> = if is_one_to_one(d, graph, task.operator, i) {
             vec![TaskId::new(input.from, task.index)]
         } else {
-            live(d, input.from).iter().map(|u| TaskId::new(input.from, *u)).collect()
+            d.live(input.from).iter().map(|u| TaskId::new(input.from, *u)).collect()
         };
         // A finished upstream sent its end of stream already; a task created later never hears
         // from it.
@@ -134,7 +129,7 @@ fn edge_routing(
     if is_one_to_one(d, graph, consumer, input) {
         return Ok((Vec::new(), vec![TaskId::new(consumer, task.index)]));
     }
-    let outputs: Vec<TaskId> = live(d, consumer).iter().map(|&j| TaskId::new(consumer, j)).collect();
+    let outputs: Vec<TaskId> = d.live(consumer).iter().map(|&j| TaskId::new(consumer, j)).collect();
     if !matches!(spec.inputs[input].partitioning, Partitioning::Key(_)) {
         return Ok((Vec::new(), outputs));
     }

@@ -25,7 +25,7 @@ use koala_types::{Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
 use crate::channel::{InputChannel, TaskInput};
-use crate::links::{Links, build_outputs, input_channels, live};
+use crate::links::{Links, build_outputs, input_channels};
 use crate::memory::WorkerMemory;
 use crate::net::{Inboxes, TaskInboxes, serve};
 use crate::peer::peer_capacity;
@@ -354,7 +354,7 @@ fn prepare(me: WorkerId, d: Deployment, options: &WorkerOptions, inboxes: &Inbox
     let mut pending = Vec::new();
     let mut commands = HashMap::new();
     for (task, worker) in &d.placement {
-        if *worker == me && live(&d, task.operator).contains(&task.index) {
+        if *worker == me && d.live(task.operator).contains(&task.index) {
             let (queues, ctx) = create_inbox(*task, d.options.channel_capacity, inboxes)?;
             commands.insert(*task, ctx);
             pending.push((*task, queues));
@@ -429,7 +429,7 @@ fn prepare_reconfiguration(
     for (consumer, input) in job.links.graph.consumers(op) {
         for (task, tx) in &job.commands {
             // Live consumers only: a retired one (Koala) gets no channel from the new tasks.
-            if task.operator != consumer || !live(d, consumer).contains(&task.index) {
+            if task.operator != consumer || !d.live(consumer).contains(&task.index) {
                 continue;
             }
             let channels: Vec<InputChannel> = plan
@@ -578,7 +578,7 @@ fn build_setup(
     }
     Ok(TaskSetup {
         task,
-        parallelism: live(&d, task.operator).len() as u32,
+        parallelism: d.live(task.operator).len() as u32,
         inputs: input_channels(&d, graph, task),
         spec,
         inbox: queues.data,
