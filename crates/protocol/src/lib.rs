@@ -21,6 +21,7 @@ pub mod sim;
 pub mod stop_restart;
 pub mod watermark;
 
+pub use common::unstarted::{FirstStart, UnstartedInputs};
 pub use control::{
     CheckpointOptions, ClientReply, ControlHello, CoordinatorMessage, Deployment, EmulatedCapacity, Protocol,
     ReconfigPlan, ReconfigRequest, RestorePoint, RuntimeOptions, StateBackendKind, StateOptions, TaskAck,
