@@ -22,6 +22,7 @@ pub mod stop_restart;
 pub mod switch;
 pub mod watermark;
 
+pub use common::unstarted::{FirstStart, UnstartedInputs};
 pub use control::{
     CheckpointOptions, ClientReply, ControlHello, CoordinatorMessage, Deployment, EmulatedCapacity, Protocol,
     ReconfigPlan, ReconfigRequest, RestorePoint, RuntimeOptions, StateBackendKind, StateOptions, TaskAck,

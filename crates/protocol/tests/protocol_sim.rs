@@ -12,6 +12,8 @@ use koala_protocol::sim::{Fault, Scenario, SimConfig, SimStats, run};
 
 #[path = "protocol_sim/broken.rs"]
 mod broken;
+#[path = "protocol_sim/drrs_exit.rs"]
+mod drrs_exit;
 
 const SEEDS: u64 = 1_000;
 

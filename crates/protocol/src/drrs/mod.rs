@@ -45,7 +45,7 @@ use koala_types::Epoch;
 
 pub use coordinator::{DrrsCoordinator, DrrsStep, MAX_RUNNING_PER_TASK};
 pub use messages::{DrrsCommand, DrrsControl, DrrsPeer, Subscale};
-pub use task::{DrrsTask, TaskAction, TaskConfig, TaskEvent, low_water};
+pub use task::{DrrsLife, DrrsTask, LoopHolds, TaskAction, TaskConfig, TaskEvent, low_water};
 
 /// The window a receiver lends each of the `senders` of a subscale in its wait buffer of
 /// `wait_records` (credit for forwarded records, [`DrrsPeer::Credit`]): together with as many

@@ -44,12 +44,14 @@ use crate::common::input::InputSource;
 use crate::fault::FaultSwitch;
 
 mod events;
+mod life;
 mod peer;
 mod progress;
 mod room;
 mod transition;
 
 pub use events::{TaskAction, TaskConfig, TaskEvent};
+pub use life::{DrrsLife, LoopHolds};
 pub use room::low_water;
 use transition::{In, Transition, Waiting};
 

@@ -34,7 +34,6 @@ mod cut;
 mod filter;
 mod key_hash;
 mod klt;
-mod life;
 pub(crate) mod messages;
 mod serve;
 
@@ -44,12 +43,12 @@ mod tests;
 #[cfg(test)]
 mod tests_bounded;
 
+pub use crate::common::life::{CoreActivity, InputsEnded, TaskLife};
 pub use coordinator::{CoordinatorAction, CoordinatorEvent, KeyedOperator, KoalaCoordinator, NewAssignment};
 pub use cut::{CheckpointCut, CutPart, Entry as CutEntry, RestoreStep, restore_steps};
 pub use filter::{FilterBuild, KeyFilter};
 pub use key_hash::{bucket_and_key_hash, key_hash, key_hash_of};
 pub use klt::{BatchLookup, KeyLookupTable, PendingFilter};
-pub use life::{InputsEnded, TaskLife};
 pub use messages::{
     BucketLocations, ExtraKeys, FetchRequest, FetchResponse, FilterRequest, FilterResponse, HandOver, Layer,
     PeerMessage, Reconfiguration, Role,

@@ -542,3 +542,19 @@ impl KoalaTask {
         records
     }
 }
+
+/// What the exit rule (`crate::common::life::TaskLife`) reads of the core.
+impl crate::common::life::CoreActivity for KoalaTask {
+    fn has_inputs(&self) -> bool {
+        KoalaTask::has_inputs(self)
+    }
+    fn is_busy(&self) -> bool {
+        KoalaTask::is_busy(self)
+    }
+    fn awaits_filters(&self) -> bool {
+        KoalaTask::awaits_filters(self)
+    }
+    fn in_transition(&self) -> bool {
+        KoalaTask::in_transition(self)
+    }
+}

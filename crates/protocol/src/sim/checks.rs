@@ -554,6 +554,16 @@ impl World {
                 t.life.released()
             ));
         }
+        // DRRS: every task exited by the runtime's rule (`DrrsLife::may_exit`).
+        if let Some((id, t)) = self.tasks.iter().find(|(_, t)| matches!(t.core, Core::Drrs(_)) && !t.gone) {
+            return Err(format!(
+                "exit: DRRS task {id} would never exit (inputs ended: {}, released: {}, taking part: {}, unstarted: {})",
+                t.drrs.inputs_ended(),
+                t.drrs.released(),
+                t.drrs.taking_part(),
+                t.drrs.unstarted()
+            ));
+        }
         if let Some((id, t)) = self.tasks.iter().find(|(_, t)| !t.timers.is_empty()) {
             return Err(format!("timers: {id} ends with {} unfired timers", t.timers.len()));
         }

@@ -6,12 +6,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use koala_types::{InputChannel, TaskId, WorkerId};
+use koala_types::{TaskId, WorkerId};
 
 use super::Fault;
 use super::scenario::{TARGET, UPSTREAM};
-use super::world::{Core, Kind, Msg, Node, World};
+use super::world::{Core, Kind, Msg, Node, World, sim_inputs};
 use crate::control::{CoordinatorMessage, Protocol};
+use crate::drrs::DrrsLife;
 use crate::engine::{EngineAction, StartError};
 use crate::koala::Reconfiguration;
 use crate::plan::{Edge, Neighbourhood, Target, plan};
@@ -96,13 +97,10 @@ impl World {
                         let mut t = Self::sim_task(id, BTreeSet::new(), &ups, &self.cfg, true);
                         // A new DRRS task learns its channels when it is deployed, as the
                         // runtime's does: from the plan's upstreams, some of which may finish
-                        // before its first subscale.
-                        if let Core::Drrs(core) = &mut t.core {
-                            for &u in &upstreams {
-                                for input in 0..self.cfg.inputs {
-                                    core.add_input(InputChannel { input, from: u });
-                                }
-                            }
+                        // before its first subscale (its core learns them then, `DrrsLife`).
+                        if let Core::Drrs(_) = &t.core {
+                            let channels = upstreams.iter().flat_map(|&u| sim_inputs(u, self.cfg.inputs));
+                            t.drrs = DrrsLife::new(true, channels);
                         }
                         if self.tasks.insert(id, t).is_some() {
                             return Err(format!("task {id} deployed twice"));

@@ -11,12 +11,42 @@ use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, bucket_
 use super::scenario::TARGET;
 use super::world::{Core, Kind, Msg, Node, World};
 use crate::control::CoordinatorMessage;
-use crate::drrs::{DrrsCommand, DrrsControl, TaskAction, TaskEvent};
+use crate::drrs::{DrrsCommand, DrrsControl, LoopHolds, TaskAction, TaskEvent};
 use crate::relay::{Relayed, relay};
 
 impl World {
-    /// A message reaches a DRRS target task.
+    /// A message reaches a DRRS target task; afterwards it exits if the runtime's would.
     pub(crate) fn deliver_drrs(
+        &mut self,
+        id: TaskId,
+        src: Option<TaskId>,
+        channel: Option<InputChannel>,
+        msg: Msg,
+    ) -> Result<(), String> {
+        self.deliver_drrs_event(id, src, channel, msg)?;
+        self.drrs_check_exit(id);
+        Ok(())
+    }
+
+    /// After every event a DRRS task handled, the runtime's rules ([`crate::drrs::DrrsLife`]):
+    /// it reports `InputsEnded`, and exits, when the runtime's would. The loop holds nothing
+    /// outside the core here (a refused record stays in its channel, a push is on the state lane
+    /// at once). The coordinator hears that it finished, as from a worker.
+    pub(crate) fn drrs_check_exit(&mut self, id: TaskId) {
+        let Some(t) = self.tasks.get_mut(&id) else { return };
+        let Core::Drrs(core) = &t.core else { return };
+        t.drrs.check_taking_part(core);
+        if let Some(epoch) = t.drrs.check_inputs_ended(core, LoopHolds::default()) {
+            let ack = Msg::Ack(epoch, crate::control::TaskAck::InputsEnded);
+            self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), ack);
+        }
+        if !t.gone && t.drrs.may_exit(core, LoopHolds::default()) {
+            t.gone = true;
+            self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
+        }
+    }
+
+    fn deliver_drrs_event(
         &mut self,
         id: TaskId,
         src: Option<TaskId>,
@@ -49,9 +79,19 @@ impl World {
                 *slot = Some(id);
                 TaskEvent::BucketArrived { from, epoch, bucket }
             }
-            // A new task knows its channels since it was deployed (`World::broadcast`).
-            (Msg::DrrsStart(sub), _, None) => TaskEvent::Start(sub),
+            // A new task's core learns its channels now (`World::broadcast` deployed it with them).
+            (Msg::DrrsStart(sub), _, None) => {
+                if let Some(t) = self.tasks.get_mut(&id)
+                    && let Core::Drrs(core) = &mut t.core
+                {
+                    t.drrs.begin(core, &sub);
+                }
+                TaskEvent::Start(sub)
+            }
             (Msg::Prepare(plan), _, None) => {
+                if let Some(t) = self.tasks.get_mut(&id) {
+                    t.drrs.prepared(&plan, id);
+                }
                 self.channels.push(
                     (Node::Task(id), Node::Coordinator, Kind::Control),
                     Msg::Ack(plan.epoch, crate::control::TaskAck::Prepared),
@@ -59,9 +99,12 @@ impl World {
                 return Ok(());
             }
             (Msg::EndedUpstream(u), _, None) => {
-                let open = match self.tasks.get(&id).map(|t| &t.core) {
-                    Some(Core::Drrs(core)) => core.inputs_from(u),
-                    _ => Vec::new(),
+                let open = match self.tasks.get_mut(&id) {
+                    Some(t) => match &t.core {
+                        Core::Drrs(core) => t.drrs.upstream_ended(core, u),
+                        _ => Vec::new(),
+                    },
+                    None => Vec::new(),
                 };
                 for channel in open {
                     self.feed_drrs(id, TaskEvent::EndOfStream { channel })?;

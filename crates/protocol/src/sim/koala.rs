@@ -141,7 +141,7 @@ impl World {
             }
         }
         let ended = self.tasks.get_mut(&id).and_then(|t| match &t.core {
-            Core::Koala(core) => t.life.check_inputs_ended(core),
+            Core::Koala(core) => t.life.check_inputs_ended(core.as_ref()),
             _ => None,
         });
         for a in actions {

@@ -15,7 +15,7 @@ use super::rng::SplitMix64;
 use super::scenario::{TARGET, UPSTREAM};
 use super::{Fault, SimConfig, SimStats};
 use crate::control::{Deployment, Protocol, ReconfigPlan, RuntimeOptions};
-use crate::drrs::{DrrsOptions, DrrsTask};
+use crate::drrs::{DrrsLife, DrrsOptions, DrrsTask};
 use crate::engine::Engine;
 use crate::koala::{
     KoalaTask, PeerMessage, PullCursors, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
@@ -60,8 +60,11 @@ pub(crate) struct SimTask {
     pub(crate) life: TaskLife,
     /// A task exited by the runtime's rule, checked after every event it handles: a Koala task
     /// by [`TaskLife::may_exit`], a stop-and-restart or Remote task by
-    /// [`TaskLife::target_may_exit`].
+    /// [`TaskLife::target_may_exit`], a DRRS task by [`DrrsLife::may_exit`].
     pub(crate) gone: bool,
+    /// DRRS: the exit rule's state and a new task's channels until its first subscale, as the
+    /// runtime keeps them.
+    pub(crate) drrs: DrrsLife,
     /// Event-time timers (time, key): every processed record of a window key (of every key when
     /// state outlives timers) sets one at its own time (a window's end); they fire when the task
     /// emits a watermark at or past them and travel with their bucket's hand-over (Koala: without
@@ -72,15 +75,12 @@ pub(crate) struct SimTask {
 }
 
 impl SimTask {
-    /// Whether the task exited: a Koala task by the runtime's rule (released and its inputs
-    /// ended), a stop-and-restart or Remote task by its rule (every input ended, no part of a
-    /// reconfiguration running), a DRRS task once released. Nothing may ask an exited task for
-    /// state: the request would never be answered.
+    /// Whether the task exited by the runtime's rule: a Koala task once released and its inputs
+    /// ended, a stop-and-restart or Remote task once every input ended and no part of a
+    /// reconfiguration runs, a DRRS task by [`DrrsLife::may_exit`]. Nothing may ask an exited
+    /// task for state: the request would never be answered.
     pub(crate) fn exited(&self) -> bool {
-        match self.core {
-            Core::Koala(_) | Core::StopAndRestart(..) => self.gone,
-            Core::Drrs(_) => self.life.released(),
-        }
+        self.gone
     }
 }
 
@@ -323,6 +323,8 @@ impl World {
             last_watermark: None,
             life: TaskLife::new(created),
             gone: false,
+            // A new task's channels are set where it is deployed (`World::broadcast`).
+            drrs: DrrsLife::new(created, upstreams.iter().flat_map(|&u| sim_inputs(u, cfg.inputs))),
             timers: BTreeSet::new(),
             aside: BTreeSet::new(),
         }
@@ -567,10 +569,12 @@ impl World {
                 }
                 if !t.life.released() {
                     t.life.release();
+                    t.drrs.release();
                     self.stats.released += u64::from(!live);
                 }
                 self.sr_check_exit(id);
                 self.koala_check_exit(id);
+                self.drrs_check_exit(id);
                 Ok(())
             }
             (Node::Task(id), msg) => {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Select, TryRecvError};
-use koala_protocol::drrs::{DrrsPeer, DrrsTask, TaskAction, TaskConfig, TaskEvent};
+use koala_protocol::drrs::{DrrsLife, DrrsPeer, DrrsTask, LoopHolds, TaskAction, TaskConfig, TaskEvent};
 use koala_protocol::{Deployment, TaskAck};
 use koala_state::{StateKey, StateWrite};
 use koala_types::{
@@ -85,9 +85,6 @@ struct DrrsOperator {
     core: DrrsTask,
     deployment: Arc<Deployment>,
     outbox: Outbox,
-    /// A task a reconfiguration created, until its first subscale: the input channels it will
-    /// have, and those that ended already.
-    unstarted: Option<(BTreeSet<InputChannel>, BTreeSet<InputChannel>)>,
     watermark: Option<Timestamp>,
     epoch: u64,
     /// Data the core did not take yet (its wait buffer's bound, a receiver's credit).
@@ -97,19 +94,15 @@ struct DrrsOperator {
     /// The bucket being pushed to each receiver (the core pushes one at a time per receiver);
     /// the core hears `Pushed` once all of it left (nothing of it waits in the outbox either).
     streams: BTreeMap<TaskId, Stream>,
-    /// A reconfiguration this task takes part in and has not finished: it must not end before.
-    taking_part: Option<Epoch>,
-    /// Whether that reconfiguration cancels this task.
-    cancelled: bool,
-    /// Whether the last subscale started here was its reconfiguration's last.
-    last_subscale: bool,
-    /// The coordinator released the task (everything it held was pushed).
-    released: bool,
+    /// When it may exit, and a new task's channels until its first subscale: the rule the
+    /// simulator checks.
+    life: DrrsLife,
     /// Barrier alignment in front of the core, the deferred snapshot and its writer.
     checkpoints: CoreCheckpoints,
 }
 
-/// Runs a stateful task under DRRS until its inputs ended and no reconfiguration needs it.
+/// Runs a stateful task under DRRS until its inputs ended (it reports `InputsEnded`) and the
+/// coordinator released it, or, cancelled, until it pushed every bucket and was released.
 pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
     let mut op = OperatorTask::new(&mut setup)?;
     op.latency_by_caller = true;
@@ -138,16 +131,12 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         core,
         deployment: d,
         outbox: Outbox::default(),
-        unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
         watermark,
         epoch: 0,
         intake: Intake::default(),
         aside: Vec::new(),
         streams: BTreeMap::new(),
-        taking_part: None,
-        cancelled: false,
-        last_subscale: false,
-        released: false,
+        life: DrrsLife::new(setup.created_by_reconfiguration, setup.inputs.iter().copied()),
         checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied(), setup.inbox.alignment_hold()),
     };
     let mut outputs = std::mem::replace(&mut setup.outputs, Outputs::new(Vec::new(), 1, Duration::ZERO));
@@ -169,14 +158,21 @@ pub fn run_drrs_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         task.op.metrics.input_paused(gate.is_none() && task.intake.has_data(), now);
         task.turn(&setup, &mut outputs, data_open, deadline.saturating_duration_since(now))?;
         task.pump_streams(&setup, &mut outputs)?;
-        task.check_taking_part();
+        task.life.check_taking_part(&task.core);
         task.snapshot_when_idle(&setup, &mut outputs)?;
         task.checkpoints.check()?;
-        if task.done() {
+        let holds = task.holds();
+        if let Some(epoch) = task.life.check_inputs_ended(&task.core, holds) {
+            // Every input ended: fire every timer, end the outputs, and wait for the release.
+            task.end_outputs(&setup, &mut outputs)?;
+            setup.ack(epoch, TaskAck::InputsEnded);
+        }
+        if task.life.may_exit(&task.core, holds) {
             task.checkpoints.finish()?;
-            task.op.advance(&setup, &mut outputs, Timestamp::MAX)?;
-            outputs.flush_all()?;
-            outputs.broadcast(&ChannelMessage::EndOfStream)?;
+            if !task.life.inputs_ended() {
+                // A cancelled task, released with every bucket pushed and its inputs open.
+                task.end_outputs(&setup, &mut outputs)?;
+            }
             setup.report_last(&mut task.op.metrics, &mut outputs);
             return Ok(());
         }
@@ -311,28 +307,20 @@ impl DrrsOperator {
         Ok(())
     }
 
-    /// Whether the task is done: every input ended, nothing held, no subscale running or to
-    /// come, nothing left to send.
-    fn done(&self) -> bool {
-        let idle = self.taking_part.is_none()
-            && !self.intake.has_data()
-            && self.unstarted.is_none()
-            && !self.core.in_transition()
-            && !self.core.is_busy()
-            && !self.outbox.has_waiting()
-            && self.streams.is_empty();
-        idle && (!self.core.has_inputs() || (self.released && self.core.owned_buckets().is_empty()))
+    /// What the loop holds outside the core, which the exit rule (`DrrsLife`, the one the
+    /// simulator checks) waits for.
+    fn holds(&self) -> LoopHolds {
+        LoopHolds {
+            input: self.intake.has_data(),
+            sends: self.outbox.has_waiting() || !self.streams.is_empty(),
+        }
     }
 
-    /// The reconfiguration this task takes part in is over for it: its last subscale finished,
-    /// or it was cancelled and pushed everything.
-    fn check_taking_part(&mut self) {
-        if self.taking_part.is_some()
-            && !self.core.in_transition()
-            && (self.last_subscale || (self.cancelled && self.core.owned_buckets().is_empty()))
-        {
-            self.taking_part = None;
-        }
+    /// Fires every timer and ends the outputs.
+    fn end_outputs(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
+        self.op.advance(setup, outputs, Timestamp::MAX)?;
+        outputs.flush_all()?;
+        outputs.broadcast(&ChannelMessage::EndOfStream)
     }
 
     fn on_command(
@@ -345,36 +333,23 @@ impl DrrsOperator {
             TaskCommand::Prepare(plan) => {
                 self.epoch = plan.epoch;
                 self.deployment = Arc::new(plan.deployment.clone());
-                let me = setup.task;
-                let live = plan.deployment.tasks.get(&me.operator).is_some_and(|t| t.contains(&me.index));
-                self.cancelled = plan.cancelled.contains(&me.index);
-                if live || self.cancelled {
-                    self.taking_part = Some(plan.epoch);
-                    self.last_subscale = false;
-                }
+                self.life.prepared(&plan, setup.task);
                 setup.ack(plan.epoch, TaskAck::Prepared);
             }
             TaskCommand::DrrsBegin(subscale) => {
                 self.epoch = subscale.epoch;
-                self.last_subscale = subscale.index + 1 == subscale.count;
-                // A new task's channels: those it was deployed with, less those whose upstream
-                // ended since (the core drops the channels of upstreams the subscale does not
-                // list as running).
-                let (known, ended) = self.unstarted.take().unwrap_or_default();
-                for channel in known.difference(&ended) {
-                    self.core.add_input(*channel);
-                }
+                // A new task's core learns its open channels now.
+                self.life.begin(&mut self.core, &subscale);
                 self.feed(setup, outputs, TaskEvent::Start(subscale))?;
             }
-            TaskCommand::Release => self.released = true,
+            TaskCommand::Release => self.life.release(),
             TaskCommand::HandOver { .. } => {}
+            // Outputs that ended carry nothing more, not even a marker; the coordinator stopped
+            // counting on this task when it reported `InputsEnded`.
+            TaskCommand::Switch(_) if self.life.inputs_ended() => {}
             TaskCommand::Switch(switch) => setup.switch_and_ack(&switch, outputs)?,
             TaskCommand::UpstreamEnded(upstream) => {
-                if let Some((known, ended)) = self.unstarted.as_mut() {
-                    ended.extend(known.iter().filter(|c| c.from == upstream));
-                    return Ok(());
-                }
-                for channel in self.core.inputs_from(upstream) {
+                for channel in self.life.upstream_ended(&self.core, upstream) {
                     self.checkpoints.on_end(&channel);
                     self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
@@ -382,12 +357,7 @@ impl DrrsOperator {
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
                     self.checkpoints.add_channel(c);
-                    match self.unstarted.as_mut() {
-                        Some((known, _)) => {
-                            known.insert(c);
-                        }
-                        None => self.core.add_input(c),
-                    }
+                    self.life.add_input(&mut self.core, c);
                 }
                 setup.ack(epoch, TaskAck::Prepared);
             }

@@ -30,7 +30,7 @@ use koala_protocol::koala::{
     BatchTaken, CheckpointCut, FetchRequest, FetchResponse, FilterBuild, FilterRequest, FilterResponse,
     HandOver, KoalaTask, PeerMessage, PullCursors, TaskAction, TaskConfig, TaskEvent, TaskLife, serve_fetch,
 };
-use koala_protocol::{Deployment, TaskAck};
+use koala_protocol::{Deployment, TaskAck, UnstartedInputs};
 use koala_state::StateKey;
 use koala_types::{BucketId, ChannelMessage, TaskId, Timestamp, bucket_of, decode, encode};
 use serde::{Deserialize, Serialize};
@@ -96,7 +96,7 @@ struct KoalaOperator {
     /// A task a reconfiguration created, until its first `Begin`: the input channels it will
     /// have, and those that ended already (their upstream finished before it switched). The core
     /// learns them at `Begin`, so before it owns anything it emits no watermark and does not end.
-    unstarted: Option<(BTreeSet<InputChannel>, BTreeSet<InputChannel>)>,
+    unstarted: UnstartedInputs,
     watermark: Option<Timestamp>,
     /// When its inputs ended and when it may exit: the rule the simulator checks.
     life: TaskLife,
@@ -148,7 +148,7 @@ pub fn run_koala_operator(mut setup: TaskSetup) -> Result<(), RuntimeError> {
         fetch_lanes: HashMap::new(),
         outbox: Outbox::default(),
         intake: Intake::default(),
-        unstarted: setup.created_by_reconfiguration.then(|| (setup.inputs.clone(), BTreeSet::new())),
+        unstarted: UnstartedInputs::new(setup.created_by_reconfiguration, setup.inputs.iter().copied()),
         watermark,
         life: TaskLife::new(setup.created_by_reconfiguration),
         checkpoints: CoreCheckpoints::new(me, setup.inputs.iter().copied(), setup.inbox.alignment_hold()),
@@ -308,13 +308,13 @@ impl KoalaOperator {
             }
             TaskCommand::Begin(reconfiguration) => {
                 self.life.started(reconfiguration.epoch);
-                let (known, ended) = self.unstarted.take().unwrap_or_default();
-                for channel in known {
+                let first = self.unstarted.start();
+                for &channel in &first.channels {
                     self.core.add_input(channel);
                 }
                 self.feed(setup, outputs, TaskEvent::Start(reconfiguration))?;
                 // Channels that ended before the core knew them (a new task's, before `Start`).
-                for channel in ended {
+                for channel in first.ended {
                     self.feed(setup, outputs, TaskEvent::EndOfStream { channel })?;
                 }
             }
@@ -328,8 +328,7 @@ impl KoalaOperator {
                 setup.switch_and_ack(&switch, outputs)?;
             }
             TaskCommand::UpstreamEnded(upstream) => {
-                if let Some((known, ended)) = self.unstarted.as_mut() {
-                    ended.extend(known.iter().filter(|c| c.from == upstream));
+                if self.unstarted.upstream_ended(upstream) {
                     return Ok(());
                 }
                 // Every channel from it: a self-join's upstream has two.
@@ -341,11 +340,8 @@ impl KoalaOperator {
             TaskCommand::AddInputs { epoch, channels } => {
                 for c in channels {
                     self.checkpoints.add_channel(c);
-                    match self.unstarted.as_mut() {
-                        Some((known, _)) => {
-                            known.insert(c);
-                        }
-                        None => self.core.add_input(c),
+                    if !self.unstarted.add(c) {
+                        self.core.add_input(c);
                     }
                 }
                 setup.ack(epoch, TaskAck::Prepared);
@@ -480,7 +476,7 @@ impl KoalaOperator {
     /// takes buckets in is still to begin — fire every timer, close the outputs, tell the
     /// coordinator, and keep serving state until released.
     fn check_inputs_ended(&mut self, setup: &TaskSetup, outputs: &mut Outputs) -> Result<(), RuntimeError> {
-        debug_assert_eq!(self.unstarted.is_some(), self.life.unstarted());
+        debug_assert_eq!(self.unstarted.is_waiting(), self.life.unstarted());
         let Some(ended) = self.life.check_inputs_ended(&self.core) else {
             return Ok(());
         };

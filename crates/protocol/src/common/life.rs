@@ -1,5 +1,8 @@
 //! When a task's inputs have ended and when it may exit: one rule for the runtime's task loops
 //! (`crates/runtime/src/task/koala.rs`, `crates/runtime/src/task/operator.rs`) and the simulator.
+//! It depends on no protocol: a Koala task passes its core as a [`CoreActivity`]; a task run by
+//! a stop-and-restart `TargetCore` passes its open channels and whether its core is busy. (DRRS
+//! tasks exit by their own rule, `crate::drrs::DrrsLife`.)
 //!
 //! **A task whose reconfigurations a stop-and-restart `TargetCore` runs** (stop-and-restart and
 //! Remote tasks, and every task of a stateless operator under any protocol): its inputs have
@@ -28,7 +31,17 @@
 
 use koala_types::Epoch;
 
-use super::task::KoalaTask;
+/// What [`TaskLife::check_inputs_ended`] reads of a Koala task's core.
+pub trait CoreActivity {
+    /// Whether a data channel is still open.
+    fn has_inputs(&self) -> bool;
+    /// Whether it holds records or requests it has not finished.
+    fn is_busy(&self) -> bool;
+    /// Whether a membership filter it asked for has not arrived.
+    fn awaits_filters(&self) -> bool;
+    /// Whether it runs part of a reconfiguration.
+    fn in_transition(&self) -> bool;
+}
 
 /// The exit rule of one Koala task.
 #[derive(Clone, Debug, Default)]
@@ -114,7 +127,7 @@ impl TaskLife {
 
     /// After every event: whether to report `InputsEnded` now (the task's inputs have just ended,
     /// or ended again after an epoch it started since its report), and with which epoch.
-    pub fn check_inputs_ended(&mut self, core: &KoalaTask) -> Option<InputsEnded> {
+    pub fn check_inputs_ended(&mut self, core: &impl CoreActivity) -> Option<InputsEnded> {
         if self.inputs_ended
             || self.receiving.is_some()
             || self.unstarted
