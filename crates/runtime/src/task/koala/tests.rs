@@ -12,7 +12,7 @@ use koala_protocol::koala::KeyFilter;
 use koala_protocol::koala::{KeyLookupTable, Reconfiguration};
 use koala_protocol::{ReconfigPlan, WorkerMessage};
 use koala_state::{MemoryEnv, StateEnv};
-use koala_types::{OperatorId, Record};
+use koala_types::{OperatorId, Record, bucket_of, encode};
 
 use crate::task::location::Bundle;
 
