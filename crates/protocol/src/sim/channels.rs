@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, ChannelMessage, Epoch, TaskId, Timestamp};
+use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, Timestamp};
 
 use crate::control::ReconfigPlan;
 use crate::drrs::{DrrsPeer, Subscale};
@@ -17,6 +17,8 @@ use crate::koala::{
 pub(crate) enum Node {
     Upstream(TaskId),
     Task(TaskId),
+    /// A task of the operator the target operator feeds.
+    Consumer(TaskId),
     Coordinator,
 }
 
@@ -63,7 +65,8 @@ pub(crate) enum Msg {
     Release,
     Ack(Epoch, TaskAck),
     /// A task finished (to the coordinator, as the job's coordinator hears `TaskFinished`): an
-    /// upstream that ended, or a stop-and-restart task that exited by its rule.
+    /// upstream that ended, a stop-and-restart task that exited by its rule, or a consumer whose
+    /// inputs all ended.
     Finished(TaskId),
     /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
     Wake,
@@ -77,6 +80,12 @@ pub(crate) enum Msg {
     BuildFilter {
         to: TaskId,
         request: FilterRequest,
+    },
+    /// A consumer of the reconfigured operator adds the created tasks' channels and acks
+    /// `Prepared` (the runtime's `TaskCommand::AddInputs`, sent with the `Prepare`).
+    AddInputs {
+        epoch: Epoch,
+        channels: Vec<InputChannel>,
     },
     /// The coordinator tells a new task that an upstream finished before it switched.
     EndedUpstream(TaskId),
@@ -133,6 +142,18 @@ impl Channels {
         }
     }
 
+    /// Queues `records` on data channel `key`, appended to its last message if that is a batch
+    /// still waiting (a sender's output buffer not flushed yet: the receiver sees the same order).
+    pub(crate) fn push_records(&mut self, key: ChannelKey, mut records: Vec<koala_types::Record>) {
+        if let Some(&id) = self.index.get(&key)
+            && let Some(Msg::Data(ChannelMessage::Batch(last))) = self.queues[id].1.back_mut()
+        {
+            last.append(&mut records);
+            return;
+        }
+        self.push(key, Msg::Data(ChannelMessage::Batch(records)));
+    }
+
     pub(crate) fn nonempty(&self) -> usize {
         self.nonempty.len()
     }
@@ -170,6 +191,13 @@ impl Channels {
                 queue.push_front(m);
             }
         }
+    }
+
+    /// Pops the head of channel `key`.
+    pub(crate) fn pop_from(&mut self, key: &ChannelKey) -> Option<Msg> {
+        let id = *self.index.get(key)?;
+        let i = self.position[id]?;
+        self.pop(i).map(|(_, msg)| msg)
     }
 
     /// Pops the head of the `i`-th non-empty channel.
