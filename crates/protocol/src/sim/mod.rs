@@ -3,7 +3,11 @@
 //! cores or stop-and-restart's (also in remote mode, over a shared store with per-task write-back
 //! buffers), the upstream routers and pause cores.
 //!
-//! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
+//! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks, feeding a
+//! consumer operator ([`SimConfig::consumers`], `consumer.rs`): the target tasks' outputs (records
+//! processed, timers fired) go to it, it learns the created tasks' channels at each `Prepare` by
+//! the runtime's rule and finishes once they all ended — also before it answered a `Prepare`
+//! ([`SimConfig::sources_end_early`]), which the engine must then forget. Every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
 //! randomly chosen non-empty channel, lets a source emit, or gives a task an idle turn, driven by a
 //! seeded splitmix64 generator, so a seed replays exactly and many seeds explore the interleavings

@@ -1,10 +1,11 @@
 //! The simulated job: upstream tasks (a source, a router per operator input and, under
-//! stop-and-restart, its pause core), target task cores with their stores, the job's
-//! reconfiguration engine, and every channel between them as a FIFO queue. A step delivers the
-//! head of one randomly chosen non-empty channel (or lets a source emit, or nudges an idle
-//! task), so every interleaving that respects per-channel FIFO is reachable. The coordinator's
+//! stop-and-restart, its pause core), target task cores with their stores, the consumer tasks
+//! they feed, the job's reconfiguration engine, and every channel between them as a FIFO queue.
+//! A step delivers the head of one randomly chosen non-empty channel (a consumer takes all its
+//! channel holds), or lets a source emit, so every interleaving that respects per-channel FIFO
+//! is reachable. The coordinator's
 //! side (plans, the engine's broadcasts) is in `coordinator.rs`, Koala task delivery in
-//! `koala.rs`, DRRS and stop-and-restart in theirs.
+//! `koala.rs`, DRRS and stop-and-restart in theirs, the consumers in `consumer.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
