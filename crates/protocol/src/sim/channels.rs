@@ -142,18 +142,6 @@ impl Channels {
         }
     }
 
-    /// Queues `records` on data channel `key`, appended to its last message if that is a batch
-    /// still waiting (a sender's output buffer not flushed yet: the receiver sees the same order).
-    pub(crate) fn push_records(&mut self, key: ChannelKey, mut records: Vec<koala_types::Record>) {
-        if let Some(&id) = self.index.get(&key)
-            && let Some(Msg::Data(ChannelMessage::Batch(last))) = self.queues[id].1.back_mut()
-        {
-            last.append(&mut records);
-            return;
-        }
-        self.push(key, Msg::Data(ChannelMessage::Batch(records)));
-    }
-
     pub(crate) fn nonempty(&self) -> usize {
         self.nonempty.len()
     }
@@ -191,13 +179,6 @@ impl Channels {
                 queue.push_front(m);
             }
         }
-    }
-
-    /// Pops the head of channel `key`.
-    pub(crate) fn pop_from(&mut self, key: &ChannelKey) -> Option<Msg> {
-        let id = *self.index.get(key)?;
-        let i = self.position[id]?;
-        self.pop(i).map(|(_, msg)| msg)
     }
 
     /// Pops the head of the `i`-th non-empty channel.

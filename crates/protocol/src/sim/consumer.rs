@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use koala_types::{ChannelMessage, Epoch, InputChannel, Record, TaskId, Timestamp};
+use koala_types::{ChannelMessage, Epoch, InputChannel, TaskId};
 
 use super::Fault;
 use super::coordinator::job;
@@ -42,7 +42,7 @@ pub(crate) struct Downstream {
     consumers: Vec<SimConsumer>,
     /// Outputs of the current step not sent yet, per (target task, consumer index): sent as one
     /// batch per channel after the step, as a task's output buffer is flushed.
-    outbox: BTreeMap<(TaskId, usize), Vec<Record>>,
+    outbox: BTreeMap<(TaskId, usize), Vec<u64>>,
     /// Target tasks that ended their outputs.
     ended: BTreeSet<TaskId>,
     /// With [`SimConfig::sources_end_early`](super::SimConfig::sources_end_early): upstreams
@@ -71,7 +71,7 @@ impl Downstream {
 
 impl World {
     /// Target task `me` emits one output (a processed record or a fired timer of `key`).
-    pub(crate) fn output(&mut self, me: TaskId, key: &[u8], time: Timestamp) -> Result<(), String> {
+    pub(crate) fn output(&mut self, me: TaskId, key: &[u8]) -> Result<(), String> {
         let n = self.downstream.consumers.len();
         if n == 0 {
             return Ok(());
@@ -86,32 +86,52 @@ impl World {
         self.downstream.received.push(false);
         let to = (key_hash(key) % n as u64) as usize;
         // The consumer needs only the output's id.
-        let record = Record { key: Vec::new(), value: id.to_le_bytes().to_vec(), time, due_ms: 0 };
-        self.downstream.outbox.entry((me, to)).or_default().push(record);
+        self.downstream.outbox.entry((me, to)).or_default().push(id);
         Ok(())
     }
 
     /// Sends what the target tasks output in this step, a batch per channel.
-    pub(crate) fn flush_outputs(&mut self) {
-        for ((from, to), records) in std::mem::take(&mut self.downstream.outbox) {
-            let key = (Node::Task(from), Node::Consumer(TaskId::new(CONSUMER, to as u32)), Kind::Data(0));
-            self.channels.push_records(key, records);
+    ///
+    /// The consumer takes each batch at once, in the step that produced it: what it does with
+    /// outputs changes nothing any protocol sees, so only its ends and `AddInputs` need steps of
+    /// their own to race (and the run's steps stay near those without consumers). The checks
+    /// are the same as for a batch that waited: a channel the consumer knows, not ended, at a
+    /// consumer that did not finish (an end the task sent in this step is still queued).
+    pub(crate) fn flush_outputs(&mut self) -> Result<(), String> {
+        for ((from, to), outputs) in std::mem::take(&mut self.downstream.outbox) {
+            self.take_outputs(from, TaskId::new(CONSUMER, to as u32), outputs)?;
         }
+        Ok(())
     }
 
-    /// Target task `me` ends its outputs (once): what it output is sent, then its end of stream
-    /// to every consumer task.
+    /// Consumer task `id` takes a batch of outputs (their ids) from target task `from`.
+    fn take_outputs(&mut self, from: TaskId, id: TaskId, outputs: Vec<u64>) -> Result<(), String> {
+        let c = self.downstream.consumers.get(id.index as usize).ok_or("outputs to unknown consumer")?;
+        let channel = InputChannel { input: 0, from };
+        if c.finished {
+            return Err(format!("consumer: {from} sends outputs to {id}, which finished: they are lost"));
+        }
+        if !c.known.contains(&channel) {
+            return Err(format!("consumer: {id} gets outputs on {channel:?}, which it was not told about"));
+        }
+        if !c.open.contains(&channel) {
+            return Err(format!("consumer: {id} gets outputs on {channel:?} after its end of stream"));
+        }
+        for out in outputs {
+            match self.downstream.received.get_mut(out as usize) {
+                Some(seen @ false) => *seen = true,
+                Some(true) => return Err(format!("consumer: output #{out} reached {id} twice")),
+                None => return Err(format!("consumer: {id} gets output #{out}, never emitted")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Target task `me` ends its outputs (once): its end of stream to every consumer task, behind
+    /// what it output (taken at the end of this step, `World::flush_outputs`).
     pub(crate) fn end_outputs(&mut self, me: TaskId) {
         if !self.downstream.ended.insert(me) || self.downstream.consumers.is_empty() {
             return;
-        }
-        let mine: Vec<(TaskId, usize)> =
-            self.downstream.outbox.keys().filter(|(t, _)| *t == me).copied().collect();
-        for k in mine {
-            if let Some(records) = self.downstream.outbox.remove(&k) {
-                let key = (Node::Task(me), Node::Consumer(TaskId::new(CONSUMER, k.1 as u32)), Kind::Data(0));
-                self.channels.push_records(key, records);
-            }
         }
         for to in Downstream::ids(self.downstream.consumers.len()) {
             let key = (Node::Task(me), Node::Consumer(to), Kind::Data(0));
@@ -201,12 +221,6 @@ impl World {
             }
             (Msg::Data(message), Node::Task(sender), Kind::Data(input)) => {
                 let channel = InputChannel { input, from: sender };
-                let is_batch = matches!(message, ChannelMessage::Batch(_));
-                if c.finished && is_batch {
-                    return Err(format!(
-                        "consumer: {sender} sends outputs to {id}, which finished: they are lost"
-                    ));
-                }
                 if c.finished {
                     self.stats.after_exit += 1;
                     return Ok(());
@@ -220,23 +234,6 @@ impl World {
                     return Err(format!("consumer: {id} gets data on {channel:?} after its end of stream"));
                 }
                 match message {
-                    ChannelMessage::Batch(records) => {
-                        for r in records {
-                            let bytes: [u8; 8] =
-                                r.value.as_slice().try_into().map_err(|_| "an output without its id")?;
-                            let out = u64::from_le_bytes(bytes);
-                            match self.downstream.received.get_mut(out as usize) {
-                                Some(seen @ false) => *seen = true,
-                                Some(true) => {
-                                    return Err(format!("consumer: output #{out} reached {id} twice"));
-                                }
-                                None => {
-                                    return Err(format!("consumer: {id} gets output #{out}, never emitted"));
-                                }
-                            }
-                        }
-                        Ok(())
-                    }
                     ChannelMessage::EndOfStream => {
                         c.open.remove(&channel);
                         if c.open.is_empty() {

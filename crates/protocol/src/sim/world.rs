@@ -1,9 +1,9 @@
 //! The simulated job: upstream tasks (a source, a router per operator input and, under
 //! stop-and-restart, its pause core), target task cores with their stores, the consumer tasks
 //! they feed, the job's reconfiguration engine, and every channel between them as a FIFO queue.
-//! A step delivers the head of one randomly chosen non-empty channel (a consumer takes all its
-//! channel holds), or lets a source emit, so every interleaving that respects per-channel FIFO
-//! is reachable. The coordinator's
+//! A step delivers the head of one randomly chosen non-empty channel, or lets a source emit, so
+//! every interleaving that respects per-channel FIFO is reachable (a consumer takes a target
+//! task's outputs in the step that produced them, see `consumer.rs`). The coordinator's
 //! side (plans, the engine's broadcasts) is in `coordinator.rs`, Koala task delivery in
 //! `koala.rs`, DRRS and stop-and-restart in theirs, the consumers in `consumer.rs`.
 
@@ -392,13 +392,6 @@ impl World {
                 if let Some(((from, to, kind), msg)) = self.channels.pop(pick) {
                     let msg = self.take_part((from, to, kind), msg);
                     self.deliver(from, to, kind, msg)?;
-                    // A consumer takes all its channel holds at once (fewer steps; its
-                    // interleavings that matter are between channels).
-                    while let Node::Consumer(_) = to
-                        && let Some(msg) = self.channels.pop_from(&(from, to, kind))
-                    {
-                        self.deliver(from, to, kind, msg)?;
-                    }
                     if self.cfg.channel_capacity > 0 && matches!(kind, Kind::Data(_)) {
                         self.unblock_senders()?;
                     }
@@ -406,7 +399,7 @@ impl World {
             } else {
                 self.emit(sources[pick - deliverable])?;
             }
-            self.flush_outputs();
+            self.flush_outputs()?;
             if self.cfg.protocol == Protocol::Drrs {
                 self.drrs_end_outputs();
             }
