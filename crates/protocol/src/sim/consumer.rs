@@ -19,12 +19,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use koala_types::{ChannelMessage, Epoch, InputChannel, TaskId};
 
 use super::Fault;
-use super::coordinator::job;
 use super::scenario::{CONSUMER, TARGET};
 use super::world::{Core, Kind, Msg, Node, World};
 use crate::control::{ReconfigPlan, TaskAck};
 use crate::koala::key_hash;
-use crate::plan::consumer_inputs;
+use crate::plan::{Edge, consumer_inputs};
 
 /// One consumer task.
 struct SimConsumer {
@@ -185,9 +184,10 @@ impl World {
     }
 
     /// At a `Prepare`, as the workers do: every consumer task the rule names is told the created
-    /// tasks' channels.
-    pub(crate) fn prepare_consumers(&mut self, plan: &ReconfigPlan) {
-        for (input, edge) in job(self.cfg.inputs, self.cfg.consumers).outputs.iter().enumerate() {
+    /// tasks' channels (`outputs`: the operator's output edges, the consumers' input `i` the
+    /// `i`-th).
+    pub(crate) fn prepare_consumers(&mut self, plan: &ReconfigPlan, outputs: &[Edge]) {
+        for (input, edge) in outputs.iter().enumerate() {
             for to in Downstream::ids(self.downstream.consumers.len()) {
                 let Some(mut channels) = consumer_inputs(plan, edge, input, to) else { continue };
                 if self.cfg.fault == Some(Fault::ConsumerMissesCreatedInputs) {

@@ -113,7 +113,7 @@ impl World {
                     }
                 }
                 // The workers of the operator's consumers tell them the created tasks' channels.
-                self.prepare_consumers(&plan);
+                self.prepare_consumers(&plan, &job(self.cfg.inputs, self.cfg.consumers).outputs);
             }
             CoordinatorMessage::Begin { reconfiguration, .. } => {
                 let reconfiguration: Arc<Reconfiguration> = Arc::from(reconfiguration);
