@@ -37,7 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use koala_types::{Epoch, OperatorId, TaskId, WorkerId};
+use koala_types::{Epoch, InputChannel, OperatorId, TaskId, WorkerId};
 
 use crate::control::{Deployment, ReconfigPlan};
 use crate::engine::{assignment, upstream_tasks};
@@ -222,6 +222,37 @@ fn consumers(d: &Deployment, job: &Neighbourhood) -> Vec<TaskId> {
         .collect()
 }
 
+/// What consumer task `consumer` adds at `plan`'s `Prepare`, where `edge` (the reconfigured
+/// operator → the consumer's operator) is its input `input`: the channels from the created tasks
+/// it receives on afterwards (by [`is_one_to_one`], only from the created task of its own index),
+/// or `None` if it is not a live, unfinished task of the plan's deployment and is told nothing.
+/// A consumer told `Some` acks `Prepared` once it added them, even none. The runtime's workers
+/// send this as `AddInputs`; the simulator's consumers follow it too.
+pub fn consumer_inputs(
+    plan: &ReconfigPlan,
+    edge: &Edge,
+    input: usize,
+    consumer: TaskId,
+) -> Option<Vec<InputChannel>> {
+    let d = &plan.deployment;
+    if consumer.operator != edge.to
+        || !d.live(edge.to).contains(&consumer.index)
+        || d.finished.contains(&consumer)
+    {
+        return None;
+    }
+    let one_to_one = is_one_to_one(d, edge);
+    let channels = plan
+        .created
+        .iter()
+        .filter(|&&i| !one_to_one || i == consumer.index)
+        .map(|&i| TaskId::new(plan.operator, i))
+        .filter(|from| !d.finished.contains(from))
+        .map(|from| InputChannel { input, from })
+        .collect();
+    Some(channels)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +320,36 @@ mod tests {
         let planned = plan(&d, OP, scale_out(), &BTreeSet::new(), 1, &job(false, true)).expect("plans");
         assert_eq!(planned.participants.consumers, vec![TaskId::new(DOWN, 0)]);
         assert!(!planned.participants.stateful);
+    }
+
+    /// A consumer adds the created tasks' channels, from its own index only over a one-to-one
+    /// edge; a consumer that is not live or finished is told nothing.
+    #[test]
+    fn consumers_add_the_created_tasks_channels() {
+        let d = current(true);
+        let scale_out = target(&[1, 2, 3, 4], Some(vec![4, 1, 2, 3]), &[4]);
+        let p = plan(&d, OP, scale_out, &BTreeSet::new(), 1, &job(true, false)).expect("plans").plan;
+        let edge = Edge::new(OP, DOWN, false);
+        let from_4 = InputChannel { input: 1, from: t(4) };
+        assert_eq!(consumer_inputs(&p, &edge, 1, TaskId::new(DOWN, 0)), Some(vec![from_4]));
+        assert_eq!(consumer_inputs(&p, &edge, 1, TaskId::new(DOWN, 1)), None);
+        let mut finished = p.clone();
+        finished.deployment.finished.insert(TaskId::new(DOWN, 0));
+        assert_eq!(consumer_inputs(&finished, &edge, 1, TaskId::new(DOWN, 0)), None);
+        // Stateless on both ends with equal tasks: task i hears only from task i.
+        let mut d = current(false);
+        d.tasks.insert(DOWN, vec![1, 2, 3, 4]);
+        d.tasks.insert(OP, vec![1, 2, 3]);
+        let mut one_to_one =
+            plan(&d, OP, target(&[1, 2, 3, 4], None, &[4]), &BTreeSet::new(), 1, &job(false, false))
+                .expect("plans")
+                .plan;
+        let edge = Edge::new(OP, DOWN, true);
+        assert_eq!(consumer_inputs(&one_to_one, &edge, 0, TaskId::new(DOWN, 2)), Some(vec![]));
+        let from_4 = InputChannel { input: 0, from: t(4) };
+        assert_eq!(consumer_inputs(&one_to_one, &edge, 0, TaskId::new(DOWN, 4)), Some(vec![from_4]));
+        one_to_one.deployment.tasks.insert(DOWN, vec![1, 2, 3, 4, 5]);
+        assert_eq!(consumer_inputs(&one_to_one, &edge, 0, TaskId::new(DOWN, 2)), Some(vec![from_4]));
     }
 
     /// A created task needs a worker, and the routing table may name only live tasks.

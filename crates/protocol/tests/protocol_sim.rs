@@ -67,6 +67,8 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
                 total.flushed_keys += s.flushed_keys;
                 total.handed_timers_record_first += s.handed_timers_record_first;
                 total.handed_timers_fired_first += s.handed_timers_fired_first;
+                total.consumers_finished += s.consumers_finished;
+                total.prepares_after_finish += s.prepares_after_finish;
                 for (sum, n) in total.by_input.iter_mut().zip(s.by_input) {
                     *sum += n;
                 }
@@ -534,6 +536,8 @@ fn replay() {
     config.max_queued_records = env_or("KOALA_SIM_MAX_QUEUED", config.max_queued_records);
     config.channel_capacity = env_or("KOALA_SIM_CHANNEL_CAPACITY", config.channel_capacity);
     config.look_ahead = env_or("KOALA_SIM_LOOK_AHEAD", 1) != 0;
+    config.consumers = env_or("KOALA_SIM_CONSUMERS", config.consumers);
+    config.sources_end_early = env_or("KOALA_SIM_SOURCES_END_EARLY", 0) != 0;
     match run(&config) {
         Ok(stats) => println!("{scenario} seed {seed} passes: {stats:?}"),
         Err(f) => panic!("{f}"),
@@ -626,5 +630,24 @@ fn koala_with_a_bounded_inbox_completes_every_reconfiguration() {
             assert!(split_batches > 0, "bound {max_queued_records}: no batch was taken in part");
             assert!(blocked_sends > 0, "bound {max_queued_records}: no upstream ever blocked");
         }
+    }
+}
+
+/// Two consumer tasks behind the operator, and sources that may all end while reconfigurations
+/// are requested or running, under every protocol: every output reaches a consumer exactly once,
+/// on a channel it was told about, and some consumers finish after a `Prepare` went out (they
+/// never answer it; the engine forgets them when it hears they finished) yet every run ends.
+#[test]
+fn consumers_finish_early_under_every_protocol() {
+    for protocol in [Protocol::Koala, Protocol::StopAndRestart, Protocol::Remote, Protocol::Drrs] {
+        let mut early = 0;
+        for scenario in [Scenario::ScaleOut, Scenario::Chain, Scenario::Mixed { extra_keys: 2 }] {
+            let config =
+                SimConfig { protocol, consumers: 2, sources_end_early: true, ..SimConfig::new(scenario, 0) };
+            let stats = sweep_configs(&config, 200);
+            assert!(stats.consumers_finished >= 2 * 200, "{scenario} {}: {stats:?}", protocol.name());
+            early += stats.prepares_after_finish;
+        }
+        assert!(early > 0, "no consumer finished after a Prepare went out under {}", protocol.name());
     }
 }

@@ -14,6 +14,7 @@ use koala_dataflow::JobGraph;
 use koala_dataflow::OperatorKind;
 use koala_dataflow::graph::QueryResolver;
 use koala_protocol::drrs::DrrsCommand;
+use koala_protocol::plan::{Edge, consumer_inputs};
 use koala_protocol::relay::{Relayed, relay};
 use koala_protocol::switch::RoutingSwitch;
 use koala_protocol::{ControlHello, CoordinatorMessage, Deployment, ReconfigPlan, WorkerMessage};
@@ -24,7 +25,7 @@ use koala_types::tls::ConnWriter;
 use koala_types::{Epoch, TaskId, WorkerId};
 
 use crate::RuntimeError;
-use crate::channel::{InputChannel, TaskInput};
+use crate::channel::TaskInput;
 use crate::links::{Links, build_outputs, input_channels};
 use crate::memory::WorkerMemory;
 use crate::net::{Inboxes, TaskInboxes, serve};
@@ -427,17 +428,14 @@ fn prepare_reconfiguration(
     }
     send_to(job, relayed, |_| TaskCommand::Prepare(plan.clone()));
     for (consumer, input) in job.links.graph.consumers(op) {
+        let edge = Edge::new(op, consumer, job.links.graph.is_forward_stateless(consumer, input));
         for (task, tx) in &job.commands {
-            // Live consumers only: a retired one (Koala) gets no channel from the new tasks.
-            if task.operator != consumer || !d.live(consumer).contains(&task.index) {
+            // Live, unfinished consumers only (the rule the simulator checks): a retired one
+            // (Koala) gets no channel from the new tasks.
+            if task.operator != consumer {
                 continue;
             }
-            let channels: Vec<InputChannel> = plan
-                .created
-                .iter()
-                .map(|&i| InputChannel { input, from: TaskId::new(op, i) })
-                .filter(|c| input_channels(d, &job.links.graph, *task).contains(c))
-                .collect();
+            let Some(channels) = consumer_inputs(&plan, &edge, input, *task) else { continue };
             let _ = tx.send(TaskCommand::AddInputs { epoch: plan.epoch, channels });
         }
     }

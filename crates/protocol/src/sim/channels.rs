@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, ChannelMessage, Epoch, TaskId, Timestamp};
+use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, Timestamp};
 
 use crate::control::ReconfigPlan;
 use crate::drrs::{DrrsPeer, Subscale};
@@ -18,6 +18,8 @@ use crate::switch::RoutingSwitch;
 pub(crate) enum Node {
     Upstream(TaskId),
     Task(TaskId),
+    /// A task of the operator the target operator feeds.
+    Consumer(TaskId),
     Coordinator,
 }
 
@@ -61,7 +63,8 @@ pub(crate) enum Msg {
     Release,
     Ack(Epoch, TaskAck),
     /// A task finished (to the coordinator, as the job's coordinator hears `TaskFinished`): an
-    /// upstream that ended, or a stop-and-restart task that exited by its rule.
+    /// upstream that ended, a stop-and-restart task that exited by its rule, or a consumer whose
+    /// inputs all ended.
     Finished(TaskId),
     /// A Koala task's timer (`TaskAction::WakeAfter`), on a channel to itself.
     Wake,
@@ -75,6 +78,12 @@ pub(crate) enum Msg {
     BuildFilter {
         to: TaskId,
         request: FilterRequest,
+    },
+    /// A consumer of the reconfigured operator adds the created tasks' channels and acks
+    /// `Prepared` (the runtime's `TaskCommand::AddInputs`, sent with the `Prepare`).
+    AddInputs {
+        epoch: Epoch,
+        channels: Vec<InputChannel>,
     },
     /// The coordinator tells a new task that an upstream finished before it switched.
     EndedUpstream(TaskId),

@@ -296,7 +296,7 @@ impl World {
         self.holder.insert(key.to_vec(), me);
         self.processed_total += 1;
         self.stats.by_input[input] += 1;
-        Ok(())
+        self.output(me, key)
     }
 
     /// State that moved (fetched, handed over with timers, transferred) arrives at `me`: it must
@@ -320,6 +320,10 @@ impl World {
         let (fired, kept): (BTreeSet<_>, BTreeSet<_>) =
             std::mem::take(&mut task.timers).into_iter().partition(due);
         task.timers = kept;
+        for (_, key) in &fired {
+            self.output(me, key)?;
+        }
+        let task = self.tasks.get_mut(&me).ok_or("timers of unknown task")?;
         for (time, key) in &fired {
             let handed = self.handed.remove(&(me, key.clone()));
             if handed {
@@ -644,7 +648,7 @@ impl World {
         if self.stats.progressive && !retired.is_empty() {
             return Err(format!("progressive migration did not release {retired:?}"));
         }
-        Ok(())
+        self.check_consumers_end()
     }
 }
 

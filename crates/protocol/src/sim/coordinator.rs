@@ -9,7 +9,7 @@ use std::sync::Arc;
 use koala_types::{TaskId, WorkerId};
 
 use super::Fault;
-use super::scenario::{TARGET, UPSTREAM};
+use super::scenario::{CONSUMER, TARGET, UPSTREAM};
 use super::world::{Core, Kind, Msg, Node, World, sim_inputs};
 use crate::control::{CoordinatorMessage, Protocol};
 use crate::drrs::DrrsLife;
@@ -30,8 +30,9 @@ impl World {
             let target = Target::from_assignment(current, TARGET, &assignment, WorkerId(0));
             let epoch = self.epoch + 1;
             let retired = self.engine.retired(TARGET);
-            let planned = plan(current, TARGET, target, &retired, epoch, &job(self.cfg.inputs))
-                .map_err(|e| e.to_string())?;
+            let planned =
+                plan(current, TARGET, target, &retired, epoch, &job(self.cfg.inputs, self.cfg.consumers))
+                    .map_err(|e| e.to_string())?;
             match self.engine.start(planned.plan, planned.participants) {
                 Ok(actions) => {
                     self.epoch = epoch;
@@ -110,6 +111,8 @@ impl World {
                         self.control(Node::Task(id), Msg::Prepare(plan.clone()));
                     }
                 }
+                // The workers of the operator's consumers tell them the created tasks' channels.
+                self.prepare_consumers(&plan, &job(self.cfg.inputs, self.cfg.consumers).outputs);
             }
             CoordinatorMessage::Begin { reconfiguration, .. } => {
                 let reconfiguration: Arc<Reconfiguration> = Arc::from(reconfiguration);
@@ -158,11 +161,11 @@ impl World {
 }
 
 /// The simulated job around its keyed operator: fed by the upstream operator on every input
-/// (keyed edges), feeding nothing.
-pub(crate) fn job(inputs: usize) -> Neighbourhood {
+/// (keyed edges), feeding the consumer operator if it has tasks (one edge).
+pub(crate) fn job(inputs: usize, consumers: usize) -> Neighbourhood {
     Neighbourhood {
         stateful: true,
         inputs: vec![Edge::new(UPSTREAM, TARGET, false); inputs],
-        outputs: Vec::new(),
+        outputs: if consumers > 0 { vec![Edge::new(TARGET, CONSUMER, false)] } else { Vec::new() },
     }
 }

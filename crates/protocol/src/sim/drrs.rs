@@ -29,19 +29,24 @@ impl World {
     }
 
     /// After every event a DRRS task handled, the runtime's rules ([`crate::drrs::DrrsLife`]):
-    /// it reports `InputsEnded`, and exits, when the runtime's would. The loop holds nothing
-    /// outside the core here (a refused record stays in its channel, a push is on the state lane
-    /// at once). The coordinator hears that it finished, as from a worker.
+    /// it ends its outputs and reports `InputsEnded`, and exits, when the runtime's would (a
+    /// cancelled task that exits without the report ends its outputs as it exits). The loop holds
+    /// nothing outside the core here (a refused record stays in its channel, a push is on the
+    /// state lane at once). The coordinator hears that it finished, as from a worker.
     pub(crate) fn drrs_check_exit(&mut self, id: TaskId) {
         let Some(t) = self.tasks.get_mut(&id) else { return };
         let Core::Drrs(core) = &t.core else { return };
         t.drrs.check_taking_part(core);
-        if let Some(epoch) = t.drrs.check_inputs_ended(core, LoopHolds::default()) {
+        let ended = t.drrs.check_inputs_ended(core, LoopHolds::default());
+        let exits = !t.gone && t.drrs.may_exit(core, LoopHolds::default());
+        t.gone |= exits;
+        if let Some(epoch) = ended {
+            self.end_outputs(id);
             let ack = Msg::Ack(epoch, crate::control::TaskAck::InputsEnded);
             self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), ack);
         }
-        if !t.gone && t.drrs.may_exit(core, LoopHolds::default()) {
-            t.gone = true;
+        if exits {
+            self.end_outputs(id);
             self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
         }
     }

@@ -149,7 +149,10 @@ impl World {
         }
         if let Some(ended) = ended {
             // The runtime's task fires its timers and ends its outputs here at the first report
-            // (none in the simulated operator) and keeps serving state until released.
+            // and keeps serving state until released.
+            if ended.end_outputs {
+                self.end_outputs(id);
+            }
             self.channels.push(
                 (Node::Task(id), Node::Coordinator, Kind::Control),
                 Msg::Ack(ended.epoch, TaskAck::InputsEnded),

@@ -3,7 +3,11 @@
 //! cores or stop-and-restart's (also in remote mode, over a shared store with per-task write-back
 //! buffers), the upstream routers and pause cores.
 //!
-//! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks; every channel
+//! One keyed operator with 16 buckets runs as target tasks behind two upstream tasks, feeding a
+//! consumer operator ([`SimConfig::consumers`], `consumer.rs`): the target tasks' outputs (records
+//! processed, timers fired) go to it, it learns the created tasks' channels at each `Prepare` by
+//! the runtime's rule and finishes once they all ended — also before it answered a `Prepare`
+//! ([`SimConfig::sources_end_early`]), which the engine must then forget. Every channel
 //! (data, peer, state fetch, control, acks) is a FIFO queue. Each step delivers the head of a
 //! randomly chosen non-empty channel, lets a source emit, or gives a task an idle turn, driven by a
 //! seeded splitmix64 generator, so a seed replays exactly and many seeds explore the interleavings
@@ -54,6 +58,7 @@ mod backpressure;
 mod channels;
 pub mod checkpoint;
 mod checks;
+mod consumer;
 mod coordinator;
 pub mod cut;
 mod drrs;
@@ -114,6 +119,13 @@ pub enum Fault {
     /// DRRS: receivers lend their senders unbounded credit, so forwarded records do not count
     /// against `wait_records` (the rule before the bounded wait buffer: a receiver held 187 303 records).
     UnboundedCredit,
+    /// A consumer of the operator that finished (every input ended) is not reported to the
+    /// coordinator: a reconfiguration whose `Prepare` it never answers (its worker drops commands
+    /// to finished tasks) waits for it forever.
+    ConsumerFinishUnreported,
+    /// A consumer's worker tells it no channel of the created tasks at `Prepare`: their outputs
+    /// come on channels it does not know (and it may finish before they end).
+    ConsumerMissesCreatedInputs,
 }
 
 impl Fault {
@@ -134,6 +146,8 @@ impl Fault {
             "exit_without_release" => Some(Self::ExitWithoutRelease),
             "hold_back_after_marker" => Some(Self::HoldBackAfterMarker),
             "unbounded_credit" => Some(Self::UnboundedCredit),
+            "consumer_finish_unreported" => Some(Self::ConsumerFinishUnreported),
+            "consumer_misses_created_inputs" => Some(Self::ConsumerMissesCreatedInputs),
             _ => None,
         }
     }
@@ -155,6 +169,8 @@ impl Fault {
             Self::ExitWithoutRelease => "exit_without_release",
             Self::HoldBackAfterMarker => "hold_back_after_marker",
             Self::UnboundedCredit => "unbounded_credit",
+            Self::ConsumerFinishUnreported => "consumer_finish_unreported",
+            Self::ConsumerMissesCreatedInputs => "consumer_misses_created_inputs",
         }
     }
 }
@@ -216,6 +232,14 @@ pub struct SimConfig {
     /// Koala: whether tasks ask for the state of queued records' keys before their batch is
     /// taken (`KoalaTask::set_look_ahead`; on, as in the runtime).
     pub look_ahead: bool,
+    /// Tasks of the consumer operator the target operator feeds (0: none, the job ends at the
+    /// target operator). Each target task sends its outputs to them (see `consumer.rs`).
+    pub consumers: usize,
+    /// Every source may end before the requested reconfigurations started (else only a random
+    /// quarter of them may), and they are requested as the last source ends: the operator's
+    /// tasks, then its consumers, then often finish while the first is being prepared, so a
+    /// consumer may finish after its `Prepare` went out.
+    pub sources_end_early: bool,
 }
 
 impl SimConfig {
@@ -241,6 +265,8 @@ impl SimConfig {
             max_queued_records: usize::MAX,
             channel_capacity: 0,
             look_ahead: true,
+            consumers: 1,
+            sources_end_early: false,
         }
     }
 }
@@ -329,6 +355,11 @@ pub struct SimStats {
     pub processing_timers_fired: u64,
     /// See [`Self::processing_timers_fired`].
     pub handed_processing_timers_fired: u64,
+    /// Consumer tasks that finished (every input ended).
+    pub consumers_finished: u64,
+    /// `AddInputs` (a `Prepare`) that reached a consumer after it finished: dropped, the engine
+    /// forgets the consumer when it hears it finished.
+    pub prepares_after_finish: u64,
 }
 
 /// A violated invariant, with what is needed to replay it.
@@ -360,6 +391,10 @@ pub struct SimFailure {
     pub channel_capacity: usize,
     /// Whether Koala's look-ahead was on ([`SimConfig::look_ahead`]).
     pub look_ahead: bool,
+    /// Consumer tasks ([`SimConfig::consumers`]).
+    pub consumers: usize,
+    /// Whether every source could end early ([`SimConfig::sources_end_early`]).
+    pub sources_end_early: bool,
     /// The step at which the check failed.
     pub step: u64,
     /// What went wrong.
@@ -395,6 +430,14 @@ impl fmt::Display for SimFailure {
         } else {
             format!("{bound} KOALA_SIM_CHANNEL_CAPACITY={}", self.channel_capacity)
         };
+        let mut bound = if self.consumers == 1 {
+            bound
+        } else {
+            format!("{bound} KOALA_SIM_CONSUMERS={}", self.consumers)
+        };
+        if self.sources_end_early {
+            bound += " KOALA_SIM_SOURCES_END_EARLY=1";
+        }
         write!(
             f,
             "\nreplay: KOALA_SIM_SEED={} KOALA_SIM_SCENARIO={} KOALA_SIM_PROTOCOL={protocol}{inputs}{outlive}{ptimers}{drain}{bound}{drrs}{fault} cargo test -p koala-protocol --test protocol_sim replay -- --ignored --nocapture",
@@ -419,6 +462,8 @@ pub fn run(config: &SimConfig) -> Result<SimStats, SimFailure> {
         subscales: config.subscales,
         drrs_schedule: config.drrs_schedule,
         channel_capacity: config.channel_capacity,
+        consumers: config.consumers,
+        sources_end_early: config.sources_end_early,
         step,
         message,
     };

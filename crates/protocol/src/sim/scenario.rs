@@ -14,6 +14,9 @@ pub const TARGET: OperatorId = OperatorId(1);
 /// The operator feeding it.
 pub const UPSTREAM: OperatorId = OperatorId(0);
 
+/// The operator it feeds ([`SimConfig::consumers`](super::SimConfig::consumers) tasks).
+pub const CONSUMER: OperatorId = OperatorId(2);
+
 /// Which reconfiguration(s) a simulation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scenario {

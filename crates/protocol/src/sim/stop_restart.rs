@@ -99,9 +99,12 @@ impl World {
         let Core::StopAndRestart(core, aligner) = &t.core else { return };
         let busy = core.busy();
         if let Some(epoch) = t.life.check_target_inputs_ended(aligner.live_channels(), busy) {
+            // As the runtime's task: its outputs end, then it reports.
+            self.end_outputs(id);
             let ack = Msg::Ack(epoch, TaskAck::InputsEnded);
             self.channels.push((Node::Task(id), Node::Coordinator, Kind::Control), ack);
         }
+        let Some(t) = self.tasks.get_mut(&id) else { return };
         let broken = self.cfg.fault == Some(Fault::ExitWithoutRelease) && t.life.inputs_ended() && !busy;
         if !t.gone && (t.life.target_may_exit(busy) || broken) {
             t.gone = true;

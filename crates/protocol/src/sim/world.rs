@@ -1,18 +1,20 @@
 //! The simulated job: upstream tasks (a source, a router per operator input and, under
-//! stop-and-restart, its pause core), target task cores with their stores, the job's
-//! reconfiguration engine, and every channel between them as a FIFO queue. A step delivers the
-//! head of one randomly chosen non-empty channel (or lets a source emit, or nudges an idle
-//! task), so every interleaving that respects per-channel FIFO is reachable. The coordinator's
+//! stop-and-restart, its pause core), target task cores with their stores, the consumer tasks
+//! they feed, the job's reconfiguration engine, and every channel between them as a FIFO queue.
+//! A step delivers the head of one randomly chosen non-empty channel, or lets a source emit, so
+//! every interleaving that respects per-channel FIFO is reachable (a consumer takes a target
+//! task's outputs in the step that produced them, see `consumer.rs`). The coordinator's
 //! side (plans, the engine's broadcasts) is in `coordinator.rs`, Koala task delivery in
-//! `koala.rs`, DRRS and stop-and-restart in theirs.
+//! `koala.rs`, DRRS and stop-and-restart in theirs, the consumers in `consumer.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, Record, TaskId, Timestamp, WorkerId};
 
+use super::consumer::Downstream;
 use super::rng::SplitMix64;
-use super::scenario::{TARGET, UPSTREAM};
+use super::scenario::{CONSUMER, TARGET, UPSTREAM};
 use super::{Fault, SimConfig, SimStats};
 use crate::control::{Deployment, Protocol, ReconfigPlan, RuntimeOptions};
 use crate::drrs::{DrrsLife, DrrsOptions, DrrsTask};
@@ -112,9 +114,9 @@ pub(crate) struct World {
     pub(crate) upstreams: Vec<SimUpstream>,
     /// The job's reconfiguration engine (the one `crates/coordinator` runs).
     pub(crate) engine: Engine,
-    targets: Vec<Vec<TaskId>>,
+    pub(crate) targets: Vec<Vec<TaskId>>,
     triggers: Vec<u64>,
-    next_request: usize,
+    pub(crate) next_request: usize,
     /// Requested assignments not started yet (the engine runs one at a time).
     pub(crate) pending: VecDeque<Vec<TaskId>>,
     /// The last epoch started.
@@ -150,6 +152,8 @@ pub(crate) struct World {
     pub(crate) handed: BTreeSet<(TaskId, Vec<u8>)>,
     /// Koala tasks with a [`Msg::Clock`] in flight.
     pub(crate) clock_queued: BTreeSet<TaskId>,
+    /// The consumer operator's tasks and what the target tasks output to them.
+    pub(crate) downstream: Downstream,
 }
 
 impl World {
@@ -165,17 +169,23 @@ impl World {
         let up_ids: Vec<TaskId> = (0..cfg.upstreams as u32).map(|i| TaskId::new(UPSTREAM, i)).collect();
         let total = (cfg.upstreams * cfg.records_per_upstream) as u64;
         let mut triggers: Vec<u64> = targets.iter().map(|_| rng.next_u64() % total.max(1)).collect();
+        if cfg.sources_end_early {
+            // Requested as the first target task ends its outputs (`World::request_late`).
+            triggers.iter_mut().for_each(|t| *t = u64::MAX);
+        }
         triggers.sort_unstable();
         let live: BTreeSet<TaskId> = initial.iter().copied().collect();
+        let consumer_ids: Vec<TaskId> = Downstream::ids(cfg.consumers).collect();
         let deployment = Deployment {
             run: "sim".into(),
             query: "per-key counter".into(),
             query_params: String::new(),
             workers: BTreeMap::from([(WorkerId(0), "sim".into())]),
-            placement: up_ids.iter().chain(&live).map(|&t| (t, WorkerId(0))).collect(),
+            placement: up_ids.iter().chain(&live).chain(&consumer_ids).map(|&t| (t, WorkerId(0))).collect(),
             tasks: BTreeMap::from([
                 (UPSTREAM, up_ids.iter().map(|t| t.index).collect()),
                 (TARGET, live.iter().map(|t| t.index).collect()),
+                (CONSUMER, consumer_ids.iter().map(|t| t.index).collect()),
             ]),
             epoch: 0,
             routing: BTreeMap::from([(TARGET, initial.iter().map(|t| t.index).collect())]),
@@ -194,7 +204,10 @@ impl World {
             drain_keys_per_sec: if cfg.drain { 1000 } else { 0 },
             finished: BTreeSet::new(),
         };
-        let inputs = BTreeMap::from([(UPSTREAM, BTreeSet::new()), (TARGET, BTreeSet::from([UPSTREAM]))]);
+        let mut inputs = BTreeMap::from([(UPSTREAM, BTreeSet::new()), (TARGET, BTreeSet::from([UPSTREAM]))]);
+        if cfg.consumers > 0 {
+            inputs.insert(CONSUMER, BTreeSet::from([TARGET]));
+        }
         let mut engine = Engine::new(deployment, inputs).map_err(|e| e.to_string())?;
         if cfg.fault == Some(Fault::ReleaseWithoutEpoch) {
             engine.inject_fault_release_without_epoch();
@@ -219,7 +232,7 @@ impl World {
                 id,
                 routers,
                 pause: UpstreamCore::new(),
-                may_end_early: rng.chance(1, 4),
+                may_end_early: rng.chance(1, 4) || cfg.sources_end_early,
                 clock: 0,
                 remaining: cfg.records_per_upstream,
                 ended: false,
@@ -227,6 +240,7 @@ impl World {
             });
         }
         let progressive = extra_keys > 0 && cfg.protocol == Protocol::Koala;
+        let downstream = Downstream::new(cfg.consumers, &live);
         Ok(Self {
             claims: initial.iter().map(|&t| Some(t)).collect(),
             cfg,
@@ -256,6 +270,7 @@ impl World {
             paused: BTreeSet::new(),
             handed: BTreeSet::new(),
             clock_queued: BTreeSet::new(),
+            downstream,
             stats: SimStats { progressive, ..SimStats::default() },
         })
     }
@@ -387,6 +402,8 @@ impl World {
             } else {
                 self.emit(sources[pick - deliverable])?;
             }
+            self.flush_outputs()?;
+            self.request_late()?;
         }
     }
 
@@ -413,6 +430,11 @@ impl World {
             up.ended = true;
             let id = up.id;
             self.on_routers(u, |_| RouterEvent::EndOfStream)?;
+            if self.cfg.sources_end_early && self.next_request < self.targets.len() {
+                // The coordinator hears of it only with the requests (`World::request_late`).
+                self.downstream.late_finished.push(id);
+                return Ok(());
+            }
             self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
             return Ok(());
         }
@@ -544,7 +566,7 @@ impl World {
     fn deliver(&mut self, from: Node, to: Node, kind: Kind, msg: Msg) -> Result<(), String> {
         match (to, msg) {
             (Node::Coordinator, Msg::Ack(epoch, ack)) => {
-                let (Node::Task(from) | Node::Upstream(from)) = from else {
+                let (Node::Task(from) | Node::Upstream(from) | Node::Consumer(from)) = from else {
                     return Err("ack from the coordinator".into());
                 };
                 let actions = self.engine.on_ack(from, epoch, ack).map_err(|e| format!("engine: {e}"))?;
@@ -556,6 +578,7 @@ impl World {
                 self.exec_engine(actions)
             }
             (Node::Upstream(id), msg) => self.deliver_to_upstream(id, msg),
+            (Node::Consumer(id), msg) => self.deliver_to_consumer(from, id, kind, msg),
             (Node::Task(id), Msg::Release) => {
                 // A live task is released with its state once every input of the operator
                 // ended (`InputsEnded`); a cancelled one once nobody fetches from it: empty.
@@ -606,7 +629,7 @@ impl World {
                     Some(false) => {}
                 }
                 let src = match from {
-                    Node::Upstream(t) | Node::Task(t) => Some(t),
+                    Node::Upstream(t) | Node::Task(t) | Node::Consumer(t) => Some(t),
                     Node::Coordinator => None,
                 };
                 // A data message names its channel: the upstream task and the input.

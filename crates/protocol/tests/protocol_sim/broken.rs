@@ -196,3 +196,44 @@ fn the_reverted_hold_back_rule_deadlocks_a_self_join_with_blocking_senders() {
     println!("{deadlocks} of {runs} runs deadlocked; first: {}", first.unwrap_or_default());
     assert!(deadlocks > 0, "the reverted rule never deadlocked");
 }
+
+/// A consumer that finished is not reported to the coordinator: a reconfiguration whose `Prepare`
+/// reached it after it finished waits for its `Prepared` forever, and the run does not end.
+#[test]
+fn broken_consumer_finish_unreported_is_caught() {
+    let failure = consumer_fault_caught(Fault::ConsumerFinishUnreported);
+    println!("{failure}");
+    assert!(failure.contains("did not complete") || failure.contains("no quiescence"), "{failure}");
+}
+
+/// Consumers not told the created tasks' channels at `Prepare`: a created task's output comes
+/// on a channel its consumer does not know.
+#[test]
+fn broken_consumer_misses_created_inputs_is_caught() {
+    let failure = consumer_fault_caught(Fault::ConsumerMissesCreatedInputs);
+    println!("{failure}");
+    assert!(failure.contains("consumer:"), "{failure}");
+}
+
+/// The first failure of `fault` with two consumers and sources that may end early, under each
+/// protocol in turn (every protocol must catch it; DRRS tasks taking part in a reconfiguration
+/// end late, so its consumers rarely finish after a `Prepare`: it needs the mixed schedules).
+fn consumer_fault_caught(fault: Fault) -> String {
+    let mut first = None;
+    for protocol in [Protocol::Koala, Protocol::StopAndRestart, Protocol::Remote, Protocol::Drrs] {
+        let scenarios = [Scenario::ScaleOut, Scenario::Chain, Scenario::Mixed { extra_keys: 2 }];
+        let failure = scenarios
+            .into_iter()
+            .flat_map(|scenario| (0..300).map(move |seed| SimConfig::new(scenario, seed)))
+            .find_map(|base| {
+                let config =
+                    SimConfig { protocol, fault: Some(fault), consumers: 2, sources_end_early: true, ..base };
+                run(&config).err()
+            })
+            .unwrap_or_else(|| {
+                panic!("{} was never caught under {} in 900 runs", fault.name(), protocol.name())
+            });
+        first.get_or_insert(failure.to_string());
+    }
+    first.unwrap_or_default()
+}
