@@ -22,6 +22,19 @@ pub enum CoordinatorError {
     /// A worker's control connection closed while the job ran.
     #[error("{0} disappeared (its control connection closed); the job cannot continue without recovery")]
     WorkerLost(WorkerId),
+    /// A worker's control connection closed just after a task failed: the task's channel to
+    /// the dead worker broke first, and the lost worker is the cause.
+    #[error(
+        "{worker} disappeared (its control connection closed; task {task} failed with it: {error}); the job cannot continue without recovery"
+    )]
+    WorkerLostBehindTask {
+        /// The worker.
+        worker: WorkerId,
+        /// The task that failed first, `operator.index`.
+        task: String,
+        /// Its error.
+        error: String,
+    },
     /// A task stopped on an error.
     #[error("task {task} failed: {error}")]
     TaskFailed {

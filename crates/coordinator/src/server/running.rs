@@ -23,6 +23,10 @@ use crate::job::{JobState, Queued};
 use crate::metrics_store::{MetricSample, MetricsStore};
 use crate::progress::{ProgressEvent, SecondAggregator};
 
+/// How long a job that cannot recover waits, after a task failed, to hear that a worker died
+/// ([`EventLoop::worker_lost_behind`]). Only a failing job waits.
+const LOSS_GRACE: Duration = Duration::from_secs(1);
+
 /// What the HTTP API was last handed: deployment epoch, running epoch, queued, completed and
 /// finished tasks.
 type Published = (u64, Option<u64>, usize, u64, usize);
@@ -166,13 +170,31 @@ impl<'a> EventLoop<'a> {
     fn recover_from(&mut self, cause: CoordinatorError) -> Result<(), CoordinatorError> {
         let sinks_done = sinks_finished(&self.state);
         let Some(c) = self.checkpoints.as_mut().filter(|c| c.may_recover() && !sinks_done) else {
-            return Err(cause);
+            return Err(self.worker_lost_behind(cause));
         };
         let ids = c.recover(&mut self.state, &mut self.registrations, &self.events, &cause)?;
         self.last_seen = ids.into_iter().map(|w| (w, Instant::now())).collect();
         // The restored sources run until they are told to stop again.
         self.stop_sent = false;
         Ok(())
+    }
+
+    /// The cause to fail with for `cause`: a task that failed is often the first sign of a worker
+    /// that died (its channel to a task there broke before the worker's control connection was
+    /// seen closing), so a worker lost within [`LOSS_GRACE`] after it is named as the cause.
+    fn worker_lost_behind(&self, cause: CoordinatorError) -> CoordinatorError {
+        let CoordinatorError::TaskFailed { task, error } = cause else { return cause };
+        let deadline = Instant::now() + LOSS_GRACE;
+        while let Some(wait) = deadline.checked_duration_since(Instant::now()) {
+            match self.events.recv_timeout(wait) {
+                Ok(Event::Worker(worker, None)) => {
+                    return CoordinatorError::WorkerLostBehindTask { worker, task, error };
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        CoordinatorError::TaskFailed { task, error }
     }
 
     fn on_event(&mut self, event: Result<Event, RecvTimeoutError>) -> Result<(), CoordinatorError> {
