@@ -62,10 +62,12 @@ mod consumer;
 mod coordinator;
 pub mod cut;
 mod drrs;
+mod end_checks;
 mod koala;
 mod rng;
 mod scenario;
 mod stop_restart;
+mod upstream;
 mod world;
 
 use std::fmt;

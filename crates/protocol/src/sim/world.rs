@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, Record, TaskId, Timestamp, WorkerId};
+use koala_types::{BucketId, ChannelMessage, Epoch, InputChannel, TaskId, Timestamp, WorkerId};
 
 use super::consumer::Downstream;
 use super::rng::SplitMix64;
@@ -19,12 +19,8 @@ use super::{Fault, SimConfig, SimStats};
 use crate::control::{Deployment, Protocol, ReconfigPlan, RuntimeOptions};
 use crate::drrs::{DrrsLife, DrrsOptions, DrrsTask};
 use crate::engine::Engine;
-use crate::koala::{
-    KoalaTask, PeerMessage, PullCursors, RouterAction, RouterEvent, TaskAck, TaskConfig, TaskEvent, TaskLife,
-    UpstreamRouter,
-};
-use crate::stop_restart::{TargetCore, UpstreamAction, UpstreamCore, UpstreamEvent};
-use crate::switch::{RoutingSwitch, SwitchedEdge};
+use crate::koala::{KoalaTask, PeerMessage, PullCursors, TaskConfig, TaskEvent, TaskLife, UpstreamRouter};
+use crate::stop_restart::{TargetCore, UpstreamCore};
 use crate::watermark::WatermarkAligner;
 
 pub(crate) use super::channels::{ChannelKey, Channels, Kind, Msg, Node};
@@ -92,13 +88,13 @@ pub(crate) struct SimUpstream {
     pub(crate) id: TaskId,
     pub(crate) routers: Vec<UpstreamRouter>,
     /// Stop-and-restart: paused between `Drain` and `Resume`.
-    pause: UpstreamCore,
+    pub(crate) pause: UpstreamCore,
     /// Whether it may end before every requested reconfiguration started (else later requests
     /// would mostly find every input ended and be skipped, as the engine does).
-    may_end_early: bool,
-    clock: Timestamp,
-    remaining: usize,
-    ended: bool,
+    pub(crate) may_end_early: bool,
+    pub(crate) clock: Timestamp,
+    pub(crate) remaining: usize,
+    pub(crate) ended: bool,
     /// With [`SimConfig::channel_capacity`]: the task's sends not done yet, in order (the first
     /// waits for room in its channel; while any wait the task is blocked).
     pub(crate) sending: VecDeque<(ChannelKey, Msg)>,
@@ -115,7 +111,7 @@ pub(crate) struct World {
     /// The job's reconfiguration engine (the one `crates/coordinator` runs).
     pub(crate) engine: Engine,
     pub(crate) targets: Vec<Vec<TaskId>>,
-    triggers: Vec<u64>,
+    pub(crate) triggers: Vec<u64>,
     pub(crate) next_request: usize,
     /// Requested assignments not started yet (the engine runs one at a time).
     pub(crate) pending: VecDeque<Vec<TaskId>>,
@@ -133,7 +129,7 @@ pub(crate) struct World {
     /// Records emitted per key.
     pub(crate) emitted: BTreeMap<Vec<u8>, u64>,
     /// Records emitted per (key, input): the last sequence number of that lane.
-    lane_emitted: BTreeMap<(Vec<u8>, usize), u64>,
+    pub(crate) lane_emitted: BTreeMap<(Vec<u8>, usize), u64>,
     /// What the operator has done to each key so far (see `checks.rs`).
     pub(crate) ledger: BTreeMap<Vec<u8>, super::checks::KeyLedger>,
     pub(crate) emitted_total: u64,
@@ -407,162 +403,6 @@ impl World {
         }
     }
 
-    fn can_emit(&self, u: usize) -> bool {
-        // A source may end at any time, also in the middle of a reconfiguration; a paused one
-        // (stop-and-restart, between Drain and Resume) neither emits nor ends. One blocked on a
-        // send does nothing.
-        let up = &self.upstreams[u];
-        if !up.sending.is_empty() {
-            return false;
-        }
-        let all_started = self.next_request == self.targets.len() && self.pending.is_empty();
-        up.pause.paused().is_none() && (up.remaining > 0 || (!up.ended && (up.may_end_early || all_started)))
-    }
-
-    /// A source emits 1–3 records (and maybe a watermark), or its end of stream. Each record
-    /// goes on a random input and carries its sequence number within its (key, input) lane.
-    fn emit(&mut self, u: usize) -> Result<(), String> {
-        let up_count = self.upstreams.len();
-        let keys_here: Vec<usize> = (0..self.cfg.keys).filter(|k| k % up_count == u).collect();
-        let n = 1 + self.rng.below(3);
-        let up = &mut self.upstreams[u];
-        if up.remaining == 0 {
-            up.ended = true;
-            let id = up.id;
-            self.on_routers(u, |_| RouterEvent::EndOfStream)?;
-            if self.cfg.sources_end_early && self.next_request < self.targets.len() {
-                // The coordinator hears of it only with the requests (`World::request_late`).
-                self.downstream.late_finished.push(id);
-                return Ok(());
-            }
-            self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Finished(id));
-            return Ok(());
-        }
-        let mut records: Vec<Vec<Record>> = vec![Vec::new(); self.cfg.inputs];
-        for _ in 0..n.min(self.upstreams[u].remaining) {
-            let key = super::checks::key_name(keys_here[self.rng.below(keys_here.len())]);
-            let input = if self.cfg.inputs > 1 { self.rng.below(self.cfg.inputs) } else { 0 };
-            *self.emitted.entry(key.clone()).or_insert(0) += 1;
-            let seq = self.lane_emitted.entry((key.clone(), input)).or_insert(0);
-            *seq += 1;
-            let value = super::checks::record_value(*seq, input);
-            let up = &mut self.upstreams[u];
-            up.clock += 1 + self.rng.below(3) as u64;
-            up.remaining -= 1;
-            records[input].push(Record { key, value, time: up.clock, due_ms: 0 });
-            self.emitted_total += 1;
-        }
-        for (input, batch) in records.into_iter().enumerate().filter(|(_, b)| !b.is_empty()) {
-            let actions = self.upstreams[u].routers[input].on(RouterEvent::Records(batch));
-            self.route(u, input, actions)?;
-        }
-        if self.rng.chance(1, 3) || self.upstreams[u].remaining == 0 {
-            let clock = self.upstreams[u].clock;
-            self.on_routers(u, |_| RouterEvent::Watermark(clock))?;
-        }
-        while self.next_request < self.targets.len() && self.triggers[self.next_request] < self.emitted_total
-        {
-            self.pending.push_back(self.targets[self.next_request].clone());
-            self.next_request += 1;
-        }
-        self.start_next()
-    }
-
-    /// Feeds the same event to every router of upstream `u` (one per input), in input order.
-    fn on_routers(&mut self, u: usize, event: impl Fn(usize) -> RouterEvent) -> Result<(), String> {
-        for input in 0..self.upstreams[u].routers.len() {
-            let actions = self.upstreams[u].routers[input].on(event(input));
-            self.route(u, input, actions)?;
-        }
-        Ok(())
-    }
-
-    fn route(&mut self, u: usize, input: usize, actions: Vec<RouterAction>) -> Result<(), String> {
-        let from = self.upstreams[u].id;
-        for a in actions {
-            match a {
-                RouterAction::Send { to, message } => self.send_from(
-                    u,
-                    (Node::Upstream(from), Node::Task(to), Kind::Data(input)),
-                    Msg::Data(message),
-                ),
-                RouterAction::Error(e) => {
-                    return Err(format!("upstream {from} refused an event: {e}"));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn upstream_ack(&mut self, u: usize, epoch: Epoch, ack: TaskAck) {
-        let id = self.upstreams[u].id;
-        self.send_from(u, (Node::Upstream(id), Node::Coordinator, Kind::Control), Msg::Ack(epoch, ack));
-    }
-
-    /// A control message reaches an upstream task (a finished one is gone and never answers).
-    fn deliver_to_upstream(&mut self, id: TaskId, msg: Msg) -> Result<(), String> {
-        let u = self.upstreams.iter().position(|x| x.id == id).ok_or("message to unknown upstream")?;
-        if self.upstreams[u].ended {
-            return Ok(());
-        }
-        match msg {
-            Msg::Switch(switch) => {
-                // One switch of the task, a marker on each of its channels, one `Switched`.
-                let event = switch_event(&switch, id, false)?;
-                self.on_routers(u, |_| event.clone())?;
-                self.upstream_ack(u, switch.epoch, TaskAck::Switched);
-            }
-            Msg::Drain(epoch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
-                // Broken: switch to the new routing at once instead of pausing until every
-                // moved bucket's state arrived.
-                let assignment =
-                    self.plans.get(&epoch).map(|p| crate::engine::assignment(&p.deployment, TARGET));
-                let assignment = assignment.ok_or("drain of an unknown epoch")?;
-                self.on_routers(u, |_| RouterEvent::Mark { epoch })?;
-                self.on_routers(u, |_| RouterEvent::Reroute { epoch, assignment: assignment.clone() })?;
-                self.upstream_ack(u, epoch, TaskAck::Paused);
-            }
-            Msg::Resume(switch) if self.cfg.fault == Some(Fault::RerouteAtDrain) => {
-                self.upstream_ack(u, switch.epoch, TaskAck::Resumed);
-            }
-            Msg::Drain(epoch) => {
-                let actions = self.upstreams[u].pause.on(UpstreamEvent::Drain { epoch });
-                self.exec_upstream(u, actions, None)?;
-            }
-            Msg::Resume(switch) => {
-                let actions = self.upstreams[u].pause.on(UpstreamEvent::Resume { epoch: switch.epoch });
-                self.exec_upstream(u, actions, Some(&switch))?;
-            }
-            m => return Err(format!("unroutable message {m:?} to upstream {id}")),
-        }
-        Ok(())
-    }
-
-    fn exec_upstream(
-        &mut self,
-        u: usize,
-        actions: Vec<UpstreamAction>,
-        switch: Option<&RoutingSwitch>,
-    ) -> Result<(), String> {
-        for a in actions {
-            match a {
-                UpstreamAction::MarkAndPause { epoch } => {
-                    self.on_routers(u, |_| RouterEvent::Mark { epoch })?
-                }
-                UpstreamAction::SwitchAndResume { epoch } => {
-                    let switch = switch.filter(|s| s.epoch == epoch).ok_or("resume without its routing")?;
-                    let event = switch_event(switch, self.upstreams[u].id, true)?;
-                    self.on_routers(u, |_| event.clone())?;
-                }
-                UpstreamAction::Ack { epoch, ack } => self.upstream_ack(u, epoch, ack),
-                UpstreamAction::Error(e) => {
-                    return Err(format!("upstream {} refused: {e}", self.upstreams[u].id));
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn deliver(&mut self, from: Node, to: Node, kind: Kind, msg: Msg) -> Result<(), String> {
         match (to, msg) {
             (Node::Coordinator, Msg::Ack(epoch, ack)) => {
@@ -670,11 +510,4 @@ impl World {
 /// The data channels from simulated upstream `from`: one per operator input.
 pub(crate) fn sim_inputs(from: TaskId, inputs: usize) -> impl Iterator<Item = InputChannel> {
     (0..inputs).map(move |input| InputChannel { input, from })
-}
-
-/// The routing-core event of an upstream's keyed edge into the operator for `switch`: the rule
-/// the runtime's output edges follow ([`RoutingSwitch::event`]).
-fn switch_event(switch: &RoutingSwitch, upstream: TaskId, resume: bool) -> Result<RouterEvent, String> {
-    let edge = SwitchedEdge { edge: crate::plan::Edge::new(UPSTREAM, TARGET, false), keyed: true };
-    switch.event(edge, upstream, resume).map_err(|e| format!("upstream {upstream} refused a switch: {e}"))
 }
