@@ -38,43 +38,7 @@ fn sweep_configs(config: &SimConfig, seeds: u64) -> SimStats {
     let mut total = SimStats::default();
     for seed in 0..seeds {
         match run(&SimConfig { seed, ..config.clone() }) {
-            Ok(s) => {
-                total.steps += s.steps;
-                total.epochs += s.epochs;
-                total.fetches += s.fetches;
-                total.fetched_keys += s.fetched_keys;
-                total.extra_keys += s.extra_keys;
-                total.moved_keys += s.moved_keys;
-                total.released += s.released;
-                total.skipped += s.skipped;
-                total.cleared += s.cleared;
-                total.processing_timers_fired += s.processing_timers_fired;
-                total.handed_processing_timers_fired += s.handed_processing_timers_fired;
-                total.local_probes += s.local_probes;
-                total.filters_built += s.filters_built;
-                total.not_here += s.not_here;
-                total.fetches_racing_pulls += s.fetches_racing_pulls;
-                total.fed_with_backlog += s.fed_with_backlog;
-                total.look_ahead_fetches += s.look_ahead_fetches;
-                total.pushed_buckets += s.pushed_buckets;
-                total.subscale_acks += s.subscale_acks;
-                total.waited += s.waited;
-                total.max_running_subscales = total.max_running_subscales.max(s.max_running_subscales);
-                total.max_moving_subscales = total.max_moving_subscales.max(s.max_moving_subscales);
-                total.pauses += s.pauses;
-                total.refused_heads += s.refused_heads;
-                total.split_batches += s.split_batches;
-                total.max_queued = total.max_queued.max(s.max_queued);
-                total.exited += s.exited;
-                total.flushed_keys += s.flushed_keys;
-                total.handed_timers_record_first += s.handed_timers_record_first;
-                total.handed_timers_fired_first += s.handed_timers_fired_first;
-                total.consumers_finished += s.consumers_finished;
-                total.prepares_after_finish += s.prepares_after_finish;
-                for (sum, n) in total.by_input.iter_mut().zip(s.by_input) {
-                    *sum += n;
-                }
-            }
+            Ok(s) => total.absorb(&s),
             Err(f) => panic!("{f}"),
         }
     }
@@ -486,12 +450,7 @@ fn koala_with_a_bounded_inbox_completes_every_reconfiguration() {
                     };
                     let s = run(&config)
                         .unwrap_or_else(|f| panic!("max_queued_records = {max_queued_records}: {f}"));
-                    total.pauses += s.pauses;
-                    total.epochs += s.epochs;
-                    total.refused_heads += s.refused_heads;
-                    total.split_batches += s.split_batches;
-                    total.blocked_sends += s.blocked_sends;
-                    total.max_queued = total.max_queued.max(s.max_queued);
+                    total.absorb(&s);
                 }
             }
             let SimStats { epochs, pauses, refused_heads, split_batches, blocked_sends, max_queued, .. } =

@@ -364,6 +364,52 @@ pub struct SimStats {
     pub prepares_after_finish: u64,
 }
 
+impl SimStats {
+    /// Adds `run`'s counts to these (the largest of each `max_` figure; `progressive` if any
+    /// run was), for a sweep's total.
+    pub fn absorb(&mut self, run: &SimStats) {
+        self.steps += run.steps;
+        self.epochs += run.epochs;
+        self.fetches += run.fetches;
+        self.fetched_keys += run.fetched_keys;
+        self.extra_keys += run.extra_keys;
+        self.moved_keys += run.moved_keys;
+        self.released += run.released;
+        self.after_exit += run.after_exit;
+        self.progressive |= run.progressive;
+        self.skipped += run.skipped;
+        self.cleared += run.cleared;
+        for (sum, n) in self.by_input.iter_mut().zip(run.by_input) {
+            *sum += n;
+        }
+        self.local_probes += run.local_probes;
+        self.filters_built += run.filters_built;
+        self.not_here += run.not_here;
+        self.fetches_racing_pulls += run.fetches_racing_pulls;
+        self.fed_with_backlog += run.fed_with_backlog;
+        self.look_ahead_fetches += run.look_ahead_fetches;
+        self.pushed_buckets += run.pushed_buckets;
+        self.subscale_acks += run.subscale_acks;
+        self.waited += run.waited;
+        self.max_running_subscales = self.max_running_subscales.max(run.max_running_subscales);
+        self.max_moving_subscales = self.max_moving_subscales.max(run.max_moving_subscales);
+        self.pauses += run.pauses;
+        self.exited += run.exited;
+        self.max_queued = self.max_queued.max(run.max_queued);
+        self.refused_heads += run.refused_heads;
+        self.split_batches += run.split_batches;
+        self.blocked_sends += run.blocked_sends;
+        self.max_batch_wait = self.max_batch_wait.max(run.max_batch_wait);
+        self.flushed_keys += run.flushed_keys;
+        self.handed_timers_record_first += run.handed_timers_record_first;
+        self.handed_timers_fired_first += run.handed_timers_fired_first;
+        self.processing_timers_fired += run.processing_timers_fired;
+        self.handed_processing_timers_fired += run.handed_processing_timers_fired;
+        self.consumers_finished += run.consumers_finished;
+        self.prepares_after_finish += run.prepares_after_finish;
+    }
+}
+
 /// A violated invariant, with what is needed to replay it.
 #[derive(Clone, Debug)]
 pub struct SimFailure {

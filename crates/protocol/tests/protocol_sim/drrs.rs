@@ -57,12 +57,7 @@ fn drrs_wait_buffer_bounds_every_record_it_holds() {
                             ..SimConfig::new(scenario, seed)
                         };
                         let s = run(&config).unwrap_or_else(|f| panic!("wait_records = {wait_records}: {f}"));
-                        total.epochs += s.epochs;
-                        total.waited += s.waited;
-                        total.refused_heads += s.refused_heads;
-                        total.split_batches += s.split_batches;
-                        total.blocked_sends += s.blocked_sends;
-                        total.max_queued = total.max_queued.max(s.max_queued);
+                        total.absorb(&s);
                     }
                 }
             }
