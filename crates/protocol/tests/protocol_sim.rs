@@ -19,6 +19,17 @@ mod drrs_exit;
 
 const SEEDS: u64 = 1_000;
 
+/// Every scenario once, without the variants that only add keys (`ScaleIn`/`Mixed` with
+/// `extra_keys`): the set the stop-and-restart, Remote and DRRS sweeps run.
+const EVERY_SHAPE: [Scenario; 6] = [
+    Scenario::ScaleOut,
+    Scenario::ScaleIn { extra_keys: 0 },
+    Scenario::Rebalance,
+    Scenario::Migration,
+    Scenario::Chain,
+    Scenario::Mixed { extra_keys: 0 },
+];
+
 fn sweep(scenario: Scenario) -> SimStats {
     sweep_with(scenario, Protocol::Koala)
 }
@@ -264,17 +275,7 @@ fn two_input_chain_and_mixed_schedules() {
 /// `mixed_n0` seed for seed.
 #[test]
 fn two_input_stop_and_restart_every_scenario() {
-    two_input_sweep(
-        &[
-            Scenario::ScaleOut,
-            Scenario::ScaleIn { extra_keys: 0 },
-            Scenario::Rebalance,
-            Scenario::Migration,
-            Scenario::Chain,
-            Scenario::Mixed { extra_keys: 0 },
-        ],
-        Protocol::StopAndRestart,
-    );
+    two_input_sweep(&EVERY_SHAPE, Protocol::StopAndRestart);
 }
 
 #[test]
@@ -303,14 +304,7 @@ fn koala_a_stale_inputs_ended_releases_nobody_another_task_still_pulls_from() {
 /// give away, and every record reads the count all earlier records of its key left.
 #[test]
 fn remote_every_scenario() {
-    for scenario in [
-        Scenario::ScaleOut,
-        Scenario::ScaleIn { extra_keys: 0 },
-        Scenario::Rebalance,
-        Scenario::Migration,
-        Scenario::Chain,
-        Scenario::Mixed { extra_keys: 0 },
-    ] {
+    for scenario in EVERY_SHAPE {
         let s = sweep_with(scenario, Protocol::Remote);
         let per_seed = if scenario == Scenario::Chain { 4 } else { 1 };
         assert!(s.epochs + s.skipped >= per_seed * SEEDS, "{scenario}: {s:?}");

@@ -14,14 +14,7 @@ use super::*;
 #[test]
 fn drrs_every_scenario() {
     let (mut pauses, mut refused) = (0, 0);
-    for scenario in [
-        Scenario::ScaleOut,
-        Scenario::ScaleIn { extra_keys: 0 },
-        Scenario::Rebalance,
-        Scenario::Migration,
-        Scenario::Chain,
-        Scenario::Mixed { extra_keys: 0 },
-    ] {
+    for scenario in EVERY_SHAPE {
         let s = sweep_with(scenario, Protocol::Drrs);
         let expected = if scenario == Scenario::Chain { 4 * SEEDS } else { SEEDS };
         assert!(s.epochs + s.skipped >= expected, "{scenario}: {s:?}");
